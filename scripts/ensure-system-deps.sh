@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs (libxml2 headers, pkg-config, libclang for
+# bindgen) when they are missing. Safe to run again: it does nothing when all are present.
+set -euo pipefail
+
+missing=()
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+if ! pkg-config --exists libxml-2.0 2>/dev/null; then missing+=(libxml2-dev); fi
+if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 \
+   || ! ls /usr/lib/llvm-*/include/clang-c >/dev/null 2>&1; then
+  missing+=(libclang-dev)
+fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "agentserver: installing system packages: ${missing[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+    echo "agentserver: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq "${missing[@]}" >/dev/null

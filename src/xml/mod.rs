@@ -1,0 +1,168 @@
+//! XML handling that needs no schema: input guards, payload normalization, the envelope,
+//! lenient extraction of payloads from dirty handler output, and the XML → JSON view.
+//!
+//! Owns no state. Everything here treats its input as hostile: sizes are capped before any
+//! parse, a DOCTYPE is refused (so no entity can be declared, expanded or loaded), nesting depth
+//! is capped, and no function here reads a file or the network.
+
+mod envelope;
+mod extract;
+mod json;
+mod normalize;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use envelope::{build_envelope, parse_envelope, Envelope, ENVELOPE_NS};
+pub use extract::extract_payloads;
+pub use json::xml_to_json;
+pub use normalize::{normalize_payload, NormalizedPayload};
+
+/// The namespace of system payloads such as `<huh>`.
+pub const SYSTEM_NS: &str = "https://xml-pipeline.org/ns/system/v1";
+
+/// Caps applied to every untrusted document before and while it is parsed.
+#[derive(Debug, Clone, Copy)]
+pub struct XmlLimits {
+    /// Largest accepted document, in bytes.
+    pub max_bytes: usize,
+    /// Deepest accepted element nesting (the root is depth 1).
+    pub max_depth: usize,
+}
+
+impl Default for XmlLimits {
+    fn default() -> Self {
+        XmlLimits {
+            max_bytes: 1024 * 1024,
+            max_depth: 64,
+        }
+    }
+}
+
+/// The type of a payload: its root element's namespace and local name.
+///
+/// Shown in the API as the local name, or `{namespace}local` when namespaced.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PayloadType {
+    ns: Option<Arc<str>>,
+    local: Arc<str>,
+}
+
+impl PayloadType {
+    pub fn new(ns: Option<&str>, local: &str) -> Self {
+        PayloadType {
+            ns: ns.filter(|n| !n.is_empty()).map(Arc::from),
+            local: Arc::from(local),
+        }
+    }
+
+    /// Parses the display form: `local` or `{namespace}local`.
+    pub fn parse(s: &str) -> Self {
+        if let Some(rest) = s.strip_prefix('{') {
+            if let Some((ns, local)) = rest.split_once('}') {
+                return PayloadType::new(Some(ns), local);
+            }
+        }
+        PayloadType::new(None, s)
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.ns.as_deref()
+    }
+
+    pub fn local_name(&self) -> &str {
+        &self.local
+    }
+
+    /// The system `huh` type that carries error notices back to a sending listener.
+    pub fn huh() -> Self {
+        PayloadType::new(Some(SYSTEM_NS), "huh")
+    }
+}
+
+impl fmt::Display for PayloadType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.ns {
+            Some(ns) => write!(f, "{{{ns}}}{}", self.local),
+            None => f.write_str(&self.local),
+        }
+    }
+}
+
+/// Why a document was refused before schema validation.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum XmlError {
+    #[error("document is {size} bytes, over the limit of {max} bytes")]
+    TooLarge { size: usize, max: usize },
+    #[error("DOCTYPE declarations are refused")]
+    DoctypeRefused,
+    #[error("element nesting deeper than {max} levels")]
+    TooDeep { max: usize },
+    #[error("malformed XML at line {line}: {message}")]
+    Malformed { line: usize, message: String },
+    #[error("undefined entity reference &{0};")]
+    UndefinedEntity(String),
+    #[error("no root element")]
+    NoRootElement,
+    #[error("content after the root element at line {line}")]
+    TrailingContent { line: usize },
+    #[error("undeclared namespace prefix `{0}`")]
+    UnknownPrefix(String),
+    #[error("invalid envelope: {0}")]
+    Envelope(String),
+}
+
+/// The cheap checks made before any parse: size, and a refusal of any DOCTYPE.
+pub fn guard(input: &str, limits: &XmlLimits) -> Result<(), XmlError> {
+    if input.len() > limits.max_bytes {
+        return Err(XmlError::TooLarge {
+            size: input.len(),
+            max: limits.max_bytes,
+        });
+    }
+    if contains_doctype(input.as_bytes()) {
+        return Err(XmlError::DoctypeRefused);
+    }
+    Ok(())
+}
+
+fn contains_doctype(bytes: &[u8]) -> bool {
+    bytes
+        .windows(9)
+        .any(|w| w[0] == b'<' && w[1] == b'!' && w[2..].eq_ignore_ascii_case(b"DOCTYPE"))
+}
+
+/// 1-based line of a byte offset, for error messages.
+pub(crate) fn line_of(input: &str, offset: u64) -> usize {
+    let end = (offset as usize).min(input.len());
+    input.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
+}
+
+/// Escapes text for use in element content or a double-quoted attribute.
+pub fn escape_text(s: &str) -> std::borrow::Cow<'_, str> {
+    quick_xml::escape::escape(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_type_display_round_trips() {
+        let t = PayloadType::parse("{urn:x}Foo");
+        assert_eq!(t.namespace(), Some("urn:x"));
+        assert_eq!(t.to_string(), "{urn:x}Foo");
+        assert_eq!(PayloadType::parse("Foo").to_string(), "Foo");
+    }
+
+    #[test]
+    fn guard_refuses_doctype_in_any_case_and_oversize() {
+        let l = XmlLimits::default();
+        assert_eq!(
+            guard("<!doctype x><x/>", &l),
+            Err(XmlError::DoctypeRefused)
+        );
+        let small = XmlLimits { max_bytes: 4, max_depth: 64 };
+        assert!(matches!(guard("<abc/>", &small), Err(XmlError::TooLarge { .. })));
+    }
+}
