@@ -32,9 +32,7 @@ fn env_err(msg: impl Into<String>) -> XmlError {
 fn envelope_name(reader: &NsReader<&[u8]>, name: quick_xml::name::QName<'_>) -> Option<String> {
     let (resolved, local) = reader.resolver().resolve_element(name);
     match resolved {
-        ResolveResult::Bound(ns) if ns.as_ref() == ENVELOPE_NS => {
-            Some(local.as_ref().to_owned())
-        }
+        ResolveResult::Bound(ns) if ns.as_ref() == ENVELOPE_NS => Some(local.as_ref().to_owned()),
         _ => None,
     }
 }
@@ -65,7 +63,8 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
 
     // <meta>
     match next_element(&mut reader, input)? {
-        Some((Event::Start(e), _)) if envelope_name(&reader, e.name()).as_deref() == Some("meta") => {}
+        Some((Event::Start(e), _))
+            if envelope_name(&reader, e.name()).as_deref() == Some("meta") => {}
         _ => return Err(env_err("<message> must begin with <meta>")),
     }
     let mut fields: [Option<String>; 3] = [None, None, None];
@@ -86,7 +85,9 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
                     other => return Err(env_err(format!("unknown <meta> field <{other}>"))),
                 };
                 if last_index.is_some_and(|l| l >= index) {
-                    return Err(env_err("<meta> fields must be from, to, thread in that order"));
+                    return Err(env_err(
+                        "<meta> fields must be from, to, thread in that order",
+                    ));
                 }
                 last_index = Some(index);
                 fields[index] = Some(if empty {
@@ -99,10 +100,12 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
                 // Extension element in another namespace: allowed, skipped.
                 if !empty {
                     let end = e.to_end().into_owned();
-                    reader.read_to_end(end.name()).map_err(|err| XmlError::Malformed {
-                        line: super::line_of(input, reader.buffer_position()),
-                        message: err.to_string(),
-                    })?;
+                    reader
+                        .read_to_end(end.name())
+                        .map_err(|err| XmlError::Malformed {
+                            line: super::line_of(input, reader.buffer_position()),
+                            message: err.to_string(),
+                        })?;
                 }
             }
         }
@@ -113,9 +116,15 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
 
     // The payload.
     let payload = match next_element(&mut reader, input)? {
-        Some((Event::Start(e), false)) => normalize_element(&mut reader, input, e, false, limits, 1)?,
+        Some((Event::Start(e), false)) => {
+            normalize_element(&mut reader, input, e, false, limits, 1)?
+        }
         Some((Event::Empty(e), true)) => normalize_element(&mut reader, input, e, true, limits, 1)?,
-        _ => return Err(env_err("<message> must hold exactly one payload element after <meta>")),
+        _ => {
+            return Err(env_err(
+                "<message> must hold exactly one payload element after <meta>",
+            ))
+        }
     };
     match next_element(&mut reader, input)? {
         None => {}
@@ -215,9 +224,8 @@ mod tests {
 
     #[test]
     fn payload_without_xmlns_reset_is_in_the_envelope_namespace() {
-        let xml = format!(
-            "<message xmlns=\"{ENVELOPE_NS}\"><meta><from>x</from></meta><G/></message>"
-        );
+        let xml =
+            format!("<message xmlns=\"{ENVELOPE_NS}\"><meta><from>x</from></meta><G/></message>");
         let env = parse_envelope(&xml, &XmlLimits::default()).unwrap();
         assert_eq!(env.payload.payload_type.namespace(), Some(ENVELOPE_NS));
         assert_eq!(env.payload.xml, format!("<G xmlns=\"{ENVELOPE_NS}\"/>"));

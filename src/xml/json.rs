@@ -33,8 +33,14 @@ fn open(e: &quick_xml::events::BytesStart<'_>) -> Option<Frame> {
         if attr.key.as_namespace_binding().is_some() {
             continue;
         }
-        let value = attr.normalized_value(quick_xml::XmlVersion::Implicit1_0).ok()?.into_owned();
-        map.insert(format!("@{}", local(attr.key.as_ref())), Value::String(value));
+        let value = attr
+            .normalized_value(quick_xml::XmlVersion::Implicit1_0)
+            .ok()?
+            .into_owned();
+        map.insert(
+            format!("@{}", local(attr.key.as_ref())),
+            Value::String(value),
+        );
     }
     Some(Frame {
         name: local(e.name().as_ref()),
@@ -128,7 +134,9 @@ mod tests {
 
     #[test]
     fn children_repeats_attributes_and_text_map_to_json() {
-        let v = xml_to_json("<A id=\"7\"><name>Dan</name><tag>a</tag><tag>b</tag><n u=\"kg\">3</n><e/></A>");
+        let v = xml_to_json(
+            "<A id=\"7\"><name>Dan</name><tag>a</tag><tag>b</tag><n u=\"kg\">3</n><e/></A>",
+        );
         assert_eq!(
             v,
             json!({"@id": "7", "name": "Dan", "tag": ["a", "b"], "n": {"@u": "kg", "#text": "3"}, "e": ""})

@@ -135,7 +135,11 @@ fn contains_doctype(bytes: &[u8]) -> bool {
 /// 1-based line of a byte offset, for error messages.
 pub(crate) fn line_of(input: &str, offset: u64) -> usize {
     let end = (offset as usize).min(input.len());
-    input.as_bytes()[..end].iter().filter(|b| **b == b'\n').count() + 1
+    input.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
 }
 
 /// Escapes text for use in element content or a double-quoted attribute.
@@ -158,11 +162,14 @@ mod tests {
     #[test]
     fn guard_refuses_doctype_in_any_case_and_oversize() {
         let l = XmlLimits::default();
-        assert_eq!(
-            guard("<!doctype x><x/>", &l),
-            Err(XmlError::DoctypeRefused)
-        );
-        let small = XmlLimits { max_bytes: 4, max_depth: 64 };
-        assert!(matches!(guard("<abc/>", &small), Err(XmlError::TooLarge { .. })));
+        assert_eq!(guard("<!doctype x><x/>", &l), Err(XmlError::DoctypeRefused));
+        let small = XmlLimits {
+            max_bytes: 4,
+            max_depth: 64,
+        };
+        assert!(matches!(
+            guard("<abc/>", &small),
+            Err(XmlError::TooLarge { .. })
+        ));
     }
 }

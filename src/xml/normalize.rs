@@ -66,7 +66,10 @@ pub(crate) fn strict_reader(input: &str) -> NsReader<&[u8]> {
 }
 
 /// Reads the next event, turning a reader error into [`XmlError::Malformed`] with its line.
-pub(crate) fn next<'i>(reader: &mut NsReader<&'i [u8]>, input: &str) -> Result<Event<'i>, XmlError> {
+pub(crate) fn next<'i>(
+    reader: &mut NsReader<&'i [u8]>,
+    input: &str,
+) -> Result<Event<'i>, XmlError> {
     reader.read_event().map_err(|e| XmlError::Malformed {
         line: line_of(input, reader.buffer_position()),
         message: e.to_string(),
@@ -107,15 +110,9 @@ pub(crate) fn normalize_element(
         let (resolved, local) = reader.resolver().resolve_element(root.name());
         let local = local.as_ref().to_owned();
         match resolved {
-            ResolveResult::Bound(ns) => {
-                PayloadType::new(Some(&ns.as_ref()), &local)
-            }
+            ResolveResult::Bound(ns) => PayloadType::new(Some(&ns.as_ref()), &local),
             ResolveResult::Unbound => PayloadType::new(None, &local),
-            ResolveResult::Unknown(prefix) => {
-                return Err(XmlError::UnknownPrefix(
-                    prefix.clone(),
-                ))
-            }
+            ResolveResult::Unknown(prefix) => return Err(XmlError::UnknownPrefix(prefix.clone())),
         }
     };
 
@@ -137,7 +134,10 @@ pub(crate) fn normalize_element(
     write_start(&mut out, &root, Some(bindings), input, reader)?;
     if is_empty {
         out.push_str("/>");
-        return Ok(NormalizedPayload { payload_type, xml: out });
+        return Ok(NormalizedPayload {
+            payload_type,
+            xml: out,
+        });
     }
     check_depth(outer_depth + 1, limits)?;
 
@@ -174,7 +174,10 @@ pub(crate) fn normalize_element(
                 }
                 depth -= 1;
                 if depth == 0 {
-                    return Ok(NormalizedPayload { payload_type, xml: out });
+                    return Ok(NormalizedPayload {
+                        payload_type,
+                        xml: out,
+                    });
                 }
             }
             Event::Text(t) => out.push_str(&escape_text(&t.xml10_content())),
@@ -304,17 +307,29 @@ mod tests {
 
     #[test]
     fn malformed_input_is_refused_with_a_line() {
-        assert!(matches!(norm("<A>\n<b></A>"), Err(XmlError::Malformed { line: 2, .. })));
+        assert!(matches!(
+            norm("<A>\n<b></A>"),
+            Err(XmlError::Malformed { line: 2, .. })
+        ));
         assert!(matches!(norm("<A>"), Err(XmlError::Malformed { .. })));
-        assert!(matches!(norm("<A/><B/>"), Err(XmlError::TrailingContent { .. })));
+        assert!(matches!(
+            norm("<A/><B/>"),
+            Err(XmlError::TrailingContent { .. })
+        ));
         assert_eq!(norm("  "), Err(XmlError::NoRootElement));
-        assert!(matches!(norm("<A>&foo;</A>"), Err(XmlError::UndefinedEntity(_))));
+        assert!(matches!(
+            norm("<A>&foo;</A>"),
+            Err(XmlError::UndefinedEntity(_))
+        ));
         assert!(matches!(norm("<x:A/>"), Err(XmlError::UnknownPrefix(_))));
     }
 
     #[test]
     fn depth_cap_counts_the_root() {
-        let limits = XmlLimits { max_bytes: 1 << 20, max_depth: 3 };
+        let limits = XmlLimits {
+            max_bytes: 1 << 20,
+            max_depth: 3,
+        };
         assert!(normalize_payload("<a><b><c/></b></a>", &limits).is_ok());
         assert_eq!(
             normalize_payload("<a><b><c><d/></c></b></a>", &limits),

@@ -1,0 +1,403 @@
+//! The organism YAML (SPEC §4): its typed model, loading, and validation.
+//!
+//! Pure data: nothing here starts a task or opens a socket. Loading checks everything that can
+//! be checked before the organism runs (unknown keys, descriptions, references between
+//! listeners, agents' unique payload types, XSDs that compile, paths that exist) and reports
+//! every problem at once, each naming the file, the listener and the key.
+
+mod model;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub use model::{
+    Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Scheduling,
+};
+use model::{ListenerSection, OrganismSection};
+
+use crate::schema::Schema;
+use crate::xml::PayloadType;
+
+/// The built-in native handlers, always available.
+pub const BUILTIN_HANDLERS: &[&str] = &["sink", "echo", "forward"];
+
+/// Default API address: loopback only (SPEC §14).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
+
+/// One problem in an organism file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub listener: Option<String>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(l) = &self.listener {
+            write!(f, ": listener `{l}`")?;
+        }
+        if let Some(k) = &self.key {
+            write!(f, ": key `{k}`")?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Every problem found in one file.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+struct Collector {
+    file: String,
+    errors: Vec<ConfigError>,
+}
+
+impl Collector {
+    fn push(&mut self, listener: Option<&str>, key: Option<&str>, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.clone(),
+            listener: listener.map(str::to_string),
+            key: key.map(str::to_string),
+            message: message.into(),
+        });
+    }
+}
+
+/// Loads and validates an organism file. `handlers` are the native handler names available
+/// (the built-ins plus any an embedding program registered).
+pub fn load_file(path: &Path, handlers: &[&str]) -> Result<OrganismConfig, ConfigErrors> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: path.display().to_string(),
+            listener: None,
+            key: None,
+            message: format!("cannot read: {e}"),
+        }])
+    })?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut config = load_str(&text, &path.display().to_string(), &base, handlers)?;
+    config.source = Some(path.to_path_buf());
+    Ok(config)
+}
+
+/// Loads and validates organism YAML given as text. `file` names it in errors; relative paths
+/// resolve against `base`.
+pub fn load_str(
+    text: &str,
+    file: &str,
+    base: &Path,
+    handlers: &[&str],
+) -> Result<OrganismConfig, ConfigErrors> {
+    let mut c = Collector {
+        file: file.to_string(),
+        errors: Vec::new(),
+    };
+    let root: yaml_serde::Value = match yaml_serde::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            c.push(None, None, format!("not valid YAML: {e}"));
+            return Err(ConfigErrors(c.errors));
+        }
+    };
+    let Some(map) = root.as_mapping() else {
+        c.push(None, None, "the file must be a mapping with `organism` and `listeners`");
+        return Err(ConfigErrors(c.errors));
+    };
+    for key in map.keys() {
+        let k = key.as_str().unwrap_or("");
+        if !["organism", "limits", "listeners"].contains(&k) {
+            c.push(
+                None,
+                Some(k),
+                "unknown key (expected `organism`, `limits`, `listeners`)",
+            );
+        }
+    }
+
+    let organism: Option<OrganismSection> = match map.get("organism") {
+        None => {
+            c.push(None, Some("organism"), "missing");
+            None
+        }
+        Some(v) => match yaml_serde::from_value(v.clone()) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                c.push(None, Some("organism"), e.to_string());
+                None
+            }
+        },
+    };
+    let limits: Limits = match map.get("limits") {
+        None => Limits::default(),
+        Some(v) => yaml_serde::from_value(v.clone()).unwrap_or_else(|e| {
+            c.push(None, Some("limits"), e.to_string());
+            Limits::default()
+        }),
+    };
+    check_limits(&limits, &mut c);
+
+    let mut sections: Vec<ListenerSection> = Vec::new();
+    match map.get("listeners").and_then(|v| v.as_sequence()) {
+        None => c.push(None, Some("listeners"), "missing, or not a list"),
+        Some(items) => {
+            for (i, item) in items.iter().enumerate() {
+                let label = item
+                    .get("name")
+                    .and_then(|n| n.as_str())
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("#{}", i + 1));
+                match yaml_serde::from_value::<ListenerSection>(item.clone()) {
+                    Ok(s) => sections.push(s),
+                    Err(e) => c.push(Some(&label), None, e.to_string()),
+                }
+            }
+        }
+    }
+
+    let listeners = check_listeners(&sections, base, handlers, &mut c);
+
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
+    let Some(organism) = organism else {
+        return Err(ConfigErrors(c.errors));
+    };
+    if organism.name.trim().is_empty() {
+        c.push(None, Some("organism.name"), "must not be empty");
+        return Err(ConfigErrors(c.errors));
+    }
+    let store = match organism.store.as_deref() {
+        Some("memory") => None,
+        Some(p) => Some(base.join(p)),
+        None => Some(PathBuf::from("data").join(format!("{}.db", organism.name))),
+    };
+    Ok(OrganismConfig {
+        listen: organism.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
+        name: organism.name,
+        store,
+        scheduling: organism.scheduling,
+        limits,
+        listeners,
+        source: None,
+    })
+}
+
+fn check_limits(l: &Limits, c: &mut Collector) {
+    let checks: [(&str, bool); 5] = [
+        ("limits.max_message_bytes", l.max_message_bytes > 0),
+        ("limits.max_depth", l.max_depth > 0),
+        ("limits.max_pending_messages", l.max_pending_messages > 0),
+        ("limits.max_messages_per_thread", l.max_messages_per_thread > 0),
+        ("limits.max_concurrent_handlers", l.max_concurrent_handlers > 0),
+    ];
+    for (key, ok) in checks {
+        if !ok {
+            c.push(None, Some(key), "must be greater than 0");
+        }
+    }
+}
+
+fn check_listeners(
+    sections: &[ListenerSection],
+    base: &Path,
+    handlers: &[&str],
+    c: &mut Collector,
+) -> Vec<ListenerConfig> {
+    let names: HashSet<&str> = sections.iter().map(|s| s.name.as_str()).collect();
+    let mut seen = HashSet::new();
+    let mut built = Vec::new();
+    for s in sections {
+        let name = s.name.as_str();
+        let l = Some(name);
+        if !seen.insert(name) {
+            c.push(l, Some("name"), "another listener has the same name");
+        }
+        if !valid_name(name) {
+            c.push(l, Some("name"), "must be 1-128 characters of A-Z a-z 0-9 _ - .");
+        }
+        if ["api", "ws", "cli"].contains(&name) {
+            c.push(l, Some("name"), "is reserved for an injector identity");
+        }
+        let description = s.description.clone().unwrap_or_default();
+        if description.trim().is_empty() {
+            c.push(l, Some("description"), "is required (tools and visualizers show it)");
+        }
+        match s.kind {
+            ListenerKind::Native => match s.handler.as_deref() {
+                None => c.push(l, Some("handler"), "a native listener needs a handler name"),
+                Some(h) if !handlers.contains(&h) => c.push(
+                    l,
+                    Some("handler"),
+                    format!("no native handler named `{h}` (available: {})", handlers.join(", ")),
+                ),
+                Some(_) => {}
+            },
+            kind => c.push(
+                l,
+                Some("kind"),
+                format!("`{kind}` listeners are not available in this version; use `native`"),
+            ),
+        }
+        for (key, present) in [
+            ("script", s.script.is_some()),
+            ("input_url", s.input_url.is_some()),
+            ("token_env", s.token_env.is_some()),
+            ("timeout_ms", s.timeout_ms.is_some()),
+            ("reply_timeout", s.reply_timeout.is_some()),
+            ("limits", s.limits.is_some()),
+        ] {
+            if present && s.kind == ListenerKind::Native {
+                c.push(l, Some(key), "does not apply to a native listener");
+            }
+        }
+        if s.fields.is_some() {
+            c.push(
+                l,
+                Some("fields"),
+                "the schema DSL is not available in this version; give an XSD in `schema`",
+            );
+        }
+
+        // Schema and accepted types.
+        let mut accepts: Vec<(PayloadType, Arc<Schema>)> = Vec::new();
+        let mut schema_origin = None;
+        match &s.schema {
+            None if s.fields.is_none() => {
+                c.push(l, Some("schema"), "required: the XSD of the payloads it accepts")
+            }
+            None => {}
+            Some(rel) => {
+                let path = base.join(rel);
+                schema_origin = Some(path.clone());
+                if !path.exists() {
+                    c.push(l, Some("schema"), format!("file not found: {}", path.display()));
+                } else {
+                    match Schema::from_file(&path) {
+                        Ok(schema) => {
+                            for t in schema.payload_types() {
+                                accepts.push((t.clone(), schema.clone()));
+                            }
+                        }
+                        Err(e) => c.push(l, Some("schema"), e.to_string()),
+                    }
+                }
+            }
+        }
+        if let Some(wanted) = &s.accepts {
+            let mut narrowed = Vec::new();
+            for w in wanted {
+                if w == "huh" || *w == PayloadType::huh().to_string() {
+                    match Schema::huh() {
+                        Ok(h) => narrowed.push((PayloadType::huh(), h)),
+                        Err(e) => c.push(l, Some("accepts"), e.to_string()),
+                    }
+                    continue;
+                }
+                let t = PayloadType::parse(w);
+                let found = accepts
+                    .iter()
+                    .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
+                match found {
+                    Some(entry) => narrowed.push(entry.clone()),
+                    None if s.schema.is_some() => c.push(
+                        l,
+                        Some("accepts"),
+                        format!("`{w}` is not a global element of the listener's schema"),
+                    ),
+                    None => {}
+                }
+            }
+            accepts = narrowed;
+        }
+
+        // Peers.
+        let peers = s.peers.as_ref().map(|ps| {
+            for p in ps {
+                if !names.contains(p.as_str()) {
+                    c.push(l, Some("peers"), format!("`{p}` names no listener"));
+                }
+            }
+            ps.iter().map(|p| ListenerName::new(p)).collect::<Vec<_>>()
+        });
+
+        let concurrency = s.concurrency.unwrap_or(1);
+        if concurrency == 0 {
+            c.push(l, Some("concurrency"), "must be at least 1");
+        }
+        let config = match &s.config {
+            None => serde_json::Value::Object(Default::default()),
+            Some(v) => serde_json::to_value(v).unwrap_or_else(|e| {
+                c.push(l, Some("config"), format!("cannot be represented as JSON: {e}"));
+                serde_json::Value::Null
+            }),
+        };
+        if s.handler.as_deref() == Some("forward") {
+            match config.get("to").and_then(|t| t.as_str()) {
+                Some(t) if names.contains(t) => {}
+                Some(t) => c.push(l, Some("config.to"), format!("`{t}` names no listener")),
+                None => c.push(l, Some("config.to"), "the forward handler needs `config.to`"),
+            }
+        }
+
+        built.push(ListenerConfig {
+            name: ListenerName::new(name),
+            description,
+            kind: s.kind,
+            handler: s.handler.clone(),
+            accepts,
+            agent: s.agent,
+            peers,
+            concurrency: concurrency.max(1),
+            config,
+            schema_origin,
+        });
+    }
+
+    // An agent's payload types are its own.
+    let mut owners: HashMap<&PayloadType, Vec<&str>> = HashMap::new();
+    for l in &built {
+        for (t, _) in &l.accepts {
+            owners.entry(t).or_default().push(l.name.as_str());
+        }
+    }
+    for l in &built {
+        if !l.agent {
+            continue;
+        }
+        for (t, _) in &l.accepts {
+            if *t == PayloadType::huh() {
+                continue;
+            }
+            let others: Vec<&str> = owners[t]
+                .iter()
+                .copied()
+                .filter(|o| *o != l.name.as_str())
+                .collect();
+            if !others.is_empty() {
+                c.push(
+                    Some(l.name.as_str()),
+                    Some("accepts"),
+                    format!(
+                        "agent payload type `{t}` is also accepted by {}; an agent's types must be unique",
+                        others.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    built
+}
+
+/// Listener names and thread ids share one alphabet: `[A-Za-z0-9_.-]{1,128}`.
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}

@@ -1,0 +1,179 @@
+//! The organism file as written (serde, unknown keys refused) and as validated.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::schema::Schema;
+use crate::xml::PayloadType;
+
+/// The order in which one thread's ready messages are taken when handlers compete for the
+/// organism-wide concurrency limit (SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scheduling {
+    /// The oldest ready message of the thread first.
+    #[default]
+    BreadthFirst,
+    /// The newest ready message of the thread first.
+    DepthFirst,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListenerKind {
+    Native,
+    Lua,
+    External,
+}
+
+impl fmt::Display for ListenerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ListenerKind::Native => "native",
+            ListenerKind::Lua => "lua",
+            ListenerKind::External => "external",
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OrganismSection {
+    pub name: String,
+    pub listen: Option<String>,
+    pub store: Option<String>,
+    #[serde(default)]
+    pub scheduling: Scheduling,
+}
+
+/// Organism-wide limits (SPEC §4, §14). Every field has a default.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    pub max_message_bytes: usize,
+    pub max_depth: usize,
+    pub max_pending_messages: usize,
+    pub max_messages_per_thread: u64,
+    pub max_concurrent_handlers: usize,
+    /// How long `stop` lets running handlers finish, in milliseconds.
+    pub stop_grace_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: 1024 * 1024,
+            max_depth: 64,
+            max_pending_messages: 100_000,
+            max_messages_per_thread: 10_000,
+            max_concurrent_handlers: 64,
+            stop_grace_ms: 10_000,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListenerSection {
+    pub name: String,
+    pub description: Option<String>,
+    pub kind: ListenerKind,
+    pub handler: Option<String>,
+    pub script: Option<String>,
+    pub schema: Option<String>,
+    pub fields: Option<yaml_serde::Value>,
+    pub accepts: Option<Vec<String>>,
+    #[serde(default)]
+    pub agent: bool,
+    pub peers: Option<Vec<String>>,
+    pub concurrency: Option<usize>,
+    pub config: Option<yaml_serde::Value>,
+    pub limits: Option<yaml_serde::Value>,
+    pub input_url: Option<String>,
+    pub token_env: Option<String>,
+    pub timeout_ms: Option<u64>,
+    pub reply_timeout: Option<yaml_serde::Value>,
+}
+
+/// A listener's name. A newtype so names are not confused with other strings across modules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct ListenerName(Arc<str>);
+
+impl ListenerName {
+    pub fn new(name: &str) -> Self {
+        ListenerName(Arc::from(name))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ListenerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::borrow::Borrow<str> for ListenerName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One validated listener: every reference checked, its schemas compiled.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    pub name: ListenerName,
+    pub description: String,
+    pub kind: ListenerKind,
+    /// For `native`: the registered handler name.
+    pub handler: Option<String>,
+    /// Accepted payload types, each with the schema that validates it.
+    pub accepts: Vec<(PayloadType, Arc<Schema>)>,
+    pub agent: bool,
+    /// `None`: any listener (non-agents only). `Some`: only these, plus the sender.
+    pub peers: Option<Vec<ListenerName>>,
+    pub concurrency: usize,
+    /// The listener's `config:` block, as JSON, handed to its handler.
+    pub config: serde_json::Value,
+    /// Where the schema came from (a file path), for the API.
+    pub schema_origin: Option<PathBuf>,
+}
+
+impl ListenerConfig {
+    /// The schema that validates `payload_type` for this listener, if it accepts it.
+    pub fn schema_for(&self, payload_type: &PayloadType) -> Option<&Arc<Schema>> {
+        self.accepts
+            .iter()
+            .find(|(t, _)| t == payload_type)
+            .map(|(_, s)| s)
+    }
+
+    pub fn accepts_type(&self, payload_type: &PayloadType) -> bool {
+        self.schema_for(payload_type).is_some()
+    }
+}
+
+/// A validated organism: pure data, built and checked before anything runs.
+#[derive(Debug, Clone)]
+pub struct OrganismConfig {
+    pub name: String,
+    pub listen: String,
+    /// `None` when `store: memory`.
+    pub store: Option<PathBuf>,
+    pub scheduling: Scheduling,
+    pub limits: Limits,
+    pub listeners: Vec<ListenerConfig>,
+    /// The file it came from, if any.
+    pub source: Option<PathBuf>,
+}
+
+impl OrganismConfig {
+    pub fn listener(&self, name: &str) -> Option<&ListenerConfig> {
+        self.listeners.iter().find(|l| l.name.as_str() == name)
+    }
+}

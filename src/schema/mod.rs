@@ -1,0 +1,340 @@
+//! The schema gate: XSDs compiled once, validation from any worker thread, and
+//! [`ValidatedPayload`], which only this module can construct.
+//!
+//! libxml2 schema and validation contexts are neither `Send` nor `Sync`, so a [`Schema`] holds
+//! only the XSD text and its facts; each OS thread compiles its own validation context on first
+//! use and keeps it in a thread-local cache keyed by the schema's process-unique id. No libxml
+//! object ever crosses a thread or an `.await`. Payloads are re-parsed by libxml2 from their
+//! normalized form with recovery off and network access off; the normalized form can hold no
+//! DOCTYPE, so nothing is loaded or expanded.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use libxml::parser::{Parser, ParserOptions, XmlParseFailure};
+use libxml::schemas::{SchemaParserContext, SchemaValidationContext};
+use quick_xml::events::Event;
+use quick_xml::Reader;
+
+use crate::xml::{NormalizedPayload, PayloadType};
+
+static NEXT_SCHEMA_ID: AtomicU64 = AtomicU64::new(1);
+
+/// The built-in `huh` schema (system namespace).
+pub const HUH_XSD: &str = include_str!("../../schemas/huh.xsd");
+/// Our description of the envelope.
+pub const ENVELOPE_XSD: &str = include_str!("../../schemas/envelope.xsd");
+
+thread_local! {
+    static CONTEXTS: RefCell<HashMap<u64, SchemaValidationContext>> = RefCell::new(HashMap::new());
+}
+
+/// A compiled XSD: its text, where it came from, and the payload types it declares.
+/// Cheap to share (`Arc`); holds no libxml2 object.
+#[derive(Debug)]
+pub struct Schema {
+    id: u64,
+    origin: String,
+    xsd: String,
+    types: Vec<PayloadType>,
+}
+
+/// Why an XSD could not be used.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{origin}: {message}")]
+pub struct SchemaError {
+    pub origin: String,
+    pub message: String,
+}
+
+/// Why a payload failed validation: the validator's messages, each with its line in the
+/// normalized payload.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{}", .messages.join("; "))]
+pub struct ValidationError {
+    pub messages: Vec<String>,
+}
+
+impl Schema {
+    /// Compiles `xsd` (checking it on this thread) and reads its global elements.
+    /// `origin` names the file or generator, for error messages.
+    pub fn compile(
+        origin: impl Into<String>,
+        xsd: impl Into<String>,
+    ) -> Result<Arc<Schema>, SchemaError> {
+        let origin = origin.into();
+        let xsd = xsd.into();
+        let types = global_elements(&xsd).map_err(|message| SchemaError {
+            origin: origin.clone(),
+            message,
+        })?;
+        if types.is_empty() {
+            return Err(SchemaError {
+                origin,
+                message: "the schema declares no global element, so it accepts no payload".into(),
+            });
+        }
+        let schema = Schema {
+            id: NEXT_SCHEMA_ID.fetch_add(1, Ordering::Relaxed),
+            origin,
+            xsd,
+            types,
+        };
+        let context = schema.build_context()?;
+        CONTEXTS.with(|c| c.borrow_mut().insert(schema.id, context));
+        Ok(Arc::new(schema))
+    }
+
+    /// Reads and compiles an XSD file.
+    pub fn from_file(path: &std::path::Path) -> Result<Arc<Schema>, SchemaError> {
+        let origin = path.display().to_string();
+        let xsd = std::fs::read_to_string(path).map_err(|e| SchemaError {
+            origin: origin.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Schema::compile(origin, xsd)
+    }
+
+    /// The built-in `huh` schema.
+    pub fn huh() -> Result<Arc<Schema>, SchemaError> {
+        Schema::compile("schemas/huh.xsd (built in)", HUH_XSD)
+    }
+
+    /// Payload types (global elements) this schema declares.
+    pub fn payload_types(&self) -> &[PayloadType] {
+        &self.types
+    }
+
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    /// The XSD text.
+    pub fn xsd(&self) -> &str {
+        &self.xsd
+    }
+
+    fn build_context(&self) -> Result<SchemaValidationContext, SchemaError> {
+        let mut parser = SchemaParserContext::from_buffer(self.xsd.as_bytes());
+        SchemaValidationContext::from_parser(&mut parser).map_err(|errors| SchemaError {
+            origin: self.origin.clone(),
+            message: format!(
+                "does not compile: {}",
+                errors.iter().map(describe).collect::<Vec<_>>().join("; ")
+            ),
+        })
+    }
+
+    /// Validates a normalized payload against this schema. The payload's type must be one of
+    /// the schema's global elements; the caller (routing) has already chosen this schema for it.
+    pub fn validate(
+        &self,
+        payload: NormalizedPayload,
+    ) -> Result<ValidatedPayload, ValidationError> {
+        let doc = {
+            let options = ParserOptions {
+                recover: false,
+                no_net: true,
+                no_error: true,
+                no_warning: true,
+                ..ParserOptions::default()
+            };
+            match Parser::default().parse_string_with_diagnostics(payload.xml.as_bytes(), options) {
+                Ok((doc, _)) => doc,
+                Err(XmlParseFailure::ParseFailed(errors)) => {
+                    return Err(ValidationError {
+                        messages: errors.iter().map(describe).collect(),
+                    })
+                }
+                Err(other) => {
+                    return Err(ValidationError {
+                        messages: vec![format!("payload could not be parsed: {other:?}")],
+                    })
+                }
+            }
+        };
+        let result = CONTEXTS.with(|cell| {
+            let mut contexts = cell.borrow_mut();
+            if !contexts.contains_key(&self.id) {
+                let context = self.build_context().map_err(|e| ValidationError {
+                    messages: vec![e.to_string()],
+                })?;
+                contexts.insert(self.id, context);
+            }
+            match contexts.get_mut(&self.id) {
+                Some(context) => {
+                    context
+                        .validate_document(&doc)
+                        .map_err(|errors| ValidationError {
+                            messages: errors.iter().map(describe).collect(),
+                        })
+                }
+                None => Err(ValidationError {
+                    messages: vec!["validation context missing".into()],
+                }),
+            }
+        });
+        result?;
+        Ok(ValidatedPayload {
+            payload_type: payload.payload_type,
+            xml: Arc::from(payload.xml),
+        })
+    }
+}
+
+fn describe(e: &libxml::error::StructuredError) -> String {
+    let message = e.message.as_deref().unwrap_or("unknown error").trim();
+    match e.line {
+        Some(line) => format!("line {line}: {message}"),
+        None => message.to_string(),
+    }
+}
+
+/// Reads `targetNamespace` and the names of the top-level `xs:element` declarations.
+fn global_elements(xsd: &str) -> Result<Vec<PayloadType>, String> {
+    let mut reader = Reader::from_str(xsd);
+    let mut depth = 0usize;
+    let mut target_ns: Option<String> = None;
+    let mut names: Vec<String> = Vec::new();
+    loop {
+        let event = reader
+            .read_event()
+            .map_err(|e| format!("not well-formed XML: {e}"))?;
+        let (e, is_start) = match event {
+            Event::Start(e) => (e, true),
+            Event::Empty(e) => (e, false),
+            Event::End(_) => {
+                depth = depth.saturating_sub(1);
+                continue;
+            }
+            Event::Eof => break,
+            _ => continue,
+        };
+        let local = e.local_name().as_ref().to_owned();
+        if depth == 0 {
+            if local != "schema" {
+                return Err("root element is not xs:schema".into());
+            }
+            target_ns = attr(&e, "targetNamespace");
+        } else if depth == 1 && local == "element" {
+            if let Some(name) = attr(&e, "name") {
+                names.push(name);
+            }
+        }
+        if is_start {
+            depth += 1;
+        }
+    }
+    Ok(names
+        .iter()
+        .map(|n| PayloadType::new(target_ns.as_deref(), n))
+        .collect())
+}
+
+fn attr(e: &quick_xml::events::BytesStart<'_>, name: &str) -> Option<String> {
+    e.attributes().flatten().find_map(|a| {
+        (a.key.as_ref() == name).then(|| {
+            a.normalized_value(quick_xml::XmlVersion::Implicit1_0)
+                .map(|v| v.into_owned())
+                .unwrap_or_default()
+        })
+    })
+}
+
+/// A payload that passed strict parsing and XSD validation against the receiving listener's
+/// schema. Only the gate constructs one, so a handler cannot receive anything else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedPayload {
+    payload_type: PayloadType,
+    xml: Arc<str>,
+}
+
+impl ValidatedPayload {
+    pub fn payload_type(&self) -> &PayloadType {
+        &self.payload_type
+    }
+
+    /// The normalized XML of the payload.
+    pub fn xml(&self) -> &str {
+        &self.xml
+    }
+
+    /// A shared handle on the normalized XML.
+    pub fn xml_arc(&self) -> Arc<str> {
+        self.xml.clone()
+    }
+
+    /// The JSON view of the payload (SPEC §9).
+    pub fn to_json(&self) -> serde_json::Value {
+        crate::xml::xml_to_json(&self.xml)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::xml::{normalize_payload, XmlLimits};
+
+    const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+      <xs:element name="Greeting"><xs:complexType><xs:sequence>
+        <xs:element name="name" type="xs:string"/></xs:sequence></xs:complexType></xs:element>
+      <xs:element name="Other" type="xs:int"/>
+    </xs:schema>"#;
+
+    fn norm(s: &str) -> NormalizedPayload {
+        normalize_payload(s, &XmlLimits::default()).unwrap()
+    }
+
+    #[test]
+    fn global_elements_are_the_payload_types() {
+        let s = Schema::compile("t.xsd", XSD).unwrap();
+        let names: Vec<String> = s.payload_types().iter().map(|t| t.to_string()).collect();
+        assert_eq!(names, vec!["Greeting", "Other"]);
+        let huh = Schema::huh().unwrap();
+        assert_eq!(huh.payload_types(), &[PayloadType::huh()]);
+    }
+
+    #[test]
+    fn invalid_payload_carries_the_validators_line_and_message() {
+        let s = Schema::compile("t.xsd", XSD).unwrap();
+        assert!(s
+            .validate(norm("<Greeting><name>Dan</name></Greeting>"))
+            .is_ok());
+        let err = s
+            .validate(norm("<Greeting><nom>Dan</nom></Greeting>"))
+            .unwrap_err();
+        assert!(err.messages[0].starts_with("line 1:"), "{err}");
+        assert!(err.to_string().contains("nom"), "{err}");
+    }
+
+    #[test]
+    fn a_schema_that_does_not_compile_is_an_error() {
+        let bad = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="A" type="nope"/></xs:schema>"#;
+        let err = Schema::compile("bad.xsd", bad).unwrap_err();
+        assert!(
+            err.to_string().starts_with("bad.xsd: does not compile"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn validation_works_from_another_os_thread() {
+        let s = Schema::compile("t.xsd", XSD).unwrap();
+        let s2 = s.clone();
+        let ok = std::thread::spawn(move || s2.validate(norm("<Other>5</Other>")).is_ok())
+            .join()
+            .unwrap();
+        assert!(ok);
+        assert!(s.validate(norm("<Other>x</Other>")).is_err());
+    }
+
+    #[test]
+    fn built_envelopes_validate_against_envelope_xsd() {
+        let s = Schema::compile("envelope.xsd", ENVELOPE_XSD).unwrap();
+        let xml = crate::xml::build_envelope("a", Some("b"), "t1", "<G><n>x</n></G>");
+        let doc = normalize_payload(&xml, &XmlLimits::default()).unwrap();
+        assert!(s.validate(doc).is_ok());
+    }
+}

@@ -1,0 +1,568 @@
+//! The thread registry: every thread's status, participants, counters, budget and message log.
+//!
+//! Sharded by thread id so that no lock is global: each operation locks one shard briefly and
+//! never across an `.await`. The pump is the only writer; observers read snapshots.
+//! Finished threads are retained up to a cap (oldest finished evicted first) so memory stays
+//! bounded until the durable store takes over history.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Serialize, Serializer};
+use tokio_util::sync::CancellationToken;
+
+use crate::time::Timestamp;
+
+const SHARDS: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThreadStatus {
+    Active,
+    Completed,
+    Error,
+    Killed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageStatus {
+    /// Queued for, or being handled by, a listener.
+    Pending,
+    /// Handled by its listener without error.
+    Delivered,
+    /// Reached a non-listener identity (`api`, `cli`, …): logged, streamed, ended.
+    Terminal,
+    /// Refused by the gate: malformed, or invalid against the receiver's schema.
+    Rejected,
+    /// No route, or a route the peers rules forbid.
+    Undeliverable,
+    /// The handler failed, panicked, or the thread's budget was exceeded.
+    Failed,
+    /// Dropped or cancelled by a kill, or by stop after its grace period.
+    Killed,
+}
+
+/// One message in the log (SPEC §9 message object).
+#[derive(Debug, Clone)]
+pub struct MessageRecord {
+    pub id: Arc<str>,
+    pub thread_id: Arc<str>,
+    pub parent_id: Option<Arc<str>>,
+    pub slot_index: u64,
+    pub from: Arc<str>,
+    pub to: Option<Arc<str>>,
+    pub payload_type: Option<String>,
+    pub payload_xml: Arc<str>,
+    pub status: MessageStatus,
+    pub error: Option<String>,
+    pub timestamp: Timestamp,
+}
+
+impl Serialize for MessageRecord {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct View<'a> {
+            id: &'a str,
+            thread_id: &'a str,
+            from: &'a str,
+            to: Option<&'a str>,
+            payload_type: Option<&'a str>,
+            payload: serde_json::Value,
+            payload_xml: &'a str,
+            timestamp: Timestamp,
+            parent_id: Option<&'a str>,
+            slot_index: u64,
+            status: MessageStatus,
+            error: Option<&'a str>,
+        }
+        View {
+            id: &self.id,
+            thread_id: &self.thread_id,
+            from: &self.from,
+            to: self.to.as_deref(),
+            payload_type: self.payload_type.as_deref(),
+            payload: crate::xml::xml_to_json(&self.payload_xml),
+            payload_xml: &self.payload_xml,
+            timestamp: self.timestamp,
+            parent_id: self.parent_id.as_deref(),
+            slot_index: self.slot_index,
+            status: self.status,
+            error: self.error.as_deref(),
+        }
+        .serialize(s)
+    }
+}
+
+/// A thread as the API shows it (seed Thread object).
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadInfo {
+    pub id: String,
+    pub status: ThreadStatus,
+    pub participants: Vec<String>,
+    pub message_count: u64,
+    pub created_at: Timestamp,
+    pub last_activity: Timestamp,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ThreadError {
+    #[error("thread id must be 1-128 characters of A-Z a-z 0-9 _ -")]
+    InvalidId,
+    #[error("thread {0} was killed")]
+    Killed(String),
+    #[error("no thread {0}")]
+    NotFound(String),
+    #[error("thread {id} exceeded its budget of {max} messages")]
+    BudgetExceeded { id: String, max: u64 },
+}
+
+/// A status change the pump should publish.
+#[derive(Debug, Clone)]
+pub struct StatusChange {
+    pub thread_id: String,
+    pub status: ThreadStatus,
+    pub message_count: u64,
+    pub error: Option<String>,
+}
+
+struct Entry {
+    status: ThreadStatus,
+    participants: Vec<Arc<str>>,
+    created_at: Timestamp,
+    last_activity: Timestamp,
+    error: Option<String>,
+    /// Messages queued for or being handled by a listener.
+    outstanding: u64,
+    messages: Vec<MessageRecord>,
+    cancel: CancellationToken,
+}
+
+impl Entry {
+    fn info(&self, id: &str) -> ThreadInfo {
+        ThreadInfo {
+            id: id.to_string(),
+            status: self.status,
+            participants: self.participants.iter().map(|p| p.to_string()).collect(),
+            message_count: self.messages.len() as u64,
+            created_at: self.created_at,
+            last_activity: self.last_activity,
+            error: self.error.clone(),
+        }
+    }
+
+    fn change(&self, id: &str) -> StatusChange {
+        StatusChange {
+            thread_id: id.to_string(),
+            status: self.status,
+            message_count: self.messages.len() as u64,
+            error: self.error.clone(),
+        }
+    }
+
+    fn note_participant(&mut self, who: &Arc<str>) {
+        if !self.participants.iter().any(|p| p == who) {
+            self.participants.push(who.clone());
+        }
+    }
+
+    /// Quiescent and not killed: completed, or error if a failure happened.
+    fn settle(&mut self) -> bool {
+        if self.status == ThreadStatus::Active && self.outstanding == 0 {
+            self.status = if self.error.is_some() {
+                ThreadStatus::Error
+            } else {
+                ThreadStatus::Completed
+            };
+            return true;
+        }
+        false
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    threads: HashMap<Arc<str>, Entry>,
+    finished: VecDeque<Arc<str>>,
+}
+
+/// What [`ThreadRegistry::open`] did.
+pub struct Opened {
+    pub id: Arc<str>,
+    /// The thread is new: publish `thread_created`.
+    pub created: Option<ThreadInfo>,
+    /// A finished thread became active again.
+    pub reactivated: Option<StatusChange>,
+}
+
+/// A message to append to a thread's log.
+pub struct NewMessage {
+    pub id: Arc<str>,
+    pub parent_id: Option<Arc<str>>,
+    pub from: Arc<str>,
+    pub to: Option<Arc<str>>,
+    pub payload_type: Option<String>,
+    pub payload_xml: Arc<str>,
+    pub status: MessageStatus,
+    pub error: Option<String>,
+}
+
+pub struct ThreadRegistry {
+    shards: Vec<Mutex<Shard>>,
+    hasher: std::collections::hash_map::RandomState,
+    max_messages: u64,
+    retain_finished: usize,
+}
+
+/// Thread ids are `[A-Za-z0-9_-]{1,128}` (SPEC §6).
+pub fn valid_thread_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+impl ThreadRegistry {
+    pub fn new(max_messages_per_thread: u64, retain_finished: usize) -> Self {
+        ThreadRegistry {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: Default::default(),
+            max_messages: max_messages_per_thread,
+            retain_finished,
+        }
+    }
+
+    fn shard(&self, id: &str) -> &Mutex<Shard> {
+        let mut h = self.hasher.build_hasher();
+        id.hash(&mut h);
+        &self.shards[(h.finish() as usize) % SHARDS]
+    }
+
+    /// Opens a new thread (`requested` = None: a uuid v7) or continues an existing one.
+    pub fn open(&self, requested: Option<&str>) -> Result<Opened, ThreadError> {
+        let id: Arc<str> = match requested {
+            Some(r) if !valid_thread_id(r) => return Err(ThreadError::InvalidId),
+            Some(r) => Arc::from(r),
+            None => Arc::from(uuid::Uuid::now_v7().to_string()),
+        };
+        let mut shard = lock(self.shard(&id));
+        if let Some(e) = shard.threads.get_mut(&id) {
+            return match e.status {
+                ThreadStatus::Killed => Err(ThreadError::Killed(id.to_string())),
+                ThreadStatus::Active => Ok(Opened {
+                    id,
+                    created: None,
+                    reactivated: None,
+                }),
+                _ => {
+                    e.status = ThreadStatus::Active;
+                    let change = e.change(&id);
+                    Ok(Opened {
+                        id,
+                        created: None,
+                        reactivated: Some(change),
+                    })
+                }
+            };
+        }
+        let now = Timestamp::now();
+        let entry = Entry {
+            status: ThreadStatus::Active,
+            participants: Vec::new(),
+            created_at: now,
+            last_activity: now,
+            error: None,
+            outstanding: 0,
+            messages: Vec::new(),
+            cancel: CancellationToken::new(),
+        };
+        let info = entry.info(&id);
+        shard.threads.insert(id.clone(), entry);
+        Ok(Opened {
+            id,
+            created: Some(info),
+            reactivated: None,
+        })
+    }
+
+    /// Appends a message to its thread's log; a `Pending` one counts as outstanding work.
+    /// Refused when the thread is killed, or when it would exceed the thread's budget (the
+    /// thread then records the failure).
+    pub fn append(&self, thread: &str, m: NewMessage) -> Result<MessageRecord, ThreadError> {
+        let mut shard = lock(self.shard(thread));
+        let Some((key, e)) = shard.threads.get_key_value_mut_compat(thread) else {
+            return Err(ThreadError::NotFound(thread.to_string()));
+        };
+        if e.status == ThreadStatus::Killed {
+            return Err(ThreadError::Killed(thread.to_string()));
+        }
+        if e.messages.len() as u64 >= self.max_messages {
+            let err = ThreadError::BudgetExceeded {
+                id: thread.to_string(),
+                max: self.max_messages,
+            };
+            if e.error.is_none() {
+                e.error = Some(err.to_string());
+            }
+            return Err(err);
+        }
+        let now = Timestamp::now();
+        e.note_participant(&m.from);
+        if let Some(to) = &m.to {
+            e.note_participant(to);
+        }
+        if m.status == MessageStatus::Pending {
+            e.outstanding += 1;
+        }
+        if let Some(err) = &m.error {
+            if e.error.is_none() {
+                e.error = Some(err.clone());
+            }
+        }
+        e.last_activity = now;
+        let record = MessageRecord {
+            id: m.id,
+            thread_id: key,
+            parent_id: m.parent_id,
+            slot_index: e.messages.len() as u64,
+            from: m.from,
+            to: m.to,
+            payload_type: m.payload_type,
+            payload_xml: m.payload_xml,
+            status: m.status,
+            error: m.error,
+            timestamp: now,
+        };
+        e.messages.push(record.clone());
+        Ok(record)
+    }
+
+    /// Sets the final status of a message. A failure becomes the thread's error if first.
+    pub fn set_message_status(
+        &self,
+        thread: &str,
+        slot: u64,
+        status: MessageStatus,
+        error: Option<String>,
+    ) {
+        let mut shard = lock(self.shard(thread));
+        if let Some(e) = shard.threads.get_mut(thread) {
+            if let Some(err) = &error {
+                if e.error.is_none() {
+                    e.error = Some(err.clone());
+                }
+            }
+            e.last_activity = Timestamp::now();
+            if let Some(m) = e.messages.get_mut(slot as usize) {
+                m.status = status;
+                m.error = error;
+            }
+        }
+    }
+
+    /// Records a failure on the thread (the first one is kept).
+    pub fn record_error(&self, thread: &str, error: &str) {
+        let mut shard = lock(self.shard(thread));
+        if let Some(e) = shard.threads.get_mut(thread) {
+            if e.error.is_none() {
+                e.error = Some(error.to_string());
+            }
+        }
+    }
+
+    /// One outstanding message of the thread is done. Returns the status change if the thread
+    /// became quiescent.
+    pub fn finish_one(&self, thread: &str) -> Option<StatusChange> {
+        let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
+        let e = shard.threads.get_mut(thread)?;
+        e.outstanding = e.outstanding.saturating_sub(1);
+        if e.settle() {
+            let change = e.change(thread);
+            self.note_finished(shard, thread);
+            return Some(change);
+        }
+        None
+    }
+
+    /// Settles a thread that may have no outstanding work (e.g. its only message was refused).
+    pub fn settle(&self, thread: &str) -> Option<StatusChange> {
+        let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
+        let e = shard.threads.get_mut(thread)?;
+        if e.settle() {
+            let change = e.change(thread);
+            self.note_finished(shard, thread);
+            return Some(change);
+        }
+        None
+    }
+
+    fn note_finished(&self, shard: &mut Shard, thread: &str) {
+        shard.finished.push_back(Arc::from(thread));
+        let cap = self.retain_finished / SHARDS + 1;
+        while shard.finished.len() > cap {
+            if let Some(old) = shard.finished.pop_front() {
+                let still_finished = shard
+                    .threads
+                    .get(&old)
+                    .is_some_and(|e| e.status != ThreadStatus::Active);
+                if still_finished {
+                    shard.threads.remove(&old);
+                }
+            }
+        }
+    }
+
+    /// Marks a thread killed and cancels its running handlers. Returns the change, or an
+    /// error if there is no such thread. Killing a killed thread changes nothing.
+    pub fn kill(&self, thread: &str) -> Result<Option<StatusChange>, ThreadError> {
+        let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
+        let e = shard
+            .threads
+            .get_mut(thread)
+            .ok_or_else(|| ThreadError::NotFound(thread.to_string()))?;
+        if e.status == ThreadStatus::Killed {
+            return Ok(None);
+        }
+        e.status = ThreadStatus::Killed;
+        e.cancel.cancel();
+        let change = e.change(thread);
+        self.note_finished(shard, thread);
+        Ok(Some(change))
+    }
+
+    /// The thread's cancellation token (cancelled by a kill).
+    pub fn cancel_token(&self, thread: &str) -> Option<CancellationToken> {
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .map(|e| e.cancel.clone())
+    }
+
+    pub fn status(&self, thread: &str) -> Option<ThreadStatus> {
+        lock(self.shard(thread)).threads.get(thread).map(|e| e.status)
+    }
+
+    pub fn info(&self, thread: &str) -> Option<ThreadInfo> {
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .map(|e| e.info(thread))
+    }
+
+    /// The thread's message log, in slot order.
+    pub fn messages(&self, thread: &str) -> Option<Vec<MessageRecord>> {
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .map(|e| e.messages.clone())
+    }
+
+    /// Every retained thread, newest first.
+    pub fn list(&self) -> Vec<ThreadInfo> {
+        let mut all: Vec<ThreadInfo> = self
+            .shards
+            .iter()
+            .flat_map(|s| {
+                let s = lock(s);
+                s.threads.iter().map(|(id, e)| e.info(id)).collect::<Vec<_>>()
+            })
+            .collect();
+        all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
+        all
+    }
+
+    /// Ids of threads that are active.
+    pub fn active_ids(&self) -> Vec<String> {
+        self.shards
+            .iter()
+            .flat_map(|s| {
+                let s = lock(s);
+                s.threads
+                    .iter()
+                    .filter(|(_, e)| e.status == ThreadStatus::Active)
+                    .map(|(id, _)| id.to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
+
+/// `HashMap::get_key_value` plus mutable access to the value, in one lookup.
+trait GetKeyValueMut {
+    fn get_key_value_mut_compat(&mut self, k: &str) -> Option<(Arc<str>, &mut Entry)>;
+}
+
+impl GetKeyValueMut for HashMap<Arc<str>, Entry> {
+    fn get_key_value_mut_compat(&mut self, k: &str) -> Option<(Arc<str>, &mut Entry)> {
+        let key = self.get_key_value(k).map(|(k, _)| k.clone())?;
+        self.get_mut(k).map(|e| (key, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(status: MessageStatus) -> NewMessage {
+        NewMessage {
+            id: Arc::from("m"),
+            parent_id: None,
+            from: Arc::from("api"),
+            to: Some(Arc::from("a")),
+            payload_type: Some("X".into()),
+            payload_xml: Arc::from("<X/>"),
+            status,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn thread_completes_when_quiescent_and_errors_after_a_failure() {
+        let r = ThreadRegistry::new(10, 100);
+        let t = r.open(None).unwrap().id;
+        r.append(&t, msg(MessageStatus::Pending)).unwrap();
+        let done = r.finish_one(&t).unwrap();
+        assert_eq!(done.status, ThreadStatus::Completed);
+
+        let again = r.open(Some(&t)).unwrap();
+        assert!(again.reactivated.is_some());
+        r.append(&t, msg(MessageStatus::Pending)).unwrap();
+        r.set_message_status(&t, 1, MessageStatus::Failed, Some("boom".into()));
+        assert_eq!(r.finish_one(&t).unwrap().status, ThreadStatus::Error);
+        assert_eq!(r.info(&t).unwrap().participants, vec!["api", "a"]);
+    }
+
+    #[test]
+    fn invalid_and_killed_threads_are_refused() {
+        let r = ThreadRegistry::new(10, 100);
+        assert_eq!(r.open(Some("bad id!")).err(), Some(ThreadError::InvalidId));
+        let t = r.open(Some("t-1")).unwrap().id;
+        r.kill(&t).unwrap();
+        assert!(matches!(r.open(Some("t-1")), Err(ThreadError::Killed(_))));
+    }
+
+    #[test]
+    fn budget_is_enforced_per_thread() {
+        let r = ThreadRegistry::new(2, 100);
+        let t = r.open(None).unwrap().id;
+        r.append(&t, msg(MessageStatus::Terminal)).unwrap();
+        r.append(&t, msg(MessageStatus::Terminal)).unwrap();
+        assert!(matches!(
+            r.append(&t, msg(MessageStatus::Terminal)),
+            Err(ThreadError::BudgetExceeded { max: 2, .. })
+        ));
+    }
+}

@@ -1,0 +1,42 @@
+//! Wall-clock timestamps as the API shows them: RFC 3339, UTC, milliseconds.
+
+use serde::{Serialize, Serializer};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch; serializes as `2026-01-15T10:30:01.123Z`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn now() -> Self {
+        let ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        Timestamp(ms)
+    }
+
+    pub fn to_rfc3339(self) -> String {
+        let format = time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        );
+        time::OffsetDateTime::from_unix_timestamp_nanos(self.0 as i128 * 1_000_000)
+            .ok()
+            .and_then(|t| t.format(&format).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_rfc3339())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn formats_rfc3339_with_millis() {
+        assert_eq!(super::Timestamp(1_705_314_601_123).to_rfc3339(), "2024-01-15T10:30:01.123Z");
+    }
+}
