@@ -110,6 +110,10 @@ impl ListenerName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+    /// A shared handle on the name.
+    pub fn arc(&self) -> Arc<str> {
+        self.0.clone()
+    }
 }
 
 impl fmt::Display for ListenerName {

@@ -296,25 +296,26 @@ impl ThreadRegistry {
     }
 
     /// Appends a message to its thread's log; a `Pending` one counts as outstanding work.
-    /// Refused when the thread is killed, or when it would exceed the thread's budget (the
-    /// thread then records the failure).
-    pub fn append(&self, thread: &str, m: NewMessage) -> Result<MessageRecord, ThreadError> {
+    /// Nothing offered is lost: in a killed thread the message is recorded as `Killed`, and past
+    /// the thread's budget as `Failed` (the thread then records the failure). The caller reads
+    /// the returned record's status.
+    pub fn append(&self, thread: &str, mut m: NewMessage) -> Result<MessageRecord, ThreadError> {
         let mut shard = lock(self.shard(thread));
         let Some((key, e)) = shard.threads.get_key_value_mut_compat(thread) else {
             return Err(ThreadError::NotFound(thread.to_string()));
         };
         if e.status == ThreadStatus::Killed {
-            return Err(ThreadError::Killed(thread.to_string()));
-        }
-        if e.messages.len() as u64 >= self.max_messages {
-            let err = ThreadError::BudgetExceeded {
-                id: thread.to_string(),
-                max: self.max_messages,
-            };
-            if e.error.is_none() {
-                e.error = Some(err.to_string());
-            }
-            return Err(err);
+            m.status = MessageStatus::Killed;
+            m.error = Some("thread killed".into());
+        } else if e.messages.len() as u64 >= self.max_messages && m.status == MessageStatus::Pending {
+            m.status = MessageStatus::Failed;
+            m.error = Some(
+                ThreadError::BudgetExceeded {
+                    id: thread.to_string(),
+                    max: self.max_messages,
+                }
+                .to_string(),
+            );
         }
         let now = Timestamp::now();
         e.note_participant(&m.from);
@@ -558,11 +559,10 @@ mod tests {
     fn budget_is_enforced_per_thread() {
         let r = ThreadRegistry::new(2, 100);
         let t = r.open(None).unwrap().id;
-        r.append(&t, msg(MessageStatus::Terminal)).unwrap();
-        r.append(&t, msg(MessageStatus::Terminal)).unwrap();
-        assert!(matches!(
-            r.append(&t, msg(MessageStatus::Terminal)),
-            Err(ThreadError::BudgetExceeded { max: 2, .. })
-        ));
+        r.append(&t, msg(MessageStatus::Pending)).unwrap();
+        r.append(&t, msg(MessageStatus::Pending)).unwrap();
+        let over = r.append(&t, msg(MessageStatus::Pending)).unwrap();
+        assert_eq!(over.status, MessageStatus::Failed);
+        assert!(r.info(&t).unwrap().error.unwrap().contains("budget of 2"));
     }
 }

@@ -1,0 +1,121 @@
+//! The native built-ins: enough for demos and tests.
+
+use serde_json::Value;
+
+use super::{Delivery, Handler, HandlerError, HandlerFuture, Output};
+use crate::xml::escape_text;
+
+/// Records the message (the log does that) and emits nothing.
+pub struct Sink;
+
+impl Handler for Sink {
+    fn handle(&self, _delivery: Delivery) -> HandlerFuture {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+}
+
+/// Replies the same payload to the sender.
+pub struct Echo;
+
+impl Handler for Echo {
+    fn handle(&self, d: Delivery) -> HandlerFuture {
+        let out = Output::to(d.meta.from.to_string(), d.payload.xml());
+        Box::pin(async move { Ok(vec![out]) })
+    }
+}
+
+/// Sends the payload on to `config.to`.
+pub struct Forward {
+    to: String,
+}
+
+impl Forward {
+    pub fn from_config(config: &Value) -> Result<Self, String> {
+        match config.get("to").and_then(Value::as_str) {
+            Some(to) => Ok(Forward { to: to.to_string() }),
+            None => Err("the forward handler needs `config.to`".into()),
+        }
+    }
+}
+
+impl Handler for Forward {
+    fn handle(&self, d: Delivery) -> HandlerFuture {
+        let out = Output::to(self.to.clone(), d.payload.xml());
+        Box::pin(async move { Ok(vec![out]) })
+    }
+}
+
+/// Fills an XML template from the payload and sends it on: `config.output` is the template,
+/// `config.to` the optional target. `{name}` is the payload's top-level field `name`,
+/// `{@from}` / `{@thread_id}` / `{@own_name}` come from the metadata, and `|upper` or `|lower`
+/// after a name changes case (`{message|upper}`). Values are XML-escaped.
+pub struct Template {
+    output: String,
+    to: Option<String>,
+}
+
+impl Template {
+    pub fn from_config(config: &Value) -> Result<Self, String> {
+        let output = config
+            .get("output")
+            .and_then(Value::as_str)
+            .ok_or("the template handler needs `config.output`")?;
+        Ok(Template {
+            output: output.to_string(),
+            to: config.get("to").and_then(Value::as_str).map(str::to_string),
+        })
+    }
+
+    fn render(&self, d: &Delivery) -> Result<String, HandlerError> {
+        let fields = d.payload.to_json();
+        let mut out = String::with_capacity(self.output.len() + 64);
+        let mut rest = self.output.as_str();
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let after = &rest[open + 1..];
+            let close = after
+                .find('}')
+                .ok_or_else(|| HandlerError("template has an unclosed `{`".into()))?;
+            let (name, filter) = match after[..close].split_once('|') {
+                Some((n, f)) => (n.trim(), Some(f.trim())),
+                None => (after[..close].trim(), None),
+            };
+            let value = match name {
+                "@from" => d.meta.from.to_string(),
+                "@thread_id" => d.meta.thread_id.to_string(),
+                "@own_name" => d.meta.own_name.to_string(),
+                field => match fields.get(field) {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(other) => other.to_string(),
+                    None => {
+                        return Err(HandlerError(format!(
+                            "template field `{field}` is not in the payload"
+                        )))
+                    }
+                },
+            };
+            let value = match filter {
+                Some("upper") => value.to_uppercase(),
+                Some("lower") => value.to_lowercase(),
+                None => value,
+                Some(other) => return Err(HandlerError(format!("unknown template filter `{other}`"))),
+            };
+            out.push_str(&escape_text(&value));
+            rest = &after[close + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+}
+
+impl Handler for Template {
+    fn handle(&self, d: Delivery) -> HandlerFuture {
+        let result = self.render(&d).map(|payload| {
+            vec![Output {
+                payload,
+                to: self.to.clone(),
+            }]
+        });
+        Box::pin(async move { result })
+    }
+}

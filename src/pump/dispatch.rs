@@ -1,0 +1,332 @@
+//! Per-listener queues and the workers that drain them.
+//!
+//! Each listener owns one [`Queue`] behind its own mutex (never held across an `.await`):
+//! a FIFO per thread, so one (listener, thread) pair is handled one message at a time in
+//! arrival order, and a ring of ready threads served in turn, so a busy thread cannot starve
+//! another. Up to `concurrency` worker tasks take jobs from the ring; a worker exits when the
+//! ring is empty or the listener is paused, and enqueue starts workers again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use futures_util::FutureExt;
+
+use super::{FailureKind, Shared};
+use crate::config::ListenerConfig;
+use crate::events::{AgentState, EventKind};
+use crate::listener::{Delivery, Handler, HandlerResult, Meta};
+use crate::schema::ValidatedPayload;
+use crate::threads::{MessageRecord, MessageStatus};
+
+/// A listener at run time: its config, its handler, its queue, its counters.
+pub(crate) struct Listener {
+    pub(crate) config: ListenerConfig,
+    pub(crate) handler: Arc<dyn Handler>,
+    queue: Mutex<Queue>,
+    pub(crate) handled: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) handler_micros: AtomicU64,
+}
+
+/// A validated message waiting for its listener.
+pub(crate) struct Job {
+    pub(crate) record: MessageRecord,
+    pub(crate) payload: ValidatedPayload,
+}
+
+#[derive(Default)]
+struct Queue {
+    per_thread: HashMap<Arc<str>, VecDeque<Job>>,
+    ready: VecDeque<Arc<str>>,
+    busy: HashSet<Arc<str>>,
+    workers: usize,
+    depth: usize,
+    paused: bool,
+    state: Option<AgentState>,
+}
+
+/// A snapshot of a listener's run-time state.
+#[derive(Debug, Clone)]
+pub struct ListenerSnapshot {
+    pub state: AgentState,
+    pub queue_depth: usize,
+    pub running: usize,
+    pub current_thread: Option<String>,
+}
+
+impl Listener {
+    pub(crate) fn new(config: ListenerConfig, handler: Arc<dyn Handler>) -> Self {
+        Listener {
+            config,
+            handler,
+            queue: Mutex::new(Queue::default()),
+            handled: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            handler_micros: AtomicU64::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        match self.queue.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.config.name.as_str()
+    }
+
+    /// May this listener send to `target` (other than as a reply)? SPEC §6 rule 3.
+    pub(crate) fn allows(&self, target: &str) -> bool {
+        match &self.config.peers {
+            Some(peers) => peers.iter().any(|p| p.as_str() == target),
+            None => !self.config.agent,
+        }
+    }
+
+    pub(crate) fn snapshot(&self, organism_paused: bool) -> ListenerSnapshot {
+        let q = self.lock();
+        ListenerSnapshot {
+            state: state_of(&q, organism_paused),
+            queue_depth: q.depth,
+            running: q.busy.len(),
+            current_thread: q.busy.iter().next().map(|t| t.to_string()),
+        }
+    }
+
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.lock().paused = paused;
+    }
+
+    /// Removes every queued job of `thread`, for a kill.
+    pub(crate) fn drop_thread(&self, thread: &str) -> Vec<Job> {
+        let mut q = self.lock();
+        let Some(jobs) = q.per_thread.remove(thread) else {
+            return Vec::new();
+        };
+        q.ready.retain(|t| &**t != thread);
+        q.depth -= jobs.len();
+        jobs.into_iter().collect()
+    }
+}
+
+fn state_of(q: &Queue, organism_paused: bool) -> AgentState {
+    if q.paused || organism_paused {
+        AgentState::Paused
+    } else if !q.busy.is_empty() {
+        AgentState::Processing
+    } else {
+        AgentState::Idle
+    }
+}
+
+impl Shared {
+    /// Queues a validated job for `listener` and starts workers if needed.
+    pub(crate) fn enqueue(self: &Arc<Self>, listener: &Arc<Listener>, job: Job) {
+        {
+            let mut q = listener.lock();
+            let thread = job.record.thread_id.clone();
+            let jobs = q.per_thread.entry(thread.clone()).or_default();
+            jobs.push_back(job);
+            let newly_waiting = jobs.len() == 1;
+            q.depth += 1;
+            if newly_waiting && !q.busy.contains(&thread) {
+                q.ready.push_back(thread);
+            }
+        }
+        self.kick(listener);
+    }
+
+    /// Starts as many workers as there are ready threads, up to the listener's concurrency.
+    pub(crate) fn kick(self: &Arc<Self>, listener: &Arc<Listener>) {
+        let organism_paused = self.is_paused();
+        let (start, change) = {
+            let mut q = listener.lock();
+            let change = self.note_state(listener, &mut q, None);
+            if q.paused || organism_paused {
+                (0, change)
+            } else {
+                let free = listener.config.concurrency.saturating_sub(q.workers);
+                let idle_workers = q.workers.saturating_sub(q.busy.len());
+                let start = free.min(q.ready.len().saturating_sub(idle_workers));
+                q.workers += start;
+                (start, change)
+            }
+        };
+        self.publish_state(change);
+        for _ in 0..start {
+            let shared = self.clone();
+            let listener = listener.clone();
+            self.runtime.spawn(async move { shared.work(listener).await });
+        }
+    }
+
+    /// Computes the listener's state and, if it changed, returns the event to publish.
+    fn note_state(
+        &self,
+        listener: &Listener,
+        q: &mut Queue,
+        current: Option<&Arc<str>>,
+    ) -> Option<EventKind> {
+        let state = state_of(q, self.is_paused());
+        if q.state == Some(state) {
+            return None;
+        }
+        q.state = Some(state);
+        Some(EventKind::AgentState {
+            agent: listener.name().to_string(),
+            state,
+            current_thread: current.map(|t| t.to_string()),
+        })
+    }
+
+    fn publish_state(&self, change: Option<EventKind>) {
+        if let Some(kind) = change {
+            self.events.publish(kind);
+        }
+    }
+
+    async fn work(self: Arc<Self>, listener: Arc<Listener>) {
+        loop {
+            let (job, change) = {
+                let mut q = listener.lock();
+                let paused = q.paused || self.is_paused();
+                let next = if paused { None } else { q.ready.pop_front() };
+                let Some(thread) = next else {
+                    q.workers -= 1;
+                    let change = self.note_state(&listener, &mut q, None);
+                    drop(q);
+                    self.publish_state(change);
+                    return;
+                };
+                let (job, now_empty) = match q.per_thread.get_mut(&thread) {
+                    Some(jobs) => (jobs.pop_front(), jobs.is_empty()),
+                    None => (None, true),
+                };
+                if now_empty {
+                    q.per_thread.remove(&thread);
+                }
+                let Some(job) = job else { continue };
+                q.depth -= 1;
+                q.busy.insert(thread.clone());
+                let change = self.note_state(&listener, &mut q, Some(&thread));
+                (job, change)
+            };
+            self.publish_state(change);
+
+            let thread = job.record.thread_id.clone();
+            self.run_job(&listener, job).await;
+
+            let change = {
+                let mut q = listener.lock();
+                q.busy.remove(&thread);
+                if q.per_thread.contains_key(&thread) {
+                    q.ready.push_back(thread.clone());
+                }
+                self.note_state(&listener, &mut q, None)
+            };
+            self.publish_state(change);
+        }
+    }
+
+    /// Runs one handler call and routes its outputs, holding an organism-wide permit.
+    async fn run_job(self: &Arc<Self>, listener: &Arc<Listener>, job: Job) {
+        let record = job.record;
+        let thread = record.thread_id.clone();
+        let permit = self.gate.acquire(&thread, record.slot_index).await;
+        let cancel = self.threads.cancel_token(&thread);
+
+        if cancel.as_ref().is_none_or(|c| c.is_cancelled()) {
+            self.finish_message(&record, MessageStatus::Killed, Some("thread killed".into()));
+        } else {
+            let delivery = Delivery {
+                meta: Meta {
+                    thread_id: thread.clone(),
+                    message_id: record.id.clone(),
+                    from: record.from.clone(),
+                    own_name: listener.config.name.clone(),
+                    payload_type: job.payload.payload_type().clone(),
+                },
+                payload: job.payload,
+            };
+            let started = Instant::now();
+            let call = std::panic::catch_unwind(AssertUnwindSafe(|| listener.handler.handle(delivery)));
+            let outcome: Outcome = match call {
+                Err(panic) => Outcome::Panicked(panic_text(&panic)),
+                Ok(future) => {
+                    let guarded = AssertUnwindSafe(future).catch_unwind();
+                    match cancel {
+                        Some(token) => tokio::select! {
+                            biased;
+                            _ = token.cancelled() => Outcome::Cancelled,
+                            r = guarded => Outcome::from(r),
+                        },
+                        None => Outcome::from(guarded.await),
+                    }
+                }
+            };
+            listener
+                .handler_micros
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+            listener.handled.fetch_add(1, Ordering::Relaxed);
+            match outcome {
+                Outcome::Done(outputs) => {
+                    self.finish_message(&record, MessageStatus::Delivered, None);
+                    for output in outputs {
+                        self.route_output(listener, &record, output);
+                    }
+                }
+                Outcome::Failed(reason) => {
+                    listener.errors.fetch_add(1, Ordering::Relaxed);
+                    self.fail_message(&record, FailureKind::HandlerError, format!(
+                        "handler of `{}` failed: {reason}",
+                        listener.name()
+                    ));
+                }
+                Outcome::Panicked(reason) => {
+                    listener.errors.fetch_add(1, Ordering::Relaxed);
+                    self.fail_message(&record, FailureKind::HandlerPanic, format!(
+                        "handler of `{}` panicked: {reason}",
+                        listener.name()
+                    ));
+                }
+                Outcome::Cancelled => {
+                    self.finish_message(&record, MessageStatus::Killed, Some("thread killed while handling".into()));
+                }
+            }
+        }
+        drop(permit);
+        self.release(&thread);
+    }
+}
+
+enum Outcome {
+    Done(Vec<crate::listener::Output>),
+    Failed(String),
+    Panicked(String),
+    Cancelled,
+}
+
+impl From<Result<HandlerResult, Box<dyn std::any::Any + Send>>> for Outcome {
+    fn from(r: Result<HandlerResult, Box<dyn std::any::Any + Send>>) -> Self {
+        match r {
+            Ok(Ok(outputs)) => Outcome::Done(outputs),
+            Ok(Err(e)) => Outcome::Failed(e.0),
+            Err(panic) => Outcome::Panicked(panic_text(&panic)),
+        }
+    }
+}
+
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-text panic payload".to_string()
+    }
+}

@@ -1,0 +1,636 @@
+//! The stream pump: ingress, routing, per-(listener, thread) ordered dispatch, and control.
+//!
+//! [`Organism`] is a cheap handle (`Arc<Shared>`) on one running organism. State has one owner
+//! each: listener queues live in their [`dispatch::Listener`] behind a per-listener mutex,
+//! threads in the sharded [`ThreadRegistry`], events in the [`EventHub`]. No lock is global
+//! per message and none is held across an `.await`. Validation runs inline on the worker
+//! that routes. Memory is bounded: inject is refused past `max_pending_messages`, and a thread
+//! past `max_messages_per_thread` fails.
+//!
+//! The pump knows nothing of HTTP: the API and the CLI call the methods here.
+
+mod dispatch;
+mod gate;
+mod route;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::config::{self, ConfigErrors, ListenerName, OrganismConfig};
+use crate::events::{AgentState, EventHub, EventKind, OrganismStatus, DEFAULT_CAPACITY};
+use crate::listener::{Handler, HandlerRegistry};
+use crate::schema::ValidationError;
+use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError, ThreadRegistry, ThreadStatus};
+use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};
+
+use dispatch::Listener;
+pub use dispatch::ListenerSnapshot;
+pub use route::SYSTEM_IDENTITY;
+
+/// Finished threads kept in memory for the API and `send`.
+pub const RETAINED_FINISHED_THREADS: usize = 10_000;
+
+/// Kinds of failure, each counted (SPEC §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    Malformed,
+    Invalid,
+    Undeliverable,
+    HandlerError,
+    HandlerPanic,
+    Budget,
+    Killed,
+    InjectRefused,
+}
+
+impl FailureKind {
+    pub const ALL: [FailureKind; 8] = [
+        FailureKind::Malformed,
+        FailureKind::Invalid,
+        FailureKind::Undeliverable,
+        FailureKind::HandlerError,
+        FailureKind::HandlerPanic,
+        FailureKind::Budget,
+        FailureKind::Killed,
+        FailureKind::InjectRefused,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Malformed => "malformed",
+            FailureKind::Invalid => "invalid",
+            FailureKind::Undeliverable => "undeliverable",
+            FailureKind::HandlerError => "handler_error",
+            FailureKind::HandlerPanic => "handler_panic",
+            FailureKind::Budget => "thread_budget",
+            FailureKind::Killed => "killed",
+            FailureKind::InjectRefused => "inject_refused",
+        }
+    }
+}
+
+/// Why an inject was refused. Each maps to one HTTP status in the API.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum InjectError {
+    #[error("the organism is stopping")]
+    Stopping,
+    #[error("over load: {pending} messages pending (limit {max})")]
+    Overloaded { pending: usize, max: usize },
+    #[error("no listener named `{0}`")]
+    UnknownListener(String),
+    #[error("`{0}` is a listener name and cannot be used as an injector identity")]
+    ForgedIdentity(String),
+    #[error("{0}")]
+    Malformed(#[from] XmlError),
+    #[error("`{listener}` does not accept payload type `{payload_type}`")]
+    NotAccepted { listener: String, payload_type: String },
+    #[error("payload is invalid: {0}")]
+    Invalid(ValidationError),
+    #[error("{0}")]
+    Thread(#[from] ThreadError),
+    #[error("the envelope has no <to>: say which listener receives it")]
+    NoTarget,
+}
+
+/// Why a control call failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ControlError {
+    #[error("no listener named `{0}`")]
+    UnknownListener(String),
+    #[error("no thread `{0}`")]
+    UnknownThread(String),
+}
+
+/// Why an organism could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    #[error("listener `{listener}`: {message}")]
+    Handler { listener: String, message: String },
+    #[error("an organism must be built inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// A message to inject from outside the organism.
+#[derive(Debug, Clone)]
+pub struct InjectRequest {
+    /// The injector's identity (`api`, `ws`, `cli`, or an API key's name); never a listener.
+    pub from: String,
+    pub to: String,
+    pub payload_xml: String,
+    /// Continue this thread; `None` opens a new one.
+    pub thread_id: Option<String>,
+}
+
+/// The answer to an accepted inject.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InjectReceipt {
+    pub thread_id: String,
+    pub message_id: String,
+}
+
+/// A listener as observers see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AgentInfo {
+    pub name: String,
+    pub description: String,
+    pub kind: String,
+    pub is_agent: bool,
+    pub peers: Vec<String>,
+    pub accepts: Vec<String>,
+    pub state: AgentState,
+    pub current_thread: Option<String>,
+    pub queue_depth: usize,
+    pub handled: u64,
+    pub errors: u64,
+}
+
+/// What `stop` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopReport {
+    /// Every pending message finished within the grace period.
+    pub drained: bool,
+    /// Threads killed because the grace period ran out.
+    pub killed_threads: usize,
+}
+
+pub(crate) struct Shared {
+    config: OrganismConfig,
+    listeners: HashMap<ListenerName, Arc<Listener>>,
+    order: Vec<Arc<Listener>>,
+    threads: ThreadRegistry,
+    events: EventHub,
+    gate: gate::Gate,
+    xml_limits: XmlLimits,
+    pending: AtomicUsize,
+    idle: Notify,
+    status: AtomicU8,
+    paused: AtomicBool,
+    failures: [AtomicU64; 8],
+    runtime: tokio::runtime::Handle,
+}
+
+const STATUS_RUNNING: u8 = 0;
+const STATUS_STOPPING: u8 = 1;
+const STATUS_STOPPED: u8 = 2;
+
+impl Shared {
+    fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    fn add_pending(&self, n: usize) {
+        self.pending.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// One pending message of `thread` is done (handled, dropped or cancelled).
+    fn release(&self, thread: &str) {
+        if let Some(change) = self.threads.finish_one(thread) {
+            self.publish_thread(change);
+        }
+        if self.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    fn publish_thread(&self, c: crate::threads::StatusChange) {
+        self.events.publish(EventKind::ThreadUpdated {
+            thread_id: c.thread_id,
+            status: c.status,
+            message_count: c.message_count,
+            error: c.error,
+        });
+    }
+
+    fn count_failure(&self, kind: FailureKind) {
+        if let Some(i) = FailureKind::ALL.iter().position(|k| *k == kind) {
+            self.failures[i].fetch_add(1, Ordering::Relaxed);
+        }
+        metrics::counter!("agentserver_failures_total", "kind" => kind.as_str()).increment(1);
+    }
+}
+
+/// Builds an [`Organism`]: a config (from a file or already loaded) plus native handlers.
+pub struct OrganismBuilder {
+    registry: HandlerRegistry,
+}
+
+impl Default for OrganismBuilder {
+    fn default() -> Self {
+        OrganismBuilder {
+            registry: HandlerRegistry::default(),
+        }
+    }
+}
+
+impl OrganismBuilder {
+    /// Registers a native handler under `name`, for listeners with `handler: name`.
+    pub fn handler<H: Handler>(mut self, name: &str, handler: H) -> Self {
+        let shared: Arc<dyn Handler> = Arc::new(handler);
+        self.registry.register(name, move |_| Ok(shared.clone()));
+        self
+    }
+
+    /// Registers a handler factory that sees the listener's config.
+    pub fn handler_factory<F>(mut self, name: &str, factory: F) -> Self
+    where
+        F: Fn(&config::ListenerConfig) -> Result<Arc<dyn Handler>, String> + Send + Sync + 'static,
+    {
+        self.registry.register(name, factory);
+        self
+    }
+
+    /// The native handler names available to a config.
+    pub fn handler_names(&self) -> Vec<&str> {
+        self.registry.names()
+    }
+
+    /// Loads `path` and builds the organism. Must run inside a tokio runtime.
+    pub fn load(self, path: &Path) -> Result<Organism, BuildError> {
+        let config = config::load_file(path, &self.registry.names())?;
+        self.build(config)
+    }
+
+    /// Builds the organism from a validated config. Must run inside a tokio runtime.
+    pub fn build(self, config: OrganismConfig) -> Result<Organism, BuildError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let mut listeners = HashMap::new();
+        let mut order = Vec::new();
+        for lc in &config.listeners {
+            let handler = self.registry.build(lc).map_err(|message| BuildError::Handler {
+                listener: lc.name.to_string(),
+                message,
+            })?;
+            let l = Arc::new(Listener::new(lc.clone(), handler));
+            listeners.insert(lc.name.clone(), l.clone());
+            order.push(l);
+        }
+        let limits = config.limits;
+        let shared = Arc::new(Shared {
+            threads: ThreadRegistry::new(limits.max_messages_per_thread, RETAINED_FINISHED_THREADS),
+            events: EventHub::new(DEFAULT_CAPACITY),
+            gate: gate::Gate::new(limits.max_concurrent_handlers, config.scheduling),
+            xml_limits: XmlLimits {
+                max_bytes: limits.max_message_bytes,
+                max_depth: limits.max_depth,
+            },
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            status: AtomicU8::new(STATUS_RUNNING),
+            paused: AtomicBool::new(false),
+            failures: Default::default(),
+            listeners,
+            order,
+            config,
+            runtime,
+        });
+        Ok(Organism { shared })
+    }
+}
+
+/// A running organism. Cheap to clone: every clone is a handle on the same pump.
+#[derive(Clone)]
+pub struct Organism {
+    shared: Arc<Shared>,
+}
+
+impl Organism {
+    pub fn builder() -> OrganismBuilder {
+        OrganismBuilder::default()
+    }
+
+    pub fn config(&self) -> &OrganismConfig {
+        &self.shared.config
+    }
+
+    pub fn events(&self) -> &EventHub {
+        &self.shared.events
+    }
+
+    pub fn threads(&self) -> &ThreadRegistry {
+        &self.shared.threads
+    }
+
+    /// Messages queued or being handled, organism-wide.
+    pub fn pending(&self) -> usize {
+        self.shared.pending.load(Ordering::SeqCst)
+    }
+
+    /// How many failures of `kind` happened.
+    pub fn failure_count(&self, kind: FailureKind) -> u64 {
+        FailureKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .map(|i| self.shared.failures[i].load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+
+    pub fn status(&self) -> OrganismStatus {
+        match self.shared.status.load(Ordering::SeqCst) {
+            STATUS_STOPPING => OrganismStatus::Stopping,
+            STATUS_STOPPED => OrganismStatus::Stopped,
+            _ if self.shared.is_paused() => OrganismStatus::Paused,
+            _ => OrganismStatus::Running,
+        }
+    }
+
+    /// Every listener with its live state, in config order.
+    pub fn agents(&self) -> Vec<AgentInfo> {
+        let paused = self.shared.is_paused();
+        self.shared
+            .order
+            .iter()
+            .map(|l| {
+                let snap = l.snapshot(paused);
+                AgentInfo {
+                    name: l.name().to_string(),
+                    description: l.config.description.clone(),
+                    kind: l.config.kind.to_string(),
+                    is_agent: l.config.agent,
+                    peers: l
+                        .config
+                        .peers
+                        .iter()
+                        .flatten()
+                        .map(|p| p.to_string())
+                        .collect(),
+                    accepts: l.config.accepts.iter().map(|(t, _)| t.to_string()).collect(),
+                    state: snap.state,
+                    current_thread: snap.current_thread,
+                    queue_depth: snap.queue_depth,
+                    handled: l.handled.load(Ordering::Relaxed),
+                    errors: l.errors.load(Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Injects one payload for a listener. Validated before this returns: an accepted inject
+    /// is queued and logged; a refused one is counted and published as an `error` event.
+    pub fn inject(&self, req: InjectRequest) -> Result<InjectReceipt, InjectError> {
+        let result = (|| {
+            let payload = normalize_payload(&req.payload_xml, &self.shared.xml_limits)?;
+            self.inject_normalized(&req.from, &req.to, payload, req.thread_id.as_deref())
+        })();
+        self.note_refusal(&result, &req.to);
+        result
+    }
+
+    /// Injects a whole `<message>` envelope. The envelope's `from` is ignored: the message is
+    /// from `identity`. Its `thread`, if any, names the thread to continue.
+    pub fn inject_envelope(&self, identity: &str, xml: &str) -> Result<InjectReceipt, InjectError> {
+        let mut to = String::new();
+        let result = (|| {
+            let env = parse_envelope(xml, &self.shared.xml_limits)?;
+            to = env.to.clone().ok_or(InjectError::NoTarget)?;
+            self.inject_normalized(identity, &to, env.payload, env.thread.as_deref())
+        })();
+        self.note_refusal(&result, &to);
+        result
+    }
+
+    fn note_refusal(&self, result: &Result<InjectReceipt, InjectError>, to: &str) {
+        if let Err(e) = result {
+            self.shared.count_failure(FailureKind::InjectRefused);
+            self.shared.events.publish(EventKind::Error {
+                thread_id: None,
+                agent: Some(to.to_string()).filter(|t| !t.is_empty()),
+                error: format!("inject refused: {e}"),
+            });
+        }
+    }
+
+    fn inject_normalized(
+        &self,
+        from: &str,
+        to: &str,
+        payload: NormalizedPayload,
+        thread_id: Option<&str>,
+    ) -> Result<InjectReceipt, InjectError> {
+        let s = &self.shared;
+        if s.status.load(Ordering::SeqCst) != STATUS_RUNNING {
+            return Err(InjectError::Stopping);
+        }
+        if s.listeners.contains_key(from) || from.is_empty() {
+            return Err(InjectError::ForgedIdentity(from.to_string()));
+        }
+        let listener = s
+            .listeners
+            .get(to)
+            .cloned()
+            .ok_or_else(|| InjectError::UnknownListener(to.to_string()))?;
+        let schema = listener
+            .config
+            .schema_for(&payload.payload_type)
+            .ok_or_else(|| InjectError::NotAccepted {
+                listener: to.to_string(),
+                payload_type: payload.payload_type.to_string(),
+            })?;
+        let valid = schema.validate(payload).map_err(InjectError::Invalid)?;
+        let pending = s.pending.load(Ordering::SeqCst);
+        if pending >= s.config.limits.max_pending_messages {
+            return Err(InjectError::Overloaded {
+                pending,
+                max: s.config.limits.max_pending_messages,
+            });
+        }
+        let opened = s.threads.open(thread_id)?;
+        if let Some(info) = opened.created {
+            s.events.publish(EventKind::ThreadCreated { thread: info });
+        }
+        if let Some(change) = opened.reactivated {
+            s.publish_thread(change);
+        }
+        let record = s.threads.append(
+            &opened.id,
+            NewMessage {
+                id: route::new_id(),
+                parent_id: None,
+                from: Arc::from(from),
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(valid.payload_type().to_string()),
+                payload_xml: valid.xml_arc(),
+                status: MessageStatus::Pending,
+                error: None,
+            },
+        )?;
+        s.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        if record.status != MessageStatus::Pending {
+            // Over the thread's budget: logged as failed; the thread settles.
+            if let Some(change) = s.threads.settle(&opened.id) {
+                s.publish_thread(change);
+            }
+            return Err(InjectError::Thread(ThreadError::BudgetExceeded {
+                id: opened.id.to_string(),
+                max: s.config.limits.max_messages_per_thread,
+            }));
+        }
+        let receipt = InjectReceipt {
+            thread_id: opened.id.to_string(),
+            message_id: record.id.to_string(),
+        };
+        s.add_pending(1);
+        s.enqueue(&listener, dispatch::Job { record, payload: valid });
+        Ok(receipt)
+    }
+
+    fn listener(&self, name: &str) -> Result<&Arc<Listener>, ControlError> {
+        self.shared
+            .listeners
+            .get(name)
+            .ok_or_else(|| ControlError::UnknownListener(name.to_string()))
+    }
+
+    /// Pauses one listener: its messages wait in its queue.
+    pub fn pause_listener(&self, name: &str) -> Result<(), ControlError> {
+        let l = self.listener(name)?;
+        l.set_paused(true);
+        self.shared.kick(l);
+        Ok(())
+    }
+
+    /// Resumes one listener: its queue is delivered in order.
+    pub fn resume_listener(&self, name: &str) -> Result<(), ControlError> {
+        let l = self.listener(name)?;
+        l.set_paused(false);
+        self.shared.kick(l);
+        Ok(())
+    }
+
+    /// Pauses every listener.
+    pub fn pause(&self) {
+        self.shared.paused.store(true, Ordering::SeqCst);
+        self.after_organism_state_change();
+    }
+
+    /// Resumes the organism (listeners paused one by one stay paused).
+    pub fn resume(&self) {
+        self.shared.paused.store(false, Ordering::SeqCst);
+        self.after_organism_state_change();
+    }
+
+    fn after_organism_state_change(&self) {
+        self.shared.events.publish(EventKind::OrganismState {
+            status: self.status(),
+        });
+        for l in &self.shared.order {
+            self.shared.kick(l);
+        }
+    }
+
+    /// Kills a thread: queued messages dropped (logged `killed`), running handlers cancelled,
+    /// further injects refused. Killing a killed thread is a no-op.
+    pub fn kill_thread(&self, id: &str) -> Result<(), ControlError> {
+        let s = &self.shared;
+        let change = s
+            .threads
+            .kill(id)
+            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
+        let Some(change) = change else { return Ok(()) };
+        s.publish_thread(change);
+        for l in &s.order {
+            for job in l.drop_thread(id) {
+                s.finish_message(&job.record, MessageStatus::Killed, Some("thread killed".into()));
+                s.count_failure(FailureKind::Killed);
+                s.release(id);
+            }
+            s.kick(l);
+        }
+        Ok(())
+    }
+
+    /// Waits until the thread is no longer active; returns its status (`None`: no such thread).
+    pub async fn wait_thread(&self, id: &str) -> Option<ThreadStatus> {
+        let mut rx = self.shared.events.subscribe();
+        loop {
+            match self.shared.threads.status(id) {
+                Some(ThreadStatus::Active) => {}
+                other => return other,
+            }
+            loop {
+                match rx.recv().await {
+                    Ok(ev) => {
+                        if let EventKind::ThreadUpdated { thread_id, .. } = &ev.kind {
+                            if thread_id == id {
+                                break;
+                            }
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        return self.shared.threads.status(id)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The thread's messages, in slot order.
+    pub fn thread_messages(&self, id: &str) -> Option<Vec<MessageRecord>> {
+        self.shared.threads.messages(id)
+    }
+
+    /// Graceful stop: refuse new injects, let pending work finish within the grace period
+    /// (`limits.stop_grace_ms`), then kill what remains. Idempotent.
+    pub async fn stop(&self) -> StopReport {
+        let s = &self.shared;
+        if s
+            .status
+            .compare_exchange(STATUS_RUNNING, STATUS_STOPPING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_err()
+        {
+            self.wait_idle(Duration::from_millis(s.config.limits.stop_grace_ms)).await;
+            return StopReport {
+                drained: self.pending() == 0,
+                killed_threads: 0,
+            };
+        }
+        s.events.publish(EventKind::OrganismState {
+            status: OrganismStatus::Stopping,
+        });
+        let grace = Duration::from_millis(s.config.limits.stop_grace_ms);
+        let drained = self.wait_idle(grace).await;
+        let mut killed_threads = 0;
+        if !drained {
+            for id in s.threads.active_ids() {
+                if self.kill_thread(&id).is_ok() {
+                    killed_threads += 1;
+                }
+            }
+            // Cancelled handlers return promptly; give them a moment to record it.
+            self.wait_idle(Duration::from_secs(1)).await;
+        }
+        s.status.store(STATUS_STOPPED, Ordering::SeqCst);
+        s.events.publish(EventKind::OrganismState {
+            status: OrganismStatus::Stopped,
+        });
+        StopReport {
+            drained,
+            killed_threads,
+        }
+    }
+
+    /// Waits until nothing is pending, up to `limit`. Returns whether it got there.
+    async fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.shared.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.pending() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.pending() == 0;
+            }
+        }
+    }
+}

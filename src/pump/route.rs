@@ -1,0 +1,358 @@
+//! Ingress of handler outputs, routing (SPEC §6), and the failure path (SPEC §8).
+//!
+//! Every output re-enters here as untrusted text: read strictly, routed, validated against
+//! each receiver's schema, logged, queued. There is no fast path for trusted handlers.
+
+use std::sync::Arc;
+
+use super::dispatch::{Job, Listener};
+use super::{FailureKind, Shared};
+use crate::events::EventKind;
+use crate::listener::Output;
+use crate::threads::{MessageRecord, MessageStatus, NewMessage};
+use crate::xml::{escape_text, normalize_payload, NormalizedPayload, PayloadType, SYSTEM_NS};
+
+/// The identity the pump uses for the notices it sends itself (`<huh>`).
+pub const SYSTEM_IDENTITY: &str = "system";
+
+/// Where a routed message goes.
+pub(crate) enum Target {
+    Listener(Arc<Listener>),
+    /// A non-listener identity (`api`, `cli`, …): logged and streamed, then it ends.
+    Terminal(Arc<str>),
+}
+
+/// What a handler may learn of a failure: the same text whatever the precise reason, so
+/// handlers cannot probe the topology (SPEC §6 rule 5).
+const GENERIC_UNDELIVERABLE: &str = "undeliverable";
+
+impl Shared {
+    /// Routes one output of `listener`, produced while handling `parent`.
+    pub(crate) fn route_output(
+        self: &Arc<Self>,
+        listener: &Arc<Listener>,
+        parent: &MessageRecord,
+        output: Output,
+    ) {
+        let from = listener.config.name.arc();
+        let to: Option<Arc<str>> = output.to.as_deref().map(Arc::from);
+        let payload = match normalize_payload(&output.payload, &self.xml_limits) {
+            Ok(p) => p,
+            Err(e) => {
+                let record = self.log_refused(
+                    parent,
+                    from,
+                    to,
+                    None,
+                    Arc::from(output.payload.as_str()),
+                    MessageStatus::Rejected,
+                    format!("output of `{}` is not acceptable XML: {e}", listener.name()),
+                );
+                self.report(&record, FailureKind::Malformed, Some(listener));
+                return;
+            }
+        };
+        match self.route(listener, &parent.from, output.to.as_deref(), &payload.payload_type) {
+            Err(reason) => {
+                let record = self.log_refused(
+                    parent,
+                    from,
+                    to,
+                    Some(payload.payload_type.to_string()),
+                    Arc::from(payload.xml),
+                    MessageStatus::Undeliverable,
+                    reason,
+                );
+                self.report(&record, FailureKind::Undeliverable, Some(listener));
+            }
+            Ok(targets) => {
+                for target in targets {
+                    self.deliver(&parent.thread_id, Some(parent.id.clone()), from.clone(), target, payload.clone(), Some(listener));
+                }
+            }
+        }
+    }
+
+    /// SPEC §6: `to` first, else broadcast by payload type; replies to the sender always
+    /// allowed; peers enforced (deny-by-default for agents).
+    pub(crate) fn route(
+        &self,
+        sender: &Listener,
+        handled_from: &str,
+        to: Option<&str>,
+        payload_type: &PayloadType,
+    ) -> Result<Vec<Target>, String> {
+        let name = sender.name();
+        match to {
+            Some(target) => {
+                let is_reply = target == handled_from;
+                match self.listeners.get(target) {
+                    None if is_reply => Ok(vec![Target::Terminal(Arc::from(target))]),
+                    None => Err(format!("`{name}` sent to `{target}`, which is not a listener")),
+                    Some(_) if !is_reply && !sender.allows(target) => Err(format!(
+                        "`{name}` may not send to `{target}`: not in its peers"
+                    )),
+                    Some(t) if !t.config.accepts_type(payload_type) => Err(format!(
+                        "`{target}` does not accept payload type `{payload_type}`"
+                    )),
+                    Some(t) => Ok(vec![Target::Listener(t.clone())]),
+                }
+            }
+            None => {
+                let accepting: Vec<&Arc<Listener>> = self
+                    .order
+                    .iter()
+                    .filter(|l| l.config.accepts_type(payload_type))
+                    .collect();
+                if accepting.is_empty() {
+                    return Err(format!("no listener accepts payload type `{payload_type}`"));
+                }
+                let allowed: Vec<Target> = accepting
+                    .iter()
+                    .filter(|l| l.name() == handled_from || sender.allows(l.name()))
+                    .map(|l| Target::Listener((*l).clone()))
+                    .collect();
+                if allowed.is_empty() {
+                    let names: Vec<&str> = accepting.iter().map(|l| l.name()).collect();
+                    return Err(format!(
+                        "payload type `{payload_type}` is accepted only by {}, not peers of `{name}`",
+                        names.join(", ")
+                    ));
+                }
+                Ok(allowed)
+            }
+        }
+    }
+
+    /// Validates against the target's schema, logs, and queues (or ends, for a terminal).
+    pub(crate) fn deliver(
+        self: &Arc<Self>,
+        thread: &Arc<str>,
+        parent_id: Option<Arc<str>>,
+        from: Arc<str>,
+        target: Target,
+        payload: NormalizedPayload,
+        sender: Option<&Arc<Listener>>,
+    ) {
+        let payload_type = payload.payload_type.to_string();
+        let listener = match target {
+            Target::Terminal(to) => {
+                let m = NewMessage {
+                    id: new_id(),
+                    parent_id,
+                    from,
+                    to: Some(to),
+                    payload_type: Some(payload_type),
+                    payload_xml: Arc::from(payload.xml),
+                    status: MessageStatus::Terminal,
+                    error: None,
+                };
+                if let Some(record) = self.append(thread, m) {
+                    self.after_append(&record, sender);
+                }
+                return;
+            }
+            Target::Listener(l) => l,
+        };
+        let to = Some(listener.config.name.arc());
+        let validated = match listener.config.schema_for(&payload.payload_type) {
+            Some(schema) => schema.validate(payload.clone()).map_err(|e| e.to_string()),
+            None => Err(format!("`{}` does not accept `{payload_type}`", listener.name())),
+        };
+        match validated {
+            Err(reason) => {
+                let m = NewMessage {
+                    id: new_id(),
+                    parent_id,
+                    from,
+                    to,
+                    payload_type: Some(payload_type.clone()),
+                    payload_xml: Arc::from(payload.xml),
+                    status: MessageStatus::Rejected,
+                    error: Some(format!(
+                        "payload `{payload_type}` is invalid for `{}`: {reason}",
+                        listener.name()
+                    )),
+                };
+                if let Some(record) = self.append(thread, m) {
+                    self.after_append(&record, sender);
+                }
+            }
+            Ok(valid) => {
+                let m = NewMessage {
+                    id: new_id(),
+                    parent_id,
+                    from,
+                    to,
+                    payload_type: Some(payload_type),
+                    payload_xml: valid.xml_arc(),
+                    status: MessageStatus::Pending,
+                    error: None,
+                };
+                if let Some(record) = self.append(thread, m) {
+                    if record.status == MessageStatus::Pending {
+                        self.events.publish(EventKind::Message {
+                            message: record.clone(),
+                        });
+                        self.add_pending(1);
+                        self.enqueue(
+                            &listener,
+                            Job {
+                                record,
+                                payload: valid,
+                            },
+                        );
+                    } else {
+                        self.after_append(&record, sender);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Publishes a just-logged message that is not queued, and reports it if it failed.
+    fn after_append(self: &Arc<Self>, record: &MessageRecord, sender: Option<&Arc<Listener>>) {
+        let kind = match record.status {
+            MessageStatus::Rejected => Some(FailureKind::Invalid),
+            MessageStatus::Failed => Some(FailureKind::Budget),
+            MessageStatus::Killed => Some(FailureKind::Killed),
+            _ => None,
+        };
+        match kind {
+            Some(kind) => self.report(record, kind, sender),
+            None => {
+                self.events.publish(EventKind::Message {
+                    message: record.clone(),
+                });
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn log_refused(
+        &self,
+        parent: &MessageRecord,
+        from: Arc<str>,
+        to: Option<Arc<str>>,
+        payload_type: Option<String>,
+        payload_xml: Arc<str>,
+        status: MessageStatus,
+        error: String,
+    ) -> MessageRecord {
+        let m = NewMessage {
+            id: new_id(),
+            parent_id: Some(parent.id.clone()),
+            from,
+            to,
+            payload_type,
+            payload_xml,
+            status,
+            error: Some(error.clone()),
+        };
+        self.append(&parent.thread_id, m).unwrap_or_else(|| MessageRecord {
+            id: new_id(),
+            thread_id: parent.thread_id.clone(),
+            parent_id: Some(parent.id.clone()),
+            slot_index: 0,
+            from: Arc::from(SYSTEM_IDENTITY),
+            to: None,
+            payload_type: None,
+            payload_xml: Arc::from(""),
+            status,
+            error: Some(error),
+            timestamp: crate::time::Timestamp::now(),
+        })
+    }
+
+    fn append(&self, thread: &str, m: NewMessage) -> Option<MessageRecord> {
+        self.threads.append(thread, m).ok()
+    }
+
+    /// The failure path for a message already in the log: counter, `message` event, `error`
+    /// event, and a `<huh>` to the sending listener if it accepts one.
+    pub(crate) fn report(
+        self: &Arc<Self>,
+        record: &MessageRecord,
+        kind: FailureKind,
+        sender: Option<&Arc<Listener>>,
+    ) {
+        self.count_failure(kind);
+        self.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        let error = record.error.clone().unwrap_or_else(|| kind.as_str().to_string());
+        self.events.publish(EventKind::Error {
+            thread_id: Some(record.thread_id.to_string()),
+            agent: sender.map(|s| s.name().to_string()),
+            error,
+        });
+        if kind != FailureKind::Killed {
+            if let Some(sender) = sender {
+                self.send_huh(sender, record, kind);
+            }
+        }
+    }
+
+    /// Tells a sending listener that accepts `huh` that its message failed.
+    fn send_huh(self: &Arc<Self>, to: &Arc<Listener>, about: &MessageRecord, kind: FailureKind) {
+        let huh = PayloadType::huh();
+        if about.payload_type.as_deref() == Some(huh.to_string().as_str()) || !to.config.accepts_type(&huh) {
+            return;
+        }
+        let generic = match kind {
+            FailureKind::Undeliverable => GENERIC_UNDELIVERABLE,
+            FailureKind::Invalid | FailureKind::Malformed => "rejected: invalid payload",
+            FailureKind::Budget => "thread budget exceeded",
+            _ => "handler failed",
+        };
+        let xml = format!(
+            "<huh xmlns=\"{SYSTEM_NS}\"><error>{}</error><payload_type>{}</payload_type><message_id>{}</message_id></huh>",
+            escape_text(generic),
+            escape_text(about.payload_type.as_deref().unwrap_or("")),
+            escape_text(&about.id),
+        );
+        if let Ok(payload) = normalize_payload(&xml, &self.xml_limits) {
+            self.deliver(
+                &about.thread_id,
+                Some(about.id.clone()),
+                Arc::from(SYSTEM_IDENTITY),
+                Target::Listener(to.clone()),
+                payload,
+                None,
+            );
+        }
+    }
+
+    /// Sets a handled message's final status and publishes it.
+    pub(crate) fn finish_message(&self, record: &MessageRecord, status: MessageStatus, error: Option<String>) {
+        self.threads
+            .set_message_status(&record.thread_id, record.slot_index, status, error.clone());
+        self.events.publish(EventKind::MessageStatus {
+            id: record.id.to_string(),
+            thread_id: record.thread_id.to_string(),
+            status,
+            error,
+        });
+    }
+
+    /// A handler failed on `record`: status, counter, events, and `<huh>` to its sender.
+    pub(crate) fn fail_message(self: &Arc<Self>, record: &MessageRecord, kind: FailureKind, error: String) {
+        self.finish_message(record, MessageStatus::Failed, Some(error.clone()));
+        self.count_failure(kind);
+        let agent = record.to.as_ref().map(|t| t.to_string());
+        self.events.publish(EventKind::Error {
+            thread_id: Some(record.thread_id.to_string()),
+            agent,
+            error,
+        });
+        if let Some(sender) = self.listeners.get(&*record.from).cloned() {
+            let mut failed = record.clone();
+            failed.status = MessageStatus::Failed;
+            self.send_huh(&sender, &failed, kind);
+        }
+    }
+}
+
+pub(crate) fn new_id() -> Arc<str> {
+    Arc::from(uuid::Uuid::now_v7().to_string())
+}
