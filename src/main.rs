@@ -1,1 +1,231 @@
-fn main() {}
+//! The `agentserver` command line: parse arguments, call the library.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+use agentserver::config;
+use agentserver::listener::HandlerRegistry;
+use agentserver::threads::ThreadStatus;
+use agentserver::{InjectRequest, Organism};
+
+#[derive(Parser)]
+#[command(name = "agentserver", version, about = "Runs a multi-agent organism of XSD-validated XML listeners")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check an organism file; list every problem and exit 1, or exit 0.
+    Validate { organism: PathBuf },
+    /// Run the organism in-process, inject one message, print its thread as JSON lines.
+    /// Exits 0 if the thread completed, 1 otherwise.
+    Send {
+        organism: PathBuf,
+        /// The listener that receives the payload.
+        #[arg(long)]
+        to: String,
+        /// The payload XML, or @FILE to read it from a file.
+        payload: String,
+        /// Continue this thread id instead of opening a new one.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Give up waiting for the thread after this many seconds.
+        #[arg(long, default_value_t = 30)]
+        timeout: u64,
+    },
+    /// Start the organism and run until Ctrl-C or SIGTERM, then stop gracefully.
+    Run {
+        organism: PathBuf,
+        /// API bind address (overrides `organism.listen`).
+        #[arg(long)]
+        listen: Option<String>,
+        /// SQLite file, or `memory` (overrides `organism.store`).
+        #[arg(long)]
+        store: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Validate { organism } => validate(&organism),
+        Command::Send {
+            organism,
+            to,
+            payload,
+            thread,
+            timeout,
+        } => with_runtime(send(organism, to, payload, thread, timeout)),
+        Command::Run {
+            organism,
+            listen,
+            store,
+        } => with_runtime(run(organism, listen, store)),
+    }
+}
+
+fn with_runtime(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(fut),
+        Err(e) => {
+            eprintln!("agentserver: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(path: &Path) -> Result<config::OrganismConfig, ExitCode> {
+    let registry = HandlerRegistry::default();
+    config::load_file(path, &registry.names()).map_err(|errors| {
+        for e in &errors.0 {
+            eprintln!("{e}");
+        }
+        eprintln!("{}: {} problem(s)", path.display(), errors.0.len());
+        ExitCode::FAILURE
+    })
+}
+
+fn validate(path: &Path) -> ExitCode {
+    match load(path) {
+        Ok(c) => {
+            println!("{}: ok ({} listeners)", path.display(), c.listeners.len());
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+fn read_payload(arg: &str) -> Result<String, String> {
+    match arg.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}")),
+        None => Ok(arg.to_string()),
+    }
+}
+
+async fn send(path: PathBuf, to: String, payload: String, thread: Option<String>, timeout: u64) -> ExitCode {
+    let payload_xml = match read_payload(&payload) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("agentserver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = match load(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let organism = match Organism::builder().build(config) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("agentserver: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let receipt = match organism.inject(InjectRequest {
+        from: "cli".into(),
+        to,
+        payload_xml,
+        thread_id: thread,
+    }) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentserver: inject refused: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let status = tokio::time::timeout(
+        Duration::from_secs(timeout),
+        organism.wait_thread(&receipt.thread_id),
+    )
+    .await;
+    for m in organism.thread_messages(&receipt.thread_id).unwrap_or_default() {
+        match serde_json::to_string(&m) {
+            Ok(line) => println!("{line}"),
+            Err(e) => eprintln!("agentserver: cannot print message {}: {e}", m.id),
+        }
+    }
+    organism.stop().await;
+    match status {
+        Ok(Some(ThreadStatus::Completed)) => ExitCode::SUCCESS,
+        Ok(Some(other)) => {
+            let error = organism
+                .threads()
+                .info(&receipt.thread_id)
+                .and_then(|t| t.error)
+                .unwrap_or_default();
+            eprintln!("agentserver: thread {} ended {other:?}: {error}", receipt.thread_id);
+            ExitCode::FAILURE
+        }
+        Ok(None) => ExitCode::FAILURE,
+        Err(_) => {
+            eprintln!("agentserver: thread {} still active after {timeout}s", receipt.thread_id);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> ExitCode {
+    let mut config = match load(&path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(listen) = listen {
+        config.listen = listen;
+    }
+    if let Some(store) = store {
+        config.store = (store != "memory").then(|| PathBuf::from(store));
+    }
+    let organism = match Organism::builder().build(config) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("agentserver: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "agentserver running organism {} ({} listeners); Ctrl-C stops it",
+        organism.config().name,
+        organism.config().listeners.len()
+    );
+    wait_for_shutdown_signal().await;
+    eprintln!("agentserver: stopping (draining pending messages)");
+    let report = organism.stop().await;
+    if !report.drained {
+        eprintln!("agentserver: grace period over; killed {} thread(s)", report.killed_threads);
+    }
+    ExitCode::SUCCESS
+}
+
+async fn wait_for_shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

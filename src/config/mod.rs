@@ -20,9 +20,6 @@ use model::{ListenerSection, OrganismSection};
 use crate::schema::Schema;
 use crate::xml::PayloadType;
 
-/// The built-in native handlers, always available.
-pub const BUILTIN_HANDLERS: &[&str] = &["sink", "echo", "forward"];
-
 /// Default API address: loopback only (SPEC §14).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
 
