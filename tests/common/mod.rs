@@ -1,0 +1,154 @@
+//! Shared set-up for integration tests: a real organism built from YAML in a temp directory,
+//! real XSDs, and handlers that let tests observe and hold deliveries.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentserver::listener::{Delivery, FnHandler, Handler, HandlerFuture, Output};
+use agentserver::threads::{MessageRecord, MessageStatus, ThreadStatus};
+use agentserver::{InjectRequest, Organism, OrganismBuilder};
+use tokio::sync::Semaphore;
+
+pub const TEST_XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+  <xs:element name="Ping"><xs:complexType><xs:sequence>
+    <xs:element name="n" type="xs:int"/></xs:sequence></xs:complexType></xs:element>
+  <xs:element name="Pong"><xs:complexType><xs:sequence>
+    <xs:element name="n" type="xs:int"/></xs:sequence></xs:complexType></xs:element>
+  <xs:element name="Note" type="xs:string"/>
+</xs:schema>"#;
+
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// Writes `t.xsd` and an organism with `listeners` (YAML list items) and `limits` (YAML body
+/// lines, may be empty) into a temp dir, and builds it with `builder`.
+pub fn organism_with(
+    builder: OrganismBuilder,
+    limits: &str,
+    scheduling: &str,
+    listeners: &str,
+) -> (Organism, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).expect("write xsd");
+    let limits_block = if limits.trim().is_empty() {
+        String::new()
+    } else {
+        format!("limits:\n{limits}\n")
+    };
+    let yaml = format!(
+        "organism:\n  name: test\n  store: memory\n  scheduling: {scheduling}\n{limits_block}listeners:\n{listeners}\n"
+    );
+    let path = dir.path().join("organism.yaml");
+    std::fs::write(&path, yaml).expect("write yaml");
+    let organism = builder.load(&path).expect("organism builds");
+    (organism, dir)
+}
+
+pub fn organism(builder: OrganismBuilder, listeners: &str) -> (Organism, tempfile::TempDir) {
+    organism_with(builder, "", "breadth-first", listeners)
+}
+
+pub fn ping(n: i64) -> String {
+    format!("<Ping><n>{n}</n></Ping>")
+}
+
+pub fn inject(o: &Organism, to: &str, xml: &str, thread: Option<&str>) -> agentserver::InjectReceipt {
+    o.inject(InjectRequest {
+        from: "api".into(),
+        to: to.into(),
+        payload_xml: xml.into(),
+        thread_id: thread.map(str::to_string),
+    })
+    .expect("inject accepted")
+}
+
+/// Waits (event-driven, with a timeout) for the thread to stop being active.
+pub async fn settle(o: &Organism, thread: &str) -> ThreadStatus {
+    tokio::time::timeout(WAIT, o.wait_thread(thread))
+        .await
+        .expect("thread settles in time")
+        .expect("thread exists")
+}
+
+pub fn messages(o: &Organism, thread: &str) -> Vec<MessageRecord> {
+    o.thread_messages(thread).expect("thread exists")
+}
+
+pub fn to_of(m: &MessageRecord) -> &str {
+    m.to.as_deref().unwrap_or("")
+}
+
+pub fn with_status(ms: &[MessageRecord], status: MessageStatus) -> Vec<MessageRecord> {
+    ms.iter().filter(|m| m.status == status).cloned().collect()
+}
+
+/// Records every delivery (listener, thread, payload) in order.
+#[derive(Clone, Default)]
+pub struct Log(pub Arc<Mutex<Vec<(String, String, String)>>>);
+
+impl Log {
+    pub fn handler(&self) -> impl Handler {
+        let log = self.clone();
+        FnHandler(move |d: Delivery| {
+            log.0.lock().unwrap().push((
+                d.meta.own_name.to_string(),
+                d.meta.thread_id.to_string(),
+                d.payload.xml().to_string(),
+            ));
+            async { Ok(Vec::new()) }
+        })
+    }
+
+    pub fn entries(&self) -> Vec<(String, String, String)> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A handler that holds each delivery until the test adds a permit, then records it.
+#[derive(Clone)]
+pub struct Valve {
+    pub permits: Arc<Semaphore>,
+    pub log: Log,
+}
+
+impl Valve {
+    pub fn closed() -> Self {
+        Valve {
+            permits: Arc::new(Semaphore::new(0)),
+            log: Log::default(),
+        }
+    }
+
+    pub fn open(&self, n: usize) {
+        self.permits.add_permits(n);
+    }
+}
+
+impl Handler for Valve {
+    fn handle(&self, d: Delivery) -> HandlerFuture {
+        let permits = self.permits.clone();
+        let log = self.log.clone();
+        Box::pin(async move {
+            let permit = permits.acquire().await.map_err(|e| agentserver::listener::HandlerError(e.to_string()))?;
+            permit.forget();
+            log.0.lock().unwrap().push((
+                d.meta.own_name.to_string(),
+                d.meta.thread_id.to_string(),
+                d.payload.xml().to_string(),
+            ));
+            Ok(Vec::<Output>::new())
+        })
+    }
+}
+
+/// Waits until `cond` holds, re-checking on every pump event, with a timeout.
+pub async fn until(o: &Organism, mut cond: impl FnMut() -> bool) {
+    let mut rx = o.events().subscribe();
+    tokio::time::timeout(WAIT, async {
+        while !cond() {
+            let _ = rx.recv().await;
+        }
+    })
+    .await
+    .expect("condition reached in time");
+}
