@@ -151,7 +151,10 @@ pub fn load_str(
                     .unwrap_or_else(|| format!("#{}", i + 1));
                 match yaml_serde::from_value::<ListenerSection>(item.clone()) {
                     Ok(s) => sections.push(s),
-                    Err(e) => c.push(Some(&label), None, e.to_string()),
+                    Err(e) => {
+                        let message = e.to_string();
+                        c.push(Some(&label), serde_key(&message).as_deref(), message);
+                    }
                 }
             }
         }
@@ -183,6 +186,14 @@ pub fn load_str(
         listeners,
         source: None,
     })
+}
+
+/// The field a serde error is about (`unknown field `x``, `missing field `x``), if it says.
+fn serde_key(message: &str) -> Option<String> {
+    let rest = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("missing field `"))?;
+    rest.split('`').next().map(str::to_string)
 }
 
 fn check_limits(l: &Limits, c: &mut Collector) {

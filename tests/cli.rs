@@ -1,0 +1,34 @@
+//! `agentserver send`: the demo's three-hop transcript, and failures exit 1.
+
+use std::process::Command;
+
+fn send(payload: &str) -> std::process::Output {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .args(["send", demo, "--to", "greeter", payload])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn send_prints_the_three_hop_transcript_and_exits_0() {
+    let out = send("<Greeting><name>Dan</name></Greeting>");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let hops: Vec<(&str, &str)> = lines.iter().map(|m| (m["from"].as_str().unwrap(), m["to"].as_str().unwrap())).collect();
+    assert_eq!(hops, vec![("cli", "greeter"), ("greeter", "shouter"), ("shouter", "response-handler")]);
+    assert_eq!(lines[2]["payload"]["message"], "HELLO, DAN!");
+    assert!(lines.iter().all(|m| m["status"] == "delivered"));
+    assert_eq!(lines[1]["parent_id"], lines[0]["id"]);
+}
+
+#[test]
+fn send_with_an_invalid_payload_explains_and_exits_1() {
+    let out = send("<Greeting><name></name></Greeting>");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("inject refused: payload is invalid: line 1:"), "{stderr}");
+}
