@@ -12,7 +12,11 @@ use agentserver::threads::ThreadStatus;
 use agentserver::{InjectRequest, Organism};
 
 #[derive(Parser)]
-#[command(name = "agentserver", version, about = "Runs a multi-agent organism of XSD-validated XML listeners")]
+#[command(
+    name = "agentserver",
+    version,
+    about = "Runs a multi-agent organism of XSD-validated XML listeners"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -77,7 +81,10 @@ fn main() -> ExitCode {
 }
 
 fn with_runtime(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt.block_on(fut),
         Err(e) => {
             eprintln!("agentserver: cannot start the runtime: {e}");
@@ -114,7 +121,13 @@ fn read_payload(arg: &str) -> Result<String, String> {
     }
 }
 
-async fn send(path: PathBuf, to: String, payload: String, thread: Option<String>, timeout: u64) -> ExitCode {
+async fn send(
+    path: PathBuf,
+    to: String,
+    payload: String,
+    thread: Option<String>,
+    timeout: u64,
+) -> ExitCode {
     let payload_xml = match read_payload(&payload) {
         Ok(p) => p,
         Err(e) => {
@@ -150,7 +163,10 @@ async fn send(path: PathBuf, to: String, payload: String, thread: Option<String>
         organism.wait_thread(&receipt.thread_id),
     )
     .await;
-    for m in organism.thread_messages(&receipt.thread_id).unwrap_or_default() {
+    for m in organism
+        .thread_messages(&receipt.thread_id)
+        .unwrap_or_default()
+    {
         match serde_json::to_string(&m) {
             Ok(line) => println!("{line}"),
             Err(e) => eprintln!("agentserver: cannot print message {}: {e}", m.id),
@@ -165,12 +181,18 @@ async fn send(path: PathBuf, to: String, payload: String, thread: Option<String>
                 .info(&receipt.thread_id)
                 .and_then(|t| t.error)
                 .unwrap_or_default();
-            eprintln!("agentserver: thread {} ended {other:?}: {error}", receipt.thread_id);
+            eprintln!(
+                "agentserver: thread {} ended {other:?}: {error}",
+                receipt.thread_id
+            );
             ExitCode::FAILURE
         }
         Ok(None) => ExitCode::FAILURE,
         Err(_) => {
-            eprintln!("agentserver: thread {} still active after {timeout}s", receipt.thread_id);
+            eprintln!(
+                "agentserver: thread {} still active after {timeout}s",
+                receipt.thread_id
+            );
             ExitCode::FAILURE
         }
     }
@@ -203,7 +225,10 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     eprintln!("agentserver: stopping (draining pending messages)");
     let report = organism.stop().await;
     if !report.drained {
-        eprintln!("agentserver: grace period over; killed {} thread(s)", report.killed_threads);
+        eprintln!(
+            "agentserver: grace period over; killed {} thread(s)",
+            report.killed_threads
+        );
     }
     ExitCode::SUCCESS
 }

@@ -37,6 +37,9 @@ impl Serialize for Timestamp {
 mod tests {
     #[test]
     fn formats_rfc3339_with_millis() {
-        assert_eq!(super::Timestamp(1_705_314_601_123).to_rfc3339(), "2024-01-15T10:30:01.123Z");
+        assert_eq!(
+            super::Timestamp(1_705_314_601_123).to_rfc3339(),
+            "2024-01-15T10:30:01.123Z"
+        );
     }
 }

@@ -13,13 +13,28 @@ fn send(payload: &str) -> std::process::Output {
 #[test]
 fn send_prints_the_three_hop_transcript_and_exits_0() {
     let out = send("<Greeting><name>Dan</name></Greeting>");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let hops: Vec<(&str, &str)> = lines.iter().map(|m| (m["from"].as_str().unwrap(), m["to"].as_str().unwrap())).collect();
-    assert_eq!(hops, vec![("cli", "greeter"), ("greeter", "shouter"), ("shouter", "response-handler")]);
+    let hops: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|m| (m["from"].as_str().unwrap(), m["to"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        hops,
+        vec![
+            ("cli", "greeter"),
+            ("greeter", "shouter"),
+            ("shouter", "response-handler")
+        ]
+    );
     assert_eq!(lines[2]["payload"]["message"], "HELLO, DAN!");
     assert!(lines.iter().all(|m| m["status"] == "delivered"));
     assert_eq!(lines[1]["parent_id"], lines[0]["id"]);
@@ -30,5 +45,8 @@ fn send_with_an_invalid_payload_explains_and_exits_1() {
     let out = send("<Greeting><name></name></Greeting>");
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("inject refused: payload is invalid: line 1:"), "{stderr}");
+    assert!(
+        stderr.contains("inject refused: payload is invalid: line 1:"),
+        "{stderr}"
+    );
 }

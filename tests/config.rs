@@ -19,18 +19,24 @@ fn write(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
 
 fn errors(yaml: &str) -> Vec<ConfigError> {
     let (_dir, path) = write(yaml);
-    load_file(&path, &["sink", "echo", "forward", "template"]).unwrap_err().0
+    load_file(&path, &["sink", "echo", "forward", "template"])
+        .unwrap_err()
+        .0
 }
 
 fn has(errors: &[ConfigError], listener: Option<&str>, key: Option<&str>, text: &str) -> bool {
     errors.iter().any(|e| {
-        e.listener.as_deref() == listener && e.key.as_deref() == key && e.message.contains(text) && e.file.ends_with("o.yaml")
+        e.listener.as_deref() == listener
+            && e.key.as_deref() == key
+            && e.message.contains(text)
+            && e.file.ends_with("o.yaml")
     })
 }
 
 #[test]
 fn every_problem_names_the_file_the_listener_and_the_key() {
-    let errs = errors(r#"
+    let errs = errors(
+        r#"
 organism: { name: t }
 listeners:
   - { name: a, kind: native, handler: sink, schema: s.xsd, colour: red }
@@ -42,39 +48,108 @@ listeners:
   - { name: g, description: missing xsd, kind: native, handler: sink, schema: nowhere.xsd }
   - { name: h, description: no handler, kind: native, handler: nope, schema: s.xsd }
   - { name: i, description: narrowed wrong, kind: native, handler: sink, schema: s.xsd, accepts: [Z] }
-"#);
-    assert!(has(&errs, Some("a"), Some("colour"), "unknown field `colour`"), "{errs:#?}");
-    assert!(has(&errs, Some("b"), Some("description"), "required"), "{errs:#?}");
-    assert!(has(&errs, Some("c"), Some("peers"), "`ghost` names no listener"), "{errs:#?}");
-    assert!(has(&errs, Some("d"), Some("accepts"), "also accepted by b, c, e, h"), "{errs:#?}");
-    assert!(has(&errs, Some("f"), Some("schema"), "does not compile"), "{errs:#?}");
-    assert!(has(&errs, Some("g"), Some("schema"), "file not found"), "{errs:#?}");
-    assert!(has(&errs, Some("h"), Some("handler"), "no native handler named `nope`"), "{errs:#?}");
-    assert!(has(&errs, Some("i"), Some("accepts"), "`Z` is not a global element"), "{errs:#?}");
-    let shown = errs.iter().find(|e| e.listener.as_deref() == Some("c")).unwrap().to_string();
-    assert!(shown.ends_with("o.yaml: listener `c`: key `peers`: `ghost` names no listener"), "{shown}");
+"#,
+    );
+    assert!(
+        has(&errs, Some("a"), Some("colour"), "unknown field `colour`"),
+        "{errs:#?}"
+    );
+    assert!(
+        has(&errs, Some("b"), Some("description"), "required"),
+        "{errs:#?}"
+    );
+    assert!(
+        has(&errs, Some("c"), Some("peers"), "`ghost` names no listener"),
+        "{errs:#?}"
+    );
+    assert!(
+        has(
+            &errs,
+            Some("d"),
+            Some("accepts"),
+            "also accepted by b, c, e, h"
+        ),
+        "{errs:#?}"
+    );
+    assert!(
+        has(&errs, Some("f"), Some("schema"), "does not compile"),
+        "{errs:#?}"
+    );
+    assert!(
+        has(&errs, Some("g"), Some("schema"), "file not found"),
+        "{errs:#?}"
+    );
+    assert!(
+        has(
+            &errs,
+            Some("h"),
+            Some("handler"),
+            "no native handler named `nope`"
+        ),
+        "{errs:#?}"
+    );
+    assert!(
+        has(
+            &errs,
+            Some("i"),
+            Some("accepts"),
+            "`Z` is not a global element"
+        ),
+        "{errs:#?}"
+    );
+    let shown = errs
+        .iter()
+        .find(|e| e.listener.as_deref() == Some("c"))
+        .unwrap()
+        .to_string();
+    assert!(
+        shown.ends_with("o.yaml: listener `c`: key `peers`: `ghost` names no listener"),
+        "{shown}"
+    );
 }
 
 #[test]
 fn top_level_and_section_mistakes_are_reported() {
     let errs = errors("organism: { name: t, colour: red }\nlimit: {}\nlisteners: []\n");
     assert!(has(&errs, None, Some("limit"), "unknown key"), "{errs:#?}");
-    assert!(has(&errs, None, Some("organism"), "unknown field `colour`"), "{errs:#?}");
+    assert!(
+        has(&errs, None, Some("organism"), "unknown field `colour`"),
+        "{errs:#?}"
+    );
     let errs = errors("not: [valid");
     assert!(errs[0].message.contains("not valid YAML"), "{errs:#?}");
     let errs = errors("organism: { name: t }\nlisteners:\n  - { name: a, description: x, kind: lua, script: a.lua, schema: s.xsd }\n");
-    assert!(has(&errs, Some("a"), Some("kind"), "not available"), "{errs:#?}");
-    let errs = errors("organism: { name: t }\nlimits: { max_pending_messages: 0 }\nlisteners: []\n");
-    assert!(has(&errs, None, Some("limits.max_pending_messages"), "greater than 0"), "{errs:#?}");
+    assert!(
+        has(&errs, Some("a"), Some("kind"), "not available"),
+        "{errs:#?}"
+    );
+    let errs =
+        errors("organism: { name: t }\nlimits: { max_pending_messages: 0 }\nlisteners: []\n");
+    assert!(
+        has(
+            &errs,
+            None,
+            Some("limits.max_pending_messages"),
+            "greater than 0"
+        ),
+        "{errs:#?}"
+    );
 }
 
 #[test]
 fn validate_lists_every_problem_and_exits_1() {
     let (_dir, path) = write("organism: { name: t }\nlisteners:\n  - { name: a, kind: native, handler: sink, schema: s.xsd }\n  - { name: b, description: x, kind: native, handler: sink, schema: s.xsd, peers: [ghost] }\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_agentserver")).arg("validate").arg(&path).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .arg("validate")
+        .arg(&path)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("listener `a`: key `description`"), "{stderr}");
+    assert!(
+        stderr.contains("listener `a`: key `description`"),
+        "{stderr}"
+    );
     assert!(stderr.contains("listener `b`: key `peers`"), "{stderr}");
     assert!(stderr.contains("2 problem(s)"), "{stderr}");
 }
@@ -82,6 +157,15 @@ fn validate_lists_every_problem_and_exits_1() {
 #[test]
 fn validate_accepts_the_demo_organism() {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_agentserver")).arg("validate").arg(demo).output().unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .arg("validate")
+        .arg(demo)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

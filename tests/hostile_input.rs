@@ -35,9 +35,15 @@ async fn still_healthy(o: &Organism) {
 async fn xxe_is_refused_without_reading_the_file() {
     let (o, _d) = small_organism("");
     let xxe = r#"<?xml version="1.0"?><!DOCTYPE Note [<!ENTITY x SYSTEM "file:///etc/passwd">]><Note>&x;</Note>"#;
-    assert!(matches!(attempt(&o, xxe), Err(InjectError::Malformed(XmlError::DoctypeRefused))));
+    assert!(matches!(
+        attempt(&o, xxe),
+        Err(InjectError::Malformed(XmlError::DoctypeRefused))
+    ));
     // An entity reference without a DOCTYPE is not expanded either.
-    assert!(matches!(attempt(&o, "<Note>&x;</Note>"), Err(InjectError::Malformed(XmlError::UndefinedEntity(_)))));
+    assert!(matches!(
+        attempt(&o, "<Note>&x;</Note>"),
+        Err(InjectError::Malformed(XmlError::UndefinedEntity(_)))
+    ));
     still_healthy(&o).await;
 }
 
@@ -46,11 +52,21 @@ async fn billion_laughs_is_refused() {
     let (o, _d) = small_organism("");
     let mut bomb = String::from("<?xml version=\"1.0\"?><!DOCTYPE lolz [<!ENTITY lol \"lol\">");
     for i in 1..10 {
-        let prev = if i == 1 { "lol".to_string() } else { format!("lol{}", i - 1) };
-        bomb.push_str(&format!("<!ENTITY lol{i} \"{}\">", format!("&{prev};").repeat(10)));
+        let prev = if i == 1 {
+            "lol".to_string()
+        } else {
+            format!("lol{}", i - 1)
+        };
+        bomb.push_str(&format!(
+            "<!ENTITY lol{i} \"{}\">",
+            format!("&{prev};").repeat(10)
+        ));
     }
     bomb.push_str("]><Note>&lol9;</Note>");
-    assert!(matches!(attempt(&o, &bomb), Err(InjectError::Malformed(XmlError::DoctypeRefused))));
+    assert!(matches!(
+        attempt(&o, &bomb),
+        Err(InjectError::Malformed(XmlError::DoctypeRefused))
+    ));
     still_healthy(&o).await;
 }
 
@@ -69,27 +85,56 @@ async fn oversized_input_is_refused_before_parsing() {
 async fn over_deep_input_is_refused() {
     let (o, _d) = small_organism("  max_depth: 16");
     let deep = format!("<Note>{}{}</Note>", "<x>".repeat(100), "</x>".repeat(100));
-    assert!(matches!(attempt(&o, &deep), Err(InjectError::Malformed(XmlError::TooDeep { max: 16 }))));
+    assert!(matches!(
+        attempt(&o, &deep),
+        Err(InjectError::Malformed(XmlError::TooDeep { max: 16 }))
+    ));
     // Far past any parser's own limit, still a clean refusal.
-    let very_deep = format!("<Note>{}{}</Note>", "<x>".repeat(100_000), "</x>".repeat(100_000));
+    let very_deep = format!(
+        "<Note>{}{}</Note>",
+        "<x>".repeat(100_000),
+        "</x>".repeat(100_000)
+    );
     let (o2, _d2) = small_organism("  max_message_bytes: 4000000");
-    assert!(matches!(attempt(&o2, &very_deep), Err(InjectError::Malformed(XmlError::TooDeep { .. }))));
+    assert!(matches!(
+        attempt(&o2, &very_deep),
+        Err(InjectError::Malformed(XmlError::TooDeep { .. }))
+    ));
     still_healthy(&o).await;
 }
 
 #[tokio::test]
 async fn malformed_and_unknown_inputs_get_precise_errors() {
     let (o, _d) = small_organism("");
-    assert!(matches!(attempt(&o, "<Note>unclosed"), Err(InjectError::Malformed(XmlError::Malformed { .. }))));
-    assert!(matches!(attempt(&o, "<Other/>"), Err(InjectError::NotAccepted { .. })));
+    assert!(matches!(
+        attempt(&o, "<Note>unclosed"),
+        Err(InjectError::Malformed(XmlError::Malformed { .. }))
+    ));
+    assert!(matches!(
+        attempt(&o, "<Other/>"),
+        Err(InjectError::NotAccepted { .. })
+    ));
     let err = o
-        .inject(InjectRequest { from: "api".into(), to: "nobody".into(), payload_xml: "<Note/>".into(), thread_id: None })
+        .inject(InjectRequest {
+            from: "api".into(),
+            to: "nobody".into(),
+            payload_xml: "<Note/>".into(),
+            thread_id: None,
+        })
         .unwrap_err();
     assert!(matches!(err, InjectError::UnknownListener(_)));
     let err = o
-        .inject(InjectRequest { from: "api".into(), to: "a".into(), payload_xml: "<Note/>".into(), thread_id: Some("bad id!".into()) })
+        .inject(InjectRequest {
+            from: "api".into(),
+            to: "a".into(),
+            payload_xml: "<Note/>".into(),
+            thread_id: Some("bad id!".into()),
+        })
         .unwrap_err();
     assert!(err.to_string().contains("thread id must be"), "{err}");
-    assert_eq!(o.failure_count(agentserver::pump::FailureKind::InjectRefused), 4);
+    assert_eq!(
+        o.failure_count(agentserver::pump::FailureKind::InjectRefused),
+        4
+    );
     still_healthy(&o).await;
 }

@@ -21,12 +21,18 @@ async fn output_is_routed_by_payload_type() {
     // An output without `to` goes to the listener that accepts its type.
     let log = Log::default();
     let builder = Organism::builder()
-        .handler("emit", emitting(vec![Output::broadcast("<Pong><n>1</n></Pong>")]))
+        .handler(
+            "emit",
+            emitting(vec![Output::broadcast("<Pong><n>1</n></Pong>")]),
+        )
         .handler("log", log.handler());
-    let (o, _d) = organism(builder, r#"
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: emits Pong, kind: native, handler: emit, schema: t.xsd, accepts: [Ping] }
   - { name: b, description: takes Pong, kind: native, handler: log, schema: t.xsd, accepts: [Pong] }
-"#);
+"#,
+    );
     let r = inject(&o, "a", &ping(1), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
     let ms = messages(&o, &r.thread_id);
@@ -40,17 +46,27 @@ async fn output_is_routed_by_payload_type() {
 #[tokio::test]
 async fn to_a_listener_that_does_not_accept_the_type_is_undeliverable() {
     let builder = Organism::builder()
-        .handler("emit", emitting(vec![Output::to("b", "<Ping><n>2</n></Ping>")]))
+        .handler(
+            "emit",
+            emitting(vec![Output::to("b", "<Ping><n>2</n></Ping>")]),
+        )
         .handler("sink2", emitting(vec![]));
-    let (o, _d) = organism(builder, r#"
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: sends Ping to b, kind: native, handler: emit, schema: t.xsd, accepts: [Ping] }
   - { name: b, description: takes Pong only, kind: native, handler: sink2, schema: t.xsd, accepts: [Pong] }
-"#);
+"#,
+    );
     let r = inject(&o, "a", &ping(1), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
     let ms = messages(&o, &r.thread_id);
     assert_eq!(ms[1].status, MessageStatus::Undeliverable);
-    assert!(ms[1].error.as_deref().unwrap().contains("`b` does not accept payload type `Ping`"));
+    assert!(ms[1]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("`b` does not accept payload type `Ping`"));
     assert_eq!(o.failure_count(FailureKind::Undeliverable), 1);
     let thread = o.threads().info(&r.thread_id).unwrap();
     assert!(thread.error.unwrap().contains("does not accept"));
@@ -62,18 +78,24 @@ async fn broadcast_reaches_every_listener_that_accepts_the_type() {
     let builder = Organism::builder()
         .handler("emit", emitting(vec![Output::broadcast("<Note>hi</Note>")]))
         .handler("log", log.handler());
-    let (o, _d) = organism(builder, r#"
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: broadcasts, kind: native, handler: emit, schema: t.xsd, accepts: [Ping] }
   - { name: b, description: listens, kind: native, handler: log, schema: t.xsd, accepts: [Note] }
   - { name: c, description: listens, kind: native, handler: log, schema: t.xsd, accepts: [Note] }
   - { name: d, description: listens, kind: native, handler: log, schema: t.xsd, accepts: [Note] }
-"#);
+"#,
+    );
     let r = inject(&o, "a", &ping(1), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
     let mut got: Vec<String> = log.entries().into_iter().map(|e| e.0).collect();
     got.sort();
     assert_eq!(got, vec!["b", "c", "d"]);
-    assert_eq!(with_status(&messages(&o, &r.thread_id), MessageStatus::Delivered).len(), 4);
+    assert_eq!(
+        with_status(&messages(&o, &r.thread_id), MessageStatus::Delivered).len(),
+        4
+    );
 }
 
 #[tokio::test]
@@ -81,19 +103,36 @@ async fn agent_peers_are_deny_by_default() {
     // An agent with no peers reaches no one but its sender.
     let log = Log::default();
     let builder = Organism::builder()
-        .handler("emit", emitting(vec![Output::broadcast("<Pong><n>1</n></Pong>"), Output::to("b", "<Pong><n>2</n></Pong>")]))
+        .handler(
+            "emit",
+            emitting(vec![
+                Output::broadcast("<Pong><n>1</n></Pong>"),
+                Output::to("b", "<Pong><n>2</n></Pong>"),
+            ]),
+        )
         .handler("log", log.handler());
-    let (o, _d) = organism(builder, r#"
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: lonely agent, kind: native, handler: emit, schema: t.xsd, accepts: [Ping], agent: true }
   - { name: b, description: takes Pong, kind: native, handler: log, schema: t.xsd, accepts: [Pong] }
-"#);
+"#,
+    );
     let r = inject(&o, "a", &ping(1), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
     let ms = messages(&o, &r.thread_id);
     let refused = with_status(&ms, MessageStatus::Undeliverable);
     assert_eq!(refused.len(), 2);
-    assert!(refused[0].error.as_deref().unwrap().contains("not peers of `a`"));
-    assert!(refused[1].error.as_deref().unwrap().contains("not in its peers"));
+    assert!(refused[0]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("not peers of `a`"));
+    assert!(refused[1]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("not in its peers"));
     assert!(log.entries().is_empty());
 }
 
@@ -103,16 +142,28 @@ async fn reply_to_the_sender_needs_no_peer_entry() {
     // the injector is a terminal output.
     let log = Log::default();
     let builder = Organism::builder()
-        .handler("ask", emitting(vec![Output::to("b", "<Pong><n>1</n></Pong>")]))
-        .handler("reply", FnHandler(|d: Delivery| async move {
-            Ok(vec![Output::to(d.meta.from.to_string(), "<Note>thanks</Note>")])
-        }))
+        .handler(
+            "ask",
+            emitting(vec![Output::to("b", "<Pong><n>1</n></Pong>")]),
+        )
+        .handler(
+            "reply",
+            FnHandler(|d: Delivery| async move {
+                Ok(vec![Output::to(
+                    d.meta.from.to_string(),
+                    "<Note>thanks</Note>",
+                )])
+            }),
+        )
         .handler("log", log.handler());
-    let (o, _d) = organism(builder, r#"
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: asks b, kind: native, handler: ask, schema: t.xsd, accepts: [Ping] }
   - { name: b, description: agent that replies, kind: native, handler: reply, schema: t.xsd, accepts: [Pong], agent: true }
   - { name: c, description: also takes notes, kind: native, handler: log, schema: t.xsd, accepts: [Note] }
-"#);
+"#,
+    );
     let r = inject(&o, "a", &ping(1), None);
     settle(&o, &r.thread_id).await;
     let ms = messages(&o, &r.thread_id);
@@ -120,14 +171,21 @@ async fn reply_to_the_sender_needs_no_peer_entry() {
     // sender), not refused as a peer violation.
     let reply = ms.iter().find(|m| &*m.from == "b").unwrap();
     assert_eq!(to_of(reply), "a");
-    assert!(reply.error.as_deref().unwrap().contains("`a` does not accept payload type `Note`"));
+    assert!(reply
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("`a` does not accept payload type `Note`"));
     assert!(log.entries().is_empty());
 
     // Replying to the injector ends as a terminal output.
     let echo = Organism::builder();
-    let (o2, _d2) = organism(echo, r#"
+    let (o2, _d2) = organism(
+        echo,
+        r#"
   - { name: e, description: echoes, kind: native, handler: echo, schema: t.xsd, agent: true }
-"#);
+"#,
+    );
     let r2 = inject(&o2, "e", "<Note>hey</Note>", None);
     assert_eq!(settle(&o2, &r2.thread_id).await, ThreadStatus::Completed);
     let ms2 = messages(&o2, &r2.thread_id);
@@ -138,9 +196,12 @@ async fn reply_to_the_sender_needs_no_peer_entry() {
 #[tokio::test]
 async fn a_forged_from_is_overwritten_by_the_pump() {
     let builder = Organism::builder();
-    let (o, _d) = organism(builder, r#"
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: greeter, description: echoes, kind: native, handler: echo, schema: t.xsd }
-"#);
+"#,
+    );
     let env = format!(
         "<message xmlns=\"{}\"><meta><from>greeter</from><to>greeter</to></meta><Note xmlns=\"\">hi</Note></message>",
         agentserver::xml::ENVELOPE_NS
@@ -155,24 +216,41 @@ async fn a_forged_from_is_overwritten_by_the_pump() {
 
     // A listener name cannot be used as an injector identity.
     let err = o
-        .inject(InjectRequest { from: "greeter".into(), to: "greeter".into(), payload_xml: "<Note/>".into(), thread_id: None })
+        .inject(InjectRequest {
+            from: "greeter".into(),
+            to: "greeter".into(),
+            payload_xml: "<Note/>".into(),
+            thread_id: None,
+        })
         .unwrap_err();
     assert!(matches!(err, InjectError::ForgedIdentity(_)));
 }
 
 #[tokio::test]
 async fn invalid_payload_is_rejected_with_the_validators_reason() {
-    let builder = Organism::builder()
-        .handler("emit", emitting(vec![Output::to("b", "<Pong><n>not-a-number</n></Pong>")]));
-    let (o, _d) = organism(builder, r#"
+    let builder = Organism::builder().handler(
+        "emit",
+        emitting(vec![Output::to("b", "<Pong><n>not-a-number</n></Pong>")]),
+    );
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: emits a bad Pong, kind: native, handler: emit, schema: t.xsd, accepts: [Ping, huh] }
   - { name: b, description: takes Pong, kind: native, handler: sink, schema: t.xsd, accepts: [Pong] }
-"#);
+"#,
+    );
     // At inject: refused before the answer, with the validator's line and message.
     let err = o
-        .inject(InjectRequest { from: "api".into(), to: "a".into(), payload_xml: "<Ping><n>x</n></Ping>".into(), thread_id: None })
+        .inject(InjectRequest {
+            from: "api".into(),
+            to: "a".into(),
+            payload_xml: "<Ping><n>x</n></Ping>".into(),
+            thread_id: None,
+        })
         .unwrap_err();
-    let InjectError::Invalid(v) = err else { panic!("expected Invalid, got {err:?}") };
+    let InjectError::Invalid(v) = err else {
+        panic!("expected Invalid, got {err:?}")
+    };
     assert!(v.messages[0].starts_with("line 1:"), "{v}");
     assert!(v.messages[0].contains("'x' is not a valid value"), "{v}");
 
@@ -181,32 +259,51 @@ async fn invalid_payload_is_rejected_with_the_validators_reason() {
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
     let ms = messages(&o, &r.thread_id);
     let rejected = &with_status(&ms, MessageStatus::Rejected)[0];
-    assert!(rejected.error.as_deref().unwrap().contains("not-a-number"), "{:?}", rejected.error);
+    assert!(
+        rejected.error.as_deref().unwrap().contains("not-a-number"),
+        "{:?}",
+        rejected.error
+    );
     let huh = ms.iter().find(|m| &*m.from == "system").expect("huh sent");
     assert_eq!(to_of(huh), "a");
-    assert!(huh.payload_xml.contains("<error>rejected: invalid payload</error>"));
+    assert!(huh
+        .payload_xml
+        .contains("<error>rejected: invalid payload</error>"));
     assert_eq!(huh.status, MessageStatus::Delivered);
 }
 
 #[tokio::test]
 async fn handler_errors_fail_the_message_and_the_thread() {
-    let builder = Organism::builder()
-        .handler("fail", FnHandler(|_d: Delivery| async { Err(HandlerError("database unavailable".into())) }));
-    let (o, _d) = organism(builder, r#"
+    let builder = Organism::builder().handler(
+        "fail",
+        FnHandler(|_d: Delivery| async { Err(HandlerError("database unavailable".into())) }),
+    );
+    let (o, _d) = organism(
+        builder,
+        r#"
   - { name: a, description: always fails, kind: native, handler: fail, schema: t.xsd }
-"#);
+"#,
+    );
     let mut events = o.events().subscribe();
     let r = inject(&o, "a", &ping(1), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
     let ms = messages(&o, &r.thread_id);
     assert_eq!(ms[0].status, MessageStatus::Failed);
-    assert!(ms[0].error.as_deref().unwrap().contains("database unavailable"));
+    assert!(ms[0]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("database unavailable"));
     assert_eq!(o.failure_count(FailureKind::HandlerError), 1);
     // An error event names the thread and the agent.
     let mut saw_error = false;
     while let Ok(ev) = events.try_recv() {
-        if let agentserver::events::EventKind::Error { thread_id, agent, .. } = &ev.kind {
-            saw_error = thread_id.as_deref() == Some(r.thread_id.as_str()) && agent.as_deref() == Some("a");
+        if let agentserver::events::EventKind::Error {
+            thread_id, agent, ..
+        } = &ev.kind
+        {
+            saw_error =
+                thread_id.as_deref() == Some(r.thread_id.as_str()) && agent.as_deref() == Some("a");
         }
     }
     assert!(saw_error);

@@ -25,9 +25,12 @@ async fn order_is_kept_per_listener_and_thread() {
     // Several threads interleaved on a listener with concurrency 4: each thread's messages
     // are still handled one at a time, in arrival order.
     let log = Log::default();
-    let (o, _d) = organism(Organism::builder().handler("log", log.handler()), r#"
+    let (o, _d) = organism(
+        Organism::builder().handler("log", log.handler()),
+        r#"
   - { name: a, description: logs, kind: native, handler: log, schema: t.xsd, concurrency: 4 }
-"#);
+"#,
+    );
     let threads = ["t1", "t2", "t3"];
     for n in 0..60 {
         inject(&o, "a", &ping(n), Some(threads[(n % 3) as usize]));
@@ -36,7 +39,12 @@ async fn order_is_kept_per_listener_and_thread() {
         settle(&o, t).await;
     }
     for t in threads {
-        let seen: Vec<i64> = log.entries().iter().filter(|e| e.1 == t).map(|e| n_of(&e.2)).collect();
+        let seen: Vec<i64> = log
+            .entries()
+            .iter()
+            .filter(|e| e.1 == t)
+            .map(|e| n_of(&e.2))
+            .collect();
         let mut sorted = seen.clone();
         sorted.sort();
         assert_eq!(seen, sorted, "thread {t} out of order");
@@ -47,9 +55,12 @@ async fn order_is_kept_per_listener_and_thread() {
 #[tokio::test]
 async fn a_busy_thread_does_not_starve_another() {
     let valve = Valve::closed();
-    let (o, _d) = organism(Organism::builder().handler("valve", valve.clone()), r#"
+    let (o, _d) = organism(
+        Organism::builder().handler("valve", valve.clone()),
+        r#"
   - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }
-"#);
+"#,
+    );
     inject(&o, "a", &ping(0), Some("busy"));
     until(&o, || agent_state(&o, "a").0 == AgentState::Processing).await;
     for n in 1..20 {
@@ -61,28 +72,48 @@ async fn a_busy_thread_does_not_starve_another() {
     settle(&o, "other").await;
     let order: Vec<String> = valve.log.entries().into_iter().map(|e| e.1).collect();
     // Round robin: the other thread is served right after the message that was running.
-    assert_eq!(order.iter().position(|t| t == "other"), Some(1), "{order:?}");
+    assert_eq!(
+        order.iter().position(|t| t == "other"),
+        Some(1),
+        "{order:?}"
+    );
 }
 
 #[tokio::test]
 async fn kill_drops_queued_work_and_cancels_the_running_handler() {
     let valve = Valve::closed();
-    let (o, _d) = organism(Organism::builder().handler("valve", valve.clone()), r#"
+    let (o, _d) = organism(
+        Organism::builder().handler("valve", valve.clone()),
+        r#"
   - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }
-"#);
+"#,
+    );
     for n in 0..5 {
         inject(&o, "a", &ping(n), Some("doomed"));
     }
     until(&o, || agent_state(&o, "a") == (AgentState::Processing, 4)).await;
     o.kill_thread("doomed").unwrap();
-    until(&o, || messages(&o, "doomed").iter().all(|m| m.status != MessageStatus::Pending)).await;
+    until(&o, || {
+        messages(&o, "doomed")
+            .iter()
+            .all(|m| m.status != MessageStatus::Pending)
+    })
+    .await;
     let ms = messages(&o, "doomed");
     assert_eq!(with_status(&ms, MessageStatus::Killed).len(), 5);
     assert_eq!(o.threads().status("doomed"), Some(ThreadStatus::Killed));
     assert!(valve.log.entries().is_empty());
     assert_eq!(agent_state(&o, "a").1, 0);
-    let again = o.inject(InjectRequest { from: "api".into(), to: "a".into(), payload_xml: ping(9), thread_id: Some("doomed".into()) });
-    assert!(matches!(again, Err(InjectError::Thread(ThreadError::Killed(_)))));
+    let again = o.inject(InjectRequest {
+        from: "api".into(),
+        to: "a".into(),
+        payload_xml: ping(9),
+        thread_id: Some("doomed".into()),
+    });
+    assert!(matches!(
+        again,
+        Err(InjectError::Thread(ThreadError::Killed(_)))
+    ));
     assert!(o.kill_thread("no-such-thread").is_err());
     // The listener still works for other threads.
     valve.open(1);
@@ -93,9 +124,12 @@ async fn kill_drops_queued_work_and_cancels_the_running_handler() {
 #[tokio::test]
 async fn pause_holds_messages_and_resume_delivers_them_in_order() {
     let log = Log::default();
-    let (o, _d) = organism(Organism::builder().handler("log", log.handler()), r#"
+    let (o, _d) = organism(
+        Organism::builder().handler("log", log.handler()),
+        r#"
   - { name: a, description: logs, kind: native, handler: log, schema: t.xsd }
-"#);
+"#,
+    );
     o.pause_listener("a").unwrap();
     assert_eq!(agent_state(&o, "a").0, AgentState::Paused);
     for n in 0..5 {
@@ -121,9 +155,14 @@ async fn pause_holds_messages_and_resume_delivers_them_in_order() {
 #[tokio::test]
 async fn exceeding_the_thread_budget_fails_the_thread() {
     // A listener that forwards to itself forever is stopped by the budget.
-    let (o, _d) = organism_with(Organism::builder(), "  max_messages_per_thread: 20", "breadth-first", r#"
+    let (o, _d) = organism_with(
+        Organism::builder(),
+        "  max_messages_per_thread: 20",
+        "breadth-first",
+        r#"
   - { name: loop, description: forwards to itself, kind: native, handler: forward, schema: t.xsd, config: { to: loop } }
-"#);
+"#,
+    );
     let r = inject(&o, "loop", &ping(1), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
     let info = o.threads().info(&r.thread_id).unwrap();
@@ -135,20 +174,30 @@ async fn exceeding_the_thread_budget_fails_the_thread() {
 
 #[tokio::test]
 async fn a_panicking_handler_does_not_stop_others() {
-    let (o, _d) = organism(Organism::builder().handler("fragile", FnHandler(|d: Delivery| async move {
-        if d.payload.xml().contains("<n>1</n>") {
-            panic!("boom on one");
-        }
-        Ok(vec![Output::to(d.meta.from.to_string(), d.payload.xml())])
-    })), r#"
+    let (o, _d) = organism(
+        Organism::builder().handler(
+            "fragile",
+            FnHandler(|d: Delivery| async move {
+                if d.payload.xml().contains("<n>1</n>") {
+                    panic!("boom on one");
+                }
+                Ok(vec![Output::to(d.meta.from.to_string(), d.payload.xml())])
+            }),
+        ),
+        r#"
   - { name: a, description: panics on 1, kind: native, handler: fragile, schema: t.xsd, concurrency: 2 }
-"#);
+"#,
+    );
     let bad = inject(&o, "a", &ping(1), None);
     let good = inject(&o, "a", &ping(2), None);
     assert_eq!(settle(&o, &bad.thread_id).await, ThreadStatus::Error);
     assert_eq!(settle(&o, &good.thread_id).await, ThreadStatus::Completed);
     let failed = &messages(&o, &bad.thread_id)[0];
-    assert!(failed.error.as_deref().unwrap().contains("panicked: boom on one"));
+    assert!(failed
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("panicked: boom on one"));
     assert_eq!(o.failure_count(FailureKind::HandlerPanic), 1);
     let later = inject(&o, "a", &ping(3), None);
     assert_eq!(settle(&o, &later.thread_id).await, ThreadStatus::Completed);
@@ -157,9 +206,12 @@ async fn a_panicking_handler_does_not_stop_others() {
 #[tokio::test]
 async fn stop_drains_pending_work_and_refuses_new_injects() {
     let valve = Valve::closed();
-    let (o, _d) = organism(Organism::builder().handler("valve", valve.clone()), r#"
+    let (o, _d) = organism(
+        Organism::builder().handler("valve", valve.clone()),
+        r#"
   - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }
-"#);
+"#,
+    );
     for n in 0..3 {
         inject(&o, "a", &ping(n), Some("s"));
     }
@@ -168,21 +220,34 @@ async fn stop_drains_pending_work_and_refuses_new_injects() {
         async move { o.stop().await }
     });
     until(&o, || o.status() == OrganismStatus::Stopping).await;
-    let refused = o.inject(InjectRequest { from: "api".into(), to: "a".into(), payload_xml: ping(9), thread_id: None });
+    let refused = o.inject(InjectRequest {
+        from: "api".into(),
+        to: "a".into(),
+        payload_xml: ping(9),
+        thread_id: None,
+    });
     assert!(matches!(refused, Err(InjectError::Stopping)));
     valve.open(3);
     let report = tokio::time::timeout(WAIT, stopper).await.unwrap().unwrap();
     assert!(report.drained);
     assert_eq!(o.status(), OrganismStatus::Stopped);
-    assert_eq!(with_status(&messages(&o, "s"), MessageStatus::Delivered).len(), 3);
+    assert_eq!(
+        with_status(&messages(&o, "s"), MessageStatus::Delivered).len(),
+        3
+    );
 }
 
 #[tokio::test]
 async fn stop_kills_what_outlives_the_grace_period() {
     let valve = Valve::closed();
-    let (o, _d) = organism_with(Organism::builder().handler("valve", valve.clone()), "  stop_grace_ms: 100", "breadth-first", r#"
+    let (o, _d) = organism_with(
+        Organism::builder().handler("valve", valve.clone()),
+        "  stop_grace_ms: 100",
+        "breadth-first",
+        r#"
   - { name: a, description: held forever, kind: native, handler: valve, schema: t.xsd }
-"#);
+"#,
+    );
     inject(&o, "a", &ping(0), Some("stuck"));
     let report = tokio::time::timeout(WAIT, o.stop()).await.unwrap();
     assert!(!report.drained);
@@ -195,17 +260,28 @@ async fn first_served(scheduling: &str) -> String {
     // it: x's is older (slot 1), y's newer (slot 2). The policy picks which runs first.
     let valve = Valve::closed();
     let log = Log::default();
-    let builder = Organism::builder().handler("valve", valve.clone()).handler("log", log.handler());
-    let (o, _d) = organism_with(builder, "  max_concurrent_handlers: 1", scheduling, r#"
+    let builder = Organism::builder()
+        .handler("valve", valve.clone())
+        .handler("log", log.handler());
+    let (o, _d) = organism_with(
+        builder,
+        "  max_concurrent_handlers: 1",
+        scheduling,
+        r#"
   - { name: hold, description: holds the slot, kind: native, handler: valve, schema: t.xsd, accepts: [Ping] }
   - { name: x, description: logs, kind: native, handler: log, schema: t.xsd, accepts: [Note] }
   - { name: y, description: logs, kind: native, handler: log, schema: t.xsd, accepts: [Pong] }
-"#);
+"#,
+    );
     inject(&o, "hold", &ping(0), Some("t"));
     until(&o, || agent_state(&o, "hold").0 == AgentState::Processing).await;
     inject(&o, "x", "<Note>older</Note>", Some("t"));
     inject(&o, "y", "<Pong><n>1</n></Pong>", Some("t"));
-    until(&o, || agent_state(&o, "x").0 == AgentState::Processing && agent_state(&o, "y").0 == AgentState::Processing).await;
+    until(&o, || {
+        agent_state(&o, "x").0 == AgentState::Processing
+            && agent_state(&o, "y").0 == AgentState::Processing
+    })
+    .await;
     valve.open(1);
     settle(&o, "t").await;
     log.entries()[0].0.clone()

@@ -12,9 +12,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use model::{
-    Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Scheduling,
-};
+pub use model::{Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Scheduling};
 use model::{ListenerSection, OrganismSection};
 
 use crate::schema::Schema;
@@ -103,7 +101,11 @@ pub fn load_str(
         }
     };
     let Some(map) = root.as_mapping() else {
-        c.push(None, None, "the file must be a mapping with `organism` and `listeners`");
+        c.push(
+            None,
+            None,
+            "the file must be a mapping with `organism` and `listeners`",
+        );
         return Err(ConfigErrors(c.errors));
     };
     for key in map.keys() {
@@ -178,7 +180,9 @@ pub fn load_str(
         None => Some(PathBuf::from("data").join(format!("{}.db", organism.name))),
     };
     Ok(OrganismConfig {
-        listen: organism.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
+        listen: organism
+            .listen
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
         name: organism.name,
         store,
         scheduling: organism.scheduling,
@@ -201,8 +205,14 @@ fn check_limits(l: &Limits, c: &mut Collector) {
         ("limits.max_message_bytes", l.max_message_bytes > 0),
         ("limits.max_depth", l.max_depth > 0),
         ("limits.max_pending_messages", l.max_pending_messages > 0),
-        ("limits.max_messages_per_thread", l.max_messages_per_thread > 0),
-        ("limits.max_concurrent_handlers", l.max_concurrent_handlers > 0),
+        (
+            "limits.max_messages_per_thread",
+            l.max_messages_per_thread > 0,
+        ),
+        (
+            "limits.max_concurrent_handlers",
+            l.max_concurrent_handlers > 0,
+        ),
     ];
     for (key, ok) in checks {
         if !ok {
@@ -227,14 +237,22 @@ fn check_listeners(
             c.push(l, Some("name"), "another listener has the same name");
         }
         if !valid_name(name) {
-            c.push(l, Some("name"), "must be 1-128 characters of A-Z a-z 0-9 _ - .");
+            c.push(
+                l,
+                Some("name"),
+                "must be 1-128 characters of A-Z a-z 0-9 _ - .",
+            );
         }
         if ["api", "ws", "cli"].contains(&name) {
             c.push(l, Some("name"), "is reserved for an injector identity");
         }
         let description = s.description.clone().unwrap_or_default();
         if description.trim().is_empty() {
-            c.push(l, Some("description"), "is required (tools and visualizers show it)");
+            c.push(
+                l,
+                Some("description"),
+                "is required (tools and visualizers show it)",
+            );
         }
         match s.kind {
             ListenerKind::Native => match s.handler.as_deref() {
@@ -242,7 +260,10 @@ fn check_listeners(
                 Some(h) if !handlers.contains(&h) => c.push(
                     l,
                     Some("handler"),
-                    format!("no native handler named `{h}` (available: {})", handlers.join(", ")),
+                    format!(
+                        "no native handler named `{h}` (available: {})",
+                        handlers.join(", ")
+                    ),
                 ),
                 Some(_) => {}
             },
@@ -276,15 +297,21 @@ fn check_listeners(
         let mut accepts: Vec<(PayloadType, Arc<Schema>)> = Vec::new();
         let mut schema_origin = None;
         match &s.schema {
-            None if s.fields.is_none() => {
-                c.push(l, Some("schema"), "required: the XSD of the payloads it accepts")
-            }
+            None if s.fields.is_none() => c.push(
+                l,
+                Some("schema"),
+                "required: the XSD of the payloads it accepts",
+            ),
             None => {}
             Some(rel) => {
                 let path = base.join(rel);
                 schema_origin = Some(path.clone());
                 if !path.exists() {
-                    c.push(l, Some("schema"), format!("file not found: {}", path.display()));
+                    c.push(
+                        l,
+                        Some("schema"),
+                        format!("file not found: {}", path.display()),
+                    );
                 } else {
                     match Schema::from_file(&path) {
                         Ok(schema) => {
@@ -341,7 +368,11 @@ fn check_listeners(
         let config = match &s.config {
             None => serde_json::Value::Object(Default::default()),
             Some(v) => serde_json::to_value(v).unwrap_or_else(|e| {
-                c.push(l, Some("config"), format!("cannot be represented as JSON: {e}"));
+                c.push(
+                    l,
+                    Some("config"),
+                    format!("cannot be represented as JSON: {e}"),
+                );
                 serde_json::Value::Null
             }),
         };
@@ -349,7 +380,11 @@ fn check_listeners(
             match config.get("to").and_then(|t| t.as_str()) {
                 Some(t) if names.contains(t) => {}
                 Some(t) => c.push(l, Some("config.to"), format!("`{t}` names no listener")),
-                None => c.push(l, Some("config.to"), "the forward handler needs `config.to`"),
+                None => c.push(
+                    l,
+                    Some("config.to"),
+                    "the forward handler needs `config.to`",
+                ),
             }
         }
 

@@ -98,7 +98,9 @@ impl Template {
                 Some("upper") => value.to_uppercase(),
                 Some("lower") => value.to_lowercase(),
                 None => value,
-                Some(other) => return Err(HandlerError(format!("unknown template filter `{other}`"))),
+                Some(other) => {
+                    return Err(HandlerError(format!("unknown template filter `{other}`")))
+                }
             };
             out.push_str(&escape_text(&value));
             rest = &after[close + 1..];

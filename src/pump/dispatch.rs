@@ -161,7 +161,8 @@ impl Shared {
         for _ in 0..start {
             let shared = self.clone();
             let listener = listener.clone();
-            self.runtime.spawn(async move { shared.work(listener).await });
+            self.runtime
+                .spawn(async move { shared.work(listener).await });
         }
     }
 
@@ -254,7 +255,8 @@ impl Shared {
                 payload: job.payload,
             };
             let started = Instant::now();
-            let call = std::panic::catch_unwind(AssertUnwindSafe(|| listener.handler.handle(delivery)));
+            let call =
+                std::panic::catch_unwind(AssertUnwindSafe(|| listener.handler.handle(delivery)));
             let outcome: Outcome = match call {
                 Err(panic) => Outcome::Panicked(panic_text(&panic)),
                 Ok(future) => {
@@ -282,20 +284,26 @@ impl Shared {
                 }
                 Outcome::Failed(reason) => {
                     listener.errors.fetch_add(1, Ordering::Relaxed);
-                    self.fail_message(&record, FailureKind::HandlerError, format!(
-                        "handler of `{}` failed: {reason}",
-                        listener.name()
-                    ));
+                    self.fail_message(
+                        &record,
+                        FailureKind::HandlerError,
+                        format!("handler of `{}` failed: {reason}", listener.name()),
+                    );
                 }
                 Outcome::Panicked(reason) => {
                     listener.errors.fetch_add(1, Ordering::Relaxed);
-                    self.fail_message(&record, FailureKind::HandlerPanic, format!(
-                        "handler of `{}` panicked: {reason}",
-                        listener.name()
-                    ));
+                    self.fail_message(
+                        &record,
+                        FailureKind::HandlerPanic,
+                        format!("handler of `{}` panicked: {reason}", listener.name()),
+                    );
                 }
                 Outcome::Cancelled => {
-                    self.finish_message(&record, MessageStatus::Killed, Some("thread killed while handling".into()));
+                    self.finish_message(
+                        &record,
+                        MessageStatus::Killed,
+                        Some("thread killed while handling".into()),
+                    );
                 }
             }
         }

@@ -25,7 +25,9 @@ use crate::config::{self, ConfigErrors, ListenerName, OrganismConfig};
 use crate::events::{AgentState, EventHub, EventKind, OrganismStatus, DEFAULT_CAPACITY};
 use crate::listener::{Handler, HandlerRegistry};
 use crate::schema::ValidationError;
-use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError, ThreadRegistry, ThreadStatus};
+use crate::threads::{
+    MessageRecord, MessageStatus, NewMessage, ThreadError, ThreadRegistry, ThreadStatus,
+};
 use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};
 
 use dispatch::Listener;
@@ -88,7 +90,10 @@ pub enum InjectError {
     #[error("{0}")]
     Malformed(#[from] XmlError),
     #[error("`{listener}` does not accept payload type `{payload_type}`")]
-    NotAccepted { listener: String, payload_type: String },
+    NotAccepted {
+        listener: String,
+        payload_type: String,
+    },
     #[error("payload is invalid: {0}")]
     Invalid(ValidationError),
     #[error("{0}")]
@@ -217,16 +222,9 @@ impl Shared {
 }
 
 /// Builds an [`Organism`]: a config (from a file or already loaded) plus native handlers.
+#[derive(Default)]
 pub struct OrganismBuilder {
     registry: HandlerRegistry,
-}
-
-impl Default for OrganismBuilder {
-    fn default() -> Self {
-        OrganismBuilder {
-            registry: HandlerRegistry::default(),
-        }
-    }
 }
 
 impl OrganismBuilder {
@@ -263,10 +261,13 @@ impl OrganismBuilder {
         let mut listeners = HashMap::new();
         let mut order = Vec::new();
         for lc in &config.listeners {
-            let handler = self.registry.build(lc).map_err(|message| BuildError::Handler {
-                listener: lc.name.to_string(),
-                message,
-            })?;
+            let handler = self
+                .registry
+                .build(lc)
+                .map_err(|message| BuildError::Handler {
+                    listener: lc.name.to_string(),
+                    message,
+                })?;
             let l = Arc::new(Listener::new(lc.clone(), handler));
             listeners.insert(lc.name.clone(), l.clone());
             order.push(l);
@@ -360,7 +361,12 @@ impl Organism {
                         .flatten()
                         .map(|p| p.to_string())
                         .collect(),
-                    accepts: l.config.accepts.iter().map(|(t, _)| t.to_string()).collect(),
+                    accepts: l
+                        .config
+                        .accepts
+                        .iter()
+                        .map(|(t, _)| t.to_string())
+                        .collect(),
                     state: snap.state,
                     current_thread: snap.current_thread,
                     queue_depth: snap.queue_depth,
@@ -478,7 +484,13 @@ impl Organism {
             message_id: record.id.to_string(),
         };
         s.add_pending(1);
-        s.enqueue(&listener, dispatch::Job { record, payload: valid });
+        s.enqueue(
+            &listener,
+            dispatch::Job {
+                record,
+                payload: valid,
+            },
+        );
         Ok(receipt)
     }
 
@@ -538,7 +550,11 @@ impl Organism {
         s.publish_thread(change);
         for l in &s.order {
             for job in l.drop_thread(id) {
-                s.finish_message(&job.record, MessageStatus::Killed, Some("thread killed".into()));
+                s.finish_message(
+                    &job.record,
+                    MessageStatus::Killed,
+                    Some("thread killed".into()),
+                );
                 s.count_failure(FailureKind::Killed);
                 s.release(id);
             }
@@ -582,12 +598,17 @@ impl Organism {
     /// (`limits.stop_grace_ms`), then kill what remains. Idempotent.
     pub async fn stop(&self) -> StopReport {
         let s = &self.shared;
-        if s
-            .status
-            .compare_exchange(STATUS_RUNNING, STATUS_STOPPING, Ordering::SeqCst, Ordering::SeqCst)
+        if s.status
+            .compare_exchange(
+                STATUS_RUNNING,
+                STATUS_STOPPING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
             .is_err()
         {
-            self.wait_idle(Duration::from_millis(s.config.limits.stop_grace_ms)).await;
+            self.wait_idle(Duration::from_millis(s.config.limits.stop_grace_ms))
+                .await;
             return StopReport {
                 drained: self.pending() == 0,
                 killed_threads: 0,

@@ -52,7 +52,12 @@ impl Shared {
                 return;
             }
         };
-        match self.route(listener, &parent.from, output.to.as_deref(), &payload.payload_type) {
+        match self.route(
+            listener,
+            &parent.from,
+            output.to.as_deref(),
+            &payload.payload_type,
+        ) {
             Err(reason) => {
                 let record = self.log_refused(
                     parent,
@@ -67,7 +72,14 @@ impl Shared {
             }
             Ok(targets) => {
                 for target in targets {
-                    self.deliver(&parent.thread_id, Some(parent.id.clone()), from.clone(), target, payload.clone(), Some(listener));
+                    self.deliver(
+                        &parent.thread_id,
+                        Some(parent.id.clone()),
+                        from.clone(),
+                        target,
+                        payload.clone(),
+                        Some(listener),
+                    );
                 }
             }
         }
@@ -88,7 +100,9 @@ impl Shared {
                 let is_reply = target == handled_from;
                 match self.listeners.get(target) {
                     None if is_reply => Ok(vec![Target::Terminal(Arc::from(target))]),
-                    None => Err(format!("`{name}` sent to `{target}`, which is not a listener")),
+                    None => Err(format!(
+                        "`{name}` sent to `{target}`, which is not a listener"
+                    )),
                     Some(_) if !is_reply && !sender.allows(target) => Err(format!(
                         "`{name}` may not send to `{target}`: not in its peers"
                     )),
@@ -157,7 +171,10 @@ impl Shared {
         let to = Some(listener.config.name.arc());
         let validated = match listener.config.schema_for(&payload.payload_type) {
             Some(schema) => schema.validate(payload.clone()).map_err(|e| e.to_string()),
-            None => Err(format!("`{}` does not accept `{payload_type}`", listener.name())),
+            None => Err(format!(
+                "`{}` does not accept `{payload_type}`",
+                listener.name()
+            )),
         };
         match validated {
             Err(reason) => {
@@ -249,19 +266,20 @@ impl Shared {
             status,
             error: Some(error.clone()),
         };
-        self.append(&parent.thread_id, m).unwrap_or_else(|| MessageRecord {
-            id: new_id(),
-            thread_id: parent.thread_id.clone(),
-            parent_id: Some(parent.id.clone()),
-            slot_index: 0,
-            from: Arc::from(SYSTEM_IDENTITY),
-            to: None,
-            payload_type: None,
-            payload_xml: Arc::from(""),
-            status,
-            error: Some(error),
-            timestamp: crate::time::Timestamp::now(),
-        })
+        self.append(&parent.thread_id, m)
+            .unwrap_or_else(|| MessageRecord {
+                id: new_id(),
+                thread_id: parent.thread_id.clone(),
+                parent_id: Some(parent.id.clone()),
+                slot_index: 0,
+                from: Arc::from(SYSTEM_IDENTITY),
+                to: None,
+                payload_type: None,
+                payload_xml: Arc::from(""),
+                status,
+                error: Some(error),
+                timestamp: crate::time::Timestamp::now(),
+            })
     }
 
     fn append(&self, thread: &str, m: NewMessage) -> Option<MessageRecord> {
@@ -280,7 +298,10 @@ impl Shared {
         self.events.publish(EventKind::Message {
             message: record.clone(),
         });
-        let error = record.error.clone().unwrap_or_else(|| kind.as_str().to_string());
+        let error = record
+            .error
+            .clone()
+            .unwrap_or_else(|| kind.as_str().to_string());
         self.events.publish(EventKind::Error {
             thread_id: Some(record.thread_id.to_string()),
             agent: sender.map(|s| s.name().to_string()),
@@ -296,7 +317,9 @@ impl Shared {
     /// Tells a sending listener that accepts `huh` that its message failed.
     fn send_huh(self: &Arc<Self>, to: &Arc<Listener>, about: &MessageRecord, kind: FailureKind) {
         let huh = PayloadType::huh();
-        if about.payload_type.as_deref() == Some(huh.to_string().as_str()) || !to.config.accepts_type(&huh) {
+        if about.payload_type.as_deref() == Some(huh.to_string().as_str())
+            || !to.config.accepts_type(&huh)
+        {
             return;
         }
         let generic = match kind {
@@ -324,9 +347,18 @@ impl Shared {
     }
 
     /// Sets a handled message's final status and publishes it.
-    pub(crate) fn finish_message(&self, record: &MessageRecord, status: MessageStatus, error: Option<String>) {
-        self.threads
-            .set_message_status(&record.thread_id, record.slot_index, status, error.clone());
+    pub(crate) fn finish_message(
+        &self,
+        record: &MessageRecord,
+        status: MessageStatus,
+        error: Option<String>,
+    ) {
+        self.threads.set_message_status(
+            &record.thread_id,
+            record.slot_index,
+            status,
+            error.clone(),
+        );
         self.events.publish(EventKind::MessageStatus {
             id: record.id.to_string(),
             thread_id: record.thread_id.to_string(),
@@ -336,7 +368,12 @@ impl Shared {
     }
 
     /// A handler failed on `record`: status, counter, events, and `<huh>` to its sender.
-    pub(crate) fn fail_message(self: &Arc<Self>, record: &MessageRecord, kind: FailureKind, error: String) {
+    pub(crate) fn fail_message(
+        self: &Arc<Self>,
+        record: &MessageRecord,
+        kind: FailureKind,
+        error: String,
+    ) {
         self.finish_message(record, MessageStatus::Failed, Some(error.clone()));
         self.count_failure(kind);
         let agent = record.to.as_ref().map(|t| t.to_string());

@@ -157,24 +157,19 @@ impl Schema {
         };
         let result = CONTEXTS.with(|cell| {
             let mut contexts = cell.borrow_mut();
-            if !contexts.contains_key(&self.id) {
-                let context = self.build_context().map_err(|e| ValidationError {
-                    messages: vec![e.to_string()],
-                })?;
-                contexts.insert(self.id, context);
-            }
-            match contexts.get_mut(&self.id) {
-                Some(context) => {
-                    context
-                        .validate_document(&doc)
-                        .map_err(|errors| ValidationError {
-                            messages: errors.iter().map(describe).collect(),
-                        })
+            let context = match contexts.entry(self.id) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(self.build_context().map_err(|e| ValidationError {
+                        messages: vec![e.to_string()],
+                    })?)
                 }
-                None => Err(ValidationError {
-                    messages: vec!["validation context missing".into()],
-                }),
-            }
+            };
+            context
+                .validate_document(&doc)
+                .map_err(|errors| ValidationError {
+                    messages: errors.iter().map(describe).collect(),
+                })
         });
         result?;
         Ok(ValidatedPayload {

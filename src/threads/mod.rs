@@ -6,7 +6,7 @@
 //! bounded until the durable store takes over history.
 
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde::{Serialize, Serializer};
@@ -243,9 +243,7 @@ impl ThreadRegistry {
     }
 
     fn shard(&self, id: &str) -> &Mutex<Shard> {
-        let mut h = self.hasher.build_hasher();
-        id.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        &self.shards[(self.hasher.hash_one(id) as usize) % SHARDS]
     }
 
     /// Opens a new thread (`requested` = None: a uuid v7) or continues an existing one.
@@ -307,7 +305,8 @@ impl ThreadRegistry {
         if e.status == ThreadStatus::Killed {
             m.status = MessageStatus::Killed;
             m.error = Some("thread killed".into());
-        } else if e.messages.len() as u64 >= self.max_messages && m.status == MessageStatus::Pending {
+        } else if e.messages.len() as u64 >= self.max_messages && m.status == MessageStatus::Pending
+        {
             m.status = MessageStatus::Failed;
             m.error = Some(
                 ThreadError::BudgetExceeded {
@@ -453,7 +452,10 @@ impl ThreadRegistry {
     }
 
     pub fn status(&self, thread: &str) -> Option<ThreadStatus> {
-        lock(self.shard(thread)).threads.get(thread).map(|e| e.status)
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .map(|e| e.status)
     }
 
     pub fn info(&self, thread: &str) -> Option<ThreadInfo> {
@@ -478,7 +480,10 @@ impl ThreadRegistry {
             .iter()
             .flat_map(|s| {
                 let s = lock(s);
-                s.threads.iter().map(|(id, e)| e.info(id)).collect::<Vec<_>>()
+                s.threads
+                    .iter()
+                    .map(|(id, e)| e.info(id))
+                    .collect::<Vec<_>>()
             })
             .collect();
         all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));

@@ -69,10 +69,8 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
     }
     let mut fields: [Option<String>; 3] = [None, None, None];
     let mut last_index: Option<usize> = None;
-    loop {
-        let Some((event, empty)) = next_element(&mut reader, input)? else {
-            break; // </meta>
-        };
+    // Until </meta>.
+    while let Some((event, empty)) = next_element(&mut reader, input)? {
         let (Event::Start(e) | Event::Empty(e)) = event else {
             return Err(env_err("unexpected content in <meta>"));
         };

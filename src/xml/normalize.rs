@@ -110,7 +110,7 @@ pub(crate) fn normalize_element(
         let (resolved, local) = reader.resolver().resolve_element(root.name());
         let local = local.as_ref().to_owned();
         match resolved {
-            ResolveResult::Bound(ns) => PayloadType::new(Some(&ns.as_ref()), &local),
+            ResolveResult::Bound(ns) => PayloadType::new(Some(ns.as_ref()), &local),
             ResolveResult::Unbound => PayloadType::new(None, &local),
             ResolveResult::Unknown(prefix) => return Err(XmlError::UnknownPrefix(prefix.clone())),
         }
@@ -169,7 +169,7 @@ pub(crate) fn normalize_element(
                     open_pending = false;
                 } else {
                     out.push_str("</");
-                    out.push_str(&e.name().as_ref());
+                    out.push_str(e.name().as_ref());
                     out.push('>');
                 }
                 depth -= 1;
@@ -269,7 +269,7 @@ fn write_start(
     }
     attrs.sort_by(|a, b| a.0.cmp(&b.0));
     out.push('<');
-    out.push_str(&e.name().as_ref());
+    out.push_str(e.name().as_ref());
     for (key, value) in attrs {
         out.push(' ');
         out.push_str(&key);

@@ -52,7 +52,12 @@ pub fn ping(n: i64) -> String {
     format!("<Ping><n>{n}</n></Ping>")
 }
 
-pub fn inject(o: &Organism, to: &str, xml: &str, thread: Option<&str>) -> agentserver::InjectReceipt {
+pub fn inject(
+    o: &Organism,
+    to: &str,
+    xml: &str,
+    thread: Option<&str>,
+) -> agentserver::InjectReceipt {
     o.inject(InjectRequest {
         from: "api".into(),
         to: to.into(),
@@ -129,7 +134,10 @@ impl Handler for Valve {
         let permits = self.permits.clone();
         let log = self.log.clone();
         Box::pin(async move {
-            let permit = permits.acquire().await.map_err(|e| agentserver::listener::HandlerError(e.to_string()))?;
+            let permit = permits
+                .acquire()
+                .await
+                .map_err(|e| agentserver::listener::HandlerError(e.to_string()))?;
             permit.forget();
             log.0.lock().unwrap().push((
                 d.meta.own_name.to_string(),
