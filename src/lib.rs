@@ -1,3 +1,55 @@
+//! agentserver runs an *organism*: named listeners, declared in one YAML file, that exchange
+//! XML messages through a stream pump. Every payload, from outside or from a handler, passes
+//! the same gate before any handler sees it.
+//!
+//! ```text
+//!  inject (api/cli/ws) ─┐                          ┌──────────── handler outputs (untrusted text)
+//!                       ▼                          │
+//!   xml::guard ── xml::normalize ── pump::route ── schema::validate ── ValidatedPayload
+//!   (size, DOCTYPE,  (strict read,   (`to`, type,   (libxml2, the        │
+//!    depth)          payload type)    peers)         receiver's XSD)     ▼
+//!                                                        per-(listener, thread) FIFO queue
+//!                                                        round robin across threads
+//!                                                        organism-wide handler gate
+//!                                                                        │
+//!   threads::ThreadRegistry (log, status) ◄── every step ──► events::EventHub (seq, observers)
+//! ```
+//!
+//! Embedding: register native handlers by name, build from YAML, inject, watch.
+//!
+//! ```
+//! use agentserver::listener::{Delivery, FnHandler, Output};
+//! use agentserver::{InjectRequest, Organism};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas");
+//! let yaml = r#"
+//! organism: { name: doc, store: memory }
+//! listeners:
+//!   - { name: shout, description: Upper-cases a note, kind: native, handler: shout, schema: note.xsd }
+//! "#;
+//! let config = agentserver::config::load_str(yaml, "doc.yaml", &dir, &["shout"])?;
+//! let organism = Organism::builder()
+//!     .handler("shout", FnHandler(|d: Delivery| async move {
+//!         let loud = d.payload.xml().to_uppercase().replace("NOTE>", "Note>");
+//!         Ok(vec![Output::to(d.meta.from.to_string(), loud)])
+//!     }))
+//!     .build(config)?;
+//! let receipt = organism.inject(InjectRequest {
+//!     from: "api".into(),
+//!     to: "shout".into(),
+//!     payload_xml: "<Note>hi</Note>".into(),
+//!     thread_id: None,
+//! })?;
+//! organism.wait_thread(&receipt.thread_id).await;
+//! let log = organism.thread_messages(&receipt.thread_id).unwrap_or_default();
+//! assert_eq!(&*log[1].payload_xml, "<Note>HI</Note>");
+//! assert_eq!(log[1].to.as_deref(), Some("api")); // a terminal output: the caller's answer
+//! # Ok(())
+//! # }
+//! ```
+
 pub mod config;
 pub mod events;
 pub mod listener;
