@@ -80,21 +80,14 @@ fn convert(xml: &str) -> Option<Value> {
         match reader.read_event().ok()? {
             Event::Start(e) => stack.push(open(&e)?),
             Event::Empty(e) => {
-                let frame = open(&e)?;
-                let name = frame.name.clone();
-                let value = close(frame);
-                match stack.last_mut() {
-                    Some(parent) => attach(parent, name, value),
-                    None => return Some(root_value(value)),
+                if let Some(root) = close_into(&mut stack, open(&e)?) {
+                    return Some(root);
                 }
             }
             Event::End(_) => {
                 let frame = stack.pop()?;
-                let name = frame.name.clone();
-                let value = close(frame);
-                match stack.last_mut() {
-                    Some(parent) => attach(parent, name, value),
-                    None => return Some(root_value(value)),
+                if let Some(root) = close_into(&mut stack, frame) {
+                    return Some(root);
                 }
             }
             Event::Text(t) => {
@@ -116,6 +109,19 @@ fn convert(xml: &str) -> Option<Value> {
             Event::Eof => return None,
             _ => {}
         }
+    }
+}
+
+/// Closes `frame` into its parent; returns the finished root's value when it has none.
+fn close_into(stack: &mut [Frame], frame: Frame) -> Option<Value> {
+    let name = frame.name.clone();
+    let value = close(frame);
+    match stack.last_mut() {
+        Some(parent) => {
+            attach(parent, name, value);
+            None
+        }
+        None => Some(root_value(value)),
     }
 }
 
