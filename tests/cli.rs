@@ -50,3 +50,29 @@ fn send_with_an_invalid_payload_explains_and_exits_1() {
         "{stderr}"
     );
 }
+
+#[test]
+fn run_stops_gracefully_on_sigterm_and_exits_0() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .args(["run", demo])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the ready line (blocking read: the process prints it once it runs).
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("running organism hello-world"), "{line}");
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}

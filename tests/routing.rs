@@ -224,6 +224,16 @@ async fn a_forged_from_is_overwritten_by_the_pump() {
         })
         .unwrap_err();
     assert!(matches!(err, InjectError::ForgedIdentity(_)));
+    // Nor can the pump's own identity.
+    let err = o
+        .inject(InjectRequest {
+            from: "system".into(),
+            to: "greeter".into(),
+            payload_xml: "<Note/>".into(),
+            thread_id: None,
+        })
+        .unwrap_err();
+    assert!(matches!(err, InjectError::ForgedIdentity(_)));
 }
 
 #[tokio::test]

@@ -243,7 +243,7 @@ fn check_listeners(
                 "must be 1-128 characters of A-Z a-z 0-9 _ - .",
             );
         }
-        if ["api", "ws", "cli"].contains(&name) {
+        if ["api", "ws", "cli", "system"].contains(&name) {
             c.push(l, Some("name"), "is reserved for an injector identity");
         }
         let description = s.description.clone().unwrap_or_default();

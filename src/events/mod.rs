@@ -133,3 +133,28 @@ impl EventHub {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_serialize_flat_with_their_type_seq_and_timestamp() {
+        let hub = EventHub::new(4);
+        let mut rx = hub.subscribe();
+        hub.publish(EventKind::ThreadUpdated {
+            thread_id: "t".into(),
+            status: ThreadStatus::Completed,
+            message_count: 3,
+            error: None,
+        });
+        let ev = rx.try_recv().unwrap();
+        let json = serde_json::to_value(&*ev).unwrap();
+        assert_eq!(json["event"], "thread_updated");
+        assert_eq!(json["seq"], 1);
+        assert_eq!(json["status"], "completed");
+        assert_eq!(json["message_count"], 3);
+        assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(hub.last_seq(), 1);
+    }
+}

@@ -85,7 +85,7 @@ pub enum InjectError {
     Overloaded { pending: usize, max: usize },
     #[error("no listener named `{0}`")]
     UnknownListener(String),
-    #[error("`{0}` is a listener name and cannot be used as an injector identity")]
+    #[error("`{0}` cannot be used as an injector identity (it is empty, a listener, or `system`)")]
     ForgedIdentity(String),
     #[error("{0}")]
     Malformed(#[from] XmlError),
@@ -423,7 +423,7 @@ impl Organism {
         if s.status.load(Ordering::SeqCst) != STATUS_RUNNING {
             return Err(InjectError::Stopping);
         }
-        if s.listeners.contains_key(from) || from.is_empty() {
+        if s.listeners.contains_key(from) || from.is_empty() || from == SYSTEM_IDENTITY {
             return Err(InjectError::ForgedIdentity(from.to_string()));
         }
         let listener = s
