@@ -20,6 +20,14 @@ fn agent_state(o: &Organism, name: &str) -> (AgentState, usize) {
     (a.state, a.queue_depth)
 }
 
+/// An organism with one listener `a` whose handler waits on `valve`.
+fn held_organism(valve: &Valve) -> (Organism, tempfile::TempDir) {
+    organism(
+        Organism::builder().handler("valve", valve.clone()),
+        "  - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }",
+    )
+}
+
 #[tokio::test]
 async fn order_is_kept_per_listener_and_thread() {
     // Several threads interleaved on a listener with concurrency 4: each thread's messages
@@ -55,12 +63,7 @@ async fn order_is_kept_per_listener_and_thread() {
 #[tokio::test]
 async fn a_busy_thread_does_not_starve_another() {
     let valve = Valve::closed();
-    let (o, _d) = organism(
-        Organism::builder().handler("valve", valve.clone()),
-        r#"
-  - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }
-"#,
-    );
+    let (o, _d) = held_organism(&valve);
     inject(&o, "a", &ping(0), Some("busy"));
     until(&o, || agent_state(&o, "a").0 == AgentState::Processing).await;
     for n in 1..20 {
@@ -82,12 +85,7 @@ async fn a_busy_thread_does_not_starve_another() {
 #[tokio::test]
 async fn kill_drops_queued_work_and_cancels_the_running_handler() {
     let valve = Valve::closed();
-    let (o, _d) = organism(
-        Organism::builder().handler("valve", valve.clone()),
-        r#"
-  - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }
-"#,
-    );
+    let (o, _d) = held_organism(&valve);
     for n in 0..5 {
         inject(&o, "a", &ping(n), Some("doomed"));
     }
@@ -206,12 +204,7 @@ async fn a_panicking_handler_does_not_stop_others() {
 #[tokio::test]
 async fn stop_drains_pending_work_and_refuses_new_injects() {
     let valve = Valve::closed();
-    let (o, _d) = organism(
-        Organism::builder().handler("valve", valve.clone()),
-        r#"
-  - { name: a, description: held, kind: native, handler: valve, schema: t.xsd }
-"#,
-    );
+    let (o, _d) = held_organism(&valve);
     for n in 0..3 {
         inject(&o, "a", &ping(n), Some("s"));
     }
