@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
 
 use futures_util::FutureExt;
 
@@ -28,7 +27,6 @@ pub(crate) struct Listener {
     queue: Mutex<Queue>,
     pub(crate) handled: AtomicU64,
     pub(crate) errors: AtomicU64,
-    pub(crate) handler_micros: AtomicU64,
 }
 
 /// A validated message waiting for its listener.
@@ -53,7 +51,6 @@ struct Queue {
 pub struct ListenerSnapshot {
     pub state: AgentState,
     pub queue_depth: usize,
-    pub running: usize,
     pub current_thread: Option<String>,
 }
 
@@ -65,7 +62,6 @@ impl Listener {
             queue: Mutex::new(Queue::default()),
             handled: AtomicU64::new(0),
             errors: AtomicU64::new(0),
-            handler_micros: AtomicU64::new(0),
         }
     }
 
@@ -93,7 +89,6 @@ impl Listener {
         ListenerSnapshot {
             state: state_of(&q, organism_paused),
             queue_depth: q.depth,
-            running: q.busy.len(),
             current_thread: q.busy.iter().next().map(|t| t.to_string()),
         }
     }
@@ -254,7 +249,6 @@ impl Shared {
                 },
                 payload: job.payload,
             };
-            let started = Instant::now();
             let call =
                 std::panic::catch_unwind(AssertUnwindSafe(|| listener.handler.handle(delivery)));
             let outcome: Outcome = match call {
@@ -271,9 +265,6 @@ impl Shared {
                     }
                 }
             };
-            listener
-                .handler_micros
-                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
             listener.handled.fetch_add(1, Ordering::Relaxed);
             match outcome {
                 Outcome::Done(outputs) => {
