@@ -37,7 +37,8 @@ pub use route::SYSTEM_IDENTITY;
 /// Finished threads kept in memory for the API and `send`.
 pub const RETAINED_FINISHED_THREADS: usize = 10_000;
 
-/// Kinds of failure, each counted (SPEC §8).
+/// Kinds of failure, each counted (SPEC §8). The discriminant indexes the counters, so
+/// `InjectRefused` must stay last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureKind {
     Malformed,
@@ -51,16 +52,8 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    pub const ALL: [FailureKind; 8] = [
-        FailureKind::Malformed,
-        FailureKind::Invalid,
-        FailureKind::Undeliverable,
-        FailureKind::HandlerError,
-        FailureKind::HandlerPanic,
-        FailureKind::Budget,
-        FailureKind::Killed,
-        FailureKind::InjectRefused,
-    ];
+    /// How many kinds there are: the size of the counter array.
+    const COUNT: usize = FailureKind::InjectRefused as usize + 1;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -177,7 +170,7 @@ pub(crate) struct Shared {
     idle: Notify,
     status: AtomicU8,
     paused: AtomicBool,
-    failures: [AtomicU64; 8],
+    failures: [AtomicU64; FailureKind::COUNT],
     runtime: tokio::runtime::Handle,
 }
 
@@ -214,9 +207,7 @@ impl Shared {
     }
 
     fn count_failure(&self, kind: FailureKind) {
-        if let Some(i) = FailureKind::ALL.iter().position(|k| *k == kind) {
-            self.failures[i].fetch_add(1, Ordering::Relaxed);
-        }
+        self.failures[kind as usize].fetch_add(1, Ordering::Relaxed);
         metrics::counter!("agentserver_failures_total", "kind" => kind.as_str()).increment(1);
     }
 }
@@ -325,11 +316,7 @@ impl Organism {
 
     /// How many failures of `kind` happened.
     pub fn failure_count(&self, kind: FailureKind) -> u64 {
-        FailureKind::ALL
-            .iter()
-            .position(|k| *k == kind)
-            .map(|i| self.shared.failures[i].load(Ordering::Relaxed))
-            .unwrap_or(0)
+        self.shared.failures[kind as usize].load(Ordering::Relaxed)
     }
 
     pub fn status(&self) -> OrganismStatus {
