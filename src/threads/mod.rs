@@ -299,7 +299,12 @@ impl ThreadRegistry {
     /// the returned record's status.
     pub fn append(&self, thread: &str, mut m: NewMessage) -> Result<MessageRecord, ThreadError> {
         let mut shard = lock(self.shard(thread));
-        let Some((key, e)) = shard.threads.get_key_value_mut_compat(thread) else {
+        // The stored key is the shared id every record of the thread points at.
+        let key = match shard.threads.get_key_value(thread) {
+            Some((k, _)) => k.clone(),
+            None => return Err(ThreadError::NotFound(thread.to_string())),
+        };
+        let Some(e) = shard.threads.get_mut(thread) else {
             return Err(ThreadError::NotFound(thread.to_string()));
         };
         if e.status == ThreadStatus::Killed {
@@ -503,18 +508,6 @@ impl ThreadRegistry {
                     .collect::<Vec<_>>()
             })
             .collect()
-    }
-}
-
-/// `HashMap::get_key_value` plus mutable access to the value, in one lookup.
-trait GetKeyValueMut {
-    fn get_key_value_mut_compat(&mut self, k: &str) -> Option<(Arc<str>, &mut Entry)>;
-}
-
-impl GetKeyValueMut for HashMap<Arc<str>, Entry> {
-    fn get_key_value_mut_compat(&mut self, k: &str) -> Option<(Arc<str>, &mut Entry)> {
-        let key = self.get_key_value(k).map(|(k, _)| k.clone())?;
-        self.get_mut(k).map(|e| (key, e))
     }
 }
 
