@@ -55,6 +55,7 @@ pub mod events;
 pub mod listener;
 pub mod pump;
 pub mod schema;
+pub mod stats;
 pub mod threads;
 pub mod time;
 pub mod xml;

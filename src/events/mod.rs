@@ -1,13 +1,16 @@
 //! The event hub: every state change the pump makes, numbered by a monotonic `seq`, fanned out
-//! to observers through a bounded broadcast channel.
+//! to observers through a bounded broadcast channel, and retained in a bounded ring so that an
+//! observer can resume after a given `seq` without loss.
 //!
 //! Publishing never blocks and never waits on an observer: a subscriber that falls behind the
 //! channel's capacity loses the oldest events and is told how many (`Lagged`), and the pump
 //! carries on. The short lock in [`EventHub::publish`] only makes `seq` order equal channel
-//! order; it is never held across an `.await`.
+//! and ring order; it is never held across an `.await`. Each event's JSON is rendered at most
+//! once, however many observers send it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -15,16 +18,68 @@ use tokio::sync::broadcast;
 use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
 use crate::time::Timestamp;
 
-/// Events kept for subscribers that are behind.
+/// Events kept for subscribers that are behind, and retained for resumption (`?since=`).
 pub const DEFAULT_CAPACITY: usize = 16_384;
 
 /// One published event.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct Event {
     pub seq: u64,
     pub timestamp: Timestamp,
     #[serde(flatten)]
     pub kind: EventKind,
+    #[serde(skip)]
+    json: OnceLock<String>,
+    #[serde(skip)]
+    message_json: OnceLock<Option<String>>,
+}
+
+impl Event {
+    fn new(seq: u64, kind: EventKind) -> Self {
+        Event {
+            seq,
+            timestamp: Timestamp::now(),
+            kind,
+            json: OnceLock::new(),
+            message_json: OnceLock::new(),
+        }
+    }
+
+    /// The event as one JSON object (`event`, `seq`, `timestamp`, fields), rendered once.
+    pub fn json(&self) -> &str {
+        self.json
+            .get_or_init(|| serde_json::to_string(self).unwrap_or_default())
+    }
+
+    /// For a `message` event, the `/ws/messages` frame: the message object with `event` and
+    /// `seq` beside its fields. Rendered once. `None` for other events.
+    pub fn message_json(&self) -> Option<&str> {
+        self.message_json
+            .get_or_init(|| match &self.kind {
+                EventKind::Message { message } => {
+                    #[derive(Serialize)]
+                    struct Frame<'a> {
+                        event: &'static str,
+                        seq: u64,
+                        #[serde(flatten)]
+                        message: &'a MessageRecord,
+                    }
+                    serde_json::to_string(&Frame {
+                        event: "message",
+                        seq: self.seq,
+                        message,
+                    })
+                    .ok()
+                }
+                _ => None,
+            })
+            .as_deref()
+    }
+
+    /// The event's type name as it appears in `event`.
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
 }
 
 /// What happened. Shapes follow the seed API (`001_…txt`) with our additions.
@@ -64,11 +119,65 @@ pub enum EventKind {
     },
 }
 
+impl EventKind {
+    /// The type name as it appears in `event`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::AgentState { .. } => "agent_state",
+            EventKind::Message { .. } => "message",
+            EventKind::MessageStatus { .. } => "message_status",
+            EventKind::ThreadCreated { .. } => "thread_created",
+            EventKind::ThreadUpdated { .. } => "thread_updated",
+            EventKind::Error { .. } => "error",
+            EventKind::OrganismState { .. } => "organism_state",
+        }
+    }
+
+    /// The thread this event is about, if any.
+    pub fn thread_id(&self) -> Option<&str> {
+        match self {
+            EventKind::Message { message } => Some(&message.thread_id),
+            EventKind::MessageStatus { thread_id, .. }
+            | EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
+            EventKind::ThreadCreated { thread } => Some(&thread.id),
+            EventKind::Error { thread_id, .. } => thread_id.as_deref(),
+            EventKind::AgentState { .. } | EventKind::OrganismState { .. } => None,
+        }
+    }
+
+    /// The agents this event names (sender and receiver of a message), if any.
+    pub fn agents(&self) -> Vec<&str> {
+        match self {
+            EventKind::AgentState { agent, .. } => vec![agent.as_str()],
+            EventKind::Message { message } => {
+                let mut v = vec![&*message.from];
+                v.extend(message.to.as_deref());
+                v
+            }
+            EventKind::Error { agent, .. } => agent.as_deref().into_iter().collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The names of every event type the pump publishes.
+pub const EVENT_NAMES: [&str; 7] = [
+    "agent_state",
+    "message",
+    "message_status",
+    "thread_created",
+    "thread_updated",
+    "error",
+    "organism_state",
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentState {
     Idle,
     Processing,
+    /// Idle, and its last handler call failed; the next successful call clears it.
+    Error,
     Paused,
 }
 
@@ -84,53 +193,104 @@ pub enum OrganismStatus {
 /// Shared by the pump (publisher) and every observer (subscribers).
 pub struct EventHub {
     inner: Mutex<Inner>,
+    retain: usize,
 }
 
 struct Inner {
     seq: u64,
     tx: broadcast::Sender<Arc<Event>>,
+    /// The last `retain` events, oldest first, for resumption.
+    ring: VecDeque<Arc<Event>>,
+}
+
+/// A subscription opened at a known point: what to replay, then the live channel.
+pub struct Subscription {
+    /// Retained events after the requested `seq`, oldest first.
+    pub replay: Vec<Arc<Event>>,
+    /// Live events; the first one it yields follows the last replayed (or `seq`).
+    pub live: broadcast::Receiver<Arc<Event>>,
+    /// The last `seq` published when the subscription opened.
+    pub seq: u64,
+    /// Set when the requested point is no longer retained (or lies in the future): the
+    /// observer must resynchronize from a fresh snapshot. Holds the oldest retained `seq`.
+    pub resync_from: Option<u64>,
 }
 
 impl EventHub {
+    /// A hub whose channel and resumption ring each hold `capacity` events.
     pub fn new(capacity: usize) -> Self {
-        let (tx, _) = broadcast::channel(capacity.max(1));
+        let capacity = capacity.max(1);
+        let (tx, _) = broadcast::channel(capacity);
         EventHub {
-            inner: Mutex::new(Inner { seq: 0, tx }),
+            inner: Mutex::new(Inner {
+                seq: 0,
+                tx,
+                ring: VecDeque::with_capacity(capacity),
+            }),
+            retain: capacity,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        match self.inner.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
         }
     }
 
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
     pub fn publish(&self, kind: EventKind) -> u64 {
-        let mut inner = match self.inner.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut inner = self.lock();
         inner.seq += 1;
         let seq = inner.seq;
+        let event = Arc::new(Event::new(seq, kind));
+        if inner.ring.len() == self.retain {
+            inner.ring.pop_front();
+        }
+        inner.ring.push_back(event.clone());
         if inner.tx.receiver_count() > 0 {
-            let _ = inner.tx.send(Arc::new(Event {
-                seq,
-                timestamp: Timestamp::now(),
-                kind,
-            }));
+            let _ = inner.tx.send(event);
         }
         seq
     }
 
     /// A new subscription that sees every event published after this call.
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
-        match self.inner.lock() {
-            Ok(g) => g.tx.subscribe(),
-            Err(poisoned) => poisoned.into_inner().tx.subscribe(),
+        self.lock().tx.subscribe()
+    }
+
+    /// Opens a subscription atomically with respect to publishing. With `since = Some(s)`,
+    /// the retained events after `s` are returned for replay, and the live channel continues
+    /// exactly after them; if events after `s` are no longer retained, `resync_from` says so.
+    pub fn subscribe_since(&self, since: Option<u64>) -> Subscription {
+        let inner = self.lock();
+        let live = inner.tx.subscribe();
+        let seq = inner.seq;
+        let oldest = inner.ring.front().map(|e| e.seq).unwrap_or(seq + 1);
+        let (replay, resync_from) = match since {
+            None => (Vec::new(), None),
+            Some(s) if s > seq || s + 1 < oldest => (Vec::new(), Some(oldest)),
+            Some(s) => {
+                let skip = (s + 1 - oldest) as usize;
+                (inner.ring.iter().skip(skip).cloned().collect(), None)
+            }
+        };
+        Subscription {
+            replay,
+            live,
+            seq,
+            resync_from,
         }
     }
 
     /// The `seq` of the last published event.
     pub fn last_seq(&self) -> u64 {
-        match self.inner.lock() {
-            Ok(g) => g.seq,
-            Err(poisoned) => poisoned.into_inner().seq,
-        }
+        self.lock().seq
+    }
+
+    /// Observers currently subscribed to the live channel.
+    pub fn subscribers(&self) -> usize {
+        self.lock().tx.receiver_count()
     }
 }
 
@@ -156,5 +316,43 @@ mod tests {
         assert_eq!(json["message_count"], 3);
         assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
         assert_eq!(hub.last_seq(), 1);
+        assert_eq!(ev.json(), serde_json::to_string(&*ev).unwrap());
+    }
+
+    fn organism_state(hub: &EventHub) -> u64 {
+        hub.publish(EventKind::OrganismState {
+            status: OrganismStatus::Running,
+        })
+    }
+
+    #[test]
+    fn resumption_replays_retained_events_then_continues_live() {
+        let hub = EventHub::new(4);
+        for _ in 0..3 {
+            organism_state(&hub);
+        }
+        let mut sub = hub.subscribe_since(Some(1));
+        assert_eq!(sub.resync_from, None);
+        let replayed: Vec<u64> = sub.replay.iter().map(|e| e.seq).collect();
+        assert_eq!(replayed, vec![2, 3]);
+        organism_state(&hub);
+        assert_eq!(sub.live.try_recv().unwrap().seq, 4);
+
+        // Up to date: nothing to replay.
+        assert!(hub.subscribe_since(Some(4)).replay.is_empty());
+    }
+
+    #[test]
+    fn resumption_from_a_point_no_longer_retained_or_in_the_future_needs_a_resync() {
+        let hub = EventHub::new(2);
+        for _ in 0..5 {
+            organism_state(&hub);
+        }
+        // Retained: 4 and 5. After 3 is still complete; after 2 is not.
+        assert_eq!(hub.subscribe_since(Some(3)).resync_from, None);
+        assert_eq!(hub.subscribe_since(Some(2)).resync_from, Some(4));
+        assert_eq!(hub.subscribe_since(Some(9)).resync_from, Some(4));
+        // A fresh hub: since 0 is complete.
+        assert_eq!(EventHub::new(2).subscribe_since(Some(0)).resync_from, None);
     }
 }

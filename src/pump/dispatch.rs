@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use futures_util::FutureExt;
 
@@ -18,7 +19,9 @@ use crate::config::ListenerConfig;
 use crate::events::{AgentState, EventKind};
 use crate::listener::{Delivery, Handler, HandlerResult, Meta};
 use crate::schema::ValidatedPayload;
+use crate::stats::Histogram;
 use crate::threads::{MessageRecord, MessageStatus};
+use crate::time::Timestamp;
 
 /// A listener at run time: its config, its handler, its queue, its counters.
 pub(crate) struct Listener {
@@ -27,6 +30,10 @@ pub(crate) struct Listener {
     queue: Mutex<Queue>,
     pub(crate) handled: AtomicU64,
     pub(crate) errors: AtomicU64,
+    /// Time spent in the handler per call.
+    pub(crate) handler_time: Histogram,
+    /// When a call last started or finished (ms since the epoch; 0 = never).
+    pub(crate) last_activity: AtomicU64,
 }
 
 /// A validated message waiting for its listener.
@@ -43,6 +50,8 @@ struct Queue {
     workers: usize,
     depth: usize,
     paused: bool,
+    /// The last call failed (state `error` until a call succeeds).
+    failed: bool,
     state: Option<AgentState>,
 }
 
@@ -62,6 +71,8 @@ impl Listener {
             queue: Mutex::new(Queue::default()),
             handled: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            handler_time: Histogram::default(),
+            last_activity: AtomicU64::new(0),
         }
     }
 
@@ -93,6 +104,11 @@ impl Listener {
         }
     }
 
+    fn touch(&self) {
+        self.last_activity
+            .store(Timestamp::now().0, Ordering::Relaxed);
+    }
+
     pub(crate) fn set_paused(&self, paused: bool) {
         self.lock().paused = paused;
     }
@@ -114,6 +130,8 @@ fn state_of(q: &Queue, organism_paused: bool) -> AgentState {
         AgentState::Paused
     } else if !q.busy.is_empty() {
         AgentState::Processing
+    } else if q.failed {
+        AgentState::Error
     } else {
         AgentState::Idle
     }
@@ -215,11 +233,16 @@ impl Shared {
             self.publish_state(change);
 
             let thread = job.record.thread_id.clone();
-            self.run_job(&listener, job).await;
+            listener.touch();
+            let failed = self.run_job(&listener, job).await;
+            listener.touch();
 
             let change = {
                 let mut q = listener.lock();
                 q.busy.remove(&thread);
+                if let Some(failed) = failed {
+                    q.failed = failed;
+                }
                 if q.per_thread.contains_key(&thread) {
                     q.ready.push_back(thread.clone());
                 }
@@ -230,11 +253,13 @@ impl Shared {
     }
 
     /// Runs one handler call and routes its outputs, holding an organism-wide permit.
-    async fn run_job(self: &Arc<Self>, listener: &Arc<Listener>, job: Job) {
+    /// Returns whether the handler failed (`None`: it did not run).
+    async fn run_job(self: &Arc<Self>, listener: &Arc<Listener>, job: Job) -> Option<bool> {
         let record = job.record;
         let thread = record.thread_id.clone();
         let permit = self.gate.acquire(&thread, record.slot_index).await;
         let cancel = self.threads.cancel_token(&thread);
+        let mut failed = None;
 
         if cancel.as_ref().is_none_or(|c| c.is_cancelled()) {
             self.finish_message(&record, MessageStatus::Killed, Some("thread killed".into()));
@@ -249,6 +274,7 @@ impl Shared {
                 },
                 payload: job.payload,
             };
+            let started = Instant::now();
             let call =
                 std::panic::catch_unwind(AssertUnwindSafe(|| listener.handler.handle(delivery)));
             let outcome: Outcome = match call {
@@ -265,7 +291,9 @@ impl Shared {
                     }
                 }
             };
+            listener.handler_time.record(started.elapsed());
             listener.handled.fetch_add(1, Ordering::Relaxed);
+            failed = Some(matches!(outcome, Outcome::Failed(_) | Outcome::Panicked(_)));
             match outcome {
                 Outcome::Done(outputs) => {
                     self.finish_message(&record, MessageStatus::Delivered, None);
@@ -300,6 +328,7 @@ impl Shared {
         }
         drop(permit);
         self.release(&thread);
+        failed
     }
 }
 

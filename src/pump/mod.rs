@@ -28,6 +28,7 @@ use crate::schema::ValidationError;
 use crate::threads::{
     MessageRecord, MessageStatus, NewMessage, ThreadError, ThreadRegistry, ThreadStatus,
 };
+use crate::time::Timestamp;
 use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};
 
 use dispatch::Listener;
@@ -54,6 +55,18 @@ pub enum FailureKind {
 impl FailureKind {
     /// How many kinds there are: the size of the counter array.
     const COUNT: usize = FailureKind::InjectRefused as usize + 1;
+
+    /// Every kind, in discriminant order.
+    pub const ALL: [FailureKind; FailureKind::COUNT] = [
+        FailureKind::Malformed,
+        FailureKind::Invalid,
+        FailureKind::Undeliverable,
+        FailureKind::HandlerError,
+        FailureKind::HandlerPanic,
+        FailureKind::Budget,
+        FailureKind::Killed,
+        FailureKind::InjectRefused,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -133,7 +146,8 @@ pub struct InjectReceipt {
     pub message_id: String,
 }
 
-/// A listener as observers see it.
+/// A listener as observers see it: the seed's Agent object plus `kind`, `accepts` and
+/// counters.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct AgentInfo {
     pub name: String,
@@ -141,12 +155,39 @@ pub struct AgentInfo {
     pub kind: String,
     pub is_agent: bool,
     pub peers: Vec<String>,
+    /// The first accepted payload type (the seed's field; see `accepts` for all).
+    pub payload_class: Option<String>,
     pub accepts: Vec<String>,
     pub state: AgentState,
     pub current_thread: Option<String>,
     pub queue_depth: usize,
+    pub last_activity: Option<Timestamp>,
+    /// Handler calls made.
     pub handled: u64,
+    /// Handler calls that failed or panicked.
     pub errors: u64,
+    /// Mean handler time, milliseconds.
+    pub mean_handler_ms: f64,
+    /// 99th percentile handler time, milliseconds (within 25 %).
+    pub p99_handler_ms: f64,
+}
+
+/// The organism as observers see it: the seed's Organism object plus our additions.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OrganismInfo {
+    pub name: String,
+    pub status: OrganismStatus,
+    pub uptime_seconds: u64,
+    pub started_at: Timestamp,
+    pub agent_count: usize,
+    pub active_threads: usize,
+    pub total_messages: u64,
+    /// Messages queued or being handled.
+    pub pending_messages: usize,
+    /// Bumped by every successful reload.
+    pub config_rev: u64,
+    /// The `seq` of the last event.
+    pub last_seq: u64,
 }
 
 /// What `stop` did.
@@ -172,6 +213,9 @@ pub(crate) struct Shared {
     paused: AtomicBool,
     failures: [AtomicU64; FailureKind::COUNT],
     runtime: tokio::runtime::Handle,
+    started: std::time::Instant,
+    started_at: Timestamp,
+    config_rev: AtomicU64,
 }
 
 const STATUS_RUNNING: u8 = 0;
@@ -208,7 +252,6 @@ impl Shared {
 
     fn count_failure(&self, kind: FailureKind) {
         self.failures[kind as usize].fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("agentserver_failures_total", "kind" => kind.as_str()).increment(1);
     }
 }
 
@@ -281,6 +324,9 @@ impl OrganismBuilder {
             order,
             config,
             runtime,
+            started: std::time::Instant::now(),
+            started_at: Timestamp::now(),
+            config_rev: AtomicU64::new(1),
         });
         Ok(Organism { shared })
     }
@@ -328,40 +374,75 @@ impl Organism {
         }
     }
 
+    /// The organism's identity and counters.
+    pub fn info(&self) -> OrganismInfo {
+        let s = &self.shared;
+        OrganismInfo {
+            name: s.config.name.clone(),
+            status: self.status(),
+            uptime_seconds: s.started.elapsed().as_secs(),
+            started_at: s.started_at,
+            agent_count: s.order.len(),
+            active_threads: s.threads.active_count(),
+            total_messages: s.threads.total_messages(),
+            pending_messages: self.pending(),
+            config_rev: s.config_rev.load(Ordering::Relaxed),
+            last_seq: s.events.last_seq(),
+        }
+    }
+
     /// Every listener with its live state, in config order.
     pub fn agents(&self) -> Vec<AgentInfo> {
-        let paused = self.shared.is_paused();
         self.shared
             .order
             .iter()
-            .map(|l| {
-                let snap = l.snapshot(paused);
-                AgentInfo {
-                    name: l.name().to_string(),
-                    description: l.config.description.clone(),
-                    kind: l.config.kind.to_string(),
-                    is_agent: l.config.agent,
-                    peers: l
-                        .config
-                        .peers
-                        .iter()
-                        .flatten()
-                        .map(|p| p.to_string())
-                        .collect(),
-                    accepts: l
-                        .config
-                        .accepts
-                        .iter()
-                        .map(|(t, _)| t.to_string())
-                        .collect(),
-                    state: snap.state,
-                    current_thread: snap.current_thread,
-                    queue_depth: snap.queue_depth,
-                    handled: l.handled.load(Ordering::Relaxed),
-                    errors: l.errors.load(Ordering::Relaxed),
-                }
-            })
+            .map(|l| self.agent_info(l))
             .collect()
+    }
+
+    /// One listener with its live state.
+    pub fn agent(&self, name: &str) -> Result<AgentInfo, ControlError> {
+        Ok(self.agent_info(self.listener(name)?))
+    }
+
+    /// The handler-time histogram of a listener.
+    pub fn handler_time(&self, name: &str) -> Option<&crate::stats::Histogram> {
+        self.shared.listeners.get(name).map(|l| &l.handler_time)
+    }
+
+    fn agent_info(&self, l: &Listener) -> AgentInfo {
+        let snap = l.snapshot(self.shared.is_paused());
+        let time = l.handler_time.summary();
+        let last = l.last_activity.load(Ordering::Relaxed);
+        let accepts: Vec<String> = l
+            .config
+            .accepts
+            .iter()
+            .map(|(t, _)| t.to_string())
+            .collect();
+        AgentInfo {
+            name: l.name().to_string(),
+            description: l.config.description.clone(),
+            kind: l.config.kind.to_string(),
+            is_agent: l.config.agent,
+            peers: l
+                .config
+                .peers
+                .iter()
+                .flatten()
+                .map(|p| p.to_string())
+                .collect(),
+            payload_class: accepts.first().cloned(),
+            accepts,
+            state: snap.state,
+            current_thread: snap.current_thread,
+            queue_depth: snap.queue_depth,
+            last_activity: (last > 0).then_some(Timestamp(last)),
+            handled: l.handled.load(Ordering::Relaxed),
+            errors: l.errors.load(Ordering::Relaxed),
+            mean_handler_ms: time.mean_ms,
+            p99_handler_ms: time.p99_ms,
+        }
     }
 
     /// Injects one payload for a listener. Validated before this returns: an accepted inject
@@ -451,6 +532,7 @@ impl Organism {
                 payload_xml: valid.xml_arc(),
                 status: MessageStatus::Pending,
                 error: None,
+                schema: Some(schema.clone()),
             },
         )?;
         s.events.publish(EventKind::Message {

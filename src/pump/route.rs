@@ -160,6 +160,7 @@ impl Shared {
                     payload_xml: Arc::from(payload.xml),
                     status: MessageStatus::Terminal,
                     error: None,
+                    schema: None,
                 };
                 if let Some(record) = self.append(thread, m) {
                     self.after_append(&record, sender);
@@ -169,7 +170,8 @@ impl Shared {
             Target::Listener(l) => l,
         };
         let to = Some(listener.config.name.arc());
-        let validated = match listener.config.schema_for(&payload.payload_type) {
+        let schema = listener.config.schema_for(&payload.payload_type).cloned();
+        let validated = match &schema {
             Some(schema) => schema.validate(payload.clone()).map_err(|e| e.to_string()),
             None => Err(format!(
                 "`{}` does not accept `{payload_type}`",
@@ -190,6 +192,7 @@ impl Shared {
                         "payload `{payload_type}` is invalid for `{}`: {reason}",
                         listener.name()
                     )),
+                    schema: None,
                 };
                 if let Some(record) = self.append(thread, m) {
                     self.after_append(&record, sender);
@@ -205,6 +208,7 @@ impl Shared {
                     payload_xml: valid.xml_arc(),
                     status: MessageStatus::Pending,
                     error: None,
+                    schema,
                 };
                 if let Some(record) = self.append(thread, m) {
                     if record.status == MessageStatus::Pending {
@@ -265,6 +269,7 @@ impl Shared {
             payload_xml,
             status,
             error: Some(error.clone()),
+            schema: None,
         };
         self.append(&parent.thread_id, m)
             .unwrap_or_else(|| MessageRecord {
@@ -279,6 +284,7 @@ impl Shared {
                 status,
                 error: Some(error),
                 timestamp: crate::time::Timestamp::now(),
+                schema: None,
             })
     }
 

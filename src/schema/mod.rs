@@ -20,6 +20,9 @@ use quick_xml::Reader;
 
 use crate::xml::{NormalizedPayload, PayloadType};
 
+mod model;
+pub use model::{Leaf, MapError, SchemaModel};
+
 static NEXT_SCHEMA_ID: AtomicU64 = AtomicU64::new(1);
 
 /// The built-in `huh` schema (system namespace).
@@ -39,6 +42,7 @@ pub struct Schema {
     origin: String,
     xsd: String,
     types: Vec<PayloadType>,
+    model: Option<SchemaModel>,
 }
 
 /// Why an XSD could not be used.
@@ -79,6 +83,7 @@ impl Schema {
         let schema = Schema {
             id: NEXT_SCHEMA_ID.fetch_add(1, Ordering::Relaxed),
             origin,
+            model: SchemaModel::read(&xsd),
             xsd,
             types,
         };
@@ -114,6 +119,33 @@ impl Schema {
     /// The XSD text.
     pub fn xsd(&self) -> &str {
         &self.xsd
+    }
+
+    /// The JSON view of a payload of this schema, leaves typed as the schema declares.
+    pub fn payload_to_json(&self, xml: &str) -> serde_json::Value {
+        let mut value = crate::xml::xml_to_json(xml);
+        if let (Some(model), Some(root)) = (&self.model, crate::xml::root_local_name(xml)) {
+            model.type_json(&root, &mut value);
+        }
+        value
+    }
+
+    /// Writes a JSON payload as XML for the payload type `local_name` of this schema, children
+    /// in schema order. The result still has to pass [`Schema::validate`].
+    pub fn json_to_payload(
+        &self,
+        local_name: &str,
+        value: &serde_json::Value,
+    ) -> Result<String, MapError> {
+        let unknown = || MapError {
+            path: "payload_type".into(),
+            message: format!("{} declares no element `{local_name}`", self.origin),
+        };
+        self.model
+            .as_ref()
+            .ok_or_else(unknown)?
+            .json_to_xml(local_name, value)
+            .ok_or_else(unknown)?
     }
 
     fn build_context(&self) -> Result<SchemaValidationContext, SchemaError> {

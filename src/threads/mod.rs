@@ -12,7 +12,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use serde::{Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
 
+use crate::schema::Schema;
 use crate::time::Timestamp;
+
+mod query;
+pub use query::{MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 
 const SHARDS: usize = 16;
 
@@ -25,7 +29,7 @@ pub enum ThreadStatus {
     Killed,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageStatus {
     /// Queued for, or being handled by, a listener.
@@ -58,6 +62,8 @@ pub struct MessageRecord {
     pub status: MessageStatus,
     pub error: Option<String>,
     pub timestamp: Timestamp,
+    /// The schema the payload was validated against, which types its JSON view.
+    pub schema: Option<Arc<Schema>>,
 }
 
 impl Serialize for MessageRecord {
@@ -83,7 +89,10 @@ impl Serialize for MessageRecord {
             from: &self.from,
             to: self.to.as_deref(),
             payload_type: self.payload_type.as_deref(),
-            payload: crate::xml::xml_to_json(&self.payload_xml),
+            payload: match &self.schema {
+                Some(schema) => schema.payload_to_json(&self.payload_xml),
+                None => crate::xml::xml_to_json(&self.payload_xml),
+            },
             payload_xml: &self.payload_xml,
             timestamp: self.timestamp,
             parent_id: self.parent_id.as_deref(),
@@ -186,6 +195,19 @@ impl Entry {
 struct Shard {
     threads: HashMap<Arc<str>, Entry>,
     finished: VecDeque<Arc<str>>,
+    /// Messages appended here, ever.
+    appended: u64,
+    /// Messages that reached a final status, by receiver (`""` if none) and status.
+    finals: HashMap<(Arc<str>, MessageStatus), u64>,
+}
+
+impl Shard {
+    fn count_final(&mut self, to: Option<&Arc<str>>, status: MessageStatus) {
+        if status != MessageStatus::Pending {
+            let to = to.cloned().unwrap_or_else(|| Arc::from(""));
+            *self.finals.entry((to, status)).or_default() += 1;
+        }
+    }
 }
 
 /// What [`ThreadRegistry::open`] did.
@@ -207,6 +229,8 @@ pub struct NewMessage {
     pub payload_xml: Arc<str>,
     pub status: MessageStatus,
     pub error: Option<String>,
+    /// The schema that validated the payload, if any.
+    pub schema: Option<Arc<Schema>>,
 }
 
 pub struct ThreadRegistry {
@@ -299,6 +323,7 @@ impl ThreadRegistry {
     /// the returned record's status.
     pub fn append(&self, thread: &str, mut m: NewMessage) -> Result<MessageRecord, ThreadError> {
         let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
         // The stored key is the shared id every record of the thread points at.
         let key = match shard.threads.get_key_value(thread) {
             Some((k, _)) => k.clone(),
@@ -347,8 +372,11 @@ impl ThreadRegistry {
             status: m.status,
             error: m.error,
             timestamp: now,
+            schema: m.schema,
         };
         e.messages.push(record.clone());
+        shard.appended += 1;
+        shard.count_final(record.to.as_ref(), record.status);
         Ok(record)
     }
 
@@ -361,6 +389,8 @@ impl ThreadRegistry {
         error: Option<String>,
     ) {
         let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
+        let mut counted = None;
         if let Some(e) = shard.threads.get_mut(thread) {
             if let Some(err) = &error {
                 if e.error.is_none() {
@@ -369,9 +399,15 @@ impl ThreadRegistry {
             }
             e.last_activity = Timestamp::now();
             if let Some(m) = e.messages.get_mut(slot as usize) {
+                if m.status == MessageStatus::Pending {
+                    counted = Some(m.to.clone());
+                }
                 m.status = status;
                 m.error = error;
             }
+        }
+        if let Some(to) = counted {
+            shard.count_final(to.as_ref(), status);
         }
     }
 
@@ -495,6 +531,41 @@ impl ThreadRegistry {
         all
     }
 
+    /// Messages logged since start.
+    pub fn total_messages(&self) -> u64 {
+        self.shards.iter().map(|s| lock(s).appended).sum()
+    }
+
+    /// Messages that reached a final status, by receiver (`""` if none) and status.
+    pub fn final_counts(&self) -> Vec<(String, MessageStatus, u64)> {
+        let mut all: HashMap<(Arc<str>, MessageStatus), u64> = HashMap::new();
+        for s in &self.shards {
+            for (k, n) in &lock(s).finals {
+                *all.entry(k.clone()).or_default() += n;
+            }
+        }
+        let mut v: Vec<_> = all
+            .into_iter()
+            .map(|((to, st), n)| (to.to_string(), st, n))
+            .collect();
+        v.sort_by(|a, b| (&a.0, a.1 as u8).cmp(&(&b.0, b.1 as u8)));
+        v
+    }
+
+    /// Threads that are active.
+    pub fn active_count(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                lock(s)
+                    .threads
+                    .values()
+                    .filter(|e| e.status == ThreadStatus::Active)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Ids of threads that are active.
     pub fn active_ids(&self) -> Vec<String> {
         self.shards
@@ -525,6 +596,7 @@ mod tests {
             payload_xml: Arc::from("<X/>"),
             status,
             error: None,
+            schema: None,
         }
     }
 

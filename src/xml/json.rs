@@ -18,6 +18,20 @@ pub fn xml_to_json(xml: &str) -> Value {
     convert(xml).unwrap_or(Value::Null)
 }
 
+/// The local name of the root element of well-formed XML.
+pub fn root_local_name(xml: &str) -> Option<String> {
+    let mut reader = Reader::from_str(xml);
+    loop {
+        match reader.read_event().ok()? {
+            Event::Start(e) | Event::Empty(e) => {
+                return Some(local(e.name().as_ref()))
+            }
+            Event::Eof => return None,
+            _ => {}
+        }
+    }
+}
+
 fn local(name: &str) -> String {
     let name = std::borrow::Cow::Borrowed(name);
     match name.rsplit_once(':') {

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 pub use envelope::{build_envelope, parse_envelope, Envelope, ENVELOPE_NS};
 pub use extract::extract_payloads;
-pub use json::xml_to_json;
+pub use json::{root_local_name, xml_to_json};
 pub use normalize::{normalize_payload, NormalizedPayload};
 
 /// The namespace of system payloads such as `<huh>`.

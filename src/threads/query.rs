@@ -1,0 +1,256 @@
+//! Filtered, paginated reads of the in-memory log: what `/threads` and `/messages` serve.
+//!
+//! Order is stable: a thread's messages by slot; the global log by (timestamp, thread, slot),
+//! oldest first; threads newest first by creation. `total` counts every match, so a client
+//! can page to the end or jump to the newest page with `offset = total - limit`.
+
+use serde::Serialize;
+
+use super::{lock, MessageRecord, MessageStatus, ThreadInfo, ThreadRegistry, ThreadStatus};
+use crate::time::Timestamp;
+
+/// The largest page a list returns.
+pub const MAX_PAGE: usize = 1000;
+/// The page size when none is asked for.
+pub const DEFAULT_PAGE: usize = 50;
+
+/// A page request; `limit` is clamped to [`MAX_PAGE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    pub limit: usize,
+    pub offset: usize,
+}
+
+impl Page {
+    pub fn new(limit: Option<usize>, offset: Option<usize>) -> Self {
+        Page {
+            limit: limit.unwrap_or(DEFAULT_PAGE).min(MAX_PAGE),
+            offset: offset.unwrap_or(0),
+        }
+    }
+
+    fn cut<T>(&self, all: Vec<T>) -> Paged<T> {
+        let total = all.len() as u64;
+        let items = all.into_iter().skip(self.offset).take(self.limit).collect();
+        Paged {
+            items,
+            total,
+            limit: self.limit,
+            offset: self.offset,
+        }
+    }
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Page::new(None, None)
+    }
+}
+
+/// One page of a list, with the total number of matches.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paged<T> {
+    pub items: Vec<T>,
+    pub total: u64,
+    pub limit: usize,
+    pub offset: usize,
+}
+
+/// Filters of `/messages` (every field optional; all given must match).
+#[derive(Debug, Clone, Default)]
+pub struct MessageFilter {
+    /// Sender or receiver.
+    pub agent: Option<String>,
+    pub thread: Option<String>,
+    /// `{namespace}Local` or just `Local`.
+    pub payload_type: Option<String>,
+    pub status: Option<MessageStatus>,
+    /// Logged at or after.
+    pub since: Option<Timestamp>,
+    /// Logged before.
+    pub until: Option<Timestamp>,
+}
+
+/// Does a stored payload type (`{ns}Local` or `Local`) match what a client asked for?
+pub(crate) fn payload_type_matches(stored: &str, wanted: &str) -> bool {
+    stored == wanted
+        || stored
+            .rsplit_once('}')
+            .is_some_and(|(_, local)| local == wanted)
+}
+
+impl MessageFilter {
+    pub fn matches(&self, m: &MessageRecord) -> bool {
+        self.agent
+            .as_deref()
+            .is_none_or(|a| &*m.from == a || m.to.as_deref() == Some(a))
+            && self.thread.as_deref().is_none_or(|t| &*m.thread_id == t)
+            && self.payload_type.as_deref().is_none_or(|p| {
+                m.payload_type
+                    .as_deref()
+                    .is_some_and(|s| payload_type_matches(s, p))
+            })
+            && self.status.is_none_or(|s| m.status == s)
+            && self.since.is_none_or(|s| m.timestamp >= s)
+            && self.until.is_none_or(|u| m.timestamp < u)
+    }
+}
+
+/// Filters of `/threads`.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadFilter {
+    pub status: Option<ThreadStatus>,
+    /// A participant.
+    pub agent: Option<String>,
+    /// Active at or after: last activity at or after this.
+    pub since: Option<Timestamp>,
+    /// Created before this.
+    pub until: Option<Timestamp>,
+}
+
+impl ThreadFilter {
+    pub fn matches(&self, t: &ThreadInfo) -> bool {
+        self.status.is_none_or(|s| t.status == s)
+            && self
+                .agent
+                .as_deref()
+                .is_none_or(|a| t.participants.iter().any(|p| p == a))
+            && self.since.is_none_or(|s| t.last_activity >= s)
+            && self.until.is_none_or(|u| t.created_at < u)
+    }
+}
+
+impl ThreadRegistry {
+    /// One page of the global message log.
+    pub fn query_messages(&self, filter: &MessageFilter, page: Page) -> Paged<MessageRecord> {
+        let mut all: Vec<MessageRecord> = match &filter.thread {
+            Some(t) => self
+                .messages(t)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| filter.matches(m))
+                .collect(),
+            None => self
+                .shards
+                .iter()
+                .flat_map(|s| {
+                    let s = lock(s);
+                    s.threads
+                        .values()
+                        .flat_map(|e| e.messages.iter().filter(|m| filter.matches(m)).cloned())
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+        };
+        all.sort_by(|a, b| {
+            (a.timestamp, &a.thread_id, a.slot_index).cmp(&(
+                b.timestamp,
+                &b.thread_id,
+                b.slot_index,
+            ))
+        });
+        page.cut(all)
+    }
+
+    /// One page of a thread's messages, in slot order; `None` if there is no such thread.
+    pub fn thread_page(&self, thread: &str, page: Page) -> Option<Paged<MessageRecord>> {
+        let shard = lock(self.shard(thread));
+        let e = shard.threads.get(thread)?;
+        let total = e.messages.len() as u64;
+        let items = e
+            .messages
+            .iter()
+            .skip(page.offset)
+            .take(page.limit)
+            .cloned()
+            .collect();
+        Some(Paged {
+            items,
+            total,
+            limit: page.limit,
+            offset: page.offset,
+        })
+    }
+
+    /// One page of threads, newest first.
+    pub fn query_threads(&self, filter: &ThreadFilter, page: Page) -> Paged<ThreadInfo> {
+        let all = self
+            .list()
+            .into_iter()
+            .filter(|t| filter.matches(t))
+            .collect();
+        page.cut(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::threads::NewMessage;
+    use std::sync::Arc;
+
+    fn append(r: &ThreadRegistry, t: &str, from: &str, to: &str, ty: &str) {
+        r.append(
+            t,
+            NewMessage {
+                id: Arc::from(format!("{t}-{from}-{to}")),
+                parent_id: None,
+                from: Arc::from(from),
+                to: Some(Arc::from(to)),
+                payload_type: Some(ty.into()),
+                payload_xml: Arc::from("<X/>"),
+                status: MessageStatus::Terminal,
+                error: None,
+                schema: None,
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn filters_and_pages_are_exact() {
+        let r = ThreadRegistry::new(100, 100);
+        let a = r.open(Some("a")).unwrap().id;
+        let b = r.open(Some("b")).unwrap().id;
+        append(&r, &a, "api", "greeter", "Greeting");
+        append(&r, &a, "greeter", "shouter", "{urn:x}Shouted");
+        append(&r, &b, "api", "shouter", "{urn:x}Shouted");
+
+        let all = r.query_messages(&MessageFilter::default(), Page::default());
+        assert_eq!(all.total, 3);
+        let shouter = MessageFilter {
+            agent: Some("shouter".into()),
+            ..Default::default()
+        };
+        assert_eq!(r.query_messages(&shouter, Page::default()).total, 2);
+        let typed = MessageFilter {
+            payload_type: Some("Shouted".into()),
+            thread: Some("a".into()),
+            ..Default::default()
+        };
+        assert_eq!(r.query_messages(&typed, Page::default()).total, 1);
+
+        let past_end = r.query_messages(&MessageFilter::default(), Page::new(Some(10), Some(7)));
+        assert!(past_end.items.is_empty());
+        assert_eq!(past_end.total, 3);
+        let zero = r.query_messages(&MessageFilter::default(), Page::new(Some(0), None));
+        assert!(zero.items.is_empty());
+        assert_eq!(zero.total, 3);
+        assert_eq!(Page::new(Some(5000), None).limit, MAX_PAGE);
+
+        let by_agent = ThreadFilter {
+            agent: Some("greeter".into()),
+            ..Default::default()
+        };
+        let threads = r.query_threads(&by_agent, Page::default());
+        assert_eq!(threads.total, 1);
+        assert_eq!(threads.items[0].id, "a");
+        assert_eq!(
+            r.thread_page("a", Page::new(Some(1), Some(1)))
+                .unwrap()
+                .items[0]
+                .slot_index,
+            1
+        );
+    }
+}
