@@ -50,6 +50,8 @@
 //! # }
 //! ```
 
+pub mod api;
+pub mod client;
 pub mod config;
 pub mod events;
 pub mod listener;

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
+use agentserver::api::{ApiOptions, ApiServer, InjectBody};
+use agentserver::client::{self, TailFilter};
 use agentserver::config;
 use agentserver::listener::HandlerRegistry;
 use agentserver::threads::ThreadStatus;
@@ -42,7 +44,8 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         timeout: u64,
     },
-    /// Start the organism and run until Ctrl-C or SIGTERM, then stop gracefully.
+    /// Start the organism and its API; run until Ctrl-C, SIGTERM or `POST
+    /// /api/v1/organism/stop`, then stop gracefully (exit 0).
     Run {
         organism: PathBuf,
         /// API bind address (overrides `organism.listen`).
@@ -52,7 +55,44 @@ enum Command {
         #[arg(long)]
         store: Option<String>,
     },
+    /// Stream a running server's messages (`/ws/messages`), one line per message.
+    Tail {
+        /// The server.
+        #[arg(long, default_value = DEFAULT_URL)]
+        url: String,
+        /// Only messages from or to agents matching this glob (`shout*`).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Only this thread.
+        #[arg(long)]
+        thread: Option<String>,
+        /// Only this payload type (`Local` or `{namespace}Local`).
+        #[arg(long = "type")]
+        payload_type: Option<String>,
+        /// Print the raw JSON frames instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Post one message to a running server; prints `{"thread_id", "message_id"}`.
+    Inject {
+        /// The server.
+        #[arg(long, default_value = DEFAULT_URL)]
+        url: String,
+        /// The listener that receives the payload.
+        #[arg(long)]
+        to: String,
+        /// The payload: XML, a JSON object (mapped in schema order), or @FILE.
+        payload: String,
+        /// Continue (or open) this thread id.
+        #[arg(long)]
+        thread: Option<String>,
+        /// The payload type of a JSON payload, when the listener accepts several.
+        #[arg(long = "type")]
+        payload_type: Option<String>,
+    },
 }
+
+const DEFAULT_URL: &str = "http://127.0.0.1:8765";
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -77,6 +117,83 @@ fn main() -> ExitCode {
             listen,
             store,
         } => with_runtime(run(organism, listen, store)),
+        Command::Tail {
+            url,
+            agent,
+            thread,
+            payload_type,
+            json,
+        } => with_runtime(tail(
+            url,
+            TailFilter {
+                agent,
+                thread,
+                payload_type,
+            },
+            json,
+        )),
+        Command::Inject {
+            url,
+            to,
+            payload,
+            thread,
+            payload_type,
+        } => with_runtime(inject(url, to, payload, thread, payload_type)),
+    }
+}
+
+async fn tail(url: String, filter: TailFilter, json: bool) -> ExitCode {
+    let mut stdout = std::io::stdout();
+    match client::tail(&url, &filter, json, &mut stdout).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentserver tail: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn inject(
+    url: String,
+    to: String,
+    payload: String,
+    thread_id: Option<String>,
+    payload_type: Option<String>,
+) -> ExitCode {
+    let text = match read_payload(&payload) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("agentserver inject: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (payload, payload_xml) = if text.trim_start().starts_with('{') {
+        match serde_json::from_str(&text) {
+            Ok(v) => (Some(v), None),
+            Err(e) => {
+                eprintln!("agentserver inject: the payload looks like JSON but is not: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        (None, Some(text))
+    };
+    let body = InjectBody {
+        to,
+        payload,
+        payload_xml,
+        payload_type,
+        thread_id,
+    };
+    match client::inject(&url, &body).await {
+        Ok(receipt) => {
+            println!("{}", serde_json::to_string(&receipt).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("agentserver inject: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -216,12 +333,25 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
             return ExitCode::FAILURE;
         }
     };
+    let listen = organism.config().listen.clone();
+    let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("agentserver: cannot listen on {listen}: {e}");
+            organism.stop().await;
+            return ExitCode::FAILURE;
+        }
+    };
     println!(
         "agentserver running organism {} ({} listeners); Ctrl-C stops it",
         organism.config().name,
         organism.config().listeners.len()
     );
-    wait_for_shutdown_signal().await;
+    println!("agentserver listening on http://{}", server.local_addr());
+    tokio::select! {
+        _ = wait_for_shutdown_signal() => {}
+        _ = server.stop_requested() => {}
+    }
     eprintln!("agentserver: stopping (draining pending messages)");
     let report = organism.stop().await;
     if !report.drained {
@@ -230,6 +360,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
             report.killed_threads
         );
     }
+    server.shutdown().await;
     ExitCode::SUCCESS
 }
 

@@ -16,6 +16,14 @@ impl Timestamp {
         Timestamp(ms)
     }
 
+    /// Reads an RFC 3339 date-time (any offset; sub-millisecond digits dropped).
+    pub fn parse_rfc3339(s: &str) -> Option<Timestamp> {
+        let t =
+            time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+        let ms = t.unix_timestamp_nanos() / 1_000_000;
+        u64::try_from(ms).ok().map(Timestamp)
+    }
+
     pub fn to_rfc3339(self) -> String {
         let format = time::macros::format_description!(
             "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
@@ -26,6 +34,21 @@ impl Timestamp {
             .unwrap_or_default()
     }
 }
+
+impl utoipa::PartialSchema for Timestamp {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::DateTime,
+            )))
+            .description(Some("RFC 3339, UTC, milliseconds"))
+            .examples(["2026-01-15T10:30:01.123Z"])
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Timestamp {}
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -41,5 +64,10 @@ mod tests {
             super::Timestamp(1_705_314_601_123).to_rfc3339(),
             "2024-01-15T10:30:01.123Z"
         );
+        assert_eq!(
+            super::Timestamp::parse_rfc3339("2024-01-15T11:30:01.123+01:00"),
+            Some(super::Timestamp(1_705_314_601_123))
+        );
+        assert_eq!(super::Timestamp::parse_rfc3339("yesterday"), None);
     }
 }

@@ -189,6 +189,7 @@ pub fn load_str(
         limits,
         listeners,
         source: None,
+        text: text.to_string(),
     })
 }
 

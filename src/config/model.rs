@@ -174,6 +174,8 @@ pub struct OrganismConfig {
     pub listeners: Vec<ListenerConfig>,
     /// The file it came from, if any.
     pub source: Option<PathBuf>,
+    /// The YAML text it was read from (unsanitized: the API serves a redacted copy).
+    pub text: String,
 }
 
 impl OrganismConfig {

@@ -140,7 +140,7 @@ pub struct InjectRequest {
 }
 
 /// The answer to an accepted inject.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct InjectReceipt {
     pub thread_id: String,
     pub message_id: String,
@@ -148,7 +148,8 @@ pub struct InjectReceipt {
 
 /// A listener as observers see it: the seed's Agent object plus `kind`, `accepts` and
 /// counters.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Agent)]
 pub struct AgentInfo {
     pub name: String,
     pub description: String,
@@ -173,7 +174,8 @@ pub struct AgentInfo {
 }
 
 /// The organism as observers see it: the seed's Organism object plus our additions.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Organism)]
 pub struct OrganismInfo {
     pub name: String,
     pub status: OrganismStatus,

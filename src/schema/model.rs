@@ -142,9 +142,8 @@ fn builtin(local: &str) -> Leaf {
     match local {
         "boolean" => Leaf::Boolean,
         "decimal" | "float" | "double" | "integer" | "int" | "long" | "short" | "byte"
-        | "nonNegativeInteger" | "positiveInteger" | "nonPositiveInteger"
-        | "negativeInteger" | "unsignedLong" | "unsignedInt" | "unsignedShort"
-        | "unsignedByte" => Leaf::Number,
+        | "nonNegativeInteger" | "positiveInteger" | "nonPositiveInteger" | "negativeInteger"
+        | "unsignedLong" | "unsignedInt" | "unsignedShort" | "unsignedByte" => Leaf::Number,
         _ => Leaf::Text,
     }
 }
@@ -439,11 +438,7 @@ fn convert_leaf(leaf: Leaf, value: &mut Value) {
         Leaf::Number => {
             if let Ok(i) = t.parse::<i64>() {
                 Value::from(i)
-            } else if let Some(n) = t
-                .parse::<f64>()
-                .ok()
-                .and_then(serde_json::Number::from_f64)
-            {
+            } else if let Some(n) = t.parse::<f64>().ok().and_then(serde_json::Number::from_f64) {
                 Value::Number(n)
             } else {
                 return;
@@ -523,10 +518,14 @@ impl Writer<'_> {
                     let mut parts = Parts::default();
                     self.model.parts(ct, depth, &mut parts);
                     if parts.text.is_none() && !text.is_empty() {
-                        return Err(err(path, "expected an object: this element has child elements"));
+                        return Err(err(
+                            path,
+                            "expected an object: this element has child elements",
+                        ));
                     }
                 }
-                self.out.push_str(&format!("<{name}{extra}>{}</{name}>", escape_text(&text)));
+                self.out
+                    .push_str(&format!("<{name}{extra}>{}</{name}>", escape_text(&text)));
                 Ok(())
             }
         }
@@ -550,16 +549,29 @@ impl Writer<'_> {
             };
             if let Some(p) = parts {
                 if !p.any_attribute && !p.attributes.iter().any(|(n, _)| *n == attr) {
-                    return Err(err(&format!("{path}.{key}"), format!("`{name}` declares no attribute `{attr}`")));
+                    return Err(err(
+                        &format!("{path}.{key}"),
+                        format!("`{name}` declares no attribute `{attr}`"),
+                    ));
                 }
             }
-            let text = scalar_text(v)
-                .ok_or_else(|| err(&format!("{path}.{key}"), "an attribute value must be a text, number or boolean"))?;
-            self.out.push_str(&format!(" {attr}=\"{}\"", escape_attr(&text)));
+            let text = scalar_text(v).ok_or_else(|| {
+                err(
+                    &format!("{path}.{key}"),
+                    "an attribute value must be a text, number or boolean",
+                )
+            })?;
+            self.out
+                .push_str(&format!(" {attr}=\"{}\"", escape_attr(&text)));
         }
         self.out.push('>');
         if let Some(t) = map.get("#text") {
-            let text = scalar_text(t).ok_or_else(|| err(&format!("{path}.#text"), "text must be a text, number or boolean"))?;
+            let text = scalar_text(t).ok_or_else(|| {
+                err(
+                    &format!("{path}.#text"),
+                    "text must be a text, number or boolean",
+                )
+            })?;
             self.out.push_str(&escape_text(&text));
         }
         let child_prefix = match (&self.model.target_ns, self.model.qualified) {
@@ -581,14 +593,20 @@ impl Writer<'_> {
                     }
                 }
                 for (key, v) in map {
-                    if key.starts_with('@') || key == "#text" || p.children.iter().any(|(n, _)| n == key) {
+                    if key.starts_with('@')
+                        || key == "#text"
+                        || p.children.iter().any(|(n, _)| n == key)
+                    {
                         continue;
                     }
                     if !p.wildcard {
                         let expected: Vec<&str> = p.children.iter().map(|(n, _)| *n).collect();
                         return Err(err(
                             &format!("{path}.{key}"),
-                            format!("`{name}` has no child element `{key}` (expected one of: {})", expected.join(", ")),
+                            format!(
+                                "`{name}` has no child element `{key}` (expected one of: {})",
+                                expected.join(", ")
+                            ),
                         ));
                     }
                     check_name(key, path)?;
@@ -613,14 +631,15 @@ impl Writer<'_> {
 /// A JSON key written as an element name must be a plain XML name.
 fn check_name(key: &str, path: &str) -> Result<(), MapError> {
     let mut chars = key.chars();
-    let ok = chars
-        .next()
-        .is_some_and(|c| c.is_alphabetic() || c == '_')
+    let ok = chars.next().is_some_and(|c| c.is_alphabetic() || c == '_')
         && chars.all(|c| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'));
     if ok {
         Ok(())
     } else {
-        Err(err(&format!("{path}.{key}"), format!("`{key}` is not a valid element name")))
+        Err(err(
+            &format!("{path}.{key}"),
+            format!("`{key}` is not a valid element name"),
+        ))
     }
 }
 
@@ -689,7 +708,10 @@ mod tests {
     fn unknown_keys_and_wrong_shapes_name_their_path() {
         let m = SchemaModel::read(XSD).unwrap();
         let e = m
-            .json_to_xml("Order", &json!({"customer": "x", "item": [{"label": "a", "colour": 1}]}))
+            .json_to_xml(
+                "Order",
+                &json!({"customer": "x", "item": [{"label": "a", "colour": 1}]}),
+            )
             .unwrap()
             .unwrap_err();
         assert_eq!(e.path, "payload.item[0].colour");

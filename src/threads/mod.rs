@@ -16,11 +16,11 @@ use crate::schema::Schema;
 use crate::time::Timestamp;
 
 mod query;
-pub use query::{MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
+pub use query::{payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 
 const SHARDS: usize = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ThreadStatus {
     Active,
@@ -29,7 +29,9 @@ pub enum ThreadStatus {
     Killed,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageStatus {
     /// Queued for, or being handled by, a listener.
@@ -66,24 +68,49 @@ pub struct MessageRecord {
     pub schema: Option<Arc<Schema>>,
 }
 
+/// The message object of SPEC §9, as serialized: the seed's fields plus ours.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = Message)]
+struct MessageView<'a> {
+    id: &'a str,
+    thread_id: &'a str,
+    /// The sender: a listener, an injector identity (`api`, `ws`, `cli`), or `system`.
+    from: &'a str,
+    /// The receiver; `null` when no route was found.
+    to: Option<&'a str>,
+    /// `{namespace}Local`, or `Local` without a namespace.
+    payload_type: Option<&'a str>,
+    /// The payload as JSON: child elements are keys, repeats arrays, attributes `@name`,
+    /// mixed text `#text`; leaves typed as the schema declares.
+    #[schema(value_type = Object)]
+    payload: serde_json::Value,
+    /// The normalized payload XML, as validated.
+    payload_xml: &'a str,
+    timestamp: Timestamp,
+    /// The message this one answers or was produced from.
+    parent_id: Option<&'a str>,
+    /// Position in its thread, from 0.
+    slot_index: u64,
+    status: MessageStatus,
+    /// What went wrong, for operators.
+    error: Option<&'a str>,
+}
+
+impl utoipa::PartialSchema for MessageRecord {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <MessageView<'static> as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl utoipa::ToSchema for MessageRecord {
+    fn name() -> std::borrow::Cow<'static, str> {
+        <MessageView<'static> as utoipa::ToSchema>::name()
+    }
+}
+
 impl Serialize for MessageRecord {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct View<'a> {
-            id: &'a str,
-            thread_id: &'a str,
-            from: &'a str,
-            to: Option<&'a str>,
-            payload_type: Option<&'a str>,
-            payload: serde_json::Value,
-            payload_xml: &'a str,
-            timestamp: Timestamp,
-            parent_id: Option<&'a str>,
-            slot_index: u64,
-            status: MessageStatus,
-            error: Option<&'a str>,
-        }
-        View {
+        MessageView {
             id: &self.id,
             thread_id: &self.thread_id,
             from: &self.from,
@@ -105,7 +132,8 @@ impl Serialize for MessageRecord {
 }
 
 /// A thread as the API shows it (seed Thread object).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = Thread)]
 pub struct ThreadInfo {
     pub id: String,
     pub status: ThreadStatus,

@@ -29,7 +29,8 @@ impl Page {
         }
     }
 
-    fn cut<T>(&self, all: Vec<T>) -> Paged<T> {
+    /// The page of `all` this request selects, with the total.
+    pub fn cut<T>(&self, all: Vec<T>) -> Paged<T> {
         let total = all.len() as u64;
         let items = all.into_iter().skip(self.offset).take(self.limit).collect();
         Paged {
@@ -48,7 +49,7 @@ impl Default for Page {
 }
 
 /// One page of a list, with the total number of matches.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Paged<T> {
     pub items: Vec<T>,
     pub total: u64,
@@ -72,7 +73,7 @@ pub struct MessageFilter {
 }
 
 /// Does a stored payload type (`{ns}Local` or `Local`) match what a client asked for?
-pub(crate) fn payload_type_matches(stored: &str, wanted: &str) -> bool {
+pub fn payload_type_matches(stored: &str, wanted: &str) -> bool {
     stored == wanted
         || stored
             .rsplit_once('}')

@@ -23,9 +23,7 @@ pub fn root_local_name(xml: &str) -> Option<String> {
     let mut reader = Reader::from_str(xml);
     loop {
         match reader.read_event().ok()? {
-            Event::Start(e) | Event::Empty(e) => {
-                return Some(local(e.name().as_ref()))
-            }
+            Event::Start(e) | Event::Empty(e) => return Some(local(e.name().as_ref())),
             Event::Eof => return None,
             _ => {}
         }

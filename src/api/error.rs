@@ -1,0 +1,206 @@
+//! API errors and the extractors that turn bad requests into them.
+//!
+//! Every error is `{"error": {"code", "message", "details"?, "where"?}}` with a fitting status:
+//! what was wrong (`message`, the validator's lines in `details`) and where (`where`: a JSON
+//! path, a line and column, or a parameter name).
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::{header, request::Parts, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::pump::{ControlError, InjectError};
+use crate::threads::ThreadError;
+use crate::xml::XmlError;
+
+/// An API error: status plus the JSON body.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub body: ErrorBody,
+}
+
+/// The `error` object of every error response.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// A stable, machine-readable code such as `unknown_listener` or `invalid_payload`.
+    pub code: String,
+    /// What was wrong, for a person.
+    pub message: String,
+    /// The validator's messages, one per problem, with their line in the payload.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub details: Vec<String>,
+    /// Where: a JSON path, `line L, column C`, or a parameter name.
+    #[serde(rename = "where", skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+}
+
+/// The error response document.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorResponse {
+    pub error: ErrorBody,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            body: ErrorBody {
+                code: code.to_string(),
+                message: message.into(),
+                details: Vec::new(),
+                location: None,
+            },
+        }
+    }
+
+    pub fn at(mut self, location: impl Into<String>) -> Self {
+        self.body.location = Some(location.into());
+        self
+    }
+
+    pub fn details(mut self, details: Vec<String>) -> Self {
+        self.body.details = details;
+        self
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(code: &str, message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, code, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(ErrorResponse { error: self.body })).into_response()
+    }
+}
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        let code = match e {
+            ControlError::UnknownListener(_) => "unknown_listener",
+            ControlError::UnknownThread(_) => "unknown_thread",
+        };
+        ApiError::not_found(code, e.to_string())
+    }
+}
+
+impl From<InjectError> for ApiError {
+    fn from(e: InjectError) -> Self {
+        let message = e.to_string();
+        let (status, code) = match &e {
+            InjectError::Stopping => (StatusCode::SERVICE_UNAVAILABLE, "stopping"),
+            InjectError::Overloaded { .. } => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            InjectError::UnknownListener(_) => (StatusCode::NOT_FOUND, "unknown_listener"),
+            InjectError::ForgedIdentity(_) => (StatusCode::BAD_REQUEST, "forged_identity"),
+            InjectError::Malformed(XmlError::TooLarge { .. }) => {
+                (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+            }
+            InjectError::Malformed(_) => (StatusCode::UNPROCESSABLE_ENTITY, "malformed_xml"),
+            InjectError::NotAccepted { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "not_accepted"),
+            InjectError::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_payload"),
+            InjectError::Thread(ThreadError::InvalidId) => {
+                (StatusCode::BAD_REQUEST, "invalid_thread_id")
+            }
+            InjectError::Thread(ThreadError::Killed(_)) => (StatusCode::CONFLICT, "thread_killed"),
+            InjectError::Thread(ThreadError::BudgetExceeded { .. }) => {
+                (StatusCode::CONFLICT, "thread_budget_exceeded")
+            }
+            InjectError::Thread(ThreadError::NotFound(_)) => {
+                (StatusCode::NOT_FOUND, "unknown_thread")
+            }
+            InjectError::NoTarget => (StatusCode::BAD_REQUEST, "no_target"),
+        };
+        let mut err = ApiError::new(status, code, message);
+        match e {
+            InjectError::Invalid(v) => {
+                err = err.details(v.messages).at("payload");
+            }
+            InjectError::Malformed(XmlError::Malformed { line, .. }) => {
+                err = err.at(format!("payload line {line}"));
+            }
+            InjectError::Thread(ThreadError::InvalidId) => err = err.at("thread_id"),
+            _ => {}
+        }
+        err
+    }
+}
+
+/// A JSON request body: `Content-Type: application/json` required (415 otherwise), size
+/// limited (413), and parse errors answered with their line and column (400).
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let content_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let essence = content_type.split(';').next().unwrap_or("").trim();
+        let is_json = essence.eq_ignore_ascii_case("application/json")
+            || essence.to_ascii_lowercase().ends_with("+json");
+        if !is_json {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!(
+                    "the body must be JSON with `Content-Type: application/json` (got `{}`)",
+                    if content_type.is_empty() {
+                        "none"
+                    } else {
+                        content_type
+                    }
+                ),
+            )
+            .at("Content-Type"));
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
+                } else {
+                    ApiError::bad_request(format!("cannot read the body: {}", e.body_text()))
+                }
+            })?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("the body is not the JSON expected: {e}"),
+            )
+            .at(format!("line {}, column {}", e.line(), e.column()))
+        })
+    }
+}
+
+/// Query parameters; a bad one is a 400 naming it.
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Params(q.0))
+            .map_err(|e: QueryRejection| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_query",
+                    format!("bad query parameter: {}", e.body_text()),
+                )
+                .at("query")
+            })
+    }
+}

@@ -1,0 +1,167 @@
+//! What a WebSocket client subscribed to: threads, agents (globs like `shout*`), event types,
+//! payload types. An empty list means "all". A filter applies only to events that carry its
+//! dimension: an agents filter does not hide `thread_updated`, which names no agent.
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::{Event, EventKind, EVENT_NAMES};
+use crate::threads::payload_type_matches;
+
+/// `*` matches any run of characters, `?` any one character; everything else is literal.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// A subscription filter. Deserialized from a `subscribe` command (fields at the top level or
+/// under `filter`) or from the connection's query string.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Filter {
+    #[serde(default)]
+    pub threads: Vec<String>,
+    #[serde(default)]
+    pub agents: Vec<String>,
+    #[serde(default)]
+    pub events: Vec<String>,
+    #[serde(default)]
+    pub payload_types: Vec<String>,
+}
+
+impl Filter {
+    /// Checks the event names; an unknown one is an error naming it.
+    pub fn check(&self) -> Result<(), String> {
+        for e in &self.events {
+            if !EVENT_NAMES.contains(&e.as_str()) {
+                return Err(format!(
+                    "unknown event type `{e}` (known: {})",
+                    EVENT_NAMES.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// From comma-separated query values.
+    pub fn from_query(
+        threads: Option<&str>,
+        agents: Option<&str>,
+        events: Option<&str>,
+        payload_types: Option<&str>,
+    ) -> Filter {
+        let split = |s: Option<&str>| -> Vec<String> {
+            s.map(|s| {
+                s.split(',')
+                    .map(str::trim)
+                    .filter(|x| !x.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+        };
+        Filter {
+            threads: split(threads),
+            agents: split(agents),
+            events: split(events),
+            payload_types: split(payload_types),
+        }
+    }
+
+    fn agent_ok(&self, agent: &str) -> bool {
+        self.agents.iter().any(|g| glob_match(g, agent))
+    }
+
+    /// For `/ws`: does this event pass?
+    pub fn passes(&self, event: &Event) -> bool {
+        let kind = &event.kind;
+        if !self.events.is_empty() && !self.events.iter().any(|e| e == kind.name()) {
+            return false;
+        }
+        if !self.threads.is_empty() {
+            if let Some(t) = kind.thread_id() {
+                if !self.threads.iter().any(|x| x == t) {
+                    return false;
+                }
+            }
+        }
+        if !self.agents.is_empty() {
+            let agents = kind.agents();
+            if !agents.is_empty() && !agents.iter().any(|a| self.agent_ok(a)) {
+                return false;
+            }
+        }
+        if !self.payload_types.is_empty() {
+            if let EventKind::Message { message } = kind {
+                if !self.type_ok(message.payload_type.as_deref()) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn type_ok(&self, payload_type: Option<&str>) -> bool {
+        payload_type.is_some_and(|t| {
+            self.payload_types
+                .iter()
+                .any(|w| payload_type_matches(t, w))
+        })
+    }
+
+    /// For `/ws/messages`: is this a message event that passes?
+    pub fn passes_message(&self, event: &Event) -> bool {
+        let EventKind::Message { message } = &event.kind else {
+            return false;
+        };
+        (self.threads.is_empty() || self.threads.iter().any(|t| **t == *message.thread_id))
+            && (self.agents.is_empty()
+                || self.agent_ok(&message.from)
+                || message.to.as_deref().is_some_and(|t| self.agent_ok(t)))
+            && (self.payload_types.is_empty() || self.type_ok(message.payload_type.as_deref()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_match_like_a_shell() {
+        assert!(glob_match("shout*", "shouter"));
+        assert!(glob_match("*er", "greeter"));
+        assert!(glob_match("g?eeter", "greeter"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("a*b*c", "aXXbYYc"));
+        assert!(!glob_match("shout*", "greeter"));
+        assert!(!glob_match("greeter", "greeter2"));
+        assert!(!glob_match("a*b", "aXXbY"));
+    }
+
+    #[test]
+    fn unknown_event_names_are_refused() {
+        let f = Filter {
+            events: vec!["message".into(), "mesage".into()],
+            ..Default::default()
+        };
+        assert!(f.check().unwrap_err().contains("`mesage`"));
+    }
+}

@@ -1,0 +1,150 @@
+//! Inject from the API (REST and `/ws`): a JSON `payload` written as XML in schema order, or
+//! raw `payload_xml`; then the pump's own inject, which validates before answering.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::error::ApiError;
+use crate::schema::Schema;
+use crate::threads::valid_thread_id;
+use crate::xml::{root_local_name, PayloadType};
+use crate::{InjectReceipt, InjectRequest, Organism};
+
+/// `POST /api/v1/inject` and the `/ws` `inject` command.
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InjectBody {
+    /// The listener that receives the payload.
+    pub to: String,
+    /// The payload as JSON (keys are child elements, `@name` attributes, `#text` text),
+    /// written as XML in the order the listener's schema declares. Give this or `payload_xml`.
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<Value>,
+    /// The payload as XML. Give this or `payload`.
+    pub payload_xml: Option<String>,
+    /// Which accepted payload type `payload` is (`Local` or `{namespace}Local`); needed only
+    /// when the listener accepts more than one.
+    pub payload_type: Option<String>,
+    /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}`.
+    pub thread_id: Option<String>,
+}
+
+fn type_matches(t: &PayloadType, wanted: &str) -> bool {
+    t.to_string() == wanted || t.local_name() == wanted
+}
+
+/// Picks the accepted payload type and schema a JSON payload is meant as.
+fn choose(
+    accepts: &[(PayloadType, Arc<Schema>)],
+    to: &str,
+    wanted: Option<&str>,
+) -> Result<(PayloadType, Arc<Schema>), ApiError> {
+    let listed = || {
+        accepts
+            .iter()
+            .map(|(t, _)| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match wanted {
+        Some(w) => accepts
+            .iter()
+            .find(|(t, _)| type_matches(t, w))
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "not_accepted",
+                    format!(
+                        "`{to}` does not accept payload type `{w}` (it accepts: {})",
+                        listed()
+                    ),
+                )
+                .at("payload_type")
+            }),
+        None => {
+            let huh = PayloadType::huh();
+            let candidates: Vec<_> = accepts.iter().filter(|(t, _)| *t != huh).collect();
+            match candidates.as_slice() {
+                [one] => Ok((*one).clone()),
+                _ => Err(ApiError::bad_request(format!(
+                    "`{to}` accepts several payload types ({}); say which with `payload_type`",
+                    listed()
+                ))
+                .at("payload_type")),
+            }
+        }
+    }
+}
+
+/// Turns an inject body into the pump's request and injects it as `identity`.
+pub fn inject(
+    organism: &Organism,
+    identity: &str,
+    body: InjectBody,
+) -> Result<InjectReceipt, ApiError> {
+    if let Some(t) = &body.thread_id {
+        if !valid_thread_id(t) {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_thread_id",
+                "thread_id must be 1-128 characters of A-Z a-z 0-9 _ -",
+            )
+            .at("thread_id"));
+        }
+    }
+    let listener = organism.config().listener(&body.to).ok_or_else(|| {
+        ApiError::not_found(
+            "unknown_listener",
+            format!("no listener named `{}`", body.to),
+        )
+        .at("to")
+    })?;
+    let payload_xml = match (body.payload, body.payload_xml) {
+        (Some(_), Some(_)) | (None, None) => {
+            return Err(ApiError::bad_request(
+                "give exactly one of `payload` (JSON) or `payload_xml` (XML)",
+            ))
+        }
+        (None, Some(xml)) => {
+            if let Some(wanted) = &body.payload_type {
+                let root = root_local_name(&xml);
+                let local = wanted.rsplit_once('}').map_or(wanted.as_str(), |(_, l)| l);
+                if root.as_deref().is_some_and(|r| r != local) {
+                    return Err(ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "payload_type_mismatch",
+                        format!(
+                            "payload_type is `{wanted}` but the XML's root element is `{}`",
+                            root.unwrap_or_default()
+                        ),
+                    )
+                    .at("payload_type"));
+                }
+            }
+            xml
+        }
+        (Some(json), None) => {
+            let (ty, schema) = choose(&listener.accepts, &body.to, body.payload_type.as_deref())?;
+            schema
+                .json_to_payload(ty.local_name(), &json)
+                .map_err(|e| {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_payload",
+                        format!("payload cannot be written as `{ty}`: {}", e.message),
+                    )
+                    .at(e.path)
+                })?
+        }
+    };
+    Ok(organism.inject(InjectRequest {
+        from: identity.to_string(),
+        to: body.to,
+        payload_xml,
+        thread_id: body.thread_id,
+    })?)
+}

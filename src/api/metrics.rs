@@ -1,0 +1,216 @@
+//! `/metrics`: the organism's counters and gauges in the Prometheus text format (0.0.4).
+//! Everything is read from live state at scrape time; nothing here is global, so several
+//! organisms in one process each report their own.
+
+use std::fmt::Write;
+
+use super::{ApiState, Endpoint};
+use crate::pump::FailureKind;
+use crate::stats::Histogram;
+use crate::threads::MessageStatus;
+
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn status_name(s: MessageStatus) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn histogram(out: &mut String, name: &str, agent: &str, h: &Histogram) {
+    let agent = label(agent);
+    for (bound_us, count) in h.cumulative() {
+        let le = bound_us as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{agent=\"{agent}\",le=\"{le}\"}} {count}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{agent=\"{agent}\",le=\"+Inf\"}} {}",
+        h.count()
+    );
+    let _ = writeln!(out, "{name}_sum{{agent=\"{agent}\"}} {}", h.sum_seconds());
+    let _ = writeln!(out, "{name}_count{{agent=\"{agent}\"}} {}", h.count());
+}
+
+/// Renders every metric.
+pub fn render(state: &ApiState) -> String {
+    let organism = &state.inner.organism;
+    let info = organism.info();
+    let agents = organism.agents();
+    let mut out = String::with_capacity(4096);
+
+    header(
+        &mut out,
+        "agentserver_info",
+        "gauge",
+        "The organism this server runs.",
+    );
+    let _ = writeln!(
+        out,
+        "agentserver_info{{organism=\"{}\",version=\"{}\"}} 1",
+        label(&info.name),
+        env!("CARGO_PKG_VERSION")
+    );
+    header(
+        &mut out,
+        "agentserver_uptime_seconds",
+        "gauge",
+        "Seconds since the organism started.",
+    );
+    let _ = writeln!(out, "agentserver_uptime_seconds {}", info.uptime_seconds);
+    header(
+        &mut out,
+        "agentserver_config_rev",
+        "gauge",
+        "Revision of the running configuration.",
+    );
+    let _ = writeln!(out, "agentserver_config_rev {}", info.config_rev);
+
+    header(
+        &mut out,
+        "agentserver_messages_logged_total",
+        "counter",
+        "Messages written to the log.",
+    );
+    let _ = writeln!(
+        out,
+        "agentserver_messages_logged_total {}",
+        info.total_messages
+    );
+    header(
+        &mut out,
+        "agentserver_messages_total",
+        "counter",
+        "Messages that reached a final status, by receiving agent and status.",
+    );
+    for (agent, status, n) in organism.threads().final_counts() {
+        let _ = writeln!(
+            out,
+            "agentserver_messages_total{{agent=\"{}\",status=\"{}\"}} {n}",
+            label(&agent),
+            status_name(status)
+        );
+    }
+    header(
+        &mut out,
+        "agentserver_failures_total",
+        "counter",
+        "Failures by kind (SPEC section 8).",
+    );
+    for kind in FailureKind::ALL {
+        let _ = writeln!(
+            out,
+            "agentserver_failures_total{{kind=\"{}\"}} {}",
+            kind.as_str(),
+            organism.failure_count(kind)
+        );
+    }
+
+    header(
+        &mut out,
+        "agentserver_handler_seconds",
+        "histogram",
+        "Time spent in a listener's handler per call.",
+    );
+    for a in &agents {
+        if let Some(h) = organism.handler_time(&a.name) {
+            histogram(&mut out, "agentserver_handler_seconds", &a.name, h);
+        }
+    }
+    header(
+        &mut out,
+        "agentserver_handler_errors_total",
+        "counter",
+        "Handler calls that failed or panicked, by agent.",
+    );
+    for a in &agents {
+        let _ = writeln!(
+            out,
+            "agentserver_handler_errors_total{{agent=\"{}\"}} {}",
+            label(&a.name),
+            a.errors
+        );
+    }
+    header(
+        &mut out,
+        "agentserver_queue_depth",
+        "gauge",
+        "Messages waiting in a listener's queue.",
+    );
+    for a in &agents {
+        let _ = writeln!(
+            out,
+            "agentserver_queue_depth{{agent=\"{}\"}} {}",
+            label(&a.name),
+            a.queue_depth
+        );
+    }
+    header(
+        &mut out,
+        "agentserver_pending_messages",
+        "gauge",
+        "Messages queued or being handled, organism-wide.",
+    );
+    let _ = writeln!(
+        out,
+        "agentserver_pending_messages {}",
+        info.pending_messages
+    );
+    header(
+        &mut out,
+        "agentserver_active_threads",
+        "gauge",
+        "Threads that are active.",
+    );
+    let _ = writeln!(out, "agentserver_active_threads {}", info.active_threads);
+    header(
+        &mut out,
+        "agentserver_events_total",
+        "counter",
+        "Events published (the last seq).",
+    );
+    let _ = writeln!(out, "agentserver_events_total {}", info.last_seq);
+
+    header(
+        &mut out,
+        "agentserver_ws_clients",
+        "gauge",
+        "Connected WebSocket clients, by endpoint.",
+    );
+    for ep in Endpoint::ALL {
+        let _ = writeln!(
+            out,
+            "agentserver_ws_clients{{endpoint=\"{}\"}} {}",
+            ep.path(),
+            state.clients(ep)
+        );
+    }
+    header(
+        &mut out,
+        "agentserver_ws_dropped_events_total",
+        "counter",
+        "Events not sent to a slow WebSocket client, by endpoint.",
+    );
+    for ep in Endpoint::ALL {
+        let _ = writeln!(
+            out,
+            "agentserver_ws_dropped_events_total{{endpoint=\"{}\"}} {}",
+            ep.path(),
+            state.dropped(ep)
+        );
+    }
+    out
+}

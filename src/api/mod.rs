@@ -1,0 +1,287 @@
+//! The observability and control API (SPEC §9, §10): REST under `/api/v1`, the `/ws` event
+//! stream and `/ws/messages` message stream, `/metrics`, `/healthz`, `/readyz`.
+//!
+//! The API is an observer and a caller: it reads the [`EventHub`](crate::events::EventHub)
+//! and the thread registry, and calls [`Organism`] methods. The pump never waits on it.
+//! Routes are registered through `utoipa-axum`, so `/api/v1/openapi.json` is generated from
+//! the same handler declarations that serve requests.
+
+mod error;
+mod filter;
+mod inject;
+mod metrics;
+mod rest;
+mod sanitize;
+mod ws;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::DefaultBodyLimit;
+use axum::http::{Method, StatusCode, Uri};
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use error::{ApiError, ErrorBody};
+pub use filter::{glob_match, Filter};
+pub use inject::InjectBody;
+pub use rest::REST_IDENTITY;
+pub use sanitize::{redact, REDACTED};
+pub use ws::WS_IDENTITY;
+
+use crate::Organism;
+
+/// Tunables of the API server. The defaults are what `agentserver run` uses.
+#[derive(Debug, Clone)]
+pub struct ApiOptions {
+    /// WebSocket ping interval; a client silent for two intervals is closed.
+    pub heartbeat: Duration,
+    /// Frames queued per WebSocket client before frames are dropped for it.
+    pub client_queue: usize,
+    /// Bytes queued per WebSocket client before frames are dropped for it.
+    pub client_queue_bytes: usize,
+}
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        ApiOptions {
+            heartbeat: Duration::from_secs(15),
+            client_queue: 4096,
+            client_queue_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// The two WebSocket endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Events,
+    Messages,
+}
+
+impl Endpoint {
+    pub const ALL: [Endpoint; 2] = [Endpoint::Events, Endpoint::Messages];
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Events => "/ws",
+            Endpoint::Messages => "/ws/messages",
+        }
+    }
+}
+
+struct Inner {
+    organism: Organism,
+    options: ApiOptions,
+    /// Cancelled when a client asked the organism to stop and it has stopped.
+    stop_requested: CancellationToken,
+    /// Cancelled when the server shuts down: WebSocket sessions close.
+    closing: CancellationToken,
+    clients: [AtomicUsize; 2],
+    dropped: [AtomicU64; 2],
+    openapi: String,
+}
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+/// Counts a connected WebSocket client for as long as it lives.
+struct ClientGuard {
+    state: ApiState,
+    ep: Endpoint,
+}
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        self.state.inner.clients[self.ep as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ApiState {
+    fn client_guard(&self, ep: Endpoint) -> ClientGuard {
+        self.inner.clients[ep as usize].fetch_add(1, Ordering::Relaxed);
+        ClientGuard {
+            state: self.clone(),
+            ep,
+        }
+    }
+
+    fn clients(&self, ep: Endpoint) -> usize {
+        self.inner.clients[ep as usize].load(Ordering::Relaxed)
+    }
+
+    fn dropped(&self, ep: Endpoint) -> u64 {
+        self.inner.dropped[ep as usize].load(Ordering::Relaxed)
+    }
+
+    fn count_dropped(&self, ep: Endpoint, n: u64) {
+        self.inner.dropped[ep as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Largest inbound body or WebSocket frame: a payload at the size limit, escaped as
+    /// JSON, with room for the other fields.
+    fn frame_limit(&self) -> usize {
+        self.inner
+            .organism
+            .config()
+            .limits
+            .max_message_bytes
+            .saturating_mul(2)
+            .saturating_add(64 * 1024)
+    }
+
+    /// Stops the organism (drain within the grace period), then tells the server's owner.
+    fn request_stop(&self) {
+        let state = self.clone();
+        tokio::spawn(async move {
+            state.inner.organism.stop().await;
+            state.inner.stop_requested.cancel();
+        });
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "agentserver",
+        description = "Observe and control a running organism: agents, threads and messages as they happen. Errors are `{\"error\": {\"code\", \"message\", \"details\"?, \"where\"?}}`."
+    ),
+    components(schemas(
+        error::ErrorResponse,
+        crate::events::AgentState,
+        crate::events::OrganismStatus
+    ))
+)]
+struct ApiDoc;
+
+fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
+    let (routes, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(rest::get_organism))
+        .routes(routes!(rest::get_organism_config))
+        .routes(routes!(rest::list_agents))
+        .routes(routes!(rest::get_agent))
+        .routes(routes!(rest::get_agent_config))
+        .routes(routes!(rest::get_agent_schema))
+        .routes(routes!(rest::list_threads))
+        .routes(routes!(rest::get_thread))
+        .routes(routes!(rest::thread_messages))
+        .routes(routes!(rest::list_messages))
+        .routes(routes!(rest::inject))
+        .routes(routes!(rest::kill_thread))
+        .routes(routes!(rest::pause_agent))
+        .routes(routes!(rest::resume_agent))
+        .routes(routes!(rest::pause_organism))
+        .routes(routes!(rest::resume_organism))
+        .routes(routes!(rest::reload_organism))
+        .routes(routes!(rest::reload_agent))
+        .routes(routes!(rest::stop_organism))
+        .routes(routes!(rest::openapi))
+        .routes(routes!(rest::metrics))
+        .routes(routes!(rest::healthz))
+        .routes(routes!(rest::readyz))
+        .routes(routes!(ws::ws_events))
+        .routes(routes!(ws::ws_messages))
+        .split_for_parts();
+    let openapi = doc.to_pretty_json().unwrap_or_else(|_| "{}".into());
+    let state = ApiState {
+        inner: Arc::new(Inner {
+            organism,
+            options,
+            stop_requested: CancellationToken::new(),
+            closing: CancellationToken::new(),
+            clients: Default::default(),
+            dropped: Default::default(),
+            openapi,
+        }),
+    };
+    let limit = state.frame_limit();
+    let app = routes
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(state.clone());
+    (app, state)
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::not_found("no_route", format!("no route {method} {}", uri.path()))
+        .at(uri.path().to_string())
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{method} is not allowed on {} (see /api/v1/openapi.json)",
+            uri.path()
+        ),
+    )
+    .at(uri.path().to_string())
+}
+
+/// A running API server.
+pub struct ApiServer {
+    addr: SocketAddr,
+    state: ApiState,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl ApiServer {
+    /// Binds `addr` (port 0 picks a free port) and serves `organism`.
+    pub async fn bind(
+        organism: Organism,
+        addr: &str,
+        options: ApiOptions,
+    ) -> std::io::Result<ApiServer> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        ApiServer::serve(organism, listener, options)
+    }
+
+    /// Serves `organism` on an already bound listener.
+    pub fn serve(
+        organism: Organism,
+        listener: tokio::net::TcpListener,
+        options: ApiOptions,
+    ) -> std::io::Result<ApiServer> {
+        let addr = listener.local_addr()?;
+        let (app, state) = router(organism, options);
+        let closing = state.inner.closing.clone();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(closing.cancelled_owned())
+                .await
+        });
+        Ok(ApiServer { addr, state, task })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The OpenAPI document this server serves.
+    pub fn openapi_json(&self) -> &str {
+        &self.state.inner.openapi
+    }
+
+    /// Resolves once a client asked for a stop (`POST /api/v1/organism/stop` or the `/ws`
+    /// `stop` command) and the organism has stopped.
+    pub async fn stop_requested(&self) {
+        self.state.inner.stop_requested.cancelled().await
+    }
+
+    /// Closes every WebSocket client and stops serving; waits for open requests to finish.
+    pub async fn shutdown(self) {
+        self.state.inner.closing.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}

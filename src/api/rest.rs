@@ -1,0 +1,440 @@
+//! The REST handlers of `/api/v1` (SPEC §9) and the operational endpoints. Each handler is
+//! documented with `#[utoipa::path]`, which is also how it is routed, so the OpenAPI document
+//! cannot drift from what is served.
+
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, ErrorResponse, JsonBody, Params};
+use super::inject::{inject as do_inject, InjectBody};
+use super::sanitize::{listener_view, organism_view, ConfigView};
+use super::ApiState;
+use crate::events::OrganismStatus;
+use crate::pump::{AgentInfo, OrganismInfo};
+use crate::threads::{
+    MessageFilter, MessageRecord, MessageStatus, Page, Paged, ThreadFilter, ThreadInfo,
+    ThreadStatus,
+};
+use crate::time::Timestamp;
+use crate::InjectReceipt;
+
+/// The identity REST injects carry.
+pub const REST_IDENTITY: &str = "api";
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
+    match value {
+        None => Ok(None),
+        Some(v) => Timestamp::parse_rfc3339(v).map(Some).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "`{name}` must be an RFC 3339 date-time such as 2026-01-15T10:30:00Z (got `{v}`)"
+            ))
+            .at(name.to_string())
+        }),
+    }
+}
+
+/// Pagination of every list: `limit` (default 50, at most 1000; larger is clamped) and
+/// `offset`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    /// Page size: default 50, at most 1000 (a larger value is clamped; 0 returns only `total`).
+    pub limit: Option<usize>,
+    /// Items to skip.
+    pub offset: Option<usize>,
+}
+
+impl PageQuery {
+    fn page(&self) -> Page {
+        Page::new(self.limit, self.offset)
+    }
+}
+
+/// Filters of `/messages`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct MessageQuery {
+    /// Sender or receiver.
+    pub agent: Option<String>,
+    /// Thread id.
+    pub thread: Option<String>,
+    /// `Local` or `{namespace}Local`.
+    pub payload_type: Option<String>,
+    pub status: Option<MessageStatus>,
+    /// Logged at or after (RFC 3339).
+    pub since: Option<String>,
+    /// Logged before (RFC 3339).
+    pub until: Option<String>,
+    pub limit: Option<usize>,
+    pub offset: Option<usize>,
+}
+
+/// Filters of `/threads`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadQuery {
+    pub status: Option<ThreadStatus>,
+    /// A participant.
+    pub agent: Option<String>,
+    /// Active at or after (RFC 3339): last activity at or after this.
+    pub since: Option<String>,
+    /// Created before (RFC 3339).
+    pub until: Option<String>,
+    pub limit: Option<usize>,
+    pub offset: Option<usize>,
+}
+
+/// A thread with its message history.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ThreadDetail {
+    #[serde(flatten)]
+    pub thread: ThreadInfo,
+    pub messages: Vec<MessageRecord>,
+}
+
+/// `/agents/{name}/schema` options.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaQuery {
+    /// Which accepted payload type's schema (default: the first).
+    #[serde(rename = "type")]
+    pub payload_type: Option<String>,
+}
+
+/// `/healthz` and `/readyz` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[utoipa::path(get, path = "/api/v1/organism", tag = "organism",
+    responses((status = 200, description = "The organism and its counters", body = OrganismInfo)))]
+pub async fn get_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
+    Json(s.inner.organism.info())
+}
+
+#[utoipa::path(get, path = "/api/v1/organism/config", tag = "organism",
+    responses((status = 200, description = "The organism file, sanitized: secret values never appear", body = ConfigView)))]
+pub async fn get_organism_config(State(s): State<ApiState>) -> Json<ConfigView> {
+    Json(organism_view(&s.inner.organism.config().text))
+}
+
+#[utoipa::path(get, path = "/api/v1/agents", tag = "agents", params(PageQuery),
+    responses((status = 200, description = "Every agent with its live state, in config order", body = Paged<AgentInfo>),
+              (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
+pub async fn list_agents(
+    State(s): State<ApiState>,
+    Params(q): Params<PageQuery>,
+) -> Json<Paged<AgentInfo>> {
+    Json(q.page().cut(s.inner.organism.agents()))
+}
+
+#[utoipa::path(get, path = "/api/v1/agents/{name}", tag = "agents",
+    params(("name" = String, Path, description = "Listener name")),
+    responses((status = 200, description = "One agent with its counters", body = AgentInfo),
+              (status = 404, description = "No such listener", body = ErrorResponse)))]
+pub async fn get_agent(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AgentInfo>> {
+    Ok(Json(s.inner.organism.agent(&name)?))
+}
+
+#[utoipa::path(get, path = "/api/v1/agents/{name}/config", tag = "agents",
+    params(("name" = String, Path, description = "Listener name")),
+    responses((status = 200, description = "The listener's section of the organism file, sanitized", body = ConfigView),
+              (status = 404, description = "No such listener", body = ErrorResponse)))]
+pub async fn get_agent_config(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ConfigView>> {
+    s.inner.organism.agent(&name)?;
+    listener_view(&s.inner.organism.config().text, &name)
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "unknown_listener",
+                format!("no config section for `{name}`"),
+            )
+        })
+}
+
+#[utoipa::path(get, path = "/api/v1/agents/{name}/schema", tag = "agents",
+    params(("name" = String, Path, description = "Listener name"), SchemaQuery),
+    responses((status = 200, description = "The XSD that validates the listener's payloads", content_type = "application/xml", body = String),
+              (status = 404, description = "No such listener or payload type", body = ErrorResponse)))]
+pub async fn get_agent_schema(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+    Params(q): Params<SchemaQuery>,
+) -> ApiResult<Response> {
+    let config = s.inner.organism.config();
+    let listener = config.listener(&name).ok_or_else(|| {
+        ApiError::not_found("unknown_listener", format!("no listener named `{name}`"))
+    })?;
+    let found = match &q.payload_type {
+        None => listener.accepts.first(),
+        Some(w) => listener
+            .accepts
+            .iter()
+            .find(|(t, _)| t.to_string() == *w || t.local_name() == w),
+    };
+    let (_, schema) = found.ok_or_else(|| {
+        ApiError::not_found(
+            "unknown_payload_type",
+            format!("`{name}` accepts no such payload type"),
+        )
+        .at("type")
+    })?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/xml; charset=utf-8")],
+        schema.xsd().to_string(),
+    )
+        .into_response())
+}
+
+#[utoipa::path(get, path = "/api/v1/threads", tag = "threads", params(ThreadQuery),
+    responses((status = 200, description = "Threads, newest first", body = Paged<ThreadInfo>),
+              (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
+pub async fn list_threads(
+    State(s): State<ApiState>,
+    Params(q): Params<ThreadQuery>,
+) -> ApiResult<Json<Paged<ThreadInfo>>> {
+    let filter = ThreadFilter {
+        status: q.status,
+        agent: q.agent.clone(),
+        since: time_param("since", q.since.as_deref())?,
+        until: time_param("until", q.until.as_deref())?,
+    };
+    let page = Page::new(q.limit, q.offset);
+    Ok(Json(
+        s.inner.organism.threads().query_threads(&filter, page),
+    ))
+}
+
+fn unknown_thread(id: &str) -> ApiError {
+    ApiError::not_found("unknown_thread", format!("no thread `{id}`"))
+}
+
+#[utoipa::path(get, path = "/api/v1/threads/{id}", tag = "threads",
+    params(("id" = String, Path, description = "Thread id")),
+    responses((status = 200, description = "The thread with its message history", body = ThreadDetail),
+              (status = 404, description = "No such thread", body = ErrorResponse)))]
+pub async fn get_thread(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ThreadDetail>> {
+    let threads = s.inner.organism.threads();
+    let thread = threads.info(&id).ok_or_else(|| unknown_thread(&id))?;
+    let messages = threads.messages(&id).unwrap_or_default();
+    Ok(Json(ThreadDetail { thread, messages }))
+}
+
+#[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
+    params(("id" = String, Path, description = "Thread id"), PageQuery),
+    responses((status = 200, description = "The thread's messages in slot order", body = Paged<MessageRecord>),
+              (status = 404, description = "No such thread", body = ErrorResponse)))]
+pub async fn thread_messages(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+    Params(q): Params<PageQuery>,
+) -> ApiResult<Json<Paged<MessageRecord>>> {
+    s.inner
+        .organism
+        .threads()
+        .thread_page(&id, q.page())
+        .map(Json)
+        .ok_or_else(|| unknown_thread(&id))
+}
+
+#[utoipa::path(get, path = "/api/v1/messages", tag = "messages", params(MessageQuery),
+    responses((status = 200, description = "The message log, oldest first", body = Paged<MessageRecord>),
+              (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
+pub async fn list_messages(
+    State(s): State<ApiState>,
+    Params(q): Params<MessageQuery>,
+) -> ApiResult<Json<Paged<MessageRecord>>> {
+    let filter = MessageFilter {
+        agent: q.agent.clone(),
+        thread: q.thread.clone(),
+        payload_type: q.payload_type.clone(),
+        status: q.status,
+        since: time_param("since", q.since.as_deref())?,
+        until: time_param("until", q.until.as_deref())?,
+    };
+    let page = Page::new(q.limit, q.offset);
+    Ok(Json(
+        s.inner.organism.threads().query_messages(&filter, page),
+    ))
+}
+
+#[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody,
+    responses((status = 202, description = "Validated and queued", body = InjectReceipt),
+              (status = 400, description = "Bad JSON, missing or conflicting fields, bad thread id", body = ErrorResponse),
+              (status = 404, description = "No such listener", body = ErrorResponse),
+              (status = 409, description = "The thread was killed or is over its budget", body = ErrorResponse),
+              (status = 413, description = "Body or payload too large", body = ErrorResponse),
+              (status = 415, description = "Not `application/json`", body = ErrorResponse),
+              (status = 422, description = "Payload malformed, not accepted, or invalid (validator messages in `details`)", body = ErrorResponse),
+              (status = 429, description = "Too many messages pending", body = ErrorResponse),
+              (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
+pub async fn inject(
+    State(s): State<ApiState>,
+    JsonBody(body): JsonBody<InjectBody>,
+) -> ApiResult<(StatusCode, Json<InjectReceipt>)> {
+    let receipt = do_inject(&s.inner.organism, REST_IDENTITY, body)?;
+    Ok((StatusCode::ACCEPTED, Json(receipt)))
+}
+
+#[utoipa::path(post, path = "/api/v1/threads/{id}/kill", tag = "control",
+    params(("id" = String, Path, description = "Thread id")),
+    responses((status = 200, description = "Killed (killing a killed thread changes nothing)", body = ThreadInfo),
+              (status = 404, description = "No such thread", body = ErrorResponse)))]
+pub async fn kill_thread(
+    State(s): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<ThreadInfo>> {
+    let organism = &s.inner.organism;
+    organism.kill_thread(&id)?;
+    organism
+        .threads()
+        .info(&id)
+        .map(Json)
+        .ok_or_else(|| unknown_thread(&id))
+}
+
+#[utoipa::path(post, path = "/api/v1/agents/{name}/pause", tag = "control",
+    params(("name" = String, Path, description = "Listener name")),
+    responses((status = 200, description = "Paused: its messages wait in its queue", body = AgentInfo),
+              (status = 404, description = "No such listener", body = ErrorResponse)))]
+pub async fn pause_agent(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AgentInfo>> {
+    s.inner.organism.pause_listener(&name)?;
+    Ok(Json(s.inner.organism.agent(&name)?))
+}
+
+#[utoipa::path(post, path = "/api/v1/agents/{name}/resume", tag = "control",
+    params(("name" = String, Path, description = "Listener name")),
+    responses((status = 200, description = "Resumed: its queue is delivered in order", body = AgentInfo),
+              (status = 404, description = "No such listener", body = ErrorResponse)))]
+pub async fn resume_agent(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AgentInfo>> {
+    s.inner.organism.resume_listener(&name)?;
+    Ok(Json(s.inner.organism.agent(&name)?))
+}
+
+#[utoipa::path(post, path = "/api/v1/organism/pause", tag = "control",
+    responses((status = 200, description = "Every listener paused", body = OrganismInfo)))]
+pub async fn pause_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
+    s.inner.organism.pause();
+    Json(s.inner.organism.info())
+}
+
+#[utoipa::path(post, path = "/api/v1/organism/resume", tag = "control",
+    responses((status = 200, description = "Resumed (listeners paused one by one stay paused)", body = OrganismInfo)))]
+pub async fn resume_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
+    s.inner.organism.resume();
+    Json(s.inner.organism.info())
+}
+
+/// The answer to a reload until hot reload exists.
+pub fn reload_not_available() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "not_available",
+        "reload is not available in this version: restart the organism to apply a changed file",
+    )
+}
+
+#[utoipa::path(post, path = "/api/v1/organism/reload", tag = "control",
+    responses((status = 501, description = "Not available in this version", body = ErrorResponse)))]
+pub async fn reload_organism() -> ApiError {
+    reload_not_available()
+}
+
+#[utoipa::path(post, path = "/api/v1/agents/{name}/reload", tag = "control",
+    params(("name" = String, Path, description = "Listener name")),
+    responses((status = 404, description = "No such listener", body = ErrorResponse),
+              (status = 501, description = "Not available in this version", body = ErrorResponse)))]
+pub async fn reload_agent(State(s): State<ApiState>, Path(name): Path<String>) -> ApiError {
+    match s.inner.organism.agent(&name) {
+        Err(e) => e.into(),
+        Ok(_) => reload_not_available(),
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/organism/stop", tag = "control",
+    responses((status = 202, description = "Stopping: new injects are refused, running handlers finish within the grace period, then the process exits 0", body = OrganismInfo)))]
+pub async fn stop_organism(State(s): State<ApiState>) -> (StatusCode, Json<OrganismInfo>) {
+    s.request_stop();
+    let mut info = s.inner.organism.info();
+    if info.status != OrganismStatus::Stopped {
+        info.status = OrganismStatus::Stopping;
+    }
+    (StatusCode::ACCEPTED, Json(info))
+}
+
+#[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta",
+    responses((status = 200, description = "This document (OpenAPI 3)", content_type = "application/json")))]
+pub async fn openapi(State(s): State<ApiState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        s.inner.openapi.clone(),
+    )
+        .into_response()
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "meta",
+    responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
+pub async fn metrics(State(s): State<ApiState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        super::metrics::render(&s),
+    )
+        .into_response()
+}
+
+#[utoipa::path(get, path = "/healthz", tag = "meta",
+    responses((status = 200, description = "The process is serving", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "meta",
+    responses((status = 200, description = "Ready for injects", body = Health),
+              (status = 503, description = "Not ready; the message names what", body = ErrorResponse)))]
+pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
+    match s.inner.organism.status() {
+        OrganismStatus::Running | OrganismStatus::Paused => Ok(Json(Health {
+            status: "ready".into(),
+        })),
+        other => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!(
+                "organism: {}",
+                serde_json::to_value(other)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            ),
+        )),
+    }
+}

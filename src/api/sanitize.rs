@@ -1,0 +1,107 @@
+//! Config as the API shows it: secret values never appear (SPEC §14).
+//!
+//! A value is secret when its key names a secret (`token`, `secret`, `password`, `api_key`,
+//! `apikey`, `credential`, `private_key`, `authorization`, `auth`), anywhere in the tree.
+//! Keys ending in `_env` name an environment variable, not its value, and are shown.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// What replaces a secret value.
+pub const REDACTED: &str = "[redacted]";
+
+const SECRET_WORDS: [&str; 9] = [
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "api_key",
+    "apikey",
+    "credential",
+    "private_key",
+    "authorization",
+];
+
+fn is_secret_key(key: &str) -> bool {
+    let k = key.to_ascii_lowercase().replace('-', "_");
+    if k.ends_with("_env") {
+        return false;
+    }
+    k == "auth" || SECRET_WORDS.iter().any(|w| k.contains(w))
+}
+
+/// Replaces every secret value in `value` (recursively).
+pub fn redact(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if is_secret_key(k) && !v.is_null() {
+                    *v = Value::String(REDACTED.into());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// A config section as served: the sanitized tree and the same as YAML text.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ConfigView {
+    /// The sanitized YAML (comments and formatting are not kept).
+    pub yaml: String,
+    /// The same, as JSON.
+    #[schema(value_type = Object)]
+    pub config: Value,
+}
+
+impl ConfigView {
+    fn of(mut config: Value) -> ConfigView {
+        redact(&mut config);
+        let yaml = yaml_serde::to_string(&config).unwrap_or_default();
+        ConfigView { yaml, config }
+    }
+}
+
+fn parse(text: &str) -> Value {
+    yaml_serde::from_str(text).unwrap_or(Value::Null)
+}
+
+/// The whole organism file, sanitized.
+pub fn organism_view(text: &str) -> ConfigView {
+    ConfigView::of(parse(text))
+}
+
+/// One listener's section of the organism file, sanitized.
+pub fn listener_view(text: &str, name: &str) -> Option<ConfigView> {
+    let all = parse(text);
+    let section = all
+        .get("listeners")?
+        .as_array()?
+        .iter()
+        .find(|l| l.get("name").and_then(Value::as_str) == Some(name))?
+        .clone();
+    Some(ConfigView::of(section))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_redacted_wherever_they_are_and_env_names_are_kept() {
+        let yaml = "organism: {name: x}\nlisteners:\n  - name: a\n    token_env: A_TOKEN\n    config:\n      api_key: sk-123\n      nested: [{password: hunter2, user: bob}]\n      Authorization: Bearer abc\n";
+        let view = organism_view(yaml);
+        let text = view.yaml.clone();
+        for secret in ["sk-123", "hunter2", "Bearer abc"] {
+            assert!(!text.contains(secret), "{text}");
+            assert!(!view.config.to_string().contains(secret));
+        }
+        assert!(text.contains("A_TOKEN") && text.contains("bob"), "{text}");
+        let one = listener_view(yaml, "a").unwrap();
+        assert_eq!(one.config["config"]["api_key"], REDACTED);
+        assert!(listener_view(yaml, "nope").is_none());
+    }
+}

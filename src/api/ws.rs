@@ -1,0 +1,506 @@
+//! `/ws` and `/ws/messages` (SPEC §10).
+//!
+//! Each client is two tasks. The session task reads the organism's event channel (after
+//! replaying retained events for `?since=`), filters, and offers each frame to a bounded
+//! queue with `try_send`: it never waits on the client, so a slow client costs the pump
+//! nothing. When the queue (or its byte budget) is full, frames are dropped for that client
+//! and counted; a `dropped` frame (`count`, `from_seq`, `to_seq`) goes out as soon as there is
+//! room. The writer task drains the queue into the socket with a write timeout. Pings go out
+//! every heartbeat; a client silent for two heartbeats is closed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::response::Response;
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::{broadcast, mpsc};
+
+use super::error::{ApiError, Params};
+use super::filter::Filter;
+use super::inject::{inject, InjectBody};
+use super::rest::reload_not_available;
+use super::{ApiState, Endpoint};
+use crate::events::Event;
+use crate::time::Timestamp;
+
+/// The identity `/ws` injects carry.
+pub const WS_IDENTITY: &str = "ws";
+/// Threads listed in a `connected` snapshot besides the active ones.
+const RECENT_THREADS: usize = 100;
+
+/// Connection options: resume point and the initial filter (comma-separated lists), applied
+/// before anything is replayed.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct WsQuery {
+    /// Resume after this `seq`: retained events after it are replayed, then live ones follow.
+    pub since: Option<u64>,
+    /// Thread ids, comma-separated.
+    pub threads: Option<String>,
+    /// Agent names or globs (`shout*`), comma-separated.
+    pub agents: Option<String>,
+    /// Event types, comma-separated (`/ws` only).
+    pub events: Option<String>,
+    /// Payload types, comma-separated.
+    pub payload_types: Option<String>,
+}
+
+#[utoipa::path(get, path = "/ws", tag = "streams", params(WsQuery),
+    responses((status = 101, description = "WebSocket: a `connected` snapshot, then every event (JSON frames with `event`, `seq`, `timestamp`); commands `subscribe`, `inject`, `pause`, `resume`, `kill`, `reload`, `stop`, answered by `ack` or `error` with the `request_id`"),
+              (status = 400, description = "Bad query parameter", body = super::error::ErrorResponse)))]
+pub async fn ws_events(
+    ws: WebSocketUpgrade,
+    State(state): State<ApiState>,
+    Params(q): Params<WsQuery>,
+) -> Result<Response, ApiError> {
+    upgrade(ws, state, Endpoint::Events, q)
+}
+
+#[utoipa::path(get, path = "/ws/messages", tag = "streams", params(WsQuery),
+    responses((status = 101, description = "WebSocket: the message log as a stream; each frame is the message object with `event: message`, `seq` and `slot_index`; command `subscribe` with `filter: {agents, threads, payload_types}`"),
+              (status = 400, description = "Bad query parameter", body = super::error::ErrorResponse)))]
+pub async fn ws_messages(
+    ws: WebSocketUpgrade,
+    State(state): State<ApiState>,
+    Params(q): Params<WsQuery>,
+) -> Result<Response, ApiError> {
+    upgrade(ws, state, Endpoint::Messages, q)
+}
+
+fn upgrade(
+    ws: WebSocketUpgrade,
+    state: ApiState,
+    ep: Endpoint,
+    q: WsQuery,
+) -> Result<Response, ApiError> {
+    let filter = Filter::from_query(
+        q.threads.as_deref(),
+        q.agents.as_deref(),
+        q.events.as_deref(),
+        q.payload_types.as_deref(),
+    );
+    filter
+        .check()
+        .map_err(|m| ApiError::bad_request(m).at("events"))?;
+    let limit = state.frame_limit();
+    Ok(ws
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(
+            move |socket| async move { Session::run(socket, state, ep, filter, q.since).await },
+        ))
+}
+
+/// Frames not sent to this client, waiting to be reported.
+#[derive(Debug, Clone, Copy)]
+struct Dropped {
+    count: u64,
+    from_seq: u64,
+    to_seq: u64,
+}
+
+struct Session {
+    state: ApiState,
+    ep: Endpoint,
+    filter: Filter,
+    tx: mpsc::Sender<Message>,
+    queued: Arc<AtomicUsize>,
+    /// The last event `seq` this session has looked at.
+    seen: u64,
+    dropped: Option<Dropped>,
+}
+
+fn text(value: &Value) -> Message {
+    Message::Text(Utf8Bytes::from(value.to_string()))
+}
+
+impl Session {
+    async fn run(
+        socket: WebSocket,
+        state: ApiState,
+        ep: Endpoint,
+        filter: Filter,
+        since: Option<u64>,
+    ) {
+        let _client = state.client_guard(ep);
+        let options = state.inner.options.clone();
+        let (mut sink, mut stream) = socket.split();
+        let (tx, mut rx) = mpsc::channel::<Message>(options.client_queue.max(1));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let writer_queued = queued.clone();
+        let write_timeout = options.heartbeat * 2;
+        let mut writer = tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                let len = frame_len(&msg);
+                let closing = matches!(msg, Message::Close(_));
+                let sent = tokio::time::timeout(write_timeout, sink.send(msg)).await;
+                writer_queued.fetch_sub(len, Ordering::Relaxed);
+                if !matches!(sent, Ok(Ok(()))) || closing {
+                    break;
+                }
+            }
+            let _ = tokio::time::timeout(write_timeout, sink.close()).await;
+        });
+
+        let hub = state.inner.organism.events();
+        let sub = hub.subscribe_since(since);
+        let mut session = Session {
+            state: state.clone(),
+            ep,
+            filter,
+            tx: tx.clone(),
+            queued,
+            seen: sub.seq,
+            dropped: None,
+        };
+        if let Some(oldest) = sub.resync_from {
+            session.control(json!({
+                "event": "resync_required",
+                "seq": sub.seq,
+                "timestamp": Timestamp::now(),
+                "since": since,
+                "oldest_seq": oldest,
+            }));
+        }
+        if since.is_none() || sub.resync_from.is_some() {
+            let snapshot = session.snapshot(sub.seq);
+            session.control(snapshot);
+        } else if let Some(s) = since {
+            session.seen = s;
+        }
+        for ev in &sub.replay {
+            session.offer(ev);
+        }
+        let mut live = sub.live;
+
+        let reserve_tx = tx.clone();
+        drop(tx);
+        let closing = state.inner.closing.clone();
+        let mut heartbeat = tokio::time::interval(options.heartbeat);
+        heartbeat.tick().await;
+        let mut last_heard = Instant::now();
+        loop {
+            tokio::select! {
+                _ = closing.cancelled() => {
+                    let _ = session.tx.try_send(Message::Close(Some(CloseFrame {
+                        code: axum::extract::ws::close_code::AWAY,
+                        reason: Utf8Bytes::from_static("server stopping"),
+                    })));
+                    break;
+                }
+                r = live.recv() => match r {
+                    Ok(ev) => session.offer(&ev),
+                    Err(broadcast::error::RecvError::Lagged(n)) => session.lost(n),
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                incoming = stream.next() => match incoming {
+                    Some(Ok(Message::Text(t))) => {
+                        last_heard = Instant::now();
+                        session.command(t.as_str()).await;
+                    }
+                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
+                    Some(Ok(_)) => last_heard = Instant::now(),
+                },
+                permit = reserve_tx.reserve(), if session.dropped.is_some() => {
+                    if let (Ok(permit), Some(d)) = (permit, session.dropped.take()) {
+                        let frame = dropped_frame(d);
+                        session.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
+                        permit.send(frame);
+                    }
+                }
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > options.heartbeat * 2 {
+                        tracing::info!(endpoint = ep.path(), "closing a WebSocket client that stopped answering");
+                        break;
+                    }
+                    let _ = session.tx.try_send(Message::Ping(Default::default()));
+                }
+                _ = &mut writer => break,
+            }
+        }
+        drop(session);
+        drop(reserve_tx);
+        let _ = tokio::time::timeout(write_timeout, writer).await;
+    }
+
+    fn snapshot(&self, seq: u64) -> Value {
+        let organism = &self.state.inner.organism;
+        let info = organism.info();
+        match self.ep {
+            Endpoint::Messages => json!({
+                "event": "connected",
+                "seq": seq,
+                "timestamp": Timestamp::now(),
+                "organism": info,
+                "filter": self.filter,
+            }),
+            Endpoint::Events => {
+                let mut threads = organism.threads().list();
+                let mut recent = 0;
+                threads.retain(|t| {
+                    t.status == crate::threads::ThreadStatus::Active || {
+                        recent += 1;
+                        recent <= RECENT_THREADS
+                    }
+                });
+                json!({
+                    "event": "connected",
+                    "seq": seq,
+                    "timestamp": Timestamp::now(),
+                    "organism": info,
+                    "agents": organism.agents(),
+                    "threads": threads,
+                    "filter": self.filter,
+                })
+            }
+        }
+    }
+
+    /// Queues a control frame (snapshot, resync, ack, error). These are never dropped for
+    /// lack of queue room at connect; later ones wait for room up to the write timeout.
+    fn control(&mut self, frame: Value) {
+        let msg = text(&frame);
+        self.queued.fetch_add(frame_len(&msg), Ordering::Relaxed);
+        if let Err(mpsc::error::TrySendError::Full(msg)) = self.tx.try_send(msg) {
+            let tx = self.tx.clone();
+            let timeout = self.state.inner.options.heartbeat * 2;
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(timeout, tx.send(msg)).await;
+            });
+        }
+    }
+
+    /// Offers one event: filtered, then queued or counted as dropped.
+    fn offer(&mut self, ev: &Arc<Event>) {
+        if ev.seq <= self.seen {
+            return;
+        }
+        self.seen = ev.seq;
+        let frame = match self.ep {
+            Endpoint::Events => self.filter.passes(ev).then(|| ev.json()),
+            Endpoint::Messages => {
+                if self.filter.passes_message(ev) {
+                    ev.message_json()
+                } else {
+                    None
+                }
+            }
+        };
+        let Some(frame) = frame else { return };
+        if let Some(d) = self.dropped {
+            // Report the gap first; if even that does not fit, this one joins it.
+            if self.try_queue(dropped_frame(d)) {
+                self.dropped = None;
+            } else {
+                self.drop_one(ev.seq);
+                return;
+            }
+        }
+        let budget = self.state.inner.options.client_queue_bytes;
+        if self.queued.load(Ordering::Relaxed) + frame.len() > budget {
+            self.drop_one(ev.seq);
+            return;
+        }
+        if !self.try_queue(Message::Text(Utf8Bytes::from(frame.to_string()))) {
+            self.drop_one(ev.seq);
+        }
+    }
+
+    /// Queues a frame if there is room, keeping the byte count the writer pays back.
+    fn try_queue(&self, msg: Message) -> bool {
+        let len = frame_len(&msg);
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        if self.tx.try_send(msg).is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn drop_one(&mut self, seq: u64) {
+        self.note_dropped(1, seq, seq);
+    }
+
+    /// The channel skipped `n` events after the last one seen.
+    fn lost(&mut self, n: u64) {
+        let from = self.seen + 1;
+        self.seen += n;
+        self.note_dropped(n, from, self.seen);
+    }
+
+    fn note_dropped(&mut self, count: u64, from_seq: u64, to_seq: u64) {
+        self.state.count_dropped(self.ep, count);
+        self.dropped = Some(match self.dropped {
+            None => Dropped {
+                count,
+                from_seq,
+                to_seq,
+            },
+            Some(d) => Dropped {
+                count: d.count + count,
+                from_seq: d.from_seq,
+                to_seq,
+            },
+        });
+    }
+
+    async fn command(&mut self, raw: &str) {
+        let reply = match serde_json::from_str::<Value>(raw) {
+            Ok(Value::Object(map)) => self.execute(map).await,
+            Ok(_) | Err(_) => Err((
+                Value::Null,
+                String::new(),
+                ApiError::bad_request("a command is a JSON object with a `cmd` field"),
+            )),
+        };
+        let seq = self.state.inner.organism.events().last_seq();
+        let frame = match reply {
+            Ok((request_id, cmd, mut fields)) => {
+                let mut frame = json!({
+                    "event": "ack",
+                    "seq": seq,
+                    "timestamp": Timestamp::now(),
+                    "request_id": request_id,
+                    "cmd": cmd,
+                });
+                if let Some(obj) = frame.as_object_mut() {
+                    obj.append(&mut fields);
+                }
+                frame
+            }
+            Err((request_id, cmd, e)) => json!({
+                "event": "error",
+                "seq": seq,
+                "timestamp": Timestamp::now(),
+                "request_id": request_id,
+                "cmd": cmd,
+                "status": e.status.as_u16(),
+                "code": e.body.code,
+                "error": e.body.message,
+                "details": e.body.details,
+                "where": e.body.location,
+            }),
+        };
+        self.control(frame);
+    }
+
+    /// Runs one command. Ok: the ack's extra fields. Err: the error, with the request id.
+    async fn execute(
+        &mut self,
+        mut map: Map<String, Value>,
+    ) -> Result<(Value, String, Map<String, Value>), (Value, String, ApiError)> {
+        let request_id = map.remove("request_id").unwrap_or(Value::Null);
+        let cmd = match map.remove("cmd") {
+            Some(Value::String(c)) => c,
+            _ => {
+                return Err((
+                    request_id,
+                    String::new(),
+                    ApiError::bad_request("a command needs a `cmd` string").at("cmd"),
+                ))
+            }
+        };
+        let fail = |e: ApiError| (request_id.clone(), cmd.clone(), e);
+        let organism = self.state.inner.organism.clone();
+        let mut out = Map::new();
+        match (cmd.as_str(), self.ep) {
+            ("subscribe", _) => {
+                let spec = match map.remove("filter") {
+                    Some(f) if map.is_empty() => f,
+                    Some(_) => {
+                        return Err(fail(ApiError::bad_request(
+                            "give the filter either under `filter` or at the top level, not both",
+                        )))
+                    }
+                    None => Value::Object(map),
+                };
+                let filter: Filter = serde_json::from_value(spec)
+                    .map_err(|e| fail(ApiError::bad_request(format!("bad filter: {e}")).at("filter")))?;
+                filter
+                    .check()
+                    .map_err(|m| fail(ApiError::bad_request(m).at("events")))?;
+                self.filter = filter;
+                out.insert("filter".into(), json!(self.filter));
+            }
+            (_, Endpoint::Messages) => {
+                return Err(fail(ApiError::bad_request(format!(
+                    "`{cmd}` is not a command of /ws/messages (only `subscribe`); use /ws"
+                ))
+                .at("cmd")))
+            }
+            ("inject", _) => {
+                let body: InjectBody = serde_json::from_value(Value::Object(map))
+                    .map_err(|e| fail(ApiError::bad_request(format!("bad inject: {e}"))))?;
+                let receipt = inject(&organism, WS_IDENTITY, body).map_err(fail)?;
+                out.insert("thread_id".into(), json!(receipt.thread_id));
+                out.insert("message_id".into(), json!(receipt.message_id));
+            }
+            ("pause" | "resume", _) => {
+                let pause = cmd == "pause";
+                match map.get("agent") {
+                    None | Some(Value::Null) => {
+                        if pause {
+                            organism.pause()
+                        } else {
+                            organism.resume()
+                        }
+                    }
+                    Some(Value::String(a)) => {
+                        let r = if pause {
+                            organism.pause_listener(a)
+                        } else {
+                            organism.resume_listener(a)
+                        };
+                        r.map_err(|e| fail(e.into()))?;
+                        out.insert("agent".into(), json!(a));
+                    }
+                    Some(_) => {
+                        return Err(fail(ApiError::bad_request("`agent` must be a name").at("agent")))
+                    }
+                }
+            }
+            ("kill", _) => {
+                let Some(Value::String(t)) = map.get("thread_id") else {
+                    return Err(fail(
+                        ApiError::bad_request("`kill` needs a `thread_id`").at("thread_id"),
+                    ));
+                };
+                organism.kill_thread(t).map_err(|e| fail(e.into()))?;
+                out.insert("thread_id".into(), json!(t));
+            }
+            ("reload", _) => return Err(fail(reload_not_available())),
+            ("stop", _) => self.state.request_stop(),
+            (other, _) => {
+                return Err(fail(ApiError::bad_request(format!(
+                    "unknown command `{other}` (known: subscribe, inject, pause, resume, kill, reload, stop)"
+                ))
+                .at("cmd")))
+            }
+        }
+        Ok((request_id, cmd, out))
+    }
+}
+
+fn dropped_frame(d: Dropped) -> Message {
+    text(&json!({
+        "event": "dropped",
+        "seq": d.to_seq,
+        "timestamp": Timestamp::now(),
+        "count": d.count,
+        "from_seq": d.from_seq,
+        "to_seq": d.to_seq,
+    }))
+}
+
+fn frame_len(msg: &Message) -> usize {
+    match msg {
+        Message::Text(t) => t.len(),
+        _ => 0,
+    }
+}

@@ -1,0 +1,232 @@
+//! Clients of a running server, for the `tail` and `inject` commands (and anyone embedding).
+
+use std::io::Write;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::api::InjectBody;
+use crate::InjectReceipt;
+
+/// What went wrong talking to a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("`{0}` is not an http:// URL")]
+    BadUrl(String),
+    #[error("cannot reach {url}: {message}")]
+    Connect { url: String, message: String },
+    #[error("the server answered {status}: {body}")]
+    Refused { status: u16, body: String },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn base(url: &str) -> Result<&str, ClientError> {
+    let trimmed = url.trim_end_matches('/');
+    if trimmed.starts_with("http://") {
+        Ok(trimmed)
+    } else {
+        Err(ClientError::BadUrl(url.to_string()))
+    }
+}
+
+/// `tail` filters; each maps to a `/ws/messages` query parameter.
+#[derive(Debug, Clone, Default)]
+pub struct TailFilter {
+    pub agent: Option<String>,
+    pub thread: Option<String>,
+    pub payload_type: Option<String>,
+}
+
+fn encode(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'*' | b'?' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The `/ws/messages` URL for a server URL and filters.
+pub fn tail_url(url: &str, f: &TailFilter) -> Result<String, ClientError> {
+    let base = base(url)?;
+    let mut q = Vec::new();
+    if let Some(a) = &f.agent {
+        q.push(format!("agents={}", encode(a)));
+    }
+    if let Some(t) = &f.thread {
+        q.push(format!("threads={}", encode(t)));
+    }
+    if let Some(p) = &f.payload_type {
+        q.push(format!("payload_types={}", encode(p)));
+    }
+    let ws = base.replacen("http://", "ws://", 1);
+    Ok(if q.is_empty() {
+        format!("{ws}/ws/messages")
+    } else {
+        format!("{ws}/ws/messages?{}", q.join("&"))
+    })
+}
+
+/// One readable line for a `/ws/messages` frame; `None` for frames that are not messages.
+pub fn tail_line(frame: &Value) -> Option<String> {
+    let s = |k: &str| frame.get(k).and_then(Value::as_str).unwrap_or("");
+    match s("event") {
+        "message" => {
+            let time = s("timestamp").get(11..23).unwrap_or("");
+            let thread = s("thread_id");
+            let short = thread
+                .get(thread.len().saturating_sub(8)..)
+                .unwrap_or(thread);
+            let to = frame.get("to").and_then(Value::as_str).unwrap_or("(none)");
+            let ty = s("payload_type");
+            let ty = ty.rsplit_once('}').map_or(ty, |(_, l)| l);
+            let mut line = format!(
+                "{time} {short} #{slot:<3} {from} -> {to} {ty} [{status}] {payload}",
+                slot = frame.get("slot_index").and_then(Value::as_u64).unwrap_or(0),
+                from = s("from"),
+                status = s("status"),
+                payload = frame
+                    .get("payload")
+                    .map(Value::to_string)
+                    .unwrap_or_default(),
+            );
+            if let Some(e) = frame.get("error").and_then(Value::as_str) {
+                line.push_str(&format!(" error: {e}"));
+            }
+            Some(line)
+        }
+        _ => None,
+    }
+}
+
+/// Streams `/ws/messages` to `out`, one line per message (or the raw JSON frames with
+/// `json`), until the server closes the stream. Notices (`dropped`, `resync_required`) go to
+/// stderr.
+pub async fn tail(
+    url: &str,
+    filter: &TailFilter,
+    json: bool,
+    out: &mut (dyn Write + Send),
+) -> Result<(), ClientError> {
+    let ws_url = tail_url(url, filter)?;
+    let (mut socket, _) = tokio_tungstenite::connect_async(ws_url.as_str())
+        .await
+        .map_err(|e| ClientError::Connect {
+            url: ws_url.clone(),
+            message: e.to_string(),
+        })?;
+    while let Some(frame) = socket.next().await {
+        let text = match frame {
+            Ok(Message::Text(t)) => t,
+            Ok(Message::Close(_)) => break,
+            Ok(_) => continue,
+            Err(e) => {
+                return Err(ClientError::Connect {
+                    url: ws_url,
+                    message: e.to_string(),
+                })
+            }
+        };
+        if json {
+            writeln!(out, "{}", text.as_str())?;
+            out.flush()?;
+            continue;
+        }
+        let Ok(value) = serde_json::from_str::<Value>(text.as_str()) else {
+            continue;
+        };
+        match tail_line(&value) {
+            Some(line) => {
+                writeln!(out, "{line}")?;
+                out.flush()?;
+            }
+            None => match value.get("event").and_then(Value::as_str) {
+                Some("dropped") => eprintln!(
+                    "agentserver tail: {} message frame(s) dropped (seq {} to {}): this terminal is too slow",
+                    value["count"], value["from_seq"], value["to_seq"]
+                ),
+                Some("resync_required") => {
+                    eprintln!("agentserver tail: the server asked for a resync")
+                }
+                _ => {}
+            },
+        }
+    }
+    Ok(())
+}
+
+/// Posts one inject to a running server.
+pub async fn inject(url: &str, body: &InjectBody) -> Result<InjectReceipt, ClientError> {
+    let endpoint = format!("{}/api/v1/inject", base(url)?);
+    let mut json = serde_json::Map::new();
+    json.insert("to".into(), Value::String(body.to.clone()));
+    if let Some(p) = &body.payload {
+        json.insert("payload".into(), p.clone());
+    }
+    if let Some(x) = &body.payload_xml {
+        json.insert("payload_xml".into(), Value::String(x.clone()));
+    }
+    if let Some(t) = &body.payload_type {
+        json.insert("payload_type".into(), Value::String(t.clone()));
+    }
+    if let Some(t) = &body.thread_id {
+        json.insert("thread_id".into(), Value::String(t.clone()));
+    }
+    let response = reqwest::Client::new()
+        .post(&endpoint)
+        .json(&json)
+        .send()
+        .await
+        .map_err(|e| ClientError::Connect {
+            url: endpoint.clone(),
+            message: e.to_string(),
+        })?;
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap_or_default();
+    if status != 202 {
+        return Err(ClientError::Refused { status, body: text });
+    }
+    let v: Value = serde_json::from_str(&text).map_err(|e| ClientError::Refused {
+        status,
+        body: format!("{text} ({e})"),
+    })?;
+    Ok(InjectReceipt {
+        thread_id: v["thread_id"].as_str().unwrap_or_default().to_string(),
+        message_id: v["message_id"].as_str().unwrap_or_default().to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tail_urls_carry_filters_and_lines_read_well() {
+        let f = TailFilter {
+            agent: Some("shout*".into()),
+            thread: None,
+            payload_type: Some("{urn:x}A b".into()),
+        };
+        assert_eq!(
+            tail_url("http://127.0.0.1:1/", &f).unwrap(),
+            "ws://127.0.0.1:1/ws/messages?agents=shout*&payload_types=%7Burn%3Ax%7DA%20b"
+        );
+        assert!(tail_url("ftp://x", &f).is_err());
+        let line = tail_line(&json!({
+            "event": "message", "timestamp": "2026-01-15T10:30:01.123Z", "thread_id": "0123456789abcdef",
+            "slot_index": 2, "from": "greeter", "to": "shouter", "payload_type": "{urn:x}Shouted",
+            "status": "delivered", "payload": {"message": "HI"}
+        }))
+        .unwrap();
+        assert_eq!(
+            line,
+            "10:30:01.123 89abcdef #2   greeter -> shouter Shouted [delivered] {\"message\":\"HI\"}"
+        );
+        assert!(tail_line(&json!({"event": "connected"})).is_none());
+    }
+}
