@@ -261,6 +261,7 @@ impl Shared {
 #[derive(Default)]
 pub struct OrganismBuilder {
     registry: HandlerRegistry,
+    event_capacity: Option<usize>,
 }
 
 impl OrganismBuilder {
@@ -277,6 +278,13 @@ impl OrganismBuilder {
         F: Fn(&config::ListenerConfig) -> Result<Arc<dyn Handler>, String> + Send + Sync + 'static,
     {
         self.registry.register(name, factory);
+        self
+    }
+
+    /// How many events the hub retains for observers that resume with `?since=` (and buffers
+    /// for observers that fall behind). Default [`DEFAULT_CAPACITY`].
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = Some(capacity);
         self
     }
 
@@ -311,7 +319,7 @@ impl OrganismBuilder {
         let limits = config.limits;
         let shared = Arc::new(Shared {
             threads: ThreadRegistry::new(limits.max_messages_per_thread, RETAINED_FINISHED_THREADS),
-            events: EventHub::new(DEFAULT_CAPACITY),
+            events: EventHub::new(self.event_capacity.unwrap_or(DEFAULT_CAPACITY)),
             gate: gate::Gate::new(limits.max_concurrent_handlers, config.scheduling),
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,

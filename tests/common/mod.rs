@@ -160,3 +160,152 @@ pub async fn until(o: &Organism, mut cond: impl FnMut() -> bool) {
     .await
     .expect("condition reached in time");
 }
+
+/// Waits until an async condition holds, re-checking every few milliseconds, with a timeout.
+/// For conditions no pump event announces (a server-side WebSocket session ending).
+pub async fn until_async<F, Fut>(mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    tokio::time::timeout(WAIT, async {
+        while !cond().await {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("condition reached in time");
+}
+
+/// An organism served by a real API server on 127.0.0.1:0.
+pub struct Served {
+    pub organism: Organism,
+    pub server: agentserver::api::ApiServer,
+    /// `http://127.0.0.1:PORT`
+    pub base: String,
+    pub http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+pub async fn serve_with(
+    builder: OrganismBuilder,
+    limits: &str,
+    listeners: &str,
+    options: agentserver::api::ApiOptions,
+) -> Served {
+    let (organism, dir) = organism_with(builder, limits, "breadth-first", listeners);
+    let server = agentserver::api::ApiServer::bind(organism.clone(), "127.0.0.1:0", options)
+        .await
+        .expect("server binds");
+    let base = format!("http://{}", server.local_addr());
+    Served {
+        organism,
+        server,
+        base,
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+/// A three-listener chain a → b → c over `Note`, each forwarding, c a sink.
+pub const CHAIN: &str = "  - {name: a, description: first, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b}}
+  - {name: b, description: second, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: c}}
+  - {name: c, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}";
+
+impl Served {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn ws_url(&self, path: &str) -> String {
+        format!("{}{path}", self.base.replacen("http://", "ws://", 1))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self.http.get(self.url(path)).send().await.expect("GET");
+        let status = r.status().as_u16();
+        let text = r.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("POST");
+        let status = r.status().as_u16();
+        let text = r.text().await.expect("body");
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+        )
+    }
+
+    pub async fn inject_note(&self, to: &str, text: &str) -> String {
+        let (status, body) = self
+            .post(
+                "/api/v1/inject",
+                serde_json::json!({"to": to, "payload_xml": format!("<Note>{text}</Note>")}),
+            )
+            .await;
+        assert_eq!(status, 202, "{body}");
+        body["thread_id"].as_str().expect("thread_id").to_string()
+    }
+}
+
+pub type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub async fn ws_connect(url: &str) -> Ws {
+    let (ws, _) = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(url))
+        .await
+        .expect("connect in time")
+        .expect("WebSocket connects");
+    ws
+}
+
+/// The next JSON text frame (pings and pongs skipped), with a timeout.
+pub async fn next_json(ws: &mut Ws) -> serde_json::Value {
+    use futures_util::StreamExt;
+    loop {
+        let frame = tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a frame in time")
+            .expect("stream open")
+            .expect("frame ok");
+        if let tokio_tungstenite::tungstenite::Message::Text(t) = frame {
+            return serde_json::from_str(t.as_str()).expect("frames are JSON");
+        }
+    }
+}
+
+/// Reads frames until one satisfies `pred`; returns every frame read, the match last.
+pub async fn read_until(
+    ws: &mut Ws,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
+    let mut seen = Vec::new();
+    loop {
+        let v = next_json(ws).await;
+        let done = pred(&v);
+        seen.push(v);
+        if done {
+            return seen;
+        }
+    }
+}
+
+pub async fn send_json(ws: &mut Ws, v: serde_json::Value) {
+    use futures_util::SinkExt;
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(
+        v.to_string().into(),
+    ))
+    .await
+    .expect("send");
+}

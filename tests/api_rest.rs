@@ -1,0 +1,620 @@
+//! The REST API against a real server on 127.0.0.1:0 with a real HTTP client.
+
+mod common;
+
+use agentserver::api::ApiOptions;
+use agentserver::Organism;
+use common::*;
+use serde_json::{json, Value};
+
+async fn chain() -> Served {
+    serve_with(Organism::builder(), "", CHAIN, ApiOptions::default()).await
+}
+
+async fn wait_completed(s: &Served, thread: &str) {
+    settle(&s.organism, thread).await;
+}
+
+#[tokio::test]
+async fn organism_agents_and_schema_endpoints_have_their_shapes() {
+    let s = chain().await;
+    let t = s.inject_note("a", "hi").await;
+    wait_completed(&s, &t).await;
+
+    let (st, o) = s.get("/api/v1/organism").await;
+    assert_eq!(st, 200);
+    for key in [
+        "name",
+        "status",
+        "uptime_seconds",
+        "agent_count",
+        "active_threads",
+        "total_messages",
+        "config_rev",
+    ] {
+        assert!(o.get(key).is_some(), "organism lacks {key}: {o}");
+    }
+    assert_eq!(o["status"], "running");
+    assert_eq!(o["agent_count"], 3);
+    assert_eq!(o["total_messages"], 3);
+
+    let (st, agents) = s.get("/api/v1/agents").await;
+    assert_eq!(st, 200);
+    assert_eq!(agents["total"], 3);
+    let a = &agents["items"][0];
+    for key in [
+        "name",
+        "description",
+        "is_agent",
+        "peers",
+        "payload_class",
+        "state",
+        "current_thread",
+        "queue_depth",
+        "last_activity",
+        "kind",
+        "accepts",
+    ] {
+        assert!(a.get(key).is_some(), "agent lacks {key}: {a}");
+    }
+    assert_eq!(a["kind"], "native");
+    assert_eq!(a["accepts"], json!(["Note"]));
+
+    let (st, b) = s.get("/api/v1/agents/b").await;
+    assert_eq!(st, 200);
+    assert_eq!(b["handled"], 1);
+    assert!(b["mean_handler_ms"].as_f64().is_some() && b["p99_handler_ms"].as_f64().is_some());
+
+    let (st, e) = s.get("/api/v1/agents/nobody").await;
+    assert_eq!(st, 404);
+    assert_eq!(e["error"]["code"], "unknown_listener");
+
+    let r = s
+        .http
+        .get(s.url("/api/v1/agents/a/schema"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/xml"));
+    assert!(r.text().await.unwrap().contains("xs:schema"));
+    let (st, _) = s.get("/api/v1/agents/a/schema?type=Nope").await;
+    assert_eq!(st, 404);
+
+    let (st, h) = s.get("/healthz").await;
+    assert_eq!((st, h["status"].as_str()), (200, Some("ok")));
+    let (st, _) = s.get("/readyz").await;
+    assert_eq!(st, 200);
+}
+
+#[tokio::test]
+async fn config_endpoints_never_show_secret_values() {
+    let listeners = "  - {name: a, description: first, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b, api_key: sk-live-123, auth: {password: hunter2}, token_env: A_TOKEN}}
+  - {name: b, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}";
+    let s = serve_with(Organism::builder(), "", listeners, ApiOptions::default()).await;
+    for path in ["/api/v1/organism/config", "/api/v1/agents/a/config"] {
+        let (st, v) = s.get(path).await;
+        assert_eq!(st, 200);
+        let text = v.to_string();
+        assert!(
+            !text.contains("sk-live-123") && !text.contains("hunter2"),
+            "{path}: {text}"
+        );
+        assert!(
+            text.contains("A_TOKEN"),
+            "env var names are not secret: {text}"
+        );
+        assert!(v["yaml"].as_str().unwrap().contains("[redacted]"));
+    }
+    let (_, a) = s.get("/api/v1/agents/a/config").await;
+    assert_eq!(a["config"]["name"], "a");
+    assert_eq!(a["config"]["config"]["api_key"], "[redacted]");
+    let (st, _) = s.get("/api/v1/agents/zed/config").await;
+    assert_eq!(st, 404);
+}
+
+#[tokio::test]
+async fn message_and_thread_lists_filter_and_page_exactly() {
+    let s = chain().await;
+    let mut threads = Vec::new();
+    for i in 0..4 {
+        let t = s.inject_note("a", &format!("n{i}")).await;
+        wait_completed(&s, &t).await;
+        threads.push(t);
+    }
+    let before_last = s.organism.threads().info(&threads[3]).unwrap().created_at;
+
+    let (st, all) = s.get("/api/v1/messages").await;
+    assert_eq!(st, 200);
+    assert_eq!(all["total"], 12);
+    assert_eq!(all["limit"], 50);
+    assert_eq!(all["offset"], 0);
+    let items = all["items"].as_array().unwrap();
+    let m = &items[0];
+    for key in [
+        "id",
+        "thread_id",
+        "from",
+        "to",
+        "payload_type",
+        "payload",
+        "timestamp",
+        "parent_id",
+        "slot_index",
+        "status",
+        "error",
+        "payload_xml",
+    ] {
+        assert!(m.get(key).is_some(), "message lacks {key}: {m}");
+    }
+    assert_eq!(m["payload"], "n0");
+
+    let total = |v: &Value| v["total"].as_u64().unwrap();
+    assert_eq!(
+        total(&s.get("/api/v1/messages?agent=b").await.1),
+        8,
+        "b sends and receives"
+    );
+    assert_eq!(
+        total(
+            &s.get(&format!("/api/v1/messages?thread={}", threads[1]))
+                .await
+                .1
+        ),
+        3
+    );
+    assert_eq!(
+        total(
+            &s.get("/api/v1/messages?payload_type=Note&status=delivered")
+                .await
+                .1
+        ),
+        12
+    );
+    assert_eq!(total(&s.get("/api/v1/messages?status=rejected").await.1), 0);
+
+    // Pagination edges.
+    let (_, page) = s.get("/api/v1/messages?limit=5&offset=10").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 2);
+    assert_eq!(page["total"], 12);
+    let (_, past) = s.get("/api/v1/messages?offset=100").await;
+    assert_eq!(past["items"], json!([]));
+    assert_eq!(past["total"], 12);
+    let (_, zero) = s.get("/api/v1/messages?limit=0").await;
+    assert_eq!(zero["items"], json!([]));
+    assert_eq!(zero["total"], 12);
+    let (_, big) = s.get("/api/v1/messages?limit=100000").await;
+    assert_eq!(big["limit"], 1000, "clamped to the maximum");
+    assert_eq!(big["items"].as_array().unwrap().len(), 12);
+
+    // Bad parameters are 400s that say which.
+    for bad in [
+        "/api/v1/messages?limit=-1",
+        "/api/v1/messages?status=lost",
+        "/api/v1/threads?status=x",
+        "/api/v1/messages?since=yesterday",
+    ] {
+        let (st, e) = s.get(bad).await;
+        assert_eq!(st, 400, "{bad}: {e}");
+        assert!(e["error"]["message"].as_str().is_some());
+    }
+    let (_, e) = s.get("/api/v1/messages?since=yesterday").await;
+    assert_eq!(e["error"]["where"], "since");
+
+    // Threads: newest first, filters.
+    let (_, ts) = s.get("/api/v1/threads").await;
+    assert_eq!(ts["total"], 4);
+    assert_eq!(ts["items"][0]["id"], threads[3].as_str());
+    assert_eq!(
+        total(&s.get("/api/v1/threads?status=completed&agent=c").await.1),
+        4
+    );
+    assert_eq!(total(&s.get("/api/v1/threads?status=active").await.1), 0);
+    let until = before_last.to_rfc3339();
+    assert_eq!(
+        total(&s.get(&format!("/api/v1/threads?until={until}")).await.1),
+        3
+    );
+    let since = before_last.to_rfc3339();
+    let (_, recent) = s.get(&format!("/api/v1/messages?since={since}")).await;
+    assert!(total(&recent) >= 3 && total(&recent) <= 12);
+
+    let (st, one) = s.get(&format!("/api/v1/threads/{}", threads[0])).await;
+    assert_eq!(st, 200);
+    assert_eq!(one["status"], "completed");
+    assert_eq!(one["participants"], json!(["api", "a", "b", "c"]));
+    assert_eq!(one["messages"].as_array().unwrap().len(), 3);
+    let (_, tm) = s
+        .get(&format!(
+            "/api/v1/threads/{}/messages?limit=1&offset=2",
+            threads[0]
+        ))
+        .await;
+    assert_eq!(tm["total"], 3);
+    assert_eq!(tm["items"][0]["slot_index"], 2);
+    assert_eq!(s.get("/api/v1/threads/nope").await.0, 404);
+    assert_eq!(s.get("/api/v1/threads/nope/messages").await.0, 404);
+}
+
+#[tokio::test]
+async fn unknown_query_parameters_are_refused() {
+    let s = chain().await;
+    let (st, e) = s.get("/api/v1/messages?agnet=b").await;
+    assert_eq!(st, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("agnet"));
+}
+
+#[tokio::test]
+async fn inject_maps_json_in_schema_order_and_answers_202() {
+    let s = serve_with(
+        Organism::builder(),
+        "",
+        "  - {name: p, description: pings, kind: native, handler: sink, schema: t.xsd, accepts: [Ping]}",
+        ApiOptions::default(),
+    )
+    .await;
+    let (st, r) = s
+        .post("/api/v1/inject", json!({"to": "p", "payload": {"n": 7}}))
+        .await;
+    assert_eq!(st, 202, "{r}");
+    let thread = r["thread_id"].as_str().unwrap().to_string();
+    assert!(r["message_id"].as_str().is_some());
+    settle(&s.organism, &thread).await;
+    let (_, m) = s.get(&format!("/api/v1/threads/{thread}/messages")).await;
+    assert_eq!(m["items"][0]["payload_xml"], "<Ping><n>7</n></Ping>");
+    assert_eq!(
+        m["items"][0]["payload"],
+        json!({"n": 7}),
+        "leaves typed by the schema"
+    );
+    assert_eq!(m["items"][0]["from"], "api");
+
+    // A caller-chosen thread id continues that thread.
+    let (st, r) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "p", "payload_xml": "<Ping><n>8</n></Ping>", "thread_id": "my-thread_1"}),
+        )
+        .await;
+    assert_eq!((st, r["thread_id"].as_str()), (202, Some("my-thread_1")));
+
+    // A JSON key the schema does not declare names its path.
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "p", "payload": {"n": 1, "m": 2}}),
+        )
+        .await;
+    assert_eq!(st, 422);
+    assert_eq!(e["error"]["code"], "invalid_payload");
+    assert_eq!(e["error"]["where"], "payload.m");
+}
+
+#[tokio::test]
+async fn every_bad_inject_gets_its_status_and_a_clear_body() {
+    let s = serve_with(
+        Organism::builder(),
+        "  max_message_bytes: 2048\n  max_pending_messages: 2",
+        CHAIN,
+        ApiOptions::default(),
+    )
+    .await;
+    let note = |t: &str| json!({"to": "a", "payload_xml": format!("<Note>{t}</Note>")});
+
+    // 422: invalid against the schema, with the validator's messages.
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note><b>x</b></Note>"}),
+        )
+        .await;
+    assert_eq!(st, 422, "{e}");
+    assert_eq!(e["error"]["code"], "invalid_payload");
+    assert!(
+        e["error"]["details"][0]
+            .as_str()
+            .unwrap()
+            .contains("line 1"),
+        "{e}"
+    );
+    // 422: malformed XML, not accepted type.
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note>x</Nope>"}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (422, Some("malformed_xml"))
+    );
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Ping><n>1</n></Ping>"}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (422, Some("not_accepted"))
+    );
+    // 404: unknown listener.
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "zz", "payload_xml": "<Note/>"}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (404, Some("unknown_listener"))
+    );
+    // 413: payload over max_message_bytes, and a body over the request limit.
+    let (st, e) = s.post("/api/v1/inject", note(&"x".repeat(3000))).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (413, Some("too_large")),
+        "{e}"
+    );
+    let (st, _) = s.post("/api/v1/inject", note(&"x".repeat(200_000))).await;
+    assert_eq!(st, 413);
+    // 400: malformed JSON (with where), missing field, both payload forms, bad thread id.
+    let r = s
+        .http
+        .post(s.url("/api/v1/inject"))
+        .header("content-type", "application/json")
+        .body("{\"to\": \"a\",")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "invalid_json");
+    assert!(
+        e["error"]["where"].as_str().unwrap().starts_with("line 1"),
+        "{e}"
+    );
+    let (st, e) = s
+        .post("/api/v1/inject", json!({"payload_xml": "<Note/>"}))
+        .await;
+    assert_eq!(st, 400);
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `to`"),
+        "{e}"
+    );
+    let (st, _) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload": "x", "payload_xml": "<Note/>"}),
+        )
+        .await;
+    assert_eq!(st, 400);
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note/>", "thread_id": "bad id!"}),
+        )
+        .await;
+    assert_eq!((st, e["error"]["where"].as_str()), (400, Some("thread_id")));
+    // 415: wrong content type.
+    let r = s
+        .http
+        .post(s.url("/api/v1/inject"))
+        .header("content-type", "text/plain")
+        .body("{\"to\":\"a\"}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "unsupported_media_type");
+
+    // 409: a killed thread.
+    s.organism.pause_listener("a").unwrap();
+    let (_, r) = s.post("/api/v1/inject", note("k")).await;
+    let killed = r["thread_id"].as_str().unwrap().to_string();
+    let (st, _) = s
+        .post(&format!("/api/v1/threads/{killed}/kill"), json!({}))
+        .await;
+    assert_eq!(st, 200);
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note/>", "thread_id": killed}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("thread_killed"))
+    );
+
+    // 429: over max_pending_messages (2) while `a` is paused.
+    assert_eq!(s.post("/api/v1/inject", note("1")).await.0, 202);
+    assert_eq!(s.post("/api/v1/inject", note("2")).await.0, 202);
+    let (st, e) = s.post("/api/v1/inject", note("3")).await;
+    assert_eq!((st, e["error"]["code"].as_str()), (429, Some("overloaded")));
+
+    // Every refusal that reached the pump was recorded, and the organism still runs.
+    assert!(
+        s.organism
+            .failure_count(agentserver::pump::FailureKind::InjectRefused)
+            >= 5
+    );
+    s.organism.resume_listener("a").unwrap();
+    let t = s.inject_note("a", "still fine").await;
+    settle(&s.organism, &t).await;
+
+    // Unknown routes and methods answer JSON too.
+    let (st, e) = s.get("/api/v1/nothing").await;
+    assert_eq!((st, e["error"]["code"].as_str()), (404, Some("no_route")));
+    let r = s
+        .http
+        .delete(s.url("/api/v1/organism"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+}
+
+#[tokio::test]
+async fn pause_resume_and_kill_are_visible_in_rest() {
+    let s = chain().await;
+    let (st, a) = s.post("/api/v1/agents/b/pause", json!({})).await;
+    assert_eq!((st, a["state"].as_str()), (200, Some("paused")));
+    let t = s.inject_note("a", "wait").await;
+    until(&s.organism, || {
+        s.organism.agent("b").unwrap().queue_depth == 1
+    })
+    .await;
+    let (_, b) = s.get("/api/v1/agents/b").await;
+    assert_eq!(
+        (b["state"].as_str(), b["queue_depth"].as_u64()),
+        (Some("paused"), Some(1))
+    );
+    let (st, _) = s.post("/api/v1/agents/nobody/pause", json!({})).await;
+    assert_eq!(st, 404);
+    let (st, a) = s.post("/api/v1/agents/b/resume", json!({})).await;
+    assert_eq!(st, 200);
+    assert_ne!(a["state"], "paused");
+    settle(&s.organism, &t).await;
+
+    let (st, o) = s.post("/api/v1/organism/pause", json!({})).await;
+    assert_eq!((st, o["status"].as_str()), (200, Some("paused")));
+    let t2 = s.inject_note("a", "held").await;
+    let (st, k) = s
+        .post(&format!("/api/v1/threads/{t2}/kill"), json!({}))
+        .await;
+    assert_eq!((st, k["status"].as_str()), (200, Some("killed")));
+    let (_, th) = s.get(&format!("/api/v1/threads/{t2}")).await;
+    assert_eq!(th["status"], "killed");
+    assert_eq!(th["messages"][0]["status"], "killed");
+    let (st, _) = s.post("/api/v1/threads/nope/kill", json!({})).await;
+    assert_eq!(st, 404);
+    let (st, o) = s.post("/api/v1/organism/resume", json!({})).await;
+    assert_eq!((st, o["status"].as_str()), (200, Some("running")));
+
+    // Reload is refused clearly until hot reload exists.
+    let (st, e) = s.post("/api/v1/organism/reload", json!({})).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (501, Some("not_available"))
+    );
+    let (st, _) = s.post("/api/v1/agents/a/reload", json!({})).await;
+    assert_eq!(st, 501);
+}
+
+#[tokio::test]
+async fn metrics_report_messages_handler_time_queues_threads_and_clients() {
+    let s = chain().await;
+    let t = s.inject_note("a", "m").await;
+    settle(&s.organism, &t).await;
+    let _ws = ws_connect(&s.ws_url("/ws")).await;
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "agentserver_messages_total{agent=\"b\",status=\"delivered\"} 1",
+        "agentserver_handler_seconds_count{agent=\"a\"} 1",
+        "agentserver_handler_seconds_bucket{agent=\"a\",le=\"+Inf\"} 1",
+        "agentserver_queue_depth{agent=\"c\"} 0",
+        "agentserver_active_threads 0",
+        "agentserver_ws_dropped_events_total{endpoint=\"/ws\"} 0",
+        "# TYPE agentserver_handler_seconds histogram",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
+    // The WebSocket client is counted once its session starts.
+    until_async(|| async {
+        let text = s
+            .http
+            .get(s.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.contains("agentserver_ws_clients{endpoint=\"/ws\"} 1")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn openapi_documents_every_endpoint_it_serves() {
+    let s = chain().await;
+    let (st, doc) = s.get("/api/v1/openapi.json").await;
+    assert_eq!(st, 200);
+    assert!(doc["openapi"].as_str().unwrap().starts_with('3'));
+    let paths = doc["paths"].as_object().unwrap();
+    let expected = [
+        ("/api/v1/organism", "get"),
+        ("/api/v1/organism/config", "get"),
+        ("/api/v1/agents", "get"),
+        ("/api/v1/agents/{name}", "get"),
+        ("/api/v1/agents/{name}/config", "get"),
+        ("/api/v1/agents/{name}/schema", "get"),
+        ("/api/v1/threads", "get"),
+        ("/api/v1/threads/{id}", "get"),
+        ("/api/v1/threads/{id}/messages", "get"),
+        ("/api/v1/messages", "get"),
+        ("/api/v1/inject", "post"),
+        ("/api/v1/threads/{id}/kill", "post"),
+        ("/api/v1/agents/{name}/pause", "post"),
+        ("/api/v1/agents/{name}/resume", "post"),
+        ("/api/v1/organism/pause", "post"),
+        ("/api/v1/organism/resume", "post"),
+        ("/api/v1/organism/reload", "post"),
+        ("/api/v1/agents/{name}/reload", "post"),
+        ("/api/v1/organism/stop", "post"),
+        ("/api/v1/openapi.json", "get"),
+        ("/metrics", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/ws", "get"),
+        ("/ws/messages", "get"),
+    ];
+    for (path, method) in expected {
+        assert!(
+            paths.get(path).and_then(|p| p.get(method)).is_some(),
+            "{method} {path} undocumented"
+        );
+    }
+    assert_eq!(
+        paths.len(),
+        expected.len(),
+        "documented paths: {:?}",
+        paths.keys().collect::<Vec<_>>()
+    );
+    assert!(doc["components"]["schemas"]["Message"]["properties"]["slot_index"].is_object());
+}
+
+#[tokio::test]
+async fn readyz_fails_once_the_organism_stops() {
+    let s = chain().await;
+    s.organism.stop().await;
+    let (st, e) = s.get("/readyz").await;
+    assert_eq!(st, 503);
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("stopped"),
+        "{e}"
+    );
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note/>"}),
+        )
+        .await;
+    assert_eq!((st, e["error"]["code"].as_str()), (503, Some("stopping")));
+}
