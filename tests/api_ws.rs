@@ -1,0 +1,529 @@
+//! `/ws` and `/ws/messages` against a real server with real tokio-tungstenite clients.
+
+mod common;
+
+use std::time::Duration;
+
+use agentserver::api::ApiOptions;
+use agentserver::Organism;
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+
+async fn chain() -> Served {
+    serve_with(Organism::builder(), "", CHAIN, ApiOptions::default()).await
+}
+
+fn thread_done(thread: &str) -> impl Fn(&Value) -> bool + '_ {
+    move |v| v["event"] == "thread_updated" && v["thread_id"] == thread && v["status"] != "active"
+}
+
+#[tokio::test]
+async fn ws_sends_a_snapshot_then_every_event_in_seq_order() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    let hello = next_json(&mut ws).await;
+    assert_eq!(hello["event"], "connected");
+    assert_eq!(hello["organism"]["name"], "test");
+    assert_eq!(hello["agents"].as_array().unwrap().len(), 3);
+    assert!(hello["threads"].is_array());
+    let start = hello["seq"].as_u64().unwrap();
+
+    let t = s.inject_note("a", "hello").await;
+    let frames = read_until(&mut ws, thread_done(&t)).await;
+    let mut last = start;
+    for f in &frames {
+        let seq = f["seq"].as_u64().unwrap();
+        assert!(seq > last, "seq must increase: {last} then {seq}");
+        last = seq;
+        assert!(f["timestamp"].as_str().unwrap().ends_with('Z'));
+    }
+    let names: Vec<&str> = frames
+        .iter()
+        .map(|f| f["event"].as_str().unwrap())
+        .collect();
+    for needed in [
+        "thread_created",
+        "message",
+        "agent_state",
+        "message_status",
+        "thread_updated",
+    ] {
+        assert!(names.contains(&needed), "no {needed} in {names:?}");
+    }
+    let messages: Vec<&Value> = frames.iter().filter(|f| f["event"] == "message").collect();
+    assert_eq!(messages.len(), 3);
+    assert_eq!(messages[0]["message"]["from"], "api");
+    assert_eq!(messages[2]["message"]["to"], "c");
+}
+
+#[tokio::test]
+async fn subscribe_filters_by_agent_glob_thread_and_event_type() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    next_json(&mut ws).await;
+    send_json(&mut ws, json!({"cmd": "subscribe", "request_id": 7, "agents": ["b*"], "events": ["message", "agent_state"]})).await;
+    let ack = next_json(&mut ws).await;
+    assert_eq!(
+        (ack["event"].as_str(), ack["request_id"].as_i64()),
+        (Some("ack"), Some(7))
+    );
+    assert_eq!(ack["filter"]["agents"], json!(["b*"]));
+
+    let t = s.inject_note("a", "x").await;
+    settle(&s.organism, &t).await;
+    // A marker: pausing `c` publishes an agent_state for `c` only, which the filter hides;
+    // pausing `b` afterwards is the last frame we expect.
+    s.organism.pause_listener("c").unwrap();
+    s.organism.pause_listener("b").unwrap();
+    let frames = read_until(&mut ws, |v| {
+        v["event"] == "agent_state" && v["state"] == "paused"
+    })
+    .await;
+    for f in &frames {
+        match f["event"].as_str().unwrap() {
+            "message" => {
+                let m = &f["message"];
+                assert!(m["from"] == "b" || m["to"] == "b", "{f}");
+            }
+            "agent_state" => assert_eq!(f["agent"], "b", "{f}"),
+            other => panic!("filtered out: {other}"),
+        }
+    }
+    assert_eq!(frames.iter().filter(|f| f["event"] == "message").count(), 2);
+
+    // Threads filter, given as a query parameter on connect.
+    let t1 = s.inject_note("a", "one").await;
+    let mut only =
+        ws_connect(&s.ws_url(&format!("/ws?threads={t1}&events=thread_updated,message"))).await;
+    next_json(&mut only).await;
+    s.organism.resume_listener("b").unwrap();
+    s.organism.resume_listener("c").unwrap();
+    let t2 = s.inject_note("a", "two").await;
+    settle(&s.organism, &t2).await;
+    settle(&s.organism, &t1).await;
+    let frames = read_until(&mut only, thread_done(&t1)).await;
+    for f in &frames {
+        let thread = f
+            .get("thread_id")
+            .or(f["message"].get("thread_id"))
+            .unwrap();
+        assert_eq!(thread, &json!(t1), "{f}");
+    }
+
+    // Bad filters are refused, on connect and by command.
+    let r = s
+        .http
+        .get(s.url("/ws?events=nonsense"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": "x", "events": ["mesage"]}),
+    )
+    .await;
+    let e = read_until(&mut ws, |v| v["request_id"] == "x")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(e["event"], "error");
+    assert!(e["error"].as_str().unwrap().contains("mesage"));
+}
+
+#[tokio::test]
+async fn commands_are_answered_with_their_request_id() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    next_json(&mut ws).await;
+    let answer = |id: &'static str| move |v: &Value| v["request_id"] == id;
+
+    send_json(
+        &mut ws,
+        json!({"cmd": "inject", "request_id": "i1", "to": "a", "payload": "via ws"}),
+    )
+    .await;
+    let ack = read_until(&mut ws, answer("i1")).await.pop().unwrap();
+    assert_eq!(ack["event"], "ack", "{ack}");
+    let thread = ack["thread_id"].as_str().unwrap().to_string();
+    assert!(ack["message_id"].as_str().is_some());
+    settle(&s.organism, &thread).await;
+    assert_eq!(
+        s.organism.thread_messages(&thread).unwrap()[0]
+            .from
+            .as_ref(),
+        "ws"
+    );
+
+    send_json(
+        &mut ws,
+        json!({"cmd": "inject", "request_id": "i2", "to": "a", "payload_xml": "<Note><x/></Note>"}),
+    )
+    .await;
+    let err = read_until(&mut ws, answer("i2")).await.pop().unwrap();
+    assert_eq!(
+        (err["event"].as_str(), err["status"].as_u64()),
+        (Some("error"), Some(422))
+    );
+    assert_eq!(err["code"], "invalid_payload");
+    assert!(!err["details"].as_array().unwrap().is_empty());
+
+    send_json(
+        &mut ws,
+        json!({"cmd": "pause", "request_id": "p", "agent": "b"}),
+    )
+    .await;
+    let frames = read_until(&mut ws, answer("p")).await;
+    assert_eq!(frames.last().unwrap()["event"], "ack");
+    read_until(&mut ws, |v| {
+        v["event"] == "agent_state" && v["agent"] == "b" && v["state"] == "paused"
+    })
+    .await;
+    send_json(
+        &mut ws,
+        json!({"cmd": "resume", "request_id": "r", "agent": "b"}),
+    )
+    .await;
+    read_until(&mut ws, answer("r")).await;
+    send_json(
+        &mut ws,
+        json!({"cmd": "pause", "request_id": "pz", "agent": "zz"}),
+    )
+    .await;
+    let e = read_until(&mut ws, answer("pz")).await.pop().unwrap();
+    assert_eq!(
+        (e["event"].as_str(), e["code"].as_str()),
+        (Some("error"), Some("unknown_listener"))
+    );
+
+    send_json(&mut ws, json!({"cmd": "pause", "request_id": "po"})).await;
+    read_until(&mut ws, |v| {
+        v["event"] == "organism_state" && v["status"] == "paused"
+    })
+    .await;
+    let t = s.inject_note("a", "held").await;
+    send_json(
+        &mut ws,
+        json!({"cmd": "kill", "request_id": "k", "thread_id": t}),
+    )
+    .await;
+    let frames = read_until(&mut ws, answer("k")).await;
+    assert_eq!(frames.last().unwrap()["event"], "ack");
+    read_until(&mut ws, |v| {
+        v["event"] == "thread_updated" && v["thread_id"] == t && v["status"] == "killed"
+    })
+    .await;
+    send_json(&mut ws, json!({"cmd": "resume", "request_id": "ro"})).await;
+    read_until(&mut ws, answer("ro")).await;
+
+    send_json(&mut ws, json!({"cmd": "reload", "request_id": 1})).await;
+    let e = read_until(&mut ws, |v| v["request_id"] == 1)
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        (e["event"].as_str(), e["code"].as_str()),
+        (Some("error"), Some("not_available"))
+    );
+
+    send_json(&mut ws, json!({"cmd": "dance", "request_id": "d"})).await;
+    let e = read_until(&mut ws, answer("d")).await.pop().unwrap();
+    assert_eq!(e["code"], "bad_request");
+    use futures_util::SinkExt;
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(
+        "not json".into(),
+    ))
+    .await
+    .unwrap();
+    let e = read_until(&mut ws, |v| {
+        v["event"] == "error" && v["request_id"].is_null()
+    })
+    .await
+    .pop()
+    .unwrap();
+    assert!(e["error"].as_str().unwrap().contains("JSON object"));
+}
+
+#[tokio::test]
+async fn ws_messages_streams_message_objects_with_filters() {
+    let s = chain().await;
+    let mut all = ws_connect(&s.ws_url("/ws/messages")).await;
+    let hello = next_json(&mut all).await;
+    assert_eq!(hello["event"], "connected");
+    let mut to_c = ws_connect(&s.ws_url("/ws/messages")).await;
+    next_json(&mut to_c).await;
+    send_json(&mut to_c, json!({"cmd": "subscribe", "request_id": 1, "filter": {"agents": ["c"], "payload_types": ["Note"]}})).await;
+    assert_eq!(next_json(&mut to_c).await["event"], "ack");
+
+    let t = s.inject_note("a", "m").await;
+    let frames = read_until(&mut all, |v| v["to"] == "c").await;
+    assert_eq!(frames.len(), 3);
+    let mut last = hello["seq"].as_u64().unwrap();
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!(f["event"], "message");
+        assert_eq!(f["thread_id"], t.as_str());
+        assert_eq!(f["slot_index"], i as u64);
+        assert!(f["seq"].as_u64().unwrap() > last);
+        last = f["seq"].as_u64().unwrap();
+        for key in [
+            "id",
+            "from",
+            "to",
+            "payload_type",
+            "payload",
+            "timestamp",
+            "status",
+        ] {
+            assert!(f.get(key).is_some(), "{key} missing in {f}");
+        }
+    }
+    let only = next_json(&mut to_c).await;
+    assert_eq!(
+        (only["from"].as_str(), only["to"].as_str()),
+        (Some("b"), Some("c"))
+    );
+
+    // Threads filter; other commands are refused here.
+    let t2 = s.inject_note("a", "other").await;
+    let mut one = ws_connect(&s.ws_url(&format!("/ws/messages?threads={t2}&agents=a"))).await;
+    next_json(&mut one).await;
+    send_json(
+        &mut one,
+        json!({"cmd": "kill", "request_id": "k", "thread_id": t2}),
+    )
+    .await;
+    let e = read_until(&mut one, |v| v["request_id"] == "k")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(e["event"], "error");
+}
+
+#[tokio::test]
+async fn reconnecting_with_since_loses_nothing() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws/messages")).await;
+    next_json(&mut ws).await;
+    let t = s.inject_note("a", "before").await;
+    let seen = read_until(&mut ws, |v| v["to"] == "c").await;
+    let last_seq = seen.last().unwrap()["seq"].as_u64().unwrap();
+    settle(&s.organism, &t).await;
+    drop(ws);
+
+    // Missed while disconnected.
+    let mut missed = Vec::new();
+    for i in 0..5 {
+        let t = s.inject_note("a", &format!("missed {i}")).await;
+        settle(&s.organism, &t).await;
+        missed.extend(
+            s.organism
+                .thread_messages(&t)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.id.to_string()),
+        );
+    }
+    let mut again = ws_connect(&s.ws_url(&format!("/ws/messages?since={last_seq}"))).await;
+    let mut got = Vec::new();
+    let mut prev = last_seq;
+    while got.len() < missed.len() {
+        let f = next_json(&mut again).await;
+        assert_eq!(
+            f["event"], "message",
+            "replay is messages only, no snapshot: {f}"
+        );
+        let seq = f["seq"].as_u64().unwrap();
+        assert!(seq > prev);
+        prev = seq;
+        got.push(f["id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(got, missed);
+    // And then it is live.
+    let t = s.inject_note("a", "live").await;
+    let f = next_json(&mut again).await;
+    assert_eq!(f["thread_id"], t.as_str());
+
+    // The same on /ws, with a filter applied to the replay.
+    let mut events =
+        ws_connect(&s.ws_url(&format!("/ws?since={last_seq}&events=thread_created"))).await;
+    let mut created = 0;
+    while created < 6 {
+        let f = next_json(&mut events).await;
+        assert_eq!(f["event"], "thread_created");
+        created += 1;
+    }
+}
+
+#[tokio::test]
+async fn a_since_no_longer_retained_gets_resync_required_and_a_fresh_snapshot() {
+    let s = serve_with(
+        Organism::builder().event_capacity(16),
+        "",
+        CHAIN,
+        ApiOptions::default(),
+    )
+    .await;
+    for i in 0..10 {
+        let t = s.inject_note("a", &format!("{i}")).await;
+        settle(&s.organism, &t).await;
+    }
+    for path in ["/ws?since=1", "/ws/messages?since=1", "/ws?since=999999"] {
+        let mut ws = ws_connect(&s.ws_url(path)).await;
+        let first = next_json(&mut ws).await;
+        assert_eq!(first["event"], "resync_required", "{path}: {first}");
+        assert!(first["oldest_seq"].as_u64().unwrap() > 2);
+        let second = next_json(&mut ws).await;
+        assert_eq!(second["event"], "connected", "{path}");
+        assert_eq!(second["seq"], first["seq"]);
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_gets_dropped_while_a_fast_one_gets_everything() {
+    let options = ApiOptions {
+        client_queue: 16,
+        client_queue_bytes: 64 * 1024,
+        ..ApiOptions::default()
+    };
+    let s = serve_with(
+        Organism::builder(),
+        "  max_pending_messages: 100000",
+        CHAIN,
+        options,
+    )
+    .await;
+    // The slow client: connected, never read until the end.
+    let mut slow = ws_connect(&s.ws_url("/ws/messages")).await;
+    let mut fast = ws_connect(&s.ws_url("/ws/messages")).await;
+    next_json(&mut fast).await;
+
+    let big = "y".repeat(4000);
+    const THREADS: usize = 600;
+    let reader = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        let mut last = 0;
+        while ids.len() < THREADS * 3 {
+            let f = next_json(&mut fast).await;
+            assert_eq!(f["event"], "message", "the fast client loses nothing: {f}");
+            let seq = f["seq"].as_u64().unwrap();
+            assert!(seq > last, "in order");
+            last = seq;
+            ids.push(f["id"].as_str().unwrap().to_string());
+        }
+        ids
+    });
+    let mut threads = Vec::new();
+    for _ in 0..THREADS {
+        threads.push(s.inject_note("a", &big).await);
+    }
+    // The pump finishes every thread while the slow client reads nothing.
+    for t in &threads {
+        assert_eq!(
+            settle(&s.organism, t).await,
+            agentserver::threads::ThreadStatus::Completed
+        );
+    }
+    let ids = tokio::time::timeout(WAIT, reader).await.unwrap().unwrap();
+    assert_eq!(ids.len(), THREADS * 3);
+
+    // Now the slow client reads: it is told what it missed.
+    let mut dropped = None;
+    let mut received = 0;
+    while dropped.is_none() {
+        let f = next_json(&mut slow).await;
+        match f["event"].as_str().unwrap() {
+            "dropped" => dropped = Some(f),
+            "message" | "connected" => received += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    let d = dropped.unwrap();
+    assert!(d["count"].as_u64().unwrap() > 0);
+    assert!(d["from_seq"].as_u64().unwrap() <= d["to_seq"].as_u64().unwrap());
+    assert!(
+        received < THREADS * 3,
+        "the slow client did not get everything"
+    );
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("agentserver_ws_dropped_events_total{endpoint=\"/ws/messages\"} 0"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_stops_answering_pings_is_closed() {
+    let options = ApiOptions {
+        heartbeat: Duration::from_millis(100),
+        ..ApiOptions::default()
+    };
+    let s = serve_with(Organism::builder(), "", CHAIN, options).await;
+    // A live client answers pings (tokio-tungstenite does while it is read) and stays.
+    let mut live = ws_connect(&s.ws_url("/ws")).await;
+    // A dead one: connected, never polled again, so it never answers a ping.
+    let _dead = ws_connect(&s.ws_url("/ws")).await;
+    let keep_reading = tokio::spawn(async move {
+        let mut frames = 0;
+        while let Some(Ok(_)) = live.next().await {
+            frames += 1;
+        }
+        frames
+    });
+    // Two clients connected; after two silent heartbeats only the live one remains.
+    let clients = |n: usize| {
+        let url = s.url("/metrics");
+        let http = s.http.clone();
+        async move {
+            let text = http.get(url).send().await.unwrap().text().await.unwrap();
+            text.contains(&format!("agentserver_ws_clients{{endpoint=\"/ws\"}} {n}"))
+        }
+    };
+    until_async(|| clients(2)).await;
+    until_async(|| clients(1)).await;
+    assert!(
+        !keep_reading.is_finished(),
+        "the live client is still connected"
+    );
+    // Closing the server closes the live client too.
+    let Served { server, .. } = s;
+    server.shutdown().await;
+    let frames = tokio::time::timeout(WAIT, keep_reading)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(frames >= 1);
+}
+
+#[tokio::test]
+async fn stop_by_command_drains_and_signals_the_server_owner() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    next_json(&mut ws).await;
+    send_json(&mut ws, json!({"cmd": "stop", "request_id": "s"})).await;
+    let frames = read_until(&mut ws, |v| {
+        v["event"] == "organism_state" && v["status"] == "stopped"
+    })
+    .await;
+    assert!(frames
+        .iter()
+        .any(|f| f["event"] == "ack" && f["request_id"] == "s"));
+    tokio::time::timeout(WAIT, s.server.stop_requested())
+        .await
+        .expect("stop requested");
+    let (st, _) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note/>"}),
+        )
+        .await;
+    assert_eq!(st, 503);
+}
