@@ -333,6 +333,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
             return ExitCode::FAILURE;
         }
     };
+    let shutdown = ShutdownSignal::install();
     let listen = organism.config().listen.clone();
     let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {
         Ok(s) => s,
@@ -349,7 +350,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     );
     println!("agentserver listening on http://{}", server.local_addr());
     tokio::select! {
-        _ = wait_for_shutdown_signal() => {}
+        _ = shutdown.wait() => {}
         _ = server.stop_requested() => {}
     }
     eprintln!("agentserver: stopping (draining pending messages)");
@@ -364,24 +365,36 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     ExitCode::SUCCESS
 }
 
-async fn wait_for_shutdown_signal() {
+/// Ctrl-C (SIGINT) or SIGTERM. Installed before the ready lines are printed, so a signal sent
+/// as soon as a supervisor sees them is never missed.
+struct ShutdownSignal {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl ShutdownSignal {
+    fn install() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let signals = signal(SignalKind::interrupt())
+                .and_then(|int| Ok((int, signal(SignalKind::terminate())?)))
+                .ok();
+            ShutdownSignal { signals }
         }
+        #[cfg(not(unix))]
+        ShutdownSignal {}
     }
-    #[cfg(not(unix))]
-    {
+
+    async fn wait(self) {
+        #[cfg(unix)]
+        if let Some((mut int, mut term)) = self.signals {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
         let _ = tokio::signal::ctrl_c().await;
     }
 }

@@ -62,12 +62,17 @@ fn run_stops_gracefully_on_sigterm_and_exits_0() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait for the ready line (blocking read: the process prints it once it runs).
+    // Wait for the ready lines (blocking reads: the process prints them once it serves).
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    out.read_line(&mut line).unwrap();
     assert!(line.contains("running organism hello-world"), "{line}");
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with("agentserver listening on http://127.0.0.1:"),
+        "{line}"
+    );
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
