@@ -125,7 +125,6 @@ async fn message_and_thread_lists_filter_and_page_exactly() {
         wait_completed(&s, &t).await;
         threads.push(t);
     }
-    let before_last = s.organism.threads().info(&threads[3]).unwrap().created_at;
 
     let (st, all) = s.get("/api/v1/messages").await;
     assert_eq!(st, 200);
@@ -152,7 +151,11 @@ async fn message_and_thread_lists_filter_and_page_exactly() {
     }
     assert_eq!(m["payload"], "n0");
 
-    let total = |v: &Value| v["total"].as_u64().unwrap();
+    let total = |v: &Value| {
+        v["total"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no total: {v}"))
+    };
     assert_eq!(
         total(&s.get("/api/v1/messages?agent=b").await.1),
         8,
@@ -213,14 +216,48 @@ async fn message_and_thread_lists_filter_and_page_exactly() {
         4
     );
     assert_eq!(total(&s.get("/api/v1/threads?status=active").await.1), 0);
-    let until = before_last.to_rfc3339();
+    // Time windows: deterministic bounds (messages of one test share milliseconds).
+    let first = s
+        .organism
+        .threads()
+        .info(&threads[0])
+        .unwrap()
+        .created_at
+        .to_rfc3339();
+    let past = "2000-01-01T00:00:00Z";
+    let future = "2100-01-01T00:00:00%2B01:00";
     assert_eq!(
-        total(&s.get(&format!("/api/v1/threads?until={until}")).await.1),
-        3
+        total(&s.get(&format!("/api/v1/threads?until={future}")).await.1),
+        4
     );
-    let since = before_last.to_rfc3339();
-    let (_, recent) = s.get(&format!("/api/v1/messages?since={since}")).await;
-    assert!(total(&recent) >= 3 && total(&recent) <= 12);
+    assert_eq!(
+        total(&s.get(&format!("/api/v1/threads?until={past}")).await.1),
+        0
+    );
+    assert_eq!(
+        total(&s.get(&format!("/api/v1/threads?since={first}")).await.1),
+        4
+    );
+    assert_eq!(
+        total(&s.get(&format!("/api/v1/threads?since={future}")).await.1),
+        0
+    );
+    assert_eq!(
+        total(&s.get(&format!("/api/v1/messages?since={first}")).await.1),
+        12
+    );
+    assert_eq!(
+        total(
+            &s.get(&format!("/api/v1/messages?since={past}&until={future}"))
+                .await
+                .1
+        ),
+        12
+    );
+    assert_eq!(
+        total(&s.get(&format!("/api/v1/messages?until={first}")).await.1),
+        0
+    );
 
     let (st, one) = s.get(&format!("/api/v1/threads/{}", threads[0])).await;
     assert_eq!(st, 200);
