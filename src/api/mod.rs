@@ -83,6 +83,8 @@ struct Inner {
     /// Cancelled when the server shuts down: WebSocket sessions close.
     closing: CancellationToken,
     clients: [AtomicUsize; 2],
+    /// Notified whenever a WebSocket session ends, so shutdown can wait for them.
+    session_ended: tokio::sync::Notify,
     dropped: [AtomicU64; 2],
     openapi: String,
 }
@@ -102,6 +104,7 @@ struct ClientGuard {
 impl Drop for ClientGuard {
     fn drop(&mut self) {
         self.state.inner.clients[self.ep as usize].fetch_sub(1, Ordering::Relaxed);
+        self.state.inner.session_ended.notify_waiters();
     }
 }
 
@@ -198,6 +201,7 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
             stop_requested: CancellationToken::new(),
             closing: CancellationToken::new(),
             clients: Default::default(),
+            session_ended: tokio::sync::Notify::new(),
             dropped: Default::default(),
             openapi,
         }),
@@ -279,9 +283,24 @@ impl ApiServer {
         self.state.inner.stop_requested.cancelled().await
     }
 
-    /// Closes every WebSocket client and stops serving; waits for open requests to finish.
+    /// Closes every WebSocket client (each gets a close frame) and stops serving; waits for
+    /// open requests and sessions to finish, up to 10 s.
     pub async fn shutdown(self) {
-        self.state.inner.closing.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        let inner = &self.state.inner;
+        inner.closing.cancel();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let _ = tokio::time::timeout_at(deadline, self.task).await;
+        let sessions_closed = async {
+            loop {
+                let ended = inner.session_ended.notified();
+                tokio::pin!(ended);
+                ended.as_mut().enable();
+                if Endpoint::ALL.iter().all(|ep| self.state.clients(*ep) == 0) {
+                    return;
+                }
+                ended.await;
+            }
+        };
+        let _ = tokio::time::timeout_at(deadline, sessions_closed).await;
     }
 }

@@ -185,6 +185,7 @@ impl Session {
         let mut heartbeat = tokio::time::interval(options.heartbeat);
         heartbeat.tick().await;
         let mut last_heard = Instant::now();
+        let mut writer_done = false;
         loop {
             tokio::select! {
                 _ = closing.cancelled() => {
@@ -221,12 +222,17 @@ impl Session {
                     }
                     let _ = session.tx.try_send(Message::Ping(Default::default()));
                 }
-                _ = &mut writer => break,
+                _ = &mut writer => {
+                    writer_done = true;
+                    break;
+                }
             }
         }
         drop(session);
         drop(reserve_tx);
-        let _ = tokio::time::timeout(write_timeout, writer).await;
+        if !writer_done {
+            let _ = tokio::time::timeout(write_timeout, writer).await;
+        }
     }
 
     fn snapshot(&self, seq: u64) -> Value {
