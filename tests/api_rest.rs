@@ -497,6 +497,24 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
         .await
         .unwrap();
     assert_eq!(r.status(), 405);
+
+    // Refusals are recorded even when they never reached the pump.
+    let text = s
+        .http
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for needle in [
+        "agentserver_http_refused_total{status=\"415\"} 1",
+        "agentserver_http_refused_total{status=\"405\"} 1",
+        "agentserver_http_refused_total{status=\"429\"} 1",
+    ] {
+        assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
+    }
 }
 
 #[tokio::test]

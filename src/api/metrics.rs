@@ -186,6 +186,18 @@ pub fn render(state: &ApiState) -> String {
 
     header(
         &mut out,
+        "agentserver_http_refused_total",
+        "counter",
+        "API requests refused, by HTTP status.",
+    );
+    for (status, n) in state.refused() {
+        let _ = writeln!(
+            out,
+            "agentserver_http_refused_total{{status=\"{status}\"}} {n}"
+        );
+    }
+    header(
+        &mut out,
         "agentserver_ws_clients",
         "gauge",
         "Connected WebSocket clients, by endpoint.",

@@ -86,6 +86,8 @@ struct Inner {
     /// Notified whenever a WebSocket session ends, so shutdown can wait for them.
     session_ended: tokio::sync::Notify,
     dropped: [AtomicU64; 2],
+    /// Refused requests by HTTP status (the bad inputs that never reached the pump included).
+    refused: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
     openapi: String,
 }
 
@@ -123,6 +125,18 @@ impl ApiState {
 
     fn dropped(&self, ep: Endpoint) -> u64 {
         self.inner.dropped[ep as usize].load(Ordering::Relaxed)
+    }
+
+    /// Refused requests by status.
+    fn refused(&self) -> Vec<(u16, u64)> {
+        match self.inner.refused.lock() {
+            Ok(g) => g.iter().map(|(k, v)| (*k, *v)).collect(),
+            Err(poisoned) => poisoned
+                .into_inner()
+                .iter()
+                .map(|(k, v)| (*k, *v))
+                .collect(),
+        }
     }
 
     fn count_dropped(&self, ep: Endpoint, n: u64) {
@@ -203,6 +217,7 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
             clients: Default::default(),
             session_ended: tokio::sync::Notify::new(),
             dropped: Default::default(),
+            refused: Default::default(),
             openapi,
         }),
     };
@@ -211,8 +226,34 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            record_refusals,
+        ))
         .with_state(state.clone());
     (app, state)
+}
+
+/// Every refused request is logged and counted (`agentserver_http_refused_total{status}`),
+/// including those refused before any handler ran (bad JSON, wrong content type, too large).
+async fn record_refusals(
+    axum::extract::State(state): axum::extract::State<ApiState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        tracing::info!(%method, %path, status = status.as_u16(), "API request refused");
+        let mut refused = match state.inner.refused.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *refused.entry(status.as_u16()).or_default() += 1;
+    }
+    response
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
