@@ -55,6 +55,7 @@ pub mod client;
 pub mod config;
 pub mod events;
 pub mod listener;
+pub mod lua;
 pub mod pump;
 pub mod schema;
 pub mod stats;

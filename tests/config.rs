@@ -118,7 +118,7 @@ fn top_level_and_section_mistakes_are_reported() {
     );
     let errs = errors("not: [valid");
     assert!(errs[0].message.contains("not valid YAML"), "{errs:#?}");
-    let errs = errors("organism: { name: t }\nlisteners:\n  - { name: a, description: x, kind: lua, script: a.lua, schema: s.xsd }\n");
+    let errs = errors("organism: { name: t }\nlisteners:\n  - { name: a, description: x, kind: external, schema: s.xsd }\n");
     assert!(
         has(&errs, Some("a"), Some("kind"), "not available"),
         "{errs:#?}"
@@ -168,4 +168,44 @@ fn validate_accepts_the_demo_organism() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn lua_listener_and_schema_dsl_mistakes_are_reported() {
+    let (dir, path) = write(
+        r#"
+organism: { name: t }
+listeners:
+  - { name: a, description: missing script, kind: lua, script: nowhere.lua, schema: s.xsd }
+  - { name: b, description: broken script, kind: lua, script: broken.lua, schema: s.xsd }
+  - { name: c, description: handler too, kind: lua, script: ok.lua, handler: sink, schema: s.xsd }
+  - { name: d, description: bad limits, kind: lua, script: ok.lua, schema: s.xsd, limits: { cpu: 5 } }
+  - { name: e, description: both schemas, kind: lua, script: ok.lua, schema: s.xsd, fields: { X: { a: string } } }
+  - { name: f, description: bad dsl, kind: lua, script: ok.lua, fields: { Y: { a: strng } } }
+  - { name: g, description: native with a script, kind: native, handler: sink, schema: s.xsd, script: ok.lua }
+  - { name: h, description: no script, kind: lua, schema: s.xsd }
+"#,
+    );
+    std::fs::write(
+        dir.path().join("broken.lua"),
+        "function handle(p, m) return {",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("ok.lua"), "function handle(p, m) end").unwrap();
+    let errs = load_file(&path, &["sink"]).unwrap_err().0;
+    for (listener, key, text) in [
+        ("a", "script", "cannot read"),
+        ("b", "script", "does not compile"),
+        ("c", "handler", "runs its `script`"),
+        ("d", "limits", "unknown field `cpu`"),
+        ("e", "fields", "not both"),
+        ("f", "fields", "`Y.a`: unknown type `strng`"),
+        ("g", "script", "does not apply to a native listener"),
+        ("h", "script", "required"),
+    ] {
+        assert!(
+            has(&errs, Some(listener), Some(key), text),
+            "{listener}/{key}: {errs:#?}"
+        );
+    }
 }

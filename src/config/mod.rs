@@ -268,29 +268,82 @@ fn check_listeners(
                 ),
                 Some(_) => {}
             },
+            ListenerKind::Lua => {
+                if s.handler.is_some() {
+                    c.push(
+                        l,
+                        Some("handler"),
+                        "a lua listener runs its `script`, not a native handler",
+                    );
+                }
+            }
             kind => c.push(
                 l,
                 Some("kind"),
-                format!("`{kind}` listeners are not available in this version; use `native`"),
+                format!(
+                    "`{kind}` listeners are not available in this version; use `native` or `lua`"
+                ),
             ),
         }
-        for (key, present) in [
-            ("script", s.script.is_some()),
-            ("input_url", s.input_url.is_some()),
-            ("token_env", s.token_env.is_some()),
-            ("timeout_ms", s.timeout_ms.is_some()),
-            ("reply_timeout", s.reply_timeout.is_some()),
-            ("limits", s.limits.is_some()),
-        ] {
-            if present && s.kind == ListenerKind::Native {
-                c.push(l, Some(key), "does not apply to a native listener");
+        let mut script = None;
+        let mut lua_limits = crate::lua::LuaLimits::default();
+        if s.kind == ListenerKind::Lua {
+            match &s.script {
+                None => c.push(
+                    l,
+                    Some("script"),
+                    "required: the Lua file this listener runs",
+                ),
+                Some(rel) => {
+                    let path = base.join(rel);
+                    match std::fs::read_to_string(&path) {
+                        Err(e) => c.push(
+                            l,
+                            Some("script"),
+                            format!("cannot read {}: {e}", path.display()),
+                        ),
+                        Ok(text) => {
+                            if let Err(e) = crate::lua::check_syntax(rel, &text) {
+                                c.push(l, Some("script"), format!("does not compile: {e}"));
+                            }
+                        }
+                    }
+                    script = Some(path);
+                }
+            }
+            if let Some(v) = &s.limits {
+                match yaml_serde::from_value::<crate::lua::LuaLimits>(v.clone()) {
+                    Ok(lim) => {
+                        if lim.cpu_ms == 0 || lim.memory_mb == 0 {
+                            c.push(l, Some("limits"), "cpu_ms and memory_mb must be at least 1");
+                        }
+                        lua_limits = lim;
+                    }
+                    Err(e) => c.push(l, Some("limits"), e.to_string()),
+                }
             }
         }
-        if s.fields.is_some() {
+        for (key, present, applies) in [
+            ("script", s.script.is_some(), s.kind == ListenerKind::Lua),
+            ("limits", s.limits.is_some(), s.kind == ListenerKind::Lua),
+            ("input_url", s.input_url.is_some(), false),
+            ("token_env", s.token_env.is_some(), false),
+            ("timeout_ms", s.timeout_ms.is_some(), false),
+            ("reply_timeout", s.reply_timeout.is_some(), false),
+        ] {
+            if present && !applies {
+                c.push(
+                    l,
+                    Some(key),
+                    format!("does not apply to a {} listener", s.kind),
+                );
+            }
+        }
+        if s.fields.is_some() && s.schema.is_some() {
             c.push(
                 l,
                 Some("fields"),
-                "the schema DSL is not available in this version; give an XSD in `schema`",
+                "give `schema` (an XSD file) or `fields` (the DSL), not both",
             );
         }
 
@@ -303,7 +356,21 @@ fn check_listeners(
                 Some("schema"),
                 "required: the XSD of the payloads it accepts",
             ),
-            None => {}
+            None => {
+                if let Some(fields) = &s.fields {
+                    match crate::schema::fields_to_xsd(fields).and_then(|xsd| {
+                        Schema::compile(format!("fields of `{name}` (generated)"), xsd)
+                            .map_err(|e| e.message)
+                    }) {
+                        Ok(schema) => {
+                            for t in schema.payload_types() {
+                                accepts.push((t.clone(), schema.clone()));
+                            }
+                        }
+                        Err(e) => c.push(l, Some("fields"), e),
+                    }
+                }
+            }
             Some(rel) => {
                 let path = base.join(rel);
                 schema_origin = Some(path.clone());
@@ -341,7 +408,7 @@ fn check_listeners(
                     .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
                 match found {
                     Some(entry) => narrowed.push(entry.clone()),
-                    None if s.schema.is_some() => c.push(
+                    None if s.schema.is_some() || s.fields.is_some() => c.push(
                         l,
                         Some("accepts"),
                         format!("`{w}` is not a global element of the listener's schema"),
@@ -400,6 +467,8 @@ fn check_listeners(
             concurrency: concurrency.max(1),
             config,
             schema_origin,
+            script,
+            lua_limits,
         });
     }
 

@@ -146,6 +146,10 @@ pub struct ListenerConfig {
     pub config: serde_json::Value,
     /// Where the schema came from (a file path), for the API.
     pub schema_origin: Option<PathBuf>,
+    /// For `lua`: the script file.
+    pub script: Option<PathBuf>,
+    /// For `lua`: per-call CPU and memory limits.
+    pub lua_limits: crate::lua::LuaLimits,
 }
 
 impl ListenerConfig {

@@ -117,6 +117,13 @@ pub enum EventKind {
     OrganismState {
         status: OrganismStatus,
     },
+    /// A line a handler logged (Lua `log.info/warn/error`).
+    Log {
+        agent: String,
+        thread_id: Option<String>,
+        level: String,
+        message: String,
+    },
 }
 
 impl EventKind {
@@ -130,6 +137,7 @@ impl EventKind {
             EventKind::ThreadUpdated { .. } => "thread_updated",
             EventKind::Error { .. } => "error",
             EventKind::OrganismState { .. } => "organism_state",
+            EventKind::Log { .. } => "log",
         }
     }
 
@@ -140,7 +148,9 @@ impl EventKind {
             EventKind::MessageStatus { thread_id, .. }
             | EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
             EventKind::ThreadCreated { thread } => Some(&thread.id),
-            EventKind::Error { thread_id, .. } => thread_id.as_deref(),
+            EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
+                thread_id.as_deref()
+            }
             EventKind::AgentState { .. } | EventKind::OrganismState { .. } => None,
         }
     }
@@ -155,13 +165,14 @@ impl EventKind {
                 v
             }
             EventKind::Error { agent, .. } => agent.as_deref().into_iter().collect(),
+            EventKind::Log { agent, .. } => vec![agent.as_str()],
             _ => Vec::new(),
         }
     }
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 7] = [
+pub const EVENT_NAMES: [&str; 8] = [
     "agent_state",
     "message",
     "message_status",
@@ -169,6 +180,7 @@ pub const EVENT_NAMES: [&str; 7] = [
     "thread_updated",
     "error",
     "organism_state",
+    "log",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]

@@ -72,6 +72,60 @@ pub type HandlerFuture = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
 /// The one interface every listener kind implements.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, delivery: Delivery) -> HandlerFuture;
+
+    /// Reloads the handler's code (a Lua script) without a restart. `None`: this kind has
+    /// nothing to reload. `Some(Err)`: the reload failed and the old code keeps running.
+    fn reload(&self) -> Option<Result<(), String>> {
+        None
+    }
+
+    /// Metrics of this handler kind, rendered by `/metrics` with an `agent` label added.
+    fn metrics(&self) -> Vec<HandlerMetric> {
+        Vec::new()
+    }
+}
+
+/// One sample a handler reports for `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandlerMetric {
+    pub name: &'static str,
+    pub help: &'static str,
+    /// `counter` or `gauge`.
+    pub kind: &'static str,
+    pub labels: Vec<(String, String)>,
+    pub value: f64,
+}
+
+impl HandlerMetric {
+    pub fn counter(
+        name: &'static str,
+        help: &'static str,
+        labels: Vec<(String, String)>,
+        value: f64,
+    ) -> Self {
+        HandlerMetric {
+            name,
+            help,
+            kind: "counter",
+            labels,
+            value,
+        }
+    }
+
+    pub fn gauge(
+        name: &'static str,
+        help: &'static str,
+        labels: Vec<(String, String)>,
+        value: f64,
+    ) -> Self {
+        HandlerMetric {
+            name,
+            help,
+            kind: "gauge",
+            labels,
+            value,
+        }
+    }
 }
 
 /// A handler made from an async closure.

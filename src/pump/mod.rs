@@ -206,7 +206,7 @@ pub(crate) struct Shared {
     listeners: HashMap<ListenerName, Arc<Listener>>,
     order: Vec<Arc<Listener>>,
     threads: ThreadRegistry,
-    events: EventHub,
+    events: Arc<EventHub>,
     gate: gate::Gate,
     xml_limits: XmlLimits,
     pending: AtomicUsize,
@@ -302,16 +302,23 @@ impl OrganismBuilder {
     /// Builds the organism from a validated config. Must run inside a tokio runtime.
     pub fn build(self, config: OrganismConfig) -> Result<Organism, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let events = Arc::new(EventHub::new(
+            self.event_capacity.unwrap_or(DEFAULT_CAPACITY),
+        ));
         let mut listeners = HashMap::new();
         let mut order = Vec::new();
         for lc in &config.listeners {
-            let handler = self
-                .registry
-                .build(lc)
-                .map_err(|message| BuildError::Handler {
-                    listener: lc.name.to_string(),
-                    message,
-                })?;
+            let built = match lc.kind {
+                config::ListenerKind::Lua => {
+                    crate::lua::LuaHandler::build(lc, &config, events.clone())
+                        .map(|h| Arc::new(h) as Arc<dyn Handler>)
+                }
+                _ => self.registry.build(lc),
+            };
+            let handler = built.map_err(|message| BuildError::Handler {
+                listener: lc.name.to_string(),
+                message,
+            })?;
             let l = Arc::new(Listener::new(lc.clone(), handler));
             listeners.insert(lc.name.clone(), l.clone());
             order.push(l);
@@ -319,7 +326,7 @@ impl OrganismBuilder {
         let limits = config.limits;
         let shared = Arc::new(Shared {
             threads: ThreadRegistry::new(limits.max_messages_per_thread, RETAINED_FINISHED_THREADS),
-            events: EventHub::new(self.event_capacity.unwrap_or(DEFAULT_CAPACITY)),
+            events,
             gate: gate::Gate::new(limits.max_concurrent_handlers, config.scheduling),
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,

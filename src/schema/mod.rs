@@ -20,7 +20,9 @@ use quick_xml::Reader;
 
 use crate::xml::{NormalizedPayload, PayloadType};
 
+mod dsl;
 mod model;
+pub use dsl::fields_to_xsd;
 pub use model::{Leaf, MapError, SchemaModel};
 
 static NEXT_SCHEMA_ID: AtomicU64 = AtomicU64::new(1);

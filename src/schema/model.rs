@@ -416,6 +416,41 @@ impl SchemaModel {
     }
 }
 
+impl SchemaModel {
+    /// Writes a JSON payload as `<root>` when no schema describes it: keys in sorted order
+    /// (SPEC §11.2), `@name` attributes, `#text` text. Validation decides the rest.
+    pub fn untyped_json_to_xml(root: &str, value: &Value) -> Result<String, MapError> {
+        check_name(root, "type")?;
+        let empty = SchemaModel {
+            target_ns: None,
+            qualified: false,
+            xsd_prefixes: Vec::new(),
+            elements: HashMap::new(),
+            complex: HashMap::new(),
+            simple: HashMap::new(),
+        };
+        let mut sorted = value.clone();
+        sort_keys(&mut sorted);
+        let mut w = Writer {
+            model: &empty,
+            out: String::new(),
+        };
+        w.element(root, "", Ty::Any, &sorted, "payload", 0)?;
+        Ok(w.out)
+    }
+}
+
+fn sort_keys(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            map.sort_keys();
+            map.values_mut().for_each(sort_keys);
+        }
+        Value::Array(items) => items.iter_mut().for_each(sort_keys),
+        _ => {}
+    }
+}
+
 #[derive(Default)]
 struct Parts<'a> {
     children: Vec<(&'a str, &'a Node)>,

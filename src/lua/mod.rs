@@ -1,0 +1,558 @@
+//! `kind: lua` listeners (SPEC §11.1–§11.2): Luau sandboxes on their own OS threads, fed
+//! through a channel, with the XML ↔ table bridge and script reload.
+//!
+//! A [`LuaHandler`] owns a pool of `concurrency` sandboxes, each a Lua state on its own thread;
+//! tenants never share a state. A call sends the payload's JSON view (typed by the listener's
+//! schema model) to whichever sandbox is free, and awaits the result with a wall-clock
+//! watchdog for what the VM interrupt cannot stop (a C-level string pattern, say): on expiry
+//! the message fails and that sandbox is replaced. Outputs become XML through the target
+//! schema's model (`schema::SchemaModel`, the same one the API uses), in schema order, and go
+//! back to the pump as plain text: they are validated like any other output.
+//!
+//! Reload builds a whole new pool beside the old one (compile, `init`), then swaps it in; calls
+//! already running finish on the old pool, which ends when its last call returns.
+
+mod sandbox;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value as Json};
+
+use crate::config::{ListenerConfig, OrganismConfig};
+use crate::events::{EventHub, EventKind};
+use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, Output};
+use crate::schema::Schema;
+use crate::stats::Histogram;
+use crate::xml::PayloadType;
+
+pub use sandbox::{check_syntax, json_shape, lua_shape, FailKind};
+use sandbox::{CallError, LogLine, Sandbox};
+
+/// Per-call limits of a Lua listener (`limits:` in its YAML section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LuaLimits {
+    /// CPU budget per call, enforced by the VM interrupt.
+    pub cpu_ms: u64,
+    /// Memory cap of the Lua state.
+    pub memory_mb: usize,
+}
+
+impl Default for LuaLimits {
+    fn default() -> Self {
+        LuaLimits {
+            cpu_ms: 100,
+            memory_mb: 16,
+        }
+    }
+}
+
+impl LuaLimits {
+    pub fn cpu(&self) -> Duration {
+        Duration::from_millis(self.cpu_ms)
+    }
+
+    /// How long a call may take in wall-clock time before the watchdog gives up on it.
+    pub fn watchdog(&self) -> Duration {
+        Duration::from_millis(self.cpu_ms.saturating_mul(4).saturating_add(1000))
+    }
+}
+
+/// Outputs one call may return.
+const MAX_OUTPUTS: usize = 64;
+
+/// Where outputs can go: every listener's accepted types and schemas.
+#[derive(Clone, Default)]
+struct Targets {
+    listeners: HashMap<String, Vec<(PayloadType, Arc<Schema>)>>,
+}
+
+impl Targets {
+    fn of(config: &OrganismConfig) -> Self {
+        Targets {
+            listeners: config
+                .listeners
+                .iter()
+                .map(|l| (l.name.to_string(), l.accepts.clone()))
+                .collect(),
+        }
+    }
+
+    /// The schema and payload type an output of `ty` to `to` is written with.
+    fn resolve(
+        &self,
+        to: Option<&str>,
+        ty: Option<&str>,
+    ) -> Result<(String, Option<Arc<Schema>>), String> {
+        let matches = |t: &PayloadType, w: &str| t.to_string() == w || t.local_name() == w;
+        if let Some(accepts) = to.and_then(|t| self.listeners.get(t)) {
+            let huh = PayloadType::huh();
+            return match ty {
+                Some(w) => Ok(match accepts.iter().find(|(t, _)| matches(t, w)) {
+                    Some((t, s)) => (t.local_name().to_string(), Some(s.clone())),
+                    None => (w.to_string(), None),
+                }),
+                None => {
+                    let own: Vec<_> = accepts.iter().filter(|(t, _)| *t != huh).collect();
+                    match own.as_slice() {
+                        [(t, s)] => Ok((t.local_name().to_string(), Some(s.clone()))),
+                        _ => Err(format!(
+                            "say which payload `type` (`{}` accepts: {})",
+                            to.unwrap_or_default(),
+                            own.iter()
+                                .map(|(t, _)| t.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    }
+                }
+            };
+        }
+        let w = ty.ok_or("an output without a listener `to` needs a payload `type`")?;
+        for accepts in self.listeners.values() {
+            if let Some((t, s)) = accepts.iter().find(|(t, _)| matches(t, w)) {
+                return Ok((t.local_name().to_string(), Some(s.clone())));
+            }
+        }
+        Ok((w.to_string(), None))
+    }
+}
+
+/// Counters of one Lua listener.
+#[derive(Default)]
+pub struct LuaStats {
+    pub calls: AtomicU64,
+    errors: [AtomicU64; 6],
+    pub call_time: Histogram,
+    /// Memory of the most recently used state, bytes.
+    pub memory: AtomicUsize,
+    pub reloads: AtomicU64,
+}
+
+impl LuaStats {
+    pub fn errors(&self, kind: FailKind) -> u64 {
+        self.errors[kind as usize].load(Ordering::Relaxed)
+    }
+}
+
+struct Job {
+    payload: Json,
+    meta: Json,
+    cancel: Arc<AtomicBool>,
+    /// Set by the caller when the watchdog gave up: the thread retires after this call.
+    abandoned: Arc<AtomicBool>,
+    reply: tokio::sync::oneshot::Sender<(Result<Json, CallError>, Vec<LogLine>, usize)>,
+}
+
+/// A set of sandboxes built from one version of the script.
+struct Pool {
+    tx: mpsc::Sender<Job>,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    spec: Arc<Spec>,
+}
+
+/// What a sandbox is built from.
+struct Spec {
+    name: String,
+    source: String,
+    config: Json,
+    limits: LuaLimits,
+}
+
+impl Pool {
+    /// Builds `n` sandboxes, each on its own thread; fails if any does not compile or `init`
+    /// fails.
+    fn start(spec: Spec, n: usize) -> Result<Pool, String> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let spec = Arc::new(spec);
+        let pool = Pool { tx, rx, spec };
+        for _ in 0..n {
+            pool.spawn_sandbox()?;
+        }
+        Ok(pool)
+    }
+
+    /// One sandbox thread: builds its state, reports whether that worked, then serves jobs.
+    fn spawn_sandbox(&self) -> Result<(), String> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let rx = self.rx.clone();
+        let spec = self.spec.clone();
+        std::thread::Builder::new()
+            .name(format!("lua-{}", spec.name))
+            .spawn(move || sandbox_thread(spec, rx, ready_tx))
+            .map_err(|e| format!("cannot start a sandbox thread: {e}"))?;
+        ready_rx
+            .recv()
+            .map_err(|_| "the sandbox thread ended before it was ready".to_string())?
+    }
+}
+
+fn sandbox_thread(
+    spec: Arc<Spec>,
+    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    ready: mpsc::Sender<Result<(), String>>,
+) {
+    let build = || Sandbox::new(&spec.name, &spec.source, &spec.config, spec.limits);
+    let mut sandbox = match build() {
+        Ok(s) => {
+            let _ = ready.send(Ok(()));
+            s
+        }
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    loop {
+        let job = {
+            let guard = match rx.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            match guard.recv() {
+                Ok(job) => job,
+                Err(_) => return, // the pool was replaced or dropped
+            }
+        };
+        let (result, logs) = sandbox.call(&job.payload, &job.meta, job.cancel.clone());
+        let memory = sandbox.used_memory();
+        let rebuild = matches!(&result, Err(e) if e.kind.rebuilds());
+        let _ = job.reply.send((result, logs, memory));
+        if job.abandoned.load(Ordering::Relaxed) {
+            return; // a replacement already runs
+        }
+        if rebuild {
+            match build() {
+                Ok(s) => sandbox = s,
+                Err(e) => {
+                    tracing::error!(listener = %spec.name, error = %e, "cannot rebuild a Lua sandbox");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The handler of a `kind: lua` listener. Cheap to share: the state lives in `Inner`.
+pub struct LuaHandler(Arc<Inner>);
+
+struct Inner {
+    name: String,
+    script: PathBuf,
+    config: Json,
+    limits: LuaLimits,
+    concurrency: usize,
+    max_output: usize,
+    pool: RwLock<Arc<Pool>>,
+    targets: Targets,
+    events: Arc<EventHub>,
+    stats: Arc<LuaStats>,
+}
+
+impl LuaHandler {
+    /// Reads the script and starts `concurrency` sandboxes (each runs `init`).
+    pub fn build(
+        listener: &ListenerConfig,
+        organism: &OrganismConfig,
+        events: Arc<EventHub>,
+    ) -> Result<LuaHandler, String> {
+        let script = listener
+            .script
+            .clone()
+            .ok_or("a lua listener needs a `script`")?;
+        let limits = listener.lua_limits;
+        let source = read_script(&script)?;
+        let spec = Spec {
+            name: listener.name.to_string(),
+            source,
+            config: listener.config.clone(),
+            limits,
+        };
+        let pool = Pool::start(spec, listener.concurrency)?;
+        Ok(LuaHandler(Arc::new(Inner {
+            name: listener.name.to_string(),
+            script,
+            config: listener.config.clone(),
+            limits,
+            concurrency: listener.concurrency,
+            max_output: organism.limits.max_message_bytes,
+            pool: RwLock::new(Arc::new(pool)),
+            targets: Targets::of(organism),
+            events,
+            stats: Arc::new(LuaStats::default()),
+        })))
+    }
+
+    pub fn stats(&self) -> &LuaStats {
+        &self.0.stats
+    }
+
+    /// Re-reads the script and swaps in a new pool once every new sandbox compiled and ran
+    /// `init`; on any error the old pool keeps running and the error is returned.
+    pub fn reload_script(&self) -> Result<(), String> {
+        self.0.reload_script()
+    }
+}
+
+impl Inner {
+    fn current(&self) -> Arc<Pool> {
+        match self.pool.read() {
+            Ok(p) => p.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn reload_script(&self) -> Result<(), String> {
+        let source = read_script(&self.script)?;
+        let spec = Spec {
+            name: self.name.clone(),
+            source,
+            config: self.config.clone(),
+            limits: self.limits,
+        };
+        let pool = Pool::start(spec, self.concurrency)?;
+        match self.pool.write() {
+            Ok(mut p) => *p = Arc::new(pool),
+            Err(p) => *p.into_inner() = Arc::new(pool),
+        }
+        self.stats.reloads.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn publish_logs(&self, thread: &str, logs: Vec<LogLine>) {
+        for line in logs {
+            match line.level {
+                "error" => tracing::error!(listener = %self.name, thread, "{}", line.message),
+                "warn" => tracing::warn!(listener = %self.name, thread, "{}", line.message),
+                _ => tracing::info!(listener = %self.name, thread, "{}", line.message),
+            }
+            self.events.publish(EventKind::Log {
+                agent: self.name.clone(),
+                thread_id: Some(thread.to_string()),
+                level: line.level.to_string(),
+                message: line.message,
+            });
+        }
+    }
+
+    /// Turns `handle`'s return value into outputs.
+    fn outputs(&self, value: Json, sender: &str) -> Result<Vec<Output>, String> {
+        let items: Vec<Json> = match value {
+            Json::Null => return Ok(Vec::new()),
+            Json::Array(items) => items,
+            Json::Object(map) if map.is_empty() => return Ok(Vec::new()),
+            obj @ Json::Object(_) => vec![obj],
+            other => return Err(format!("handle returned {other}; expected a table or nil")),
+        };
+        if items.len() > MAX_OUTPUTS {
+            return Err(format!(
+                "{} outputs; at most {MAX_OUTPUTS} per call",
+                items.len()
+            ));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (i, item) in items.into_iter().enumerate() {
+            let n = i + 1;
+            let Json::Object(mut map) = item else {
+                return Err(format!("output #{n} is not a table"));
+            };
+            let to = match map.remove("to") {
+                None | Some(Json::Null) => None,
+                Some(Json::String(t)) => Some(t),
+                Some(other) => {
+                    return Err(format!("output #{n}: `to` must be a name, not {other}"))
+                }
+            };
+            let ty = match map.remove("type") {
+                None | Some(Json::Null) => None,
+                Some(Json::String(t)) => Some(t),
+                Some(other) => {
+                    return Err(format!("output #{n}: `type` must be a name, not {other}"))
+                }
+            };
+            let xml = match (map.remove("xml"), map.remove("payload")) {
+                (Some(Json::String(x)), None) => x,
+                (Some(_), None) => return Err(format!("output #{n}: `xml` must be a string")),
+                (None, Some(payload)) => {
+                    let target = to
+                        .as_deref()
+                        .or(if ty.is_none() { Some(sender) } else { None });
+                    let (root, schema) = self
+                        .targets
+                        .resolve(to.as_deref().or(target), ty.as_deref())
+                        .map_err(|e| format!("output #{n}: {e}"))?;
+                    let payload = json_shape(payload);
+                    let written = match schema {
+                        Some(s) => s.json_to_payload(&root, &payload),
+                        None => crate::schema::SchemaModel::untyped_json_to_xml(&root, &payload),
+                    };
+                    written.map_err(|e| {
+                        format!(
+                            "output #{n}: cannot write `{root}`: {}",
+                            e.to_string().replacen("payload", "output", 1)
+                        )
+                    })?
+                }
+                (Some(_), Some(_)) => {
+                    return Err(format!("output #{n}: give `payload` or `xml`, not both"))
+                }
+                (None, None) => {
+                    return Err(format!(
+                        "output #{n}: needs `payload` (a table) or `xml` (a string)"
+                    ))
+                }
+            };
+            if let Some(extra) = map.keys().next() {
+                return Err(format!(
+                    "output #{n}: unknown key `{extra}` (expected to, type, payload, xml)"
+                ));
+            }
+            if xml.len() > self.max_output {
+                return Err(format!(
+                    "output #{n} is {} bytes, over the limit of {} bytes",
+                    xml.len(),
+                    self.max_output
+                ));
+            }
+            out.push(Output { payload: xml, to });
+        }
+        Ok(out)
+    }
+}
+
+fn read_script(path: &PathBuf) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Sets `cancel` when the pump drops the call (a kill).
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Handler for LuaHandler {
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        let payload = delivery.payload.to_json();
+        let meta = json!({
+            "thread_id": &*delivery.meta.thread_id,
+            "message_id": &*delivery.meta.message_id,
+            "from": &*delivery.meta.from,
+            "own_name": delivery.meta.own_name.as_str(),
+            "payload_type": delivery.meta.payload_type.local_name(),
+        });
+        let thread = delivery.meta.thread_id.to_string();
+        let sender = delivery.meta.from.to_string();
+        let h = self.0.clone();
+        let pool = h.current();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = Job {
+            payload,
+            meta,
+            cancel: cancel.clone(),
+            abandoned: abandoned.clone(),
+            reply,
+        };
+        let sent = pool.tx.send(job).map_err(|_| ());
+        Box::pin(async move {
+            let _cancel_on_drop = CancelOnDrop(cancel);
+            if sent.is_err() {
+                return Err(HandlerError(
+                    "lua: no sandbox is running for this listener".into(),
+                ));
+            }
+            let started = Instant::now();
+            h.stats.calls.fetch_add(1, Ordering::Relaxed);
+            let outcome = tokio::time::timeout(h.limits.watchdog(), answer).await;
+            h.stats.call_time.record(started.elapsed());
+            let fail = |kind: FailKind, message: String| {
+                h.stats.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
+                Err(HandlerError(format!("lua {}: {message}", kind.as_str())))
+            };
+            match outcome {
+                Err(_) => {
+                    abandoned.store(true, Ordering::Relaxed);
+                    if let Err(e) = pool.spawn_sandbox() {
+                        tracing::error!(listener = %h.name, error = %e, "cannot replace a stuck Lua sandbox");
+                    }
+                    fail(
+                        FailKind::Timeout,
+                        format!(
+                            "the call ran past the {} ms watchdog; its sandbox was replaced",
+                            h.limits.watchdog().as_millis()
+                        ),
+                    )
+                }
+                Ok(Err(_)) => fail(
+                    FailKind::Runtime,
+                    "the sandbox ended during the call".into(),
+                ),
+                Ok(Ok((result, logs, memory))) => {
+                    h.stats.memory.store(memory, Ordering::Relaxed);
+                    h.publish_logs(&thread, logs);
+                    match result {
+                        Err(e) => fail(e.kind, e.message),
+                        Ok(value) => match h.outputs(value, &sender) {
+                            Ok(outputs) => Ok(outputs),
+                            Err(e) => fail(FailKind::Output, e),
+                        },
+                    }
+                }
+            }
+        })
+    }
+
+    fn reload(&self) -> Option<Result<(), String>> {
+        Some(self.0.reload_script())
+    }
+
+    fn metrics(&self) -> Vec<crate::listener::HandlerMetric> {
+        use crate::listener::HandlerMetric as M;
+        let s = &self.0.stats;
+        let mut v = vec![
+            M::counter(
+                "agentserver_lua_calls_total",
+                "Lua handle calls.",
+                vec![],
+                s.calls.load(Ordering::Relaxed) as f64,
+            ),
+            M::gauge(
+                "agentserver_lua_memory_bytes",
+                "Memory of the listener's most recently used Lua state.",
+                vec![],
+                s.memory.load(Ordering::Relaxed) as f64,
+            ),
+            M::counter(
+                "agentserver_lua_reloads_total",
+                "Successful script reloads.",
+                vec![],
+                s.reloads.load(Ordering::Relaxed) as f64,
+            ),
+            M::counter(
+                "agentserver_lua_call_seconds_sum",
+                "Total time of Lua calls.",
+                vec![],
+                s.call_time.sum_seconds(),
+            ),
+        ];
+        for kind in FailKind::ALL {
+            v.push(M::counter(
+                "agentserver_lua_errors_total",
+                "Failed Lua calls by kind (runtime, cpu, memory, output, timeout, cancelled).",
+                vec![("kind".into(), kind.as_str().into())],
+                s.errors(kind) as f64,
+            ));
+        }
+        v
+    }
+}

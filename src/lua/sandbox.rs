@@ -1,0 +1,470 @@
+//! One Luau sandbox: a Lua state with only the globals SPEC §11.1 allows, a CPU budget enforced
+//! by the VM interrupt, a memory cap, text chunks only, and the script's `init` already run.
+//! A sandbox lives on one OS thread and never leaves it.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use mlua::chunk::ChunkMode;
+use mlua::{Function, Lua, LuaOptions, LuaSerdeExt, LuaString, StdLib, Table, Value, VmState};
+use serde_json::Value as Json;
+
+use super::LuaLimits;
+
+/// Why a call failed, by kind (each counted in metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailKind {
+    Runtime,
+    Cpu,
+    Memory,
+    Output,
+    Timeout,
+    Cancelled,
+}
+
+impl FailKind {
+    pub const ALL: [FailKind; 6] = [
+        FailKind::Runtime,
+        FailKind::Cpu,
+        FailKind::Memory,
+        FailKind::Output,
+        FailKind::Timeout,
+        FailKind::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailKind::Runtime => "runtime",
+            FailKind::Cpu => "cpu",
+            FailKind::Memory => "memory",
+            FailKind::Output => "output",
+            FailKind::Timeout => "timeout",
+            FailKind::Cancelled => "cancelled",
+        }
+    }
+
+    /// A breach leaves the state suspect: the sandbox is rebuilt.
+    pub fn rebuilds(self) -> bool {
+        !matches!(self, FailKind::Runtime | FailKind::Output)
+    }
+}
+
+/// A failed call: its kind and an operator-readable reason.
+#[derive(Debug, Clone)]
+pub struct CallError {
+    pub kind: FailKind,
+    pub message: String,
+}
+
+impl CallError {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> Self {
+        CallError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// A log line a script wrote with `log.info/warn/error`.
+#[derive(Debug, Clone)]
+pub struct LogLine {
+    pub level: &'static str,
+    pub message: String,
+}
+
+/// Lines a script may log per call, and their size; more are dropped with a notice.
+const MAX_LOG_LINES: usize = 100;
+const MAX_LOG_BYTES: usize = 4096;
+/// Check the clock every this many interrupts (they come at calls and loop back-edges).
+const CLOCK_EVERY: u32 = 64;
+
+/// The interrupt's view of the call in progress.
+struct Budget {
+    deadline: Mutex<Option<Instant>>,
+    cancel: Mutex<Option<Arc<AtomicBool>>>,
+    tripped: AtomicBool,
+    cancelled: AtomicBool,
+}
+
+pub struct Sandbox {
+    lua: Lua,
+    handle: Function,
+    budget: Arc<Budget>,
+    logs: Arc<Mutex<Vec<LogLine>>>,
+    limits: LuaLimits,
+}
+
+/// Compiles `source` as text (never bytecode) without running it: syntax check for config.
+pub fn check_syntax(name: &str, source: &str) -> Result<(), String> {
+    let lua = Lua::new_with(StdLib::NONE, LuaOptions::default()).map_err(|e| e.to_string())?;
+    lua.load(source)
+        .set_name(format!("={name}"))
+        .set_mode(ChunkMode::Text)
+        .into_function()
+        .map(|_| ())
+        .map_err(|e| clean(&e.to_string()))
+}
+
+/// Error text without mlua's wrapping noise.
+pub fn clean(message: &str) -> String {
+    let m = message
+        .trim_start_matches("runtime error: ")
+        .trim_start_matches("syntax error: ");
+    m.lines().next().unwrap_or(m).trim().to_string()
+}
+
+fn describe(e: &mlua::Error) -> String {
+    match e {
+        mlua::Error::CallbackError {
+            traceback: _,
+            cause,
+        } => describe(cause),
+        other => clean(&other.to_string()),
+    }
+}
+
+impl Sandbox {
+    /// Builds a sandbox, runs the script's top level and its `init(config)`.
+    pub fn new(
+        name: &str,
+        source: &str,
+        config: &Json,
+        limits: LuaLimits,
+    ) -> Result<Sandbox, String> {
+        let libs = StdLib::STRING
+            | StdLib::TABLE
+            | StdLib::MATH
+            | StdLib::UTF8
+            | StdLib::BIT
+            | StdLib::OS
+            | StdLib::COROUTINE;
+        let lua = Lua::new_with(libs, LuaOptions::default()).map_err(|e| e.to_string())?;
+        let budget = Arc::new(Budget {
+            deadline: Mutex::new(None),
+            cancel: Mutex::new(None),
+            tripped: AtomicBool::new(false),
+            cancelled: AtomicBool::new(false),
+        });
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let setup = (|| -> mlua::Result<()> {
+            let g = lua.globals();
+            for banned in [
+                "getmetatable",
+                "setmetatable",
+                "getfenv",
+                "setfenv",
+                "loadstring",
+                "load",
+                "require",
+                "collectgarbage",
+                "newproxy",
+                "gcinfo",
+                "print",
+                "debug",
+                "dofile",
+                "loadfile",
+                "buffer",
+                "vector",
+            ] {
+                g.raw_set(banned, Value::Nil)?;
+            }
+            let os: Table = g.get("os")?;
+            let safe_os = lua.create_table()?;
+            safe_os.set("time", os.get::<Function>("time")?)?;
+            safe_os.set("clock", os.get::<Function>("clock")?)?;
+            g.raw_set("os", safe_os)?;
+
+            let log = lua.create_table()?;
+            for level in ["info", "warn", "error"] {
+                let logs = logs.clone();
+                log.set(
+                    level,
+                    lua.create_function(move |_, message: LuaString| {
+                        let mut lines = match logs.lock() {
+                            Ok(g) => g,
+                            Err(p) => p.into_inner(),
+                        };
+                        if lines.len() < MAX_LOG_LINES {
+                            let text = message.to_string_lossy();
+                            let text = if text.len() > MAX_LOG_BYTES {
+                                let mut cut = MAX_LOG_BYTES;
+                                while !text.is_char_boundary(cut) {
+                                    cut -= 1;
+                                }
+                                format!("{}… (truncated)", &text[..cut])
+                            } else {
+                                text
+                            };
+                            lines.push(LogLine {
+                                level,
+                                message: text,
+                            });
+                        }
+                        Ok(())
+                    })?,
+                )?;
+            }
+            g.raw_set("log", log)?;
+
+            let json = lua.create_table()?;
+            json.set(
+                "encode",
+                lua.create_function(|lua, v: Value| {
+                    let value: Json = lua.from_value_with(v, de_options())?;
+                    serde_json::to_string(&value).map_err(mlua::Error::external)
+                })?,
+            )?;
+            json.set(
+                "decode",
+                lua.create_function(|lua, s: LuaString| {
+                    let value: Json = serde_json::from_slice(&s.as_bytes())
+                        .map_err(|e| mlua::Error::RuntimeError(format!("json.decode: {e}")))?;
+                    lua.to_value_with(&value, ser_options())
+                })?,
+            )?;
+            g.raw_set("json", json)?;
+            lua.sandbox(true)?;
+            Ok(())
+        })();
+        setup.map_err(|e| format!("cannot build the sandbox: {e}"))?;
+
+        {
+            let budget = budget.clone();
+            let counter = Cell::new(0u32);
+            lua.set_interrupt(move |_| {
+                let n = counter.get().wrapping_add(1);
+                counter.set(n);
+                if !n.is_multiple_of(CLOCK_EVERY) && !budget.tripped.load(Ordering::Relaxed) {
+                    return Ok(VmState::Continue);
+                }
+                let cancelled = match budget.cancel.lock() {
+                    Ok(g) => g.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)),
+                    Err(_) => false,
+                };
+                if cancelled {
+                    budget.cancelled.store(true, Ordering::Relaxed);
+                    return Err(mlua::Error::RuntimeError(
+                        "cancelled: the thread was killed".into(),
+                    ));
+                }
+                let over = match budget.deadline.lock() {
+                    Ok(g) => g.is_some_and(|d| Instant::now() >= d),
+                    Err(_) => false,
+                };
+                if over || budget.tripped.load(Ordering::Relaxed) {
+                    budget.tripped.store(true, Ordering::Relaxed);
+                    return Err(mlua::Error::RuntimeError("cpu budget exceeded".into()));
+                }
+                Ok(VmState::Continue)
+            });
+        }
+        lua.set_memory_limit(limits.memory_mb.saturating_mul(1024 * 1024))
+            .map_err(|e| format!("cannot set the memory limit: {e}"))?;
+
+        let mut sandbox_budget_guard = BudgetGuard::arm(&budget, limits.cpu());
+        let chunk = lua
+            .load(source)
+            .set_name(format!("={name}"))
+            .set_mode(ChunkMode::Text)
+            .into_function()
+            .map_err(|e| format!("does not compile: {}", describe(&e)))?;
+        chunk
+            .call::<()>(())
+            .map_err(|e| format!("top level failed: {}", describe(&e)))?;
+        let g = lua.globals();
+        let handle: Function = match g.get::<Value>("handle") {
+            Ok(Value::Function(f)) => f,
+            _ => return Err("the script defines no `handle(payload, meta)` function".into()),
+        };
+        if let Ok(Value::Function(init)) = g.get::<Value>("init") {
+            sandbox_budget_guard.rearm(limits.cpu());
+            let cfg = lua
+                .to_value_with(config, ser_options())
+                .map_err(|e| format!("config cannot be given to init: {e}"))?;
+            init.call::<()>(cfg)
+                .map_err(|e| format!("init failed: {}", describe(&e)))?;
+        }
+        drop(sandbox_budget_guard);
+        Ok(Sandbox {
+            lua,
+            handle,
+            budget,
+            logs,
+            limits,
+        })
+    }
+
+    /// Memory the state uses now, bytes.
+    pub fn used_memory(&self) -> usize {
+        self.lua.used_memory()
+    }
+
+    /// Calls `handle(payload, meta)` under the budget. `payload` is the JSON view of the
+    /// payload; the result is the raw return value converted to JSON, plus log lines.
+    pub fn call(
+        &self,
+        payload: &Json,
+        meta: &Json,
+        cancel: Arc<AtomicBool>,
+    ) -> (Result<Json, CallError>, Vec<LogLine>) {
+        if let Ok(mut l) = self.logs.lock() {
+            l.clear();
+        }
+        if let Ok(mut c) = self.budget.cancel.lock() {
+            *c = Some(cancel);
+        }
+        let guard = BudgetGuard::arm(&self.budget, self.limits.cpu());
+        let result = (|| -> mlua::Result<Json> {
+            let p = self.lua.to_value_with(&lua_shape(payload), ser_options())?;
+            let m = self.lua.to_value_with(meta, ser_options())?;
+            let out: Value = self.handle.call((p, m))?;
+            if matches!(out, Value::Nil) {
+                return Ok(Json::Null);
+            }
+            self.lua.from_value_with(out, de_options())
+        })();
+        let tripped = self.budget.tripped.load(Ordering::Relaxed);
+        let cancelled = self.budget.cancelled.load(Ordering::Relaxed);
+        drop(guard);
+        if let Ok(mut c) = self.budget.cancel.lock() {
+            *c = None;
+        }
+        let logs = match self.logs.lock() {
+            Ok(mut l) => std::mem::take(&mut *l),
+            Err(_) => Vec::new(),
+        };
+        let result = match result {
+            _ if cancelled => Err(CallError::new(
+                FailKind::Cancelled,
+                "cancelled: the thread was killed",
+            )),
+            _ if tripped => Err(CallError::new(
+                FailKind::Cpu,
+                format!("cpu budget of {} ms exceeded", self.limits.cpu_ms),
+            )),
+            Ok(v) => Ok(json_shape(v)),
+            Err(e) => Err(classify(&e, &self.limits)),
+        };
+        (result, logs)
+    }
+}
+
+fn classify(e: &mlua::Error, limits: &LuaLimits) -> CallError {
+    match e {
+        mlua::Error::MemoryError(_) => CallError::new(
+            FailKind::Memory,
+            format!("memory limit of {} MB exceeded", limits.memory_mb),
+        ),
+        mlua::Error::CallbackError { cause, .. } => classify(cause, limits),
+        mlua::Error::DeserializeError(m) | mlua::Error::SerializeError(m) => CallError::new(
+            FailKind::Output,
+            format!("the return value cannot be read: {m}"),
+        ),
+        other => {
+            let text = describe(other);
+            if text.contains("not enough memory") {
+                CallError::new(
+                    FailKind::Memory,
+                    format!("memory limit of {} MB exceeded", limits.memory_mb),
+                )
+            } else {
+                CallError::new(FailKind::Runtime, text)
+            }
+        }
+    }
+}
+
+/// Arms the CPU deadline for one call; disarms it when dropped.
+struct BudgetGuard<'a> {
+    budget: &'a Budget,
+}
+
+impl<'a> BudgetGuard<'a> {
+    fn arm(budget: &'a Budget, cpu: Duration) -> Self {
+        budget.tripped.store(false, Ordering::Relaxed);
+        budget.cancelled.store(false, Ordering::Relaxed);
+        if let Ok(mut d) = budget.deadline.lock() {
+            *d = Some(Instant::now() + cpu);
+        }
+        BudgetGuard { budget }
+    }
+
+    fn rearm(&mut self, cpu: Duration) {
+        *self = BudgetGuard::arm(self.budget, cpu);
+    }
+}
+
+impl Drop for BudgetGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut d) = self.budget.deadline.lock() {
+            *d = None;
+        }
+    }
+}
+
+fn ser_options() -> mlua::serde::ser::Options {
+    mlua::serde::ser::Options::new()
+        .serialize_none_to_null(false)
+        .serialize_unit_to_null(false)
+        .set_array_metatable(false)
+}
+
+fn de_options() -> mlua::serde::de::Options {
+    mlua::serde::de::Options::new()
+        .deny_unsupported_types(true)
+        .deny_recursive_tables(true)
+        .sort_keys(true)
+}
+
+/// The JSON view of a payload as a Lua table: attributes under `_attr`, mixed text `_text`
+/// (SPEC §11.2), instead of `@name` and `#text`.
+pub fn lua_shape(v: &Json) -> Json {
+    match v {
+        Json::Object(map) => {
+            let mut out = serde_json::Map::new();
+            let mut attrs = serde_json::Map::new();
+            for (k, val) in map {
+                if let Some(a) = k.strip_prefix('@') {
+                    attrs.insert(a.to_string(), val.clone());
+                } else if k == "#text" {
+                    out.insert("_text".into(), val.clone());
+                } else {
+                    out.insert(k.clone(), lua_shape(val));
+                }
+            }
+            if !attrs.is_empty() {
+                out.insert("_attr".into(), Json::Object(attrs));
+            }
+            Json::Object(out)
+        }
+        Json::Array(items) => Json::Array(items.iter().map(lua_shape).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The inverse of [`lua_shape`]: `_attr` and `_text` back to `@name` and `#text`.
+pub fn json_shape(v: Json) -> Json {
+    match v {
+        Json::Object(map) => {
+            let mut out = serde_json::Map::new();
+            for (k, val) in map {
+                if k == "_attr" {
+                    if let Json::Object(attrs) = val {
+                        for (a, av) in attrs {
+                            out.insert(format!("@{a}"), av);
+                        }
+                    }
+                } else if k == "_text" {
+                    out.insert("#text".into(), val);
+                } else {
+                    out.insert(k, json_shape(val));
+                }
+            }
+            Json::Object(out)
+        }
+        Json::Array(items) => Json::Array(items.into_iter().map(json_shape).collect()),
+        other => other,
+    }
+}
