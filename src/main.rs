@@ -333,6 +333,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
             return ExitCode::FAILURE;
         }
     };
+    organism.watch_scripts(Duration::from_secs(1));
     let shutdown = ShutdownSignal::install();
     let listen = organism.config().listen.clone();
     let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {

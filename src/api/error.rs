@@ -84,11 +84,20 @@ impl IntoResponse for ApiError {
 
 impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
-        let code = match e {
-            ControlError::UnknownListener(_) => "unknown_listener",
-            ControlError::UnknownThread(_) => "unknown_thread",
-        };
-        ApiError::not_found(code, e.to_string())
+        match e {
+            ControlError::UnknownListener(_) => {
+                ApiError::not_found("unknown_listener", e.to_string())
+            }
+            ControlError::UnknownThread(_) => ApiError::not_found("unknown_thread", e.to_string()),
+            ControlError::NotReloadable(_) => {
+                ApiError::new(StatusCode::CONFLICT, "not_reloadable", e.to_string())
+            }
+            ControlError::ReloadFailed { .. } => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "reload_failed",
+                e.to_string(),
+            ),
+        }
     }
 }
 

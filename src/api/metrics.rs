@@ -144,6 +144,30 @@ pub fn render(state: &ApiState) -> String {
             a.errors
         );
     }
+    // Handler-kind metrics (Lua), grouped by name so each has one HELP/TYPE header.
+    let mut by_name: Vec<(&'static str, &'static str, &'static str, Vec<String>)> = Vec::new();
+    let handler_metrics = organism.handler_metrics();
+    for (agent, metrics) in &handler_metrics {
+        for m in metrics {
+            let mut labels = vec![format!("agent=\"{}\"", label(agent))];
+            labels.extend(
+                m.labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}=\"{}\"", label(v))),
+            );
+            let line = format!("{}{{{}}} {}", m.name, labels.join(","), m.value);
+            match by_name.iter_mut().find(|(n, ..)| *n == m.name) {
+                Some(entry) => entry.3.push(line),
+                None => by_name.push((m.name, m.help, m.kind, vec![line])),
+            }
+        }
+    }
+    for (name, help, kind, lines) in by_name {
+        header(&mut out, name, kind, help);
+        for line in lines {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     header(
         &mut out,
         "agentserver_queue_depth",

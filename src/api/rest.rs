@@ -354,7 +354,7 @@ pub fn reload_not_available() -> ApiError {
     ApiError::new(
         StatusCode::NOT_IMPLEMENTED,
         "not_available",
-        "reload is not available in this version: restart the organism to apply a changed file",
+        "reloading the whole organism is not available in this version: restart it to apply a changed file (a Lua listener's script reloads with POST /api/v1/agents/{name}/reload)",
     )
 }
 
@@ -366,13 +366,23 @@ pub async fn reload_organism() -> ApiError {
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/reload", tag = "control",
     params(("name" = String, Path, description = "Listener name")),
-    responses((status = 404, description = "No such listener", body = ErrorResponse),
-              (status = 501, description = "Not available in this version", body = ErrorResponse)))]
-pub async fn reload_agent(State(s): State<ApiState>, Path(name): Path<String>) -> ApiError {
-    match s.inner.organism.agent(&name) {
-        Err(e) => e.into(),
-        Ok(_) => reload_not_available(),
-    }
+    responses((status = 200, description = "The listener's script was reloaded: new sandboxes ran `init` and took over", body = AgentInfo),
+              (status = 404, description = "No such listener", body = ErrorResponse),
+              (status = 409, description = "A native listener: nothing to reload", body = ErrorResponse),
+              (status = 422, description = "The new script does not compile or its `init` failed; the old one keeps running", body = ErrorResponse)))]
+pub async fn reload_agent(
+    State(s): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AgentInfo>> {
+    let organism = s.inner.organism.clone();
+    let target = name.clone();
+    // Building sandboxes compiles and runs `init`: keep it off the async workers.
+    tokio::task::spawn_blocking(move || organism.reload_listener(&target))
+        .await
+        .map_err(|e| {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
+        })??;
+    Ok(Json(s.inner.organism.agent(&name)?))
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/stop", tag = "control",

@@ -480,7 +480,18 @@ impl Session {
                 organism.kill_thread(t).map_err(|e| fail(e.into()))?;
                 out.insert("thread_id".into(), json!(t));
             }
-            ("reload", _) => return Err(fail(reload_not_available())),
+            ("reload", _) => match map.get("agent") {
+                Some(Value::String(a)) => {
+                    let a = a.clone();
+                    let o = organism.clone();
+                    let r = tokio::task::spawn_blocking(move || o.reload_listener(&a))
+                        .await
+                        .map_err(|e| fail(ApiError::bad_request(e.to_string())))?;
+                    r.map_err(|e| fail(e.into()))?;
+                    out.insert("agent".into(), map.get("agent").cloned().unwrap_or(Value::Null));
+                }
+                _ => return Err(fail(reload_not_available())),
+            },
             ("stop", _) => self.state.request_stop(),
             (other, _) => {
                 return Err(fail(ApiError::bad_request(format!(

@@ -117,6 +117,12 @@ pub enum EventKind {
     OrganismState {
         status: OrganismStatus,
     },
+    /// A reload was attempted: one listener's script (`agent`), or the organism.
+    Reload {
+        agent: Option<String>,
+        ok: bool,
+        error: Option<String>,
+    },
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -138,6 +144,7 @@ impl EventKind {
             EventKind::Error { .. } => "error",
             EventKind::OrganismState { .. } => "organism_state",
             EventKind::Log { .. } => "log",
+            EventKind::Reload { .. } => "reload",
         }
     }
 
@@ -151,7 +158,9 @@ impl EventKind {
             EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
                 thread_id.as_deref()
             }
-            EventKind::AgentState { .. } | EventKind::OrganismState { .. } => None,
+            EventKind::AgentState { .. }
+            | EventKind::OrganismState { .. }
+            | EventKind::Reload { .. } => None,
         }
     }
 
@@ -166,13 +175,14 @@ impl EventKind {
             }
             EventKind::Error { agent, .. } => agent.as_deref().into_iter().collect(),
             EventKind::Log { agent, .. } => vec![agent.as_str()],
+            EventKind::Reload { agent, .. } => agent.as_deref().into_iter().collect(),
             _ => Vec::new(),
         }
     }
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 8] = [
+pub const EVENT_NAMES: [&str; 9] = [
     "agent_state",
     "message",
     "message_status",
@@ -181,6 +191,7 @@ pub const EVENT_NAMES: [&str; 8] = [
     "error",
     "organism_state",
     "log",
+    "reload",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]

@@ -441,7 +441,17 @@ impl Drop for CancelOnDrop {
 
 impl Handler for LuaHandler {
     fn handle(&self, delivery: Delivery) -> HandlerFuture {
-        let payload = delivery.payload.to_json();
+        // The JSON view, typed by the schema that validated the payload.
+        let payload = match self
+            .0
+            .targets
+            .listeners
+            .get(&self.0.name)
+            .and_then(|a| a.iter().find(|(t, _)| t == delivery.payload.payload_type()))
+        {
+            Some((_, schema)) => schema.payload_to_json(delivery.payload.xml()),
+            None => delivery.payload.to_json(),
+        };
         let meta = json!({
             "thread_id": &*delivery.meta.thread_id,
             "message_id": &*delivery.meta.message_id,
@@ -554,5 +564,94 @@ impl Handler for LuaHandler {
             ));
         }
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::listener::Meta;
+    use crate::xml::{normalize_payload, XmlLimits};
+
+    const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
+
+    fn handler(dir: &std::path::Path, script: &str, limits: &str) -> (LuaHandler, Arc<Schema>) {
+        std::fs::write(dir.join("t.xsd"), XSD).unwrap();
+        std::fs::write(dir.join("s.lua"), script).unwrap();
+        let yaml = format!(
+            "organism: {{ name: u, store: memory }}\nlisteners:\n  - {{ name: l, description: x, kind: lua, script: s.lua, schema: t.xsd, limits: {limits} }}\n"
+        );
+        let config = crate::config::load_str(&yaml, "u.yaml", dir, &[]).unwrap();
+        let h =
+            LuaHandler::build(&config.listeners[0], &config, Arc::new(EventHub::new(16))).unwrap();
+        (h, config.listeners[0].accepts[0].1.clone())
+    }
+
+    fn delivery(schema: &Schema, text: &str) -> Delivery {
+        let payload = schema
+            .validate(
+                normalize_payload(&format!("<Note>{text}</Note>"), &XmlLimits::default()).unwrap(),
+            )
+            .unwrap();
+        Delivery {
+            meta: Meta {
+                thread_id: Arc::from("t"),
+                message_id: Arc::from("m"),
+                from: Arc::from("api"),
+                own_name: crate::config::ListenerName::new("l"),
+                payload_type: payload.payload_type().clone(),
+            },
+            payload,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_watchdog_fails_a_call_the_interrupt_cannot_reach_and_replaces_the_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = "function handle(p, m) if p == 'block' then __test_block(3000) end return { to = m.from, type = 'Note', payload = p } end";
+        let (h, schema) = handler(dir.path(), script, "{ cpu_ms: 10, memory_mb: 8 }");
+        let err = h.handle(delivery(&schema, "block")).await.unwrap_err();
+        assert!(
+            err.0
+                .starts_with("lua timeout: the call ran past the 1040 ms watchdog"),
+            "{}",
+            err.0
+        );
+        assert_eq!(h.stats().errors(FailKind::Timeout), 1);
+        // A replacement sandbox serves the next call while the stuck one is still blocked.
+        let out = h.handle(delivery(&schema, "next")).await.unwrap();
+        assert_eq!(out[0].payload, "<Note>next</Note>");
+    }
+
+    #[tokio::test]
+    async fn a_failed_reload_keeps_the_old_script_and_a_good_one_swaps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (h, schema) = handler(
+            dir.path(),
+            "function handle(p, m) return { to = m.from, type = 'Note', payload = 'v1' } end",
+            "{}",
+        );
+        std::fs::write(dir.path().join("s.lua"), "function handle(p, m) return {").unwrap();
+        assert!(h.reload_script().unwrap_err().contains("does not compile"));
+        std::fs::write(
+            dir.path().join("s.lua"),
+            "function init(c) error('no') end function handle() end",
+        )
+        .unwrap();
+        assert!(h.reload_script().unwrap_err().contains("init failed"));
+        assert_eq!(
+            h.handle(delivery(&schema, "x")).await.unwrap()[0].payload,
+            "<Note>v1</Note>"
+        );
+        std::fs::write(
+            dir.path().join("s.lua"),
+            "function handle(p, m) return { to = m.from, type = 'Note', payload = 'v2' } end",
+        )
+        .unwrap();
+        h.reload_script().unwrap();
+        assert_eq!(
+            h.handle(delivery(&schema, "x")).await.unwrap()[0].payload,
+            "<Note>v2</Note>"
+        );
     }
 }

@@ -225,6 +225,15 @@ impl Sandbox {
                 })?,
             )?;
             g.raw_set("json", json)?;
+            #[cfg(test)]
+            g.raw_set(
+                "__test_block",
+                lua.create_function(|_, ms: u64| {
+                    // Stands for C code the interrupt cannot reach (unit tests only).
+                    std::thread::sleep(Duration::from_millis(ms));
+                    Ok(())
+                })?,
+            )?;
             lua.sandbox(true)?;
             Ok(())
         })();

@@ -115,6 +115,10 @@ pub enum ControlError {
     UnknownListener(String),
     #[error("no thread `{0}`")]
     UnknownThread(String),
+    #[error("`{0}` has nothing to reload: native handlers are compiled in")]
+    NotReloadable(String),
+    #[error("reload of `{listener}` failed, the old version keeps running: {message}")]
+    ReloadFailed { listener: String, message: String },
 }
 
 /// Why an organism could not be built.
@@ -422,6 +426,16 @@ impl Organism {
         Ok(self.agent_info(self.listener(name)?))
     }
 
+    /// Each listener's handler-specific metrics (Lua calls, errors by kind, memory, …).
+    pub fn handler_metrics(&self) -> Vec<(String, Vec<crate::listener::HandlerMetric>)> {
+        self.shared
+            .order
+            .iter()
+            .map(|l| (l.name().to_string(), l.handler.metrics()))
+            .filter(|(_, m)| !m.is_empty())
+            .collect()
+    }
+
     /// The handler-time histogram of a listener.
     pub fn handler_time(&self, name: &str) -> Option<&crate::stats::Histogram> {
         self.shared.listeners.get(name).map(|l| &l.handler_time)
@@ -601,6 +615,77 @@ impl Organism {
         l.set_paused(false);
         self.shared.kick(l);
         Ok(())
+    }
+
+    /// Reloads one listener's code (a Lua script: new sandboxes are built and `init` run
+    /// beside the old ones, then swapped in; calls in flight finish on the old ones). On any
+    /// error the old code keeps running. Either way a `reload` event says what happened.
+    pub fn reload_listener(&self, name: &str) -> Result<(), ControlError> {
+        let l = self.listener(name)?;
+        let result = match l.handler.reload() {
+            None => return Err(ControlError::NotReloadable(name.to_string())),
+            Some(r) => r,
+        };
+        self.shared.events.publish(EventKind::Reload {
+            agent: Some(name.to_string()),
+            ok: result.is_ok(),
+            error: result.as_ref().err().cloned(),
+        });
+        result.map_err(|message| ControlError::ReloadFailed {
+            listener: name.to_string(),
+            message,
+        })
+    }
+
+    /// Watches every Lua listener's script and reloads it when the file changes (polled every
+    /// `interval`; a change is acted on once the file has been stable for one interval, which
+    /// also covers editors that save by renaming, and files that disappear and come back).
+    /// Stops when the organism stops.
+    pub fn watch_scripts(&self, interval: Duration) {
+        let organism = self.clone();
+        let scripts: Vec<(String, std::path::PathBuf)> = self
+            .shared
+            .config
+            .listeners
+            .iter()
+            .filter_map(|l| l.script.clone().map(|p| (l.name.to_string(), p)))
+            .collect();
+        if scripts.is_empty() {
+            return;
+        }
+        let stamp = |p: &Path| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()))
+        };
+        let mut seen: Vec<_> = scripts.iter().map(|(_, p)| stamp(p)).collect();
+        self.shared.runtime.spawn(async move {
+            let mut pending: Vec<Option<_>> = vec![None; scripts.len()];
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                if organism.status() == OrganismStatus::Stopped {
+                    return;
+                }
+                for (i, (name, path)) in scripts.iter().enumerate() {
+                    let now = stamp(path);
+                    if now.is_none() || now == seen[i] {
+                        pending[i] = None;
+                        continue;
+                    }
+                    if pending[i] == Some(now) {
+                        // Stable for one interval: act on it.
+                        seen[i] = now;
+                        pending[i] = None;
+                        if let Err(e) = organism.reload_listener(name) {
+                            tracing::warn!(listener = %name, error = %e, "script reload failed");
+                        }
+                    } else {
+                        pending[i] = Some(now);
+                    }
+                }
+            }
+        });
     }
 
     /// Pauses every listener.
