@@ -554,14 +554,18 @@ async fn pause_resume_and_kill_are_visible_in_rest() {
     let (st, o) = s.post("/api/v1/organism/resume", json!({})).await;
     assert_eq!((st, o["status"].as_str()), (200, Some("running")));
 
-    // Reload is refused clearly until hot reload exists.
+    // Organism reload is refused clearly until hot reload exists; a native listener has
+    // nothing to reload.
     let (st, e) = s.post("/api/v1/organism/reload", json!({})).await;
     assert_eq!(
         (st, e["error"]["code"].as_str()),
         (501, Some("not_available"))
     );
-    let (st, _) = s.post("/api/v1/agents/a/reload", json!({})).await;
-    assert_eq!(st, 501);
+    let (st, e) = s.post("/api/v1/agents/a/reload", json!({})).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("not_reloadable"))
+    );
 }
 
 #[tokio::test]
