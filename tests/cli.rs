@@ -81,3 +81,36 @@ fn run_stops_gracefully_on_sigterm_and_exits_0() {
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+#[test]
+fn the_lua_playground_replies_and_reports_a_big_total() {
+    let playground = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/lua-playground.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .args([
+            "send",
+            playground,
+            "--to",
+            "calculator",
+            "<Sum><numbers>99</numbers><numbers>2</numbers><label>rent</label></Sum>",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[1]["to"], "cli");
+    assert_eq!(
+        lines[1]["payload_xml"],
+        "<Total><label>rent</label><total>101</total></Total>"
+    );
+    assert_eq!(lines[2]["to"], "auditor");
+    assert_eq!(lines[2]["payload"]["total"], 101);
+}

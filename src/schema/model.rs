@@ -379,6 +379,12 @@ impl SchemaModel {
                             } else if let Some((_, decl)) =
                                 parts.children.iter().find(|(n, _)| *n == key)
                             {
+                                // A repeatable element is always an array, even with one item.
+                                let repeatable =
+                                    decl.attr("maxOccurs").is_some_and(|m| m != "1" && m != "0");
+                                if repeatable && !v.is_array() {
+                                    *v = Value::Array(vec![v.take()]);
+                                }
                                 let child = self.element_type(decl, depth + 1);
                                 self.type_value(child, v, depth + 1);
                             }
@@ -737,6 +743,15 @@ mod tests {
         assert_eq!(back["express"], json!(true));
         assert_eq!(back["price"]["#text"], json!(9.5));
         assert_eq!(back["customer"], json!("Dan"));
+
+        // A repeatable element is an array even when it occurs once.
+        let one = m
+            .json_to_xml("Order", &json!({"customer": "A", "item": {"label": "x", "qty": 1}, "note": "n", "price": 1}))
+            .unwrap()
+            .unwrap();
+        let mut back = crate::xml::xml_to_json(&one);
+        m.type_json("Order", &mut back);
+        assert_eq!(back["item"], json!([{"label": "x", "qty": 1}]));
     }
 
     #[test]
