@@ -30,7 +30,11 @@ fn bench(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     std::fs::write(dir.path().join("greeter.lua"), GREETER).expect("script");
-    std::fs::write(dir.path().join("quiet.lua"), "function handle() return nil end").expect("script");
+    std::fs::write(
+        dir.path().join("quiet.lua"),
+        "function handle() return nil end",
+    )
+    .expect("script");
     let yaml = format!(
         "organism: {{ name: bench, store: memory }}
 listeners:
@@ -52,8 +56,11 @@ listeners:
     };
     let payload = schema
         .validate(
-            normalize_payload("<Greeting><name>Dan</name></Greeting>", &XmlLimits::default())
-                .expect("normalize"),
+            normalize_payload(
+                "<Greeting><name>Dan</name></Greeting>",
+                &XmlLimits::default(),
+            )
+            .expect("normalize"),
         )
         .expect("valid");
     let delivery = Delivery {
