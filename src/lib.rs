@@ -59,6 +59,7 @@ pub mod lua;
 pub mod pump;
 pub mod schema;
 pub mod stats;
+pub mod store;
 pub mod threads;
 pub mod time;
 pub mod xml;

@@ -1,0 +1,956 @@
+//! The durable log (SPEC §13): messages and threads in one SQLite file, WAL mode.
+//!
+//! One writer thread owns the write connection. It is fed through a bounded channel and commits
+//! in batches: up to [`BATCH_MAX`] operations, or whatever arrived within [`BATCH_WINDOW`] of the
+//! first. Nothing in the pump waits on disk in the common case. When the writer falls behind,
+//! [`Store::backlogged`] turns true and inject is refused (429) before the channel is full;
+//! pump-internal writes then wait for room rather than being dropped. Reads use their own
+//! connection and a read transaction, so a page and its `total` come from one snapshot.
+//!
+//! Schema versions are numbered with `PRAGMA user_version`; [`MIGRATIONS`] brings any older
+//! file up to date, and a newer file is refused by name.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
+
+use crate::events::EventKind;
+use crate::threads::{
+    MessageFilter, MessageRecord, MessageStatus, Page, Paged, ThreadFilter, ThreadInfo,
+    ThreadStatus,
+};
+use crate::time::Timestamp;
+
+/// Operations per transaction, at most.
+pub const BATCH_MAX: usize = 2048;
+/// How long the writer gathers a batch after its first operation.
+pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
+/// Operations the writer's channel holds.
+pub const QUEUE: usize = 65_536;
+
+/// Each entry moves the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE messages (
+  id TEXT PRIMARY KEY,
+  thread_id TEXT NOT NULL,
+  parent_id TEXT,
+  slot_index INTEGER NOT NULL,
+  sender TEXT NOT NULL,
+  receiver TEXT,
+  payload_type TEXT,
+  payload_xml TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  ts INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX messages_thread_slot ON messages(thread_id, slot_index);
+CREATE INDEX messages_ts ON messages(ts, thread_id, slot_index);
+CREATE INDEX messages_sender ON messages(sender, ts);
+CREATE INDEX messages_receiver ON messages(receiver, ts);
+CREATE INDEX messages_type ON messages(payload_type, ts);
+CREATE INDEX messages_status ON messages(status, ts);
+CREATE TABLE threads (
+  id TEXT PRIMARY KEY,
+  status TEXT NOT NULL,
+  message_count INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  last_activity INTEGER NOT NULL,
+  error TEXT
+) WITHOUT ROWID;
+CREATE INDEX threads_created ON threads(created_at);
+CREATE INDEX threads_activity ON threads(last_activity);
+"#];
+
+/// Why the store cannot be used.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("store {path}: {message}")]
+pub struct StoreError {
+    pub path: String,
+    pub message: String,
+}
+
+/// What the store found on opening.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Recovered {
+    /// The last event `seq` committed. The hub continues from [`Recovered::next_seq_floor`].
+    pub last_seq: u64,
+    pub total_messages: u64,
+    /// Threads that were active when the process ended, now `error` / `interrupted`.
+    pub interrupted: u64,
+}
+
+enum Op {
+    Message(MessageRecord),
+    Status {
+        id: String,
+        status: MessageStatus,
+        error: Option<String>,
+    },
+    Thread {
+        id: String,
+        status: ThreadStatus,
+        message_count: u64,
+        created_at: Option<Timestamp>,
+        error: Option<String>,
+    },
+    Seq(u64),
+    Flush(mpsc::Sender<()>),
+}
+
+/// Health the API reports (`/readyz`) and inject consults.
+#[derive(Default)]
+struct Health {
+    queued: AtomicUsize,
+    failed: AtomicBool,
+    last_error: Mutex<Option<String>>,
+    committed_batches: AtomicU64,
+    /// The highest event `seq` recorded; written with every batch.
+    latest_seq: AtomicU64,
+}
+
+pub struct Store {
+    path: PathBuf,
+    tx: SyncSender<Op>,
+    reader: Mutex<Connection>,
+    health: Arc<Health>,
+    recovered: Recovered,
+}
+
+fn err(path: &Path, message: impl std::fmt::Display) -> StoreError {
+    StoreError {
+        path: path.display().to_string(),
+        message: message.to_string(),
+    }
+}
+
+fn status_str<T: serde::Serialize>(s: T) -> String {
+    serde_json::to_value(s)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn parse_status<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    serde_json::from_value(serde_json::Value::String(s.to_string())).ok()
+}
+
+fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| err(path, e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| err(path, e))?;
+    Ok(conn)
+}
+
+impl Recovered {
+    /// Where the event hub's `seq` resumes after a restart: past anything that may have been
+    /// published but not committed before the process ended (one batch window of events), so
+    /// a `seq` a client saw is never reused.
+    pub fn next_seq_floor(&self) -> u64 {
+        if self.last_seq == 0 && self.total_messages == 0 {
+            0
+        } else {
+            self.last_seq + QUEUE as u64
+        }
+    }
+}
+
+impl Store {
+    /// Opens (creating the directory and file if needed) and migrates the store, marks
+    /// threads left active as interrupted, and starts the writer.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                err(
+                    path,
+                    format!("cannot create directory {}: {e}", dir.display()),
+                )
+            })?;
+        }
+        let mut conn = open_connection(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )?;
+        let corrupt = |e: rusqlite::Error| {
+            err(
+                path,
+                format!("not a usable agentserver store (corrupted or not SQLite?): {e}"),
+            )
+        };
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(corrupt)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(corrupt)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(corrupt)?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(err(
+                path,
+                format!("schema version {version} is newer than this agentserver understands ({known}); use a newer release or another file"),
+            ));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            let tx = conn.transaction().map_err(corrupt)?;
+            tx.execute_batch(sql).map_err(corrupt)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(corrupt)?;
+            tx.commit().map_err(corrupt)?;
+        }
+        let interrupted = conn
+            .execute(
+                "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
+                [],
+            )
+            .map_err(corrupt)? as u64;
+        let last_seq: u64 = conn
+            .query_row("SELECT value FROM meta WHERE key = 'last_seq'", [], |r| {
+                get_u64(r, 0)
+            })
+            .optional()
+            .map_err(corrupt)?
+            .unwrap_or(0);
+        let total_messages: u64 = conn
+            .query_row("SELECT COUNT(*) FROM messages", [], |r| get_u64(r, 0))
+            .map_err(corrupt)?;
+        let reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        let health = Arc::new(Health::default());
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let writer_health = health.clone();
+        let writer_path = path.to_path_buf();
+        std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer(conn, rx, writer_health, writer_path))
+            .map_err(|e| err(path, format!("cannot start the writer: {e}")))?;
+        Ok(Store {
+            path: path.to_path_buf(),
+            tx,
+            reader: Mutex::new(reader),
+            health,
+            recovered: Recovered {
+                last_seq,
+                total_messages,
+                interrupted,
+            },
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn recovered(&self) -> Recovered {
+        self.recovered
+    }
+
+    /// True when the writer is behind enough that new work should be refused.
+    pub fn backlogged(&self) -> bool {
+        self.health.queued.load(Ordering::Relaxed) > QUEUE / 2
+    }
+
+    /// The last write error, if writing has failed (the store is then not ready).
+    pub fn failure(&self) -> Option<String> {
+        if !self.health.failed.load(Ordering::Relaxed) {
+            return None;
+        }
+        match self.health.last_error.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Operations waiting for the writer.
+    pub fn queued(&self) -> usize {
+        self.health.queued.load(Ordering::Relaxed)
+    }
+
+    /// Transactions committed since start.
+    pub fn committed_batches(&self) -> u64 {
+        self.health.committed_batches.load(Ordering::Relaxed)
+    }
+
+    fn send(&self, op: Op) {
+        self.health.queued.fetch_add(1, Ordering::Relaxed);
+        match self.tx.try_send(op) {
+            Ok(()) => {}
+            Err(TrySendError::Full(op)) => {
+                // Never drop: wait for the writer.
+                if self.tx.send(op).is_err() {
+                    self.health.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                self.health.queued.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Records what an event changed. Called in `seq` order by the event hub.
+    pub fn record(&self, seq: u64, kind: &EventKind) {
+        match kind {
+            EventKind::Message { message } => self.send(Op::Message(message.clone())),
+            EventKind::MessageStatus {
+                id, status, error, ..
+            } => self.send(Op::Status {
+                id: id.clone(),
+                status: *status,
+                error: error.clone(),
+            }),
+            EventKind::ThreadCreated { thread } => self.send(Op::Thread {
+                id: thread.id.clone(),
+                status: thread.status,
+                message_count: thread.message_count,
+                created_at: Some(thread.created_at),
+                error: thread.error.clone(),
+            }),
+            EventKind::ThreadUpdated {
+                thread_id,
+                status,
+                message_count,
+                error,
+            } => self.send(Op::Thread {
+                id: thread_id.clone(),
+                status: *status,
+                message_count: *message_count,
+                created_at: None,
+                error: error.clone(),
+            }),
+            _ => {}
+        }
+        self.health.latest_seq.fetch_max(seq, Ordering::Relaxed);
+    }
+
+    /// Writes the last `seq` and waits until everything sent so far is committed.
+    pub fn flush(&self, last_seq: u64) {
+        self.send(Op::Seq(last_seq));
+        let (done, wait) = mpsc::channel();
+        self.send(Op::Flush(done));
+        let _ = wait.recv_timeout(Duration::from_secs(30));
+    }
+
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = match self.reader.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
+        let out = f(&tx).map_err(|e| err(&self.path, e))?;
+        tx.commit().map_err(|e| err(&self.path, e))?;
+        Ok(out)
+    }
+
+    /// One page of the log (oldest first), with the exact total, from one snapshot.
+    pub fn query_messages(
+        &self,
+        filter: &MessageFilter,
+        page: Page,
+    ) -> Result<Paged<MessageRecord>, StoreError> {
+        let mut clauses: Vec<&str> = Vec::new();
+        let mut args: Vec<rusqlite::types::Value> = Vec::new();
+        use rusqlite::types::Value as V;
+        if let Some(a) = &filter.agent {
+            clauses.push("(sender = ? OR receiver = ?)");
+            args.push(V::Text(a.clone()));
+            args.push(V::Text(a.clone()));
+        }
+        if let Some(t) = &filter.thread {
+            clauses.push("thread_id = ?");
+            args.push(V::Text(t.clone()));
+        }
+        if let Some(p) = &filter.payload_type {
+            clauses.push("(payload_type = ? OR payload_type LIKE ? ESCAPE '\\')");
+            args.push(V::Text(p.clone()));
+            let escaped = p
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            args.push(V::Text(format!("{{%}}{escaped}")));
+        }
+        if let Some(s) = filter.status {
+            clauses.push("status = ?");
+            args.push(V::Text(status_str(s)));
+        }
+        if let Some(s) = filter.since {
+            clauses.push("ts >= ?");
+            args.push(V::Integer(s.0 as i64));
+        }
+        if let Some(u) = filter.until {
+            clauses.push("ts < ?");
+            args.push(V::Integer(u.0 as i64));
+        }
+        let where_sql = if clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", clauses.join(" AND "))
+        };
+        self.read(|tx| {
+            let total: u64 = tx.query_row(
+                &format!("SELECT COUNT(*) FROM messages {where_sql}"),
+                params_from_iter(args.iter()),
+                |r| get_u64(r, 0),
+            )?;
+            let mut all = args.clone();
+            all.push(V::Integer(page.limit as i64));
+            all.push(V::Integer(page.offset as i64));
+            let mut stmt = tx.prepare(&format!(
+                "SELECT id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts FROM messages {where_sql} ORDER BY ts, thread_id, slot_index LIMIT ? OFFSET ?"
+            ))?;
+            let items = stmt
+                .query_map(params_from_iter(all.iter()), row_to_message)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Paged {
+                items,
+                total,
+                limit: page.limit,
+                offset: page.offset,
+            })
+        })
+    }
+
+    /// One page of threads, newest first, with the exact total.
+    pub fn query_threads(
+        &self,
+        filter: &ThreadFilter,
+        page: Page,
+    ) -> Result<Paged<ThreadInfo>, StoreError> {
+        use rusqlite::types::Value as V;
+        let mut clauses: Vec<&str> = Vec::new();
+        let mut args: Vec<V> = Vec::new();
+        if let Some(s) = filter.status {
+            clauses.push("status = ?");
+            args.push(V::Text(status_str(s)));
+        }
+        if let Some(a) = &filter.agent {
+            clauses.push("EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = threads.id AND (m.sender = ? OR m.receiver = ?))");
+            args.push(V::Text(a.clone()));
+            args.push(V::Text(a.clone()));
+        }
+        if let Some(s) = filter.since {
+            clauses.push("last_activity >= ?");
+            args.push(V::Integer(s.0 as i64));
+        }
+        if let Some(u) = filter.until {
+            clauses.push("created_at < ?");
+            args.push(V::Integer(u.0 as i64));
+        }
+        let where_sql = if clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", clauses.join(" AND "))
+        };
+        self.read(|tx| {
+            let total: u64 = tx.query_row(
+                &format!("SELECT COUNT(*) FROM threads {where_sql}"),
+                params_from_iter(args.iter()),
+                |r| get_u64(r, 0),
+            )?;
+            let mut all = args.clone();
+            all.push(V::Integer(page.limit as i64));
+            all.push(V::Integer(page.offset as i64));
+            let mut stmt = tx.prepare(&format!(
+                "SELECT id, status, message_count, created_at, last_activity, error FROM threads {where_sql} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
+            ))?;
+            let rows = stmt
+                .query_map(params_from_iter(all.iter()), |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        get_u64(r, 2)?,
+                        get_u64(r, 3)?,
+                        get_u64(r, 4)?,
+                        r.get::<_, Option<String>>(5)?,
+                    ))
+                })?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            let mut items = Vec::with_capacity(rows.len());
+            for (id, status, count, created, last, error) in rows {
+                let participants = participants(tx, &id)?;
+                items.push(ThreadInfo {
+                    participants,
+                    id,
+                    status: parse_status(&status).unwrap_or(ThreadStatus::Error),
+                    message_count: count,
+                    created_at: Timestamp(created),
+                    last_activity: Timestamp(last),
+                    error,
+                });
+            }
+            Ok(Paged {
+                items,
+                total,
+                limit: page.limit,
+                offset: page.offset,
+            })
+        })
+    }
+
+    /// One thread, if stored.
+    pub fn thread(&self, id: &str) -> Result<Option<ThreadInfo>, StoreError> {
+        self.read(|tx| {
+            let row = tx
+                .query_row(
+                    "SELECT status, message_count, created_at, last_activity, error FROM threads WHERE id = ?",
+                    params![id],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            get_u64(r, 1)?,
+                            get_u64(r, 2)?,
+                            get_u64(r, 3)?,
+                            r.get::<_, Option<String>>(4)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let Some((status, count, created, last, error)) = row else {
+                return Ok(None);
+            };
+            Ok(Some(ThreadInfo {
+                id: id.to_string(),
+                status: parse_status(&status).unwrap_or(ThreadStatus::Error),
+                participants: participants(tx, id)?,
+                message_count: count,
+                created_at: Timestamp(created),
+                last_activity: Timestamp(last),
+                error,
+            }))
+        })
+    }
+
+    /// Deletes whole threads, oldest activity first, until at most `max_messages` remain, and
+    /// every thread whose last activity is older than `max_age`. Returns messages deleted.
+    pub fn prune(
+        &self,
+        max_messages: Option<u64>,
+        max_age: Option<Duration>,
+    ) -> Result<u64, StoreError> {
+        let mut conn = match self.reader.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
+        let mut deleted = 0u64;
+        let inactive = "status != 'active'";
+        if let Some(age) = max_age {
+            let cutoff = Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64;
+            deleted += tx
+                .execute(
+                    &format!("DELETE FROM messages WHERE thread_id IN (SELECT id FROM threads WHERE last_activity < ?1 AND {inactive})"),
+                    params![cutoff],
+                )
+                .map_err(|e| err(&self.path, e))? as u64;
+            tx.execute(
+                &format!("DELETE FROM threads WHERE last_activity < ?1 AND {inactive}"),
+                params![cutoff],
+            )
+            .map_err(|e| err(&self.path, e))?;
+        }
+        if let Some(max) = max_messages {
+            loop {
+                let count: u64 = tx
+                    .query_row("SELECT COUNT(*) FROM messages", [], |r| get_u64(r, 0))
+                    .map_err(|e| err(&self.path, e))?;
+                if count <= max {
+                    break;
+                }
+                let oldest: Option<String> = tx
+                    .query_row(
+                        &format!("SELECT id FROM threads WHERE {inactive} ORDER BY last_activity, id LIMIT 1"),
+                        [],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(|e| err(&self.path, e))?;
+                let Some(id) = oldest else { break };
+                deleted += tx
+                    .execute("DELETE FROM messages WHERE thread_id = ?", params![id])
+                    .map_err(|e| err(&self.path, e))? as u64;
+                tx.execute("DELETE FROM threads WHERE id = ?", params![id])
+                    .map_err(|e| err(&self.path, e))?;
+            }
+        }
+        tx.commit().map_err(|e| err(&self.path, e))?;
+        Ok(deleted)
+    }
+}
+
+fn participants(tx: &rusqlite::Transaction<'_>, thread: &str) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT sender, receiver FROM messages WHERE thread_id = ? ORDER BY slot_index",
+    )?;
+    let mut out: Vec<String> = Vec::new();
+    let rows = stmt.query_map(params![thread], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+    })?;
+    for row in rows {
+        let (from, to) = row?;
+        for who in std::iter::once(from).chain(to) {
+            if !out.contains(&who) {
+                out.push(who);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn get_u64(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<u64> {
+    r.get::<_, i64>(i).map(|v| v.max(0) as u64)
+}
+
+fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRecord> {
+    let status: String = r.get(8)?;
+    Ok(MessageRecord {
+        id: Arc::from(r.get::<_, String>(0)?),
+        thread_id: Arc::from(r.get::<_, String>(1)?),
+        parent_id: r.get::<_, Option<String>>(2)?.map(Arc::from),
+        slot_index: get_u64(r, 3)?,
+        from: Arc::from(r.get::<_, String>(4)?),
+        to: r.get::<_, Option<String>>(5)?.map(Arc::from),
+        payload_type: r.get(6)?,
+        payload_xml: Arc::from(r.get::<_, String>(7)?),
+        status: parse_status(&status).unwrap_or(MessageStatus::Failed),
+        error: r.get(9)?,
+        timestamp: Timestamp(get_u64(r, 10)?),
+        schema: None,
+    })
+}
+
+fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, path: PathBuf) {
+    let mut batch: Vec<Op> = Vec::with_capacity(BATCH_MAX);
+    loop {
+        match rx.recv() {
+            Ok(op) => batch.push(op),
+            Err(_) => return,
+        }
+        let deadline = Instant::now() + BATCH_WINDOW;
+        while batch.len() < BATCH_MAX {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(op) => batch.push(op),
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let n = batch.len();
+        let mut flushes = Vec::new();
+        batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
+        let result = commit(&mut conn, &mut batch, &mut flushes);
+        health.queued.fetch_sub(n, Ordering::Relaxed);
+        match result {
+            Ok(()) => {
+                health.committed_batches.fetch_add(1, Ordering::Relaxed);
+                if health.failed.swap(false, Ordering::Relaxed) {
+                    tracing::info!(store = %path.display(), "store writes succeed again");
+                }
+            }
+            Err(e) => {
+                tracing::error!(store = %path.display(), error = %e, "store write failed");
+                health.failed.store(true, Ordering::Relaxed);
+                if let Ok(mut last) = health.last_error.lock() {
+                    *last = Some(e.to_string());
+                }
+            }
+        }
+        for f in flushes {
+            let _ = f.send(());
+        }
+        batch.clear();
+    }
+}
+
+fn commit(
+    conn: &mut Connection,
+    batch: &mut Vec<Op>,
+    flushes: &mut Vec<mpsc::Sender<()>>,
+) -> rusqlite::Result<()> {
+    let tx = conn.transaction()?;
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO messages (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+             ON CONFLICT(id) DO UPDATE SET status = excluded.status, error = excluded.error",
+        )?;
+        let mut status =
+            tx.prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE id = ?1")?;
+        let mut thread = tx.prepare_cached(
+            "INSERT INTO threads (id, status, message_count, created_at, last_activity, error)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT(id) DO UPDATE SET status = excluded.status, message_count = excluded.message_count,
+               last_activity = excluded.last_activity, error = COALESCE(excluded.error, threads.error)",
+        )?;
+        let mut seq = tx.prepare_cached(
+            "INSERT INTO meta (key, value) VALUES ('last_seq', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
+        )?;
+        for op in batch.drain(..) {
+            match op {
+                Op::Message(m) => {
+                    insert.execute(params![
+                        &*m.id,
+                        &*m.thread_id,
+                        m.parent_id.as_deref(),
+                        m.slot_index as i64,
+                        &*m.from,
+                        m.to.as_deref(),
+                        m.payload_type.as_deref(),
+                        &*m.payload_xml,
+                        status_str(m.status),
+                        m.error.as_deref(),
+                        m.timestamp.0 as i64,
+                    ])?;
+                }
+                Op::Status {
+                    id,
+                    status: s,
+                    error,
+                } => {
+                    status.execute(params![id, status_str(s), error])?;
+                }
+                Op::Thread {
+                    id,
+                    status: s,
+                    message_count,
+                    created_at,
+                    error,
+                } => {
+                    let now = Timestamp::now().0;
+                    thread.execute(params![
+                        id,
+                        status_str(s),
+                        message_count as i64,
+                        created_at.map(|c| c.0).unwrap_or(now) as i64,
+                        now as i64,
+                        error
+                    ])?;
+                }
+                Op::Seq(s) => {
+                    seq.execute(params![s as i64])?;
+                }
+                Op::Flush(done) => flushes.push(done),
+            }
+        }
+    }
+    tx.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord {
+        MessageRecord {
+            id: Arc::from(format!("{thread}-{slot}")),
+            thread_id: Arc::from(thread),
+            parent_id: None,
+            slot_index: slot,
+            from: Arc::from(from),
+            to: Some(Arc::from(to)),
+            payload_type: Some("{urn:x}Note".into()),
+            payload_xml: Arc::from("<Note xmlns=\"urn:x\">hi</Note>"),
+            status: MessageStatus::Pending,
+            error: None,
+            timestamp: Timestamp(ts),
+            schema: None,
+        }
+    }
+
+    fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
+        store.record(
+            1,
+            &EventKind::ThreadCreated {
+                thread: ThreadInfo {
+                    id: id.into(),
+                    status,
+                    participants: vec![],
+                    message_count: 0,
+                    created_at: Timestamp(created),
+                    last_activity: Timestamp(created),
+                    error: None,
+                },
+            },
+        );
+    }
+
+    #[test]
+    fn writes_are_batched_and_read_back_with_filters_and_exact_totals() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("sub/dir/s.db")).unwrap();
+        thread(&store, "a", ThreadStatus::Active, 1);
+        thread(&store, "b", ThreadStatus::Active, 2);
+        for (i, (t, from, to)) in [("a", "api", "g"), ("a", "g", "s"), ("b", "api", "s")]
+            .iter()
+            .enumerate()
+        {
+            store.record(
+                10 + i as u64,
+                &EventKind::Message {
+                    message: msg(t, i as u64 % 2, from, to, 100 + i as u64),
+                },
+            );
+        }
+        store.record(
+            20,
+            &EventKind::MessageStatus {
+                id: "a-0".into(),
+                thread_id: "a".into(),
+                status: MessageStatus::Delivered,
+                error: None,
+            },
+        );
+        store.flush(20);
+        let all = store
+            .query_messages(&MessageFilter::default(), Page::default())
+            .unwrap();
+        assert_eq!(all.total, 3);
+        assert_eq!(all.items[0].status, MessageStatus::Delivered);
+        let s = MessageFilter {
+            agent: Some("s".into()),
+            ..Default::default()
+        };
+        assert_eq!(store.query_messages(&s, Page::default()).unwrap().total, 2);
+        let typed = MessageFilter {
+            payload_type: Some("Note".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            store
+                .query_messages(&typed, Page::new(Some(1), Some(1)))
+                .unwrap()
+                .items
+                .len(),
+            1
+        );
+        let window = MessageFilter {
+            since: Some(Timestamp(101)),
+            until: Some(Timestamp(102)),
+            ..Default::default()
+        };
+        assert_eq!(
+            store
+                .query_messages(&window, Page::default())
+                .unwrap()
+                .total,
+            1
+        );
+        let by_agent = ThreadFilter {
+            agent: Some("g".into()),
+            ..Default::default()
+        };
+        let threads = store.query_threads(&by_agent, Page::default()).unwrap();
+        assert_eq!(threads.total, 1);
+        assert_eq!(threads.items[0].participants, vec!["api", "g", "s"]);
+        assert!(store.committed_batches() >= 1);
+    }
+
+    #[test]
+    fn reopening_keeps_history_marks_active_threads_interrupted_and_continues_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let store = Store::open(&path).unwrap();
+            thread(&store, "live", ThreadStatus::Active, 1);
+            thread(&store, "done", ThreadStatus::Completed, 2);
+            store.record(
+                5,
+                &EventKind::Message {
+                    message: msg("live", 0, "api", "g", 3),
+                },
+            );
+            store.flush(777);
+        }
+        let store = Store::open(&path).unwrap();
+        let r = store.recovered();
+        assert_eq!((r.last_seq, r.total_messages, r.interrupted), (777, 1, 1));
+        let live = store.thread("live").unwrap().unwrap();
+        assert_eq!(
+            (live.status, live.error.as_deref()),
+            (ThreadStatus::Error, Some("interrupted"))
+        );
+        assert_eq!(
+            store.thread("done").unwrap().unwrap().status,
+            ThreadStatus::Completed
+        );
+    }
+
+    #[test]
+    fn bad_files_give_clear_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let junk = dir.path().join("junk.db");
+        std::fs::write(&junk, vec![0x42u8; 8192]).unwrap();
+        let e = Store::open(&junk).err().unwrap();
+        assert!(
+            e.to_string().contains("junk.db") && e.message.contains("not a usable"),
+            "{e}"
+        );
+
+        let newer = dir.path().join("newer.db");
+        Connection::open(&newer)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let e = Store::open(&newer).err().unwrap();
+        assert!(e.message.contains("schema version 99 is newer"), "{e}");
+
+        let blocked = dir.path().join("file-not-dir");
+        std::fs::write(&blocked, "x").unwrap();
+        let e = Store::open(&blocked.join("s.db")).err().unwrap();
+        assert!(e.message.contains("cannot create directory"), "{e}");
+    }
+
+    #[test]
+    fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        for (i, t) in ["old", "mid", "new"].iter().enumerate() {
+            thread(&store, t, ThreadStatus::Completed, i as u64);
+            for slot in 0..2 {
+                store.record(
+                    1,
+                    &EventKind::Message {
+                        message: msg(t, slot, "api", "g", 10 * i as u64 + slot),
+                    },
+                );
+            }
+        }
+        thread(&store, "running", ThreadStatus::Active, 0);
+        store.record(
+            1,
+            &EventKind::Message {
+                message: msg("running", 0, "api", "g", 1),
+            },
+        );
+        store.flush(1);
+        // Make activity order explicit: old < mid < new; running is oldest but active.
+        {
+            let conn = store.reader.lock().unwrap();
+            for (i, t) in ["running", "old", "mid", "new"].iter().enumerate() {
+                conn.execute(
+                    "UPDATE threads SET last_activity = ? WHERE id = ?",
+                    params![i as i64, t],
+                )
+                .unwrap();
+            }
+        }
+        assert_eq!(store.prune(Some(4), None).unwrap(), 4);
+        let left: Vec<String> = store
+            .query_threads(&ThreadFilter::default(), Page::default())
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(left, vec!["new", "running"]);
+        assert_eq!(
+            store.prune(None, Some(Duration::from_secs(1))).unwrap(),
+            2,
+            "new is old by the clock; running stays"
+        );
+    }
+}
