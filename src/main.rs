@@ -252,10 +252,12 @@ async fn send(
             return ExitCode::from(2);
         }
     };
-    let config = match load(&path) {
+    let mut config = match load(&path) {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // A trial run: it never writes the organism's durable store.
+    config.store = None;
     let organism = match Organism::builder().build(config) {
         Ok(o) => o,
         Err(e) => {

@@ -57,7 +57,7 @@ fn run_stops_gracefully_on_sigterm_and_exits_0() {
     use std::process::Stdio;
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
     let mut child = Command::new(env!("CARGO_BIN_EXE_agentserver"))
-        .args(["run", demo, "--listen", "127.0.0.1:0"])
+        .args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

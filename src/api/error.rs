@@ -82,6 +82,16 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_failed",
+            e.to_string(),
+        )
+    }
+}
+
 impl From<ControlError> for ApiError {
     fn from(e: ControlError) -> Self {
         match e {
@@ -126,6 +136,8 @@ impl From<InjectError> for ApiError {
                 (StatusCode::NOT_FOUND, "unknown_thread")
             }
             InjectError::NoTarget => (StatusCode::BAD_REQUEST, "no_target"),
+            InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
+            InjectError::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed"),
         };
         let mut err = ApiError::new(status, code, message);
         match e {

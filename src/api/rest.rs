@@ -215,9 +215,7 @@ pub async fn list_threads(
         until: time_param("until", q.until.as_deref())?,
     };
     let page = Page::new(q.limit, q.offset);
-    Ok(Json(
-        s.inner.organism.threads().query_threads(&filter, page),
-    ))
+    Ok(Json(s.inner.organism.query_threads(&filter, page)?))
 }
 
 fn unknown_thread(id: &str) -> ApiError {
@@ -232,9 +230,19 @@ pub async fn get_thread(
     State(s): State<ApiState>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<ThreadDetail>> {
-    let threads = s.inner.organism.threads();
-    let thread = threads.info(&id).ok_or_else(|| unknown_thread(&id))?;
-    let messages = threads.messages(&id).unwrap_or_default();
+    let organism = &s.inner.organism;
+    let thread = organism
+        .thread_info(&id)?
+        .ok_or_else(|| unknown_thread(&id))?;
+    let all = Page {
+        limit: usize::MAX,
+        offset: 0,
+    };
+    let filter = MessageFilter {
+        thread: Some(id),
+        ..Default::default()
+    };
+    let messages = organism.query_messages(&filter, all)?.items;
     Ok(Json(ThreadDetail { thread, messages }))
 }
 
@@ -247,12 +255,15 @@ pub async fn thread_messages(
     Path(id): Path<String>,
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Json<Paged<MessageRecord>>> {
-    s.inner
-        .organism
-        .threads()
-        .thread_page(&id, q.page())
-        .map(Json)
-        .ok_or_else(|| unknown_thread(&id))
+    let organism = &s.inner.organism;
+    if organism.thread_info(&id)?.is_none() {
+        return Err(unknown_thread(&id));
+    }
+    let filter = MessageFilter {
+        thread: Some(id),
+        ..Default::default()
+    };
+    Ok(Json(organism.query_messages(&filter, q.page())?))
 }
 
 #[utoipa::path(get, path = "/api/v1/messages", tag = "messages", params(MessageQuery),
@@ -271,9 +282,7 @@ pub async fn list_messages(
         until: time_param("until", q.until.as_deref())?,
     };
     let page = Page::new(q.limit, q.offset);
-    Ok(Json(
-        s.inner.organism.threads().query_messages(&filter, page),
-    ))
+    Ok(Json(s.inner.organism.query_messages(&filter, page)?))
 }
 
 #[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody,
@@ -431,6 +440,13 @@ pub async fn healthz() -> Json<Health> {
     responses((status = 200, description = "Ready for injects", body = Health),
               (status = 503, description = "Not ready; the message names what", body = ErrorResponse)))]
 pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
+    if let Some(e) = s.inner.organism.store().and_then(|st| st.failure()) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!("store: {e}"),
+        ));
+    }
     match s.inner.organism.status() {
         OrganismStatus::Running | OrganismStatus::Paused => Ok(Json(Health {
             status: "ready".into(),

@@ -217,7 +217,11 @@ pub enum OrganismStatus {
 pub struct EventHub {
     inner: Mutex<Inner>,
     retain: usize,
+    sink: Option<Sink>,
 }
+
+/// Receives every event in `seq` order, under the publish lock (the durable store).
+pub type Sink = Box<dyn Fn(u64, &EventKind) + Send + Sync>;
 
 struct Inner {
     seq: u64,
@@ -242,15 +246,21 @@ pub struct Subscription {
 impl EventHub {
     /// A hub whose channel and resumption ring each hold `capacity` events.
     pub fn new(capacity: usize) -> Self {
+        EventHub::with_sink(capacity, 0, None)
+    }
+
+    /// A hub whose first event is `start_seq + 1`, feeding `sink` with every event in order.
+    pub fn with_sink(capacity: usize, start_seq: u64, sink: Option<Sink>) -> Self {
         let capacity = capacity.max(1);
         let (tx, _) = broadcast::channel(capacity);
         EventHub {
             inner: Mutex::new(Inner {
-                seq: 0,
+                seq: start_seq,
                 tx,
                 ring: VecDeque::with_capacity(capacity),
             }),
             retain: capacity,
+            sink,
         }
     }
 
@@ -266,6 +276,9 @@ impl EventHub {
         let mut inner = self.lock();
         inner.seq += 1;
         let seq = inner.seq;
+        if let Some(sink) = &self.sink {
+            sink(seq, &kind);
+        }
         let event = Arc::new(Event::new(seq, kind));
         if inner.ring.len() == self.retain {
             inner.ring.pop_front();

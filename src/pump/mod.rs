@@ -106,6 +106,10 @@ pub enum InjectError {
     Thread(#[from] ThreadError),
     #[error("the envelope has no <to>: say which listener receives it")]
     NoTarget,
+    #[error("the message store is behind; try again shortly")]
+    StoreBehind,
+    #[error("the message store cannot write, so nothing new is accepted: {0}")]
+    StoreFailed(String),
 }
 
 /// Why a control call failed.
@@ -130,6 +134,8 @@ pub enum BuildError {
     Handler { listener: String, message: String },
     #[error("an organism must be built inside a tokio runtime")]
     NoRuntime,
+    #[error("{0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// A message to inject from outside the organism.
@@ -211,6 +217,9 @@ pub(crate) struct Shared {
     order: Vec<Arc<Listener>>,
     threads: ThreadRegistry,
     events: Arc<EventHub>,
+    store: Option<Arc<crate::store::Store>>,
+    /// Messages logged before this process started (from the store).
+    earlier_messages: u64,
     gate: gate::Gate,
     xml_limits: XmlLimits,
     pending: AtomicUsize,
@@ -306,8 +315,18 @@ impl OrganismBuilder {
     /// Builds the organism from a validated config. Must run inside a tokio runtime.
     pub fn build(self, config: OrganismConfig) -> Result<Organism, BuildError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
-        let events = Arc::new(EventHub::new(
+        let store = match &config.store {
+            Some(path) => Some(Arc::new(crate::store::Store::open(path)?)),
+            None => None,
+        };
+        let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
+        let sink: Option<crate::events::Sink> = store.clone().map(|s| {
+            Box::new(move |seq: u64, kind: &EventKind| s.record(seq, kind)) as crate::events::Sink
+        });
+        let events = Arc::new(EventHub::with_sink(
             self.event_capacity.unwrap_or(DEFAULT_CAPACITY),
+            recovered.next_seq_floor(),
+            sink,
         ));
         let mut listeners = HashMap::new();
         let mut order = Vec::new();
@@ -331,6 +350,8 @@ impl OrganismBuilder {
         let shared = Arc::new(Shared {
             threads: ThreadRegistry::new(limits.max_messages_per_thread, RETAINED_FINISHED_THREADS),
             events,
+            store,
+            earlier_messages: recovered.total_messages,
             gate: gate::Gate::new(limits.max_concurrent_handlers, config.scheduling),
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,
@@ -376,6 +397,46 @@ impl Organism {
         &self.shared.threads
     }
 
+    /// The durable store, unless the organism runs with `store: memory`.
+    pub fn store(&self) -> Option<&Arc<crate::store::Store>> {
+        self.shared.store.as_ref()
+    }
+
+    /// One page of the message log: from the store when there is one, else from memory.
+    pub fn query_messages(
+        &self,
+        filter: &crate::threads::MessageFilter,
+        page: crate::threads::Page,
+    ) -> Result<crate::threads::Paged<MessageRecord>, crate::store::StoreError> {
+        match &self.shared.store {
+            Some(store) => store.query_messages(filter, page),
+            None => Ok(self.shared.threads.query_messages(filter, page)),
+        }
+    }
+
+    /// One page of threads: from the store when there is one, else from memory.
+    pub fn query_threads(
+        &self,
+        filter: &crate::threads::ThreadFilter,
+        page: crate::threads::Page,
+    ) -> Result<crate::threads::Paged<crate::threads::ThreadInfo>, crate::store::StoreError> {
+        match &self.shared.store {
+            Some(store) => store.query_threads(filter, page),
+            None => Ok(self.shared.threads.query_threads(filter, page)),
+        }
+    }
+
+    /// One thread: from the store when there is one, else from memory.
+    pub fn thread_info(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::threads::ThreadInfo>, crate::store::StoreError> {
+        match &self.shared.store {
+            Some(store) => store.thread(id),
+            None => Ok(self.shared.threads.info(id)),
+        }
+    }
+
     /// Messages queued or being handled, organism-wide.
     pub fn pending(&self) -> usize {
         self.shared.pending.load(Ordering::SeqCst)
@@ -405,7 +466,7 @@ impl Organism {
             started_at: s.started_at,
             agent_count: s.order.len(),
             active_threads: s.threads.active_count(),
-            total_messages: s.threads.total_messages(),
+            total_messages: s.earlier_messages + s.threads.total_messages(),
             pending_messages: self.pending(),
             config_rev: s.config_rev.load(Ordering::Relaxed),
             last_seq: s.events.last_seq(),
@@ -538,6 +599,21 @@ impl Organism {
                 payload_type: payload.payload_type.to_string(),
             })?;
         let valid = schema.validate(payload).map_err(InjectError::Invalid)?;
+        if let Some(store) = &s.store {
+            if let Some(e) = store.failure() {
+                return Err(InjectError::StoreFailed(e));
+            }
+            if store.backlogged() {
+                return Err(InjectError::StoreBehind);
+            }
+            // A thread from before a restart, or evicted from memory, continues where its
+            // stored history ends.
+            if let Some(id) = thread_id.filter(|id| !s.threads.contains(id)) {
+                if let Ok(Some(info)) = store.thread(id) {
+                    s.threads.adopt(&info);
+                }
+            }
+        }
         let pending = s.pending.load(Ordering::SeqCst);
         if pending >= s.config.limits.max_pending_messages {
             return Err(InjectError::Overloaded {
@@ -713,6 +789,11 @@ impl Organism {
     /// further injects refused. Killing a killed thread is a no-op.
     pub fn kill_thread(&self, id: &str) -> Result<(), ControlError> {
         let s = &self.shared;
+        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
+            if let Ok(Some(info)) = store.thread(id) {
+                s.threads.adopt(&info);
+            }
+        }
         let change = s
             .threads
             .kill(id)
@@ -804,6 +885,10 @@ impl Organism {
         s.events.publish(EventKind::OrganismState {
             status: OrganismStatus::Stopped,
         });
+        if let Some(store) = s.store.clone() {
+            let last = s.events.last_seq();
+            let _ = tokio::task::spawn_blocking(move || store.flush(last)).await;
+        }
         StopReport {
             drained,
             killed_threads,

@@ -185,7 +185,11 @@ impl Store {
             .map_err(corrupt)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(corrupt)?;
-        let version: i64 = conn
+        // Migrate under a write lock, so two processes opening a new file do not race.
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(corrupt)?;
+        let version: i64 = tx
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(corrupt)?;
         let known = MIGRATIONS.len() as i64;
@@ -196,12 +200,11 @@ impl Store {
             ));
         }
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            let tx = conn.transaction().map_err(corrupt)?;
             tx.execute_batch(sql).map_err(corrupt)?;
             tx.pragma_update(None, "user_version", (i + 1) as i64)
                 .map_err(corrupt)?;
-            tx.commit().map_err(corrupt)?;
         }
+        tx.commit().map_err(corrupt)?;
         let interrupted = conn
             .execute(
                 "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
@@ -640,9 +643,8 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
             }
         }
         let n = batch.len();
-        let mut flushes = Vec::new();
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
-        let result = commit(&mut conn, &mut batch, &mut flushes);
+        let result = commit(&mut conn, &batch);
         health.queued.fetch_sub(n, Ordering::Relaxed);
         match result {
             Ok(()) => {
@@ -659,85 +661,103 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
                 }
             }
         }
-        for f in flushes {
-            let _ = f.send(());
-        }
-        batch.clear();
-    }
-}
-
-fn commit(
-    conn: &mut Connection,
-    batch: &mut Vec<Op>,
-    flushes: &mut Vec<mpsc::Sender<()>>,
-) -> rusqlite::Result<()> {
-    let tx = conn.transaction()?;
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO messages (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-             ON CONFLICT(id) DO UPDATE SET status = excluded.status, error = excluded.error",
-        )?;
-        let mut status =
-            tx.prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE id = ?1")?;
-        let mut thread = tx.prepare_cached(
-            "INSERT INTO threads (id, status, message_count, created_at, last_activity, error)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT(id) DO UPDATE SET status = excluded.status, message_count = excluded.message_count,
-               last_activity = excluded.last_activity, error = COALESCE(excluded.error, threads.error)",
-        )?;
-        let mut seq = tx.prepare_cached(
-            "INSERT INTO meta (key, value) VALUES ('last_seq', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
-        )?;
         for op in batch.drain(..) {
-            match op {
-                Op::Message(m) => {
-                    insert.execute(params![
-                        &*m.id,
-                        &*m.thread_id,
-                        m.parent_id.as_deref(),
-                        m.slot_index as i64,
-                        &*m.from,
-                        m.to.as_deref(),
-                        m.payload_type.as_deref(),
-                        &*m.payload_xml,
-                        status_str(m.status),
-                        m.error.as_deref(),
-                        m.timestamp.0 as i64,
-                    ])?;
-                }
-                Op::Status {
-                    id,
-                    status: s,
-                    error,
-                } => {
-                    status.execute(params![id, status_str(s), error])?;
-                }
-                Op::Thread {
-                    id,
-                    status: s,
-                    message_count,
-                    created_at,
-                    error,
-                } => {
-                    let now = Timestamp::now().0;
-                    thread.execute(params![
-                        id,
-                        status_str(s),
-                        message_count as i64,
-                        created_at.map(|c| c.0).unwrap_or(now) as i64,
-                        now as i64,
-                        error
-                    ])?;
-                }
-                Op::Seq(s) => {
-                    seq.execute(params![s as i64])?;
-                }
-                Op::Flush(done) => flushes.push(done),
+            if let Op::Flush(done) = op {
+                let _ = done.send(());
             }
         }
     }
-    tx.commit()
+}
+
+/// Applies one operation inside a transaction.
+fn apply(tx: &rusqlite::Transaction<'_>, op: &Op) -> rusqlite::Result<()> {
+    match op {
+        Op::Message(m) => {
+            tx.prepare_cached(
+                "INSERT INTO messages (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                 ON CONFLICT(id) DO UPDATE SET status = excluded.status, error = excluded.error",
+            )?
+            .execute(params![
+                &*m.id,
+                &*m.thread_id,
+                m.parent_id.as_deref(),
+                m.slot_index as i64,
+                &*m.from,
+                m.to.as_deref(),
+                m.payload_type.as_deref(),
+                &*m.payload_xml,
+                status_str(m.status),
+                m.error.as_deref(),
+                m.timestamp.0 as i64,
+            ])?;
+        }
+        Op::Status { id, status, error } => {
+            tx.prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE id = ?1")?
+                .execute(params![id, status_str(*status), error])?;
+        }
+        Op::Thread {
+            id,
+            status,
+            message_count,
+            created_at,
+            error,
+        } => {
+            let now = Timestamp::now().0;
+            tx.prepare_cached(
+                "INSERT INTO threads (id, status, message_count, created_at, last_activity, error)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT(id) DO UPDATE SET status = excluded.status, message_count = excluded.message_count,
+                   last_activity = excluded.last_activity, error = COALESCE(excluded.error, threads.error)",
+            )?
+            .execute(params![
+                id,
+                status_str(*status),
+                *message_count as i64,
+                created_at.map(|c| c.0).unwrap_or(now) as i64,
+                now as i64,
+                error
+            ])?;
+        }
+        Op::Seq(s) => {
+            tx.prepare_cached(
+                "INSERT INTO meta (key, value) VALUES ('last_seq', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
+            )?
+            .execute(params![*s as i64])?;
+        }
+        Op::Flush(_) => {}
+    }
+    Ok(())
+}
+
+/// Commits a batch in one transaction. If that fails, commits the operations one by one so a
+/// single bad row costs only itself; returns the first error met.
+fn commit(conn: &mut Connection, batch: &[Op]) -> rusqlite::Result<()> {
+    let whole = (|| {
+        let tx = conn.transaction()?;
+        for op in batch {
+            apply(&tx, op)?;
+        }
+        tx.commit()
+    })();
+    if whole.is_ok() {
+        return Ok(());
+    }
+    let mut first = None;
+    for op in batch {
+        let one = (|| {
+            let tx = conn.transaction()?;
+            apply(&tx, op)?;
+            tx.commit()
+        })();
+        if let Err(e) = one {
+            first.get_or_insert(e);
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(e) => Err(e),
+    }
 }
 
 #[cfg(test)]

@@ -173,6 +173,8 @@ struct Entry {
     error: Option<String>,
     /// Messages queued for or being handled by a listener.
     outstanding: u64,
+    /// Messages of this thread logged before it was (re)loaded here: slots continue after them.
+    slot_base: u64,
     messages: Vec<MessageRecord>,
     cancel: CancellationToken,
 }
@@ -183,7 +185,7 @@ impl Entry {
             id: id.to_string(),
             status: self.status,
             participants: self.participants.iter().map(|p| p.to_string()).collect(),
-            message_count: self.messages.len() as u64,
+            message_count: self.count(),
             created_at: self.created_at,
             last_activity: self.last_activity,
             error: self.error.clone(),
@@ -194,9 +196,13 @@ impl Entry {
         StatusChange {
             thread_id: id.to_string(),
             status: self.status,
-            message_count: self.messages.len() as u64,
+            message_count: self.count(),
             error: self.error.clone(),
         }
+    }
+
+    fn count(&self) -> u64 {
+        self.slot_base + self.messages.len() as u64
     }
 
     fn note_participant(&mut self, who: &Arc<str>) {
@@ -333,6 +339,7 @@ impl ThreadRegistry {
             last_activity: now,
             error: None,
             outstanding: 0,
+            slot_base: 0,
             messages: Vec::new(),
             cancel: CancellationToken::new(),
         };
@@ -343,6 +350,45 @@ impl ThreadRegistry {
             created: Some(info),
             reactivated: None,
         })
+    }
+
+    /// Loads a thread known from the durable log (after a restart, or after it was evicted
+    /// here) so that it can continue: its slots continue after `info.message_count`. A killed
+    /// thread stays killed. Does nothing if the thread is already here.
+    pub fn adopt(&self, info: &ThreadInfo) {
+        let id: Arc<str> = Arc::from(info.id.as_str());
+        let mut shard = lock(self.shard(&id));
+        if shard.threads.contains_key(&id) {
+            return;
+        }
+        let cancel = CancellationToken::new();
+        if info.status == ThreadStatus::Killed {
+            cancel.cancel();
+        }
+        let entry = Entry {
+            status: info.status,
+            participants: info
+                .participants
+                .iter()
+                .map(|p| Arc::from(p.as_str()))
+                .collect(),
+            created_at: info.created_at,
+            last_activity: info.last_activity,
+            error: info.error.clone(),
+            outstanding: 0,
+            slot_base: info.message_count,
+            messages: Vec::new(),
+            cancel,
+        };
+        shard.threads.insert(id.clone(), entry);
+        if info.status != ThreadStatus::Active {
+            shard.finished.push_back(id);
+        }
+    }
+
+    /// Is this thread held here (not evicted, not from before a restart)?
+    pub fn contains(&self, thread: &str) -> bool {
+        lock(self.shard(thread)).threads.contains_key(thread)
     }
 
     /// Appends a message to its thread's log; a `Pending` one counts as outstanding work.
@@ -363,8 +409,7 @@ impl ThreadRegistry {
         if e.status == ThreadStatus::Killed {
             m.status = MessageStatus::Killed;
             m.error = Some("thread killed".into());
-        } else if e.messages.len() as u64 >= self.max_messages && m.status == MessageStatus::Pending
-        {
+        } else if e.count() >= self.max_messages && m.status == MessageStatus::Pending {
             m.status = MessageStatus::Failed;
             m.error = Some(
                 ThreadError::BudgetExceeded {
@@ -392,7 +437,7 @@ impl ThreadRegistry {
             id: m.id,
             thread_id: key,
             parent_id: m.parent_id,
-            slot_index: e.messages.len() as u64,
+            slot_index: e.count(),
             from: m.from,
             to: m.to,
             payload_type: m.payload_type,
@@ -426,7 +471,8 @@ impl ThreadRegistry {
                 }
             }
             e.last_activity = Timestamp::now();
-            if let Some(m) = e.messages.get_mut(slot as usize) {
+            let index = slot.checked_sub(e.slot_base).map(|i| i as usize);
+            if let Some(m) = index.and_then(|i| e.messages.get_mut(i)) {
                 if m.status == MessageStatus::Pending {
                     counted = Some(m.to.clone());
                 }

@@ -165,6 +165,8 @@ impl ThreadRegistry {
             .take(page.limit)
             .cloned()
             .collect();
+        // (A thread adopted from the store holds only its newer messages here; the store
+        // serves its full history.)
         Some(Paged {
             items,
             total,
