@@ -208,6 +208,48 @@ pub fn render(state: &ApiState) -> String {
     );
     let _ = writeln!(out, "agentserver_events_total {}", info.last_seq);
 
+    if let Some(store) = organism.store() {
+        header(
+            &mut out,
+            "agentserver_store_queue",
+            "gauge",
+            "Writes waiting for the store's writer.",
+        );
+        let _ = writeln!(out, "agentserver_store_queue {}", store.queued());
+        header(
+            &mut out,
+            "agentserver_store_batches_total",
+            "counter",
+            "Store transactions committed.",
+        );
+        let _ = writeln!(
+            out,
+            "agentserver_store_batches_total {}",
+            store.committed_batches()
+        );
+        header(
+            &mut out,
+            "agentserver_store_failed",
+            "gauge",
+            "1 while the store cannot write.",
+        );
+        let _ = writeln!(
+            out,
+            "agentserver_store_failed {}",
+            u8::from(store.failure().is_some())
+        );
+        header(
+            &mut out,
+            "agentserver_store_pruned_messages_total",
+            "counter",
+            "Messages removed by retention.",
+        );
+        let _ = writeln!(
+            out,
+            "agentserver_store_pruned_messages_total {}",
+            organism.pruned_messages()
+        );
+    }
     header(
         &mut out,
         "agentserver_http_refused_total",

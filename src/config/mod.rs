@@ -12,7 +12,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use model::{Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Scheduling};
+pub use model::{
+    Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Retention, Scheduling,
+};
 use model::{ListenerSection, OrganismSection};
 
 use crate::schema::Schema;
@@ -179,7 +181,25 @@ pub fn load_str(
         Some(p) => Some(base.join(p)),
         None => Some(PathBuf::from("data").join(format!("{}.db", organism.name))),
     };
+    let mut retention = Retention::default();
+    if let Some(r) = &organism.store_retention {
+        retention.max_messages = r.max_messages;
+        if let Some(age) = &r.max_age {
+            match parse_age(age) {
+                Some(d) => retention.max_age = Some(d),
+                None => {
+                    c.push(
+                        None,
+                        Some("organism.store_retention.max_age"),
+                        format!("`{age}` is not a duration like 30d, 12h, 15m or 45s"),
+                    );
+                    return Err(ConfigErrors(c.errors));
+                }
+            }
+        }
+    }
     Ok(OrganismConfig {
+        retention,
         listen: organism
             .listen
             .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
@@ -191,6 +211,21 @@ pub fn load_str(
         source: None,
         text: text.to_string(),
     })
+}
+
+/// `30d`, `12h`, `15m`, `45s`.
+fn parse_age(s: &str) -> Option<std::time::Duration> {
+    let s = s.trim();
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = n.parse().ok()?;
+    let secs = match unit.trim() {
+        "s" => n,
+        "m" => n.checked_mul(60)?,
+        "h" => n.checked_mul(3600)?,
+        "d" => n.checked_mul(86_400)?,
+        _ => return None,
+    };
+    Some(std::time::Duration::from_secs(secs))
 }
 
 /// The field a serde error is about (`unknown field `x``, `missing field `x``), if it says.

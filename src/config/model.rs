@@ -45,8 +45,24 @@ pub(crate) struct OrganismSection {
     pub name: String,
     pub listen: Option<String>,
     pub store: Option<String>,
+    pub store_retention: Option<RetentionSection>,
     #[serde(default)]
     pub scheduling: Scheduling,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RetentionSection {
+    pub max_messages: Option<u64>,
+    pub max_age: Option<String>,
+}
+
+/// How much history the store keeps (`organism.store_retention`). Pruning removes whole
+/// finished threads, least recently active first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention {
+    pub max_messages: Option<u64>,
+    pub max_age: Option<std::time::Duration>,
 }
 
 /// Organism-wide limits (SPEC §4, §14). Every field has a default.
@@ -173,6 +189,7 @@ pub struct OrganismConfig {
     pub listen: String,
     /// `None` when `store: memory`.
     pub store: Option<PathBuf>,
+    pub retention: Retention,
     pub scheduling: Scheduling,
     pub limits: Limits,
     pub listeners: Vec<ListenerConfig>,

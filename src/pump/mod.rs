@@ -35,6 +35,9 @@ use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use route::SYSTEM_IDENTITY;
 
+/// How often retention runs.
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
+
 /// Finished threads kept in memory for the API and `send`.
 pub const RETAINED_FINISHED_THREADS: usize = 10_000;
 
@@ -220,6 +223,7 @@ pub(crate) struct Shared {
     store: Option<Arc<crate::store::Store>>,
     /// Messages logged before this process started (from the store).
     earlier_messages: u64,
+    pruned: AtomicU64,
     gate: gate::Gate,
     xml_limits: XmlLimits,
     pending: AtomicUsize,
@@ -352,6 +356,7 @@ impl OrganismBuilder {
             events,
             store,
             earlier_messages: recovered.total_messages,
+            pruned: AtomicU64::new(0),
             gate: gate::Gate::new(limits.max_concurrent_handlers, config.scheduling),
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,
@@ -370,7 +375,9 @@ impl OrganismBuilder {
             started_at: Timestamp::now(),
             config_rev: AtomicU64::new(1),
         });
-        Ok(Organism { shared })
+        let organism = Organism { shared };
+        organism.start_retention();
+        Ok(organism)
     }
 }
 
@@ -395,6 +402,45 @@ impl Organism {
 
     pub fn threads(&self) -> &ThreadRegistry {
         &self.shared.threads
+    }
+
+    /// Prunes the store every few seconds per `organism.store_retention`, off the pump's
+    /// threads. Ends when the organism stops.
+    fn start_retention(&self) {
+        let retention = self.shared.config.retention;
+        let Some(store) = self.shared.store.clone() else {
+            return;
+        };
+        if retention == config::Retention::default() {
+            return;
+        }
+        let organism = self.clone();
+        self.shared.runtime.spawn(async move {
+            let mut tick = tokio::time::interval(RETENTION_INTERVAL);
+            loop {
+                tick.tick().await;
+                if organism.status() == OrganismStatus::Stopped {
+                    return;
+                }
+                let store = store.clone();
+                let pruned = tokio::task::spawn_blocking(move || {
+                    store.prune(retention.max_messages, retention.max_age)
+                })
+                .await;
+                match pruned {
+                    Ok(Ok(n)) => {
+                        organism.shared.pruned.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Ok(Err(e)) => tracing::error!(error = %e, "store retention failed"),
+                    Err(e) => tracing::error!(error = %e, "store retention task failed"),
+                }
+            }
+        });
+    }
+
+    /// Messages removed from the store by retention since start.
+    pub fn pruned_messages(&self) -> u64 {
+        self.shared.pruned.load(Ordering::Relaxed)
     }
 
     /// The durable store, unless the organism runs with `store: memory`.

@@ -1,0 +1,291 @@
+//! The durable log: history survives a restart (and a `kill -9`), filters and totals come
+//! from SQLite, retention prunes, bad files are refused clearly. A real SQLite file.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agentserver::threads::{MessageFilter, Page, ThreadFilter, ThreadStatus};
+use agentserver::Organism;
+use common::*;
+
+fn write_organism(dir: &Path, store: &str, extra: &str) -> std::path::PathBuf {
+    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.join("o.yaml");
+    std::fs::write(
+        &path,
+        format!("organism: {{ name: durable, store: {store}{extra} }}\nlisteners:\n{CHAIN}\n"),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test]
+async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "data/log.db", "");
+    let (threads, last_seq) = {
+        let o = Organism::builder().load(&path).unwrap();
+        let mut threads = Vec::new();
+        for i in 0..5 {
+            let t = inject(&o, "a", &format!("<Note>n{i}</Note>"), None);
+            settle(&o, &t.thread_id).await;
+            threads.push(t.thread_id);
+        }
+        // One thread still active when the process ends.
+        o.pause_listener("b").unwrap();
+        let stuck = inject(&o, "a", "<Note>stuck</Note>", None);
+        until(&o, || o.agent("b").unwrap().queue_depth == 1).await;
+        let last = o.events().last_seq();
+        o.store().unwrap().flush(last);
+        threads.push(stuck.thread_id);
+        (threads, last)
+    };
+    assert!(
+        dir.path().join("data/log.db").exists(),
+        "the directory is created"
+    );
+
+    let o = Organism::builder().load(&path).unwrap();
+    assert!(
+        o.events().last_seq() > last_seq,
+        "seq continues past the old run"
+    );
+    let all = o
+        .query_messages(&MessageFilter::default(), Page::default())
+        .unwrap();
+    assert_eq!(
+        all.total, 17,
+        "5 threads of 3 messages, and the stuck one's 2"
+    );
+    assert_eq!(o.info().total_messages, 17);
+    let b = MessageFilter {
+        agent: Some("b".into()),
+        ..Default::default()
+    };
+    assert_eq!(o.query_messages(&b, Page::default()).unwrap().total, 11);
+    let done = ThreadFilter {
+        status: Some(ThreadStatus::Completed),
+        ..Default::default()
+    };
+    assert_eq!(o.query_threads(&done, Page::default()).unwrap().total, 5);
+    let stuck = o.thread_info(&threads[5]).unwrap().unwrap();
+    assert_eq!(
+        (stuck.status, stuck.error.as_deref()),
+        (ThreadStatus::Error, Some("interrupted"))
+    );
+
+    // A thread from before the restart continues where it ended.
+    let more = inject(&o, "a", "<Note>again</Note>", Some(&threads[0]));
+    settle(&o, &more.thread_id).await;
+    o.store().unwrap().flush(o.events().last_seq());
+    let t0 = MessageFilter {
+        thread: Some(threads[0].clone()),
+        ..Default::default()
+    };
+    let log = o.query_messages(&t0, Page::default()).unwrap();
+    assert_eq!(log.total, 6);
+    let slots: Vec<u64> = log.items.iter().map(|m| m.slot_index).collect();
+    assert_eq!(slots, vec![0, 1, 2, 3, 4, 5]);
+}
+
+#[tokio::test]
+async fn page_totals_are_exact_while_writes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "log.db", "");
+    let o = Organism::builder().load(&path).unwrap();
+    let writer = {
+        let o = o.clone();
+        tokio::spawn(async move {
+            for i in 0..300 {
+                let t = inject(&o, "a", &format!("<Note>{i}</Note>"), None);
+                settle(&o, &t.thread_id).await;
+            }
+        })
+    };
+    let mut last_total = 0;
+    while !writer.is_finished() {
+        for offset in [0, 7, 100] {
+            let page = o
+                .query_messages(&MessageFilter::default(), Page::new(Some(25), Some(offset)))
+                .unwrap();
+            let expected = (page.total as usize).saturating_sub(offset).min(25);
+            assert_eq!(
+                page.items.len(),
+                expected,
+                "a page agrees with its own total"
+            );
+            assert!(page.total >= last_total, "totals never go back");
+            last_total = page.total;
+        }
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
+}
+
+#[tokio::test]
+async fn retention_prunes_the_oldest_threads_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(
+        dir.path(),
+        "log.db",
+        ", store_retention: { max_messages: 6 }",
+    );
+    let o = Organism::builder().load(&path).unwrap();
+    let mut threads = Vec::new();
+    for i in 0..5 {
+        let t = inject(&o, "a", &format!("<Note>{i}</Note>"), None);
+        settle(&o, &t.thread_id).await;
+        threads.push(t.thread_id);
+    }
+    o.store().unwrap().flush(o.events().last_seq());
+    until_async(|| async { o.pruned_messages() >= 9 }).await;
+    let left = o
+        .query_threads(&ThreadFilter::default(), Page::default())
+        .unwrap();
+    let ids: Vec<&str> = left.items.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![threads[4].as_str(), threads[3].as_str()],
+        "the newest survive"
+    );
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_agentserver"))
+}
+
+#[test]
+fn unwritable_and_corrupted_store_files_are_clear_startup_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a-file"), "x").unwrap();
+    let path = write_organism(dir.path(), "a-file/log.db", "");
+    let out = bin()
+        .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a-file/log.db") && err.contains("cannot create directory"),
+        "{err}"
+    );
+
+    std::fs::write(dir.path().join("junk.db"), vec![7u8; 4096]).unwrap();
+    let path = write_organism(dir.path(), "junk.db", "");
+    let out = bin()
+        .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("junk.db") && err.contains("not a usable agentserver store"),
+        "{err}"
+    );
+}
+
+#[test]
+fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "log.db", "");
+    let start = || {
+        let mut child = bin()
+            .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("a ready line").unwrap();
+            if let Some(u) = line.strip_prefix("agentserver listening on ") {
+                break u.to_string();
+            }
+        };
+        (child, url)
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut child, url) = start();
+    let http = reqwest::Client::new();
+    // Inject as fast as one client can for a while, noting when each 202 came back.
+    let answered: Vec<(String, Instant)> = rt.block_on(async {
+        let mut answered = Vec::new();
+        let until = Instant::now() + Duration::from_millis(1500);
+        let mut i = 0;
+        while Instant::now() < until {
+            let r = http
+                .post(format!("{url}/api/v1/inject"))
+                .json(&serde_json::json!({"to": "a", "payload_xml": format!("<Note>{i}</Note>")}))
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 202 {
+                let v: serde_json::Value = r.json().await.unwrap();
+                answered.push((
+                    v["message_id"].as_str().unwrap().to_string(),
+                    Instant::now(),
+                ));
+            }
+            i += 1;
+        }
+        answered
+    });
+    Command::new("kill")
+        .args(["-9", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let killed_at = Instant::now();
+    child.wait().unwrap();
+    assert!(answered.len() > 50, "load was applied: {}", answered.len());
+
+    let (mut child, url) = start();
+    let stored: Vec<String> = rt.block_on(async {
+        let mut ids = Vec::new();
+        let mut offset = 0;
+        loop {
+            let v: serde_json::Value = http
+                .get(format!("{url}/api/v1/messages?limit=1000&offset={offset}"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let items = v["items"].as_array().unwrap();
+            if items.is_empty() {
+                break;
+            }
+            ids.extend(items.iter().map(|m| m["id"].as_str().unwrap().to_string()));
+            offset += items.len();
+        }
+        ids
+    });
+    let unique: std::collections::HashSet<&String> = stored.iter().collect();
+    assert_eq!(unique.len(), stored.len(), "no message is stored twice");
+    // One batch window is 20 ms; allow the commit itself generous time on this 2-core machine.
+    let margin = Duration::from_millis(250);
+    let missing: Vec<&String> = answered
+        .iter()
+        .filter(|(_, at)| killed_at.duration_since(*at) > margin)
+        .map(|(id, _)| id)
+        .filter(|id| !unique.contains(id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} answered messages lost: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}
