@@ -377,6 +377,7 @@ impl OrganismBuilder {
         });
         let organism = Organism { shared };
         organism.start_retention();
+        organism.watch_store_health();
         Ok(organism)
     }
 }
@@ -433,6 +434,42 @@ impl Organism {
                     }
                     Ok(Err(e)) => tracing::error!(error = %e, "store retention failed"),
                     Err(e) => tracing::error!(error = %e, "store retention task failed"),
+                }
+            }
+        });
+    }
+
+    /// Publishes an `error` event when store writes start failing, and again when they
+    /// recover, checking once a second. Ends when the organism stops.
+    fn watch_store_health(&self) {
+        let Some(store) = self.shared.store.clone() else {
+            return;
+        };
+        let organism = self.clone();
+        self.shared.runtime.spawn(async move {
+            let mut failing = false;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                if organism.status() == OrganismStatus::Stopped {
+                    return;
+                }
+                let failure = store.failure();
+                if failure.is_some() != failing {
+                    failing = failure.is_some();
+                    organism.shared.events.publish(EventKind::Error {
+                        thread_id: None,
+                        agent: None,
+                        error: match failure {
+                            Some(e) => format!(
+                                "store {}: writes fail, injects are refused: {e}",
+                                store.path().display()
+                            ),
+                            None => {
+                                format!("store {}: writes succeed again", store.path().display())
+                            }
+                        },
+                    });
                 }
             }
         });
