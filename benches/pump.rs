@@ -1,0 +1,69 @@
+//! The pump's throughput through a three-hop chain of native handlers (forward → forward →
+//! sink), XSD-validated at every hop, with the SQLite store on and with `store: memory`, in
+//! the same run.
+//!
+//! Run: `cargo bench --bench pump`
+
+use agentserver::{InjectRequest, Organism};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
+/// Threads injected per iteration; each makes three validated hops.
+const THREADS: usize = 200;
+
+fn organism(rt: &tokio::runtime::Runtime, dir: &std::path::Path, store: &str) -> Organism {
+    std::fs::write(dir.join("t.xsd"), XSD).expect("xsd");
+    let yaml = format!(
+        "organism: {{ name: bench, store: {store} }}
+listeners:
+  - {{ name: a, description: a, kind: native, handler: forward, schema: t.xsd, config: {{ to: b }} }}
+  - {{ name: b, description: b, kind: native, handler: forward, schema: t.xsd, config: {{ to: c }} }}
+  - {{ name: c, description: c, kind: native, handler: sink, schema: t.xsd }}
+"
+    );
+    let path = dir.join(format!("{}.yaml", store.replace(['/', '.'], "_")));
+    std::fs::write(&path, yaml).expect("yaml");
+    let _guard = rt.enter();
+    Organism::builder().load(&path).expect("organism")
+}
+
+async fn run_batch(o: &Organism) {
+    let mut receipts = Vec::with_capacity(THREADS);
+    for i in 0..THREADS {
+        receipts.push(
+            o.inject(InjectRequest {
+                from: "api".into(),
+                to: "a".into(),
+                payload_xml: format!("<Note>message {i}</Note>"),
+                thread_id: None,
+            })
+            .expect("accepted"),
+        );
+    }
+    for r in receipts {
+        o.wait_thread(&r.thread_id).await;
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let memory = organism(&rt, dir.path(), "memory");
+    let sqlite = organism(&rt, dir.path(), "log.db");
+    let mut group = c.benchmark_group("pump_three_hops");
+    group.throughput(Throughput::Elements((THREADS * 3) as u64));
+    group.bench_function("store_memory", |b| {
+        b.to_async(&rt).iter(|| run_batch(&memory))
+    });
+    group.bench_function("store_sqlite", |b| {
+        b.to_async(&rt).iter(|| run_batch(&sqlite))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
