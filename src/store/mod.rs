@@ -12,9 +12,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
 
@@ -128,7 +128,42 @@ fn err(path: &Path, message: impl std::fmt::Display) -> StoreError {
     }
 }
 
-fn status_str<T: serde::Serialize>(s: T) -> String {
+/// Statuses as stored: the same words the API shows.
+trait Word: Copy {
+    fn word(self) -> &'static str;
+}
+
+impl Word for MessageStatus {
+    fn word(self) -> &'static str {
+        match self {
+            MessageStatus::Pending => "pending",
+            MessageStatus::Delivered => "delivered",
+            MessageStatus::Terminal => "terminal",
+            MessageStatus::Rejected => "rejected",
+            MessageStatus::Undeliverable => "undeliverable",
+            MessageStatus::Failed => "failed",
+            MessageStatus::Killed => "killed",
+        }
+    }
+}
+
+impl Word for ThreadStatus {
+    fn word(self) -> &'static str {
+        match self {
+            ThreadStatus::Active => "active",
+            ThreadStatus::Completed => "completed",
+            ThreadStatus::Error => "error",
+            ThreadStatus::Killed => "killed",
+        }
+    }
+}
+
+fn status_str<T: Word>(s: T) -> &'static str {
+    s.word()
+}
+
+#[cfg(test)]
+fn status_json<T: serde::Serialize>(s: T) -> String {
     serde_json::to_value(s)
         .ok()
         .and_then(|v| v.as_str().map(str::to_string))
@@ -379,7 +414,7 @@ impl Store {
         }
         if let Some(s) = filter.status {
             clauses.push("status = ?");
-            args.push(V::Text(status_str(s)));
+            args.push(V::Text(status_str(s).to_string()));
         }
         if let Some(s) = filter.since {
             clauses.push("ts >= ?");
@@ -429,7 +464,7 @@ impl Store {
         let mut args: Vec<V> = Vec::new();
         if let Some(s) = filter.status {
             clauses.push("status = ?");
-            args.push(V::Text(status_str(s)));
+            args.push(V::Text(status_str(s).to_string()));
         }
         if let Some(a) = &filter.agent {
             clauses.push("EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = threads.id AND (m.sender = ? OR m.receiver = ?))");
@@ -633,16 +668,19 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
             Ok(op) => batch.push(op),
             Err(_) => return,
         }
-        let deadline = Instant::now() + BATCH_WINDOW;
+        // Gather without being woken per write: sleep through the window (unless a full
+        // batch is already waiting), then take what arrived.
+        if health.queued.load(Ordering::Relaxed) < BATCH_MAX {
+            std::thread::sleep(BATCH_WINDOW);
+        }
         while batch.len() < BATCH_MAX {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
+            match rx.try_recv() {
                 Ok(op) => batch.push(op),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => break,
+                Err(_) => break,
             }
         }
         let n = batch.len();
+        coalesce(&mut batch);
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
         let result = commit(&mut conn, &batch);
         health.queued.fetch_sub(n, Ordering::Relaxed);
@@ -667,6 +705,53 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
             }
         }
     }
+}
+
+/// Shrinks a batch without changing what it writes: a status change of a message inserted in
+/// the same batch becomes part of the insert, and a thread written several times keeps only
+/// its last state (with its first `created_at`).
+fn coalesce(batch: &mut Vec<Op>) {
+    use std::collections::HashMap;
+    let mut inserted: HashMap<String, usize> = HashMap::new();
+    let mut last_thread: HashMap<String, usize> = HashMap::new();
+    let mut keep = vec![true; batch.len()];
+    for i in 0..batch.len() {
+        match &batch[i] {
+            Op::Message(m) => {
+                inserted.insert(m.id.to_string(), i);
+            }
+            Op::Status { id, status, error } => {
+                if let Some(&at) = inserted.get(id) {
+                    let (status, error) = (*status, error.clone());
+                    if let Op::Message(m) = &mut batch[at] {
+                        m.status = status;
+                        m.error = error;
+                    }
+                    keep[i] = false;
+                }
+            }
+            Op::Thread { id, created_at, .. } => {
+                let created = *created_at;
+                if let Some(prev) = last_thread.insert(id.clone(), i) {
+                    let first_created = match &batch[prev] {
+                        Op::Thread { created_at, .. } => *created_at,
+                        _ => None,
+                    };
+                    keep[prev] = false;
+                    if let Op::Thread { created_at, .. } = &mut batch[i] {
+                        *created_at = first_created.or(created);
+                    }
+                }
+            }
+            Op::Seq(_) | Op::Flush(_) => {}
+        }
+    }
+    let mut i = 0;
+    batch.retain(|_| {
+        let k = keep[i];
+        i += 1;
+        k
+    });
 }
 
 /// Applies one operation inside a transaction.
@@ -796,6 +881,73 @@ mod tests {
                 },
             },
         );
+    }
+
+    #[test]
+    fn stored_status_words_are_the_api_words() {
+        for s in [
+            MessageStatus::Pending,
+            MessageStatus::Delivered,
+            MessageStatus::Terminal,
+            MessageStatus::Rejected,
+            MessageStatus::Undeliverable,
+            MessageStatus::Failed,
+            MessageStatus::Killed,
+        ] {
+            assert_eq!(status_str(s), status_json(s));
+            assert_eq!(parse_status::<MessageStatus>(status_str(s)), Some(s));
+        }
+        for s in [
+            ThreadStatus::Active,
+            ThreadStatus::Completed,
+            ThreadStatus::Error,
+            ThreadStatus::Killed,
+        ] {
+            assert_eq!(status_str(s), status_json(s));
+        }
+    }
+
+    #[test]
+    fn coalescing_keeps_what_a_batch_writes() {
+        let mut batch = vec![
+            Op::Message(msg("t", 0, "api", "a", 1)),
+            Op::Thread {
+                id: "t".into(),
+                status: ThreadStatus::Active,
+                message_count: 1,
+                created_at: Some(Timestamp(5)),
+                error: None,
+            },
+            Op::Status {
+                id: "t-0".into(),
+                status: MessageStatus::Delivered,
+                error: None,
+            },
+            Op::Status {
+                id: "elsewhere".into(),
+                status: MessageStatus::Failed,
+                error: Some("x".into()),
+            },
+            Op::Thread {
+                id: "t".into(),
+                status: ThreadStatus::Completed,
+                message_count: 1,
+                created_at: None,
+                error: None,
+            },
+        ];
+        coalesce(&mut batch);
+        assert_eq!(batch.len(), 3);
+        assert!(matches!(&batch[0], Op::Message(m) if m.status == MessageStatus::Delivered));
+        assert!(matches!(&batch[1], Op::Status { id, .. } if id == "elsewhere"));
+        assert!(matches!(
+            &batch[2],
+            Op::Thread {
+                status: ThreadStatus::Completed,
+                created_at: Some(Timestamp(5)),
+                ..
+            }
+        ));
     }
 
     #[test]
