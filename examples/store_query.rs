@@ -1,0 +1,106 @@
+//! Measures `/messages`-style reads over a large store: fills a fresh SQLite file with N
+//! messages (default 1,000,000) through the real writer, then times filtered page queries
+//! (page + exact total) and prints p50/p99/max.
+//!
+//! Run: `cargo run --release --example store_query -- 1000000`
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use agentserver::events::EventKind;
+use agentserver::store::Store;
+use agentserver::threads::{MessageFilter, MessageRecord, MessageStatus, Page};
+use agentserver::time::Timestamp;
+
+const AGENTS: [&str; 8] = [
+    "api", "greeter", "shouter", "router", "planner", "coder", "critic", "sink",
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1_000_000);
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(&dir.path().join("big.db"))?;
+    let fill = Instant::now();
+    let per_thread = 10;
+    for i in 0..n {
+        let thread = format!("thread-{:08}", i / per_thread);
+        let slot = (i % per_thread) as u64;
+        let from = AGENTS[i % AGENTS.len()];
+        let to = AGENTS[(i + 1) % AGENTS.len()];
+        let record = MessageRecord {
+            id: Arc::from(format!("m-{i:09}")),
+            thread_id: Arc::from(thread.as_str()),
+            parent_id: None,
+            slot_index: slot,
+            from: Arc::from(from),
+            to: Some(Arc::from(to)),
+            payload_type: Some(if i % 3 == 0 { "Shouted" } else { "Greeting" }.to_string()),
+            payload_xml: Arc::from(format!("<Greeting><name>n{i}</name></Greeting>")),
+            status: MessageStatus::Delivered,
+            error: None,
+            timestamp: Timestamp(1_700_000_000_000 + i as u64),
+            schema: None,
+        };
+        store.record(i as u64 + 1, &EventKind::Message { message: record });
+    }
+    store.flush(n as u64);
+    println!(
+        "filled {n} messages in {:.1} s",
+        fill.elapsed().as_secs_f64()
+    );
+
+    let cases: Vec<(&str, MessageFilter)> = vec![
+        (
+            "agent",
+            MessageFilter {
+                agent: Some("coder".into()),
+                ..Default::default()
+            },
+        ),
+        (
+            "thread",
+            MessageFilter {
+                thread: Some(format!("thread-{:08}", n / per_thread / 2)),
+                ..Default::default()
+            },
+        ),
+        (
+            "payload_type+status",
+            MessageFilter {
+                payload_type: Some("Shouted".into()),
+                status: Some(MessageStatus::Delivered),
+                ..Default::default()
+            },
+        ),
+        (
+            "since (last hour of the fill)",
+            MessageFilter {
+                since: Some(Timestamp(1_700_000_000_000 + n as u64 - 1000)),
+                ..Default::default()
+            },
+        ),
+    ];
+    for (name, filter) in cases {
+        let mut times = Vec::new();
+        let mut total = 0;
+        for round in 0..50 {
+            let started = Instant::now();
+            let page =
+                store.query_messages(&filter, Page::new(Some(50), Some((round % 5) * 50)))?;
+            times.push(started.elapsed());
+            total = page.total;
+        }
+        times.sort();
+        let pct = |q: f64| times[((times.len() as f64 * q).ceil() as usize).saturating_sub(1)];
+        println!(
+            "{name:32} total {total:>8}  p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
+            pct(0.5).as_secs_f64() * 1e3,
+            pct(0.99).as_secs_f64() * 1e3,
+            times[times.len() - 1].as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
