@@ -424,26 +424,17 @@ impl Store {
             clauses.push("ts < ?");
             args.push(V::Integer(u.0 as i64));
         }
-        let where_sql = if clauses.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", clauses.join(" AND "))
-        };
+        let w = Where { clauses, args };
         self.read(|tx| {
-            let total: u64 = tx.query_row(
-                &format!("SELECT COUNT(*) FROM messages {where_sql}"),
-                params_from_iter(args.iter()),
-                |r| get_u64(r, 0),
+            let (total, items) = count_and_page(
+                tx,
+                "messages",
+                "id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts",
+                "ts, thread_id, slot_index",
+                &w,
+                page,
+                row_to_message,
             )?;
-            let mut all = args.clone();
-            all.push(V::Integer(page.limit as i64));
-            all.push(V::Integer(page.offset as i64));
-            let mut stmt = tx.prepare(&format!(
-                "SELECT id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts FROM messages {where_sql} ORDER BY ts, thread_id, slot_index LIMIT ? OFFSET ?"
-            ))?;
-            let items = stmt
-                .query_map(params_from_iter(all.iter()), row_to_message)?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(Paged {
                 items,
                 total,
@@ -479,25 +470,16 @@ impl Store {
             clauses.push("created_at < ?");
             args.push(V::Integer(u.0 as i64));
         }
-        let where_sql = if clauses.is_empty() {
-            String::new()
-        } else {
-            format!("WHERE {}", clauses.join(" AND "))
-        };
+        let w = Where { clauses, args };
         self.read(|tx| {
-            let total: u64 = tx.query_row(
-                &format!("SELECT COUNT(*) FROM threads {where_sql}"),
-                params_from_iter(args.iter()),
-                |r| get_u64(r, 0),
-            )?;
-            let mut all = args.clone();
-            all.push(V::Integer(page.limit as i64));
-            all.push(V::Integer(page.offset as i64));
-            let mut stmt = tx.prepare(&format!(
-                "SELECT id, status, message_count, created_at, last_activity, error FROM threads {where_sql} ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?"
-            ))?;
-            let rows = stmt
-                .query_map(params_from_iter(all.iter()), |r| {
+            let (total, rows) = count_and_page(
+                tx,
+                "threads",
+                "id, status, message_count, created_at, last_activity, error",
+                "created_at DESC, id DESC",
+                &w,
+                page,
+                |r| {
                     Ok((
                         r.get::<_, String>(0)?,
                         r.get::<_, String>(1)?,
@@ -506,8 +488,8 @@ impl Store {
                         get_u64(r, 4)?,
                         r.get::<_, Option<String>>(5)?,
                     ))
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()?;
+                },
+            )?;
             let mut items = Vec::with_capacity(rows.len());
             for (id, status, count, created, last, error) in rows {
                 let participants = participants(tx, &id)?;
@@ -618,6 +600,49 @@ impl Store {
         tx.commit().map_err(|e| err(&self.path, e))?;
         Ok(deleted)
     }
+}
+
+/// A filter as SQL: `AND`-ed clauses with their parameters.
+struct Where {
+    clauses: Vec<&'static str>,
+    args: Vec<rusqlite::types::Value>,
+}
+
+/// The exact count of rows matching `w`, and one page of them in `order`, from the same
+/// transaction.
+fn count_and_page<T>(
+    tx: &rusqlite::Transaction<'_>,
+    table: &str,
+    columns: &str,
+    order: &str,
+    w: &Where,
+    page: Page,
+    map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<(u64, Vec<T>)> {
+    let where_sql = if w.clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", w.clauses.join(" AND "))
+    };
+    let total = tx.query_row(
+        &format!("SELECT COUNT(*) FROM {table} {where_sql}"),
+        params_from_iter(w.args.iter()),
+        |r| get_u64(r, 0),
+    )?;
+    let mut args = w.args.clone();
+    args.push(rusqlite::types::Value::Integer(
+        page.limit.min(i64::MAX as usize) as i64,
+    ));
+    args.push(rusqlite::types::Value::Integer(
+        page.offset.min(i64::MAX as usize) as i64,
+    ));
+    let mut stmt = tx.prepare(&format!(
+        "SELECT {columns} FROM {table} {where_sql} ORDER BY {order} LIMIT ? OFFSET ?"
+    ))?;
+    let items = stmt
+        .query_map(params_from_iter(args.iter()), map)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok((total, items))
 }
 
 fn participants(tx: &rusqlite::Transaction<'_>, thread: &str) -> rusqlite::Result<Vec<String>> {
