@@ -380,12 +380,11 @@ impl Inner {
                 (Some(Json::String(x)), None) => x,
                 (Some(_), None) => return Err(format!("output #{n}: `xml` must be a string")),
                 (None, Some(payload)) => {
-                    let target = to
-                        .as_deref()
-                        .or(if ty.is_none() { Some(sender) } else { None });
+                    // Without `to` or `type`, the schema is looked up as for a reply.
+                    let target = to.as_deref().or(ty.is_none().then_some(sender));
                     let (root, schema) = self
                         .targets
-                        .resolve(to.as_deref().or(target), ty.as_deref())
+                        .resolve(target, ty.as_deref())
                         .map_err(|e| format!("output #{n}: {e}"))?;
                     let payload = json_shape(payload);
                     let written = match schema {

@@ -153,28 +153,6 @@ impl ThreadRegistry {
         page.cut(all)
     }
 
-    /// One page of a thread's messages, in slot order; `None` if there is no such thread.
-    pub fn thread_page(&self, thread: &str, page: Page) -> Option<Paged<MessageRecord>> {
-        let shard = lock(self.shard(thread));
-        let e = shard.threads.get(thread)?;
-        let total = e.messages.len() as u64;
-        let items = e
-            .messages
-            .iter()
-            .skip(page.offset)
-            .take(page.limit)
-            .cloned()
-            .collect();
-        // (A thread adopted from the store holds only its newer messages here; the store
-        // serves its full history.)
-        Some(Paged {
-            items,
-            total,
-            limit: page.limit,
-            offset: page.offset,
-        })
-    }
-
     /// One page of threads, newest first.
     pub fn query_threads(&self, filter: &ThreadFilter, page: Page) -> Paged<ThreadInfo> {
         let all = self
@@ -248,11 +226,12 @@ mod tests {
         let threads = r.query_threads(&by_agent, Page::default());
         assert_eq!(threads.total, 1);
         assert_eq!(threads.items[0].id, "a");
+        let in_a = MessageFilter {
+            thread: Some("a".into()),
+            ..Default::default()
+        };
         assert_eq!(
-            r.thread_page("a", Page::new(Some(1), Some(1)))
-                .unwrap()
-                .items[0]
-                .slot_index,
+            r.query_messages(&in_a, Page::new(Some(1), Some(1))).items[0].slot_index,
             1
         );
     }
