@@ -499,15 +499,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     assert_eq!(r.status(), 405);
 
     // Refusals are recorded even when they never reached the pump.
-    let text = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for needle in [
         "agentserver_http_refused_total{status=\"415\"} 1",
         "agentserver_http_refused_total{status=\"405\"} 1",
@@ -574,15 +566,7 @@ async fn metrics_report_messages_handler_time_queues_threads_and_clients() {
     let t = s.inject_note("a", "m").await;
     settle(&s.organism, &t).await;
     let _ws = ws_connect(&s.ws_url("/ws")).await;
-    let text = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     for needle in [
         "agentserver_messages_total{agent=\"b\",status=\"delivered\"} 1",
         "agentserver_handler_seconds_count{agent=\"a\"} 1",
@@ -596,15 +580,7 @@ async fn metrics_report_messages_handler_time_queues_threads_and_clients() {
     }
     // The WebSocket client is counted once its session starts.
     until_async(|| async {
-        let text = s
-            .http
-            .get(s.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = s.metrics().await;
         text.contains("agentserver_ws_clients{endpoint=\"/ws\"} 1")
     })
     .await;

@@ -445,15 +445,7 @@ async fn a_client_that_never_reads_gets_dropped_while_a_fast_one_gets_everything
         received < THREADS * 3,
         "the slow client did not get everything"
     );
-    let text = s
-        .http
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics().await;
     assert!(
         !text.contains("agentserver_ws_dropped_events_total{endpoint=\"/ws/messages\"} 0"),
         "{text}"
@@ -479,13 +471,12 @@ async fn a_client_that_stops_answering_pings_is_closed() {
         frames
     });
     // Two clients connected; after two silent heartbeats only the live one remains.
-    let clients = |n: usize| {
-        let url = s.url("/metrics");
-        let http = s.http.clone();
-        async move {
-            let text = http.get(url).send().await.unwrap().text().await.unwrap();
-            text.contains(&format!("agentserver_ws_clients{{endpoint=\"/ws\"}} {n}"))
-        }
+    let served = &s;
+    let clients = |n: usize| async move {
+        served
+            .metrics()
+            .await
+            .contains(&format!("agentserver_ws_clients{{endpoint=\"/ws\"}} {n}"))
     };
     until_async(|| clients(2)).await;
     until_async(|| clients(1)).await;

@@ -247,6 +247,17 @@ impl Served {
         )
     }
 
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let r = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics");
+        r.text().await.expect("body")
+    }
+
     pub async fn inject_note(&self, to: &str, text: &str) -> String {
         let (status, body) = self
             .post(
