@@ -33,7 +33,8 @@ pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
 pub const QUEUE: usize = 65_536;
 
 /// Each entry moves the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE messages (
   id TEXT PRIMARY KEY,
@@ -64,7 +65,55 @@ CREATE TABLE threads (
 ) WITHOUT ROWID;
 CREATE INDEX threads_created ON threads(created_at);
 CREATE INDEX threads_activity ON threads(last_activity);
-"#];
+"#,
+    r#"
+-- v2: messages keyed by their place in the log (rowid = write order, so oldest-first pages
+-- need no sort), narrower indexes, an agent side table (one row per sender and receiver) and
+-- kept counts per (agent, payload type, status), so a broad filter's exact total is a lookup
+-- instead of a scan. Agent '' counts every message once. The writer and pruning keep both
+-- side tables in step with `messages`, in the same transaction.
+CREATE TABLE messages_v2 (
+  seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL,
+  thread_id TEXT NOT NULL,
+  parent_id TEXT,
+  slot_index INTEGER NOT NULL,
+  sender TEXT NOT NULL,
+  receiver TEXT,
+  payload_type TEXT,
+  payload_xml TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  ts INTEGER NOT NULL
+);
+INSERT INTO messages_v2 (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+  SELECT id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts
+  FROM messages ORDER BY ts, thread_id, slot_index;
+DROP TABLE messages;
+ALTER TABLE messages_v2 RENAME TO messages;
+CREATE UNIQUE INDEX messages_thread_slot ON messages(thread_id, slot_index);
+CREATE INDEX messages_ts ON messages(ts);
+CREATE INDEX messages_type ON messages(payload_type);
+CREATE INDEX messages_status ON messages(status);
+CREATE TABLE message_agents (
+  agent TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY (agent, seq)
+) WITHOUT ROWID;
+CREATE TABLE message_counts (
+  agent TEXT NOT NULL,
+  payload_type TEXT NOT NULL,
+  status TEXT NOT NULL,
+  n INTEGER NOT NULL,
+  PRIMARY KEY (agent, payload_type, status)
+) WITHOUT ROWID;
+INSERT INTO message_counts SELECT '', COALESCE(payload_type, ''), status, COUNT(*) FROM messages GROUP BY 2, 3;
+INSERT INTO message_agents SELECT sender, seq FROM messages;
+INSERT OR IGNORE INTO message_agents SELECT receiver, seq FROM messages WHERE receiver IS NOT NULL;
+INSERT INTO message_counts SELECT a.agent, COALESCE(m.payload_type, ''), m.status, COUNT(*)
+  FROM message_agents a JOIN messages m ON m.seq = a.seq GROUP BY 1, 2, 3;
+"#,
+];
 
 /// Why the store cannot be used.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -88,6 +137,7 @@ enum Op {
     Message(MessageRecord),
     Status {
         id: String,
+        thread_id: String,
         status: MessageStatus,
         error: Option<String>,
     },
@@ -254,7 +304,11 @@ impl Store {
             .map_err(corrupt)?
             .unwrap_or(0);
         let total_messages: u64 = conn
-            .query_row("SELECT COUNT(*) FROM messages", [], |r| get_u64(r, 0))
+            .query_row(
+                "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
+                [],
+                |r| get_u64(r, 0),
+            )
             .map_err(corrupt)?;
         let reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
         let health = Arc::new(Health::default());
@@ -333,9 +387,13 @@ impl Store {
         match kind {
             EventKind::Message { message } => self.send(Op::Message(message.clone())),
             EventKind::MessageStatus {
-                id, status, error, ..
+                id,
+                thread_id,
+                status,
+                error,
             } => self.send(Op::Status {
                 id: id.clone(),
+                thread_id: thread_id.clone(),
                 status: *status,
                 error: error.clone(),
             }),
@@ -385,53 +443,106 @@ impl Store {
         Ok(out)
     }
 
-    /// One page of the log (oldest first), with the exact total, from one snapshot.
+    /// One page of the log (oldest first, in write order), with the exact total, from one
+    /// snapshot. Filters on agent, payload type and status alone take their total from the
+    /// kept counts; a thread or time window counts the matching rows through an index.
     pub fn query_messages(
         &self,
         filter: &MessageFilter,
         page: Page,
     ) -> Result<Paged<MessageRecord>, StoreError> {
-        let mut clauses: Vec<&str> = Vec::new();
-        let mut args: Vec<rusqlite::types::Value> = Vec::new();
         use rusqlite::types::Value as V;
-        if let Some(a) = &filter.agent {
-            clauses.push("(sender = ? OR receiver = ?)");
-            args.push(V::Text(a.clone()));
-            args.push(V::Text(a.clone()));
-        }
-        if let Some(t) = &filter.thread {
-            clauses.push("thread_id = ?");
-            args.push(V::Text(t.clone()));
-        }
-        if let Some(p) = &filter.payload_type {
-            clauses.push("(payload_type = ? OR payload_type LIKE ? ESCAPE '\\')");
-            args.push(V::Text(p.clone()));
-            let escaped = p
-                .replace('\\', "\\\\")
-                .replace('%', "\\%")
-                .replace('_', "\\_");
-            args.push(V::Text(format!("{{%}}{escaped}")));
-        }
-        if let Some(s) = filter.status {
-            clauses.push("status = ?");
-            args.push(V::Text(status_str(s).to_string()));
-        }
-        if let Some(s) = filter.since {
-            clauses.push("ts >= ?");
-            args.push(V::Integer(s.0 as i64));
-        }
-        if let Some(u) = filter.until {
-            clauses.push("ts < ?");
-            args.push(V::Integer(u.0 as i64));
-        }
-        let w = Where { clauses, args };
         self.read(|tx| {
+            // Payload types are few: resolve the filter (exact name or local name) against
+            // the kept counts, so the page query is an index lookup per matching type.
+            let types = match &filter.payload_type {
+                None => None,
+                Some(p) => {
+                    let mut stmt = tx.prepare_cached(
+                        "SELECT DISTINCT payload_type FROM message_counts WHERE agent = '' AND payload_type != ''",
+                    )?;
+                    let all = stmt
+                        .query_map([], |r| r.get::<_, String>(0))?
+                        .collect::<rusqlite::Result<Vec<_>>>()?;
+                    Some(
+                        all.into_iter()
+                            .filter(|t| crate::threads::payload_type_matches(t, p))
+                            .collect::<Vec<_>>(),
+                    )
+                }
+            };
+            let in_list = |n: usize| vec!["?"; n].join(", ");
+            let mut clauses: Vec<String> = Vec::new();
+            let mut args: Vec<V> = Vec::new();
+            let from = match &filter.agent {
+                Some(a) => {
+                    clauses.push("a.agent = ?".into());
+                    args.push(V::Text(a.clone()));
+                    "message_agents a CROSS JOIN messages m ON m.seq = a.seq"
+                }
+                None => "messages m",
+            };
+            if let Some(t) = &filter.thread {
+                clauses.push("m.thread_id = ?".into());
+                args.push(V::Text(t.clone()));
+            }
+            if let Some(types) = &types {
+                clauses.push(format!("m.payload_type IN ({})", in_list(types.len())));
+                args.extend(types.iter().cloned().map(V::Text));
+            }
+            if let Some(s) = filter.status {
+                clauses.push("m.status = ?".into());
+                args.push(V::Text(status_str(s).to_string()));
+            }
+            // A time window also bounds the write order: the first row at or after `since`
+            // and the last before `until` (found through the time index) bound the scan, so
+            // the page is read in order from there instead of sorted. `+` keeps the planner
+            // from choosing the time index for the page itself.
+            let seq_col = if filter.agent.is_some() { "a.seq" } else { "m.seq" };
+            for (bound, sql, cmp) in [
+                (filter.since, "SELECT MIN(seq) FROM messages INDEXED BY messages_ts WHERE ts >= ?", ">="),
+                (filter.until, "SELECT MAX(seq) FROM messages INDEXED BY messages_ts WHERE ts < ?", "<="),
+            ] {
+                let Some(t) = bound else { continue };
+                let edge: Option<i64> =
+                    tx.query_row(sql, params![t.0 as i64], |r| r.get(0))?;
+                clauses.push(format!("{seq_col} {cmp} ?"));
+                // No row in the window: a bound nothing meets.
+                args.push(V::Integer(edge.unwrap_or(if cmp == ">=" { i64::MAX } else { -1 })));
+                clauses.push(format!("+m.ts {} ?", if cmp == ">=" { ">=" } else { "<" }));
+                args.push(V::Integer(t.0 as i64));
+            }
+            let w = Where { clauses, args };
+            let kept = filter.thread.is_none() && filter.since.is_none() && filter.until.is_none();
+            let total = if kept {
+                let mut clauses = vec!["agent = ?".to_string()];
+                let mut args = vec![V::Text(filter.agent.clone().unwrap_or_default())];
+                if let Some(types) = &types {
+                    clauses.push(format!("payload_type IN ({})", in_list(types.len())));
+                    args.extend(types.iter().cloned().map(V::Text));
+                }
+                if let Some(s) = filter.status {
+                    clauses.push("status = ?".into());
+                    args.push(V::Text(status_str(s).to_string()));
+                }
+                Some(tx.query_row(
+                    &format!(
+                        "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE {}",
+                        clauses.join(" AND ")
+                    ),
+                    params_from_iter(args.iter()),
+                    |r| get_u64(r, 0),
+                )?)
+            } else {
+                None
+            };
             let (total, items) = count_and_page(
                 tx,
-                "messages",
-                "id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts",
-                "ts, thread_id, slot_index",
+                from,
+                "m.id, m.thread_id, m.parent_id, m.slot_index, m.sender, m.receiver, m.payload_type, m.payload_xml, m.status, m.error, m.ts",
+                seq_col,
                 &w,
+                total,
                 page,
                 row_to_message,
             )?;
@@ -451,23 +562,23 @@ impl Store {
         page: Page,
     ) -> Result<Paged<ThreadInfo>, StoreError> {
         use rusqlite::types::Value as V;
-        let mut clauses: Vec<&str> = Vec::new();
+        let mut clauses: Vec<String> = Vec::new();
         let mut args: Vec<V> = Vec::new();
         if let Some(s) = filter.status {
-            clauses.push("status = ?");
+            clauses.push("status = ?".into());
             args.push(V::Text(status_str(s).to_string()));
         }
         if let Some(a) = &filter.agent {
-            clauses.push("EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = threads.id AND (m.sender = ? OR m.receiver = ?))");
+            clauses.push("EXISTS (SELECT 1 FROM messages m WHERE m.thread_id = threads.id AND (m.sender = ? OR m.receiver = ?))".into());
             args.push(V::Text(a.clone()));
             args.push(V::Text(a.clone()));
         }
         if let Some(s) = filter.since {
-            clauses.push("last_activity >= ?");
+            clauses.push("last_activity >= ?".into());
             args.push(V::Integer(s.0 as i64));
         }
         if let Some(u) = filter.until {
-            clauses.push("created_at < ?");
+            clauses.push("created_at < ?".into());
             args.push(V::Integer(u.0 as i64));
         }
         let w = Where { clauses, args };
@@ -478,6 +589,7 @@ impl Store {
                 "id, status, message_count, created_at, last_activity, error",
                 "created_at DESC, id DESC",
                 &w,
+                None,
                 page,
                 |r| {
                     Ok((
@@ -561,12 +673,14 @@ impl Store {
         let inactive = "status != 'active'";
         if let Some(age) = max_age {
             let cutoff = Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64;
-            deleted += tx
-                .execute(
-                    &format!("DELETE FROM messages WHERE thread_id IN (SELECT id FROM threads WHERE last_activity < ?1 AND {inactive})"),
-                    params![cutoff],
-                )
-                .map_err(|e| err(&self.path, e))? as u64;
+            deleted += delete_messages(
+                &tx,
+                &format!(
+                    "thread_id IN (SELECT id FROM threads WHERE last_activity < ?1 AND {inactive})"
+                ),
+                params![cutoff],
+            )
+            .map_err(|e| err(&self.path, e))?;
             tx.execute(
                 &format!("DELETE FROM threads WHERE last_activity < ?1 AND {inactive}"),
                 params![cutoff],
@@ -574,13 +688,14 @@ impl Store {
             .map_err(|e| err(&self.path, e))?;
         }
         if let Some(max) = max_messages {
-            loop {
-                let count: u64 = tx
-                    .query_row("SELECT COUNT(*) FROM messages", [], |r| get_u64(r, 0))
-                    .map_err(|e| err(&self.path, e))?;
-                if count <= max {
-                    break;
-                }
+            let mut count: u64 = tx
+                .query_row(
+                    "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
+                    [],
+                    |r| get_u64(r, 0),
+                )
+                .map_err(|e| err(&self.path, e))?;
+            while count > max {
                 let oldest: Option<String> = tx
                     .query_row(
                         &format!("SELECT id FROM threads WHERE {inactive} ORDER BY last_activity, id LIMIT 1"),
@@ -590,9 +705,10 @@ impl Store {
                     .optional()
                     .map_err(|e| err(&self.path, e))?;
                 let Some(id) = oldest else { break };
-                deleted += tx
-                    .execute("DELETE FROM messages WHERE thread_id = ?", params![id])
-                    .map_err(|e| err(&self.path, e))? as u64;
+                let gone = delete_messages(&tx, "thread_id = ?1", params![id])
+                    .map_err(|e| err(&self.path, e))?;
+                deleted += gone;
+                count = count.saturating_sub(gone);
                 tx.execute("DELETE FROM threads WHERE id = ?", params![id])
                     .map_err(|e| err(&self.path, e))?;
             }
@@ -604,18 +720,20 @@ impl Store {
 
 /// A filter as SQL: `AND`-ed clauses with their parameters.
 struct Where {
-    clauses: Vec<&'static str>,
+    clauses: Vec<String>,
     args: Vec<rusqlite::types::Value>,
 }
 
-/// The exact count of rows matching `w`, and one page of them in `order`, from the same
-/// transaction.
+/// One page of the rows of `from` matching `w`, in `order`, and their exact count (unless
+/// `known_total` already gives it), from the same transaction.
+#[allow(clippy::too_many_arguments)]
 fn count_and_page<T>(
     tx: &rusqlite::Transaction<'_>,
-    table: &str,
+    from: &str,
     columns: &str,
     order: &str,
     w: &Where,
+    known_total: Option<u64>,
     page: Page,
     map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<(u64, Vec<T>)> {
@@ -624,11 +742,14 @@ fn count_and_page<T>(
     } else {
         format!("WHERE {}", w.clauses.join(" AND "))
     };
-    let total = tx.query_row(
-        &format!("SELECT COUNT(*) FROM {table} {where_sql}"),
-        params_from_iter(w.args.iter()),
-        |r| get_u64(r, 0),
-    )?;
+    let total = match known_total {
+        Some(t) => t,
+        None => tx.query_row(
+            &format!("SELECT COUNT(*) FROM {from} {where_sql}"),
+            params_from_iter(w.args.iter()),
+            |r| get_u64(r, 0),
+        )?,
+    };
     let mut args = w.args.clone();
     args.push(rusqlite::types::Value::Integer(
         page.limit.min(i64::MAX as usize) as i64,
@@ -637,7 +758,7 @@ fn count_and_page<T>(
         page.offset.min(i64::MAX as usize) as i64,
     ));
     let mut stmt = tx.prepare(&format!(
-        "SELECT {columns} FROM {table} {where_sql} ORDER BY {order} LIMIT ? OFFSET ?"
+        "SELECT {columns} FROM {from} {where_sql} ORDER BY {order} LIMIT ? OFFSET ?"
     ))?;
     let items = stmt
         .query_map(params_from_iter(args.iter()), map)?
@@ -745,7 +866,9 @@ fn coalesce(batch: &mut Vec<Op>) {
             Op::Message(m) => {
                 inserted.insert(m.id.to_string(), i);
             }
-            Op::Status { id, status, error } => {
+            Op::Status {
+                id, status, error, ..
+            } => {
                 if let Some(&at) = inserted.get(id) {
                     let (status, error) = (*status, error.clone());
                     if let Op::Message(m) = &mut batch[at] {
@@ -779,16 +902,139 @@ fn coalesce(batch: &mut Vec<Op>) {
     });
 }
 
-/// Applies one operation inside a transaction.
-fn apply(tx: &rusqlite::Transaction<'_>, op: &Op) -> rusqlite::Result<()> {
+/// Changes to the kept counts gathered over a transaction and written once at its end.
+#[derive(Default)]
+struct CountDeltas(std::collections::HashMap<(String, String, String), i64>);
+
+impl CountDeltas {
+    /// One message with these attributes appears (`+1`) or goes (`-1`): it counts once in
+    /// the total (agent `''`) and once for each distinct agent it names.
+    fn add(
+        &mut self,
+        from: &str,
+        to: Option<&str>,
+        payload_type: Option<&str>,
+        status: &str,
+        d: i64,
+    ) {
+        let to = to.filter(|t| *t != from);
+        for agent in ["", from].into_iter().chain(to) {
+            *self
+                .0
+                .entry((
+                    agent.to_string(),
+                    payload_type.unwrap_or_default().to_string(),
+                    status.to_string(),
+                ))
+                .or_default() += d;
+        }
+    }
+
+    fn write(self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<()> {
+        let mut stmt = tx.prepare_cached(
+            "INSERT INTO message_counts (agent, payload_type, status, n) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT DO UPDATE SET n = n + excluded.n",
+        )?;
+        for ((agent, payload_type, status), d) in self.0 {
+            if d != 0 {
+                stmt.execute(params![agent, payload_type, status, d])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deletes the messages matching `condition` with their agent rows and counts; returns how
+/// many.
+fn delete_messages(
+    tx: &rusqlite::Transaction<'_>,
+    condition: &str,
+    args: impl rusqlite::Params,
+) -> rusqlite::Result<u64> {
+    let mut deltas = CountDeltas::default();
+    let mut gone = 0u64;
+    let mut stmt = tx.prepare(&format!(
+        "DELETE FROM messages WHERE {condition} RETURNING seq, sender, receiver, payload_type, status"
+    ))?;
+    let mut agents =
+        tx.prepare_cached("DELETE FROM message_agents WHERE agent = ?1 AND seq = ?2")?;
+    let mut rows = stmt.query(args)?;
+    while let Some(r) = rows.next()? {
+        let (seq, from, to, payload_type, status): (
+            i64,
+            String,
+            Option<String>,
+            Option<String>,
+            String,
+        ) = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
+        agents.execute(params![from, seq])?;
+        if let Some(to) = &to {
+            agents.execute(params![to, seq])?;
+        }
+        deltas.add(&from, to.as_deref(), payload_type.as_deref(), &status, -1);
+        gone += 1;
+    }
+    drop(rows);
+    deltas.write(tx)?;
+    Ok(gone)
+}
+
+/// A status change of a stored message, with its counts moved.
+fn restate(
+    tx: &rusqlite::Transaction<'_>,
+    thread_id: &str,
+    id: &str,
+    status: MessageStatus,
+    error: Option<&str>,
+    deltas: &mut CountDeltas,
+) -> rusqlite::Result<()> {
+    let row = tx
+        .prepare_cached(
+            "SELECT seq, sender, receiver, payload_type, status FROM messages WHERE thread_id = ?1 AND id = ?2",
+        )?
+        .query_row(params![thread_id, id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, Option<String>>(3)?,
+                r.get::<_, String>(4)?,
+            ))
+        })
+        .optional()?;
+    let Some((seq, from, to, payload_type, old)) = row else {
+        return Ok(());
+    };
+    tx.prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE seq = ?1")?
+        .execute(params![seq, status_str(status), error])?;
+    if old != status_str(status) {
+        deltas.add(&from, to.as_deref(), payload_type.as_deref(), &old, -1);
+        deltas.add(
+            &from,
+            to.as_deref(),
+            payload_type.as_deref(),
+            status_str(status),
+            1,
+        );
+    }
+    Ok(())
+}
+
+/// Applies one operation inside a transaction; count changes gather in `deltas`.
+fn apply(
+    tx: &rusqlite::Transaction<'_>,
+    op: &Op,
+    deltas: &mut CountDeltas,
+) -> rusqlite::Result<()> {
     match op {
         Op::Message(m) => {
-            tx.prepare_cached(
-                "INSERT INTO messages (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT(id) DO UPDATE SET status = excluded.status, error = excluded.error",
-            )?
-            .execute(params![
+            let added = tx
+                .prepare_cached(
+                    "INSERT INTO messages (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
+                     ON CONFLICT(thread_id, slot_index) DO NOTHING",
+                )?
+                .execute(params![
                 &*m.id,
                 &*m.thread_id,
                 m.parent_id.as_deref(),
@@ -799,13 +1045,40 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op) -> rusqlite::Result<()> {
                 &*m.payload_xml,
                 status_str(m.status),
                 m.error.as_deref(),
-                m.timestamp.0 as i64,
-            ])?;
+                    m.timestamp.0 as i64,
+                ])?;
+            if added == 0 {
+                // Already stored (written again after a retry): only its status can differ.
+                return restate(
+                    tx,
+                    &m.thread_id,
+                    &m.id,
+                    m.status,
+                    m.error.as_deref(),
+                    deltas,
+                );
+            }
+            let seq = tx.last_insert_rowid();
+            let mut agent =
+                tx.prepare_cached("INSERT INTO message_agents (agent, seq) VALUES (?1, ?2)")?;
+            agent.execute(params![&*m.from, seq])?;
+            if let Some(to) = m.to.as_deref().filter(|t| *t != &*m.from) {
+                agent.execute(params![to, seq])?;
+            }
+            deltas.add(
+                &m.from,
+                m.to.as_deref(),
+                m.payload_type.as_deref(),
+                status_str(m.status),
+                1,
+            );
         }
-        Op::Status { id, status, error } => {
-            tx.prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE id = ?1")?
-                .execute(params![id, status_str(*status), error])?;
-        }
+        Op::Status {
+            id,
+            thread_id,
+            status,
+            error,
+        } => restate(tx, thread_id, id, *status, error.as_deref(), deltas)?,
         Op::Thread {
             id,
             status,
@@ -845,9 +1118,11 @@ fn apply(tx: &rusqlite::Transaction<'_>, op: &Op) -> rusqlite::Result<()> {
 fn commit(conn: &mut Connection, batch: &[Op]) -> rusqlite::Result<()> {
     let whole = (|| {
         let tx = conn.transaction()?;
+        let mut deltas = CountDeltas::default();
         for op in batch {
-            apply(&tx, op)?;
+            apply(&tx, op, &mut deltas)?;
         }
+        deltas.write(&tx)?;
         tx.commit()
     })();
     if whole.is_ok() {
@@ -857,7 +1132,9 @@ fn commit(conn: &mut Connection, batch: &[Op]) -> rusqlite::Result<()> {
     for op in batch {
         let one = (|| {
             let tx = conn.transaction()?;
-            apply(&tx, op)?;
+            let mut deltas = CountDeltas::default();
+            apply(&tx, op, &mut deltas)?;
+            deltas.write(&tx)?;
             tx.commit()
         })();
         if let Err(e) = one {
@@ -945,11 +1222,13 @@ mod tests {
             },
             Op::Status {
                 id: "t-0".into(),
+                thread_id: "t".into(),
                 status: MessageStatus::Delivered,
                 error: None,
             },
             Op::Status {
                 id: "elsewhere".into(),
+                thread_id: "e".into(),
                 status: MessageStatus::Failed,
                 error: Some("x".into()),
             },
@@ -1074,6 +1353,139 @@ mod tests {
             store.thread("done").unwrap().unwrap().status,
             ThreadStatus::Completed
         );
+    }
+
+    /// Totals from the kept counts equal totals counted row by row (a `since` filter forces
+    /// the scan), through inserts, status changes and pruning.
+    fn assert_kept_counts_match_scans(store: &Store) {
+        let scan = |f: MessageFilter| MessageFilter {
+            since: Some(Timestamp(0)),
+            ..f
+        };
+        let filters = [
+            MessageFilter::default(),
+            MessageFilter {
+                agent: Some("g".into()),
+                ..Default::default()
+            },
+            MessageFilter {
+                agent: Some("api".into()),
+                status: Some(MessageStatus::Delivered),
+                ..Default::default()
+            },
+            MessageFilter {
+                payload_type: Some("Note".into()),
+                status: Some(MessageStatus::Pending),
+                ..Default::default()
+            },
+            MessageFilter {
+                payload_type: Some("{urn:x}Note".into()),
+                ..Default::default()
+            },
+            MessageFilter {
+                payload_type: Some("Other".into()),
+                ..Default::default()
+            },
+        ];
+        for f in filters {
+            let kept = store.query_messages(&f, Page::default()).unwrap();
+            let counted = store
+                .query_messages(&scan(f.clone()), Page::default())
+                .unwrap();
+            assert_eq!(kept.total, counted.total, "{f:?}");
+            assert_eq!(kept.items.len() as u64, kept.total.min(50), "{f:?}");
+        }
+    }
+
+    #[test]
+    fn kept_counts_stay_exact_through_status_changes_and_pruning() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        for (i, t) in ["x", "y", "z"].iter().enumerate() {
+            thread(&store, t, ThreadStatus::Completed, i as u64);
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(t, 0, "api", "g", 1),
+                },
+            );
+            // A message to itself counts once for its agent.
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(t, 1, "g", "g", 2),
+                },
+            );
+        }
+        store.flush(1);
+        assert_eq!(
+            store
+                .query_messages(
+                    &MessageFilter {
+                        agent: Some("g".into()),
+                        ..Default::default()
+                    },
+                    Page::default()
+                )
+                .unwrap()
+                .total,
+            6
+        );
+        assert_kept_counts_match_scans(&store);
+        // Status changes in a later batch than the insert.
+        for (t, status) in [
+            ("x", MessageStatus::Delivered),
+            ("y", MessageStatus::Failed),
+        ] {
+            for slot in 0..2 {
+                store.record(
+                    2,
+                    &EventKind::MessageStatus {
+                        id: format!("{t}-{slot}"),
+                        thread_id: t.into(),
+                        status,
+                        error: None,
+                    },
+                );
+            }
+        }
+        store.flush(2);
+        assert_kept_counts_match_scans(&store);
+        assert_eq!(store.prune(Some(4), None).unwrap(), 2);
+        assert_kept_counts_match_scans(&store);
+    }
+
+    #[test]
+    fn a_version_1_file_is_migrated_with_its_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            for (i, (from, to)) in [("api", "g"), ("g", "s"), ("s", "g")].iter().enumerate() {
+                conn.execute(
+                    "INSERT INTO messages VALUES (?1, 't', NULL, ?2, ?3, ?4, '{urn:x}Note', '<Note/>', 'delivered', NULL, ?5)",
+                    params![format!("m{i}"), i as i64, from, to, 10 - i as i64],
+                )
+                .unwrap();
+            }
+        }
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.recovered().total_messages, 3);
+        let g = store
+            .query_messages(
+                &MessageFilter {
+                    agent: Some("g".into()),
+                    ..Default::default()
+                },
+                Page::default(),
+            )
+            .unwrap();
+        assert_eq!(g.total, 3);
+        let ids: Vec<&str> = g.items.iter().map(|m| &*m.id).collect();
+        assert_eq!(ids, vec!["m2", "m1", "m0"], "v1 rows keep their time order");
+        assert_kept_counts_match_scans(&store);
     }
 
     #[test]
