@@ -29,6 +29,8 @@ use crate::time::Timestamp;
 pub const BATCH_MAX: usize = 2048;
 /// How long the writer gathers a batch after its first operation.
 pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
+/// How often operations that failed to commit are tried again.
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// Operations the writer's channel holds.
 pub const QUEUE: usize = 65_536;
 
@@ -248,6 +250,12 @@ impl Store {
     /// Opens (creating the directory and file if needed) and migrates the store, marks
     /// threads left active as interrupted, and starts the writer.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, None)
+    }
+
+    /// [`Store::open`], with the writer limited to `max_pages` pages: how the tests fill the
+    /// "disk" (SQLite reports the same `SQLITE_FULL` as for a full file system).
+    fn open_with(path: &Path, max_pages: Option<u32>) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 err(
@@ -290,6 +298,10 @@ impl Store {
                 .map_err(corrupt)?;
         }
         tx.commit().map_err(corrupt)?;
+        if let Some(pages) = max_pages {
+            conn.pragma_update(None, "max_page_count", pages)
+                .map_err(corrupt)?;
+        }
         let interrupted = conn
             .execute(
                 "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
@@ -809,27 +821,45 @@ fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRecord> {
 
 fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, path: PathBuf) {
     let mut batch: Vec<Op> = Vec::with_capacity(BATCH_MAX);
+    // Operations that failed to commit (disk full, I/O error): kept, first in the next batch,
+    // and retried every RETRY_INTERVAL even when nothing new arrives, so nothing is lost
+    // once the cause is gone.
+    let mut held: Vec<Op> = Vec::new();
     loop {
-        match rx.recv() {
-            Ok(op) => batch.push(op),
-            Err(_) => return,
+        let first = if held.is_empty() {
+            rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(RETRY_INTERVAL)
+        };
+        let held_before = held.len();
+        batch.append(&mut held);
+        let mut received = 0;
+        // The store is gone (the process is ending): one last try for what is held.
+        let last = matches!(first, Err(mpsc::RecvTimeoutError::Disconnected));
+        if last && batch.is_empty() {
+            return;
+        }
+        if let Ok(op) = first {
+            batch.push(op);
+            received += 1;
         }
         // Gather without being woken per write: sleep through the window (unless a full
         // batch is already waiting), then take what arrived.
-        if health.queued.load(Ordering::Relaxed) < BATCH_MAX {
+        if received > 0 && health.queued.load(Ordering::Relaxed) < BATCH_MAX {
             std::thread::sleep(BATCH_WINDOW);
         }
         while batch.len() < BATCH_MAX {
             match rx.try_recv() {
-                Ok(op) => batch.push(op),
+                Ok(op) => {
+                    batch.push(op);
+                    received += 1;
+                }
                 Err(_) => break,
             }
         }
-        let n = batch.len();
         coalesce(&mut batch);
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
         let result = commit(&mut conn, &batch);
-        health.queued.fetch_sub(n, Ordering::Relaxed);
         match result {
             Ok(()) => {
                 health.committed_batches.fetch_add(1, Ordering::Relaxed);
@@ -837,18 +867,38 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
                     tracing::info!(store = %path.display(), "store writes succeed again");
                 }
             }
-            Err(e) => {
-                tracing::error!(store = %path.display(), error = %e, "store write failed");
+            Err((e, failed)) => {
+                tracing::error!(store = %path.display(), error = %e, held = failed.len(), "store write failed; will retry");
                 health.failed.store(true, Ordering::Relaxed);
                 if let Ok(mut last) = health.last_error.lock() {
                     *last = Some(e.to_string());
                 }
+                let mut i = 0;
+                batch.retain_mut(|op| {
+                    let keep = failed.binary_search(&i).is_ok()
+                        && !matches!(op, Op::Seq(_) | Op::Flush(_));
+                    i += 1;
+                    if keep {
+                        held.push(std::mem::replace(op, Op::Seq(0)));
+                    }
+                    !keep
+                });
             }
         }
+        health.queued.fetch_sub(
+            (received + held_before).saturating_sub(held.len()),
+            Ordering::Relaxed,
+        );
         for op in batch.drain(..) {
             if let Op::Flush(done) = op {
                 let _ = done.send(());
             }
+        }
+        if last {
+            if !held.is_empty() {
+                tracing::error!(store = %path.display(), lost = held.len(), "store closed with writes that could not be committed");
+            }
+            return;
         }
     }
 }
@@ -858,18 +908,18 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
 /// its last state (with its first `created_at`).
 fn coalesce(batch: &mut Vec<Op>) {
     use std::collections::HashMap;
-    let mut inserted: HashMap<String, usize> = HashMap::new();
+    let mut inserted: HashMap<Arc<str>, usize> = HashMap::new();
     let mut last_thread: HashMap<String, usize> = HashMap::new();
     let mut keep = vec![true; batch.len()];
     for i in 0..batch.len() {
         match &batch[i] {
             Op::Message(m) => {
-                inserted.insert(m.id.to_string(), i);
+                inserted.insert(m.id.clone(), i);
             }
             Op::Status {
                 id, status, error, ..
             } => {
-                if let Some(&at) = inserted.get(id) {
+                if let Some(&at) = inserted.get(id.as_str()) {
                     let (status, error) = (*status, error.clone());
                     if let Op::Message(m) = &mut batch[at] {
                         m.status = status;
@@ -903,8 +953,10 @@ fn coalesce(batch: &mut Vec<Op>) {
 }
 
 /// Changes to the kept counts gathered over a transaction and written once at its end.
+/// The distinct (agent, payload type, status) keys are few, so a short list searched in
+/// place beats hashing, and a key already present costs no allocation.
 #[derive(Default)]
-struct CountDeltas(std::collections::HashMap<(String, String, String), i64>);
+struct CountDeltas(Vec<(String, String, &'static str, i64)>);
 
 impl CountDeltas {
     /// One message with these attributes appears (`+1`) or goes (`-1`): it counts once in
@@ -914,19 +966,22 @@ impl CountDeltas {
         from: &str,
         to: Option<&str>,
         payload_type: Option<&str>,
-        status: &str,
+        status: &'static str,
         d: i64,
     ) {
         let to = to.filter(|t| *t != from);
+        let payload_type = payload_type.unwrap_or_default();
         for agent in ["", from].into_iter().chain(to) {
-            *self
+            match self
                 .0
-                .entry((
-                    agent.to_string(),
-                    payload_type.unwrap_or_default().to_string(),
-                    status.to_string(),
-                ))
-                .or_default() += d;
+                .iter_mut()
+                .find(|(a, t, s, _)| *s == status && a == agent && t == payload_type)
+            {
+                Some(entry) => entry.3 += d,
+                None => self
+                    .0
+                    .push((agent.to_string(), payload_type.to_string(), status, d)),
+            }
         }
     }
 
@@ -935,13 +990,20 @@ impl CountDeltas {
             "INSERT INTO message_counts (agent, payload_type, status, n) VALUES (?1, ?2, ?3, ?4)
              ON CONFLICT DO UPDATE SET n = n + excluded.n",
         )?;
-        for ((agent, payload_type, status), d) in self.0 {
+        for (agent, payload_type, status, d) in self.0 {
             if d != 0 {
                 stmt.execute(params![agent, payload_type, status, d])?;
             }
         }
         Ok(())
     }
+}
+
+/// The static word for a status read back from the file.
+fn stored_word(s: &str) -> &'static str {
+    parse_status::<MessageStatus>(s)
+        .map(status_str)
+        .unwrap_or("failed")
 }
 
 /// Deletes the messages matching `condition` with their agent rows and counts; returns how
@@ -971,7 +1033,13 @@ fn delete_messages(
         if let Some(to) = &to {
             agents.execute(params![to, seq])?;
         }
-        deltas.add(&from, to.as_deref(), payload_type.as_deref(), &status, -1);
+        deltas.add(
+            &from,
+            to.as_deref(),
+            payload_type.as_deref(),
+            stored_word(&status),
+            -1,
+        );
         gone += 1;
     }
     drop(rows);
@@ -1008,7 +1076,13 @@ fn restate(
     tx.prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE seq = ?1")?
         .execute(params![seq, status_str(status), error])?;
     if old != status_str(status) {
-        deltas.add(&from, to.as_deref(), payload_type.as_deref(), &old, -1);
+        deltas.add(
+            &from,
+            to.as_deref(),
+            payload_type.as_deref(),
+            stored_word(&old),
+            -1,
+        );
         deltas.add(
             &from,
             to.as_deref(),
@@ -1114,36 +1188,32 @@ fn apply(
 }
 
 /// Commits a batch in one transaction. If that fails, commits the operations one by one so a
-/// single bad row costs only itself; returns the first error met.
-fn commit(conn: &mut Connection, batch: &[Op]) -> rusqlite::Result<()> {
-    let whole = (|| {
+/// single bad row costs only itself; returns the first error met and the (ascending) indexes
+/// of the operations that failed.
+fn commit(conn: &mut Connection, batch: &[Op]) -> Result<(), (rusqlite::Error, Vec<usize>)> {
+    let run = |conn: &mut Connection, ops: &[Op]| -> rusqlite::Result<()> {
         let tx = conn.transaction()?;
         let mut deltas = CountDeltas::default();
-        for op in batch {
+        for op in ops {
             apply(&tx, op, &mut deltas)?;
         }
         deltas.write(&tx)?;
         tx.commit()
-    })();
-    if whole.is_ok() {
+    };
+    if run(conn, batch).is_ok() {
         return Ok(());
     }
     let mut first = None;
-    for op in batch {
-        let one = (|| {
-            let tx = conn.transaction()?;
-            let mut deltas = CountDeltas::default();
-            apply(&tx, op, &mut deltas)?;
-            deltas.write(&tx)?;
-            tx.commit()
-        })();
-        if let Err(e) = one {
+    let mut failed = Vec::new();
+    for (i, op) in batch.iter().enumerate() {
+        if let Err(e) = run(conn, std::slice::from_ref(op)) {
             first.get_or_insert(e);
+            failed.push(i);
         }
     }
     match first {
         None => Ok(()),
-        Some(e) => Err(e),
+        Some(e) => Err((e, failed)),
     }
 }
 
@@ -1486,6 +1556,68 @@ mod tests {
         let ids: Vec<&str> = g.items.iter().map(|m| &*m.id).collect();
         assert_eq!(ids, vec!["m2", "m1", "m0"], "v1 rows keep their time order");
         assert_kept_counts_match_scans(&store);
+    }
+
+    fn until(what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_freed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_with(&dir.path().join("s.db"), Some(120)).unwrap();
+        let big = |t: &str, slot: u64| MessageRecord {
+            payload_xml: Arc::from(format!("<Note xmlns=\"urn:x\">{}</Note>", "x".repeat(4000))),
+            ..msg(t, slot, "api", "g", slot)
+        };
+        thread(&store, "old", ThreadStatus::Completed, 1);
+        for slot in 0..60 {
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: big("old", slot),
+                },
+            );
+        }
+        store.flush(1);
+        assert_eq!(store.failure(), None);
+        thread(&store, "new", ThreadStatus::Completed, 2);
+        for slot in 0..60 {
+            store.record(
+                2,
+                &EventKind::Message {
+                    message: big("new", slot),
+                },
+            );
+        }
+        until("the write failure is reported", || {
+            store.failure().is_some()
+        });
+        let failure = store.failure().unwrap();
+        assert!(failure.contains("full"), "{failure}");
+        assert!(
+            store.queued() > 0,
+            "the failed writes are held, not dropped"
+        );
+        // Retention frees pages inside the file; the held writes then commit.
+        store.prune(Some(60), None).unwrap();
+        until("the held writes commit", || store.failure().is_none());
+        store.flush(2);
+        let new = store
+            .query_messages(
+                &MessageFilter {
+                    thread: Some("new".into()),
+                    ..Default::default()
+                },
+                Page::default(),
+            )
+            .unwrap();
+        assert_eq!(new.total, 60, "no write was lost");
+        assert_eq!(store.queued(), 0);
     }
 
     #[test]
