@@ -118,11 +118,6 @@ fn top_level_and_section_mistakes_are_reported() {
     );
     let errs = errors("not: [valid");
     assert!(errs[0].message.contains("not valid YAML"), "{errs:#?}");
-    let errs = errors("organism: { name: t }\nlisteners:\n  - { name: a, description: x, kind: external, schema: s.xsd }\n");
-    assert!(
-        has(&errs, Some("a"), Some("kind"), "not available"),
-        "{errs:#?}"
-    );
     let errs =
         errors("organism: { name: t }\nlimits: { max_pending_messages: 0 }\nlisteners: []\n");
     assert!(
@@ -208,4 +203,50 @@ listeners:
             "{listener}/{key}: {errs:#?}"
         );
     }
+}
+
+#[test]
+fn external_listener_mistakes_are_reported() {
+    let (dir, path) = write(
+        r#"
+organism: { name: t }
+listeners:
+  - { name: a, description: no url, kind: external, schema: s.xsd }
+  - { name: b, description: not http, kind: external, input_url: "ftp://x/in", schema: s.xsd }
+  - { name: c, description: not a url, kind: external, input_url: "::", schema: s.xsd }
+  - { name: d, description: unset token, kind: external, input_url: "http://127.0.0.1:9/in", token_env: AGENTSERVER_SURELY_UNSET_VAR, schema: s.xsd }
+  - { name: e, description: bad reply timeout, kind: external, input_url: "http://127.0.0.1:9/in", reply_timeout: soon, schema: s.xsd }
+  - { name: f, description: zero timeout, kind: external, input_url: "http://127.0.0.1:9/in", timeout_ms: 0, schema: s.xsd }
+  - { name: g, description: native with a url, kind: native, handler: sink, input_url: "http://127.0.0.1:9/in", schema: s.xsd }
+  - { name: h, description: fine, kind: external, input_url: "http://127.0.0.1:9/in", reply_timeout: 5m, schema: s.xsd }
+"#,
+    );
+    std::fs::write(
+        dir.path().join("s.xsd"),
+        r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="N" type="xs:string"/></xs:schema>"#,
+    )
+    .unwrap();
+    let errs = load_file(&path, &["sink"]).unwrap_err().0;
+    for (listener, key, text) in [
+        ("a", "input_url", "required"),
+        ("b", "input_url", "must be an http:// URL"),
+        ("c", "input_url", "not a URL"),
+        (
+            "d",
+            "token_env",
+            "`AGENTSERVER_SURELY_UNSET_VAR` is not set",
+        ),
+        ("e", "reply_timeout", "a duration like"),
+        ("f", "timeout_ms", "at least 1"),
+        ("g", "input_url", "does not apply to a native listener"),
+    ] {
+        assert!(
+            has(&errs, Some(listener), Some(key), text),
+            "{listener}.{key}: {errs:#?}"
+        );
+    }
+    assert!(
+        errs.iter().all(|e| e.listener.as_deref() != Some("h")),
+        "{errs:#?}"
+    );
 }

@@ -7,6 +7,7 @@
 //! the same handler declarations that serve requests.
 
 mod error;
+mod external;
 mod filter;
 mod inject;
 mod metrics;
@@ -200,6 +201,7 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
         .routes(routes!(rest::reload_organism))
         .routes(routes!(rest::reload_agent))
         .routes(routes!(rest::stop_organism))
+        .routes(routes!(external::external_reply))
         .routes(routes!(rest::openapi))
         .routes(routes!(rest::metrics))
         .routes(routes!(rest::healthz))
@@ -298,6 +300,7 @@ impl ApiServer {
         options: ApiOptions,
     ) -> std::io::Result<ApiServer> {
         let addr = listener.local_addr()?;
+        organism.set_api_base(&format!("http://{addr}"));
         let (app, state) = router(organism, options);
         let closing = state.inner.closing.clone();
         let task = tokio::spawn(async move {

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use model::{
-    Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Retention, Scheduling,
+    ExternalConfig, Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Retention,
+    Scheduling, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{ListenerSection, OrganismSection};
 
@@ -213,19 +214,94 @@ pub fn load_str(
     })
 }
 
-/// `30d`, `12h`, `15m`, `45s`.
+/// `30d`, `12h`, `15m`, `45s`, `500ms`.
 fn parse_age(s: &str) -> Option<std::time::Duration> {
     let s = s.trim();
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
     let n: u64 = n.parse().ok()?;
-    let secs = match unit.trim() {
-        "s" => n,
-        "m" => n.checked_mul(60)?,
-        "h" => n.checked_mul(3600)?,
-        "d" => n.checked_mul(86_400)?,
+    let ms = match unit.trim() {
+        "ms" => n,
+        "s" => n.checked_mul(1000)?,
+        "m" => n.checked_mul(60_000)?,
+        "h" => n.checked_mul(3_600_000)?,
+        "d" => n.checked_mul(86_400_000)?,
         _ => return None,
     };
-    Some(std::time::Duration::from_secs(secs))
+    Some(std::time::Duration::from_millis(ms))
+}
+
+/// The `external` keys: `input_url` (http), `token_env` (a set variable),
+/// `timeout_ms`, `reply_timeout` (seconds, or a duration like `300s`, `5m`).
+fn check_external(
+    s: &ListenerSection,
+    l: Option<&str>,
+    c: &mut Collector,
+) -> Option<ExternalConfig> {
+    let before = c.errors.len();
+    let input_url = match s.input_url.as_deref() {
+        None => {
+            c.push(
+                l,
+                Some("input_url"),
+                "required: where this agent's deliveries are POSTed",
+            );
+            String::new()
+        }
+        Some(u) => {
+            match reqwest::Url::parse(u) {
+                Ok(url) if url.scheme() == "http" && url.has_host() => {}
+                Ok(url) if url.scheme() == "https" => c.push(
+                    l,
+                    Some("input_url"),
+                    "https is not supported by this build (no TLS stack); use http, e.g. through a local TLS-terminating proxy",
+                ),
+                Ok(_) => c.push(l, Some("input_url"), "must be an http:// URL"),
+                Err(e) => c.push(l, Some("input_url"), format!("is not a URL: {e}")),
+            }
+            u.to_string()
+        }
+    };
+    let token = match s.token_env.as_deref() {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Some(v),
+            _ => {
+                c.push(
+                    l,
+                    Some("token_env"),
+                    format!(
+                        "environment variable `{var}` is not set (it holds the callback token)"
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_EXTERNAL_TIMEOUT_MS);
+    if timeout_ms == 0 {
+        c.push(l, Some("timeout_ms"), "must be at least 1");
+    }
+    let reply_timeout = match &s.reply_timeout {
+        None => Some(DEFAULT_REPLY_TIMEOUT),
+        Some(yaml_serde::Value::Number(n)) => n.as_u64().map(std::time::Duration::from_secs),
+        Some(yaml_serde::Value::String(t)) => parse_age(t),
+        Some(_) => None,
+    }
+    .filter(|d| !d.is_zero());
+    if reply_timeout.is_none() {
+        c.push(
+            l,
+            Some("reply_timeout"),
+            "must be seconds (300) or a duration like 300s, 5m, 500ms, greater than 0",
+        );
+    }
+    (c.errors.len() == before).then(|| ExternalConfig {
+        input_url,
+        token_env: s.token_env.clone(),
+        token,
+        timeout: std::time::Duration::from_millis(timeout_ms),
+        reply_timeout: reply_timeout.unwrap_or(DEFAULT_REPLY_TIMEOUT),
+    })
 }
 
 /// The field a serde error is about (`unknown field `x``, `missing field `x``), if it says.
@@ -312,14 +388,17 @@ fn check_listeners(
                     );
                 }
             }
-            kind => c.push(
-                l,
-                Some("kind"),
-                format!(
-                    "`{kind}` listeners are not available in this version; use `native` or `lua`"
-                ),
-            ),
+            ListenerKind::External => {
+                if s.handler.is_some() {
+                    c.push(
+                        l,
+                        Some("handler"),
+                        "an external listener forwards to its `input_url`, not a native handler",
+                    );
+                }
+            }
         }
+        let external = (s.kind == ListenerKind::External).then(|| check_external(s, l, c));
         let mut script = None;
         let mut lua_limits = crate::lua::LuaLimits::default();
         if s.kind == ListenerKind::Lua {
@@ -361,10 +440,26 @@ fn check_listeners(
         for (key, present, applies) in [
             ("script", s.script.is_some(), s.kind == ListenerKind::Lua),
             ("limits", s.limits.is_some(), s.kind == ListenerKind::Lua),
-            ("input_url", s.input_url.is_some(), false),
-            ("token_env", s.token_env.is_some(), false),
-            ("timeout_ms", s.timeout_ms.is_some(), false),
-            ("reply_timeout", s.reply_timeout.is_some(), false),
+            (
+                "input_url",
+                s.input_url.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+            (
+                "token_env",
+                s.token_env.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+            (
+                "timeout_ms",
+                s.timeout_ms.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+            (
+                "reply_timeout",
+                s.reply_timeout.is_some(),
+                s.kind == ListenerKind::External,
+            ),
         ] {
             if present && !applies {
                 c.push(
@@ -504,6 +599,7 @@ fn check_listeners(
             schema_origin,
             script,
             lua_limits,
+            external: external.flatten(),
         });
     }
 

@@ -166,7 +166,40 @@ pub struct ListenerConfig {
     pub script: Option<PathBuf>,
     /// For `lua`: per-call CPU and memory limits.
     pub lua_limits: crate::lua::LuaLimits,
+    /// For `external`: where deliveries go and how replies are accepted.
+    pub external: Option<ExternalConfig>,
 }
+
+/// An external agent (SPEC §11.4): the pump POSTs each delivery to `input_url`; replies come
+/// back by callback.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ExternalConfig {
+    pub input_url: String,
+    /// The environment variable holding the callback token, if callbacks need one.
+    pub token_env: Option<String>,
+    /// Its value, read when the config is loaded. Never shown (`Debug` hides it).
+    pub token: Option<String>,
+    /// How long one POST to `input_url` may take.
+    pub timeout: std::time::Duration,
+    /// How long a reply is awaited after a delivery was accepted.
+    pub reply_timeout: std::time::Duration,
+}
+
+impl fmt::Debug for ExternalConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExternalConfig")
+            .field("input_url", &crate::listener::display_url(&self.input_url))
+            .field("token_env", &self.token_env)
+            .field("token", &self.token.as_ref().map(|_| "<hidden>"))
+            .field("timeout", &self.timeout)
+            .field("reply_timeout", &self.reply_timeout)
+            .finish()
+    }
+}
+
+/// Defaults of an external listener.
+pub const DEFAULT_EXTERNAL_TIMEOUT_MS: u64 = 5_000;
+pub const DEFAULT_REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
 
 impl ListenerConfig {
     /// The schema that validates `payload_type` for this listener, if it accepts it.

@@ -199,6 +199,8 @@ pub const EVENT_NAMES: [&str; 9] = [
 pub enum AgentState {
     Idle,
     Processing,
+    /// An external agent owes a reply (and is not handling a delivery right now).
+    Waiting,
     /// Idle, and its last handler call failed; the next successful call clears it.
     Error,
     Paused,

@@ -6,6 +6,7 @@
 //! own identity or thread; the pump supplies both.
 
 mod builtin;
+mod external;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,6 +18,7 @@ use crate::schema::ValidatedPayload;
 use crate::xml::PayloadType;
 
 pub use builtin::{Echo, Forward, Sink, Template};
+pub use external::{callback_path, display_url, ExternalHandler};
 
 /// What a handler knows about the message it handles.
 #[derive(Debug, Clone)]
@@ -77,6 +79,12 @@ pub trait Handler: Send + Sync + 'static {
     /// nothing to reload. `Some(Err)`: the reload failed and the old code keeps running.
     fn reload(&self) -> Option<Result<(), String>> {
         None
+    }
+
+    /// True for handlers whose answer comes later, by callback (external agents): after a
+    /// successful call the pump records a wait for the reply instead of finishing.
+    fn awaits_reply(&self) -> bool {
+        false
     }
 
     /// Metrics of this handler kind, rendered by `/metrics` with an `agent` label added.

@@ -50,6 +50,8 @@ struct Queue {
     workers: usize,
     depth: usize,
     paused: bool,
+    /// Replies this (external) listener owes.
+    waiting: usize,
     /// The last call failed (state `error` until a call succeeds).
     failed: bool,
     state: Option<AgentState>,
@@ -130,6 +132,8 @@ fn state_of(q: &Queue, organism_paused: bool) -> AgentState {
         AgentState::Paused
     } else if !q.busy.is_empty() {
         AgentState::Processing
+    } else if q.waiting > 0 {
+        AgentState::Waiting
     } else if q.failed {
         AgentState::Error
     } else {
@@ -196,6 +200,16 @@ impl Shared {
             state,
             current_thread: current.map(|t| t.to_string()),
         })
+    }
+
+    /// One more (`+1`) or one fewer (`-1`) reply owed by `listener`.
+    pub(crate) fn add_waiting(&self, listener: &Listener, delta: isize) {
+        let change = {
+            let mut q = listener.lock();
+            q.waiting = q.waiting.saturating_add_signed(delta);
+            self.note_state(listener, &mut q, None)
+        };
+        self.publish_state(change);
     }
 
     fn publish_state(&self, change: Option<EventKind>) {
@@ -274,6 +288,12 @@ impl Shared {
                 },
                 payload: job.payload,
             };
+            // An agent may call back before its POST is answered: the wait opens first.
+            let wait = if listener.handler.awaits_reply() {
+                self.begin_wait(listener, &record)
+            } else {
+                None
+            };
             let started = Instant::now();
             let call =
                 std::panic::catch_unwind(AssertUnwindSafe(|| listener.handler.handle(delivery)));
@@ -294,6 +314,9 @@ impl Shared {
             listener.handler_time.record(started.elapsed());
             listener.handled.fetch_add(1, Ordering::Relaxed);
             failed = Some(matches!(outcome, Outcome::Failed(_) | Outcome::Panicked(_)));
+            if let Some(id) = wait.filter(|_| !matches!(outcome, Outcome::Done(_))) {
+                self.cancel_wait(listener, &record, id);
+            }
             match outcome {
                 Outcome::Done(outputs) => {
                     self.finish_message(&record, MessageStatus::Delivered, None);

@@ -10,6 +10,7 @@
 //! The pump knows nothing of HTTP: the API and the CLI call the methods here.
 
 mod dispatch;
+mod external;
 mod gate;
 mod route;
 
@@ -33,6 +34,7 @@ use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError,
 
 use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
+pub use external::{ExternalReply, ReplyError, ReplyReceipt};
 pub use route::SYSTEM_IDENTITY;
 
 /// How often retention runs.
@@ -52,6 +54,10 @@ pub enum FailureKind {
     HandlerPanic,
     Budget,
     Killed,
+    /// An external agent's reply did not come within `reply_timeout`.
+    ReplyTimeout,
+    /// A callback was refused (token, thread, size, payloads).
+    ReplyRefused,
     InjectRefused,
 }
 
@@ -68,6 +74,8 @@ impl FailureKind {
         FailureKind::HandlerPanic,
         FailureKind::Budget,
         FailureKind::Killed,
+        FailureKind::ReplyTimeout,
+        FailureKind::ReplyRefused,
         FailureKind::InjectRefused,
     ];
 
@@ -80,6 +88,8 @@ impl FailureKind {
             FailureKind::HandlerPanic => "handler_panic",
             FailureKind::Budget => "thread_budget",
             FailureKind::Killed => "killed",
+            FailureKind::ReplyTimeout => "reply_timeout",
+            FailureKind::ReplyRefused => "reply_refused",
             FailureKind::InjectRefused => "inject_refused",
         }
     }
@@ -235,6 +245,10 @@ pub(crate) struct Shared {
     started: std::time::Instant,
     started_at: Timestamp,
     config_rev: AtomicU64,
+    /// Replies owed by external agents.
+    waits: external::Waits,
+    /// The API's base URL once a server is bound (external agents' `callback_url`).
+    api_base: Arc<std::sync::OnceLock<String>>,
 }
 
 const STATUS_RUNNING: u8 = 0;
@@ -334,10 +348,15 @@ impl OrganismBuilder {
         ));
         let mut listeners = HashMap::new();
         let mut order = Vec::new();
+        let api_base: Arc<std::sync::OnceLock<String>> = Arc::default();
         for lc in &config.listeners {
             let built = match lc.kind {
                 config::ListenerKind::Lua => {
                     crate::lua::LuaHandler::build(lc, &config, events.clone())
+                        .map(|h| Arc::new(h) as Arc<dyn Handler>)
+                }
+                config::ListenerKind::External => {
+                    crate::listener::ExternalHandler::new(lc, api_base.clone())
                         .map(|h| Arc::new(h) as Arc<dyn Handler>)
                 }
                 _ => self.registry.build(lc),
@@ -374,6 +393,8 @@ impl OrganismBuilder {
             started: std::time::Instant::now(),
             started_at: Timestamp::now(),
             config_rev: AtomicU64::new(1),
+            waits: Default::default(),
+            api_base,
         });
         let organism = Organism { shared };
         organism.start_retention();
@@ -395,6 +416,15 @@ impl Organism {
 
     pub fn config(&self) -> &OrganismConfig {
         &self.shared.config
+    }
+
+    /// Tells the organism where its API is served (`http://host:port`), so external agents
+    /// get an absolute `callback_url`. The first call wins.
+    pub fn set_api_base(&self, url: &str) {
+        let _ = self
+            .shared
+            .api_base
+            .set(url.trim_end_matches('/').to_string());
     }
 
     pub fn events(&self) -> &EventHub {
@@ -883,6 +913,7 @@ impl Organism {
             .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
         let Some(change) = change else { return Ok(()) };
         s.publish_thread(change);
+        s.drop_waits(id);
         for l in &s.order {
             for job in l.drop_thread(id) {
                 s.finish_message(

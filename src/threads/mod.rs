@@ -236,6 +236,15 @@ struct Shard {
 }
 
 impl Shard {
+    fn uncount_final(&mut self, to: Option<&Arc<str>>, status: MessageStatus) {
+        if status != MessageStatus::Pending {
+            let to = to.cloned().unwrap_or_else(|| Arc::from(""));
+            if let Some(n) = self.finals.get_mut(&(to, status)) {
+                *n = n.saturating_sub(1);
+            }
+        }
+    }
+
     fn count_final(&mut self, to: Option<&Arc<str>>, status: MessageStatus) {
         if status != MessageStatus::Pending {
             let to = to.cloned().unwrap_or_else(|| Arc::from(""));
@@ -473,14 +482,17 @@ impl ThreadRegistry {
             e.last_activity = Timestamp::now();
             let index = slot.checked_sub(e.slot_base).map(|i| i as usize);
             if let Some(m) = index.and_then(|i| e.messages.get_mut(i)) {
-                if m.status == MessageStatus::Pending {
-                    counted = Some(m.to.clone());
+                if m.status != status {
+                    counted = Some((m.to.clone(), m.status));
                 }
                 m.status = status;
                 m.error = error;
             }
         }
-        if let Some(to) = counted {
+        if let Some((to, old)) = counted {
+            // A final status can still change (a delivered external request whose reply
+            // never came fails): the counts move with it.
+            shard.uncount_final(to.as_ref(), old);
             shard.count_final(to.as_ref(), status);
         }
     }
@@ -492,6 +504,21 @@ impl ThreadRegistry {
             if e.error.is_none() {
                 e.error = Some(error.to_string());
             }
+        }
+    }
+
+    /// Work outside any message is owed to the thread (an external agent's reply): it stays
+    /// active until [`ThreadRegistry::finish_one`] is called for it. False if the thread is
+    /// unknown or killed.
+    pub fn hold(&self, thread: &str) -> bool {
+        let mut shard = lock(self.shard(thread));
+        match shard.threads.get_mut(thread) {
+            Some(e) if e.status != ThreadStatus::Killed => {
+                e.outstanding += 1;
+                e.status = ThreadStatus::Active;
+                true
+            }
+            _ => false,
         }
     }
 

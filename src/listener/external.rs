@@ -1,0 +1,149 @@
+//! `kind: external` (SPEC §11.4): each delivery is POSTed as JSON to the agent's `input_url`;
+//! the agent answers later by callback, which the pump matches to the delivery it answers.
+//!
+//! This handler only forwards. A 2xx answer means "accepted, a reply will follow": the pump
+//! then records a wait (the agent is `waiting`, the thread stays `active`) because
+//! [`Handler::awaits_reply`] says so. Anything else fails the message with the cause.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Delivery, Handler, HandlerError, HandlerFuture};
+use crate::config::{ExternalConfig, ListenerConfig};
+
+/// The URL with any user, password, query and fragment removed: safe to show in errors,
+/// events and the API.
+pub fn display_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "<not a URL>".to_string(),
+    }
+}
+
+/// Where callbacks for `agent` in `thread` go, given the API's base URL.
+pub fn callback_path(agent: &str, thread: &str) -> String {
+    format!("/api/v1/external/{agent}/threads/{thread}/messages")
+}
+
+pub struct ExternalHandler {
+    client: reqwest::Client,
+    config: ExternalConfig,
+    shown_url: String,
+    listener: ListenerConfig,
+    /// The API's base URL (`http://host:port`), set when the API server binds.
+    api_base: Arc<OnceLock<String>>,
+}
+
+impl ExternalHandler {
+    pub fn new(
+        listener: &ListenerConfig,
+        api_base: Arc<OnceLock<String>>,
+    ) -> Result<ExternalHandler, String> {
+        let config = listener
+            .external
+            .clone()
+            .ok_or_else(|| "an external listener needs `input_url`".to_string())?;
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(ExternalHandler {
+            client,
+            shown_url: display_url(&config.input_url),
+            config,
+            listener: listener.clone(),
+            api_base,
+        })
+    }
+}
+
+/// The innermost cause of an error, which is where "connection refused" lives.
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
+}
+
+impl Handler for ExternalHandler {
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        let agent = self.listener.name.as_str();
+        let thread = &*delivery.meta.thread_id;
+        let path = callback_path(agent, thread);
+        let callback_url = match self.api_base.get() {
+            Some(base) => format!("{base}{path}"),
+            None => path,
+        };
+        let payload = match self.listener.schema_for(delivery.payload.payload_type()) {
+            Some(schema) => schema.payload_to_json(delivery.payload.xml()),
+            None => delivery.payload.to_json(),
+        };
+        let body = json!({
+            "thread_id": thread,
+            "message_id": &*delivery.meta.message_id,
+            "agent": agent,
+            "from": &*delivery.meta.from,
+            "payload_type": delivery.meta.payload_type.to_string(),
+            "payload": payload,
+            "payload_xml": delivery.payload.xml(),
+            "callback_url": callback_url,
+        });
+        let request = self.client.post(&self.config.input_url).json(&body);
+        let shown = self.shown_url.clone();
+        let timeout_ms = self.config.timeout.as_millis();
+        Box::pin(async move {
+            match request.send().await {
+                Ok(resp) if resp.status().is_success() => Ok(Vec::new()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let text = resp.text().await.unwrap_or_default();
+                    let snippet: String = text.chars().take(200).collect();
+                    Err(HandlerError(if snippet.trim().is_empty() {
+                        format!("POST {shown} answered {status}")
+                    } else {
+                        format!("POST {shown} answered {status}: {}", snippet.trim())
+                    }))
+                }
+                Err(e) if e.is_timeout() => Err(HandlerError(format!(
+                    "POST {shown} timed out after {timeout_ms} ms"
+                ))),
+                Err(e) if e.is_connect() => Err(HandlerError(format!(
+                    "POST {shown} could not connect: {}",
+                    root_cause(&e)
+                ))),
+                Err(e) => Err(HandlerError(format!(
+                    "POST {shown} failed: {}",
+                    root_cause(&e)
+                ))),
+            }
+        })
+    }
+
+    fn awaits_reply(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_carry_no_credentials() {
+        assert_eq!(
+            display_url("http://user:secret@127.0.0.1:9/in?key=abc#x"),
+            "http://127.0.0.1:9/in"
+        );
+        assert_eq!(display_url("not a url"), "<not a URL>");
+    }
+}
