@@ -2,7 +2,8 @@
 //!
 //! A value is secret when its key names a secret (`token`, `secret`, `password`, `api_key`,
 //! `apikey`, `credential`, `private_key`, `authorization`, `auth`), anywhere in the tree.
-//! Keys ending in `_env` name an environment variable, not its value, and are shown.
+//! Keys ending in `_env` name an environment variable, not its value, and are shown. Values
+//! of keys ending in `url` are shown without user, password, query or fragment.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -37,6 +38,11 @@ pub fn redact(value: &mut Value) {
             for (k, v) in map.iter_mut() {
                 if is_secret_key(k) && !v.is_null() {
                     *v = Value::String(REDACTED.into());
+                } else if let (true, Value::String(url)) =
+                    (k.to_ascii_lowercase().ends_with("url"), &*v)
+                {
+                    // A URL may carry a user, a password or a key in its query.
+                    *v = Value::String(crate::listener::display_url(url));
                 } else {
                     redact(v);
                 }
@@ -92,10 +98,10 @@ mod tests {
 
     #[test]
     fn secrets_are_redacted_wherever_they_are_and_env_names_are_kept() {
-        let yaml = "organism: {name: x}\nlisteners:\n  - name: a\n    token_env: A_TOKEN\n    config:\n      api_key: sk-123\n      nested: [{password: hunter2, user: bob}]\n      Authorization: Bearer abc\n";
+        let yaml = "organism: {name: x}\nlisteners:\n  - name: a\n    token_env: A_TOKEN\n    input_url: http://me:pw123@h:1/in?key=k-456\n    config:\n      api_key: sk-123\n      nested: [{password: hunter2, user: bob}]\n      Authorization: Bearer abc\n";
         let view = organism_view(yaml);
         let text = view.yaml.clone();
-        for secret in ["sk-123", "hunter2", "Bearer abc"] {
+        for secret in ["sk-123", "hunter2", "Bearer abc", "pw123", "k-456"] {
             assert!(!text.contains(secret), "{text}");
             assert!(!view.config.to_string().contains(secret));
         }
