@@ -335,7 +335,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
             return ExitCode::FAILURE;
         }
     };
-    organism.watch_scripts(Duration::from_secs(1));
+    organism.watch_files(Duration::from_secs(1));
     let shutdown = ShutdownSignal::install();
     let listen = organism.config().listen.clone();
     let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {

@@ -613,7 +613,10 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/organism/reload", "post"),
         ("/api/v1/agents/{name}/reload", "post"),
         ("/api/v1/organism/stop", "post"),
-        ("/api/v1/external/{agent}/threads/{thread_id}/messages", "post"),
+        (
+            "/api/v1/external/{agent}/threads/{thread_id}/messages",
+            "post",
+        ),
         ("/api/v1/openapi.json", "get"),
         ("/metrics", "get"),
         ("/healthz", "get"),

@@ -331,7 +331,10 @@ async fn reload_by_api_swaps_behaviour_keeps_the_old_script_on_error_and_loses_n
     }
     let mut outcomes = Vec::new();
     while outcomes.len() < 3 {
-        if let EventKind::Reload { agent, ok, error } = &events.recv().await.unwrap().kind {
+        if let EventKind::Reload {
+            agent, ok, error, ..
+        } = &events.recv().await.unwrap().kind
+        {
             outcomes.push((agent.clone(), *ok, error.clone().unwrap_or_default()));
         }
     }
@@ -360,7 +363,7 @@ async fn editing_the_script_reloads_it_by_file_watch() {
         "  - { name: svc, description: versions, kind: lua, script: s.lua, schema: t.xsd, accepts: [Note] }",
     );
     let mut events = r.organism.events().subscribe();
-    r.organism.watch_scripts(Duration::from_millis(50));
+    r.organism.watch_files(Duration::from_millis(50));
     // Save by rename, as editors do.
     let tmp = r.dir.path().join("s.lua.tmp");
     std::fs::write(

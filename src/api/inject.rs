@@ -96,7 +96,8 @@ pub fn inject(
             .at("thread_id"));
         }
     }
-    let listener = organism.config().listener(&body.to).ok_or_else(|| {
+    let config = organism.config();
+    let listener = config.listener(&body.to).ok_or_else(|| {
         ApiError::not_found(
             "unknown_listener",
             format!("no listener named `{}`", body.to),

@@ -127,7 +127,7 @@ pub fn render(state: &ApiState) -> String {
     );
     for a in &agents {
         if let Some(h) = organism.handler_time(&a.name) {
-            histogram(&mut out, "agentserver_handler_seconds", &a.name, h);
+            histogram(&mut out, "agentserver_handler_seconds", &a.name, &h);
         }
     }
     header(

@@ -122,6 +122,12 @@ pub enum EventKind {
         agent: Option<String>,
         ok: bool,
         error: Option<String>,
+        /// A refused organism reload: each problem, with its listener and key.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        problems: Vec<crate::pump::ReloadProblem>,
+        /// A successful organism reload: `rev, added, removed, changed, unchanged`.
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        diff: Option<crate::pump::ReloadReport>,
     },
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {

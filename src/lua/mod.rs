@@ -66,6 +66,33 @@ impl LuaLimits {
 /// Outputs one call may return.
 const MAX_OUTPUTS: usize = 64;
 
+/// Where Lua outputs can go, shared by every Lua listener of an organism and replaced by a
+/// reload, so an unchanged listener resolves outputs against the listeners now in service.
+#[derive(Default)]
+pub struct OutputTargets(RwLock<Arc<Targets>>);
+
+impl OutputTargets {
+    pub fn of(config: &OrganismConfig) -> Arc<OutputTargets> {
+        Arc::new(OutputTargets(RwLock::new(Arc::new(Targets::of(config)))))
+    }
+
+    /// Points every Lua listener at `config`'s listeners.
+    pub fn set(&self, config: &OrganismConfig) {
+        let next = Arc::new(Targets::of(config));
+        match self.0.write() {
+            Ok(mut t) => *t = next,
+            Err(p) => *p.into_inner() = next,
+        }
+    }
+
+    fn current(&self) -> Arc<Targets> {
+        match self.0.read() {
+            Ok(t) => t.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
 /// Where outputs can go: every listener's accepted types and schemas.
 #[derive(Clone, Default)]
 struct Targets {
@@ -250,7 +277,9 @@ struct Inner {
     concurrency: usize,
     max_output: usize,
     pool: RwLock<Arc<Pool>>,
-    targets: Targets,
+    targets: Arc<OutputTargets>,
+    /// Its own accepted types: the schemas that type the payload's JSON view.
+    accepts: Vec<(PayloadType, Arc<Schema>)>,
     events: Arc<EventHub>,
     stats: Arc<LuaStats>,
 }
@@ -260,6 +289,22 @@ impl LuaHandler {
     pub fn build(
         listener: &ListenerConfig,
         organism: &OrganismConfig,
+        events: Arc<EventHub>,
+    ) -> Result<LuaHandler, String> {
+        LuaHandler::build_with(
+            listener,
+            organism.limits.max_message_bytes,
+            OutputTargets::of(organism),
+            events,
+        )
+    }
+
+    /// [`LuaHandler::build`] with the organism's shared output targets (what a reload
+    /// updates) and output size limit.
+    pub fn build_with(
+        listener: &ListenerConfig,
+        max_output: usize,
+        targets: Arc<OutputTargets>,
         events: Arc<EventHub>,
     ) -> Result<LuaHandler, String> {
         let script = listener
@@ -281,9 +326,10 @@ impl LuaHandler {
             config: listener.config.clone(),
             limits,
             concurrency: listener.concurrency,
-            max_output: organism.limits.max_message_bytes,
+            max_output,
+            accepts: listener.accepts.clone(),
             pool: RwLock::new(Arc::new(pool)),
-            targets: Targets::of(organism),
+            targets,
             events,
             stats: Arc::new(LuaStats::default()),
         })))
@@ -384,6 +430,7 @@ impl Inner {
                     let target = to.as_deref().or(ty.is_none().then_some(sender));
                     let (root, schema) = self
                         .targets
+                        .current()
                         .resolve(target, ty.as_deref())
                         .map_err(|e| format!("output #{n}: {e}"))?;
                     let payload = json_shape(payload);
@@ -443,10 +490,9 @@ impl Handler for LuaHandler {
         // The JSON view, typed by the schema that validated the payload.
         let payload = match self
             .0
-            .targets
-            .listeners
-            .get(&self.0.name)
-            .and_then(|a| a.iter().find(|(t, _)| t == delivery.payload.payload_type()))
+            .accepts
+            .iter()
+            .find(|(t, _)| t == delivery.payload.payload_type())
         {
             Some((_, schema)) => schema.payload_to_json(delivery.payload.xml()),
             None => delivery.payload.to_json(),

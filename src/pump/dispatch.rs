@@ -26,14 +26,32 @@ use crate::time::Timestamp;
 /// A listener at run time: its config, its handler, its queue, its counters.
 pub(crate) struct Listener {
     pub(crate) config: ListenerConfig,
+    /// What it was built from ([`super::reload::fingerprint`]): a reload compares it.
+    pub(crate) fingerprint: String,
     pub(crate) handler: Arc<dyn Handler>,
     queue: Mutex<Queue>,
+    /// Counters, kept by the listener that replaces this one in a reload.
+    pub(crate) stats: Arc<ListenerStats>,
+}
+
+/// A listener's counters, shared with its successor across a reload.
+#[derive(Default)]
+pub(crate) struct ListenerStats {
     pub(crate) handled: AtomicU64,
     pub(crate) errors: AtomicU64,
     /// Time spent in the handler per call.
-    pub(crate) handler_time: Histogram,
+    pub(crate) handler_time: Arc<Histogram>,
     /// When a call last started or finished (ms since the epoch; 0 = never).
     pub(crate) last_activity: AtomicU64,
+}
+
+/// What a retired listener hands over.
+pub(crate) struct Retired {
+    pub(crate) jobs: HashMap<Arc<str>, VecDeque<Job>>,
+    busy: HashSet<Arc<str>>,
+    waiting: usize,
+    failed: bool,
+    paused: bool,
 }
 
 /// A validated message waiting for its listener.
@@ -55,6 +73,10 @@ struct Queue {
     /// The last call failed (state `error` until a call succeeds).
     failed: bool,
     state: Option<AgentState>,
+    /// Replaced or removed by a reload: takes no new work; its calls in flight finish.
+    retired: bool,
+    /// The listener that replaced it (changed), or none (removed).
+    successor: Option<Arc<Listener>>,
 }
 
 /// A snapshot of a listener's run-time state.
@@ -66,15 +88,17 @@ pub struct ListenerSnapshot {
 }
 
 impl Listener {
-    pub(crate) fn new(config: ListenerConfig, handler: Arc<dyn Handler>) -> Self {
+    pub(crate) fn new(
+        config: ListenerConfig,
+        handler: Arc<dyn Handler>,
+        stats: Option<Arc<ListenerStats>>,
+    ) -> Self {
         Listener {
+            fingerprint: super::reload::fingerprint(&config),
             config,
             handler,
             queue: Mutex::new(Queue::default()),
-            handled: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            handler_time: Histogram::default(),
-            last_activity: AtomicU64::new(0),
+            stats: stats.unwrap_or_default(),
         }
     }
 
@@ -107,8 +131,53 @@ impl Listener {
     }
 
     fn touch(&self) {
-        self.last_activity
+        self.stats
+            .last_activity
             .store(Timestamp::now().0, Ordering::Relaxed);
+    }
+
+    /// Takes this listener out of service for a reload: it accepts no new work, and its
+    /// queued jobs, the threads it is handling and the replies it is owed are handed over
+    /// (to `successor`, or returned for a removed listener).
+    pub(crate) fn retire(&self, successor: Option<Arc<Listener>>) -> Retired {
+        let mut q = self.lock();
+        q.retired = true;
+        q.successor = successor;
+        q.ready.clear();
+        q.depth = 0;
+        Retired {
+            jobs: std::mem::take(&mut q.per_thread),
+            busy: q.busy.clone(),
+            waiting: std::mem::take(&mut q.waiting),
+            failed: q.failed,
+            paused: q.paused,
+        }
+    }
+
+    /// Receives what a retired predecessor handed over. Threads it is still handling stay
+    /// busy here until it finishes them ([`Listener::release_inherited`]), so one thread is
+    /// still handled one message at a time.
+    pub(crate) fn inherit(&self, from: Retired) {
+        let mut q = self.lock();
+        q.failed = from.failed;
+        q.paused = from.paused;
+        q.waiting += from.waiting;
+        q.busy.extend(from.busy.iter().cloned());
+        for (thread, jobs) in from.jobs {
+            q.depth += jobs.len();
+            if !q.busy.contains(&thread) {
+                q.ready.push_back(thread.clone());
+            }
+            q.per_thread.entry(thread).or_default().extend(jobs);
+        }
+    }
+
+    /// The predecessor finished its call for `thread`.
+    fn release_inherited(&self, thread: &Arc<str>) {
+        let mut q = self.lock();
+        if q.busy.remove(thread) && q.per_thread.contains_key(thread) {
+            q.ready.push_back(thread.clone());
+        }
     }
 
     pub(crate) fn set_paused(&self, paused: bool) {
@@ -146,6 +215,17 @@ impl Shared {
     pub(crate) fn enqueue(self: &Arc<Self>, listener: &Arc<Listener>, job: Job) {
         {
             let mut q = listener.lock();
+            if q.retired {
+                // Routed just before a reload retired it: the successor takes it, and a
+                // removed listener's message is undeliverable.
+                let successor = q.successor.clone();
+                drop(q);
+                match successor {
+                    Some(next) => self.enqueue(&next, job),
+                    None => self.fail_removed(listener.name(), job),
+                }
+                return;
+            }
             let thread = job.record.thread_id.clone();
             let jobs = q.per_thread.entry(thread.clone()).or_default();
             jobs.push_back(job);
@@ -191,7 +271,7 @@ impl Shared {
         current: Option<&Arc<str>>,
     ) -> Option<EventKind> {
         let state = state_of(q, self.is_paused());
-        if q.state == Some(state) {
+        if q.state == Some(state) || q.retired {
             return None;
         }
         q.state = Some(state);
@@ -251,7 +331,7 @@ impl Shared {
             let failed = self.run_job(&listener, job).await;
             listener.touch();
 
-            let change = {
+            let (change, successor) = {
                 let mut q = listener.lock();
                 q.busy.remove(&thread);
                 if let Some(failed) = failed {
@@ -260,9 +340,20 @@ impl Shared {
                 if q.per_thread.contains_key(&thread) {
                     q.ready.push_back(thread.clone());
                 }
-                self.note_state(&listener, &mut q, None)
+                (
+                    self.note_state(&listener, &mut q, None),
+                    q.successor.clone(),
+                )
             };
             self.publish_state(change);
+            if let Some(next) = successor {
+                // Retired while handling this thread: its successor may take it up now.
+                if let Some(failed) = failed {
+                    next.lock().failed = failed;
+                }
+                next.release_inherited(&thread);
+                self.kick(&next);
+            }
         }
     }
 
@@ -311,8 +402,8 @@ impl Shared {
                     }
                 }
             };
-            listener.handler_time.record(started.elapsed());
-            listener.handled.fetch_add(1, Ordering::Relaxed);
+            listener.stats.handler_time.record(started.elapsed());
+            listener.stats.handled.fetch_add(1, Ordering::Relaxed);
             failed = Some(matches!(outcome, Outcome::Failed(_) | Outcome::Panicked(_)));
             if let Some(id) = wait.filter(|_| !matches!(outcome, Outcome::Done(_))) {
                 self.cancel_wait(listener, &record, id);
@@ -325,7 +416,7 @@ impl Shared {
                     }
                 }
                 Outcome::Failed(reason) => {
-                    listener.errors.fetch_add(1, Ordering::Relaxed);
+                    listener.stats.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_message(
                         &record,
                         FailureKind::HandlerError,
@@ -333,7 +424,7 @@ impl Shared {
                     );
                 }
                 Outcome::Panicked(reason) => {
-                    listener.errors.fetch_add(1, Ordering::Relaxed);
+                    listener.stats.errors.fetch_add(1, Ordering::Relaxed);
                     self.fail_message(
                         &record,
                         FailureKind::HandlerPanic,

@@ -72,6 +72,20 @@ impl Waits {
             .contains_key(&(Arc::from(agent), Arc::from(thread)))
     }
 
+    /// Removes every wait owed by `agent`, returning the messages awaited.
+    fn take_agent(&self, agent: &str) -> Vec<MessageRecord> {
+        let mut open = self.lock();
+        let keys: Vec<(Arc<str>, Arc<str>)> = open
+            .keys()
+            .filter(|(a, _)| &**a == agent)
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| open.remove(&k))
+            .flat_map(|q| q.into_iter().map(|w| w.record))
+            .collect()
+    }
+
     /// Removes every wait of `thread`, returning the agents they were owed by.
     fn take_thread(&self, thread: &str) -> Vec<Arc<str>> {
         let mut open = self.lock();
@@ -178,7 +192,6 @@ impl Shared {
             .map(|e| e.reply_timeout)
             .unwrap_or(crate::config::DEFAULT_REPLY_TIMEOUT);
         let shared = self.clone();
-        let listener = listener.clone();
         self.runtime.spawn(async move {
             tokio::time::sleep(timeout).await;
             if let Some(record) = shared.waits.take(&agent, &thread, |w| w.id == id) {
@@ -190,7 +203,7 @@ impl Shared {
                         timeout.as_millis()
                     ),
                 );
-                shared.end_wait(&listener, &thread);
+                shared.end_wait(&agent, &thread);
             }
         });
         Some(id)
@@ -204,14 +217,17 @@ impl Shared {
             .take(&agent, &record.thread_id, |w| w.id == id)
             .is_some()
         {
-            self.end_wait(listener, &record.thread_id);
+            self.end_wait(&agent, &record.thread_id);
         }
     }
 
     /// The bookkeeping of a wait that ended: the agent owes one reply less, the thread one
     /// piece of work less.
-    fn end_wait(&self, listener: &Arc<Listener>, thread: &str) {
-        self.add_waiting(listener, -1);
+    fn end_wait(&self, agent: &str, thread: &str) {
+        // By name: a reload may have handed the agent's waits to a successor.
+        if let Some(l) = self.topo().listeners.get(agent) {
+            self.add_waiting(l, -1);
+        }
         if let Some(change) = self.threads.finish_one(thread) {
             self.publish_thread(change);
         }
@@ -220,8 +236,20 @@ impl Shared {
     /// A killed thread owes no replies any more.
     pub(crate) fn drop_waits(&self, thread: &str) {
         for agent in self.waits.take_thread(thread) {
-            if let Some(l) = self.listeners.get(&*agent).cloned() {
-                self.end_wait(&l, thread);
+            self.end_wait(&agent, thread);
+        }
+    }
+
+    /// An agent removed by a reload owes no replies any more: each awaited message fails.
+    pub(crate) fn drop_agent_waits(self: &Arc<Self>, agent: &str) {
+        for record in self.waits.take_agent(agent) {
+            self.fail_message(
+                &record,
+                FailureKind::Undeliverable,
+                format!("`{agent}` was removed by a reload before it replied"),
+            );
+            if let Some(change) = self.threads.finish_one(&record.thread_id) {
+                self.publish_thread(change);
             }
         }
     }
@@ -250,6 +278,7 @@ impl Organism {
         let s = &self.shared;
         let agent = reply.agent;
         let listener = s
+            .topo()
             .listeners
             .get(agent)
             .filter(|l| l.handler.awaits_reply())
@@ -269,7 +298,7 @@ impl Organism {
         if s.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
             return Err(ReplyError::Stopping);
         }
-        let max = s.config.limits.max_message_bytes;
+        let max = s.limits.max_message_bytes;
         if reply.body.len() > max {
             return Err(ReplyError::TooLarge {
                 size: reply.body.len(),
@@ -370,7 +399,7 @@ impl Organism {
                 },
             );
         }
-        s.end_wait(&listener, thread);
+        s.end_wait(agent, thread);
         Ok(ReplyReceipt {
             thread_id: thread.to_string(),
             in_reply_to: record.id.to_string(),

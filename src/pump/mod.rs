@@ -12,6 +12,7 @@
 mod dispatch;
 mod external;
 mod gate;
+mod reload;
 mod route;
 
 use std::collections::HashMap;
@@ -35,6 +36,7 @@ use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError,
 use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};
+pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
 
 /// How often retention runs.
@@ -224,10 +226,19 @@ pub struct StopReport {
     pub killed_threads: usize,
 }
 
+/// The listeners in service and the config they come from. Replaced whole by a reload;
+/// readers take a snapshot ([`Shared::topo`]) and never hold the lock.
+pub(crate) struct Topology {
+    pub(crate) config: Arc<OrganismConfig>,
+    pub(crate) listeners: HashMap<ListenerName, Arc<Listener>>,
+    /// Config order.
+    pub(crate) order: Vec<Arc<Listener>>,
+}
+
 pub(crate) struct Shared {
-    config: OrganismConfig,
-    listeners: HashMap<ListenerName, Arc<Listener>>,
-    order: Vec<Arc<Listener>>,
+    topology: std::sync::RwLock<Arc<Topology>>,
+    /// Organism-wide limits: fixed for the process (changing them needs a restart).
+    limits: config::Limits,
     threads: ThreadRegistry,
     events: Arc<EventHub>,
     store: Option<Arc<crate::store::Store>>,
@@ -245,6 +256,16 @@ pub(crate) struct Shared {
     started: std::time::Instant,
     started_at: Timestamp,
     config_rev: AtomicU64,
+    /// Native handler factories, for the listeners a reload builds.
+    registry: HandlerRegistry,
+    /// Where Lua outputs resolve: every listener in service, updated by reloads.
+    lua_targets: Arc<crate::lua::OutputTargets>,
+    /// One reload at a time.
+    reload_lock: std::sync::Mutex<()>,
+    /// The last reload failed: the file differs from what runs.
+    config_stale: AtomicBool,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
     /// Replies owed by external agents.
     waits: external::Waits,
     /// The API's base URL once a server is bound (external agents' `callback_url`).
@@ -256,6 +277,14 @@ const STATUS_STOPPING: u8 = 1;
 const STATUS_STOPPED: u8 = 2;
 
 impl Shared {
+    /// The listeners in service now.
+    pub(crate) fn topo(&self) -> Arc<Topology> {
+        match self.topology.read() {
+            Ok(t) => t.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
     fn is_paused(&self) -> bool {
         self.paused.load(Ordering::SeqCst)
     }
@@ -346,37 +375,30 @@ impl OrganismBuilder {
             recovered.next_seq_floor(),
             sink,
         ));
-        let mut listeners = HashMap::new();
-        let mut order = Vec::new();
-        let api_base: Arc<std::sync::OnceLock<String>> = Arc::default();
-        for lc in &config.listeners {
-            let built = match lc.kind {
-                config::ListenerKind::Lua => {
-                    crate::lua::LuaHandler::build(lc, &config, events.clone())
-                        .map(|h| Arc::new(h) as Arc<dyn Handler>)
-                }
-                config::ListenerKind::External => {
-                    crate::listener::ExternalHandler::new(lc, api_base.clone())
-                        .map(|h| Arc::new(h) as Arc<dyn Handler>)
-                }
-                _ => self.registry.build(lc),
-            };
-            let handler = built.map_err(|message| BuildError::Handler {
-                listener: lc.name.to_string(),
-                message,
-            })?;
-            let l = Arc::new(Listener::new(lc.clone(), handler));
-            listeners.insert(lc.name.clone(), l.clone());
-            order.push(l);
-        }
         let limits = config.limits;
+        let scheduling = config.scheduling;
+        let lua_targets = crate::lua::OutputTargets::of(&config);
+        let config = Arc::new(config);
         let shared = Arc::new(Shared {
+            // Listeners are built below, by the same code a reload uses.
+            topology: std::sync::RwLock::new(Arc::new(Topology {
+                config: config.clone(),
+                listeners: HashMap::new(),
+                order: Vec::new(),
+            })),
+            limits,
+            registry: self.registry,
+            lua_targets,
+            reload_lock: std::sync::Mutex::new(()),
+            config_stale: AtomicBool::new(false),
+            reloads_ok: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
             threads: ThreadRegistry::new(limits.max_messages_per_thread, RETAINED_FINISHED_THREADS),
             events,
             store,
             earlier_messages: recovered.total_messages,
             pruned: AtomicU64::new(0),
-            gate: gate::Gate::new(limits.max_concurrent_handlers, config.scheduling),
+            gate: gate::Gate::new(limits.max_concurrent_handlers, scheduling),
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,
                 max_depth: limits.max_depth,
@@ -386,16 +408,42 @@ impl OrganismBuilder {
             status: AtomicU8::new(STATUS_RUNNING),
             paused: AtomicBool::new(false),
             failures: Default::default(),
-            listeners,
-            order,
-            config,
             runtime,
             started: std::time::Instant::now(),
             started_at: Timestamp::now(),
             config_rev: AtomicU64::new(1),
             waits: Default::default(),
-            api_base,
+            api_base: Arc::default(),
         });
+        let mut listeners = HashMap::new();
+        let mut order = Vec::new();
+        for lc in &config.listeners {
+            let handler = shared
+                .build_handler(lc)
+                .map_err(|message| BuildError::Handler {
+                    listener: lc.name.to_string(),
+                    message,
+                })?;
+            let l = Arc::new(Listener::new(lc.clone(), handler, None));
+            listeners.insert(lc.name.clone(), l.clone());
+            order.push(l);
+        }
+        match shared.topology.write() {
+            Ok(mut t) => {
+                *t = Arc::new(Topology {
+                    config,
+                    listeners,
+                    order,
+                })
+            }
+            Err(p) => {
+                *p.into_inner() = Arc::new(Topology {
+                    config,
+                    listeners,
+                    order,
+                })
+            }
+        }
         let organism = Organism { shared };
         organism.start_retention();
         organism.watch_store_health();
@@ -414,8 +462,9 @@ impl Organism {
         OrganismBuilder::default()
     }
 
-    pub fn config(&self) -> &OrganismConfig {
-        &self.shared.config
+    /// The config in service (a reload replaces it).
+    pub fn config(&self) -> Arc<OrganismConfig> {
+        self.shared.topo().config.clone()
     }
 
     /// Tells the organism where its API is served (`http://host:port`), so external agents
@@ -438,7 +487,7 @@ impl Organism {
     /// Prunes the store every few seconds per `organism.store_retention`, off the pump's
     /// threads. Ends when the organism stops.
     fn start_retention(&self) {
-        let retention = self.shared.config.retention;
+        let retention = self.shared.topo().config.retention;
         let Some(store) = self.shared.store.clone() else {
             return;
         };
@@ -573,11 +622,11 @@ impl Organism {
     pub fn info(&self) -> OrganismInfo {
         let s = &self.shared;
         OrganismInfo {
-            name: s.config.name.clone(),
+            name: s.topo().config.name.clone(),
             status: self.status(),
             uptime_seconds: s.started.elapsed().as_secs(),
             started_at: s.started_at,
-            agent_count: s.order.len(),
+            agent_count: s.topo().order.len(),
             active_threads: s.threads.active_count(),
             total_messages: s.earlier_messages + s.threads.total_messages(),
             pending_messages: self.pending(),
@@ -589,6 +638,7 @@ impl Organism {
     /// Every listener with its live state, in config order.
     pub fn agents(&self) -> Vec<AgentInfo> {
         self.shared
+            .topo()
             .order
             .iter()
             .map(|l| self.agent_info(l))
@@ -597,12 +647,13 @@ impl Organism {
 
     /// One listener with its live state.
     pub fn agent(&self, name: &str) -> Result<AgentInfo, ControlError> {
-        Ok(self.agent_info(self.listener(name)?))
+        Ok(self.agent_info(self.listener(name)?.as_ref()))
     }
 
     /// Each listener's handler-specific metrics (Lua calls, errors by kind, memory, …).
     pub fn handler_metrics(&self) -> Vec<(String, Vec<crate::listener::HandlerMetric>)> {
         self.shared
+            .topo()
             .order
             .iter()
             .map(|l| (l.name().to_string(), l.handler.metrics()))
@@ -611,14 +662,18 @@ impl Organism {
     }
 
     /// The handler-time histogram of a listener.
-    pub fn handler_time(&self, name: &str) -> Option<&crate::stats::Histogram> {
-        self.shared.listeners.get(name).map(|l| &l.handler_time)
+    pub fn handler_time(&self, name: &str) -> Option<Arc<crate::stats::Histogram>> {
+        self.shared
+            .topo()
+            .listeners
+            .get(name)
+            .map(|l| l.stats.handler_time.clone())
     }
 
     fn agent_info(&self, l: &Listener) -> AgentInfo {
         let snap = l.snapshot(self.shared.is_paused());
-        let time = l.handler_time.summary();
-        let last = l.last_activity.load(Ordering::Relaxed);
+        let time = l.stats.handler_time.summary();
+        let last = l.stats.last_activity.load(Ordering::Relaxed);
         let accepts: Vec<String> = l
             .config
             .accepts
@@ -643,8 +698,8 @@ impl Organism {
             current_thread: snap.current_thread,
             queue_depth: snap.queue_depth,
             last_activity: (last > 0).then_some(Timestamp(last)),
-            handled: l.handled.load(Ordering::Relaxed),
-            errors: l.errors.load(Ordering::Relaxed),
+            handled: l.stats.handled.load(Ordering::Relaxed),
+            errors: l.stats.errors.load(Ordering::Relaxed),
             mean_handler_ms: time.mean_ms,
             p99_handler_ms: time.p99_ms,
         }
@@ -696,10 +751,11 @@ impl Organism {
         if s.status.load(Ordering::SeqCst) != STATUS_RUNNING {
             return Err(InjectError::Stopping);
         }
-        if s.listeners.contains_key(from) || from.is_empty() || from == SYSTEM_IDENTITY {
+        let topo = s.topo();
+        if topo.listeners.contains_key(from) || from.is_empty() || from == SYSTEM_IDENTITY {
             return Err(InjectError::ForgedIdentity(from.to_string()));
         }
-        let listener = s
+        let listener = topo
             .listeners
             .get(to)
             .cloned()
@@ -728,10 +784,10 @@ impl Organism {
             }
         }
         let pending = s.pending.load(Ordering::SeqCst);
-        if pending >= s.config.limits.max_pending_messages {
+        if pending >= s.limits.max_pending_messages {
             return Err(InjectError::Overloaded {
                 pending,
-                max: s.config.limits.max_pending_messages,
+                max: s.limits.max_pending_messages,
             });
         }
         let opened = s.threads.open(thread_id)?;
@@ -765,7 +821,7 @@ impl Organism {
             }
             return Err(InjectError::Thread(ThreadError::BudgetExceeded {
                 id: opened.id.to_string(),
-                max: s.config.limits.max_messages_per_thread,
+                max: s.limits.max_messages_per_thread,
             }));
         }
         let receipt = InjectReceipt {
@@ -783,10 +839,12 @@ impl Organism {
         Ok(receipt)
     }
 
-    fn listener(&self, name: &str) -> Result<&Arc<Listener>, ControlError> {
+    fn listener(&self, name: &str) -> Result<Arc<Listener>, ControlError> {
         self.shared
+            .topo()
             .listeners
             .get(name)
+            .cloned()
             .ok_or_else(|| ControlError::UnknownListener(name.to_string()))
     }
 
@@ -794,7 +852,7 @@ impl Organism {
     pub fn pause_listener(&self, name: &str) -> Result<(), ControlError> {
         let l = self.listener(name)?;
         l.set_paused(true);
-        self.shared.kick(l);
+        self.shared.kick(&l);
         Ok(())
     }
 
@@ -802,7 +860,7 @@ impl Organism {
     pub fn resume_listener(&self, name: &str) -> Result<(), ControlError> {
         let l = self.listener(name)?;
         l.set_paused(false);
-        self.shared.kick(l);
+        self.shared.kick(&l);
         Ok(())
     }
 
@@ -819,62 +877,13 @@ impl Organism {
             agent: Some(name.to_string()),
             ok: result.is_ok(),
             error: result.as_ref().err().cloned(),
+            problems: Vec::new(),
+            diff: None,
         });
         result.map_err(|message| ControlError::ReloadFailed {
             listener: name.to_string(),
             message,
         })
-    }
-
-    /// Watches every Lua listener's script and reloads it when the file changes (polled every
-    /// `interval`; a change is acted on once the file has been stable for one interval, which
-    /// also covers editors that save by renaming, and files that disappear and come back).
-    /// Stops when the organism stops.
-    pub fn watch_scripts(&self, interval: Duration) {
-        let organism = self.clone();
-        let scripts: Vec<(String, std::path::PathBuf)> = self
-            .shared
-            .config
-            .listeners
-            .iter()
-            .filter_map(|l| l.script.clone().map(|p| (l.name.to_string(), p)))
-            .collect();
-        if scripts.is_empty() {
-            return;
-        }
-        let stamp = |p: &Path| {
-            std::fs::metadata(p)
-                .ok()
-                .map(|m| (m.modified().ok(), m.len()))
-        };
-        let mut seen: Vec<_> = scripts.iter().map(|(_, p)| stamp(p)).collect();
-        self.shared.runtime.spawn(async move {
-            let mut pending: Vec<Option<_>> = vec![None; scripts.len()];
-            let mut tick = tokio::time::interval(interval);
-            loop {
-                tick.tick().await;
-                if organism.status() == OrganismStatus::Stopped {
-                    return;
-                }
-                for (i, (name, path)) in scripts.iter().enumerate() {
-                    let now = stamp(path);
-                    if now.is_none() || now == seen[i] {
-                        pending[i] = None;
-                        continue;
-                    }
-                    if pending[i] == Some(now) {
-                        // Stable for one interval: act on it.
-                        seen[i] = now;
-                        pending[i] = None;
-                        if let Err(e) = organism.reload_listener(name) {
-                            tracing::warn!(listener = %name, error = %e, "script reload failed");
-                        }
-                    } else {
-                        pending[i] = Some(now);
-                    }
-                }
-            }
-        });
     }
 
     /// Pauses every listener.
@@ -893,7 +902,7 @@ impl Organism {
         self.shared.events.publish(EventKind::OrganismState {
             status: self.status(),
         });
-        for l in &self.shared.order {
+        for l in &self.shared.topo().order {
             self.shared.kick(l);
         }
     }
@@ -914,7 +923,7 @@ impl Organism {
         let Some(change) = change else { return Ok(()) };
         s.publish_thread(change);
         s.drop_waits(id);
-        for l in &s.order {
+        for l in &s.topo().order {
             for job in l.drop_thread(id) {
                 s.finish_message(
                     &job.record,
@@ -973,7 +982,7 @@ impl Organism {
             )
             .is_err()
         {
-            self.wait_idle(Duration::from_millis(s.config.limits.stop_grace_ms))
+            self.wait_idle(Duration::from_millis(s.limits.stop_grace_ms))
                 .await;
             return StopReport {
                 drained: self.pending() == 0,
@@ -983,7 +992,7 @@ impl Organism {
         s.events.publish(EventKind::OrganismState {
             status: OrganismStatus::Stopping,
         });
-        let grace = Duration::from_millis(s.config.limits.stop_grace_ms);
+        let grace = Duration::from_millis(s.limits.stop_grace_ms);
         let drained = self.wait_idle(grace).await;
         let mut killed_threads = 0;
         if !drained {

@@ -95,10 +95,11 @@ impl Shared {
         payload_type: &PayloadType,
     ) -> Result<Vec<Target>, String> {
         let name = sender.name();
+        let topo = self.topo();
         match to {
             Some(target) => {
                 let is_reply = target == handled_from;
-                match self.listeners.get(target) {
+                match topo.listeners.get(target) {
                     None if is_reply => Ok(vec![Target::Terminal(Arc::from(target))]),
                     None => Err(format!(
                         "`{name}` sent to `{target}`, which is not a listener"
@@ -113,7 +114,7 @@ impl Shared {
                 }
             }
             None => {
-                let accepting: Vec<&Arc<Listener>> = self
+                let accepting: Vec<&Arc<Listener>> = topo
                     .order
                     .iter()
                     .filter(|l| l.config.accepts_type(payload_type))
@@ -388,7 +389,7 @@ impl Shared {
             agent,
             error,
         });
-        if let Some(sender) = self.listeners.get(&*record.from).cloned() {
+        if let Some(sender) = self.topo().listeners.get(&*record.from).cloned() {
             let mut failed = record.clone();
             failed.status = MessageStatus::Failed;
             self.send_huh(&sender, &failed, kind);

@@ -1,0 +1,521 @@
+//! Hot reload of the whole organism (SPEC §12): build beside, diff, swap, hand over.
+//!
+//! 1. **Build before touching.** The file is loaded and checked (every XSD compiled, every
+//!    script compiled), and a handler is built for every added or changed listener (Lua
+//!    sandboxes start and run `init`). Any problem, or a change to a setting that needs a
+//!    restart, and nothing changes.
+//! 2. **Diff** by listener, on a fingerprint taken when each listener was built (its config,
+//!    its schemas' text, its script's text).
+//! 3. **Swap** the [`Topology`] in one write. Routing reads snapshots, so a message is routed
+//!    either by the old listeners or by the new ones.
+//! 4. **Hand over.** An unchanged listener is the same object: its queue, calls in flight and
+//!    counters are untouched. A changed one is retired in favour of its successor, which takes
+//!    its queued jobs (re-validated if its schemas changed), its owed replies and its counters;
+//!    calls in flight finish on the old handler, and their threads stay busy at the successor
+//!    until they do, so one thread is still handled one message at a time. A removed one is
+//!    retired with no successor: calls in flight finish, queued jobs become undeliverable.
+//!    A job routed to a retired listener just before the swap follows the same rule.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::dispatch::{Job, Listener};
+use super::{FailureKind, Organism, Shared, Topology};
+use crate::config::{self, ListenerConfig, OrganismConfig};
+use crate::events::{EventKind, OrganismStatus};
+use crate::listener::Handler;
+use crate::threads::MessageStatus;
+use crate::xml::normalize_payload;
+
+/// What a reload changed. Also the body of the `reload` event.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ReloadReport {
+    /// The config revision now running.
+    pub rev: u64,
+    pub added: Vec<String>,
+    pub removed: Vec<String>,
+    pub changed: Vec<String>,
+    pub unchanged: Vec<String>,
+}
+
+/// One reason a reload was refused: the listener and key it is about, when it is about one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct ReloadProblem {
+    pub listener: Option<String>,
+    pub key: Option<String>,
+    pub message: String,
+}
+
+impl std::fmt::Display for ReloadProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(l) = &self.listener {
+            write!(f, "listener `{l}`: ")?;
+        }
+        if let Some(k) = &self.key {
+            write!(f, "key `{k}`: ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReloadError {
+    #[error("the running config is revision {actual}, not {expected}")]
+    RevMismatch { expected: u64, actual: u64 },
+    #[error("the organism was not loaded from a file, so there is nothing to reload")]
+    NoSource,
+    #[error("the organism is stopping")]
+    Stopping,
+    #[error("reload refused, the running organism is unchanged: {}", .0.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("; "))]
+    Refused(Vec<ReloadProblem>),
+}
+
+/// What a listener is built from, as text: equal fingerprints, equal listeners.
+pub(crate) fn fingerprint(l: &ListenerConfig) -> String {
+    let schemas: Vec<String> = l
+        .accepts
+        .iter()
+        .map(|(t, s)| format!("{t}={}", s.xsd()))
+        .collect();
+    let script = l
+        .script
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default());
+    let external = l.external.as_ref().map(|e| {
+        (
+            e.input_url.clone(),
+            e.token.clone(),
+            e.timeout,
+            e.reply_timeout,
+        )
+    });
+    format!(
+        "{:?}",
+        (
+            (&l.description, l.kind.to_string(), &l.handler, l.agent),
+            (&l.peers, l.concurrency, l.config.to_string()),
+            (
+                &l.script,
+                script,
+                l.lua_limits.cpu_ms,
+                l.lua_limits.memory_mb
+            ),
+            schemas,
+            external,
+        )
+    )
+}
+
+/// Settings read once at start: a change to any of them is refused.
+fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadProblem> {
+    let mut out = Vec::new();
+    let mut check = |key: &str, same: bool| {
+        if !same {
+            out.push(ReloadProblem {
+                listener: None,
+                key: Some(key.to_string()),
+                message: "changing it needs a restart".to_string(),
+            });
+        }
+    };
+    check("organism.name", old.name == new.name);
+    check("organism.listen", old.listen == new.listen);
+    check("organism.store", old.store == new.store);
+    check("organism.scheduling", old.scheduling == new.scheduling);
+    check("limits", old.limits == new.limits);
+    out
+}
+
+/// A new organism built beside the running one, not yet in service.
+struct Prepared {
+    config: OrganismConfig,
+    /// New listeners (added or changed), by name.
+    built: HashMap<String, Arc<Listener>>,
+    report: ReloadReport,
+}
+
+impl Shared {
+    /// Builds a handler for one listener, of whatever kind.
+    pub(crate) fn build_handler(&self, lc: &ListenerConfig) -> Result<Arc<dyn Handler>, String> {
+        match lc.kind {
+            config::ListenerKind::Lua => crate::lua::LuaHandler::build_with(
+                lc,
+                self.limits.max_message_bytes,
+                self.lua_targets.clone(),
+                self.events.clone(),
+            )
+            .map(|h| Arc::new(h) as Arc<dyn Handler>),
+            config::ListenerKind::External => {
+                crate::listener::ExternalHandler::new(lc, self.api_base.clone())
+                    .map(|h| Arc::new(h) as Arc<dyn Handler>)
+            }
+            config::ListenerKind::Native => self.registry.build(lc),
+        }
+    }
+
+    /// Steps 1 and 2: load, check, diff, build. Nothing running is touched.
+    fn prepare(&self, current: &Topology, path: &Path) -> Result<Prepared, Vec<ReloadProblem>> {
+        let config = config::load_file(path, &self.registry.names()).map_err(|e| {
+            e.0.into_iter()
+                .map(|c| ReloadProblem {
+                    listener: c.listener,
+                    key: c.key,
+                    message: c.message,
+                })
+                .collect::<Vec<_>>()
+        })?;
+        let problems = needs_restart(&current.config, &config);
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        let mut report = ReloadReport::default();
+        let mut built = HashMap::new();
+        let mut problems = Vec::new();
+        for lc in &config.listeners {
+            let name = lc.name.to_string();
+            let print = fingerprint(lc);
+            match current.listeners.get(lc.name.as_str()) {
+                Some(old) if old.fingerprint == print => {
+                    report.unchanged.push(name);
+                    continue;
+                }
+                Some(_) => report.changed.push(name.clone()),
+                None => report.added.push(name.clone()),
+            }
+            match self.build_handler(lc) {
+                Ok(handler) => {
+                    let stats = current
+                        .listeners
+                        .get(lc.name.as_str())
+                        .map(|o| o.stats.clone());
+                    let listener = Listener::new(lc.clone(), handler, stats);
+                    built.insert(name, Arc::new(listener));
+                }
+                Err(message) => problems.push(ReloadProblem {
+                    listener: Some(name),
+                    key: None,
+                    message,
+                }),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        report.removed = current
+            .order
+            .iter()
+            .map(|l| l.name().to_string())
+            .filter(|n| config.listener(n).is_none())
+            .collect();
+        Ok(Prepared {
+            config,
+            built,
+            report,
+        })
+    }
+
+    /// Steps 3 and 4: swap, then hand over from retired listeners.
+    fn apply(self: &Arc<Self>, current: &Topology, prepared: Prepared) -> ReloadReport {
+        let Prepared {
+            config,
+            built,
+            mut report,
+        } = prepared;
+        let mut listeners = HashMap::new();
+        let mut order = Vec::new();
+        for lc in &config.listeners {
+            let l = match built.get(lc.name.as_str()) {
+                Some(new) => new.clone(),
+                None => match current.listeners.get(lc.name.as_str()) {
+                    Some(old) => old.clone(),
+                    None => continue,
+                },
+            };
+            listeners.insert(lc.name.clone(), l.clone());
+            order.push(l);
+        }
+        self.lua_targets.set(&config);
+        let next = Arc::new(Topology {
+            config: Arc::new(config),
+            listeners,
+            order,
+        });
+        match self.topology.write() {
+            Ok(mut t) => *t = next.clone(),
+            Err(p) => *p.into_inner() = next.clone(),
+        }
+        for name in &report.changed {
+            let (Some(old), Some(new)) = (current.listeners.get(name.as_str()), built.get(name))
+            else {
+                continue;
+            };
+            let mut handed = old.retire(Some(new.clone()));
+            let schemas_changed = old.config.accepts.len() != new.config.accepts.len()
+                || old
+                    .config
+                    .accepts
+                    .iter()
+                    .any(|(t, s)| new.config.schema_for(t).is_none_or(|n| n.xsd() != s.xsd()));
+            if schemas_changed {
+                for jobs in handed.jobs.values_mut() {
+                    let kept: Vec<Job> = jobs
+                        .drain(..)
+                        .filter_map(|job| self.revalidate(new, job))
+                        .collect();
+                    jobs.extend(kept);
+                }
+                handed.jobs.retain(|_, jobs| !jobs.is_empty());
+            }
+            new.inherit(handed);
+            self.kick(new);
+        }
+        for name in &report.removed {
+            let Some(old) = current.listeners.get(name.as_str()) else {
+                continue;
+            };
+            let handed = old.retire(None);
+            for job in handed.jobs.into_values().flatten() {
+                self.fail_removed(name, job);
+            }
+            self.drop_agent_waits(name);
+        }
+        for name in &report.added {
+            if let Some(new) = built.get(name) {
+                self.kick(new);
+            }
+        }
+        report.rev = self.config_rev.fetch_add(1, Ordering::SeqCst) + 1;
+        report
+    }
+
+    /// A queued job moving to a successor whose schemas changed: still accepted and valid,
+    /// or failed here with the reason.
+    fn revalidate(&self, to: &Listener, job: Job) -> Option<Job> {
+        let ty = job.payload.payload_type().clone();
+        let checked = match to.config.schema_for(&ty) {
+            None => Err((
+                MessageStatus::Undeliverable,
+                FailureKind::Undeliverable,
+                format!("`{}` no longer accepts `{ty}` after a reload", to.name()),
+            )),
+            Some(schema) => normalize_payload(job.payload.xml(), &self.xml_limits)
+                .map_err(|e| e.to_string())
+                .and_then(|p| schema.validate(p).map_err(|e| e.to_string()))
+                .map_err(|e| {
+                    (
+                        MessageStatus::Rejected,
+                        FailureKind::Invalid,
+                        format!(
+                            "payload `{ty}` is invalid for `{}` after a reload: {e}",
+                            to.name()
+                        ),
+                    )
+                }),
+        };
+        match checked {
+            Ok(payload) => Some(Job {
+                record: job.record,
+                payload,
+            }),
+            Err((status, kind, error)) => {
+                self.fail_job(to.name(), job, status, kind, error);
+                None
+            }
+        }
+    }
+
+    /// A job for a listener a reload removed: undeliverable (SPEC §8).
+    pub(crate) fn fail_removed(&self, name: &str, job: Job) {
+        self.fail_job(
+            name,
+            job,
+            MessageStatus::Undeliverable,
+            FailureKind::Undeliverable,
+            format!("`{name}` was removed by a reload before it handled this message"),
+        );
+    }
+
+    fn fail_job(
+        &self,
+        agent: &str,
+        job: Job,
+        status: MessageStatus,
+        kind: FailureKind,
+        error: String,
+    ) {
+        let record = job.record;
+        self.finish_message(&record, status, Some(error.clone()));
+        self.count_failure(kind);
+        self.events.publish(EventKind::Error {
+            thread_id: Some(record.thread_id.to_string()),
+            agent: Some(agent.to_string()),
+            error,
+        });
+        self.release(&record.thread_id);
+    }
+}
+
+impl Organism {
+    /// Reloads the organism from its file (SPEC §12). `if_rev`: only if the running config
+    /// is that revision. On success the answer and the `reload` event carry the diff; on any
+    /// problem nothing changes, the `reload` event reports it and the config is marked stale
+    /// (`agentserver_config_stale`) until a reload succeeds.
+    pub fn reload(&self, if_rev: Option<u64>) -> Result<ReloadReport, ReloadError> {
+        self.reload_inner(if_rev, false)
+            .map(|r| r.unwrap_or_default())
+    }
+
+    /// The file watch's reload: does nothing (no event, no new revision) when the files
+    /// describe what is running.
+    fn reload_if_changed(&self) -> Result<Option<ReloadReport>, ReloadError> {
+        self.reload_inner(None, true)
+    }
+
+    fn reload_inner(
+        &self,
+        if_rev: Option<u64>,
+        only_if_changed: bool,
+    ) -> Result<Option<ReloadReport>, ReloadError> {
+        let s = &self.shared;
+        let _one_at_a_time = match s.reload_lock.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if s.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
+            return Err(ReloadError::Stopping);
+        }
+        let rev = s.config_rev.load(Ordering::SeqCst);
+        if let Some(expected) = if_rev.filter(|r| *r != rev) {
+            return Err(ReloadError::RevMismatch {
+                expected,
+                actual: rev,
+            });
+        }
+        let current = s.topo();
+        let path = current.config.source.clone().ok_or(ReloadError::NoSource)?;
+        match s.prepare(&current, &path) {
+            Err(problems) => {
+                s.config_stale.store(true, Ordering::SeqCst);
+                s.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                s.events.publish(EventKind::Reload {
+                    agent: None,
+                    ok: false,
+                    error: Some(ReloadError::Refused(problems.clone()).to_string()),
+                    problems: problems.clone(),
+                    diff: None,
+                });
+                let error = ReloadError::Refused(problems);
+                Err(error)
+            }
+            Ok(prepared) => {
+                let report = &prepared.report;
+                let nothing = report.added.is_empty()
+                    && report.removed.is_empty()
+                    && report.changed.is_empty();
+                s.config_stale.store(false, Ordering::SeqCst);
+                if only_if_changed && nothing && prepared.config.text == current.config.text {
+                    return Ok(None);
+                }
+                let report = s.apply(&current, prepared);
+                s.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                s.events.publish(EventKind::Reload {
+                    agent: None,
+                    ok: true,
+                    error: None,
+                    problems: Vec::new(),
+                    diff: Some(report.clone()),
+                });
+                Ok(Some(report))
+            }
+        }
+    }
+
+    /// True when the last reload failed: the file describes something other than what runs.
+    pub fn config_stale(&self) -> bool {
+        self.shared.config_stale.load(Ordering::SeqCst)
+    }
+
+    /// Reloads that succeeded and failed since start.
+    pub fn reload_counts(&self) -> (u64, u64) {
+        (
+            self.shared.reloads_ok.load(Ordering::Relaxed),
+            self.shared.reloads_failed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Watches the organism file, every XSD and script it references, and the directories
+    /// they are in (so a file that appears later, or is saved by rename, is seen), polling
+    /// every `interval`; a change stable for one interval triggers a reload. Stops with the
+    /// organism.
+    pub fn watch_files(&self, interval: Duration) {
+        let organism = self.clone();
+        // The baseline is what the files are now, before this returns.
+        let mut seen = stamps(&watched(&organism.config()));
+        self.shared.runtime.spawn(async move {
+            let mut pending: Option<Vec<Stamp>> = None;
+            let mut tick = tokio::time::interval(interval);
+            loop {
+                tick.tick().await;
+                if organism.status() == OrganismStatus::Stopped {
+                    return;
+                }
+                let now = stamps(&watched(&organism.config()));
+                if now == seen {
+                    pending = None;
+                    continue;
+                }
+                if pending.as_ref() != Some(&now) {
+                    // Changed: wait one interval for it to settle.
+                    pending = Some(now);
+                    continue;
+                }
+                pending = None;
+                let o = organism.clone();
+                let result = tokio::task::spawn_blocking(move || o.reload_if_changed()).await;
+                match result {
+                    Ok(Ok(Some(r))) => tracing::info!(rev = r.rev, added = ?r.added, removed = ?r.removed, changed = ?r.changed, "organism reloaded"),
+                    Ok(Ok(None)) => {}
+                    Ok(Err(e)) => tracing::warn!(error = %e, "organism reload failed"),
+                    Err(e) => tracing::error!(error = %e, "organism reload panicked"),
+                }
+                // What the files are now, in the (possibly new) config's terms.
+                seen = stamps(&watched(&organism.config()));
+            }
+        });
+    }
+}
+
+type Stamp = (PathBuf, Option<(Option<std::time::SystemTime>, u64)>);
+
+/// The files a config is made of, and their directories.
+fn watched(config: &OrganismConfig) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = config.source.iter().cloned().collect();
+    for l in &config.listeners {
+        files.extend(l.schema_origin.iter().cloned());
+        files.extend(l.script.iter().cloned());
+    }
+    let dirs: Vec<PathBuf> = files
+        .iter()
+        .filter_map(|f| f.parent().map(Path::to_path_buf))
+        .collect();
+    files.extend(dirs);
+    files.sort();
+    files.dedup();
+    files
+}
+
+fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
+    paths
+        .iter()
+        .map(|p| {
+            let meta = std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()));
+            (p.clone(), meta)
+        })
+        .collect()
+}
