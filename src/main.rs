@@ -318,17 +318,15 @@ async fn send(
 }
 
 async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> ExitCode {
-    let mut config = match load(&path) {
+    let config = match load(&path) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    if let Some(listen) = listen {
-        config.listen = listen;
-    }
-    if let Some(store) = store {
-        config.store = (store != "memory").then(|| PathBuf::from(store));
-    }
-    let organism = match Organism::builder().build(config) {
+    let overrides = agentserver::pump::Overrides {
+        listen,
+        store: store.map(|s| (s != "memory").then(|| PathBuf::from(s))),
+    };
+    let organism = match Organism::builder().overrides(overrides).build(config) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("agentserver: {e}");
@@ -337,6 +335,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     };
     organism.watch_files(Duration::from_secs(1));
     let shutdown = ShutdownSignal::install();
+    reload_on_sighup(&organism);
     let listen = organism.config().listen.clone();
     let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {
         Ok(s) => s,
@@ -366,6 +365,34 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     }
     server.shutdown().await;
     ExitCode::SUCCESS
+}
+
+/// SIGHUP reloads the organism from its file (SPEC §12), as `POST /api/v1/organism/reload`.
+fn reload_on_sighup(organism: &Organism) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            eprintln!("agentserver: cannot watch SIGHUP; reload with POST /api/v1/organism/reload");
+            return;
+        };
+        let organism = organism.clone();
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let o = organism.clone();
+                match tokio::task::spawn_blocking(move || o.reload(None)).await {
+                    Ok(Ok(r)) => eprintln!(
+                        "agentserver: reloaded (rev {}): added {:?}, removed {:?}, changed {:?}",
+                        r.rev, r.added, r.removed, r.changed
+                    ),
+                    Ok(Err(e)) => eprintln!("agentserver: {e}"),
+                    Err(e) => eprintln!("agentserver: reload failed: {e}"),
+                }
+            }
+        });
+    }
+    #[cfg(not(unix))]
+    let _ = organism;
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM. Installed before the ready lines are printed, so a signal sent

@@ -252,6 +252,36 @@ pub fn render(state: &ApiState) -> String {
     }
     header(
         &mut out,
+        "agentserver_config_rev",
+        "gauge",
+        "The config revision running (moves with every successful reload).",
+    );
+    let _ = writeln!(out, "agentserver_config_rev {}", organism.info().config_rev);
+    header(
+        &mut out,
+        "agentserver_config_stale",
+        "gauge",
+        "1 when the last reload was refused: the organism file differs from what runs.",
+    );
+    let _ = writeln!(
+        out,
+        "agentserver_config_stale {}",
+        u8::from(organism.config_stale())
+    );
+    header(
+        &mut out,
+        "agentserver_reloads_total",
+        "counter",
+        "Organism reloads, by result.",
+    );
+    let (ok, failed) = organism.reload_counts();
+    let _ = writeln!(out, "agentserver_reloads_total{{result=\"ok\"}} {ok}");
+    let _ = writeln!(
+        out,
+        "agentserver_reloads_total{{result=\"failed\"}} {failed}"
+    );
+    header(
+        &mut out,
         "agentserver_http_refused_total",
         "counter",
         "API requests refused, by HTTP status.",

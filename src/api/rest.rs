@@ -13,7 +13,7 @@ use super::inject::{inject as do_inject, InjectBody};
 use super::sanitize::{listener_view, organism_view, ConfigView};
 use super::ApiState;
 use crate::events::OrganismStatus;
-use crate::pump::{AgentInfo, OrganismInfo};
+use crate::pump::{AgentInfo, OrganismInfo, ReloadError, ReloadReport};
 use crate::threads::{
     MessageFilter, MessageRecord, MessageStatus, Page, Paged, ThreadFilter, ThreadInfo,
     ThreadStatus,
@@ -358,19 +358,58 @@ pub async fn resume_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
     Json(s.inner.organism.info())
 }
 
-/// The answer to a reload until hot reload exists.
-pub fn reload_not_available() -> ApiError {
-    ApiError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "not_available",
-        "reloading the whole organism is not available in this version: restart it to apply a changed file (a Lua listener's script reloads with POST /api/v1/agents/{name}/reload)",
-    )
+impl From<ReloadError> for ApiError {
+    fn from(e: ReloadError) -> Self {
+        let message = e.to_string();
+        match e {
+            ReloadError::RevMismatch { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "rev_mismatch", message).at("if_rev")
+            }
+            ReloadError::NoSource => ApiError::new(StatusCode::CONFLICT, "not_reloadable", message),
+            ReloadError::Stopping => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message)
+            }
+            ReloadError::Refused(problems) => ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "reload_failed",
+                "reload refused: the running organism is unchanged",
+            )
+            .details(problems.iter().map(|p| p.to_string()).collect()),
+        }
+    }
 }
 
-#[utoipa::path(post, path = "/api/v1/organism/reload", tag = "control",
-    responses((status = 501, description = "Not available in this version", body = ErrorResponse)))]
-pub async fn reload_organism() -> ApiError {
-    reload_not_available()
+/// Reloads the organism off the async workers (building Lua sandboxes runs `init`).
+pub async fn reload_blocking(
+    organism: &crate::Organism,
+    if_rev: Option<u64>,
+) -> ApiResult<ReloadReport> {
+    let o = organism.clone();
+    tokio::task::spawn_blocking(move || o.reload(if_rev))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map_err(ApiError::from)
+}
+
+/// `POST /organism/reload` parameters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ReloadQuery {
+    /// Reload only if the running config is this revision (`config_rev`); 409 otherwise.
+    pub if_rev: Option<u64>,
+}
+
+#[utoipa::path(post, path = "/api/v1/organism/reload", tag = "control", params(ReloadQuery),
+    responses((status = 200, description = "Reloaded from the organism file: `{rev, added, removed, changed, unchanged}`", body = ReloadReport),
+              (status = 409, description = "`if_rev` is not the running revision, or the organism has no file", body = ErrorResponse),
+              (status = 422, description = "The new config was refused (YAML, schema, script, `init`, or a setting that needs a restart), one reason per line in `details`; nothing changed", body = ErrorResponse),
+              (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
+pub async fn reload_organism(
+    State(s): State<ApiState>,
+    Params(q): Params<ReloadQuery>,
+) -> ApiResult<Json<ReloadReport>> {
+    reload_blocking(&s.inner.organism, q.if_rev).await.map(Json)
 }
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/reload", tag = "control",

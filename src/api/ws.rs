@@ -23,7 +23,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::error::{ApiError, Params};
 use super::filter::Filter;
 use super::inject::{inject, InjectBody};
-use super::rest::reload_not_available;
+use super::rest::reload_blocking;
 use super::{ApiState, Endpoint};
 use crate::events::Event;
 use crate::time::Timestamp;
@@ -490,7 +490,21 @@ impl Session {
                     r.map_err(|e| fail(e.into()))?;
                     out.insert("agent".into(), map.get("agent").cloned().unwrap_or(Value::Null));
                 }
-                _ => return Err(fail(reload_not_available())),
+                None => {
+                    let if_rev = match map.get("if_rev") {
+                        None | Some(Value::Null) => None,
+                        Some(v) => Some(v.as_u64().ok_or_else(|| {
+                            fail(ApiError::bad_request("`if_rev` must be a revision number").at("if_rev"))
+                        })?),
+                    };
+                    let report = reload_blocking(&organism, if_rev).await.map_err(fail)?;
+                    if let Ok(Value::Object(fields)) = serde_json::to_value(&report) {
+                        out.extend(fields);
+                    }
+                }
+                Some(_) => {
+                    return Err(fail(ApiError::bad_request("`agent` must be a name").at("agent")))
+                }
             },
             ("stop", _) => self.state.request_stop(),
             (other, _) => {

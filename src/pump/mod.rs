@@ -258,6 +258,8 @@ pub(crate) struct Shared {
     config_rev: AtomicU64,
     /// Native handler factories, for the listeners a reload builds.
     registry: HandlerRegistry,
+    /// Applied to every config a reload loads, as at build.
+    overrides: Overrides,
     /// Where Lua outputs resolve: every listener in service, updated by reloads.
     lua_targets: Arc<crate::lua::OutputTargets>,
     /// One reload at a time.
@@ -322,9 +324,36 @@ impl Shared {
 pub struct OrganismBuilder {
     registry: HandlerRegistry,
     event_capacity: Option<usize>,
+    overrides: Overrides,
+}
+
+/// Settings given outside the file (the command line's `--listen`, `--store`) that replace
+/// the file's, at build and at every reload.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    /// `Some(None)`: memory only.
+    pub store: Option<Option<std::path::PathBuf>>,
+}
+
+impl Overrides {
+    pub(crate) fn apply(&self, config: &mut OrganismConfig) {
+        if let Some(l) = &self.listen {
+            config.listen = l.clone();
+        }
+        if let Some(s) = &self.store {
+            config.store = s.clone();
+        }
+    }
 }
 
 impl OrganismBuilder {
+    /// Replaces the file's `listen` / `store`, now and at every reload.
+    pub fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+
     /// Registers a native handler under `name`, for listeners with `handler: name`.
     pub fn handler<H: Handler>(mut self, name: &str, handler: H) -> Self {
         let shared: Arc<dyn Handler> = Arc::new(handler);
@@ -360,7 +389,8 @@ impl OrganismBuilder {
     }
 
     /// Builds the organism from a validated config. Must run inside a tokio runtime.
-    pub fn build(self, config: OrganismConfig) -> Result<Organism, BuildError> {
+    pub fn build(self, mut config: OrganismConfig) -> Result<Organism, BuildError> {
+        self.overrides.apply(&mut config);
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let store = match &config.store {
             Some(path) => Some(Arc::new(crate::store::Store::open(path)?)),
@@ -388,6 +418,7 @@ impl OrganismBuilder {
             })),
             limits,
             registry: self.registry,
+            overrides: self.overrides,
             lua_targets,
             reload_lock: std::sync::Mutex::new(()),
             config_stale: AtomicBool::new(false),

@@ -159,7 +159,7 @@ impl Shared {
 
     /// Steps 1 and 2: load, check, diff, build. Nothing running is touched.
     fn prepare(&self, current: &Topology, path: &Path) -> Result<Prepared, Vec<ReloadProblem>> {
-        let config = config::load_file(path, &self.registry.names()).map_err(|e| {
+        let mut config = config::load_file(path, &self.registry.names()).map_err(|e| {
             e.0.into_iter()
                 .map(|c| ReloadProblem {
                     listener: c.listener,
@@ -168,6 +168,7 @@ impl Shared {
                 })
                 .collect::<Vec<_>>()
         })?;
+        self.overrides.apply(&mut config);
         let problems = needs_restart(&current.config, &config);
         if !problems.is_empty() {
             return Err(problems);
