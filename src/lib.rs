@@ -64,4 +64,6 @@ pub mod threads;
 pub mod time;
 pub mod xml;
 
-pub use pump::{InjectReceipt, InjectRequest, Organism, OrganismBuilder};
+pub use pump::{
+    InjectError, InjectReceipt, InjectRequest, Organism, OrganismBuilder, ReloadError, ReloadReport,
+};

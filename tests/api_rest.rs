@@ -546,12 +546,15 @@ async fn pause_resume_and_kill_are_visible_in_rest() {
     let (st, o) = s.post("/api/v1/organism/resume", json!({})).await;
     assert_eq!((st, o["status"].as_str()), (200, Some("running")));
 
-    // Organism reload is refused clearly until hot reload exists; a native listener has
-    // nothing to reload.
-    let (st, e) = s.post("/api/v1/organism/reload", json!({})).await;
+    // An organism reload of an unchanged file changes nothing but the revision; a native
+    // listener has no script to reload.
+    let (st, r) = s.post("/api/v1/organism/reload", json!({})).await;
+    assert_eq!((st, r["rev"].as_u64()), (200, Some(2)), "{r}");
+    assert_eq!(r["unchanged"], json!(["a", "b", "c"]));
+    let (st, e) = s.post("/api/v1/organism/reload?if_rev=1", json!({})).await;
     assert_eq!(
         (st, e["error"]["code"].as_str()),
-        (501, Some("not_available"))
+        (409, Some("rev_mismatch"))
     );
     let (st, e) = s.post("/api/v1/agents/a/reload", json!({})).await;
     assert_eq!(

@@ -217,14 +217,27 @@ async fn commands_are_answered_with_their_request_id() {
     send_json(&mut ws, json!({"cmd": "resume", "request_id": "ro"})).await;
     read_until(&mut ws, answer("ro")).await;
 
+    // An organism reload: the ack carries the diff; a stale `if_rev` is refused.
     send_json(&mut ws, json!({"cmd": "reload", "request_id": 1})).await;
-    let e = read_until(&mut ws, |v| v["request_id"] == 1)
+    let a = read_until(&mut ws, |v| v["request_id"] == 1)
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(a["event"], "ack", "{a}");
+    assert_eq!(a["rev"], 2);
+    assert_eq!(a["unchanged"], json!(["a", "b", "c"]));
+    send_json(
+        &mut ws,
+        json!({"cmd": "reload", "request_id": 2, "if_rev": 1}),
+    )
+    .await;
+    let e = read_until(&mut ws, |v| v["request_id"] == 2)
         .await
         .pop()
         .unwrap();
     assert_eq!(
         (e["event"].as_str(), e["code"].as_str()),
-        (Some("error"), Some("not_available"))
+        (Some("error"), Some("rev_mismatch"))
     );
 
     send_json(&mut ws, json!({"cmd": "dance", "request_id": "d"})).await;
