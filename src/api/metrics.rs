@@ -252,13 +252,6 @@ pub fn render(state: &ApiState) -> String {
     }
     header(
         &mut out,
-        "agentserver_config_rev",
-        "gauge",
-        "The config revision running (moves with every successful reload).",
-    );
-    let _ = writeln!(out, "agentserver_config_rev {}", organism.info().config_rev);
-    header(
-        &mut out,
         "agentserver_config_stale",
         "gauge",
         "1 when the last reload was refused: the organism file differs from what runs.",
