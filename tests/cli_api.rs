@@ -189,3 +189,84 @@ fn inject_and_tail_explain_an_unreachable_server_and_exit_1() {
     let out = bin().args(["tail", "--url", "ftp://x"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn sighup_reloads_the_organism_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let xsd = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
+    std::fs::write(dir.path().join("t.xsd"), xsd).unwrap();
+    let one = "organism: { name: hup, store: memory }\nlisteners:\n  - {name: a, description: first, kind: native, handler: sink, schema: t.xsd}\n";
+    let path = dir.path().join("o.yaml");
+    std::fs::write(&path, one).unwrap();
+    let errors = dir.path().join("stderr.txt");
+    let mut run = bin();
+    run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .stderr(std::fs::File::create(&errors).unwrap());
+    let mut child = run.stdout(Stdio::piped()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let ready = line_matching(&lines, |l| l.starts_with("agentserver listening on "));
+    let url = ready
+        .trim_start_matches("agentserver listening on ")
+        .to_string();
+
+    std::fs::write(
+        &path,
+        format!("{one}  - {{name: b, description: added, kind: native, handler: sink, schema: t.xsd}}\n"),
+    )
+    .unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(&errors).unwrap_or_default();
+        if text.contains("agentserver: reloaded (rev") {
+            assert!(
+                text.contains("added [\"b\"]") || text.contains("unchanged"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reload on SIGHUP: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let agents: serde_json::Value = rt.block_on(async {
+        reqwest::get(format!("{url}/api/v1/agents"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    let list = agents.get("items").unwrap_or(&agents);
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["a", "b"]);
+    rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{url}/api/v1/organism/stop"))
+            .send()
+            .await
+            .unwrap()
+    });
+    assert_eq!(wait_exit(&mut child), Some(0));
+}
