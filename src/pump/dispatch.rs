@@ -77,6 +77,11 @@ struct Queue {
     retired: bool,
     /// The listener that replaced it (changed), or none (removed).
     successor: Option<Arc<Listener>>,
+    /// A successor not yet given its predecessor's work: it starts nothing until
+    /// [`Listener::inherit`], so no thread of the predecessor's can start here twice.
+    held: bool,
+    /// Threads the predecessor finished before [`Listener::inherit`] ran.
+    released_early: HashSet<Arc<str>>,
 }
 
 /// A snapshot of a listener's run-time state.
@@ -100,6 +105,17 @@ impl Listener {
             queue: Mutex::new(Queue::default()),
             stats: stats.unwrap_or_default(),
         }
+    }
+
+    /// A successor built by a reload: it takes work only once it has inherited.
+    pub(crate) fn successor_of(
+        config: ListenerConfig,
+        handler: Arc<dyn Handler>,
+        stats: Arc<ListenerStats>,
+    ) -> Self {
+        let l = Listener::new(config, handler, Some(stats));
+        l.lock().held = true;
+        l
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -159,23 +175,39 @@ impl Listener {
     /// still handled one message at a time.
     pub(crate) fn inherit(&self, from: Retired) {
         let mut q = self.lock();
+        q.held = false;
         q.failed = from.failed;
         q.paused = from.paused;
         q.waiting += from.waiting;
-        q.busy.extend(from.busy.iter().cloned());
-        for (thread, jobs) in from.jobs {
-            q.depth += jobs.len();
-            if !q.busy.contains(&thread) {
-                q.ready.push_back(thread.clone());
+        for thread in from.busy {
+            if !q.released_early.remove(&thread) {
+                q.busy.insert(thread);
             }
-            q.per_thread.entry(thread).or_default().extend(jobs);
+        }
+        q.released_early.clear();
+        // Routed here since the swap: behind the predecessor's jobs of the same thread, and
+        // not ready while the predecessor still handles that thread.
+        let busy = q.busy.clone();
+        q.ready.retain(|t| !busy.contains(t));
+        for (thread, mut jobs) in from.jobs {
+            q.depth += jobs.len();
+            let later = q.per_thread.remove(&thread);
+            let already_ready = later.is_some() && !busy.contains(&thread);
+            jobs.extend(later.into_iter().flatten());
+            q.per_thread.insert(thread.clone(), jobs);
+            if !already_ready && !busy.contains(&thread) {
+                q.ready.push_back(thread);
+            }
         }
     }
 
-    /// The predecessor finished its call for `thread`.
+    /// The predecessor finished its call for `thread` (possibly before this listener
+    /// inherited: then it is remembered, and not marked busy at inheritance).
     fn release_inherited(&self, thread: &Arc<str>) {
         let mut q = self.lock();
-        if q.busy.remove(thread) && q.per_thread.contains_key(thread) {
+        if q.held {
+            q.released_early.insert(thread.clone());
+        } else if q.busy.remove(thread) && q.per_thread.contains_key(thread) {
             q.ready.push_back(thread.clone());
         }
     }
@@ -244,7 +276,7 @@ impl Shared {
         let (start, change) = {
             let mut q = listener.lock();
             let change = self.note_state(listener, &mut q, None);
-            if q.paused || organism_paused {
+            if q.paused || q.held || organism_paused {
                 (0, change)
             } else {
                 let free = listener.config.concurrency.saturating_sub(q.workers);
@@ -302,7 +334,7 @@ impl Shared {
         loop {
             let (job, change) = {
                 let mut q = listener.lock();
-                let paused = q.paused || self.is_paused();
+                let paused = q.paused || q.held || self.is_paused();
                 let next = if paused { None } else { q.ready.pop_front() };
                 let Some(thread) = next else {
                     q.workers -= 1;

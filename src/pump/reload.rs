@@ -189,11 +189,10 @@ impl Shared {
             }
             match self.build_handler(lc) {
                 Ok(handler) => {
-                    let stats = current
-                        .listeners
-                        .get(lc.name.as_str())
-                        .map(|o| o.stats.clone());
-                    let listener = Listener::new(lc.clone(), handler, stats);
+                    let listener = match current.listeners.get(lc.name.as_str()) {
+                        Some(old) => Listener::successor_of(lc.clone(), handler, old.stats.clone()),
+                        None => Listener::new(lc.clone(), handler, None),
+                    };
                     built.insert(name, Arc::new(listener));
                 }
                 Err(message) => problems.push(ReloadProblem {
