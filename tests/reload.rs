@@ -428,3 +428,24 @@ async fn reload_under_continuous_load_loses_and_duplicates_nothing() {
     assert!(at_c.values().all(|n| *n == 1), "no duplicate");
     assert_eq!(r.organism.info().config_rev, 7);
 }
+
+#[tokio::test]
+async fn a_schema_that_appears_after_the_file_naming_it_is_picked_up() {
+    let r = rig(&format!("{A}{B}{C}")).await;
+    let mut events = r.organism.events().subscribe();
+    r.organism.watch_files(Duration::from_millis(50));
+    let late = "  - {name: late, description: typed later, kind: native, handler: sink, schema: late.xsd}\n";
+    r.save(&format!("{A}{B}{C}{late}"));
+    let (ok, error, _) = next_reload(&mut events).await;
+    assert!(!ok && error.unwrap_or_default().contains("late.xsd"));
+    // The schema arrives: the watch sees the directory change and reloads.
+    std::fs::write(
+        r.path("late.xsd"),
+        r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Late" type="xs:string"/></xs:schema>"#,
+    )
+    .unwrap();
+    let (ok, error, diff) = next_reload(&mut events).await;
+    assert!(ok, "{error:?}");
+    assert_eq!(diff.unwrap().added, vec!["late".to_string()]);
+    assert!(!r.organism.config_stale());
+}

@@ -473,6 +473,10 @@ impl Organism {
                     pending = Some(now);
                     continue;
                 }
+                // The state acted on: anything written from now on is a new change (a file
+                // may appear while this reload is refused for lacking it). If the reload
+                // brings new files under watch, the next tick's no-op reload settles that.
+                seen = now;
                 pending = None;
                 let o = organism.clone();
                 let result = tokio::task::spawn_blocking(move || o.reload_if_changed()).await;
@@ -482,8 +486,6 @@ impl Organism {
                     Ok(Err(e)) => tracing::warn!(error = %e, "organism reload failed"),
                     Err(e) => tracing::error!(error = %e, "organism reload panicked"),
                 }
-                // What the files are now, in the (possibly new) config's terms.
-                seen = stamps(&watched(&organism.config()));
             }
         });
     }
