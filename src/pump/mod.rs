@@ -270,6 +270,9 @@ pub(crate) struct Shared {
     reloads_failed: AtomicU64,
     /// Replies owed by external agents.
     waits: external::Waits,
+    /// [`Organism::wait_thread`] callers, woken when their thread stops being active.
+    thread_waiters:
+        std::sync::Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>>,
     /// The API's base URL once a server is bound (external agents' `callback_url`).
     api_base: Arc<std::sync::OnceLock<String>>,
 }
@@ -306,6 +309,15 @@ impl Shared {
     }
 
     fn publish_thread(&self, c: crate::threads::StatusChange) {
+        if c.status != ThreadStatus::Active {
+            let waiting = match self.thread_waiters.lock() {
+                Ok(mut w) => w.remove(c.thread_id.as_str()),
+                Err(p) => p.into_inner().remove(c.thread_id.as_str()),
+            };
+            for tx in waiting.into_iter().flatten() {
+                let _ = tx.send(c.status);
+            }
+        }
         self.events.publish(EventKind::ThreadUpdated {
             thread_id: c.thread_id,
             status: c.status,
@@ -444,6 +456,7 @@ impl OrganismBuilder {
             started_at: Timestamp::now(),
             config_rev: AtomicU64::new(1),
             waits: Default::default(),
+            thread_waiters: Default::default(),
             api_base: Arc::default(),
         });
         let mut listeners = HashMap::new();
@@ -970,25 +983,43 @@ impl Organism {
     }
 
     /// Waits until the thread is no longer active; returns its status (`None`: no such thread).
+    /// Each waiter is woken by its own thread's change only, so many waiters cost nothing per
+    /// event.
     pub async fn wait_thread(&self, id: &str) -> Option<ThreadStatus> {
-        let mut rx = self.shared.events.subscribe();
         loop {
             match self.shared.threads.status(id) {
                 Some(ThreadStatus::Active) => {}
                 other => return other,
             }
-            loop {
-                match rx.recv().await {
-                    Ok(ev) => {
-                        if let EventKind::ThreadUpdated { thread_id, .. } = &ev.kind {
-                            if thread_id == id {
-                                break;
-                            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            match self.shared.thread_waiters.lock() {
+                Ok(mut w) => w.entry(id.to_string()).or_default().push(tx),
+                Err(p) => p.into_inner().entry(id.to_string()).or_default().push(tx),
+            }
+            // It may have settled between the check and the registration: then withdraw.
+            match self.shared.threads.status(id) {
+                Some(ThreadStatus::Active) => {}
+                other => {
+                    drop(rx);
+                    let mut w = match self.shared.thread_waiters.lock() {
+                        Ok(w) => w,
+                        Err(p) => p.into_inner(),
+                    };
+                    if let Some(list) = w.get_mut(id) {
+                        list.retain(|tx| !tx.is_closed());
+                        if list.is_empty() {
+                            w.remove(id);
                         }
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                        return self.shared.threads.status(id)
+                    return other;
+                }
+            }
+            match rx.await {
+                Ok(status) if status != ThreadStatus::Active => return Some(status),
+                // Dropped (the organism went away) or reactivated: look again.
+                _ => {
+                    if self.status() == OrganismStatus::Stopped {
+                        return self.shared.threads.status(id);
                     }
                 }
             }
