@@ -120,6 +120,9 @@ fn text(value: &Value) -> Message {
     Message::Text(Utf8Bytes::from(value.to_string()))
 }
 
+/// Frames written to a client's socket per flush, at most.
+const WRITE_BATCH: usize = 256;
+
 impl Session {
     async fn run(
         socket: WebSocket,
@@ -136,10 +139,31 @@ impl Session {
         let writer_queued = queued.clone();
         let write_timeout = options.heartbeat * 2;
         let mut writer = tokio::spawn(async move {
-            while let Some(msg) = rx.recv().await {
-                let len = frame_len(&msg);
-                let closing = matches!(msg, Message::Close(_));
-                let sent = tokio::time::timeout(write_timeout, sink.send(msg)).await;
+            // Frames already queued go out together: fed one by one, flushed (written to the
+            // socket) once, so a busy client costs one write per batch, not per frame.
+            let mut batch = Vec::with_capacity(WRITE_BATCH);
+            while let Some(first) = rx.recv().await {
+                batch.push(first);
+                while batch.len() < WRITE_BATCH {
+                    match rx.try_recv() {
+                        Ok(msg) => batch.push(msg),
+                        Err(_) => break,
+                    }
+                }
+                let len: usize = batch.iter().map(frame_len).sum();
+                let closing = batch.iter().any(|m| matches!(m, Message::Close(_)));
+                let frames = std::mem::take(&mut batch);
+                let sent = tokio::time::timeout(write_timeout, async {
+                    for msg in frames {
+                        let last = matches!(msg, Message::Close(_));
+                        sink.feed(msg).await?;
+                        if last {
+                            break;
+                        }
+                    }
+                    sink.flush().await
+                })
+                .await;
                 writer_queued.fetch_sub(len, Ordering::Relaxed);
                 if !matches!(sent, Ok(Ok(()))) || closing {
                     break;
@@ -179,6 +203,17 @@ impl Session {
         }
         let mut live = sub.live;
 
+        // The client's frames are read by their own task: polling the socket from the loop
+        // below would try a read (and prepare a read buffer) for every event offered.
+        let (in_tx, mut incoming) = mpsc::channel::<Option<Message>>(16);
+        let reader = tokio::spawn(async move {
+            while let Some(Ok(msg)) = stream.next().await {
+                if in_tx.send(Some(msg)).await.is_err() {
+                    return;
+                }
+            }
+            let _ = in_tx.send(None).await;
+        });
         let reserve_tx = tx.clone();
         drop(tx);
         let closing = state.inner.closing.clone();
@@ -200,13 +235,13 @@ impl Session {
                     Err(broadcast::error::RecvError::Lagged(n)) => session.lost(n),
                     Err(broadcast::error::RecvError::Closed) => break,
                 },
-                incoming = stream.next() => match incoming {
-                    Some(Ok(Message::Text(t))) => {
+                frame = incoming.recv() => match frame {
+                    Some(Some(Message::Text(t))) => {
                         last_heard = Instant::now();
                         session.command(t.as_str()).await;
                     }
-                    Some(Ok(Message::Close(_))) | Some(Err(_)) | None => break,
-                    Some(Ok(_)) => last_heard = Instant::now(),
+                    Some(Some(Message::Close(_))) | Some(None) | None => break,
+                    Some(Some(_)) => last_heard = Instant::now(),
                 },
                 permit = reserve_tx.reserve(), if session.dropped.is_some() => {
                     if let (Ok(permit), Some(d)) = (permit, session.dropped.take()) {
@@ -228,6 +263,7 @@ impl Session {
                 }
             }
         }
+        reader.abort();
         drop(session);
         drop(reserve_tx);
         if !writer_done {
