@@ -10,6 +10,8 @@
 //! - `lua`: the same chain with Lua handlers.
 //! - `fanout`: one payload broadcast to 8 listeners (copies counted as deliveries).
 //! - `ws50`: `chain` while 50 `/ws/messages` clients read every message.
+//! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
+//!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
 
 use std::time::{Duration, Instant};
 
@@ -185,9 +187,45 @@ async fn run(
     }))
 }
 
+/// Start-up to ready: load, check, compile, start every listener, bind and serve the API.
+async fn startup() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("organisms/hello-world.yaml");
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let started = Instant::now();
+        let mut config =
+            agentserver::config::load_file(&path, &["sink", "echo", "forward", "template"])?;
+        config.store = None;
+        let organism = Organism::builder().build(config)?;
+        let server =
+            ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
+        times.push(started.elapsed());
+        organism.stop().await;
+        server.shutdown().await;
+    }
+    let mut t = Latencies(times);
+    println!(
+        "startup to ready (hello-world.yaml, 10 runs): p50 {:.1} ms, max {:.1} ms",
+        t.ms(0.5),
+        t.ms(1.0)
+    );
+    println!(
+        "{}",
+        json!({"workload": "startup", "p50_ms": t.ms(0.5), "max_ms": t.ms(1.0)})
+    );
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map(String::as_str).unwrap_or("all");
+    if which == "startup" {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        return rt.block_on(startup());
+    }
     let threads: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
     let workloads: Vec<&str> = match which {
         "all" => vec!["chain", "chain-memory", "lua", "fanout", "ws50"],
