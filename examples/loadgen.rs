@@ -10,6 +10,9 @@
 //! - `lua`: the same chain with Lua handlers.
 //! - `fanout`: one payload broadcast to 8 listeners (copies counted as deliveries).
 //! - `ws50`: `chain` while 50 `/ws/messages` clients read every message.
+//! - `rest`: REST inject closed-loop latency (POST `/api/v1/inject` → 202 → thread
+//!   completed) through the HTTP stack, one request at a time, while the `chain` organism
+//!   carries half of its measured peak from in-process injectors.
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
 
@@ -187,6 +190,79 @@ async fn run(
     }))
 }
 
+/// Workload (d): REST latency at half of peak load.
+async fn rest(threads: usize) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("t.xsd"), XSD)?;
+    let path = dir.path().join("o.yaml");
+    std::fs::write(&path, organism_yaml("chain"))?;
+    let organism = Organism::builder().load(&path)?;
+    let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
+    let url = format!("http://{}/api/v1/inject", server.local_addr());
+
+    // Peak, closed loop; then half of it as background load, paced every millisecond (coarser
+    // bursts would queue the measured request behind a burst).
+    let (peak_hops, _) = drive(&organism, threads / 2 + 1, 3).await?;
+    let per_tick = ((peak_hops / 3.0 / 2.0) / 1000.0).max(1.0) as usize;
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let background = {
+        let (o, running) = (organism.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut n = 0usize;
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                for _ in 0..per_tick {
+                    let _ = o.inject(InjectRequest {
+                        from: "api".into(),
+                        to: "a".into(),
+                        payload_xml: payload(n),
+                        thread_id: None,
+                    });
+                    n += 1;
+                }
+            }
+            n
+        })
+    };
+
+    let http = reqwest::Client::new();
+    let samples = (threads / 10).max(100);
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let started = Instant::now();
+        let r = http
+            .post(&url)
+            .json(&json!({"to": "a", "payload_xml": payload(i)}))
+            .send()
+            .await?;
+        if r.status().as_u16() != 202 {
+            return Err(format!("inject answered {}", r.status()).into());
+        }
+        let receipt: serde_json::Value = r.json().await?;
+        let thread = receipt["thread_id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        organism.wait_thread(&thread).await;
+        latencies.push(started.elapsed());
+    }
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    let injected = background.await?;
+    organism.stop().await;
+    server.shutdown().await;
+    let mut lat = Latencies(latencies);
+    Ok(json!({
+        "workload": "rest",
+        "peak_hops_per_s": peak_hops.round(),
+        "background_threads_per_s": per_tick * 1000,
+        "background_injected": injected,
+        "samples": samples,
+        "latency_ms": {"p50": lat.ms(0.5), "p90": lat.ms(0.9), "p99": lat.ms(0.99), "max": lat.ms(1.0)},
+    }))
+}
+
 /// Start-up to ready: load, check, compile, start every listener, bind and serve the API.
 async fn startup() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("organisms/hello-world.yaml");
@@ -219,12 +295,25 @@ async fn startup() -> Result<(), Box<dyn std::error::Error>> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let which = args.first().map(String::as_str).unwrap_or("all");
-    if which == "startup" {
+    if which == "startup" || which == "rest" {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()?;
-        return rt.block_on(startup());
+        if which == "startup" {
+            return rt.block_on(startup());
+        }
+        let threads: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
+        let r = rt.block_on(rest(threads))?;
+        let l = &r["latency_ms"];
+        println!(
+            "rest: {} samples at {} background threads/s (half of peak {} hops/s): p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+            r["samples"], r["background_threads_per_s"], r["peak_hops_per_s"],
+            l["p50"].as_f64().unwrap_or(0.0), l["p90"].as_f64().unwrap_or(0.0),
+            l["p99"].as_f64().unwrap_or(0.0), l["max"].as_f64().unwrap_or(0.0)
+        );
+        println!("{r}");
+        return Ok(());
     }
     let threads: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
     let workloads: Vec<&str> = match which {
