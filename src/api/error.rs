@@ -154,6 +154,15 @@ impl From<InjectError> for ApiError {
     }
 }
 
+/// A body that could not be read: too large (413) or broken (400).
+pub fn body_unreadable(e: axum::extract::rejection::BytesRejection) -> ApiError {
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
+    } else {
+        ApiError::bad_request(format!("cannot read the body: {}", e.body_text()))
+    }
+}
+
 /// A JSON request body: `Content-Type: application/json` required (415 otherwise), size
 /// limited (413), and parse errors answered with their line and column (400).
 pub struct JsonBody<T>(pub T);
@@ -187,13 +196,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
         }
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(|e| {
-                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
-                } else {
-                    ApiError::bad_request(format!("cannot read the body: {}", e.body_text()))
-                }
-            })?;
+            .map_err(body_unreadable)?;
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,

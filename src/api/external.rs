@@ -7,7 +7,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
 use serde::Deserialize;
 
-use super::error::{ApiError, ErrorResponse, Params};
+use super::error::{body_unreadable, ApiError, ErrorResponse, Params};
 use super::ApiState;
 use crate::pump::{ExternalReply, ReplyError, ReplyReceipt};
 
@@ -89,13 +89,7 @@ pub async fn external_reply(
     headers: HeaderMap,
     body: Result<Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<(StatusCode, Json<ReplyReceipt>), ApiError> {
-    let body = body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", e.body_text())
-        } else {
-            ApiError::bad_request(format!("cannot read the body: {}", e.body_text()))
-        }
-    })?;
+    let body = body.map_err(body_unreadable)?;
     let text = std::str::from_utf8(&body).map_err(|e| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

@@ -282,6 +282,14 @@ const STATUS_STOPPING: u8 = 1;
 const STATUS_STOPPED: u8 = 2;
 
 impl Shared {
+    /// Puts `next` in service: routing reads it from the next snapshot on.
+    pub(crate) fn set_topology(&self, next: Arc<Topology>) {
+        match self.topology.write() {
+            Ok(mut t) => *t = next,
+            Err(p) => *p.into_inner() = next,
+        }
+    }
+
     /// The listeners in service now.
     pub(crate) fn topo(&self) -> Arc<Topology> {
         match self.topology.read() {
@@ -472,22 +480,11 @@ impl OrganismBuilder {
             listeners.insert(lc.name.clone(), l.clone());
             order.push(l);
         }
-        match shared.topology.write() {
-            Ok(mut t) => {
-                *t = Arc::new(Topology {
-                    config,
-                    listeners,
-                    order,
-                })
-            }
-            Err(p) => {
-                *p.into_inner() = Arc::new(Topology {
-                    config,
-                    listeners,
-                    order,
-                })
-            }
-        }
+        shared.set_topology(Arc::new(Topology {
+            config,
+            listeners,
+            order,
+        }));
         let organism = Organism { shared };
         organism.start_retention();
         organism.watch_store_health();

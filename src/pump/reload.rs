@@ -244,10 +244,7 @@ impl Shared {
             listeners,
             order,
         });
-        match self.topology.write() {
-            Ok(mut t) => *t = next.clone(),
-            Err(p) => *p.into_inner() = next.clone(),
-        }
+        self.set_topology(next);
         for name in &report.changed {
             let (Some(old), Some(new)) = (current.listeners.get(name.as_str()), built.get(name))
             else {
