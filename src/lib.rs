@@ -60,6 +60,7 @@ pub mod pump;
 pub mod schema;
 pub mod stats;
 pub mod store;
+mod sync;
 pub mod threads;
 pub mod time;
 pub mod xml;

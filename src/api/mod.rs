@@ -130,14 +130,10 @@ impl ApiState {
 
     /// Refused requests by status.
     fn refused(&self) -> Vec<(u16, u64)> {
-        match self.inner.refused.lock() {
-            Ok(g) => g.iter().map(|(k, v)| (*k, *v)).collect(),
-            Err(poisoned) => poisoned
-                .into_inner()
-                .iter()
-                .map(|(k, v)| (*k, *v))
-                .collect(),
-        }
+        crate::sync::lock(&self.inner.refused)
+            .iter()
+            .map(|(k, v)| (*k, *v))
+            .collect()
     }
 
     fn count_dropped(&self, ep: Endpoint, n: u64) {
@@ -249,10 +245,7 @@ async fn record_refusals(
     let status = response.status();
     if status.is_client_error() || status.is_server_error() {
         tracing::info!(%method, %path, status = status.as_u16(), "API request refused");
-        let mut refused = match state.inner.refused.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut refused = crate::sync::lock(&state.inner.refused);
         *refused.entry(status.as_u16()).or_default() += 1;
     }
     response

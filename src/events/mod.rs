@@ -273,10 +273,7 @@ impl EventHub {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        match self.inner.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        crate::sync::lock(&self.inner)
     }
 
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.

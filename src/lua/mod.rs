@@ -79,17 +79,11 @@ impl OutputTargets {
     /// Points every Lua listener at `config`'s listeners.
     pub fn set(&self, config: &OrganismConfig) {
         let next = Arc::new(Targets::of(config));
-        match self.0.write() {
-            Ok(mut t) => *t = next,
-            Err(p) => *p.into_inner() = next,
-        }
+        *crate::sync::write(&self.0) = next;
     }
 
     fn current(&self) -> Arc<Targets> {
-        match self.0.read() {
-            Ok(t) => t.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        crate::sync::read(&self.0).clone()
     }
 }
 
@@ -238,10 +232,7 @@ fn sandbox_thread(
     };
     loop {
         let job = {
-            let guard = match rx.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+            let guard = crate::sync::lock(&rx);
             match guard.recv() {
                 Ok(job) => job,
                 Err(_) => return, // the pool was replaced or dropped
@@ -348,10 +339,7 @@ impl LuaHandler {
 
 impl Inner {
     fn current(&self) -> Arc<Pool> {
-        match self.pool.read() {
-            Ok(p) => p.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        crate::sync::read(&self.pool).clone()
     }
 
     fn reload_script(&self) -> Result<(), String> {
@@ -363,10 +351,7 @@ impl Inner {
             limits: self.limits,
         };
         let pool = Pool::start(spec, self.concurrency)?;
-        match self.pool.write() {
-            Ok(mut p) => *p = Arc::new(pool),
-            Err(p) => *p.into_inner() = Arc::new(pool),
-        }
+        *crate::sync::write(&self.pool) = Arc::new(pool);
         self.stats.reloads.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -182,10 +182,7 @@ impl Sandbox {
                 log.set(
                     level,
                     lua.create_function(move |_, message: LuaString| {
-                        let mut lines = match logs.lock() {
-                            Ok(g) => g,
-                            Err(p) => p.into_inner(),
-                        };
+                        let mut lines = crate::sync::lock(&logs);
                         if lines.len() < MAX_LOG_LINES {
                             let text = message.to_string_lossy();
                             let text = if text.len() > MAX_LOG_BYTES {

@@ -119,10 +119,7 @@ impl Listener {
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
-        match self.queue.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        crate::sync::lock(&self.queue)
     }
 
     pub(crate) fn name(&self) -> &str {

@@ -42,10 +42,7 @@ pub(crate) struct Waits {
 
 impl Waits {
     fn lock(&self) -> MutexGuard<'_, OpenWaits> {
-        match self.open.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+        crate::sync::lock(&self.open)
     }
 
     /// Removes one wait: the one with `id`, or (with `None`) the one answering `message`

@@ -62,10 +62,7 @@ impl Gate {
     }
 
     fn lock(&self) -> MutexGuard<'_, Waiters> {
-        match self.queue.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        crate::sync::lock(&self.queue)
     }
 
     fn try_take(&self) -> bool {

@@ -284,18 +284,12 @@ const STATUS_STOPPED: u8 = 2;
 impl Shared {
     /// Puts `next` in service: routing reads it from the next snapshot on.
     pub(crate) fn set_topology(&self, next: Arc<Topology>) {
-        match self.topology.write() {
-            Ok(mut t) => *t = next,
-            Err(p) => *p.into_inner() = next,
-        }
+        *crate::sync::write(&self.topology) = next;
     }
 
     /// The listeners in service now.
     pub(crate) fn topo(&self) -> Arc<Topology> {
-        match self.topology.read() {
-            Ok(t) => t.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        crate::sync::read(&self.topology).clone()
     }
 
     fn is_paused(&self) -> bool {
@@ -318,10 +312,7 @@ impl Shared {
 
     fn publish_thread(&self, c: crate::threads::StatusChange) {
         if c.status != ThreadStatus::Active {
-            let waiting = match self.thread_waiters.lock() {
-                Ok(mut w) => w.remove(c.thread_id.as_str()),
-                Err(p) => p.into_inner().remove(c.thread_id.as_str()),
-            };
+            let waiting = crate::sync::lock(&self.thread_waiters).remove(c.thread_id.as_str());
             for tx in waiting.into_iter().flatten() {
                 let _ = tx.send(c.status);
             }
@@ -989,19 +980,16 @@ impl Organism {
                 other => return other,
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            match self.shared.thread_waiters.lock() {
-                Ok(mut w) => w.entry(id.to_string()).or_default().push(tx),
-                Err(p) => p.into_inner().entry(id.to_string()).or_default().push(tx),
-            }
+            crate::sync::lock(&self.shared.thread_waiters)
+                .entry(id.to_string())
+                .or_default()
+                .push(tx);
             // It may have settled between the check and the registration: then withdraw.
             match self.shared.threads.status(id) {
                 Some(ThreadStatus::Active) => {}
                 other => {
                     drop(rx);
-                    let mut w = match self.shared.thread_waiters.lock() {
-                        Ok(w) => w,
-                        Err(p) => p.into_inner(),
-                    };
+                    let mut w = crate::sync::lock(&self.shared.thread_waiters);
                     if let Some(list) = w.get_mut(id) {
                         list.retain(|tx| !tx.is_closed());
                         if list.is_empty() {

@@ -378,10 +378,7 @@ impl Organism {
         only_if_changed: bool,
     ) -> Result<Option<ReloadReport>, ReloadError> {
         let s = &self.shared;
-        let _one_at_a_time = match s.reload_lock.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let _one_at_a_time = crate::sync::lock(&s.reload_lock);
         if s.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
             return Err(ReloadError::Stopping);
         }

@@ -362,10 +362,7 @@ impl Store {
         if !self.health.failed.load(Ordering::Relaxed) {
             return None;
         }
-        match self.health.last_error.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
+        crate::sync::lock(&self.health.last_error).clone()
     }
 
     /// Operations waiting for the writer.
@@ -445,10 +442,7 @@ impl Store {
         &self,
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
-        let mut conn = match self.reader.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut conn = crate::sync::lock(&self.reader);
         let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
         let out = f(&tx).map_err(|e| err(&self.path, e))?;
         tx.commit().map_err(|e| err(&self.path, e))?;
@@ -676,10 +670,7 @@ impl Store {
         max_messages: Option<u64>,
         max_age: Option<Duration>,
     ) -> Result<u64, StoreError> {
-        let mut conn = match self.reader.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
+        let mut conn = crate::sync::lock(&self.reader);
         let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
         let mut deleted = 0u64;
         let inactive = "status != 'active'";

@@ -7,7 +7,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::sync::lock;
 
 use serde::{Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
@@ -290,13 +292,6 @@ pub fn valid_thread_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
-    }
 }
 
 impl ThreadRegistry {
