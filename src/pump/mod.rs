@@ -653,12 +653,13 @@ impl Organism {
     /// The organism's identity and counters.
     pub fn info(&self) -> OrganismInfo {
         let s = &self.shared;
+        let topo = s.topo();
         OrganismInfo {
-            name: s.topo().config.name.clone(),
+            name: topo.config.name.clone(),
             status: self.status(),
             uptime_seconds: s.started.elapsed().as_secs(),
             started_at: s.started_at,
-            agent_count: s.topo().order.len(),
+            agent_count: topo.order.len(),
             active_threads: s.threads.active_count(),
             total_messages: s.earlier_messages + s.threads.total_messages(),
             pending_messages: self.pending(),

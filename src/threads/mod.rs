@@ -9,12 +9,11 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-use crate::sync::lock;
-
 use serde::{Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
 
 use crate::schema::Schema;
+use crate::sync::lock;
 use crate::time::Timestamp;
 
 mod query;
