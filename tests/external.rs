@@ -497,3 +497,40 @@ async fn caller_chosen_thread_ids_are_kept_and_invalid_ones_refused() {
         assert_eq!(body["error"]["code"], "invalid_thread_id");
     }
 }
+
+#[tokio::test]
+async fn removing_a_waiting_agent_by_reload_fails_what_it_owed() {
+    let mut agent = agent(Answer::Status(200)).await;
+    let s = served(&agent.url, "", "").await;
+    let asked = s.inject_into("t-removed").await;
+    agent.next().await;
+    until(&s.organism, || {
+        s.organism.agent("ext").map(|a| a.state).ok()
+            == Some(agentserver::events::AgentState::Waiting)
+    })
+    .await;
+    // Rewrite the organism without `ext`.
+    let path = s.organism.config().source.clone().unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let kept: Vec<&str> = text.lines().filter(|l| !l.contains("name: ext")).collect();
+    std::fs::write(&path, kept.join("\n")).unwrap();
+    let r = s.organism.reload(None).unwrap();
+    assert_eq!(r.removed, vec!["ext".to_string()]);
+    assert_eq!(
+        settle(&s.organism, "t-removed").await,
+        agentserver::threads::ThreadStatus::Error
+    );
+    let m = messages(&s.organism, "t-removed")
+        .into_iter()
+        .find(|m| *m.id == *asked)
+        .unwrap();
+    assert_eq!(m.status, MessageStatus::Failed);
+    assert!(m.error.unwrap().contains("removed by a reload"));
+    let (status, body) = s
+        .reply("ext", "t-removed", Some(TOKEN), "<Pong><n>1</n></Pong>")
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_agent"))
+    );
+}

@@ -69,35 +69,15 @@ impl Waits {
             .contains_key(&(Arc::from(agent), Arc::from(thread)))
     }
 
-    /// Removes every wait owed by `agent`, returning the messages awaited.
-    fn take_agent(&self, agent: &str) -> Vec<MessageRecord> {
-        let mut open = self.lock();
-        let keys: Vec<(Arc<str>, Arc<str>)> = open
-            .keys()
-            .filter(|(a, _)| &**a == agent)
-            .cloned()
-            .collect();
-        keys.into_iter()
-            .filter_map(|k| open.remove(&k))
-            .flat_map(|q| q.into_iter().map(|w| w.record))
+    /// Removes every wait whose (agent, thread) is `which`: each with its agent and the
+    /// message it awaited.
+    fn take_all(&self, which: impl Fn(&str, &str) -> bool) -> Vec<(Arc<str>, MessageRecord)> {
+        self.lock()
+            .extract_if(|(agent, thread), _| which(agent, thread))
+            .flat_map(|((agent, _), waits)| {
+                waits.into_iter().map(move |w| (agent.clone(), w.record))
+            })
             .collect()
-    }
-
-    /// Removes every wait of `thread`, returning the agents they were owed by.
-    fn take_thread(&self, thread: &str) -> Vec<Arc<str>> {
-        let mut open = self.lock();
-        let keys: Vec<(Arc<str>, Arc<str>)> = open
-            .keys()
-            .filter(|(_, t)| &**t == thread)
-            .cloned()
-            .collect();
-        let mut agents = Vec::new();
-        for key in keys {
-            if let Some(q) = open.remove(&key) {
-                agents.extend(std::iter::repeat_n(key.0.clone(), q.len()));
-            }
-        }
-        agents
     }
 }
 
@@ -232,14 +212,14 @@ impl Shared {
 
     /// A killed thread owes no replies any more.
     pub(crate) fn drop_waits(&self, thread: &str) {
-        for agent in self.waits.take_thread(thread) {
+        for (agent, _) in self.waits.take_all(|_, t| t == thread) {
             self.end_wait(&agent, thread);
         }
     }
 
     /// An agent removed by a reload owes no replies any more: each awaited message fails.
     pub(crate) fn drop_agent_waits(self: &Arc<Self>, agent: &str) {
-        for record in self.waits.take_agent(agent) {
+        for (_, record) in self.waits.take_all(|a, _| a == agent) {
             self.fail_message(
                 &record,
                 FailureKind::Undeliverable,
