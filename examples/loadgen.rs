@@ -94,15 +94,23 @@ fn ceiling(n: usize) -> Result<f64, Box<dyn std::error::Error>> {
     Ok(best)
 }
 
+/// Injects `threads` threads, at most [`WINDOW`] in flight, and waits for each to complete.
+/// With `pace` (threads/s) the injections are spread evenly over time instead of as fast as
+/// the window allows.
 async fn drive(
     organism: &Organism,
     threads: usize,
     hops_per_thread: usize,
+    pace: Option<f64>,
 ) -> Result<(f64, Latencies), Box<dyn std::error::Error>> {
     let mut latencies = Vec::with_capacity(threads);
     let started = Instant::now();
     let mut in_flight = tokio::task::JoinSet::new();
     for i in 0..threads {
+        if let Some(pace) = pace {
+            let due = started + Duration::from_secs_f64(i as f64 / pace);
+            tokio::time::sleep_until(due.into()).await;
+        }
         while in_flight.len() >= WINDOW {
             if let Some(r) = in_flight.join_next().await {
                 latencies.push(r?);
@@ -138,6 +146,7 @@ async fn drive(
 async fn run(
     workload: &str,
     threads: usize,
+    pace: Option<f64>,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     // The ceiling first, on a quiet machine (no organism, no store writer yet).
     let ceiling = ceiling(threads)?;
@@ -159,35 +168,110 @@ async fn run(
             let (mut ws, _) = tokio_tungstenite::connect_async(&url).await?;
             readers.push(tokio::spawn(async move {
                 use futures_util::StreamExt;
-                let mut frames = 0u64;
-                while let Some(Ok(_)) = ws.next().await {
-                    frames += 1;
+                let mut check = OrderCheck::default();
+                while let Some(Ok(frame)) = ws.next().await {
+                    if let tokio_tungstenite::tungstenite::Message::Text(t) = frame {
+                        check.frame(&t);
+                    }
                 }
-                frames
+                check
             }));
         }
         server = Some(s);
     }
 
     // Warm up, then measure.
-    drive(&organism, threads / 10 + 1, hops).await?;
-    let (rate, mut lat) = drive(&organism, threads, hops).await?;
+    drive(&organism, threads / 10 + 1, hops, pace).await?;
+    let (rate, mut lat) = drive(&organism, threads, hops, pace).await?;
+    let logged = organism.info().total_messages;
     organism.stop().await;
     if let Some(s) = server {
         s.shutdown().await;
     }
-    for r in readers {
-        let _ = r.await;
+    // Every reader sees message frames in `seq` order; a message it did not receive must be
+    // inside a gap the server announced with a `dropped` frame (observers never slow the pump).
+    let mut subscribers = None;
+    if !readers.is_empty() {
+        let mut checks = Vec::new();
+        for r in readers {
+            checks.push(r.await?);
+        }
+        if let Some(bad) = checks
+            .iter()
+            .find(|c| c.out_of_order > 0 || c.messages + c.dropped < logged)
+        {
+            return Err(format!(
+                "a ws reader lost messages silently or saw them out of order: logged {logged}, \
+                 received {}, announced dropped {}, out of order {}",
+                bad.messages, bad.dropped, bad.out_of_order
+            )
+            .into());
+        }
+        let received: Vec<f64> = checks
+            .iter()
+            .map(|c| c.messages as f64 / logged.max(1) as f64)
+            .collect();
+        let min = received.iter().cloned().fold(1.0, f64::min);
+        let mean = received.iter().sum::<f64>() / received.len() as f64;
+        subscribers = Some(json!({
+            "readers": checks.len(),
+            "messages_logged": logged,
+            "in_order": true,
+            "received_fraction_min": (min * 1000.0).round() / 1000.0,
+            "received_fraction_mean": (mean * 1000.0).round() / 1000.0,
+        }));
     }
     Ok(json!({
         "workload": workload,
         "threads": threads,
+        "paced_threads_per_s": pace,
         "hops_per_thread": hops,
         "hops_per_s": rate.round(),
         "latency_ms": {"p50": lat.ms(0.5), "p90": lat.ms(0.9), "p99": lat.ms(0.99), "max": lat.ms(1.0)},
         "ceiling_validations_per_s": ceiling.round(),
         "ratio_to_ceiling": (rate / ceiling * 1000.0).round() / 1000.0,
+        "subscribers": subscribers,
     }))
+}
+
+/// The unsigned integer right after `key` in a JSON text (0 when absent).
+fn number_after(text: &str, key: &str) -> u64 {
+    text.split_once(key)
+        .map(|(_, rest)| {
+            rest.bytes()
+                .take_while(u8::is_ascii_digit)
+                .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'))
+        })
+        .unwrap_or(0)
+}
+
+/// What one `/ws/messages` reader saw: message frames, frames whose `seq` did not follow the
+/// previous one upward, and the messages `dropped` frames announced. Reads `seq` without parsing the whole frame, so
+/// the checking costs the readers little.
+#[derive(Default)]
+struct OrderCheck {
+    messages: u64,
+    out_of_order: u64,
+    dropped: u64,
+    last_seq: u64,
+}
+
+impl OrderCheck {
+    fn frame(&mut self, text: &str) {
+        if text.starts_with(r#"{"event":"dropped""#) {
+            self.dropped += number_after(text, r#""count":"#);
+            return;
+        }
+        if !text.starts_with(r#"{"event":"message""#) {
+            return;
+        }
+        let seq = number_after(text, r#""seq":"#);
+        if seq <= self.last_seq {
+            self.out_of_order += 1;
+        }
+        self.last_seq = seq;
+        self.messages += 1;
+    }
 }
 
 /// Workload (d): REST latency at half of peak load.
@@ -202,7 +286,7 @@ async fn rest(threads: usize) -> Result<serde_json::Value, Box<dyn std::error::E
 
     // Peak, closed loop; then half of it as background load, paced every millisecond (coarser
     // bursts would queue the measured request behind a burst).
-    let (peak_hops, _) = drive(&organism, threads / 2 + 1, 3).await?;
+    let (peak_hops, _) = drive(&organism, threads / 2 + 1, 3, None).await?;
     let per_tick = ((peak_hops / 3.0 / 2.0) / 1000.0).max(1.0) as usize;
     let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let background = {
@@ -292,47 +376,299 @@ async fn startup() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let which = args.first().map(String::as_str).unwrap_or("all");
-    if which == "startup" || which == "rest" {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?;
-        if which == "startup" {
-            return rt.block_on(startup());
+/// Memory: the `chain` organism with the store on and retention keeping 100,000 messages,
+/// driven through 5M logged messages; the resident set size is read after each million.
+async fn rss() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("t.xsd"), XSD)?;
+    let path = dir.path().join("o.yaml");
+    let yaml = organism_yaml("chain").replace(
+        "store: data.db }",
+        "store: data.db, store_retention: { max_messages: 100000 } }",
+    );
+    std::fs::write(&path, yaml)?;
+    let organism = Organism::builder().load(&path)?;
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    for million in 1..=5u64 {
+        // Each thread logs three messages (inject, a → b, b → c).
+        while organism.info().total_messages < million * 1_000_000 {
+            drive(&organism, 10_000, 3, None).await?;
         }
-        let threads: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
-        let r = rt.block_on(rest(threads))?;
-        let l = &r["latency_ms"];
+        let kib = resident_kib()?;
         println!(
-            "rest: {} samples at {} background threads/s (half of peak {} hops/s): p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
-            r["samples"], r["background_threads_per_s"], r["peak_hops_per_s"],
-            l["p50"].as_f64().unwrap_or(0.0), l["p90"].as_f64().unwrap_or(0.0),
-            l["p99"].as_f64().unwrap_or(0.0), l["max"].as_f64().unwrap_or(0.0)
+            "{million}M messages: RSS {:.1} MiB ({:.0} s)",
+            kib as f64 / 1024.0,
+            started.elapsed().as_secs_f64()
         );
-        println!("{r}");
-        return Ok(());
+        samples.push(kib);
     }
-    let threads: usize = args.get(1).and_then(|n| n.parse().ok()).unwrap_or(20_000);
-    let workloads: Vec<&str> = match which {
-        "all" => vec!["chain", "chain-memory", "lua", "fanout", "ws50"],
-        w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50") => vec![w],
-        other => {
-            return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all)"
-            )
-            .into())
-        }
+    organism.stop().await;
+    let (first, last) = (samples[0] as f64, samples[samples.len() - 1] as f64);
+    Ok(json!({
+        "workload": "rss",
+        "retention_max_messages": 100_000,
+        "rss_mib_per_million": samples.iter().map(|k| (*k as f64 / 1024.0 * 10.0).round() / 10.0).collect::<Vec<_>>(),
+        "growth_1m_to_5m": ((last - first) / first * 1000.0).round() / 1000.0,
+    }))
+}
+
+/// This process's resident set size in KiB (Linux `/proc/self/status`).
+fn resident_kib() -> Result<u64, Box<dyn std::error::Error>> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| "no VmRSS in /proc/self/status".into())
+}
+
+/// A running server: closed-loop REST injects (`--concurrency` at once) against `--url`, each
+/// timed from the POST to its thread's `thread_updated` event with a final status on `/ws`.
+async fn remote(
+    base: &str,
+    to: &str,
+    payload: &str,
+    threads: usize,
+    concurrency: usize,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    use futures_util::StreamExt;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use tokio::sync::oneshot;
+
+    enum Seen {
+        Done,
+        Waiting(oneshot::Sender<()>),
+    }
+    let base = base.trim_end_matches('/');
+    let ws_url = format!(
+        "{}/ws?events=thread_updated",
+        base.replacen("http", "ws", 1)
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(&ws_url).await?;
+    let seen: Arc<Mutex<HashMap<String, Seen>>> = Arc::default();
+    let reader = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(frame)) = ws.next().await {
+                let tokio_tungstenite::tungstenite::Message::Text(t) = frame else {
+                    continue;
+                };
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(&t) else {
+                    continue;
+                };
+                if v["event"] != "thread_updated" || v["status"] == "active" {
+                    continue;
+                }
+                let Some(id) = v["thread_id"].as_str() else {
+                    continue;
+                };
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                match seen.remove(id) {
+                    Some(Seen::Waiting(tx)) => {
+                        let _ = tx.send(());
+                    }
+                    _ => {
+                        seen.insert(id.to_string(), Seen::Done);
+                    }
+                }
+            }
+        })
     };
+
+    let http = reqwest::Client::new();
+    let url = format!("{base}/api/v1/inject");
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (http, url, next, seen) = (http.clone(), url.clone(), next.clone(), seen.clone());
+        let body = json!({"to": to, "payload_xml": payload});
+        workers.spawn(async move {
+            let mut latencies = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < threads {
+                let sent = Instant::now();
+                let r = http
+                    .post(&url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let status = r.status();
+                let receipt: serde_json::Value = r.json().await.map_err(|e| e.to_string())?;
+                if status.as_u16() != 202 {
+                    return Err(format!("inject answered {status}: {receipt}"));
+                }
+                let id = receipt["thread_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let wait = {
+                    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                    match seen.remove(&id) {
+                        Some(Seen::Done) => None,
+                        _ => {
+                            let (tx, rx) = oneshot::channel();
+                            seen.insert(id, Seen::Waiting(tx));
+                            Some(rx)
+                        }
+                    }
+                };
+                if let Some(rx) = wait {
+                    tokio::time::timeout(Duration::from_secs(30), rx)
+                        .await
+                        .map_err(|_| "a thread did not finish within 30 s".to_string())?
+                        .map_err(|_| "the event stream closed".to_string())?;
+                }
+                latencies.push(sent.elapsed());
+            }
+            Ok::<_, String>(latencies)
+        });
+    }
+    let mut all = Vec::with_capacity(threads);
+    while let Some(r) = workers.join_next().await {
+        all.extend(r??);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    reader.abort();
+    let mut lat = Latencies(all);
+    Ok(json!({
+        "workload": "remote",
+        "url": base,
+        "threads": threads,
+        "concurrency": concurrency,
+        "threads_per_s": (threads as f64 / elapsed).round(),
+        "latency_ms": {"p50": lat.ms(0.5), "p90": lat.ms(0.9), "p99": lat.ms(0.99), "max": lat.ms(1.0)},
+    }))
+}
+
+/// Command-line options: positional `WORKLOAD [THREADS]`, then `--pace N`, `--url URL`,
+/// `--to NAME`, `--payload XML`, `--concurrency N`.
+struct Args {
+    workload: String,
+    threads: usize,
+    pace: Option<f64>,
+    url: Option<String>,
+    to: String,
+    payload: String,
+    concurrency: usize,
+}
+
+impl Args {
+    fn parse() -> Result<Args, String> {
+        let mut a = Args {
+            workload: "all".into(),
+            threads: 20_000,
+            pace: None,
+            url: None,
+            to: "greeter".into(),
+            payload: "<Greeting><name>loadgen</name></Greeting>".into(),
+            concurrency: 32,
+        };
+        let mut positional = 0;
+        let mut it = std::env::args().skip(1);
+        while let Some(arg) = it.next() {
+            let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
+            match arg.as_str() {
+                "--pace" => a.pace = Some(number(&value("--pace")?)?),
+                "--url" => a.url = Some(value("--url")?),
+                "--to" => a.to = value("--to")?,
+                "--payload" => a.payload = value("--payload")?,
+                "--concurrency" => a.concurrency = number(&value("--concurrency")?)? as usize,
+                flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
+                _ if positional == 0 => {
+                    a.workload = arg;
+                    positional += 1;
+                }
+                _ if positional == 1 => {
+                    a.threads = number(&arg)? as usize;
+                    positional += 1;
+                }
+                _ => return Err(format!("unexpected argument `{arg}`")),
+            }
+        }
+        Ok(a)
+    }
+}
+
+fn number(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|n| *n > 0.0)
+        .ok_or(format!("`{s}` is not a positive number"))
+}
+
+fn print_latency(label: &str, r: &serde_json::Value) {
+    let l = &r["latency_ms"];
+    let ms = |q: &str| l[q].as_f64().unwrap_or(0.0);
+    println!(
+        "{label}: p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        ms("p50"),
+        ms("p90"),
+        ms("p99"),
+        ms("max")
+    );
+    println!("{r}");
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let threads = args.threads;
+    match args.workload.as_str() {
+        "startup" => return rt.block_on(startup()),
+        "rss" => {
+            println!("{}", rt.block_on(rss())?);
+            return Ok(());
+        }
+        "rest" => {
+            let r = rt.block_on(rest(threads))?;
+            let label = format!(
+                "rest: {} samples at {} background threads/s (half of peak {} hops/s)",
+                r["samples"], r["background_threads_per_s"], r["peak_hops_per_s"]
+            );
+            print_latency(&label, &r);
+            return Ok(());
+        }
+        "remote" => {
+            let url = args
+                .url
+                .as_deref()
+                .ok_or("`remote` needs --url http://HOST:PORT (a running `agentserver run`)")?;
+            let r = rt.block_on(remote(
+                url,
+                &args.to,
+                &args.payload,
+                threads,
+                args.concurrency,
+            ))?;
+            let label = format!(
+                "remote {url}: {} threads/s, {} in flight",
+                r["threads_per_s"], r["concurrency"]
+            );
+            print_latency(&label, &r);
+            return Ok(());
+        }
+        _ => {}
+    }
+    let workloads: Vec<&str> = match args.workload.as_str() {
+        "all" => vec!["chain", "chain-memory", "lua", "fanout", "ws50"],
+        w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50") => vec![w],
+        other => {
+            return Err(format!(
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all, rest, \
+                 remote, rss, startup)"
+            )
+            .into())
+        }
+    };
     println!("workload         hops/s   p50 ms   p90 ms   p99 ms   max ms   ceiling/s   ratio");
     for w in workloads {
-        let r = rt.block_on(run(w, threads))?;
+        let r = rt.block_on(run(w, threads, args.pace))?;
         let l = &r["latency_ms"];
         println!(
             "{w:14} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>11} {:>7}",

@@ -31,6 +31,8 @@ pub const BATCH_MAX: usize = 2048;
 pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
 /// How often operations that failed to commit are tried again.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// Threads deleted per pruning transaction (see [`Store::prune`]).
+pub const PRUNE_CHUNK: usize = 256;
 /// Operations the writer's channel holds.
 pub const QUEUE: usize = 65_536;
 
@@ -665,59 +667,90 @@ impl Store {
 
     /// Deletes whole threads, oldest activity first, until at most `max_messages` remain, and
     /// every thread whose last activity is older than `max_age`. Returns messages deleted.
+    ///
+    /// Works in transactions of at most [`PRUNE_CHUNK`] threads, each taking the write lock
+    /// up front and holding it only for that chunk, so the writer (and through it the pump)
+    /// never waits long behind a large prune.
     pub fn prune(
         &self,
         max_messages: Option<u64>,
         max_age: Option<Duration>,
     ) -> Result<u64, StoreError> {
-        let mut conn = crate::sync::lock(&self.reader);
-        let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
+        let cutoff =
+            max_age.map(|age| Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64);
         let mut deleted = 0u64;
-        let inactive = "status != 'active'";
-        if let Some(age) = max_age {
-            let cutoff = Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64;
-            deleted += delete_messages(
-                &tx,
-                &format!(
-                    "thread_id IN (SELECT id FROM threads WHERE last_activity < ?1 AND {inactive})"
-                ),
-                params![cutoff],
-            )
-            .map_err(|e| err(&self.path, e))?;
-            tx.execute(
-                &format!("DELETE FROM threads WHERE last_activity < ?1 AND {inactive}"),
-                params![cutoff],
-            )
-            .map_err(|e| err(&self.path, e))?;
-        }
-        if let Some(max) = max_messages {
-            let mut count: u64 = tx
-                .query_row(
-                    "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
-                    [],
-                    |r| get_u64(r, 0),
-                )
+        loop {
+            let (gone, more) = self
+                .prune_chunk(max_messages, cutoff)
                 .map_err(|e| err(&self.path, e))?;
-            while count > max {
-                let oldest: Option<String> = tx
-                    .query_row(
-                        &format!("SELECT id FROM threads WHERE {inactive} ORDER BY last_activity, id LIMIT 1"),
-                        [],
-                        |r| r.get(0),
-                    )
-                    .optional()
-                    .map_err(|e| err(&self.path, e))?;
-                let Some(id) = oldest else { break };
-                let gone = delete_messages(&tx, "thread_id = ?1", params![id])
-                    .map_err(|e| err(&self.path, e))?;
-                deleted += gone;
-                count = count.saturating_sub(gone);
-                tx.execute("DELETE FROM threads WHERE id = ?", params![id])
-                    .map_err(|e| err(&self.path, e))?;
+            deleted += gone;
+            if !more {
+                return Ok(deleted);
             }
         }
-        tx.commit().map_err(|e| err(&self.path, e))?;
-        Ok(deleted)
+    }
+
+    /// One pruning transaction: picks up to [`PRUNE_CHUNK`] finished threads (too old first,
+    /// then the oldest while over `max_messages`) and deletes them. Says whether more remain.
+    fn prune_chunk(
+        &self,
+        max_messages: Option<u64>,
+        cutoff: Option<i64>,
+    ) -> rusqlite::Result<(u64, bool)> {
+        let mut conn = crate::sync::lock(&self.reader);
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let chunk = PRUNE_CHUNK as i64;
+        let mut victims: Vec<String> = Vec::new();
+        let mut more = false;
+        if let Some(cutoff) = cutoff {
+            let mut stmt = tx.prepare_cached(
+                "SELECT id FROM threads WHERE last_activity < ?1 AND status != 'active' \
+                 ORDER BY last_activity, id LIMIT ?2",
+            )?;
+            victims = stmt
+                .query_map(params![cutoff, chunk], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            more = victims.len() == PRUNE_CHUNK;
+        }
+        let mut deltas = CountDeltas::default();
+        let mut gone = 0u64;
+        let mut thread = tx.prepare_cached("DELETE FROM threads WHERE id = ?1")?;
+        for id in &victims {
+            gone += delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
+            thread.execute(params![id])?;
+        }
+        if let (Some(max), false) = (max_messages, more) {
+            let count: u64 = tx.query_row(
+                "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
+                [],
+                |r| get_u64(r, 0),
+            )?;
+            // The kept total does not see this chunk's deletions until `deltas` is written.
+            let mut excess = count.saturating_sub(max).saturating_sub(gone);
+            let oldest: Vec<String> = tx
+                .prepare_cached(
+                    "SELECT id FROM threads WHERE status != 'active' \
+                     ORDER BY last_activity, id LIMIT ?1",
+                )?
+                .query_map(params![chunk], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut taken = 0;
+            for id in &oldest {
+                if excess == 0 {
+                    break;
+                }
+                let n = delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
+                thread.execute(params![id])?;
+                excess = excess.saturating_sub(n);
+                gone += n;
+                taken += 1;
+            }
+            more = excess > 0 && taken == PRUNE_CHUNK;
+        }
+        drop(thread);
+        deltas.write(&tx)?;
+        tx.commit()?;
+        Ok((gone, more))
     }
 }
 
@@ -997,16 +1030,16 @@ fn stored_word(s: &str) -> &'static str {
         .unwrap_or("failed")
 }
 
-/// Deletes the messages matching `condition` with their agent rows and counts; returns how
-/// many.
+/// Deletes the messages matching `condition` with their agent rows, adding the count changes
+/// to `deltas` (the caller writes them once); returns how many.
 fn delete_messages(
     tx: &rusqlite::Transaction<'_>,
     condition: &str,
     args: impl rusqlite::Params,
+    deltas: &mut CountDeltas,
 ) -> rusqlite::Result<u64> {
-    let mut deltas = CountDeltas::default();
     let mut gone = 0u64;
-    let mut stmt = tx.prepare(&format!(
+    let mut stmt = tx.prepare_cached(&format!(
         "DELETE FROM messages WHERE {condition} RETURNING seq, sender, receiver, payload_type, status"
     ))?;
     let mut agents =
@@ -1033,8 +1066,6 @@ fn delete_messages(
         );
         gone += 1;
     }
-    drop(rows);
-    deltas.write(tx)?;
     Ok(gone)
 }
 
@@ -1183,7 +1214,9 @@ fn apply(
 /// of the operations that failed.
 fn commit(conn: &mut Connection, batch: &[Op]) -> Result<(), (rusqlite::Error, Vec<usize>)> {
     let run = |conn: &mut Connection, ops: &[Op]| -> rusqlite::Result<()> {
-        let tx = conn.transaction()?;
+        // The write lock up front: a deferred transaction that read first could not upgrade
+        // after pruning committed in between (SQLITE_BUSY at once, no busy wait).
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut deltas = CountDeltas::default();
         for op in ops {
             apply(&tx, op, &mut deltas)?;
@@ -1634,6 +1667,39 @@ mod tests {
         std::fs::write(&blocked, "x").unwrap();
         let e = Store::open(&blocked.join("s.db")).err().unwrap();
         assert!(e.message.contains("cannot create directory"), "{e}");
+    }
+
+    #[test]
+    fn a_prune_larger_than_one_chunk_deletes_exactly_across_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let threads = PRUNE_CHUNK * 2 + 10;
+        for i in 0..threads {
+            let t = format!("t{i:04}");
+            thread(&store, &t, ThreadStatus::Completed, i as u64);
+            for slot in 0..2 {
+                store.record(
+                    1,
+                    &EventKind::Message {
+                        message: msg(&t, slot, "api", "g", i as u64),
+                    },
+                );
+            }
+        }
+        store.flush(1);
+        // Keep the newest 20 threads' messages: everything older goes, in three chunks.
+        let deleted = store.prune(Some(40), None).unwrap();
+        assert_eq!(deleted, (threads as u64 - 20) * 2);
+        let left = store
+            .query_threads(&ThreadFilter::default(), Page::default())
+            .unwrap();
+        assert_eq!(left.total, 20);
+        assert_kept_counts_match_scans(&store);
+        // The writer was never locked out: a write after the prune commits at once.
+        thread(&store, "after", ThreadStatus::Completed, 1);
+        store.flush(1);
+        assert!(store.failure().is_none());
+        assert!(store.thread("after").unwrap().is_some());
     }
 
     #[test]
