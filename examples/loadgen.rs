@@ -403,11 +403,15 @@ async fn rss() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
         );
         samples.push(kib);
     }
+    let rate = organism.info().total_messages as f64 / started.elapsed().as_secs_f64();
+    let pruned = organism.pruned_messages();
     organism.stop().await;
     let (first, last) = (samples[0] as f64, samples[samples.len() - 1] as f64);
     Ok(json!({
         "workload": "rss",
         "retention_max_messages": 100_000,
+        "messages_per_s": rate.round(),
+        "messages_pruned": pruned,
         "rss_mib_per_million": samples.iter().map(|k| (*k as f64 / 1024.0 * 10.0).round() / 10.0).collect::<Vec<_>>(),
         "growth_1m_to_5m": ((last - first) / first * 1000.0).round() / 1000.0,
     }))

@@ -154,6 +154,12 @@ enum Op {
     },
     Seq(u64),
     Flush(mpsc::Sender<()>),
+    /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).
+    Prune {
+        max_messages: Option<u64>,
+        cutoff: Option<i64>,
+        done: mpsc::Sender<rusqlite::Result<(u64, bool)>>,
+    },
 }
 
 /// Health the API reports (`/readyz`) and inject consults.
@@ -668,9 +674,10 @@ impl Store {
     /// Deletes whole threads, oldest activity first, until at most `max_messages` remain, and
     /// every thread whose last activity is older than `max_age`. Returns messages deleted.
     ///
-    /// Works in transactions of at most [`PRUNE_CHUNK`] threads, each taking the write lock
-    /// up front and holding it only for that chunk, so the writer (and through it the pump)
-    /// never waits long behind a large prune.
+    /// The writer does the deleting, one transaction of at most [`PRUNE_CHUNK`] threads at a
+    /// time, between its batches: the next chunk is asked for only when the last is done, so
+    /// it queues behind the writes that arrived meanwhile and a large prune never holds the
+    /// pump's writes back by more than one chunk (nor competes with them for SQLite's lock).
     pub fn prune(
         &self,
         max_messages: Option<u64>,
@@ -680,8 +687,15 @@ impl Store {
             max_age.map(|age| Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64);
         let mut deleted = 0u64;
         loop {
-            let (gone, more) = self
-                .prune_chunk(max_messages, cutoff)
+            let (done, wait) = mpsc::channel();
+            self.send(Op::Prune {
+                max_messages,
+                cutoff,
+                done,
+            });
+            let (gone, more) = wait
+                .recv()
+                .map_err(|_| err(&self.path, "the store writer has stopped"))?
                 .map_err(|e| err(&self.path, e))?;
             deleted += gone;
             if !more {
@@ -689,69 +703,69 @@ impl Store {
             }
         }
     }
+}
 
-    /// One pruning transaction: picks up to [`PRUNE_CHUNK`] finished threads (too old first,
-    /// then the oldest while over `max_messages`) and deletes them. Says whether more remain.
-    fn prune_chunk(
-        &self,
-        max_messages: Option<u64>,
-        cutoff: Option<i64>,
-    ) -> rusqlite::Result<(u64, bool)> {
-        let mut conn = crate::sync::lock(&self.reader);
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let chunk = PRUNE_CHUNK as i64;
-        let mut victims: Vec<String> = Vec::new();
-        let mut more = false;
-        if let Some(cutoff) = cutoff {
-            let mut stmt = tx.prepare_cached(
-                "SELECT id FROM threads WHERE last_activity < ?1 AND status != 'active' \
+/// One pruning transaction on the writer's connection: picks up to [`PRUNE_CHUNK`] finished
+/// threads (too old first, then the oldest while over `max_messages`) and deletes them. Says
+/// whether more remain.
+fn prune_chunk(
+    conn: &mut Connection,
+    max_messages: Option<u64>,
+    cutoff: Option<i64>,
+) -> rusqlite::Result<(u64, bool)> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let chunk = PRUNE_CHUNK as i64;
+    let mut victims: Vec<String> = Vec::new();
+    let mut more = false;
+    if let Some(cutoff) = cutoff {
+        let mut stmt = tx.prepare_cached(
+            "SELECT id FROM threads WHERE last_activity < ?1 AND status != 'active' \
                  ORDER BY last_activity, id LIMIT ?2",
-            )?;
-            victims = stmt
-                .query_map(params![cutoff, chunk], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            more = victims.len() == PRUNE_CHUNK;
-        }
-        let mut deltas = CountDeltas::default();
-        let mut gone = 0u64;
-        let mut thread = tx.prepare_cached("DELETE FROM threads WHERE id = ?1")?;
-        for id in &victims {
-            gone += delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
-            thread.execute(params![id])?;
-        }
-        if let (Some(max), false) = (max_messages, more) {
-            let count: u64 = tx.query_row(
-                "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
-                [],
-                |r| get_u64(r, 0),
-            )?;
-            // The kept total does not see this chunk's deletions until `deltas` is written.
-            let mut excess = count.saturating_sub(max).saturating_sub(gone);
-            let oldest: Vec<String> = tx
-                .prepare_cached(
-                    "SELECT id FROM threads WHERE status != 'active' \
-                     ORDER BY last_activity, id LIMIT ?1",
-                )?
-                .query_map(params![chunk], |r| r.get(0))?
-                .collect::<rusqlite::Result<_>>()?;
-            let mut taken = 0;
-            for id in &oldest {
-                if excess == 0 {
-                    break;
-                }
-                let n = delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
-                thread.execute(params![id])?;
-                excess = excess.saturating_sub(n);
-                gone += n;
-                taken += 1;
-            }
-            more = excess > 0 && taken == PRUNE_CHUNK;
-        }
-        drop(thread);
-        deltas.write(&tx)?;
-        tx.commit()?;
-        Ok((gone, more))
+        )?;
+        victims = stmt
+            .query_map(params![cutoff, chunk], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        more = victims.len() == PRUNE_CHUNK;
     }
+    let mut deltas = CountDeltas::default();
+    let mut gone = 0u64;
+    let mut thread = tx.prepare_cached("DELETE FROM threads WHERE id = ?1")?;
+    for id in &victims {
+        gone += delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
+        thread.execute(params![id])?;
+    }
+    if let (Some(max), false) = (max_messages, more) {
+        let count: u64 = tx.query_row(
+            "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
+            [],
+            |r| get_u64(r, 0),
+        )?;
+        // The kept total does not see this chunk's deletions until `deltas` is written.
+        let mut excess = count.saturating_sub(max).saturating_sub(gone);
+        let oldest: Vec<String> = tx
+            .prepare_cached(
+                "SELECT id FROM threads WHERE status != 'active' \
+                     ORDER BY last_activity, id LIMIT ?1",
+            )?
+            .query_map(params![chunk], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut taken = 0;
+        for id in &oldest {
+            if excess == 0 {
+                break;
+            }
+            let n = delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
+            thread.execute(params![id])?;
+            excess = excess.saturating_sub(n);
+            gone += n;
+            taken += 1;
+        }
+        more = excess > 0 && taken == PRUNE_CHUNK;
+    }
+    drop(thread);
+    deltas.write(&tx)?;
+    tx.commit()?;
+    Ok((gone, more))
 }
 
 /// A filter as SQL: `AND`-ed clauses with their parameters.
@@ -881,6 +895,11 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
                 Err(_) => break,
             }
         }
+        // Pruning runs in its own transactions after the batch (so a failed batch does not
+        // undo it, and it can free the space a full disk needs).
+        let prunes: Vec<Op> = batch
+            .extract_if(.., |op| matches!(op, Op::Prune { .. }))
+            .collect();
         coalesce(&mut batch);
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
         let result = commit(&mut conn, &batch);
@@ -913,6 +932,16 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
             (received + held_before).saturating_sub(held.len()),
             Ordering::Relaxed,
         );
+        for op in prunes {
+            if let Op::Prune {
+                max_messages,
+                cutoff,
+                done,
+            } = op
+            {
+                let _ = done.send(prune_chunk(&mut conn, max_messages, cutoff));
+            }
+        }
         for op in batch.drain(..) {
             if let Op::Flush(done) = op {
                 let _ = done.send(());
@@ -965,7 +994,7 @@ fn coalesce(batch: &mut Vec<Op>) {
                     }
                 }
             }
-            Op::Seq(_) | Op::Flush(_) => {}
+            Op::Seq(_) | Op::Flush(_) | Op::Prune { .. } => {}
         }
     }
     let mut i = 0;
@@ -1204,7 +1233,7 @@ fn apply(
             )?
             .execute(params![*s as i64])?;
         }
-        Op::Flush(_) => {}
+        Op::Flush(_) | Op::Prune { .. } => {}
     }
     Ok(())
 }
@@ -1667,6 +1696,45 @@ mod tests {
         std::fs::write(&blocked, "x").unwrap();
         let e = Store::open(&blocked.join("s.db")).err().unwrap();
         assert!(e.message.contains("cannot create directory"), "{e}");
+    }
+
+    #[test]
+    fn pruning_while_the_writer_commits_never_fails_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("s.db")).unwrap());
+        let done = Arc::new(AtomicBool::new(false));
+        let pruner = {
+            let (store, done) = (store.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut pruned = 0;
+                while !done.load(Ordering::Relaxed) {
+                    pruned += store.prune(Some(500), None).unwrap();
+                }
+                pruned
+            })
+        };
+        for i in 0..3000u64 {
+            let t = format!("t{i:05}");
+            thread(&store, &t, ThreadStatus::Completed, i);
+            for slot in 0..3 {
+                store.record(
+                    1,
+                    &EventKind::Message {
+                        message: msg(&t, slot, "api", "g", i),
+                    },
+                );
+            }
+            if i % 100 == 0 {
+                store.flush(1);
+                assert_eq!(store.failure(), None, "a write failed beside pruning");
+            }
+        }
+        store.flush(1);
+        done.store(true, Ordering::Relaxed);
+        let pruned = pruner.join().unwrap();
+        assert_eq!(store.failure(), None, "a write failed beside pruning");
+        assert!(pruned > 0);
+        assert_kept_counts_match_scans(&store);
     }
 
     #[test]
