@@ -1,7 +1,6 @@
 //! The hot pieces one at a time: envelope parse, payload read + XSD validation, XML → typed
-//! JSON, JSON → XML in schema order, event fan-out to subscribers, and the store's batched
-//! insert. (The XML ↔ Lua bridge is `benches/lua.rs`; routing is measured inside the pump
-//! benches, as it needs a running organism.)
+//! JSON, JSON → XML in schema order, routing (to a named listener and broadcast), event fan-out
+//! to subscribers, and the store's batched insert. (The XML ↔ Lua bridge is `benches/lua.rs`.)
 //!
 //! Run: `cargo bench --bench pieces`
 
@@ -12,7 +11,8 @@ use agentserver::schema::Schema;
 use agentserver::store::Store;
 use agentserver::threads::{MessageRecord, MessageStatus};
 use agentserver::time::Timestamp;
-use agentserver::xml::{normalize_payload, parse_envelope, XmlLimits};
+use agentserver::xml::{normalize_payload, parse_envelope, PayloadType, XmlLimits};
+use agentserver::Organism;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
@@ -72,6 +72,38 @@ fn bench(c: &mut Criterion) {
     let json = schema.payload_to_json(ORDER);
     g.bench_function("json_to_xml_in_schema_order", |b| {
         b.iter(|| schema.json_to_payload("Order", &json).expect("xml"))
+    });
+
+    // Routing one output (SPEC §6) in a running organism of ten listeners: to a named
+    // listener, and broadcast by payload type to the eight that accept it.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let _in_runtime = rt.enter();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("t.xsd"), XSD).expect("xsd");
+    let mut yaml = String::from("organism: { name: routing, store: memory }\nlisteners:\n");
+    yaml.push_str("  - { name: a, description: a, kind: native, handler: sink, schema: t.xsd, accepts: [Order] }\n");
+    yaml.push_str("  - { name: b, description: b, kind: native, handler: sink, schema: t.xsd, accepts: [Order] }\n");
+    for i in 0..8 {
+        yaml.push_str(&format!("  - {{ name: s{i}, description: s, kind: native, handler: sink, fields: {{ Copy: {{ text: string }} }} }}\n"));
+    }
+    std::fs::write(dir.path().join("o.yaml"), yaml).expect("yaml");
+    let organism = Organism::builder()
+        .load(&dir.path().join("o.yaml"))
+        .expect("organism");
+    let (order, copy) = (PayloadType::parse("Order"), PayloadType::parse("Copy"));
+    g.bench_function("route_to_named_listener", |b| {
+        b.iter(|| {
+            organism
+                .route_preview("a", "api", Some("b"), &order)
+                .expect("route")
+        })
+    });
+    g.bench_function("route_broadcast_to_8", |b| {
+        b.iter(|| {
+            organism
+                .route_preview("a", "api", None, &copy)
+                .expect("route")
+        })
     });
 
     // One event published and received by each of 50 subscribers.

@@ -318,3 +318,46 @@ async fn handler_errors_fail_the_message_and_the_thread() {
     }
     assert!(saw_error);
 }
+
+#[tokio::test]
+async fn route_preview_answers_what_routing_would_do_without_sending() {
+    let builder = Organism::builder().handler("quiet", emitting(vec![]));
+    let (o, _d) = organism(
+        builder,
+        r#"
+  - { name: a, description: agent, kind: native, handler: quiet, schema: t.xsd, accepts: [Ping], agent: true, peers: [b] }
+  - { name: b, description: takes Pong, kind: native, handler: quiet, schema: t.xsd, accepts: [Pong] }
+  - { name: c, description: takes Pong too, kind: native, handler: quiet, schema: t.xsd, accepts: [Pong] }
+"#,
+    );
+    let pong = agentserver::xml::PayloadType::parse("Pong");
+    let names = |r: Result<Vec<std::sync::Arc<str>>, String>| {
+        r.map(|v| v.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+    };
+    // Broadcast: only the peers among the listeners that accept the type.
+    assert_eq!(
+        names(o.route_preview("a", "api", None, &pong)),
+        Ok(vec!["b".to_string()])
+    );
+    // A reply to the sender ends at that identity, peers or not.
+    assert_eq!(
+        names(o.route_preview("a", "api", Some("api"), &pong)),
+        Ok(vec!["api".to_string()])
+    );
+    // `to` outside the peers, a type nobody takes, an unknown sender: the reasons routing gives.
+    assert!(o
+        .route_preview("a", "api", Some("c"), &pong)
+        .unwrap_err()
+        .contains("not in its peers"));
+    let nobody = agentserver::xml::PayloadType::parse("Nobody");
+    assert!(o
+        .route_preview("b", "a", None, &nobody)
+        .unwrap_err()
+        .contains("no listener accepts"));
+    assert!(o
+        .route_preview("zz", "api", None, &pong)
+        .unwrap_err()
+        .contains("not a listener"));
+    // Nothing was sent.
+    assert_eq!(o.info().total_messages, 0);
+}

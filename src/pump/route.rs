@@ -22,6 +22,37 @@ pub(crate) enum Target {
     Terminal(Arc<str>),
 }
 
+impl super::Organism {
+    /// Where an output of listener `from` would go under the current topology, without
+    /// sending anything: the receivers' names (listeners, or the non-listener identity a
+    /// reply ends at), or why it would be undeliverable. `handling` is the sender of the
+    /// message `from` is handling (a reply to it is always allowed); `to` is the output's
+    /// explicit target, if any (SPEC §6). This is the routing step of every hop.
+    pub fn route_preview(
+        &self,
+        from: &str,
+        handling: &str,
+        to: Option<&str>,
+        payload_type: &PayloadType,
+    ) -> Result<Vec<Arc<str>>, String> {
+        let sender = self
+            .shared
+            .topo()
+            .listeners
+            .get(from)
+            .cloned()
+            .ok_or_else(|| format!("`{from}` is not a listener"))?;
+        let targets = self.shared.route(&sender, handling, to, payload_type)?;
+        Ok(targets
+            .into_iter()
+            .map(|t| match t {
+                Target::Listener(l) => l.config.name.arc(),
+                Target::Terminal(name) => name,
+            })
+            .collect())
+    }
+}
+
 /// What a handler may learn of a failure: the same text whatever the precise reason, so
 /// handlers cannot probe the topology (SPEC §6 rule 5).
 const GENERIC_UNDELIVERABLE: &str = "undeliverable";
