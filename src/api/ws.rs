@@ -123,6 +123,10 @@ fn text(value: &Value) -> Message {
 /// Frames written to a client's socket per flush, at most.
 const WRITE_BATCH: usize = 256;
 
+/// Events a session takes from the hub in one turn of its loop, at most (then it checks its
+/// client, heartbeat and shutdown again).
+const OFFER_BATCH: usize = 256;
+
 impl Session {
     async fn run(
         socket: WebSocket,
@@ -221,20 +225,22 @@ impl Session {
         heartbeat.tick().await;
         let mut last_heard = Instant::now();
         let mut writer_done = false;
+        // Made once: a fresh `cancelled()` per loop turn costs a notifier registration for
+        // every event offered.
+        let stopping = closing.cancelled();
+        tokio::pin!(stopping);
         loop {
+            // Biased, with the event stream last: the client's commands, the dropped notice
+            // and the heartbeat are never starved by a busy stream.
             tokio::select! {
-                _ = closing.cancelled() => {
+                biased;
+                _ = &mut stopping => {
                     let _ = session.tx.try_send(Message::Close(Some(CloseFrame {
                         code: axum::extract::ws::close_code::AWAY,
                         reason: Utf8Bytes::from_static("server stopping"),
                     })));
                     break;
                 }
-                r = live.recv() => match r {
-                    Ok(ev) => session.offer(&ev),
-                    Err(broadcast::error::RecvError::Lagged(n)) => session.lost(n),
-                    Err(broadcast::error::RecvError::Closed) => break,
-                },
                 frame = incoming.recv() => match frame {
                     Some(Some(Message::Text(t))) => {
                         last_heard = Instant::now();
@@ -260,6 +266,21 @@ impl Session {
                 _ = &mut writer => {
                     writer_done = true;
                     break;
+                }
+                r = live.recv() => {
+                    match r {
+                        Ok(ev) => session.offer(&ev),
+                        Err(broadcast::error::RecvError::Lagged(n)) => session.lost(n),
+                        Err(broadcast::error::RecvError::Closed) => break,
+                    }
+                    // Take what else is already published before selecting again.
+                    for _ in 0..OFFER_BATCH {
+                        match live.try_recv() {
+                            Ok(ev) => session.offer(&ev),
+                            Err(broadcast::error::TryRecvError::Lagged(n)) => session.lost(n),
+                            Err(_) => break,
+                        }
+                    }
                 }
             }
         }
@@ -349,7 +370,7 @@ impl Session {
             self.drop_one(ev.seq);
             return;
         }
-        if !self.try_queue(Message::Text(Utf8Bytes::from(frame.to_string()))) {
+        if !self.try_queue(Message::Text(frame.clone())) {
             self.drop_one(ev.seq);
         }
     }

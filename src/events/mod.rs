@@ -8,6 +8,7 @@
 //! and ring order; it is never held across an `.await`. Each event's JSON is rendered at most
 //! once, however many observers send it.
 
+use axum::extract::ws::Utf8Bytes;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -28,10 +29,12 @@ pub struct Event {
     pub timestamp: Timestamp,
     #[serde(flatten)]
     pub kind: EventKind,
+    /// The rendered frames, as shared bytes: every WebSocket client sends the same buffer
+    /// (a reference count, not a copy per client).
     #[serde(skip)]
-    json: OnceLock<String>,
+    json: OnceLock<Utf8Bytes>,
     #[serde(skip)]
-    message_json: OnceLock<Option<String>>,
+    message_json: OnceLock<Option<Utf8Bytes>>,
 }
 
 impl Event {
@@ -46,14 +49,14 @@ impl Event {
     }
 
     /// The event as one JSON object (`event`, `seq`, `timestamp`, fields), rendered once.
-    pub fn json(&self) -> &str {
+    pub fn json(&self) -> &Utf8Bytes {
         self.json
-            .get_or_init(|| serde_json::to_string(self).unwrap_or_default())
+            .get_or_init(|| Utf8Bytes::from(serde_json::to_string(self).unwrap_or_default()))
     }
 
     /// For a `message` event, the `/ws/messages` frame: the message object with `event` and
     /// `seq` beside its fields. Rendered once. `None` for other events.
-    pub fn message_json(&self) -> Option<&str> {
+    pub fn message_json(&self) -> Option<&Utf8Bytes> {
         self.message_json
             .get_or_init(|| match &self.kind {
                 EventKind::Message { message } => {
@@ -70,10 +73,11 @@ impl Event {
                         message,
                     })
                     .ok()
+                    .map(Utf8Bytes::from)
                 }
                 _ => None,
             })
-            .as_deref()
+            .as_ref()
     }
 
     /// The event's type name as it appears in `event`.
@@ -357,7 +361,7 @@ mod tests {
         assert_eq!(json["message_count"], 3);
         assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
         assert_eq!(hub.last_seq(), 1);
-        assert_eq!(ev.json(), serde_json::to_string(&*ev).unwrap());
+        assert_eq!(ev.json().as_str(), serde_json::to_string(&*ev).unwrap());
     }
 
     fn organism_state(hub: &EventHub) -> u64 {
