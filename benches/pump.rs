@@ -7,6 +7,10 @@
 use agentserver::{InjectRequest, Organism};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
+/// The allocator the `agentserver` binary uses, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
 /// Threads injected per iteration; each makes three validated hops.
 const THREADS: usize = 200;

@@ -22,6 +22,10 @@ use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::{InjectRequest, Organism};
 use serde_json::json;
 
+/// The allocator the `agentserver` binary uses, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
   <xs:element name="Note"><xs:complexType><xs:sequence>
     <xs:element name="text" type="xs:string"/><xs:element name="n" type="xs:int"/>

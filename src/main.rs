@@ -13,6 +13,12 @@ use agentserver::listener::HandlerRegistry;
 use agentserver::threads::ThreadStatus;
 use agentserver::{InjectRequest, Organism};
 
+/// mimalloc instead of the system allocator: the pump allocates per message (records, events,
+/// frames), and on 2 cores glibc's malloc cost about a fifth of chain throughput
+/// (BENCHMARKS.md, "allocator"). libxml2 keeps the system allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "agentserver",
