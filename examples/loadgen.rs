@@ -401,13 +401,15 @@ async fn rss() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
         }
         let kib = resident_kib()?;
         println!(
-            "{million}M messages: RSS {:.1} MiB ({:.0} s)",
+            "{million}M messages: RSS {:.1} MiB ({:.0} s, {} pruned so far)",
             kib as f64 / 1024.0,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            organism.pruned_messages()
         );
         samples.push(kib);
     }
-    let rate = organism.info().total_messages as f64 / started.elapsed().as_secs_f64();
+    let total = organism.info().total_messages;
+    let rate = total as f64 / started.elapsed().as_secs_f64();
     let pruned = organism.pruned_messages();
     organism.stop().await;
     let (first, last) = (samples[0] as f64, samples[samples.len() - 1] as f64);
@@ -416,6 +418,7 @@ async fn rss() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
         "retention_max_messages": 100_000,
         "messages_per_s": rate.round(),
         "messages_pruned": pruned,
+        "messages_kept_at_end": total.saturating_sub(pruned),
         "rss_mib_per_million": samples.iter().map(|k| (*k as f64 / 1024.0 * 10.0).round() / 10.0).collect::<Vec<_>>(),
         "growth_1m_to_5m": ((last - first) / first * 1000.0).round() / 1000.0,
     }))
@@ -622,6 +625,14 @@ fn print_latency(label: &str, r: &serde_json::Value) {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse()?;
+    // The organism's own warnings and errors (a failing store, a refused reload) on stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -244,7 +244,6 @@ pub(crate) struct Shared {
     store: Option<Arc<crate::store::Store>>,
     /// Messages logged before this process started (from the store).
     earlier_messages: u64,
-    pruned: AtomicU64,
     gate: gate::Gate,
     xml_limits: XmlLimits,
     pending: AtomicUsize,
@@ -439,7 +438,6 @@ impl OrganismBuilder {
             events,
             store,
             earlier_messages: recovered.total_messages,
-            pruned: AtomicU64::new(0),
             gate: gate::Gate::new(limits.max_concurrent_handlers, scheduling),
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,
@@ -540,9 +538,7 @@ impl Organism {
                 })
                 .await;
                 match pruned {
-                    Ok(Ok(n)) => {
-                        organism.shared.pruned.fetch_add(n, Ordering::Relaxed);
-                    }
+                    Ok(Ok(_)) => {}
                     Ok(Err(e)) => tracing::error!(error = %e, "store retention failed"),
                     Err(e) => tracing::error!(error = %e, "store retention task failed"),
                 }
@@ -588,7 +584,7 @@ impl Organism {
 
     /// Messages removed from the store by retention since start.
     pub fn pruned_messages(&self) -> u64 {
-        self.shared.pruned.load(Ordering::Relaxed)
+        self.shared.store.as_ref().map_or(0, |s| s.pruned())
     }
 
     /// The durable store, unless the organism runs with `store: memory`.

@@ -31,8 +31,9 @@ pub const BATCH_MAX: usize = 2048;
 pub const BATCH_WINDOW: Duration = Duration::from_millis(20);
 /// How often operations that failed to commit are tried again.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
-/// Threads deleted per pruning transaction (see [`Store::prune`]).
-pub const PRUNE_CHUNK: usize = 256;
+/// Messages deleted per pruning transaction, at least (whole threads; see [`Store::prune`]):
+/// a chunk is also at least twice the messages written since the previous chunk.
+pub const PRUNE_CHUNK: u64 = 4096;
 /// Operations the writer's channel holds.
 pub const QUEUE: usize = 65_536;
 
@@ -156,9 +157,9 @@ enum Op {
     Flush(mpsc::Sender<()>),
     /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).
     Prune {
-        max_messages: Option<u64>,
+        excess: u64,
         cutoff: Option<i64>,
-        done: mpsc::Sender<rusqlite::Result<(u64, bool)>>,
+        done: mpsc::Sender<rusqlite::Result<Pruned>>,
     },
 }
 
@@ -169,6 +170,7 @@ struct Health {
     failed: AtomicBool,
     last_error: Mutex<Option<String>>,
     committed_batches: AtomicU64,
+    pruned: AtomicU64,
     /// The highest event `seq` recorded; written with every batch.
     latest_seq: AtomicU64,
 }
@@ -674,10 +676,14 @@ impl Store {
     /// Deletes whole threads, oldest activity first, until at most `max_messages` remain, and
     /// every thread whose last activity is older than `max_age`. Returns messages deleted.
     ///
-    /// The writer does the deleting, one transaction of at most [`PRUNE_CHUNK`] threads at a
-    /// time, between its batches: the next chunk is asked for only when the last is done, so
-    /// it queues behind the writes that arrived meanwhile and a large prune never holds the
-    /// pump's writes back by more than one chunk (nor competes with them for SQLite's lock).
+    /// One pass: how much is too much is fixed when the pass starts, so a pass ends even
+    /// while messages keep arriving (they are the next pass's business). The writer does the
+    /// deleting, one transaction at a time between its batches, each of at least
+    /// [`PRUNE_CHUNK`] messages and at least twice what was written since the last one: the
+    /// next chunk is asked for only when the last is done, so it queues behind the writes
+    /// that arrived meanwhile, a large prune holds the pump's writes back by one chunk at
+    /// most (and never competes with them for SQLite's lock), and pruning outpaces arrivals,
+    /// the writer's backlog (inject's 429) paying for it.
     pub fn prune(
         &self,
         max_messages: Option<u64>,
@@ -685,87 +691,109 @@ impl Store {
     ) -> Result<u64, StoreError> {
         let cutoff =
             max_age.map(|age| Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64);
+        let mut excess = match max_messages {
+            Some(max) => self
+                .read(|tx| {
+                    tx.query_row(
+                        "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
+                        [],
+                        |r| get_u64(r, 0),
+                    )
+                })?
+                .saturating_sub(max),
+            None => 0,
+        };
         let mut deleted = 0u64;
         loop {
             let (done, wait) = mpsc::channel();
             self.send(Op::Prune {
-                max_messages,
+                excess,
                 cutoff,
                 done,
             });
-            let (gone, more) = wait
+            let chunk = wait
                 .recv()
                 .map_err(|_| err(&self.path, "the store writer has stopped"))?
                 .map_err(|e| err(&self.path, e))?;
-            deleted += gone;
-            if !more {
+            deleted += chunk.by_age + chunk.by_count;
+            excess = excess.saturating_sub(chunk.by_count);
+            let progress = chunk.by_age + chunk.by_count > 0;
+            if !(chunk.more_by_age || (excess > 0 && progress)) {
                 return Ok(deleted);
             }
         }
     }
+
+    /// Messages pruned since the store was opened.
+    pub fn pruned(&self) -> u64 {
+        self.health.pruned.load(Ordering::Relaxed)
+    }
 }
 
-/// One pruning transaction on the writer's connection: picks up to [`PRUNE_CHUNK`] finished
-/// threads (too old first, then the oldest while over `max_messages`) and deletes them. Says
-/// whether more remain.
+/// What one pruning transaction deleted.
+struct Pruned {
+    /// Messages of threads past the age limit.
+    by_age: u64,
+    /// Messages of the oldest threads, for the count limit.
+    by_count: u64,
+    /// More threads past the age limit remain.
+    more_by_age: bool,
+}
+
+/// One pruning transaction on the writer's connection: deletes finished threads past
+/// `cutoff` (oldest first), then the oldest finished threads while `excess` messages remain to
+/// go, about `chunk` messages in all (whole threads, at least one).
 fn prune_chunk(
     conn: &mut Connection,
-    max_messages: Option<u64>,
+    excess: u64,
     cutoff: Option<i64>,
-) -> rusqlite::Result<(u64, bool)> {
+    chunk: u64,
+) -> rusqlite::Result<Pruned> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let chunk = PRUNE_CHUNK as i64;
-    let mut victims: Vec<String> = Vec::new();
-    let mut more = false;
-    if let Some(cutoff) = cutoff {
-        let mut stmt = tx.prepare_cached(
-            "SELECT id FROM threads WHERE last_activity < ?1 AND status != 'active' \
-                 ORDER BY last_activity, id LIMIT ?2",
-        )?;
-        victims = stmt
-            .query_map(params![cutoff, chunk], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        more = victims.len() == PRUNE_CHUNK;
-    }
     let mut deltas = CountDeltas::default();
-    let mut gone = 0u64;
-    let mut thread = tx.prepare_cached("DELETE FROM threads WHERE id = ?1")?;
-    for id in &victims {
-        gone += delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
-        thread.execute(params![id])?;
-    }
-    if let (Some(max), false) = (max_messages, more) {
-        let count: u64 = tx.query_row(
-            "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
-            [],
-            |r| get_u64(r, 0),
-        )?;
-        // The kept total does not see this chunk's deletions until `deltas` is written.
-        let mut excess = count.saturating_sub(max).saturating_sub(gone);
-        let oldest: Vec<String> = tx
-            .prepare_cached(
-                "SELECT id FROM threads WHERE status != 'active' \
-                     ORDER BY last_activity, id LIMIT ?1",
-            )?
-            .query_map(params![chunk], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        let mut taken = 0;
-        for id in &oldest {
-            if excess == 0 {
+    let mut out = Pruned {
+        by_age: 0,
+        by_count: 0,
+        more_by_age: false,
+    };
+    let mut delete = |tx: &rusqlite::Transaction<'_>, id: &str| -> rusqlite::Result<u64> {
+        let n = delete_messages(tx, "thread_id = ?1", params![id], &mut deltas)?;
+        tx.prepare_cached("DELETE FROM threads WHERE id = ?1")?
+            .execute(params![id])?;
+        Ok(n)
+    };
+    let oldest = |tx: &rusqlite::Transaction<'_>, cutoff: i64| -> rusqlite::Result<Vec<String>> {
+        tx.prepare_cached(
+            "SELECT id FROM threads WHERE last_activity < ?1 AND status != 'active' \
+             ORDER BY last_activity, id LIMIT ?2",
+        )?
+        .query_map(params![cutoff, chunk.min(i64::MAX as u64) as i64], |r| {
+            r.get(0)
+        })?
+        .collect()
+    };
+    if let Some(cutoff) = cutoff {
+        for id in oldest(&tx, cutoff)? {
+            if out.by_age >= chunk {
+                out.more_by_age = true;
                 break;
             }
-            let n = delete_messages(&tx, "thread_id = ?1", params![id], &mut deltas)?;
-            thread.execute(params![id])?;
-            excess = excess.saturating_sub(n);
-            gone += n;
-            taken += 1;
+            out.by_age += delete(&tx, &id)?;
         }
-        more = excess > 0 && taken == PRUNE_CHUNK;
     }
-    drop(thread);
+    let room = chunk.saturating_sub(out.by_age).min(excess);
+    if room > 0 && !out.more_by_age {
+        for id in oldest(&tx, i64::MAX)? {
+            if out.by_count >= room {
+                break;
+            }
+            out.by_count += delete(&tx, &id)?;
+        }
+    }
+    drop(delete);
     deltas.write(&tx)?;
     tx.commit()?;
-    Ok((gone, more))
+    Ok(out)
 }
 
 /// A filter as SQL: `AND`-ed clauses with their parameters.
@@ -863,6 +891,8 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
     // and retried every RETRY_INTERVAL even when nothing new arrives, so nothing is lost
     // once the cause is gone.
     let mut held: Vec<Op> = Vec::new();
+    // Messages written since the last pruning chunk (sizes the next one).
+    let mut arrived_since_prune = 0u64;
     loop {
         let first = if held.is_empty() {
             rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected)
@@ -900,6 +930,10 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
         let prunes: Vec<Op> = batch
             .extract_if(.., |op| matches!(op, Op::Prune { .. }))
             .collect();
+        arrived_since_prune += batch
+            .iter()
+            .filter(|op| matches!(op, Op::Message(_)))
+            .count() as u64;
         coalesce(&mut batch);
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
         let result = commit(&mut conn, &batch);
@@ -934,12 +968,22 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
         );
         for op in prunes {
             if let Op::Prune {
-                max_messages,
+                excess,
                 cutoff,
                 done,
             } = op
             {
-                let _ = done.send(prune_chunk(&mut conn, max_messages, cutoff));
+                // At least twice what arrived since the last chunk, so pruning outpaces
+                // arrivals (the writer's backlog, and so inject's 429, pays for it).
+                let chunk = PRUNE_CHUNK.max(2 * arrived_since_prune);
+                arrived_since_prune = 0;
+                let result = prune_chunk(&mut conn, excess, cutoff, chunk);
+                if let Ok(p) = &result {
+                    health
+                        .pruned
+                        .fetch_add(p.by_age + p.by_count, Ordering::Relaxed);
+                }
+                let _ = done.send(result);
             }
         }
         for op in batch.drain(..) {
