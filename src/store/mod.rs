@@ -1743,22 +1743,25 @@ mod tests {
     }
 
     #[test]
-    fn pruning_while_the_writer_commits_never_fails_a_write() {
+    fn pruning_passes_end_while_writes_keep_coming_and_never_fail_one() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(&dir.path().join("s.db")).unwrap());
         let done = Arc::new(AtomicBool::new(false));
+        let (pass_tx, passes) = mpsc::channel();
         let pruner = {
             let (store, done) = (store.clone(), done.clone());
             std::thread::spawn(move || {
-                let mut pruned = 0;
                 while !done.load(Ordering::Relaxed) {
-                    pruned += store.prune(Some(500), None).unwrap();
+                    let n = store.prune(Some(500), None).unwrap();
+                    let _ = pass_tx.send(n);
                 }
-                pruned
             })
         };
-        for i in 0..3000u64 {
-            let t = format!("t{i:05}");
+        // Write without pause until three passes have ended (each pass's target is fixed
+        // when it starts, so it ends even though arrivals never stop).
+        let (mut i, mut ended) = (0u64, 0);
+        while ended < 3 {
+            let t = format!("t{i:06}");
             thread(&store, &t, ThreadStatus::Completed, i);
             for slot in 0..3 {
                 store.record(
@@ -1772,12 +1775,24 @@ mod tests {
                 store.flush(1);
                 assert_eq!(store.failure(), None, "a write failed beside pruning");
             }
+            if i > 300_000 {
+                panic!("no pruning pass ended within 300,000 threads of writes");
+            }
+            ended += passes.try_iter().count();
+            i += 1;
         }
         store.flush(1);
         done.store(true, Ordering::Relaxed);
-        let pruned = pruner.join().unwrap();
+        pruner.join().unwrap();
         assert_eq!(store.failure(), None, "a write failed beside pruning");
-        assert!(pruned > 0);
+        // One last pass with nothing arriving brings the log down to the limit.
+        store.prune(Some(500), None).unwrap();
+        let kept = store
+            .query_messages(&MessageFilter::default(), Page::default())
+            .unwrap()
+            .total;
+        assert!(kept <= 500, "{kept} messages kept, limit 500");
+        assert!(store.pruned() > 0);
         assert_kept_counts_match_scans(&store);
     }
 
