@@ -3,18 +3,28 @@
 //! measures the single-thread validation ceiling (libxml2 parse + validate of the same
 //! payloads, no pump), so each figure is also a ratio to what validation alone costs.
 //!
-//! Run: `cargo run --release --example loadgen -- [chain|lua|fanout|ws50|all] [THREADS]`
+//! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
+//! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
+//! [--concurrency N]`. `--pace N` injects N threads/s (open loop) instead of as fast as 256
+//! in flight allow. Workloads:
 //!
 //! - `chain`: a → b → c, native handlers, XSD validation at every hop, SQLite store on.
 //! - `chain-memory`: the same with `store: memory` (the store's cost is the difference).
 //! - `lua`: the same chain with Lua handlers.
 //! - `fanout`: one payload broadcast to 8 listeners (copies counted as deliveries).
-//! - `ws50`: `chain` while 50 `/ws/messages` clients read every message.
+//! - `ws50`: `chain` while 50 `/ws/messages` clients read every message; each checks that
+//!   its frames come in `seq` order and that every message it missed lies in an announced
+//!   `dropped` gap, and the fraction each received is reported.
 //! - `rest`: REST inject closed-loop latency (POST `/api/v1/inject` → 202 → thread
 //!   completed) through the HTTP stack, one request at a time, while the `chain` organism
 //!   carries half of its measured peak from in-process injectors.
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
+//! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages; the resident
+//!   set size after each million.
+//! - `remote`: a running server (`agentserver run …`): REST injects closed-loop, each timed
+//!   until its thread's final `thread_updated` on `/ws`.
+//! - `all`: chain, chain-memory, lua, fanout, ws50.
 
 use std::time::{Duration, Instant};
 
