@@ -773,12 +773,15 @@ fn prune_chunk(
         .collect()
     };
     if let Some(cutoff) = cutoff {
-        for id in oldest(&tx, cutoff)? {
+        let ids = oldest(&tx, cutoff)?;
+        // A full page may have more behind it, even when all of it was deleted.
+        out.more_by_age = ids.len() as u64 >= chunk;
+        for id in &ids {
             if out.by_age >= chunk {
                 out.more_by_age = true;
                 break;
             }
-            out.by_age += delete(&tx, &id)?;
+            out.by_age += delete(&tx, id)?;
         }
     }
     let room = chunk.saturating_sub(out.by_age).min(excess);
@@ -1793,6 +1796,41 @@ mod tests {
             .total;
         assert!(kept <= 500, "{kept} messages kept, limit 500");
         assert!(store.pruned() > 0);
+        assert_kept_counts_match_scans(&store);
+    }
+
+    #[test]
+    fn an_age_prune_of_more_than_one_chunk_of_one_message_threads_deletes_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let threads = PRUNE_CHUNK + 50;
+        for i in 0..threads {
+            let t = format!("t{i:05}");
+            thread(&store, &t, ThreadStatus::Completed, i);
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(&t, 0, "api", "g", i),
+                },
+            );
+        }
+        store.flush(1);
+        // A pass that deletes nothing: the next chunk is then PRUNE_CHUNK exactly (nothing
+        // has arrived since).
+        assert_eq!(store.prune(None, None).unwrap(), 0);
+        store
+            .reader
+            .lock()
+            .unwrap()
+            .execute("UPDATE threads SET last_activity = 1", [])
+            .unwrap();
+        // Every thread is ancient by the clock: the first chunk is exactly full, and the
+        // pass must go on to the rest.
+        assert_eq!(
+            store.prune(None, Some(Duration::from_secs(1))).unwrap(),
+            threads
+        );
+        assert_eq!(store.pruned(), threads);
         assert_kept_counts_match_scans(&store);
     }
 
