@@ -793,7 +793,6 @@ fn prune_chunk(
             out.by_count += delete(&tx, &id)?;
         }
     }
-    drop(delete);
     deltas.write(&tx)?;
     tx.commit()?;
     Ok(out)
@@ -1841,12 +1840,12 @@ mod tests {
         let threads = PRUNE_CHUNK * 2 + 10;
         for i in 0..threads {
             let t = format!("t{i:04}");
-            thread(&store, &t, ThreadStatus::Completed, i as u64);
+            thread(&store, &t, ThreadStatus::Completed, i);
             for slot in 0..2 {
                 store.record(
                     1,
                     &EventKind::Message {
-                        message: msg(&t, slot, "api", "g", i as u64),
+                        message: msg(&t, slot, "api", "g", i),
                     },
                 );
             }
@@ -1854,7 +1853,7 @@ mod tests {
         store.flush(1);
         // Keep the newest 20 threads' messages: everything older goes, in three chunks.
         let deleted = store.prune(Some(40), None).unwrap();
-        assert_eq!(deleted, (threads as u64 - 20) * 2);
+        assert_eq!(deleted, (threads - 20) * 2);
         let left = store
             .query_threads(&ThreadFilter::default(), Page::default())
             .unwrap();
