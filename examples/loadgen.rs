@@ -81,6 +81,18 @@ fn organism_yaml(workload: &str) -> String {
     format!("{head}{body}")
 }
 
+/// Starts the organism `yaml` describes in a fresh directory holding the schema and the Lua
+/// script it may name. The directory (and a store file in it) lives as long as the guard.
+fn start(yaml: &str) -> Result<(tempfile::TempDir, Organism), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("t.xsd"), XSD)?;
+    std::fs::write(dir.path().join("fwd.lua"), FORWARD_LUA)?;
+    let path = dir.path().join("o.yaml");
+    std::fs::write(&path, yaml)?;
+    let organism = Organism::builder().load(&path)?;
+    Ok((dir, organism))
+}
+
 struct Latencies(Vec<Duration>);
 
 impl Latencies {
@@ -164,12 +176,7 @@ async fn run(
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     // The ceiling first, on a quiet machine (no organism, no store writer yet).
     let ceiling = ceiling(threads)?;
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("t.xsd"), XSD)?;
-    std::fs::write(dir.path().join("fwd.lua"), FORWARD_LUA)?;
-    let path = dir.path().join("o.yaml");
-    std::fs::write(&path, organism_yaml(workload))?;
-    let organism = Organism::builder().load(&path)?;
+    let (_dir, organism) = start(&organism_yaml(workload))?;
     // Deliveries per thread: the hops the figure counts.
     let hops = if workload == "fanout" { 1 + 8 } else { 3 };
 
@@ -290,11 +297,7 @@ impl OrderCheck {
 
 /// Workload (d): REST latency at half of peak load.
 async fn rest(threads: usize) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("t.xsd"), XSD)?;
-    let path = dir.path().join("o.yaml");
-    std::fs::write(&path, organism_yaml("chain"))?;
-    let organism = Organism::builder().load(&path)?;
+    let (_dir, organism) = start(&organism_yaml("chain"))?;
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
     let url = format!("http://{}/api/v1/inject", server.local_addr());
 
@@ -393,15 +396,11 @@ async fn startup() -> Result<(), Box<dyn std::error::Error>> {
 /// Memory: the `chain` organism with the store on and retention keeping 100,000 messages,
 /// driven through 5M logged messages; the resident set size is read after each million.
 async fn rss() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    std::fs::write(dir.path().join("t.xsd"), XSD)?;
-    let path = dir.path().join("o.yaml");
     let yaml = organism_yaml("chain").replace(
         "store: data.db }",
         "store: data.db, store_retention: { max_messages: 100000 } }",
     );
-    std::fs::write(&path, yaml)?;
-    let organism = Organism::builder().load(&path)?;
+    let (_dir, organism) = start(&yaml)?;
     let mut samples = Vec::new();
     let started = Instant::now();
     for million in 1..=5u64 {

@@ -325,13 +325,7 @@ impl Store {
             .optional()
             .map_err(corrupt)?
             .unwrap_or(0);
-        let total_messages: u64 = conn
-            .query_row(
-                "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
-                [],
-                |r| get_u64(r, 0),
-            )
-            .map_err(corrupt)?;
+        let total_messages = stored_total(&conn).map_err(corrupt)?;
         let reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
         let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::sync_channel(QUEUE);
@@ -692,15 +686,7 @@ impl Store {
         let cutoff =
             max_age.map(|age| Timestamp::now().0.saturating_sub(age.as_millis() as u64) as i64);
         let mut excess = match max_messages {
-            Some(max) => self
-                .read(|tx| {
-                    tx.query_row(
-                        "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
-                        [],
-                        |r| get_u64(r, 0),
-                    )
-                })?
-                .saturating_sub(max),
+            Some(max) => self.read(|tx| stored_total(tx))?.saturating_sub(max),
             None => 0,
         };
         let mut deleted = 0u64;
@@ -728,6 +714,15 @@ impl Store {
     pub fn pruned(&self) -> u64 {
         self.health.pruned.load(Ordering::Relaxed)
     }
+}
+
+/// Messages in the log, from the kept counts (agent `''` counts each message once).
+fn stored_total(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE agent = ''",
+        [],
+        |r| get_u64(r, 0),
+    )
 }
 
 /// What one pruning transaction deleted.
