@@ -205,6 +205,7 @@ async fn run(
     drive(&organism, threads / 10 + 1, hops, pace).await?;
     let (rate, mut lat) = drive(&organism, threads, hops, pace).await?;
     let logged = organism.info().total_messages;
+    let writer_cpu = thread_cpu_secs("store-writer");
     organism.stop().await;
     if let Some(s) = server {
         s.shutdown().await;
@@ -252,7 +253,35 @@ async fn run(
         "ceiling_validations_per_s": ceiling.round(),
         "ratio_to_ceiling": (rate / ceiling * 1000.0).round() / 1000.0,
         "subscribers": subscribers,
+        "store_writer_cpu_us_per_message": writer_cpu
+            .map(|s| (s * 1e7 / logged.max(1) as f64).round() / 10.0),
     }))
+}
+
+/// CPU seconds (user + system) used so far by this process's threads named `name`, from
+/// `/proc/self/task` (Linux; `None` elsewhere or when there is no such thread).
+fn thread_cpu_secs(name: &str) -> Option<f64> {
+    let ticks = 100.0; // USER_HZ, 100 on Linux
+    let mut total = None;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+        // Fields after the `(comm)`: state is the first; utime and stime are the 12th and 13th.
+        let after = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .unwrap_or_default();
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+        if let (Some(user), Some(system)) = (field(11), field(12)) {
+            *total.get_or_insert(0.0) += (user + system) / ticks;
+        }
+    }
+    total
 }
 
 /// The unsigned integer right after `key` in a JSON text (0 when absent).
@@ -708,6 +737,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r["ceiling_validations_per_s"],
             r["ratio_to_ceiling"]
         );
+        if let Some(us) = r["store_writer_cpu_us_per_message"].as_f64() {
+            println!("{:14} store writer: {us} µs of CPU per logged message", "");
+        }
         println!("{r}");
     }
     Ok(())
