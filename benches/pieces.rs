@@ -9,7 +9,7 @@ use std::sync::Arc;
 use agentserver::events::{EventHub, EventKind};
 use agentserver::schema::Schema;
 use agentserver::store::Store;
-use agentserver::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+use agentserver::threads::{MessageRecord, MessageStatus};
 use agentserver::time::Timestamp;
 use agentserver::xml::{normalize_payload, parse_envelope, PayloadType, XmlLimits};
 use agentserver::Organism;
@@ -147,82 +147,7 @@ fn bench(c: &mut Criterion) {
         )
     });
 
-    // What the three-hop chain asks of the writer: per thread, `thread_created`, three
-    // messages each followed later by its final status, and `thread_updated` (completed),
-    // for 256 threads in flight at a time (so some statuses land in a later batch than
-    // their message, as under load). Throughput counts messages.
-    const CHAIN_THREADS: u64 = 2_048;
-    let mut seq = 0u64;
-    g.throughput(Throughput::Elements(CHAIN_THREADS * 3));
-    g.bench_function("store_chain_6144_messages_committed", |b| {
-        b.iter_batched(
-            || {
-                (0..CHAIN_THREADS)
-                    .map(|_| uuid::Uuid::now_v7().to_string())
-                    .collect::<Vec<_>>()
-            },
-            |threads| {
-                for window in threads.chunks(256) {
-                    for phase in 0..8u64 {
-                        for t in window {
-                            seq += 1;
-                            store.record(seq, &chain_event(t, phase));
-                        }
-                    }
-                }
-                store.flush(seq);
-            },
-            BatchSize::SmallInput,
-        )
-    });
     g.finish();
-}
-
-/// Event `phase` (0..8) of a three-hop chain thread `t`, as the pump publishes them.
-fn chain_event(t: &str, phase: u64) -> EventKind {
-    let hop = (phase.max(1) - 1) / 2;
-    let names = ["api", "a", "b", "c"];
-    match phase {
-        0 => EventKind::ThreadCreated {
-            thread: ThreadInfo {
-                id: t.to_string(),
-                status: ThreadStatus::Active,
-                participants: Vec::new(),
-                message_count: 0,
-                created_at: Timestamp::now(),
-                last_activity: Timestamp::now(),
-                error: None,
-            },
-        },
-        7 => EventKind::ThreadUpdated {
-            thread_id: t.to_string(),
-            status: ThreadStatus::Completed,
-            message_count: 3,
-            error: None,
-        },
-        p if p % 2 == 1 => EventKind::Message {
-            message: MessageRecord {
-                id: Arc::from(format!("{t}-{hop}")),
-                thread_id: Arc::from(t),
-                parent_id: None,
-                slot_index: hop,
-                from: Arc::from(names[hop as usize]),
-                to: Some(Arc::from(names[hop as usize + 1])),
-                payload_type: Some("{urn:bench}Note".into()),
-                payload_xml: Arc::from("<Note>load message number 12345</Note>"),
-                status: MessageStatus::Pending,
-                error: None,
-                timestamp: Timestamp::now(),
-                schema: None,
-            },
-        },
-        _ => EventKind::MessageStatus {
-            id: format!("{t}-{hop}"),
-            thread_id: t.to_string(),
-            status: MessageStatus::Delivered,
-            error: None,
-        },
-    }
 }
 
 criterion_group!(benches, bench);

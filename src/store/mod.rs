@@ -118,6 +118,21 @@ INSERT OR IGNORE INTO message_agents SELECT receiver, seq FROM messages WHERE re
 INSERT INTO message_counts SELECT a.agent, COALESCE(m.payload_type, ''), m.status, COUNT(*)
   FROM message_agents a JOIN messages m ON m.seq = a.seq GROUP BY 1, 2, 3;
 "#,
+    r#"
+-- v3: the agent side table keyed by a number per agent name (`names`), not the name: its
+-- index compares an integer instead of a repeated string on every insert. `names` only grows
+-- (agent names are the organism's listeners and injector identities: few).
+CREATE TABLE names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+INSERT INTO names (name) SELECT DISTINCT agent FROM message_agents;
+CREATE TABLE message_agents_v3 (
+  agent INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY (agent, seq)
+) WITHOUT ROWID;
+INSERT INTO message_agents_v3 SELECT n.id, a.seq FROM message_agents a JOIN names n ON n.name = a.agent;
+DROP TABLE message_agents;
+ALTER TABLE message_agents_v3 RENAME TO message_agents;
+"#,
 ];
 
 /// Why the store cannot be used.
@@ -500,7 +515,7 @@ impl Store {
             let mut args: Vec<V> = Vec::new();
             let from = match &filter.agent {
                 Some(a) => {
-                    clauses.push("a.agent = ?".into());
+                    clauses.push("a.agent = (SELECT id FROM names WHERE name = ?)".into());
                     args.push(V::Text(a.clone()));
                     "message_agents a CROSS JOIN messages m ON m.seq = a.seq"
                 }
@@ -904,6 +919,7 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
     let mut held: Vec<Op> = Vec::new();
     // Messages written since the last pruning chunk (sizes the next one).
     let mut arrived_since_prune = 0u64;
+    let mut names = Names::new();
     loop {
         let first = if held.is_empty() {
             rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected)
@@ -947,7 +963,7 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
             .count() as u64;
         coalesce(&mut batch);
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
-        let result = commit(&mut conn, &batch);
+        let result = commit(&mut conn, &mut names, &batch);
         match result {
             Ok(()) => {
                 health.committed_batches.fetch_add(1, Ordering::Relaxed);
@@ -1152,7 +1168,7 @@ fn delete_messages(
         "DELETE FROM messages WHERE {condition} RETURNING seq, sender, receiver, payload_type, status"
     ))?;
     let mut agents =
-        tx.prepare_cached("DELETE FROM message_agents WHERE agent = ?1 AND seq = ?2")?;
+        tx.prepare_cached("DELETE FROM message_agents WHERE agent = (SELECT id FROM names WHERE name = ?1) AND seq = ?2")?;
     let mut rows = stmt.query(args)?;
     while let Some(r) = rows.next()? {
         let (seq, from, to, payload_type, status): (
@@ -1178,10 +1194,22 @@ fn delete_messages(
     Ok(gone)
 }
 
+/// `message_agents` rows per multi-row insert: one statement's overhead for many rows.
+const AGENT_ROWS: usize = 64;
+
+/// Agent names' numbers (`names`), as the writer has read or added them. Emptied when a
+/// transaction fails, since a number added by it is gone with it.
+type Names = std::collections::HashMap<String, i64>;
+
 /// The writer's statements, prepared once per transaction (not looked up per operation).
-struct Writes<'t> {
+struct Writes<'t, 'n> {
     insert: rusqlite::CachedStatement<'t>,
     agent: rusqlite::CachedStatement<'t>,
+    agents: rusqlite::CachedStatement<'t>,
+    /// (agent number, seq) rows for `message_agents`, inserted [`AGENT_ROWS`] per statement.
+    agent_rows: Vec<(i64, i64)>,
+    name: rusqlite::CachedStatement<'t>,
+    names: &'n mut Names,
     find: rusqlite::CachedStatement<'t>,
     restate: rusqlite::CachedStatement<'t>,
     thread: rusqlite::CachedStatement<'t>,
@@ -1189,15 +1217,27 @@ struct Writes<'t> {
     deltas: CountDeltas,
 }
 
-impl<'t> Writes<'t> {
-    fn prepare(tx: &'t rusqlite::Transaction<'_>) -> rusqlite::Result<Writes<'t>> {
+impl<'t, 'n> Writes<'t, 'n> {
+    fn prepare(
+        tx: &'t rusqlite::Transaction<'_>,
+        names: &'n mut Names,
+    ) -> rusqlite::Result<Writes<'t, 'n>> {
         Ok(Writes {
+            names,
+            name: tx.prepare_cached(
+                "INSERT INTO names (name) VALUES (?1) ON CONFLICT (name) DO UPDATE SET name = name RETURNING id",
+            )?,
             insert: tx.prepare_cached(
                 "INSERT INTO messages (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT(thread_id, slot_index) DO NOTHING",
             )?,
             agent: tx.prepare_cached("INSERT INTO message_agents (agent, seq) VALUES (?1, ?2)")?,
+            agents: tx.prepare_cached(&format!(
+                "INSERT INTO message_agents (agent, seq) VALUES {}",
+                vec!["(?, ?)"; AGENT_ROWS].join(", ")
+            ))?,
+            agent_rows: Vec::new(),
             find: tx.prepare_cached(
                 "SELECT seq, sender, receiver, payload_type, status FROM messages WHERE thread_id = ?1 AND id = ?2",
             )?,
@@ -1214,6 +1254,30 @@ impl<'t> Writes<'t> {
             )?,
             deltas: CountDeltas::default(),
         })
+    }
+
+    /// Writes the gathered `message_agents` rows (before the transaction commits).
+    fn finish(&mut self) -> rusqlite::Result<()> {
+        let rows = std::mem::take(&mut self.agent_rows);
+        let mut chunks = rows.chunks_exact(AGENT_ROWS);
+        for chunk in &mut chunks {
+            self.agents
+                .execute(params_from_iter(chunk.iter().flat_map(|(a, s)| [*a, *s])))?;
+        }
+        for (agent, seq) in chunks.remainder() {
+            self.agent.execute(params![agent, seq])?;
+        }
+        Ok(())
+    }
+
+    /// The number of an agent name, added to `names` on first use.
+    fn name_id(&mut self, name: &str) -> rusqlite::Result<i64> {
+        if let Some(&id) = self.names.get(name) {
+            return Ok(id);
+        }
+        let id = self.name.query_row(params![name], |r| r.get(0))?;
+        self.names.insert(name.to_string(), id);
+        Ok(id)
     }
 
     /// A status change of a stored message, with its counts moved.
@@ -1273,9 +1337,11 @@ impl<'t> Writes<'t> {
                     return self.restate(&m.thread_id, &m.id, m.status, m.error.as_deref());
                 }
                 let seq = tx.last_insert_rowid();
-                self.agent.execute(params![&*m.from, seq])?;
+                let from = self.name_id(&m.from)?;
+                self.agent_rows.push((from, seq));
                 if let Some(to) = m.to.as_deref().filter(|t| *t != &*m.from) {
-                    self.agent.execute(params![to, seq])?;
+                    let to = self.name_id(to)?;
+                    self.agent_rows.push((to, seq));
                 }
                 self.deltas.add(
                     &m.from,
@@ -1320,19 +1386,29 @@ impl<'t> Writes<'t> {
 /// Commits a batch in one transaction. If that fails, commits the operations one by one so a
 /// single bad row costs only itself; returns the first error met and the (ascending) indexes
 /// of the operations that failed.
-fn commit(conn: &mut Connection, batch: &[Op]) -> Result<(), (rusqlite::Error, Vec<usize>)> {
-    let run = |conn: &mut Connection, ops: &[Op]| -> rusqlite::Result<()> {
+fn commit(
+    conn: &mut Connection,
+    names: &mut Names,
+    batch: &[Op],
+) -> Result<(), (rusqlite::Error, Vec<usize>)> {
+    let mut run = |conn: &mut Connection, ops: &[Op]| -> rusqlite::Result<()> {
         // The write lock up front: a deferred transaction that read first could not upgrade
         // after pruning committed in between (SQLITE_BUSY at once, no busy wait).
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let mut writes = Writes::prepare(&tx)?;
-        for op in ops {
-            writes.apply(&tx, op)?;
-        }
+        let mut writes = Writes::prepare(&tx, names)?;
+        let applied = ops
+            .iter()
+            .try_for_each(|op| writes.apply(&tx, op))
+            .and_then(|()| writes.finish());
         let deltas = std::mem::take(&mut writes.deltas);
         drop(writes);
-        deltas.write(&tx)?;
-        tx.commit()
+        let done = applied
+            .and_then(|()| deltas.write(&tx))
+            .and_then(|()| tx.commit());
+        if done.is_err() {
+            names.clear();
+        }
+        done
     };
     if run(conn, batch).is_ok() {
         return Ok(());
@@ -1690,6 +1766,31 @@ mod tests {
         let ids: Vec<&str> = g.items.iter().map(|m| &*m.id).collect();
         assert_eq!(ids, vec!["m2", "m1", "m0"], "v1 rows keep their time order");
         assert_kept_counts_match_scans(&store);
+        // New writes name agents by the numbers the migration gave them (and new ones).
+        store.record(
+            1,
+            &EventKind::Message {
+                message: msg("t2", 0, "g", "z", 20),
+            },
+        );
+        store.flush(1);
+        let count = |agent: &str| {
+            store
+                .query_messages(
+                    &MessageFilter {
+                        agent: Some(agent.into()),
+                        ..Default::default()
+                    },
+                    Page::default(),
+                )
+                .unwrap()
+        };
+        assert_eq!((count("g").total, count("g").items.len()), (4, 4));
+        assert_eq!(count("z").total, 1);
+        assert_eq!(count("z").items[0].thread_id.as_ref(), "t2");
+        assert_eq!(count("nobody").total, 0);
+        assert!(count("nobody").items.is_empty());
+        assert_kept_counts_match_scans(&store);
     }
 
     fn until(what: &str, mut cond: impl FnMut() -> bool) {
@@ -1706,7 +1807,8 @@ mod tests {
         let store = Store::open_with(&dir.path().join("s.db"), Some(120)).unwrap();
         let big = |t: &str, slot: u64| MessageRecord {
             payload_xml: Arc::from(format!("<Note xmlns=\"urn:x\">{}</Note>", "x".repeat(4000))),
-            ..msg(t, slot, "api", "g", slot)
+            // The new thread's receiver is an agent first named by writes that fail.
+            ..msg(t, slot, "api", if t == "new" { "h" } else { "g" }, slot)
         };
         thread(&store, "old", ThreadStatus::Completed, 1);
         for slot in 0..60 {
@@ -1752,6 +1854,20 @@ mod tests {
             .unwrap();
         assert_eq!(new.total, 60, "no write was lost");
         assert_eq!(store.queued(), 0);
+        let h = store
+            .query_messages(
+                &MessageFilter {
+                    agent: Some("h".into()),
+                    ..Default::default()
+                },
+                Page::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            (h.total, h.items.len()),
+            (60, 50),
+            "the agent first named by failed writes is found"
+        );
     }
 
     #[test]
