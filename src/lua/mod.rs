@@ -1,5 +1,5 @@
 //! `kind: lua` listeners (SPEC §11.1–§11.2): Luau sandboxes on their own OS threads, fed
-//! through a channel, with the XML ↔ table bridge and script reload.
+//! through one queue per pool, with the XML ↔ table bridge and script reload.
 //!
 //! A [`LuaHandler`] owns a pool of `concurrency` sandboxes, each a Lua state on its own thread;
 //! tenants never share a state. A call sends the payload's JSON view (typed by the listener's
@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value as Json};
@@ -170,11 +170,65 @@ struct Job {
     reply: tokio::sync::oneshot::Sender<(Result<Json, CallError>, Vec<LogLine>, usize)>,
 }
 
+/// The calls waiting for one pool's sandboxes. Every sandbox thread takes from it, and a call
+/// wakes one sleeping thread at most (a channel receiver shared behind a mutex woke two: the
+/// receiver, then the next thread waiting for the mutex).
+#[derive(Default)]
+struct Queue {
+    jobs: Mutex<std::collections::VecDeque<Job>>,
+    ready: Condvar,
+    /// Set when the pool is replaced or dropped: threads finish what is queued, then end.
+    closed: AtomicBool,
+    /// Sandbox threads serving the queue.
+    serving: AtomicUsize,
+}
+
+impl Queue {
+    /// Queues a call; false (the call dropped) when no sandbox thread serves the pool.
+    fn push(&self, job: Job) -> bool {
+        if self.serving.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        crate::sync::lock(&self.jobs).push_back(job);
+        self.ready.notify_one();
+        true
+    }
+
+    /// The next call, waiting for one; `None` once the pool is closed and drained.
+    fn take(&self) -> Option<Job> {
+        let mut jobs = crate::sync::lock(&self.jobs);
+        loop {
+            if let Some(job) = jobs.pop_front() {
+                return Some(job);
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            jobs = self
+                .ready
+                .wait(jobs)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    fn close(&self) {
+        // Under the lock, so a thread between its check and its wait cannot miss the wake-up.
+        let _jobs = crate::sync::lock(&self.jobs);
+        self.closed.store(true, Ordering::SeqCst);
+        self.ready.notify_all();
+    }
+}
+
 /// A set of sandboxes built from one version of the script.
 struct Pool {
-    tx: mpsc::Sender<Job>,
-    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
+    queue: Arc<Queue>,
     spec: Arc<Spec>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
 }
 
 /// What a sandbox is built from.
@@ -189,10 +243,11 @@ impl Pool {
     /// Builds `n` sandboxes, each on its own thread; fails if any does not compile or `init`
     /// fails.
     fn start(spec: Spec, n: usize) -> Result<Pool, String> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
         let spec = Arc::new(spec);
-        let pool = Pool { tx, rx, spec };
+        let pool = Pool {
+            queue: Arc::new(Queue::default()),
+            spec,
+        };
         for _ in 0..n {
             pool.spawn_sandbox()?;
         }
@@ -202,11 +257,11 @@ impl Pool {
     /// One sandbox thread: builds its state, reports whether that worked, then serves jobs.
     fn spawn_sandbox(&self) -> Result<(), String> {
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-        let rx = self.rx.clone();
+        let queue = self.queue.clone();
         let spec = self.spec.clone();
         std::thread::Builder::new()
             .name(format!("lua-{}", spec.name))
-            .spawn(move || sandbox_thread(spec, rx, ready_tx))
+            .spawn(move || sandbox_thread(spec, queue, ready_tx))
             .map_err(|e| format!("cannot start a sandbox thread: {e}"))?;
         ready_rx
             .recv()
@@ -214,29 +269,32 @@ impl Pool {
     }
 }
 
-fn sandbox_thread(
-    spec: Arc<Spec>,
-    rx: Arc<Mutex<mpsc::Receiver<Job>>>,
-    ready: mpsc::Sender<Result<(), String>>,
-) {
+fn sandbox_thread(spec: Arc<Spec>, queue: Arc<Queue>, ready: mpsc::Sender<Result<(), String>>) {
     let build = || Sandbox::new(&spec.name, &spec.source, &spec.config, spec.limits);
-    let mut sandbox = match build() {
-        Ok(s) => {
-            let _ = ready.send(Ok(()));
-            s
-        }
+    let sandbox = match build() {
+        Ok(s) => s,
         Err(e) => {
             let _ = ready.send(Err(e));
             return;
         }
     };
+    queue.serving.fetch_add(1, Ordering::SeqCst);
+    let _ = ready.send(Ok(()));
+    serve(&spec, &queue, sandbox, build);
+    queue.serving.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// A sandbox thread's calls, until the pool closes, the thread is abandoned by the watchdog,
+/// or its sandbox cannot be rebuilt.
+fn serve(
+    spec: &Spec,
+    queue: &Queue,
+    mut sandbox: Sandbox,
+    build: impl Fn() -> Result<Sandbox, String>,
+) {
     loop {
-        let job = {
-            let guard = crate::sync::lock(&rx);
-            match guard.recv() {
-                Ok(job) => job,
-                Err(_) => return, // the pool was replaced or dropped
-            }
+        let Some(job) = queue.take() else {
+            return; // the pool was replaced or dropped
         };
         let (result, logs) = sandbox.call(&job.payload, &job.meta, job.cancel.clone());
         let memory = sandbox.used_memory();
@@ -503,10 +561,10 @@ impl Handler for LuaHandler {
             abandoned: abandoned.clone(),
             reply,
         };
-        let sent = pool.tx.send(job).map_err(|_| ());
+        let sent = pool.queue.push(job);
         Box::pin(async move {
             let _cancel_on_drop = CancelOnDrop(cancel);
-            if sent.is_err() {
+            if !sent {
                 return Err(HandlerError(
                     "lua: no sandbox is running for this listener".into(),
                 ));
@@ -683,5 +741,38 @@ mod tests {
             h.handle(delivery(&schema, "x")).await.unwrap()[0].payload,
             "<Note>v2</Note>"
         );
+    }
+
+    #[tokio::test]
+    async fn a_replaced_pool_answers_its_queued_calls_then_its_sandbox_threads_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = |tag: &str| {
+            format!(
+                "function handle(p, m) if p == 'block' then __test_block(300) end \
+                 return {{ to = m.from, type = 'Note', payload = '{tag}' }} end"
+            )
+        };
+        let (h, schema) = handler(dir.path(), &script("v1"), "{}");
+        let old = h.0.current().queue.clone();
+        assert!(old.serving.load(Ordering::SeqCst) > 0);
+        // One call holds the sandbox, the next waits in the queue; then the script is replaced.
+        let running = h.handle(delivery(&schema, "block"));
+        let queued = h.handle(delivery(&schema, "x"));
+        std::fs::write(dir.path().join("s.lua"), script("v2")).unwrap();
+        h.reload_script().unwrap();
+        assert_eq!(running.await.unwrap()[0].payload, "<Note>v1</Note>");
+        assert_eq!(queued.await.unwrap()[0].payload, "<Note>v1</Note>");
+        assert_eq!(
+            h.handle(delivery(&schema, "x")).await.unwrap()[0].payload,
+            "<Note>v2</Note>"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while old.serving.load(Ordering::SeqCst) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the replaced pool's sandbox threads did not end"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 }
