@@ -18,6 +18,7 @@
 //! - `rest`: REST inject closed-loop latency (POST `/api/v1/inject` → 202 → thread
 //!   completed) through the HTTP stack, one request at a time, while the `chain` organism
 //!   carries half of its measured peak from in-process injectors.
+//! - `rest-memory`: the same with `store: memory` (what the store adds to the tail).
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
 //! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages; the resident
@@ -325,8 +326,12 @@ impl OrderCheck {
 }
 
 /// Workload (d): REST latency at half of peak load.
-async fn rest(threads: usize) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let (_dir, organism) = start(&organism_yaml("chain"))?;
+/// `chain` is the organism: `chain` (store on) or `chain-memory`.
+async fn rest(
+    threads: usize,
+    chain: &str,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let (_dir, organism) = start(&organism_yaml(chain))?;
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
     let url = format!("http://{}/api/v1/inject", server.local_addr());
 
@@ -398,7 +403,7 @@ async fn rest(threads: usize) -> Result<serde_json::Value, Box<dyn std::error::E
     server.shutdown().await;
     let mut lat = Latencies(latencies);
     Ok(json!({
-        "workload": "rest",
+        "workload": if chain == "chain" { "rest" } else { "rest-memory" },
         "peak_hops_per_s": peak_hops.round(),
         "background_threads_per_s": per_tick * 1000,
         "background_injected": injected,
@@ -697,10 +702,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", rt.block_on(rss())?);
             return Ok(());
         }
-        "rest" => {
-            let r = rt.block_on(rest(threads))?;
+        w @ ("rest" | "rest-memory") => {
+            let chain = if w == "rest" { "chain" } else { "chain-memory" };
+            let r = rt.block_on(rest(threads, chain))?;
             let label = format!(
-                "rest: {} samples at {} background threads/s (half of peak {} hops/s)",
+                "{w}: {} samples at {} background threads/s (half of peak {} hops/s)",
                 r["samples"], r["background_threads_per_s"], r["peak_hops_per_s"]
             );
             print_latency(&label, &r);
@@ -732,7 +738,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50") => vec![w],
         other => {
             return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all, rest, \
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all, rest, rest-memory, \
                  remote, rss, startup)"
             )
             .into())
