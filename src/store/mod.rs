@@ -1455,6 +1455,19 @@ mod tests {
         }
     }
 
+    /// The first page of the messages naming `agent`.
+    fn by_agent(store: &Store, agent: &str) -> Paged<MessageRecord> {
+        store
+            .query_messages(
+                &MessageFilter {
+                    agent: Some(agent.into()),
+                    ..Default::default()
+                },
+                Page::default(),
+            )
+            .unwrap()
+    }
+
     fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
         store.record(
             1,
@@ -1760,15 +1773,7 @@ mod tests {
         }
         let store = Store::open(&path).unwrap();
         assert_eq!(store.recovered().total_messages, 3);
-        let g = store
-            .query_messages(
-                &MessageFilter {
-                    agent: Some("g".into()),
-                    ..Default::default()
-                },
-                Page::default(),
-            )
-            .unwrap();
+        let g = by_agent(&store, "g");
         assert_eq!(g.total, 3);
         let ids: Vec<&str> = g.items.iter().map(|m| &*m.id).collect();
         assert_eq!(ids, vec!["m2", "m1", "m0"], "v1 rows keep their time order");
@@ -1781,17 +1786,7 @@ mod tests {
             },
         );
         store.flush(1);
-        let count = |agent: &str| {
-            store
-                .query_messages(
-                    &MessageFilter {
-                        agent: Some(agent.into()),
-                        ..Default::default()
-                    },
-                    Page::default(),
-                )
-                .unwrap()
-        };
+        let count = |agent: &str| by_agent(&store, agent);
         assert_eq!((count("g").total, count("g").items.len()), (4, 4));
         assert_eq!(count("z").total, 1);
         assert_eq!(count("z").items[0].thread_id.as_ref(), "t2");
@@ -1861,15 +1856,7 @@ mod tests {
             .unwrap();
         assert_eq!(new.total, 60, "no write was lost");
         assert_eq!(store.queued(), 0);
-        let h = store
-            .query_messages(
-                &MessageFilter {
-                    agent: Some("h".into()),
-                    ..Default::default()
-                },
-                Page::default(),
-            )
-            .unwrap();
+        let h = by_agent(&store, "h");
         assert_eq!(
             (h.total, h.items.len()),
             (60, 50),
