@@ -146,7 +146,6 @@ fn bench(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
-
     g.finish();
 }
 

@@ -278,10 +278,17 @@ fn sandbox_thread(spec: Arc<Spec>, queue: Arc<Queue>, ready: mpsc::Sender<Result
             return;
         }
     };
+    /// Counts this thread as serving the queue until it ends, however it ends.
+    struct Serving<'q>(&'q Queue);
+    impl Drop for Serving<'_> {
+        fn drop(&mut self) {
+            self.0.serving.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
     queue.serving.fetch_add(1, Ordering::SeqCst);
+    let _serving = Serving(&queue);
     let _ = ready.send(Ok(()));
     serve(&spec, &queue, sandbox, build);
-    queue.serving.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// A sandbox thread's calls, until the pool closes, the thread is abandoned by the watchdog,
