@@ -1034,8 +1034,10 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
     }
 }
 
-/// Positions in a batch by message or thread id. The ids are the organism's own (uuid v7,
-/// never chosen by a client), so a plain FNV-1a hash serves, at a fraction of SipHash's cost.
+/// Positions in a batch by message or thread id, hashed with plain FNV-1a at a fraction of
+/// SipHash's cost. Message ids are the organism's own; a thread id can be a client's choice,
+/// but a map holds one batch (at most [`BATCH_MAX`] entries), so even ids made to collide
+/// cost a batch milliseconds, not more.
 type IdMap<K> = std::collections::HashMap<K, usize, std::hash::BuildHasherDefault<Fnv>>;
 
 struct Fnv(u64);
