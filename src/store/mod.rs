@@ -1037,7 +1037,7 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
 /// Positions in a batch by message or thread id, hashed with plain FNV-1a at a fraction of
 /// SipHash's cost. Message ids are the organism's own; a thread id can be a client's choice,
 /// but a map holds one batch (at most [`BATCH_MAX`] entries), so even ids made to collide
-/// cost a batch milliseconds, not more.
+/// cost a batch some tens of milliseconds at worst.
 type IdMap<K> = std::collections::HashMap<K, usize, std::hash::BuildHasherDefault<Fnv>>;
 
 struct Fnv(u64);
