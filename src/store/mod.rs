@@ -1470,6 +1470,20 @@ mod tests {
             .unwrap()
     }
 
+    /// A completed thread `t` created at `created`, with `messages` messages from `api` to
+    /// `g`, each stamped `created`.
+    fn finished_thread(store: &Store, t: &str, created: u64, messages: u64) {
+        thread(store, t, ThreadStatus::Completed, created);
+        for slot in 0..messages {
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(t, slot, "api", "g", created),
+                },
+            );
+        }
+    }
+
     fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
         store.record(
             1,
@@ -1910,16 +1924,7 @@ mod tests {
         // when it starts, so it ends even though arrivals never stop).
         let (mut i, mut ended) = (0u64, 0);
         while ended < 3 {
-            let t = format!("t{i:06}");
-            thread(&store, &t, ThreadStatus::Completed, i);
-            for slot in 0..3 {
-                store.record(
-                    1,
-                    &EventKind::Message {
-                        message: msg(&t, slot, "api", "g", i),
-                    },
-                );
-            }
+            finished_thread(&store, &format!("t{i:06}"), i, 3);
             if i % 100 == 0 {
                 store.flush(1);
                 assert_eq!(store.failure(), None, "a write failed beside pruning");
@@ -1951,14 +1956,7 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let threads = PRUNE_CHUNK + 50;
         for i in 0..threads {
-            let t = format!("t{i:05}");
-            thread(&store, &t, ThreadStatus::Completed, i);
-            store.record(
-                1,
-                &EventKind::Message {
-                    message: msg(&t, 0, "api", "g", i),
-                },
-            );
+            finished_thread(&store, &format!("t{i:05}"), i, 1);
         }
         store.flush(1);
         // A pass that deletes nothing: the next chunk is then PRUNE_CHUNK exactly (nothing
@@ -1986,16 +1984,7 @@ mod tests {
         let store = Store::open(&dir.path().join("s.db")).unwrap();
         let threads = PRUNE_CHUNK * 2 + 10;
         for i in 0..threads {
-            let t = format!("t{i:04}");
-            thread(&store, &t, ThreadStatus::Completed, i);
-            for slot in 0..2 {
-                store.record(
-                    1,
-                    &EventKind::Message {
-                        message: msg(&t, slot, "api", "g", i),
-                    },
-                );
-            }
+            finished_thread(&store, &format!("t{i:04}"), i, 2);
         }
         store.flush(1);
         // Keep the newest 20 threads' messages: everything older goes, in three chunks.
