@@ -79,6 +79,20 @@ impl Agent {
 }
 
 /// An organism with `ext` (external, accepts Note) and `after` (a sink for Pong).
+/// Waits for `thread` to end in error, and returns its message `id`, which failed.
+async fn failed_message(s: &Served, thread: &str, id: &str) -> agentserver::threads::MessageRecord {
+    assert_eq!(
+        settle(&s.organism, thread).await,
+        agentserver::threads::ThreadStatus::Error
+    );
+    let m = messages(&s.organism, thread)
+        .into_iter()
+        .find(|m| *m.id == *id)
+        .unwrap();
+    assert_eq!(m.status, MessageStatus::Failed);
+    m
+}
+
 async fn served(input_url: &str, extra: &str, limits: &str) -> Served {
     set_token();
     let listeners = format!(
@@ -355,14 +369,9 @@ async fn failed_forwards_are_recorded_with_the_cause_and_never_show_credentials(
     let mut failing = agent(Answer::Status(500)).await;
     let s = served(&failing.url, ", timeout_ms: 300", "").await;
     let mut events = s.organism.events().subscribe();
-    s.inject_into("t-500").await;
+    let asked = s.inject_into("t-500").await;
     failing.next().await;
-    assert_eq!(
-        settle(&s.organism, "t-500").await,
-        agentserver::threads::ThreadStatus::Error
-    );
-    let m = &messages(&s.organism, "t-500")[0];
-    assert_eq!(m.status, MessageStatus::Failed);
+    let m = failed_message(&s, "t-500", &asked).await;
     let error = m.error.clone().unwrap();
     assert!(
         error.contains("answered 500") && error.contains("/in"),
@@ -421,15 +430,7 @@ async fn a_reply_not_received_in_time_fails_the_wait_and_a_late_one_is_refused()
     let s = served(&agent.url, ", reply_timeout: 300ms", "").await;
     let asked = s.inject_into("t-late").await;
     agent.next().await;
-    assert_eq!(
-        settle(&s.organism, "t-late").await,
-        agentserver::threads::ThreadStatus::Error
-    );
-    let m = messages(&s.organism, "t-late")
-        .into_iter()
-        .find(|m| *m.id == *asked)
-        .unwrap();
-    assert_eq!(m.status, MessageStatus::Failed);
+    let m = failed_message(&s, "t-late", &asked).await;
     assert!(
         m.error.as_deref().unwrap_or("").contains("reply timeout"),
         "{m:?}"
@@ -516,15 +517,7 @@ async fn removing_a_waiting_agent_by_reload_fails_what_it_owed() {
     std::fs::write(&path, kept.join("\n")).unwrap();
     let r = s.organism.reload(None).unwrap();
     assert_eq!(r.removed, vec!["ext".to_string()]);
-    assert_eq!(
-        settle(&s.organism, "t-removed").await,
-        agentserver::threads::ThreadStatus::Error
-    );
-    let m = messages(&s.organism, "t-removed")
-        .into_iter()
-        .find(|m| *m.id == *asked)
-        .unwrap();
-    assert_eq!(m.status, MessageStatus::Failed);
+    let m = failed_message(&s, "t-removed", &asked).await;
     assert!(m.error.unwrap().contains("removed by a reload"));
     let (status, body) = s
         .reply("ext", "t-removed", Some(TOKEN), "<Pong><n>1</n></Pong>")
