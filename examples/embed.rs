@@ -20,6 +20,7 @@ listeners:
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    agentserver::log_to_stderr();
     let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
     let config =
         agentserver::config::load_str(ORGANISM, "embedded organism", &base, &["count-chars"])?;

@@ -684,13 +684,7 @@ fn print_latency(label: &str, r: &serde_json::Value) {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse()?;
     // The organism's own warnings and errors (a failing store, a refused reload) on stderr.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agentserver::log_to_stderr();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -68,3 +68,16 @@ pub mod xml;
 pub use pump::{
     InjectError, InjectReceipt, InjectRequest, Organism, OrganismBuilder, ReloadError, ReloadReport,
 };
+
+/// Sends the organism's log (its warnings and errors: a failing store, a refused reload) to
+/// stderr, filtered by `RUST_LOG` (default `warn`). What the `agentserver` binary does at
+/// start; for programs that embed an organism. Call it once, before anything logs.
+pub fn log_to_stderr() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}

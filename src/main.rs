@@ -101,13 +101,7 @@ enum Command {
 const DEFAULT_URL: &str = "http://127.0.0.1:8765";
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agentserver::log_to_stderr();
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { organism } => validate(&organism),
