@@ -1,7 +1,7 @@
 //! The stream pump: ingress, routing, per-(listener, thread) ordered dispatch, and control.
 //!
 //! [`Organism`] is a cheap handle (`Arc<Shared>`) on one running organism. State has one owner
-//! each: listener queues live in their [`dispatch::Listener`] behind a per-listener mutex,
+//! each: listener queues live in their `dispatch::Listener` behind a per-listener mutex,
 //! threads in the sharded [`ThreadRegistry`], events in the [`EventHub`]. No lock is global
 //! per message and none is held across an `.await`. Validation runs inline on the worker
 //! that routes. Memory is bounded: inject is refused past `max_pending_messages`, and a thread

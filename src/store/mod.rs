@@ -7,7 +7,7 @@
 //! pump-internal writes then wait for room rather than being dropped. Reads use their own
 //! connection and a read transaction, so a page and its `total` come from one snapshot.
 //!
-//! Schema versions are numbered with `PRAGMA user_version`; [`MIGRATIONS`] brings any older
+//! Schema versions are numbered with `PRAGMA user_version`; `MIGRATIONS` brings any older
 //! file up to date, and a newer file is refused by name.
 
 use std::path::{Path, PathBuf};
