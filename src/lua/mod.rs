@@ -175,12 +175,17 @@ struct Job {
 /// receiver, then the next thread waiting for the mutex).
 #[derive(Default)]
 struct Queue {
-    jobs: Mutex<std::collections::VecDeque<Job>>,
+    jobs: Mutex<Jobs>,
     ready: Condvar,
-    /// Set when the pool is replaced or dropped: threads finish what is queued, then end.
-    closed: AtomicBool,
     /// Sandbox threads serving the queue.
     serving: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Jobs {
+    waiting: std::collections::VecDeque<Job>,
+    /// Set when the pool is replaced or dropped: threads finish what is queued, then end.
+    closed: bool,
 }
 
 impl Queue {
@@ -189,7 +194,7 @@ impl Queue {
         if self.serving.load(Ordering::SeqCst) == 0 {
             return false;
         }
-        crate::sync::lock(&self.jobs).push_back(job);
+        crate::sync::lock(&self.jobs).waiting.push_back(job);
         self.ready.notify_one();
         true
     }
@@ -198,10 +203,10 @@ impl Queue {
     fn take(&self) -> Option<Job> {
         let mut jobs = crate::sync::lock(&self.jobs);
         loop {
-            if let Some(job) = jobs.pop_front() {
+            if let Some(job) = jobs.waiting.pop_front() {
                 return Some(job);
             }
-            if self.closed.load(Ordering::SeqCst) {
+            if jobs.closed {
                 return None;
             }
             jobs = self
@@ -212,9 +217,7 @@ impl Queue {
     }
 
     fn close(&self) {
-        // Under the lock, so a thread between its check and its wait cannot miss the wake-up.
-        let _jobs = crate::sync::lock(&self.jobs);
-        self.closed.store(true, Ordering::SeqCst);
+        crate::sync::lock(&self.jobs).closed = true;
         self.ready.notify_all();
     }
 }
