@@ -138,8 +138,9 @@ DROP INDEX messages_status;
 CREATE INDEX messages_status ON messages(status) WHERE status != 'delivered';
 "#,
     r#"
--- v4: what a message costs to write, halved. Threads get a number (`n`); a message names its
--- thread by number, so its one remaining index, (thread, slot), compares integers. The
+-- v4: what a message costs to write, halved. Threads get a number (`n`); a message row
+-- names its thread, sender, receiver and payload type by number (agent and type names in
+-- `names`), so its one remaining index, (thread, slot), compares integers. The
 -- per-message entries of the agent table and of the time, type and status indexes give way
 -- to counts per block of 256 messages in write order (`blocks`: one row per agent, block,
 -- type and status, agent 0 counting every message once, type 0 for none; names and types
@@ -167,18 +168,35 @@ DROP TABLE threads;
 ALTER TABLE threads_v4 RENAME TO threads;
 CREATE INDEX threads_created ON threads(created_at);
 CREATE INDEX threads_activity ON threads(last_activity);
-ALTER TABLE messages ADD COLUMN thread INTEGER NOT NULL DEFAULT 0;
-UPDATE messages SET thread = (SELECT n FROM threads WHERE threads.id = messages.thread_id);
-DROP INDEX messages_thread_slot;
-DROP INDEX messages_ts;
-DROP INDEX messages_type;
-DROP INDEX messages_status;
-CREATE UNIQUE INDEX messages_thread ON messages(thread, slot_index);
-DROP TABLE message_agents;
 INSERT OR IGNORE INTO names (name)
   SELECT sender FROM messages
   UNION SELECT receiver FROM messages WHERE receiver IS NOT NULL
   UNION SELECT payload_type FROM messages WHERE payload_type IS NOT NULL;
+-- A message row names its thread, sender, receiver and payload type by number (type 0: none).
+CREATE TABLE messages_v4 (
+  seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL,
+  thread INTEGER NOT NULL,
+  parent_id TEXT,
+  slot_index INTEGER NOT NULL,
+  sender INTEGER NOT NULL,
+  receiver INTEGER,
+  payload_type INTEGER NOT NULL,
+  payload_xml TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  ts INTEGER NOT NULL
+);
+INSERT INTO messages_v4
+  SELECT m.seq, m.id, t.n, m.parent_id, m.slot_index, s.id, r.id, COALESCE(p.id, 0),
+    m.payload_xml, m.status, m.error, m.ts
+  FROM messages m JOIN threads t ON t.id = m.thread_id JOIN names s ON s.name = m.sender
+    LEFT JOIN names r ON r.name = m.receiver LEFT JOIN names p ON p.name = m.payload_type
+  ORDER BY m.seq;
+DROP TABLE messages;
+ALTER TABLE messages_v4 RENAME TO messages;
+CREATE UNIQUE INDEX messages_thread ON messages(thread, slot_index);
+DROP TABLE message_agents;
 CREATE TABLE blocks (
   agent INTEGER NOT NULL,
   block INTEGER NOT NULL,
@@ -188,15 +206,10 @@ CREATE TABLE blocks (
   PRIMARY KEY (agent, block, type, status)
 ) WITHOUT ROWID;
 INSERT INTO blocks
-  WITH named AS (
-    SELECT m.seq >> 8 AS block, s.id AS sender, r.id AS receiver, COALESCE(t.id, 0) AS type,
-      m.status AS status
-    FROM messages m JOIN names s ON s.name = m.sender
-      LEFT JOIN names r ON r.name = m.receiver LEFT JOIN names t ON t.name = m.payload_type
-  ), sides AS (
-    SELECT 0 AS agent, block, type, status FROM named
-    UNION ALL SELECT sender, block, type, status FROM named
-    UNION ALL SELECT receiver, block, type, status FROM named
+  WITH sides AS (
+    SELECT 0 AS agent, seq >> 8 AS block, payload_type AS type, status FROM messages
+    UNION ALL SELECT sender, seq >> 8, payload_type, status FROM messages
+    UNION ALL SELECT receiver, seq >> 8, payload_type, status FROM messages
       WHERE receiver IS NOT NULL AND receiver != sender
   )
   SELECT agent, block, type, status, COUNT(*) FROM sides GROUP BY agent, block, type, status;
@@ -577,7 +590,7 @@ impl Store {
                 None => (0, Vec::new()),
                 Some(rows) if filter.thread.is_some() => count_and_page(
                     tx,
-                    "messages m",
+                    MESSAGES,
                     MESSAGE_COLUMNS,
                     "m.seq",
                     &rows.matching,
@@ -685,7 +698,7 @@ impl Store {
         );
         let mut count = tx.prepare(&format!("SELECT COUNT(*) FROM messages m WHERE {in_block}"))?;
         let mut read = tx.prepare(&format!(
-            "SELECT {MESSAGE_COLUMNS} FROM messages m WHERE {in_block} ORDER BY m.seq LIMIT ? OFFSET ?"
+            "SELECT {MESSAGE_COLUMNS} FROM {MESSAGES} WHERE {in_block} ORDER BY m.seq LIMIT ? OFFSET ?"
         ))?;
         let block_range = |b: i64| {
             let mut a = vec![
@@ -745,8 +758,7 @@ impl Store {
             args.push(V::Text(status_str(s).to_string()));
         }
         if let Some(a) = &filter.agent {
-            clauses.push("EXISTS (SELECT 1 FROM messages m WHERE m.thread = threads.n AND (m.sender = ? OR m.receiver = ?))".into());
-            args.push(V::Text(a.clone()));
+            clauses.push("EXISTS (SELECT 1 FROM messages m, (SELECT id FROM names WHERE name = ?) a WHERE m.thread = threads.n AND (m.sender = a.id OR m.receiver = a.id))".into());
             args.push(V::Text(a.clone()));
         }
         if let Some(s) = filter.since {
@@ -908,7 +920,6 @@ struct Pruned {
 /// go, about `chunk` messages in all (whole threads, at least one).
 fn prune_chunk(
     conn: &mut Connection,
-    cache: &mut Cache,
     excess: u64,
     cutoff: Option<i64>,
     chunk: u64,
@@ -921,7 +932,7 @@ fn prune_chunk(
         more_by_age: false,
     };
     let mut delete = |tx: &rusqlite::Transaction<'_>, n: i64| -> rusqlite::Result<u64> {
-        let gone = delete_messages(tx, cache, n, &mut deltas)?;
+        let gone = delete_messages(tx, n, &mut deltas)?;
         tx.prepare_cached("DELETE FROM threads WHERE n = ?1")?
             .execute(params![n])?;
         Ok(gone)
@@ -968,8 +979,15 @@ struct Where {
     args: Vec<rusqlite::types::Value>,
 }
 
-/// The columns [`row_to_message`] reads, from `messages m`.
-const MESSAGE_COLUMNS: &str = "m.id, m.thread_id, m.parent_id, m.slot_index, m.sender, m.receiver, m.payload_type, m.payload_xml, m.status, m.error, m.ts";
+/// The columns [`row_to_message`] reads, from [`MESSAGES`].
+const MESSAGE_COLUMNS: &str = "m.id, t.id, m.parent_id, m.slot_index, s.name, r.name, p.name, m.payload_xml, m.status, m.error, m.ts";
+
+/// Messages (`m`) with the names their numbers stand for. Every message has its thread's row
+/// (the writer adds one for a message whose thread was never recorded; pruning deletes both
+/// together).
+const MESSAGES: &str =
+    "messages m JOIN threads t ON t.n = m.thread JOIN names s ON s.id = m.sender \
+     LEFT JOIN names r ON r.id = m.receiver LEFT JOIN names p ON p.id = m.payload_type";
 
 fn in_list(n: usize) -> String {
     vec!["?"; n].join(", ")
@@ -1013,7 +1031,7 @@ impl Rows {
             let Some(id) = id else { return Ok(None) };
             agent = id;
             clauses.push("(m.sender = ? OR m.receiver = ?)".into());
-            args.extend([V::Text(a.clone()), V::Text(a.clone())]);
+            args.extend([V::Integer(id), V::Integer(id)]);
         }
         let mut types = None;
         if let Some(p) = &filter.payload_type {
@@ -1030,9 +1048,10 @@ impl Rows {
             if matched.is_empty() {
                 return Ok(None);
             }
-            clauses.push(format!("m.payload_type IN ({})", in_list(matched.len())));
-            args.extend(matched.iter().map(|(_, name)| V::Text(name.clone())));
-            types = Some(matched.into_iter().map(|(id, _)| id).collect());
+            let ids: Vec<i64> = matched.into_iter().map(|(id, _)| id).collect();
+            clauses.push(format!("m.payload_type IN ({})", in_list(ids.len())));
+            args.extend(ids.iter().map(|id| V::Integer(*id)));
+            types = Some(ids);
         }
         if let Some(s) = filter.status {
             clauses.push("m.status = ?".into());
@@ -1099,7 +1118,8 @@ fn count_and_page<T>(
 /// The agents thread `n`'s messages name, in order of first appearance.
 fn participants(tx: &rusqlite::Transaction<'_>, n: i64) -> rusqlite::Result<Vec<String>> {
     let mut stmt = tx.prepare_cached(
-        "SELECT sender, receiver FROM messages WHERE thread = ? ORDER BY slot_index",
+        "SELECT s.name, r.name FROM messages m JOIN names s ON s.id = m.sender \
+         LEFT JOIN names r ON r.id = m.receiver WHERE m.thread = ? ORDER BY m.slot_index",
     )?;
     let mut out: Vec<String> = Vec::new();
     let rows = stmt.query_map(params![n], |r| {
@@ -1231,9 +1251,9 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
                 // arrivals (the writer's backlog, and so inject's 429, pays for it).
                 let chunk = PRUNE_CHUNK.max(2 * arrived_since_prune);
                 arrived_since_prune = 0;
-                let result = prune_chunk(&mut conn, &mut cache, excess, cutoff, chunk);
-                // Thread numbers may be gone with their rows (and a failed chunk's names).
-                cache.clear();
+                let result = prune_chunk(&mut conn, excess, cutoff, chunk);
+                // Thread numbers may be gone with their rows.
+                cache.threads.clear();
                 if let Ok(p) = &result {
                     health
                         .pruned
@@ -1532,18 +1552,29 @@ fn name_id(tx: &rusqlite::Transaction<'_>, cache: &mut Cache, name: &str) -> rus
     Ok(id)
 }
 
-/// A stored message's attributes as the counts number them.
+/// A stored message as the counts see it, from a row of `seq, sender, receiver,
+/// payload_type, status`.
+fn stored_counted(r: &rusqlite::Row<'_>) -> rusqlite::Result<Counted> {
+    Ok(Counted {
+        seq: r.get(0)?,
+        from: r.get(1)?,
+        to: r.get(2)?,
+        payload_type: r.get(3)?,
+        status: stored_word(&r.get::<_, String>(4)?),
+    })
+}
+
+/// A new message's attributes, numbered (its `seq` is set once it is inserted).
 fn counted(
     tx: &rusqlite::Transaction<'_>,
     cache: &mut Cache,
-    seq: i64,
     from: &str,
     to: Option<&str>,
     payload_type: Option<&str>,
     status: &'static str,
 ) -> rusqlite::Result<Counted> {
     Ok(Counted {
-        seq,
+        seq: 0,
         from: name_id(tx, cache, from)?,
         to: match to {
             Some(to) => Some(name_id(tx, cache, to)?),
@@ -1561,7 +1592,6 @@ fn counted(
 /// writes them once); returns how many.
 fn delete_messages(
     tx: &rusqlite::Transaction<'_>,
-    cache: &mut Cache,
     n: i64,
     deltas: &mut Deltas,
 ) -> rusqlite::Result<u64> {
@@ -1571,23 +1601,7 @@ fn delete_messages(
     )?;
     let mut rows = stmt.query(params![n])?;
     while let Some(r) = rows.next()? {
-        let (seq, from, to, payload_type, status): (
-            i64,
-            String,
-            Option<String>,
-            Option<String>,
-            String,
-        ) = (r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?);
-        let m = counted(
-            tx,
-            cache,
-            seq,
-            &from,
-            to.as_deref(),
-            payload_type.as_deref(),
-            stored_word(&status),
-        )?;
-        deltas.add(m, -1);
+        deltas.add(stored_counted(r)?, -1);
         gone += 1;
     }
     Ok(gone)
@@ -1617,8 +1631,8 @@ impl<'t, 'c> Writes<'t, 'c> {
             tx,
             cache,
             insert: tx.prepare_cached(
-                "INSERT INTO messages (id, thread, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                "INSERT INTO messages (id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                  ON CONFLICT(thread, slot_index) DO NOTHING",
             )?,
             find: tx.prepare_cached(
@@ -1674,32 +1688,14 @@ impl<'t, 'c> Writes<'t, 'c> {
         };
         let row = self
             .find
-            .query_row(params![thread, id], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, Option<String>>(2)?,
-                    r.get::<_, Option<String>>(3)?,
-                    r.get::<_, String>(4)?,
-                ))
-            })
+            .query_row(params![thread, id], stored_counted)
             .optional()?;
-        let Some((seq, from, to, payload_type, old)) = row else {
+        let Some(was) = row else {
             return Ok(());
         };
         self.restate
-            .execute(params![seq, status_str(status), error])?;
-        let old = stored_word(&old);
-        if old != status_str(status) {
-            let was = counted(
-                self.tx,
-                self.cache,
-                seq,
-                &from,
-                to.as_deref(),
-                payload_type.as_deref(),
-                old,
-            )?;
+            .execute(params![was.seq, status_str(status), error])?;
+        if was.status != status_str(status) {
             self.deltas.add(was, -1);
             self.deltas.add(
                 Counted {
@@ -1727,17 +1723,24 @@ impl<'t, 'c> Writes<'t, 'c> {
                         n
                     }
                 };
+                let mut c = counted(
+                    self.tx,
+                    self.cache,
+                    m.from.as_ref(),
+                    m.to.as_deref(),
+                    m.payload_type.as_deref(),
+                    status_str(m.status),
+                )?;
                 let added = self.insert.execute(params![
                     &*m.id,
                     thread,
-                    &*m.thread_id,
                     m.parent_id.as_deref(),
                     m.slot_index as i64,
-                    &*m.from,
-                    m.to.as_deref(),
-                    m.payload_type.as_deref(),
+                    c.from,
+                    c.to,
+                    c.payload_type,
                     &*m.payload_xml,
-                    status_str(m.status),
+                    c.status,
                     m.error.as_deref(),
                     m.timestamp.0 as i64,
                 ])?;
@@ -1746,15 +1749,7 @@ impl<'t, 'c> Writes<'t, 'c> {
                     return self.restate(&m.thread_id, &m.id, m.status, m.error.as_deref());
                 }
                 let seq = self.tx.last_insert_rowid();
-                let c = counted(
-                    self.tx,
-                    self.cache,
-                    seq,
-                    &m.from,
-                    m.to.as_deref(),
-                    m.payload_type.as_deref(),
-                    status_str(m.status),
-                )?;
+                c.seq = seq;
                 self.deltas.add(c, 1);
                 self.deltas.stamp(seq, m.timestamp.0 as i64);
             }
@@ -2098,7 +2093,7 @@ mod tests {
         let conn = crate::sync::lock(&store.reader);
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT {MESSAGE_COLUMNS} FROM messages m ORDER BY m.seq"
+                "SELECT {MESSAGE_COLUMNS} FROM {MESSAGES} ORDER BY m.seq"
             ))
             .unwrap();
         let rows = stmt
@@ -2116,13 +2111,6 @@ mod tests {
             let conn = crate::sync::lock(&store.reader);
             let differ = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
             // The counts per block, recounted here from the rows.
-            let names: std::collections::HashMap<String, i64> = conn
-                .prepare("SELECT name, id FROM names")
-                .unwrap()
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-                .unwrap()
-                .collect::<rusqlite::Result<_>>()
-                .unwrap();
             let mut want: std::collections::BTreeMap<(i64, i64, i64, String), i64> =
                 Default::default();
             let mut stmt = conn
@@ -2131,18 +2119,14 @@ mod tests {
             let mut rows = stmt.query([]).unwrap();
             while let Some(r) = rows.next().unwrap() {
                 let seq: i64 = r.get(0).unwrap();
-                let from: String = r.get(1).unwrap();
-                let to: Option<String> = r.get(2).unwrap();
-                let ty: Option<String> = r.get(3).unwrap();
+                let from: i64 = r.get(1).unwrap();
+                let to: Option<i64> = r.get(2).unwrap();
                 let status: String = r.get(4).unwrap();
-                let ty = ty.map_or(0, |t| names[&t]);
-                let mut agents = vec![0, names[&from]];
-                if let Some(to) = to.filter(|t| *t != from) {
-                    agents.push(names[&to]);
-                }
+                let mut agents = vec![0, from];
+                agents.extend(to.filter(|t| *t != from));
                 for agent in agents {
                     *want
-                        .entry((agent, seq >> 8, ty, status.clone()))
+                        .entry((agent, seq >> 8, r.get(3).unwrap(), status.clone()))
                         .or_default() += 1;
                 }
             }
