@@ -1386,7 +1386,7 @@ fn coalesce(batch: &mut Vec<Op>) {
                     *s = status;
                     *c = message_count;
                     *at = at.or(created_at);
-                    // The row keeps an error once given (see `Writes::thread`).
+                    // The row keeps an error once given (the thread statements in `Writes`).
                     if error.is_some() {
                         *e = error;
                     }
@@ -1515,19 +1515,38 @@ fn stored_word(s: &str) -> &'static str {
 /// not cached costs one lookup by its id).
 const THREADS_CACHED: usize = 65_536;
 
+/// Message rows per multi-row insert: one statement's overhead (cursors opened, program run,
+/// reset) for many rows.
+const MESSAGE_ROWS: usize = 16;
+
 /// What the writer knows of the file's numbering: agent and payload type names (`names`),
 /// and recent threads (`threads.n`). Emptied when a transaction fails, since a number added by
 /// it is gone with it; the threads also after pruning.
 #[derive(Default)]
 struct Cache {
+    /// The `seq` the next message gets (the writer numbers messages itself, so a multi-row
+    /// insert knows each row's).
+    next: Option<i64>,
     names: FastMap<String, i64>,
     threads: std::collections::HashMap<String, i64>,
 }
 
 impl Cache {
     fn clear(&mut self) {
+        self.next = None;
         self.names.clear();
         self.threads.clear();
+    }
+
+    fn next_seq(&mut self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
+        let seq = match self.next {
+            Some(seq) => seq,
+            None => tx.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages", [], |r| {
+                r.get(0)
+            })?,
+        };
+        self.next = Some(seq + 1);
+        Ok(seq)
     }
 
     fn remember_thread(&mut self, id: &str, n: i64) {
@@ -1608,10 +1627,15 @@ fn delete_messages(
 }
 
 /// The writer's statements, prepared once per transaction (not looked up per operation).
-struct Writes<'t, 'c> {
+struct Writes<'t, 'c, 'o> {
     tx: &'t rusqlite::Transaction<'t>,
     cache: &'c mut Cache,
+    /// One message row; `rows`: [`MESSAGE_ROWS`] of them.
     insert: rusqlite::CachedStatement<'t>,
+    rows: rusqlite::CachedStatement<'t>,
+    /// Messages waiting to be inserted [`MESSAGE_ROWS`] per statement, with their thread's
+    /// number and their numbered attributes (their `seq` given).
+    pending: Vec<(&'o MessageRecord, i64, Counted)>,
     find: rusqlite::CachedStatement<'t>,
     restate: rusqlite::CachedStatement<'t>,
     thread_find: rusqlite::CachedStatement<'t>,
@@ -1622,19 +1646,24 @@ struct Writes<'t, 'c> {
     deltas: Deltas,
 }
 
-impl<'t, 'c> Writes<'t, 'c> {
+impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
     fn prepare(
         tx: &'t rusqlite::Transaction<'t>,
         cache: &'c mut Cache,
-    ) -> rusqlite::Result<Writes<'t, 'c>> {
+    ) -> rusqlite::Result<Writes<'t, 'c, 'o>> {
+        let insert = |rows: usize| {
+            format!(
+                "INSERT INTO messages (seq, id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+                 VALUES {} ON CONFLICT(thread, slot_index) DO NOTHING",
+                vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows].join(", ")
+            )
+        };
         Ok(Writes {
             tx,
             cache,
-            insert: tx.prepare_cached(
-                "INSERT INTO messages (id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
-                 ON CONFLICT(thread, slot_index) DO NOTHING",
-            )?,
+            insert: tx.prepare_cached(&insert(1))?,
+            rows: tx.prepare_cached(&insert(MESSAGE_ROWS))?,
+            pending: Vec::with_capacity(MESSAGE_ROWS),
             find: tx.prepare_cached(
                 "SELECT seq, sender, receiver, payload_type, status FROM messages WHERE thread = ?1 AND id = ?2",
             )?,
@@ -1683,6 +1712,7 @@ impl<'t, 'c> Writes<'t, 'c> {
         status: MessageStatus,
         error: Option<&str>,
     ) -> rusqlite::Result<()> {
+        self.insert_pending()?;
         let Some(thread) = self.thread_number(thread_id)? else {
             return Ok(());
         };
@@ -1708,8 +1738,64 @@ impl<'t, 'c> Writes<'t, 'c> {
         Ok(())
     }
 
+    /// Inserts the pending messages: [`MESSAGE_ROWS`] per statement, fewer one by one. A
+    /// message already stored (written again after a retry) is not inserted again; only its
+    /// status can differ.
+    fn insert_pending(&mut self) -> rusqlite::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let stmt = if pending.len() == MESSAGE_ROWS {
+            &mut self.rows
+        } else {
+            &mut self.insert
+        };
+        let mut inserted = 0;
+        for chunk in pending.chunks(if pending.len() == MESSAGE_ROWS {
+            MESSAGE_ROWS
+        } else {
+            1
+        }) {
+            for (row, (m, thread, c)) in chunk.iter().enumerate() {
+                let at = row * 12;
+                stmt.raw_bind_parameter(at + 1, c.seq)?;
+                stmt.raw_bind_parameter(at + 2, &*m.id)?;
+                stmt.raw_bind_parameter(at + 3, *thread)?;
+                stmt.raw_bind_parameter(at + 4, m.parent_id.as_deref())?;
+                stmt.raw_bind_parameter(at + 5, m.slot_index as i64)?;
+                stmt.raw_bind_parameter(at + 6, c.from)?;
+                stmt.raw_bind_parameter(at + 7, c.to)?;
+                stmt.raw_bind_parameter(at + 8, c.payload_type)?;
+                stmt.raw_bind_parameter(at + 9, &*m.payload_xml)?;
+                stmt.raw_bind_parameter(at + 10, c.status)?;
+                stmt.raw_bind_parameter(at + 11, m.error.as_deref())?;
+                stmt.raw_bind_parameter(at + 12, m.timestamp.0 as i64)?;
+            }
+            inserted += stmt.raw_execute()?;
+        }
+        for (m, _, c) in &pending {
+            if inserted < pending.len() {
+                let stored: Option<String> = self
+                    .tx
+                    .prepare_cached("SELECT id FROM messages WHERE seq = ?1")?
+                    .query_row(params![c.seq], |r| r.get(0))
+                    .optional()?;
+                if stored.as_deref() != Some(&*m.id) {
+                    self.restate(&m.thread_id, &m.id, m.status, m.error.as_deref())?;
+                    continue;
+                }
+            }
+            self.deltas.add(*c, 1);
+            self.deltas.stamp(c.seq, m.timestamp.0 as i64);
+        }
+        self.pending = pending;
+        self.pending.clear();
+        Ok(())
+    }
+
     /// Applies one operation; count changes gather in `deltas`.
-    fn apply(&mut self, op: &Op) -> rusqlite::Result<()> {
+    fn apply(&mut self, op: &'o Op) -> rusqlite::Result<()> {
         match op {
             Op::Message(m) => {
                 let thread = match self.thread_number(&m.thread_id)? {
@@ -1731,27 +1817,11 @@ impl<'t, 'c> Writes<'t, 'c> {
                     m.payload_type.as_deref(),
                     status_str(m.status),
                 )?;
-                let added = self.insert.execute(params![
-                    &*m.id,
-                    thread,
-                    m.parent_id.as_deref(),
-                    m.slot_index as i64,
-                    c.from,
-                    c.to,
-                    c.payload_type,
-                    &*m.payload_xml,
-                    c.status,
-                    m.error.as_deref(),
-                    m.timestamp.0 as i64,
-                ])?;
-                if added == 0 {
-                    // Already stored (written again after a retry): only its status can differ.
-                    return self.restate(&m.thread_id, &m.id, m.status, m.error.as_deref());
+                c.seq = self.cache.next_seq(self.tx)?;
+                self.pending.push((m, thread, c));
+                if self.pending.len() == MESSAGE_ROWS {
+                    self.insert_pending()?;
                 }
-                let seq = self.tx.last_insert_rowid();
-                c.seq = seq;
-                self.deltas.add(c, 1);
-                self.deltas.stamp(seq, m.timestamp.0 as i64);
             }
             Op::Status {
                 id,
@@ -1825,6 +1895,7 @@ fn commit(
         let done = (|| {
             let mut writes = Writes::prepare(&tx, cache)?;
             ops.iter().try_for_each(|op| writes.apply(op))?;
+            writes.insert_pending()?;
             let deltas = std::mem::take(&mut writes.deltas);
             drop(writes);
             deltas.write(&tx)
@@ -2347,6 +2418,53 @@ mod tests {
         assert_counts_match_rows(&store, &filters, &pages);
         assert_eq!(store.prune(Some(0), None).unwrap(), 696);
         assert_counts_match_rows(&store, &filters, &pages);
+    }
+
+    #[test]
+    fn a_message_written_twice_is_stored_once_with_its_last_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        thread(&store, "t", ThreadStatus::Completed, 1);
+        let write = |slot: u64, status: MessageStatus| {
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: MessageRecord {
+                        status,
+                        ..msg("t", slot, "api", "g", slot)
+                    },
+                },
+            )
+        };
+        // Twice in one batch (the second in the same multi-row insert as the first or not),
+        for slot in 0..40 {
+            write(slot, MessageStatus::Pending);
+        }
+        for slot in (0..40).step_by(3) {
+            write(slot, MessageStatus::Delivered);
+        }
+        store.flush(1);
+        // and again in a later batch.
+        for slot in (0..40).step_by(5) {
+            write(slot, MessageStatus::Failed);
+        }
+        store.flush(2);
+        let rows = all_rows(&store);
+        assert_eq!(rows.len(), 40);
+        for m in &rows {
+            let want = match m.slot_index {
+                s if s % 5 == 0 => MessageStatus::Failed,
+                s if s % 3 == 0 => MessageStatus::Delivered,
+                _ => MessageStatus::Pending,
+            };
+            assert_eq!(m.status, want, "slot {}", m.slot_index);
+        }
+        assert_kept_counts_match_scans(&store);
+        // New messages after the duplicates still get their own places.
+        write(40, MessageStatus::Pending);
+        store.flush(3);
+        assert_eq!(all_rows(&store).len(), 41);
+        assert_kept_counts_match_scans(&store);
     }
 
     #[test]
