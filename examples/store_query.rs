@@ -122,6 +122,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
         ),
         (
+            "since (all of it)",
+            MessageFilter {
+                since: Some(Timestamp(1_700_000_000_000)),
+                ..Default::default()
+            },
+        ),
+        (
+            "agent+until (all of it)",
+            MessageFilter {
+                agent: Some("coder".into()),
+                until: Some(Timestamp(1_700_000_000_000 + n as u64)),
+                ..Default::default()
+            },
+        ),
+        (
             "until (the first 1,000)",
             MessageFilter {
                 until: Some(Timestamp(1_700_000_000_000 + 1000)),
