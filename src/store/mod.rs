@@ -1280,7 +1280,9 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
 /// (the multiply-rotate scheme of Firefox's hash) at a fraction of SipHash's cost. Message ids
 /// are the organism's own; a thread id can be a client's choice, but such a map holds one
 /// batch (at most [`BATCH_MAX`] entries), so even ids made to collide cost a batch some tens
-/// of milliseconds at worst. (The writer's thread cache, which lives longer, keeps SipHash.)
+/// of milliseconds at worst. The writer's name cache uses it too: it holds the organism's
+/// agent and payload type names. (The writer's thread cache, which lives longer and holds
+/// ids clients choose, keeps SipHash.)
 type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<WordHash>>;
 
 /// Positions in a batch by message or thread id.
@@ -1519,6 +1521,9 @@ const THREADS_CACHED: usize = 65_536;
 /// reset) for many rows.
 const MESSAGE_ROWS: usize = 16;
 
+/// Parameters per row of the writer's message insert.
+const MESSAGE_PARAMS: usize = 12;
+
 /// What the writer knows of the file's numbering: agent and payload type names (`names`),
 /// and recent threads (`threads.n`). Emptied when a transaction fails, since a number added by
 /// it is gone with it; the threads also after pruning.
@@ -1583,17 +1588,18 @@ fn stored_counted(r: &rusqlite::Row<'_>) -> rusqlite::Result<Counted> {
     })
 }
 
-/// A new message's attributes, numbered (its `seq` is set once it is inserted).
+/// A new message's attributes, numbered, at `seq`.
 fn counted(
     tx: &rusqlite::Transaction<'_>,
     cache: &mut Cache,
+    seq: i64,
     from: &str,
     to: Option<&str>,
     payload_type: Option<&str>,
     status: &'static str,
 ) -> rusqlite::Result<Counted> {
     Ok(Counted {
-        seq: 0,
+        seq,
         from: name_id(tx, cache, from)?,
         to: match to {
             Some(to) => Some(name_id(tx, cache, to)?),
@@ -1655,7 +1661,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             format!(
                 "INSERT INTO messages (seq, id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
                  VALUES {} ON CONFLICT(thread, slot_index) DO NOTHING",
-                vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows].join(", ")
+                vec![format!("({})", in_list(MESSAGE_PARAMS)); rows].join(", ")
             )
         };
         Ok(Writes {
@@ -1746,19 +1752,15 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             return Ok(());
         }
         let pending = std::mem::take(&mut self.pending);
-        let stmt = if pending.len() == MESSAGE_ROWS {
-            &mut self.rows
+        let (stmt, per_statement) = if pending.len() == MESSAGE_ROWS {
+            (&mut self.rows, MESSAGE_ROWS)
         } else {
-            &mut self.insert
+            (&mut self.insert, 1)
         };
         let mut inserted = 0;
-        for chunk in pending.chunks(if pending.len() == MESSAGE_ROWS {
-            MESSAGE_ROWS
-        } else {
-            1
-        }) {
+        for chunk in pending.chunks(per_statement) {
             for (row, (m, thread, c)) in chunk.iter().enumerate() {
-                let at = row * 12;
+                let at = row * MESSAGE_PARAMS;
                 stmt.raw_bind_parameter(at + 1, c.seq)?;
                 stmt.raw_bind_parameter(at + 2, &*m.id)?;
                 stmt.raw_bind_parameter(at + 3, *thread)?;
@@ -1809,15 +1811,16 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                         n
                     }
                 };
-                let mut c = counted(
+                let seq = self.cache.next_seq(self.tx)?;
+                let c = counted(
                     self.tx,
                     self.cache,
+                    seq,
                     m.from.as_ref(),
                     m.to.as_deref(),
                     m.payload_type.as_deref(),
                     status_str(m.status),
                 )?;
-                c.seq = self.cache.next_seq(self.tx)?;
                 self.pending.push((m, thread, c));
                 if self.pending.len() == MESSAGE_ROWS {
                     self.insert_pending()?;
