@@ -1252,8 +1252,8 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
                 let chunk = PRUNE_CHUNK.max(2 * arrived_since_prune);
                 arrived_since_prune = 0;
                 let result = prune_chunk(&mut conn, excess, cutoff, chunk);
-                // Thread numbers may be gone with their rows.
-                cache.threads.clear();
+                // Thread numbers and messages may be gone with their rows.
+                cache.pruned();
                 if let Ok(p) = &result {
                     health
                         .pruned
@@ -1534,6 +1534,9 @@ struct Cache {
     next: Option<i64>,
     names: FastMap<String, i64>,
     threads: std::collections::HashMap<String, i64>,
+    /// Messages stored as `pending` (the one status that changes again), by id, with their
+    /// thread and stored attributes: a status change finds its row here without a lookup.
+    pending: std::collections::HashMap<Arc<str>, (Arc<str>, Counted)>,
 }
 
 impl Cache {
@@ -1541,6 +1544,13 @@ impl Cache {
         self.next = None;
         self.names.clear();
         self.threads.clear();
+        self.pending.clear();
+    }
+
+    /// Forgets what pruning may have deleted.
+    fn pruned(&mut self) {
+        self.threads.clear();
+        self.pending.clear();
     }
 
     fn next_seq(&mut self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
@@ -1552,6 +1562,13 @@ impl Cache {
         };
         self.next = Some(seq + 1);
         Ok(seq)
+    }
+
+    fn remember_pending(&mut self, m: &MessageRecord, c: Counted) {
+        if self.pending.len() >= THREADS_CACHED {
+            self.pending.clear();
+        }
+        self.pending.insert(m.id.clone(), (m.thread_id.clone(), c));
     }
 
     fn remember_thread(&mut self, id: &str, n: i64) {
@@ -1719,18 +1736,36 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         error: Option<&str>,
     ) -> rusqlite::Result<()> {
         self.insert_pending()?;
-        let Some(thread) = self.thread_number(thread_id)? else {
-            return Ok(());
-        };
-        let row = self
-            .find
-            .query_row(params![thread, id], stored_counted)
-            .optional()?;
-        let Some(was) = row else {
-            return Ok(());
+        let was = match self.cache.pending.remove(id) {
+            Some((thread, was)) if &*thread == thread_id => was,
+            _ => {
+                let Some(thread) = self.thread_number(thread_id)? else {
+                    return Ok(());
+                };
+                let row = self
+                    .find
+                    .query_row(params![thread, id], stored_counted)
+                    .optional()?;
+                let Some(was) = row else {
+                    return Ok(());
+                };
+                was
+            }
         };
         self.restate
             .execute(params![was.seq, status_str(status), error])?;
+        if status == MessageStatus::Pending {
+            self.cache.pending.insert(
+                Arc::from(id),
+                (
+                    Arc::from(thread_id),
+                    Counted {
+                        status: status_str(status),
+                        ..was
+                    },
+                ),
+            );
+        }
         if was.status != status_str(status) {
             self.deltas.add(was, -1);
             self.deltas.add(
@@ -1790,6 +1825,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             }
             self.deltas.add(*c, 1);
             self.deltas.stamp(c.seq, m.timestamp.0 as i64);
+            if m.status == MessageStatus::Pending {
+                self.cache.remember_pending(m, *c);
+            }
         }
         self.pending = pending;
         self.pending.clear();
@@ -2467,6 +2505,60 @@ mod tests {
         write(40, MessageStatus::Pending);
         store.flush(3);
         assert_eq!(all_rows(&store).len(), 41);
+        assert_kept_counts_match_scans(&store);
+    }
+
+    #[test]
+    fn a_status_change_finds_its_message_whether_or_not_the_writer_remembers_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let status = |store: &Store, slot: u64, status: MessageStatus| {
+            store.record(
+                2,
+                &EventKind::MessageStatus {
+                    id: format!("t-{slot}"),
+                    thread_id: "t".into(),
+                    status,
+                    error: None,
+                },
+            )
+        };
+        {
+            let store = Store::open(&path).unwrap();
+            thread(&store, "t", ThreadStatus::Completed, 1);
+            for slot in 0..4 {
+                store.record(
+                    1,
+                    &EventKind::Message {
+                        message: msg("t", slot, "api", "g", slot),
+                    },
+                );
+            }
+            store.flush(1);
+            // Remembered as pending by the writer that stored it (twice for slot 1: it is
+            // still pending after the first change).
+            status(&store, 0, MessageStatus::Delivered);
+            status(&store, 1, MessageStatus::Pending);
+            store.flush(2);
+            status(&store, 1, MessageStatus::Failed);
+            store.flush(3);
+            assert_kept_counts_match_scans(&store);
+        }
+        // A new writer knows none of them: it looks them up.
+        let store = Store::open(&path).unwrap();
+        status(&store, 2, MessageStatus::Rejected);
+        status(&store, 0, MessageStatus::Killed);
+        store.flush(4);
+        let got: Vec<MessageStatus> = all_rows(&store).iter().map(|m| m.status).collect();
+        assert_eq!(
+            got,
+            [
+                MessageStatus::Killed,
+                MessageStatus::Failed,
+                MessageStatus::Rejected,
+                MessageStatus::Pending
+            ]
+        );
         assert_kept_counts_match_scans(&store);
     }
 
