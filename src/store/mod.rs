@@ -1524,6 +1524,21 @@ const MESSAGE_ROWS: usize = 16;
 /// Parameters per row of the writer's message insert.
 const MESSAGE_PARAMS: usize = 12;
 
+/// Thread rows per multi-row upsert, and the parameters of one.
+const THREAD_ROWS: usize = 16;
+const THREAD_PARAMS: usize = 7;
+
+/// A thread row waiting to be written (inserted, or updated by its number).
+struct ThreadRow<'o> {
+    n: i64,
+    id: &'o str,
+    status: &'static str,
+    count: i64,
+    created: i64,
+    last: i64,
+    error: Option<&'o str>,
+}
+
 /// What the writer knows of the file's numbering: agent and payload type names (`names`),
 /// and recent threads (`threads.n`). Emptied when a transaction fails, since a number added by
 /// it is gone with it; the threads also after pruning.
@@ -1532,6 +1547,8 @@ struct Cache {
     /// The `seq` the next message gets (the writer numbers messages itself, so a multi-row
     /// insert knows each row's).
     next: Option<i64>,
+    /// The number the next new thread gets (`threads.n`), for the same reason.
+    next_thread: Option<i64>,
     names: FastMap<String, i64>,
     threads: std::collections::HashMap<String, i64>,
     /// Messages stored as `pending` (the one status that changes again), by id, with their
@@ -1542,6 +1559,7 @@ struct Cache {
 impl Cache {
     fn clear(&mut self) {
         self.next = None;
+        self.next_thread = None;
         self.names.clear();
         self.threads.clear();
         self.pending.clear();
@@ -1562,6 +1580,17 @@ impl Cache {
         };
         self.next = Some(seq + 1);
         Ok(seq)
+    }
+
+    fn next_thread(&mut self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
+        let n = match self.next_thread {
+            Some(n) => n,
+            None => tx.query_row("SELECT COALESCE(MAX(n), 0) + 1 FROM threads", [], |r| {
+                r.get(0)
+            })?,
+        };
+        self.next_thread = Some(n + 1);
+        Ok(n)
     }
 
     fn remember_pending(&mut self, m: &MessageRecord, c: Counted) {
@@ -1662,8 +1691,12 @@ struct Writes<'t, 'c, 'o> {
     find: rusqlite::CachedStatement<'t>,
     restate: rusqlite::CachedStatement<'t>,
     thread_find: rusqlite::CachedStatement<'t>,
-    thread_new: rusqlite::CachedStatement<'t>,
-    thread_insert: rusqlite::CachedStatement<'t>,
+    /// One thread row upserted by its number; `thread_rows`: [`THREAD_ROWS`] of them.
+    thread_row: rusqlite::CachedStatement<'t>,
+    thread_rows: rusqlite::CachedStatement<'t>,
+    /// Thread rows waiting to be written, [`THREAD_ROWS`] per statement (before any
+    /// message is inserted, so a message never names a number its thread did not get).
+    threads: Vec<ThreadRow<'o>>,
     thread_update: rusqlite::CachedStatement<'t>,
     seq: rusqlite::CachedStatement<'t>,
     deltas: Deltas,
@@ -1681,6 +1714,20 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 vec![format!("({})", in_list(MESSAGE_PARAMS)); rows].join(", ")
             )
         };
+        // A new thread is inserted with the number the writer gave it; a known one is updated
+        // by its number (or written again, if pruning took its row). An id that has a row
+        // under another number is left alone here (`insert_threads` finds it). No
+        // `RETURNING`: it would cost a temporary table per statement.
+        let upsert = |rows: usize| {
+            format!(
+                "INSERT INTO threads (n, id, status, message_count, created_at, last_activity, error)
+                 VALUES {}
+                 ON CONFLICT(n) DO UPDATE SET status = excluded.status, message_count = excluded.message_count,
+                   last_activity = excluded.last_activity, error = COALESCE(excluded.error, error)
+                 ON CONFLICT(id) DO NOTHING",
+                vec![format!("({})", in_list(THREAD_PARAMS)); rows].join(", ")
+            )
+        };
         Ok(Writes {
             tx,
             cache,
@@ -1693,14 +1740,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             restate: tx
                 .prepare_cached("UPDATE messages SET status = ?2, error = ?3 WHERE seq = ?1")?,
             thread_find: tx.prepare_cached("SELECT n FROM threads WHERE id = ?1")?,
-            thread_new: tx.prepare_cached(
-                "INSERT INTO threads (id, status, message_count, created_at, last_activity)
-                 VALUES (?1, 'active', 0, ?2, ?2)",
-            )?,
-            thread_insert: tx.prepare_cached(
-                "INSERT INTO threads (id, status, message_count, created_at, last_activity, error)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(id) DO NOTHING",
-            )?,
+            thread_row: tx.prepare_cached(&upsert(1))?,
+            thread_rows: tx.prepare_cached(&upsert(THREAD_ROWS))?,
+            threads: Vec::with_capacity(THREAD_ROWS),
             thread_update: tx.prepare_cached(
                 "UPDATE threads SET status = ?2, message_count = ?3, last_activity = ?4, error = COALESCE(?5, error)
                  WHERE n = ?1",
@@ -1779,10 +1821,79 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         Ok(())
     }
 
+    /// A thread row to write: `n` given, `id` new (`created_at` given) or not.
+    fn thread_row(&mut self, row: ThreadRow<'o>) -> rusqlite::Result<()> {
+        self.threads.push(row);
+        if self.threads.len() == THREAD_ROWS {
+            self.insert_threads()?;
+        }
+        Ok(())
+    }
+
+    /// A thread that had no row gets the next number.
+    fn new_thread(&mut self, id: &str) -> rusqlite::Result<i64> {
+        let n = self.cache.next_thread(self.tx)?;
+        self.cache.remember_thread(id, n);
+        Ok(n)
+    }
+
+    /// Writes the waiting thread rows: [`THREAD_ROWS`] per statement, fewer one by one. A
+    /// row taken for a new thread whose id has a row already (an id reused by a client, or a
+    /// thread begun again after a restart) leaves that row's number as it is: its waiting
+    /// messages are renumbered to it and the row is updated.
+    fn insert_threads(&mut self) -> rusqlite::Result<()> {
+        if self.threads.is_empty() {
+            return Ok(());
+        }
+        let rows = std::mem::take(&mut self.threads);
+        let (stmt, per_statement) = if rows.len() == THREAD_ROWS {
+            (&mut self.thread_rows, THREAD_ROWS)
+        } else {
+            (&mut self.thread_row, 1)
+        };
+        let mut written = 0;
+        for chunk in rows.chunks(per_statement) {
+            for (i, t) in chunk.iter().enumerate() {
+                let at = i * THREAD_PARAMS;
+                stmt.raw_bind_parameter(at + 1, t.n)?;
+                stmt.raw_bind_parameter(at + 2, t.id)?;
+                stmt.raw_bind_parameter(at + 3, t.status)?;
+                stmt.raw_bind_parameter(at + 4, t.count)?;
+                stmt.raw_bind_parameter(at + 5, t.created)?;
+                stmt.raw_bind_parameter(at + 6, t.last)?;
+                stmt.raw_bind_parameter(at + 7, t.error)?;
+            }
+            written += stmt.raw_execute()?;
+        }
+        if written < rows.len() {
+            for t in &rows {
+                let stored: Option<i64> = self
+                    .thread_find
+                    .query_row(params![t.id], |r| r.get(0))
+                    .optional()?;
+                let Some(n) = stored.filter(|&n| n != t.n) else {
+                    continue;
+                };
+                self.cache.remember_thread(t.id, n);
+                for (_, thread, _) in &mut self.pending {
+                    if *thread == t.n {
+                        *thread = n;
+                    }
+                }
+                self.thread_update
+                    .execute(params![n, t.status, t.count, t.last, t.error])?;
+            }
+        }
+        self.threads = rows;
+        self.threads.clear();
+        Ok(())
+    }
+
     /// Inserts the pending messages: [`MESSAGE_ROWS`] per statement, fewer one by one. A
     /// message already stored (written again after a retry) is not inserted again; only its
     /// status can differ.
     fn insert_pending(&mut self) -> rusqlite::Result<()> {
+        self.insert_threads()?;
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -1842,10 +1953,17 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     Some(n) => n,
                     None => {
                         // A message whose thread was never recorded: the thread gets a row.
-                        self.thread_new
-                            .execute(params![&*m.thread_id, m.timestamp.0 as i64])?;
-                        let n = self.tx.last_insert_rowid();
-                        self.cache.remember_thread(&m.thread_id, n);
+                        let n = self.new_thread(&m.thread_id)?;
+                        let ts = m.timestamp.0 as i64;
+                        self.thread_row(ThreadRow {
+                            n,
+                            id: &m.thread_id,
+                            status: status_str(ThreadStatus::Active),
+                            count: 0,
+                            created: ts,
+                            last: ts,
+                            error: None,
+                        })?;
                         n
                     }
                 };
@@ -1878,39 +1996,27 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 error,
             } => {
                 let now = Timestamp::now().0 as i64;
-                let (status, count) = (status_str(*status), *message_count as i64);
-                // A new thread (the common case for its first write) is inserted; a known
-                // one is updated by its number. (No upsert: its `RETURNING` would cost a
-                // temporary table per thread.)
-                let created = created_at.map(|c| c.0 as i64).unwrap_or(now);
-                let mut n = match self.cache.threads.get(id.as_str()) {
+                // A thread created now (the common case for its first write) is new unless
+                // its id has a row already, which `insert_threads` finds without a lookup
+                // per thread; any other is looked up.
+                let n = match self.cache.threads.get(id.as_str()) {
                     Some(&n) => Some(n),
                     None if created_at.is_some() => None,
                     None => self.thread_number(id)?,
                 };
-                if n.is_none() {
-                    if self
-                        .thread_insert
-                        .execute(params![id, status, count, created, now, error])?
-                        > 0
-                    {
-                        self.cache.remember_thread(id, self.tx.last_insert_rowid());
-                        return Ok(());
-                    }
-                    n = self.thread_number(id)?;
-                }
-                let Some(n) = n else { return Ok(()) };
-                if self
-                    .thread_update
-                    .execute(params![n, status, count, now, error])?
-                    == 0
-                {
-                    // Its row went (pruned) after the number was cached: write it again.
-                    self.cache.threads.remove(id.as_str());
-                    self.thread_insert
-                        .execute(params![id, status, count, created, now, error])?;
-                    self.cache.remember_thread(id, self.tx.last_insert_rowid());
-                }
+                let n = match n {
+                    Some(n) => n,
+                    None => self.new_thread(id)?,
+                };
+                self.thread_row(ThreadRow {
+                    n,
+                    id,
+                    status: status_str(*status),
+                    count: *message_count as i64,
+                    created: created_at.map(|c| c.0 as i64).unwrap_or(now),
+                    last: now,
+                    error: error.as_deref(),
+                })?;
             }
             Op::Seq(s) => {
                 self.seq.execute(params![*s as i64])?;
@@ -2559,6 +2665,62 @@ mod tests {
                 MessageStatus::Pending
             ]
         );
+        assert_kept_counts_match_scans(&store);
+    }
+
+    #[test]
+    fn a_thread_begun_again_under_a_stored_id_keeps_its_row_and_gets_its_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let message = |store: &Store, t: &str, slot: u64| {
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(t, slot, "api", "g", 10 + slot),
+                },
+            )
+        };
+        {
+            let store = Store::open(&path).unwrap();
+            finished_thread(&store, "t", 1, 1);
+        }
+        // A new writer, which takes "t" for a new thread when it is created again, in the
+        // same batch as a thread that is new, each with a message.
+        let store = Store::open(&path).unwrap();
+        thread(&store, "t", ThreadStatus::Active, 50);
+        thread(&store, "u", ThreadStatus::Active, 50);
+        message(&store, "t", 1);
+        message(&store, "u", 0);
+        store.record(
+            1,
+            &EventKind::ThreadUpdated {
+                thread_id: "t".into(),
+                status: ThreadStatus::Completed,
+                message_count: 2,
+                error: None,
+            },
+        );
+        store.flush(2);
+        let t = store.thread("t").unwrap().unwrap();
+        assert_eq!(
+            (t.status, t.message_count, t.created_at),
+            (ThreadStatus::Completed, 2, Timestamp(1))
+        );
+        let of = |id: &str| {
+            let filter = MessageFilter {
+                thread: Some(id.into()),
+                ..Default::default()
+            };
+            let page = store.query_messages(&filter, Page::default()).unwrap();
+            let slots: Vec<u64> = page.items.iter().map(|m| m.slot_index).collect();
+            (page.total, slots)
+        };
+        assert_eq!(of("t"), (2, vec![0, 1]));
+        assert_eq!(of("u"), (1, vec![0]));
+        let threads = store
+            .query_threads(&ThreadFilter::default(), Page::default())
+            .unwrap();
+        assert_eq!(threads.total, 2);
         assert_kept_counts_match_scans(&store);
     }
 
