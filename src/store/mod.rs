@@ -1281,9 +1281,13 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
 /// are the organism's own; a thread id can be a client's choice, but such a map holds one
 /// batch (at most [`BATCH_MAX`] entries), so even ids made to collide cost a batch some tens
 /// of milliseconds at worst. The writer's name cache uses it too: it holds the organism's
-/// agent and payload type names. (The writer's thread cache, which lives longer and holds
-/// ids clients choose, keeps SipHash.)
+/// agent and payload type names.
 type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<WordHash>>;
+
+/// Maps that live longer and hold ids clients can choose (the writer's thread and pending
+/// message caches): hashed with a seed drawn per map (foldhash), so colliding ids cannot be
+/// made up front, for less than SipHash costs.
+type SeededMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Positions in a batch by message or thread id.
 type IdMap<K> = FastMap<K, usize>;
@@ -1550,10 +1554,10 @@ struct Cache {
     /// The number the next new thread gets (`threads.n`), for the same reason.
     next_thread: Option<i64>,
     names: FastMap<String, i64>,
-    threads: std::collections::HashMap<String, i64>,
+    threads: SeededMap<String, i64>,
     /// Messages stored as `pending` (the one status that changes again), by id, with their
     /// thread and stored attributes: a status change finds its row here without a lookup.
-    pending: std::collections::HashMap<Arc<str>, (Arc<str>, Counted)>,
+    pending: SeededMap<Arc<str>, (Arc<str>, Counted)>,
 }
 
 impl Cache {
