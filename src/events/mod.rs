@@ -38,7 +38,9 @@ pub struct Event {
 }
 
 impl Event {
-    fn new(seq: u64, kind: EventKind) -> Self {
+    /// Event `seq`, stamped now. (The hub numbers what it publishes; this is for feeding a
+    /// [`crate::store::Store`] directly.)
+    pub fn new(seq: u64, kind: EventKind) -> Self {
         Event {
             seq,
             timestamp: Timestamp::now(),
@@ -232,8 +234,9 @@ pub struct EventHub {
     sink: Option<Sink>,
 }
 
-/// Receives every event in `seq` order, under the publish lock (the durable store).
-pub type Sink = Box<dyn Fn(u64, &EventKind) + Send + Sync>;
+/// Receives every event in `seq` order, under the publish lock (the durable store): the
+/// shared event itself, which it may keep (a reference count, not a copy).
+pub type Sink = Box<dyn Fn(&Arc<Event>) + Send + Sync>;
 
 struct Inner {
     seq: u64,
@@ -285,10 +288,10 @@ impl EventHub {
         let mut inner = self.lock();
         inner.seq += 1;
         let seq = inner.seq;
-        if let Some(sink) = &self.sink {
-            sink(seq, &kind);
-        }
         let event = Arc::new(Event::new(seq, kind));
+        if let Some(sink) = &self.sink {
+            sink(&event);
+        }
         if inner.ring.len() == self.retain {
             inner.ring.pop_front();
         }

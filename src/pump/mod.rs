@@ -408,7 +408,8 @@ impl OrganismBuilder {
         };
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
         let sink: Option<crate::events::Sink> = store.clone().map(|s| {
-            Box::new(move |seq: u64, kind: &EventKind| s.record(seq, kind)) as crate::events::Sink
+            Box::new(move |event: &Arc<crate::events::Event>| s.record_event(event))
+                as crate::events::Sink
         });
         let events = Arc::new(EventHub::with_sink(
             self.event_capacity.unwrap_or(DEFAULT_CAPACITY),

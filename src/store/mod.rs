@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
 
-use crate::events::EventKind;
+use crate::events::{Event, EventKind};
 use crate::threads::{
     MessageFilter, MessageRecord, MessageStatus, Page, Paged, ThreadFilter, ThreadInfo,
     ThreadStatus,
@@ -250,20 +250,9 @@ pub struct Recovered {
 }
 
 enum Op {
-    Message(MessageRecord),
-    Status {
-        id: String,
-        thread_id: String,
-        status: MessageStatus,
-        error: Option<String>,
-    },
-    Thread {
-        id: String,
-        status: ThreadStatus,
-        message_count: u64,
-        created_at: Option<Timestamp>,
-        error: Option<String>,
-    },
+    /// An event the log keeps (a message, a status change, a thread created or updated): the
+    /// hub's own, shared with its observers, not copied.
+    Event(Arc<Event>),
     Seq(u64),
     Flush(mpsc::Sender<()>),
     /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).
@@ -519,43 +508,26 @@ impl Store {
         }
     }
 
-    /// Records what an event changed. Called in `seq` order by the event hub.
-    pub fn record(&self, seq: u64, kind: &EventKind) {
-        match kind {
-            EventKind::Message { message } => self.send(Op::Message(message.clone())),
-            EventKind::MessageStatus {
-                id,
-                thread_id,
-                status,
-                error,
-            } => self.send(Op::Status {
-                id: id.clone(),
-                thread_id: thread_id.clone(),
-                status: *status,
-                error: error.clone(),
-            }),
-            EventKind::ThreadCreated { thread } => self.send(Op::Thread {
-                id: thread.id.clone(),
-                status: thread.status,
-                message_count: thread.message_count,
-                created_at: Some(thread.created_at),
-                error: thread.error.clone(),
-            }),
-            EventKind::ThreadUpdated {
-                thread_id,
-                status,
-                message_count,
-                error,
-            } => self.send(Op::Thread {
-                id: thread_id.clone(),
-                status: *status,
-                message_count: *message_count,
-                created_at: None,
-                error: error.clone(),
-            }),
-            _ => {}
+    /// Records what an event changed. Called in `seq` order by the event hub (its sink),
+    /// with the event it publishes: the writer holds a reference, not a copy.
+    pub fn record_event(&self, event: &Arc<Event>) {
+        if matches!(
+            event.kind,
+            EventKind::Message { .. }
+                | EventKind::MessageStatus { .. }
+                | EventKind::ThreadCreated { .. }
+                | EventKind::ThreadUpdated { .. }
+        ) {
+            self.send(Op::Event(event.clone()));
         }
-        self.health.latest_seq.fetch_max(seq, Ordering::Relaxed);
+        self.health
+            .latest_seq
+            .fetch_max(event.seq, Ordering::Relaxed);
+    }
+
+    /// [`Store::record_event`] for an event given by value (a copy is shared).
+    pub fn record(&self, seq: u64, kind: &EventKind) {
+        self.record_event(&Arc::new(Event::new(seq, kind.clone())));
     }
 
     /// Writes the last `seq` and waits until everything sent so far is committed.
@@ -1206,11 +1178,13 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
             .collect();
         arrived_since_prune += batch
             .iter()
-            .filter(|op| matches!(op, Op::Message(_)))
+            .filter(|op| matches!(op, Op::Event(e) if matches!(e.kind, EventKind::Message { .. })))
             .count() as u64;
-        coalesce(&mut batch);
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
-        let result = commit(&mut conn, &mut cache, &batch);
+        let (result, into) = {
+            let (writes, into) = coalesce(&batch);
+            (commit(&mut conn, &mut cache, &writes), into)
+        };
         match result {
             Ok(()) => {
                 health.committed_batches.fetch_add(1, Ordering::Relaxed);
@@ -1224,10 +1198,11 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
                 if let Ok(mut last) = health.last_error.lock() {
                     *last = Some(e.to_string());
                 }
+                // Every event that went into a write that failed is held.
                 let mut i = 0;
                 batch.retain_mut(|op| {
-                    let keep = failed.binary_search(&i).is_ok()
-                        && !matches!(op, Op::Seq(_) | Op::Flush(_));
+                    let keep = matches!(op, Op::Event(_))
+                        && into[i].is_some_and(|w| failed.binary_search(&w).is_ok());
                     i += 1;
                     if keep {
                         held.push(std::mem::replace(op, Op::Seq(0)));
@@ -1338,75 +1313,156 @@ impl std::hash::Hasher for WordHash {
     }
 }
 
-/// Shrinks a batch without changing what it writes: a status change of a message inserted in
-/// the same batch becomes part of the insert, and a thread written several times is written
-/// once, in the place of its first write, with its last state (and its first `created_at`),
-/// so the thread row exists before the batch's messages name it.
-fn coalesce(batch: &mut Vec<Op>) {
-    let mut inserted: IdMap<Arc<str>> =
-        IdMap::with_capacity_and_hasher(batch.len(), Default::default());
-    let mut first_thread: IdMap<String> =
-        IdMap::with_capacity_and_hasher(batch.len() / 2, Default::default());
-    let mut keep = vec![true; batch.len()];
-    for i in 0..batch.len() {
-        match &batch[i] {
-            Op::Message(m) => {
-                inserted.insert(m.id.clone(), i);
-            }
-            Op::Status {
-                id, status, error, ..
-            } => {
-                if let Some(&at) = inserted.get(id.as_str()) {
-                    let (status, error) = (*status, error.clone());
-                    if let Op::Message(m) = &mut batch[at] {
-                        m.status = status;
-                        m.error = error;
-                    }
-                    keep[i] = false;
-                }
-            }
-            Op::Thread { id, .. } => {
-                let Some(&first) = first_thread.get(id) else {
-                    first_thread.insert(id.clone(), i);
-                    continue;
-                };
-                keep[i] = false;
-                let later = std::mem::replace(&mut batch[i], Op::Seq(0));
-                if let (
-                    Op::Thread {
-                        status,
-                        message_count,
-                        created_at,
-                        error,
-                        ..
-                    },
-                    Op::Thread {
-                        status: s,
-                        message_count: c,
-                        created_at: at,
-                        error: e,
-                        ..
-                    },
-                ) = (later, &mut batch[first])
-                {
-                    *s = status;
-                    *c = message_count;
-                    *at = at.or(created_at);
-                    // The row keeps an error once given (the thread statements in `Writes`).
-                    if error.is_some() {
-                        *e = error;
-                    }
-                }
-            }
-            Op::Seq(_) | Op::Flush(_) | Op::Prune { .. } => {}
-        }
+/// What the writer writes for one operation, or for several coalesced: borrowed from the
+/// batch's events.
+#[derive(Clone, Copy)]
+enum Write<'a> {
+    Message {
+        m: &'a MessageRecord,
+        /// The message's status and error, or those of a later change in the same batch.
+        status: MessageStatus,
+        error: Option<&'a str>,
+    },
+    Status {
+        id: &'a str,
+        thread_id: &'a str,
+        status: MessageStatus,
+        error: Option<&'a str>,
+    },
+    Thread {
+        id: &'a str,
+        status: ThreadStatus,
+        message_count: u64,
+        /// Given when the thread is created.
+        created_at: Option<Timestamp>,
+        error: Option<&'a str>,
+    },
+    Seq(u64),
+}
+
+impl<'a> Write<'a> {
+    fn of(op: &'a Op) -> Option<Write<'a>> {
+        let event = match op {
+            Op::Event(event) => event,
+            Op::Seq(s) => return Some(Write::Seq(*s)),
+            Op::Flush(_) | Op::Prune { .. } => return None,
+        };
+        Some(match &event.kind {
+            EventKind::Message { message: m } => Write::Message {
+                m,
+                status: m.status,
+                error: m.error.as_deref(),
+            },
+            EventKind::MessageStatus {
+                id,
+                thread_id,
+                status,
+                error,
+            } => Write::Status {
+                id,
+                thread_id,
+                status: *status,
+                error: error.as_deref(),
+            },
+            EventKind::ThreadCreated { thread: t } => Write::Thread {
+                id: &t.id,
+                status: t.status,
+                message_count: t.message_count,
+                created_at: Some(t.created_at),
+                error: t.error.as_deref(),
+            },
+            EventKind::ThreadUpdated {
+                thread_id,
+                status,
+                message_count,
+                error,
+            } => Write::Thread {
+                id: thread_id,
+                status: *status,
+                message_count: *message_count,
+                created_at: None,
+                error: error.as_deref(),
+            },
+            _ => return None,
+        })
     }
-    let mut i = 0;
-    batch.retain(|_| {
-        let k = keep[i];
-        i += 1;
-        k
-    });
+}
+
+/// A batch's writes, fewer than its operations but writing the same: a status change of a
+/// message inserted in the same batch becomes part of the insert, and a thread written
+/// several times is written once, in the place of its first write, with its last state (and
+/// its first `created_at`), so the thread row exists before the batch's messages name it.
+/// Returns the writes and, for each operation, the write it went into (none for a flush).
+fn coalesce(batch: &[Op]) -> (Vec<Write<'_>>, Vec<Option<usize>>) {
+    let mut writes: Vec<Write<'_>> = Vec::with_capacity(batch.len());
+    let mut into = Vec::with_capacity(batch.len());
+    let mut inserted: IdMap<&str> =
+        IdMap::with_capacity_and_hasher(batch.len(), Default::default());
+    let mut first_thread: IdMap<&str> =
+        IdMap::with_capacity_and_hasher(batch.len() / 2, Default::default());
+    for op in batch {
+        let Some(w) = Write::of(op) else {
+            into.push(None);
+            continue;
+        };
+        let earlier = match w {
+            Write::Message { m, .. } => {
+                inserted.insert(&m.id, writes.len());
+                None
+            }
+            Write::Status { id, .. } => inserted.get(id).copied(),
+            Write::Thread { id, .. } => {
+                let first = first_thread.get(id).copied();
+                if first.is_none() {
+                    first_thread.insert(id, writes.len());
+                }
+                first
+            }
+            Write::Seq(_) => None,
+        };
+        match (earlier.map(|at| &mut writes[at]), w) {
+            (
+                Some(Write::Message { status, error, .. }),
+                Write::Status {
+                    status: s,
+                    error: e,
+                    ..
+                },
+            ) => {
+                (*status, *error) = (s, e);
+            }
+            (
+                Some(Write::Thread {
+                    status,
+                    message_count,
+                    created_at,
+                    error,
+                    ..
+                }),
+                Write::Thread {
+                    status: s,
+                    message_count: c,
+                    created_at: at,
+                    error: e,
+                    ..
+                },
+            ) => {
+                (*status, *message_count) = (s, c);
+                *created_at = created_at.or(at);
+                // The row keeps an error once given (the thread statements in `Writes`).
+                if e.is_some() {
+                    *error = e;
+                }
+            }
+            _ => {
+                into.push(Some(writes.len()));
+                writes.push(w);
+                continue;
+            }
+        }
+        into.push(earlier);
+    }
+    (writes, into)
 }
 
 /// Changes to the counts (`blocks`, and their sums in `message_counts`) and to the blocks'
@@ -1531,6 +1587,16 @@ const MESSAGE_PARAMS: usize = 12;
 /// Thread rows per multi-row upsert, and the parameters of one.
 const THREAD_ROWS: usize = 16;
 const THREAD_PARAMS: usize = 7;
+
+/// A message waiting to be inserted: its status and error (perhaps of a later change in the
+/// same batch), its thread's number, its numbered attributes (its `seq` given).
+struct NewMessage<'o> {
+    m: &'o MessageRecord,
+    status: MessageStatus,
+    error: Option<&'o str>,
+    thread: i64,
+    c: Counted,
+}
 
 /// A thread row waiting to be written (inserted, or updated by its number).
 struct ThreadRow<'o> {
@@ -1689,9 +1755,8 @@ struct Writes<'t, 'c, 'o> {
     /// One message row; `rows`: [`MESSAGE_ROWS`] of them.
     insert: rusqlite::CachedStatement<'t>,
     rows: rusqlite::CachedStatement<'t>,
-    /// Messages waiting to be inserted [`MESSAGE_ROWS`] per statement, with their thread's
-    /// number and their numbered attributes (their `seq` given).
-    pending: Vec<(&'o MessageRecord, i64, Counted)>,
+    /// Messages waiting to be inserted [`MESSAGE_ROWS`] per statement.
+    pending: Vec<NewMessage<'o>>,
     find: rusqlite::CachedStatement<'t>,
     restate: rusqlite::CachedStatement<'t>,
     thread_find: rusqlite::CachedStatement<'t>,
@@ -1879,9 +1944,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     continue;
                 };
                 self.cache.remember_thread(t.id, n);
-                for (_, thread, _) in &mut self.pending {
-                    if *thread == t.n {
-                        *thread = n;
+                for new in &mut self.pending {
+                    if new.thread == t.n {
+                        new.thread = n;
                     }
                 }
                 self.thread_update
@@ -1909,11 +1974,12 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         };
         let mut inserted = 0;
         for chunk in pending.chunks(per_statement) {
-            for (row, (m, thread, c)) in chunk.iter().enumerate() {
+            for (row, new) in chunk.iter().enumerate() {
+                let (m, c) = (new.m, &new.c);
                 let at = row * MESSAGE_PARAMS;
                 stmt.raw_bind_parameter(at + 1, c.seq)?;
                 stmt.raw_bind_parameter(at + 2, &*m.id)?;
-                stmt.raw_bind_parameter(at + 3, *thread)?;
+                stmt.raw_bind_parameter(at + 3, new.thread)?;
                 stmt.raw_bind_parameter(at + 4, m.parent_id.as_deref())?;
                 stmt.raw_bind_parameter(at + 5, m.slot_index as i64)?;
                 stmt.raw_bind_parameter(at + 6, c.from)?;
@@ -1921,12 +1987,19 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 stmt.raw_bind_parameter(at + 8, c.payload_type)?;
                 stmt.raw_bind_parameter(at + 9, &*m.payload_xml)?;
                 stmt.raw_bind_parameter(at + 10, c.status)?;
-                stmt.raw_bind_parameter(at + 11, m.error.as_deref())?;
+                stmt.raw_bind_parameter(at + 11, new.error)?;
                 stmt.raw_bind_parameter(at + 12, m.timestamp.0 as i64)?;
             }
             inserted += stmt.raw_execute()?;
         }
-        for (m, _, c) in &pending {
+        for &NewMessage {
+            m,
+            status,
+            error,
+            c,
+            ..
+        } in &pending
+        {
             if inserted < pending.len() {
                 let stored: Option<String> = self
                     .tx
@@ -1934,14 +2007,14 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     .query_row(params![c.seq], |r| r.get(0))
                     .optional()?;
                 if stored.as_deref() != Some(&*m.id) {
-                    self.restate(&m.thread_id, &m.id, m.status, m.error.as_deref())?;
+                    self.restate(&m.thread_id, &m.id, status, error)?;
                     continue;
                 }
             }
-            self.deltas.add(*c, 1);
+            self.deltas.add(c, 1);
             self.deltas.stamp(c.seq, m.timestamp.0 as i64);
-            if m.status == MessageStatus::Pending {
-                self.cache.remember_pending(m, *c);
+            if status == MessageStatus::Pending {
+                self.cache.remember_pending(m, c);
             }
         }
         self.pending = pending;
@@ -1949,10 +2022,10 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         Ok(())
     }
 
-    /// Applies one operation; count changes gather in `deltas`.
-    fn apply(&mut self, op: &'o Op) -> rusqlite::Result<()> {
-        match op {
-            Op::Message(m) => {
+    /// Applies one write; count changes gather in `deltas`.
+    fn apply(&mut self, w: Write<'o>) -> rusqlite::Result<()> {
+        match w {
+            Write::Message { m, status, error } => {
                 let thread = match self.thread_number(&m.thread_id)? {
                     Some(n) => n,
                     None => {
@@ -1979,20 +2052,26 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     m.from.as_ref(),
                     m.to.as_deref(),
                     m.payload_type.as_deref(),
-                    status_str(m.status),
+                    status_str(status),
                 )?;
-                self.pending.push((m, thread, c));
+                self.pending.push(NewMessage {
+                    m,
+                    status,
+                    error,
+                    thread,
+                    c,
+                });
                 if self.pending.len() == MESSAGE_ROWS {
                     self.insert_pending()?;
                 }
             }
-            Op::Status {
+            Write::Status {
                 id,
                 thread_id,
                 status,
                 error,
-            } => self.restate(thread_id, id, *status, error.as_deref())?,
-            Op::Thread {
+            } => self.restate(thread_id, id, status, error)?,
+            Write::Thread {
                 id,
                 status,
                 message_count,
@@ -2003,7 +2082,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 // A thread created now (the common case for its first write) is new unless
                 // its id has a row already, which `insert_threads` finds without a lookup
                 // per thread; any other is looked up.
-                let n = match self.cache.threads.get(id.as_str()) {
+                let n = match self.cache.threads.get(id) {
                     Some(&n) => Some(n),
                     None if created_at.is_some() => None,
                     None => self.thread_number(id)?,
@@ -2015,37 +2094,36 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 self.thread_row(ThreadRow {
                     n,
                     id,
-                    status: status_str(*status),
-                    count: *message_count as i64,
+                    status: status_str(status),
+                    count: message_count as i64,
                     created: created_at.map(|c| c.0 as i64).unwrap_or(now),
                     last: now,
-                    error: error.as_deref(),
+                    error,
                 })?;
             }
-            Op::Seq(s) => {
-                self.seq.execute(params![*s as i64])?;
+            Write::Seq(s) => {
+                self.seq.execute(params![s as i64])?;
             }
-            Op::Flush(_) | Op::Prune { .. } => {}
         }
         Ok(())
     }
 }
 
-/// Commits a batch in one transaction. If that fails, commits the operations one by one so a
+/// Commits a batch's writes in one transaction. If that fails, commits them one by one so a
 /// single bad row costs only itself; returns the first error met and the (ascending) indexes
-/// of the operations that failed.
+/// of the writes that failed.
 fn commit(
     conn: &mut Connection,
     cache: &mut Cache,
-    batch: &[Op],
+    batch: &[Write<'_>],
 ) -> Result<(), (rusqlite::Error, Vec<usize>)> {
-    let mut run = |conn: &mut Connection, ops: &[Op]| -> rusqlite::Result<()> {
+    let mut run = |conn: &mut Connection, ops: &[Write<'_>]| -> rusqlite::Result<()> {
         // The write lock up front: a deferred transaction that read first could not upgrade
         // after pruning committed in between (SQLITE_BUSY at once, no busy wait).
         let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let done = (|| {
             let mut writes = Writes::prepare(&tx, cache)?;
-            ops.iter().try_for_each(|op| writes.apply(op))?;
+            ops.iter().try_for_each(|w| writes.apply(*w))?;
             writes.insert_pending()?;
             let deltas = std::mem::take(&mut writes.deltas);
             drop(writes);
@@ -2062,8 +2140,8 @@ fn commit(
     }
     let mut first = None;
     let mut failed = Vec::new();
-    for (i, op) in batch.iter().enumerate() {
-        if let Err(e) = run(conn, std::slice::from_ref(op)) {
+    for (i, w) in batch.iter().enumerate() {
+        if let Err(e) = run(conn, std::slice::from_ref(w)) {
             first.get_or_insert(e);
             failed.push(i);
         }
@@ -2165,48 +2243,70 @@ mod tests {
 
     #[test]
     fn coalescing_keeps_what_a_batch_writes() {
-        let mut batch = vec![
-            Op::Message(msg("t", 0, "api", "a", 1)),
-            Op::Thread {
-                id: "t".into(),
-                status: ThreadStatus::Active,
-                message_count: 1,
-                created_at: Some(Timestamp(5)),
-                error: None,
-            },
-            Op::Status {
+        let event = |kind: EventKind| Op::Event(Arc::new(Event::new(1, kind)));
+        let batch = vec![
+            event(EventKind::Message {
+                message: msg("t", 0, "api", "a", 1),
+            }),
+            event(EventKind::ThreadCreated {
+                thread: ThreadInfo {
+                    id: "t".into(),
+                    status: ThreadStatus::Active,
+                    participants: vec![],
+                    message_count: 1,
+                    created_at: Timestamp(5),
+                    last_activity: Timestamp(5),
+                    error: None,
+                },
+            }),
+            event(EventKind::MessageStatus {
                 id: "t-0".into(),
                 thread_id: "t".into(),
                 status: MessageStatus::Delivered,
                 error: None,
-            },
-            Op::Status {
+            }),
+            event(EventKind::MessageStatus {
                 id: "elsewhere".into(),
                 thread_id: "e".into(),
                 status: MessageStatus::Failed,
                 error: Some("x".into()),
-            },
-            Op::Thread {
-                id: "t".into(),
+            }),
+            event(EventKind::ThreadUpdated {
+                thread_id: "t".into(),
                 status: ThreadStatus::Completed,
                 message_count: 1,
-                created_at: None,
                 error: None,
-            },
+            }),
+            Op::Seq(9),
         ];
-        coalesce(&mut batch);
-        assert_eq!(batch.len(), 3);
-        assert!(matches!(&batch[0], Op::Message(m) if m.status == MessageStatus::Delivered));
+        let (writes, into) = coalesce(&batch);
+        assert_eq!(writes.len(), 4);
+        assert!(matches!(
+            writes[0],
+            Write::Message {
+                status: MessageStatus::Delivered,
+                ..
+            }
+        ));
         // The thread is written once, where it was first written, in its last state.
         assert!(matches!(
-            &batch[1],
-            Op::Thread {
+            writes[1],
+            Write::Thread {
                 status: ThreadStatus::Completed,
                 created_at: Some(Timestamp(5)),
                 ..
             }
         ));
-        assert!(matches!(&batch[2], Op::Status { id, .. } if id == "elsewhere"));
+        assert!(matches!(
+            writes[2],
+            Write::Status {
+                id: "elsewhere",
+                ..
+            }
+        ));
+        assert!(matches!(writes[3], Write::Seq(9)));
+        // The write each operation went into: a failed write holds every event it took.
+        assert_eq!(into, [Some(0), Some(1), Some(0), Some(2), Some(1), Some(3)]);
     }
 
     #[test]
@@ -2687,6 +2787,7 @@ mod tests {
         {
             let store = Store::open(&path).unwrap();
             finished_thread(&store, "t", 1, 1);
+            store.flush(1);
         }
         // A new writer, which takes "t" for a new thread when it is created again, in the
         // same batch as a thread that is new, each with a message.
@@ -2863,6 +2964,27 @@ mod tests {
                 },
             );
         }
+        // Status changes and the thread's last state, coalesced into the writes that fail.
+        for slot in (0..60).step_by(2) {
+            store.record(
+                2,
+                &EventKind::MessageStatus {
+                    id: format!("new-{slot}"),
+                    thread_id: "new".into(),
+                    status: MessageStatus::Delivered,
+                    error: None,
+                },
+            );
+        }
+        store.record(
+            2,
+            &EventKind::ThreadUpdated {
+                thread_id: "new".into(),
+                status: ThreadStatus::Error,
+                message_count: 60,
+                error: Some("budget".into()),
+            },
+        );
         until("the write failure is reported", || {
             store.failure().is_some()
         });
@@ -2886,6 +3008,17 @@ mod tests {
             )
             .unwrap();
         assert_eq!(new.total, 60, "no write was lost");
+        let delivered = all_rows(&store)
+            .iter()
+            .filter(|m| &*m.thread_id == "new" && m.status == MessageStatus::Delivered)
+            .count();
+        assert_eq!(delivered, 30, "no status change was lost");
+        let t = store.thread("new").unwrap().unwrap();
+        assert_eq!(
+            (t.status, t.message_count, t.error.as_deref()),
+            (ThreadStatus::Error, 60, Some("budget"))
+        );
+        assert_kept_counts_match_scans(&store);
         assert_eq!(store.queued(), 0);
         let h = by_agent(&store, "h");
         assert_eq!(
