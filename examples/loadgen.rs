@@ -204,7 +204,11 @@ async fn run(
 
     // Warm up, then measure.
     drive(&organism, threads / 10 + 1, hops, pace).await?;
+    let cpu_before = process_cpu_secs();
     let (rate, mut lat) = drive(&organism, threads, hops, pace).await?;
+    let cpu = process_cpu_secs()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
     let logged = organism.info().total_messages;
     let writer_cpu = thread_cpu_secs("store-writer");
     organism.stop().await;
@@ -254,6 +258,7 @@ async fn run(
         "ceiling_validations_per_s": ceiling.round(),
         "ratio_to_ceiling": (rate / ceiling * 1000.0).round() / 1000.0,
         "subscribers": subscribers,
+        "cpu_us_per_hop": cpu.map(|s| (s * 1e7 / (threads * hops) as f64).round() / 10.0),
         "store_writer_cpu_us_per_message": writer_cpu
             .map(|s| (s * 1e7 / logged.max(1) as f64).round() / 10.0),
     }))
@@ -262,7 +267,6 @@ async fn run(
 /// CPU seconds (user + system) used so far by this process's threads named `name`, from
 /// `/proc/self/task` (Linux; `None` elsewhere or when there is no such thread).
 fn thread_cpu_secs(name: &str) -> Option<f64> {
-    let ticks = 100.0; // USER_HZ, 100 on Linux
     let mut total = None;
     for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let path = task.path();
@@ -270,19 +274,29 @@ fn thread_cpu_secs(name: &str) -> Option<f64> {
         if comm.trim() != name {
             continue;
         }
-        let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
-        // Fields after the `(comm)`: state is the first; utime and stime are the 12th and 13th.
-        let after = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .unwrap_or_default();
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-        if let (Some(user), Some(system)) = (field(11), field(12)) {
-            *total.get_or_insert(0.0) += (user + system) / ticks;
+        if let Some(secs) = stat_cpu_secs(&path.join("stat")) {
+            *total.get_or_insert(0.0) += secs;
         }
     }
     total
+}
+
+/// CPU seconds (user + system, every thread) this process has used so far. On a machine
+/// whose cores the run saturates, CPU per hop is what throughput is the inverse of, without
+/// the time other tenants of a shared VM take (steal), which wall-clock rates include.
+fn process_cpu_secs() -> Option<f64> {
+    stat_cpu_secs(std::path::Path::new("/proc/self/stat"))
+}
+
+/// User + system CPU seconds from a `/proc/.../stat` file (Linux).
+fn stat_cpu_secs(path: &std::path::Path) -> Option<f64> {
+    let ticks = 100.0; // USER_HZ, 100 on Linux
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the `(comm)`: state is the first; utime and stime are the 12th and 13th.
+    let (_, after) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    Some((field(11)? + field(12)?) / ticks)
 }
 
 /// The unsigned integer right after `key` in a JSON text (0 when absent).
