@@ -1693,25 +1693,19 @@ impl Cache {
     }
 
     fn next_seq(&mut self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
-        let seq = match self.next {
-            Some(seq) => seq,
-            None => tx.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM messages", [], |r| {
-                r.get(0)
-            })?,
-        };
-        self.next = Some(seq + 1);
-        Ok(seq)
+        next_number(
+            &mut self.next,
+            tx,
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM messages",
+        )
     }
 
     fn next_thread(&mut self, tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<i64> {
-        let n = match self.next_thread {
-            Some(n) => n,
-            None => tx.query_row("SELECT COALESCE(MAX(n), 0) + 1 FROM threads", [], |r| {
-                r.get(0)
-            })?,
-        };
-        self.next_thread = Some(n + 1);
-        Ok(n)
+        next_number(
+            &mut self.next_thread,
+            tx,
+            "SELECT COALESCE(MAX(n), 0) + 1 FROM threads",
+        )
     }
 
     fn remember_pending(&mut self, m: &MessageRecord, c: Counted) {
@@ -1727,6 +1721,21 @@ impl Cache {
         }
         self.threads.insert(id.to_string(), n);
     }
+}
+
+/// The next number from `next`, or from `first` (a query for the first free one) when the
+/// writer does not know it yet.
+fn next_number(
+    next: &mut Option<i64>,
+    tx: &rusqlite::Transaction<'_>,
+    first: &str,
+) -> rusqlite::Result<i64> {
+    let n = match *next {
+        Some(n) => n,
+        None => tx.query_row(first, [], |r| r.get(0))?,
+    };
+    *next = Some(n + 1);
+    Ok(n)
 }
 
 /// The number of `name` (an agent or a payload type), added to `names` on first use.
@@ -1797,6 +1806,34 @@ fn delete_messages(
         gone += 1;
     }
     Ok(gone)
+}
+
+/// Writes `rows` through `many` (a statement of `per` rows) when there are exactly `per` of
+/// them, else one by one through `one`; `bind` binds a row's parameters from `at + 1` on.
+/// Returns how many rows the statements changed.
+fn write_rows<'s, T>(
+    rows: &[T],
+    (one, many, per): (
+        &mut rusqlite::CachedStatement<'s>,
+        &mut rusqlite::CachedStatement<'s>,
+        usize,
+    ),
+    params: usize,
+    bind: impl Fn(&mut rusqlite::Statement<'_>, usize, &T) -> rusqlite::Result<()>,
+) -> rusqlite::Result<usize> {
+    let (stmt, per_statement) = if rows.len() == per {
+        (many, per)
+    } else {
+        (one, 1)
+    };
+    let mut changed = 0;
+    for chunk in rows.chunks(per_statement) {
+        for (i, row) in chunk.iter().enumerate() {
+            bind(stmt, i * params, row)?;
+        }
+        changed += stmt.raw_execute()?;
+    }
+    Ok(changed)
 }
 
 /// The writer's statements, prepared once per transaction (not looked up per operation).
@@ -1966,25 +2003,16 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             return Ok(());
         }
         let rows = std::mem::take(&mut self.threads);
-        let (stmt, per_statement) = if rows.len() == THREAD_ROWS {
-            (&mut self.thread_rows, THREAD_ROWS)
-        } else {
-            (&mut self.thread_row, 1)
-        };
-        let mut written = 0;
-        for chunk in rows.chunks(per_statement) {
-            for (i, t) in chunk.iter().enumerate() {
-                let at = i * THREAD_PARAMS;
-                stmt.raw_bind_parameter(at + 1, t.n)?;
-                stmt.raw_bind_parameter(at + 2, t.id)?;
-                stmt.raw_bind_parameter(at + 3, t.status)?;
-                stmt.raw_bind_parameter(at + 4, t.count)?;
-                stmt.raw_bind_parameter(at + 5, t.created)?;
-                stmt.raw_bind_parameter(at + 6, t.last)?;
-                stmt.raw_bind_parameter(at + 7, t.error)?;
-            }
-            written += stmt.raw_execute()?;
-        }
+        let statements = (&mut self.thread_row, &mut self.thread_rows, THREAD_ROWS);
+        let written = write_rows(&rows, statements, THREAD_PARAMS, |stmt, at, t| {
+            stmt.raw_bind_parameter(at + 1, t.n)?;
+            stmt.raw_bind_parameter(at + 2, t.id)?;
+            stmt.raw_bind_parameter(at + 3, t.status)?;
+            stmt.raw_bind_parameter(at + 4, t.count)?;
+            stmt.raw_bind_parameter(at + 5, t.created)?;
+            stmt.raw_bind_parameter(at + 6, t.last)?;
+            stmt.raw_bind_parameter(at + 7, t.error)
+        })?;
         if written < rows.len() {
             for t in &rows {
                 let stored: Option<i64> = self
@@ -2018,31 +2046,22 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             return Ok(());
         }
         let pending = std::mem::take(&mut self.pending);
-        let (stmt, per_statement) = if pending.len() == MESSAGE_ROWS {
-            (&mut self.rows, MESSAGE_ROWS)
-        } else {
-            (&mut self.insert, 1)
-        };
-        let mut inserted = 0;
-        for chunk in pending.chunks(per_statement) {
-            for (row, new) in chunk.iter().enumerate() {
-                let (m, c) = (new.m, &new.c);
-                let at = row * MESSAGE_PARAMS;
-                stmt.raw_bind_parameter(at + 1, c.seq)?;
-                stmt.raw_bind_parameter(at + 2, &*m.id)?;
-                stmt.raw_bind_parameter(at + 3, new.thread)?;
-                stmt.raw_bind_parameter(at + 4, m.parent_id.as_deref())?;
-                stmt.raw_bind_parameter(at + 5, m.slot_index as i64)?;
-                stmt.raw_bind_parameter(at + 6, c.from)?;
-                stmt.raw_bind_parameter(at + 7, c.to)?;
-                stmt.raw_bind_parameter(at + 8, c.payload_type)?;
-                stmt.raw_bind_parameter(at + 9, &*m.payload_xml)?;
-                stmt.raw_bind_parameter(at + 10, c.status)?;
-                stmt.raw_bind_parameter(at + 11, new.error)?;
-                stmt.raw_bind_parameter(at + 12, m.timestamp.0 as i64)?;
-            }
-            inserted += stmt.raw_execute()?;
-        }
+        let statements = (&mut self.insert, &mut self.rows, MESSAGE_ROWS);
+        let inserted = write_rows(&pending, statements, MESSAGE_PARAMS, |stmt, at, new| {
+            let (m, c) = (new.m, &new.c);
+            stmt.raw_bind_parameter(at + 1, c.seq)?;
+            stmt.raw_bind_parameter(at + 2, &*m.id)?;
+            stmt.raw_bind_parameter(at + 3, new.thread)?;
+            stmt.raw_bind_parameter(at + 4, m.parent_id.as_deref())?;
+            stmt.raw_bind_parameter(at + 5, m.slot_index as i64)?;
+            stmt.raw_bind_parameter(at + 6, c.from)?;
+            stmt.raw_bind_parameter(at + 7, c.to)?;
+            stmt.raw_bind_parameter(at + 8, c.payload_type)?;
+            stmt.raw_bind_parameter(at + 9, &*m.payload_xml)?;
+            stmt.raw_bind_parameter(at + 10, c.status)?;
+            stmt.raw_bind_parameter(at + 11, new.error)?;
+            stmt.raw_bind_parameter(at + 12, m.timestamp.0 as i64)
+        })?;
         for &NewMessage {
             m,
             status,
