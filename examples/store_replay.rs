@@ -1,11 +1,12 @@
 //! The store's writer alone, on the events a three-hop chain publishes: per thread
 //! `thread_created`, three messages each followed by its final status, and `thread_updated`,
 //! 240 threads in flight at a time. A window of 240 threads is 1,920 events, out of step
-//! with the writer's batches of up to 2,048, so about one status in nine lands in a later
-//! batch than its message and changes a stored row, as under load (where `loadgen chain`
-//! shows one in eight to one in four). Prints messages committed per second of wall time. Wall time on a
-//! shared VM varies by the day; for a repeatable figure, count the writer thread's
-//! instructions with callgrind:
+//! with the writer's batches (of up to 8,192 events here, where the producer is always
+//! ahead), so some statuses land in a later batch than their message and change a stored
+//! row, as under load: 2,104 of 60,000 (with batches of 2,048: one in nine; `loadgen chain`
+//! showed one in eight to one in four then). Prints messages committed per second of wall
+//! time. Wall time on a shared VM varies by the day; for a repeatable figure, count the
+//! writer thread's instructions with callgrind:
 //!
 //! ```text
 //! cargo build --release --example store_replay
