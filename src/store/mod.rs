@@ -1441,9 +1441,21 @@ impl Coalescer {
             };
             let earlier = match w {
                 Write::Message { m, .. } => {
-                    messages.insert_unique(hash(&m.id), writes.len(), |&i| {
-                        hash(message_id(&writes[i]))
-                    });
+                    // A message written twice (again after a retry): a later status change
+                    // belongs to its last write.
+                    let entry = messages.entry(
+                        hash(&m.id),
+                        |&i| message_id(&writes[i]) == &*m.id,
+                        |&i| hash(message_id(&writes[i])),
+                    );
+                    match entry {
+                        hashbrown::hash_table::Entry::Occupied(mut e) => {
+                            *e.get_mut() = writes.len()
+                        }
+                        hashbrown::hash_table::Entry::Vacant(e) => {
+                            e.insert(writes.len());
+                        }
+                    }
                     None
                 }
                 Write::Status { id, .. } => messages
@@ -2362,6 +2374,48 @@ mod tests {
             coalescer.recycle(writes);
         }
         assert!(coalescer.writes.capacity() >= 4, "the allocation is kept");
+    }
+
+    #[test]
+    fn a_status_change_coalesces_into_the_last_write_of_a_message_written_twice() {
+        let event = |kind: EventKind| Op::Event(Arc::new(Event::new(1, kind)));
+        let mut batch = Vec::new();
+        // Many messages, so the table's probing has something to get wrong.
+        for slot in 0..64 {
+            batch.push(event(EventKind::Message {
+                message: msg("t", slot, "api", "a", 1),
+            }));
+        }
+        batch.push(event(EventKind::Message {
+            message: MessageRecord {
+                status: MessageStatus::Delivered,
+                ..msg("t", 7, "api", "a", 1)
+            },
+        }));
+        batch.push(event(EventKind::MessageStatus {
+            id: "t-7".into(),
+            thread_id: "t".into(),
+            status: MessageStatus::Failed,
+            error: None,
+        }));
+        let mut coalescer = Coalescer::default();
+        let writes = coalescer.coalesce(&batch);
+        assert_eq!(writes.len(), 65);
+        assert!(matches!(
+            writes[7],
+            Write::Message {
+                status: MessageStatus::Pending,
+                ..
+            }
+        ));
+        assert!(matches!(
+            writes[64],
+            Write::Message {
+                status: MessageStatus::Failed,
+                ..
+            }
+        ));
+        assert_eq!(coalescer.into[65], Some(64));
     }
 
     fn assert_coalesced(writes: &[Write<'_>]) {
