@@ -726,25 +726,19 @@ impl Store {
         page: Page,
     ) -> Result<Paged<ThreadInfo>, StoreError> {
         use rusqlite::types::Value as V;
-        let mut clauses: Vec<String> = Vec::new();
-        let mut args: Vec<V> = Vec::new();
+        let mut w = Where::default();
         if let Some(s) = filter.status {
-            clauses.push("status = ?".into());
-            args.push(V::Text(status_str(s).to_string()));
+            w.and("status = ?", [V::Text(status_str(s).to_string())]);
         }
         if let Some(a) = &filter.agent {
-            clauses.push("EXISTS (SELECT 1 FROM messages m, (SELECT id FROM names WHERE name = ?) a WHERE m.thread = threads.n AND (m.sender = a.id OR m.receiver = a.id))".into());
-            args.push(V::Text(a.clone()));
+            w.and("EXISTS (SELECT 1 FROM messages m, (SELECT id FROM names WHERE name = ?) a WHERE m.thread = threads.n AND (m.sender = a.id OR m.receiver = a.id))", [V::Text(a.clone())]);
         }
         if let Some(s) = filter.since {
-            clauses.push("last_activity >= ?".into());
-            args.push(V::Integer(s.0 as i64));
+            w.and("last_activity >= ?", [V::Integer(s.0 as i64)]);
         }
         if let Some(u) = filter.until {
-            clauses.push("created_at < ?".into());
-            args.push(V::Integer(u.0 as i64));
+            w.and("created_at < ?", [V::Integer(u.0 as i64)]);
         }
-        let w = Where { clauses, args };
         self.read(|tx| {
             let (total, rows) = count_and_page(
                 tx,
@@ -949,9 +943,22 @@ fn prune_chunk(
 }
 
 /// A filter as SQL: `AND`-ed clauses with their parameters.
+#[derive(Default)]
 struct Where {
     clauses: Vec<String>,
     args: Vec<rusqlite::types::Value>,
+}
+
+impl Where {
+    /// `AND` one more clause, with the values of its parameters.
+    fn and(
+        &mut self,
+        clause: impl Into<String>,
+        args: impl IntoIterator<Item = rusqlite::types::Value>,
+    ) {
+        self.clauses.push(clause.into());
+        self.args.extend(args);
+    }
 }
 
 /// The columns [`row_to_message`] reads, from [`MESSAGES`].
@@ -986,27 +993,29 @@ impl Rows {
         filter: &MessageFilter,
     ) -> rusqlite::Result<Option<Rows>> {
         use rusqlite::types::Value as V;
-        let mut clauses: Vec<String> = Vec::new();
-        let mut args: Vec<V> = Vec::new();
+        let mut matching = Where::default();
+        // The number the file gives a thread id or a name, if it has one.
+        let number = |sql: &str, key: &str| -> rusqlite::Result<Option<i64>> {
+            tx.prepare_cached(sql)?
+                .query_row(params![key], |r| r.get(0))
+                .optional()
+        };
         if let Some(t) = &filter.thread {
-            let n: Option<i64> = tx
-                .prepare_cached("SELECT n FROM threads WHERE id = ?1")?
-                .query_row(params![t], |r| r.get(0))
-                .optional()?;
-            let Some(n) = n else { return Ok(None) };
-            clauses.push("m.thread = ?".into());
-            args.push(V::Integer(n));
+            let Some(n) = number("SELECT n FROM threads WHERE id = ?1", t)? else {
+                return Ok(None);
+            };
+            matching.and("m.thread = ?", [V::Integer(n)]);
         }
         let mut agent = 0;
         if let Some(a) = &filter.agent {
-            let id: Option<i64> = tx
-                .prepare_cached("SELECT id FROM names WHERE name = ?1")?
-                .query_row(params![a], |r| r.get(0))
-                .optional()?;
-            let Some(id) = id else { return Ok(None) };
+            let Some(id) = number("SELECT id FROM names WHERE name = ?1", a)? else {
+                return Ok(None);
+            };
             agent = id;
-            clauses.push("(m.sender = ? OR m.receiver = ?)".into());
-            args.extend([V::Integer(id), V::Integer(id)]);
+            matching.and(
+                "(m.sender = ? OR m.receiver = ?)",
+                [V::Integer(id), V::Integer(id)],
+            );
         }
         let mut types = None;
         if let Some(p) = &filter.payload_type {
@@ -1024,24 +1033,23 @@ impl Rows {
                 return Ok(None);
             }
             let ids: Vec<i64> = matched.into_iter().map(|(id, _)| id).collect();
-            clauses.push(format!("m.payload_type IN ({})", in_list(ids.len())));
-            args.extend(ids.iter().map(|id| V::Integer(*id)));
+            matching.and(
+                format!("m.payload_type IN ({})", in_list(ids.len())),
+                ids.iter().map(|id| V::Integer(*id)),
+            );
             types = Some(ids);
         }
         if let Some(s) = filter.status {
-            clauses.push("m.status = ?".into());
-            args.push(V::Text(status_str(s).to_string()));
+            matching.and("m.status = ?", [V::Text(status_str(s).to_string())]);
         }
         if let Some(t) = filter.since {
-            clauses.push("m.ts >= ?".into());
-            args.push(V::Integer(t.0 as i64));
+            matching.and("m.ts >= ?", [V::Integer(t.0 as i64)]);
         }
         if let Some(t) = filter.until {
-            clauses.push("m.ts < ?".into());
-            args.push(V::Integer(t.0 as i64));
+            matching.and("m.ts < ?", [V::Integer(t.0 as i64)]);
         }
         Ok(Some(Rows {
-            matching: Where { clauses, args },
+            matching,
             agent,
             types,
         }))
@@ -2325,12 +2333,11 @@ mod tests {
 
     #[test]
     fn coalescing_keeps_what_a_batch_writes() {
-        let event = |kind: EventKind| Op::Event(Arc::new(Event::new(1, kind)));
         let batch = vec![
-            event(EventKind::Message {
+            event_op(EventKind::Message {
                 message: msg("t", 0, "api", "a", 1),
             }),
-            event(EventKind::ThreadCreated {
+            event_op(EventKind::ThreadCreated {
                 thread: ThreadInfo {
                     id: "t".into(),
                     status: ThreadStatus::Active,
@@ -2341,19 +2348,19 @@ mod tests {
                     error: None,
                 },
             }),
-            event(EventKind::MessageStatus {
+            event_op(EventKind::MessageStatus {
                 id: "t-0".into(),
                 thread_id: "t".into(),
                 status: MessageStatus::Delivered,
                 error: None,
             }),
-            event(EventKind::MessageStatus {
+            event_op(EventKind::MessageStatus {
                 id: "elsewhere".into(),
                 thread_id: "e".into(),
                 status: MessageStatus::Failed,
                 error: Some("x".into()),
             }),
-            event(EventKind::ThreadUpdated {
+            event_op(EventKind::ThreadUpdated {
                 thread_id: "t".into(),
                 status: ThreadStatus::Completed,
                 message_count: 1,
@@ -2378,21 +2385,20 @@ mod tests {
 
     #[test]
     fn a_status_change_coalesces_into_the_last_write_of_a_message_written_twice() {
-        let event = |kind: EventKind| Op::Event(Arc::new(Event::new(1, kind)));
         let mut batch = Vec::new();
         // Many messages, so the table's probing has something to get wrong.
         for slot in 0..64 {
-            batch.push(event(EventKind::Message {
+            batch.push(event_op(EventKind::Message {
                 message: msg("t", slot, "api", "a", 1),
             }));
         }
-        batch.push(event(EventKind::Message {
+        batch.push(event_op(EventKind::Message {
             message: MessageRecord {
                 status: MessageStatus::Delivered,
                 ..msg("t", 7, "api", "a", 1)
             },
         }));
-        batch.push(event(EventKind::MessageStatus {
+        batch.push(event_op(EventKind::MessageStatus {
             id: "t-7".into(),
             thread_id: "t".into(),
             status: MessageStatus::Failed,
@@ -2401,32 +2407,27 @@ mod tests {
         let mut coalescer = Coalescer::default();
         let writes = coalescer.coalesce(&batch);
         assert_eq!(writes.len(), 65);
-        assert!(matches!(
-            writes[7],
-            Write::Message {
-                status: MessageStatus::Pending,
-                ..
-            }
-        ));
-        assert!(matches!(
-            writes[64],
-            Write::Message {
-                status: MessageStatus::Failed,
-                ..
-            }
-        ));
+        assert_eq!(message_status(&writes[7]), Some(MessageStatus::Pending));
+        assert_eq!(message_status(&writes[64]), Some(MessageStatus::Failed));
         assert_eq!(coalescer.into[65], Some(64));
+    }
+
+    /// An operation carrying `kind`, as the hub would publish it.
+    fn event_op(kind: EventKind) -> Op {
+        Op::Event(Arc::new(Event::new(1, kind)))
+    }
+
+    /// The status a message insert writes (`None` for any other write).
+    fn message_status(w: &Write<'_>) -> Option<MessageStatus> {
+        match w {
+            Write::Message { status, .. } => Some(*status),
+            _ => None,
+        }
     }
 
     fn assert_coalesced(writes: &[Write<'_>]) {
         assert_eq!(writes.len(), 4);
-        assert!(matches!(
-            writes[0],
-            Write::Message {
-                status: MessageStatus::Delivered,
-                ..
-            }
-        ));
+        assert_eq!(message_status(&writes[0]), Some(MessageStatus::Delivered));
         // The thread is written once, where it was first written, in its last state.
         assert!(matches!(
             writes[1],
