@@ -281,9 +281,28 @@ struct Health {
 pub struct Store {
     path: PathBuf,
     tx: SyncSender<Op>,
+    /// The writer thread, joined on drop (after the channel is closed), so everything sent
+    /// is committed, and the file is free for the next writer, once a `Store` is gone.
+    writer: Option<std::thread::JoinHandle<()>>,
     reader: Mutex<Connection>,
     health: Arc<Health>,
     recovered: Recovered,
+}
+
+impl Drop for Store {
+    /// Closes the writer's channel and waits for the writer to commit what it was sent (it
+    /// tries writes that are failing once more, then logs what it could not commit). A store
+    /// dropped and opened again at once on the same file finds everything the first took.
+    fn drop(&mut self) {
+        // Replacing the sender drops the only one: the writer sees the channel closed once
+        // it has taken everything queued.
+        drop(std::mem::replace(&mut self.tx, mpsc::sync_channel(0).0));
+        if let Some(writer) = self.writer.take() {
+            if writer.join().is_err() {
+                tracing::error!(store = %self.path.display(), "the store writer panicked");
+            }
+        }
+    }
 }
 
 fn err(path: &Path, message: impl std::fmt::Display) -> StoreError {
@@ -447,13 +466,14 @@ impl Store {
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let writer_health = health.clone();
         let writer_path = path.to_path_buf();
-        std::thread::Builder::new()
+        let writer = std::thread::Builder::new()
             .name("store-writer".into())
             .spawn(move || writer(conn, rx, writer_health, writer_path))
             .map_err(|e| err(path, format!("cannot start the writer: {e}")))?;
         Ok(Store {
             path: path.to_path_buf(),
             tx,
+            writer: Some(writer),
             reader: Mutex::new(reader),
             health,
             recovered: Recovered {
@@ -2908,6 +2928,30 @@ mod tests {
             ]
         );
         assert_kept_counts_match_scans(&store);
+    }
+
+    #[test]
+    fn a_store_dropped_without_a_flush_commits_everything_before_it_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        {
+            let store = Store::open(&path).unwrap();
+            thread(&store, "t", ThreadStatus::Active, 1);
+            for slot in 0..100 {
+                store.record(
+                    2 + slot,
+                    &EventKind::Message {
+                        message: msg("t", slot, "api", "g", slot),
+                    },
+                );
+            }
+            // No flush: the drop waits for the writer.
+        }
+        // Opened again at once: no second writer races the first for the file.
+        let store = Store::open(&path).unwrap();
+        let r = store.recovered();
+        assert_eq!((r.last_seq, r.total_messages, r.interrupted), (101, 100, 1));
+        assert_eq!(all_rows(&store).len(), 100);
     }
 
     #[test]
