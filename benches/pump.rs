@@ -5,7 +5,7 @@
 //! Run: `cargo bench --bench pump`
 
 use agentserver::{InjectError, InjectRequest, Organism};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
 
 /// The allocator the `agentserver` binary uses, so the figures are the binary's.
 #[global_allocator]
@@ -79,4 +79,11 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// `criterion_main!`, after routing libxml2's allocations to mimalloc as the binary does.
+fn main() {
+    // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
+    unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

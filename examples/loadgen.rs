@@ -698,6 +698,8 @@ fn print_latency(label: &str, r: &serde_json::Value) {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // SAFETY: first thing in the process, as the `agentserver` binary does.
+    unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
     let args = Args::parse()?;
     // The organism's own warnings and errors (a failing store, a refused reload) on stderr.
     agentserver::log_to_stderr();

@@ -15,7 +15,7 @@ use agentserver::{InjectRequest, Organism};
 
 /// mimalloc instead of the system allocator: the pump allocates per message (records, events,
 /// frames), and on 2 cores glibc's malloc cost about a fifth of chain throughput
-/// (BENCHMARKS.md, "allocator"). libxml2 keeps the system allocator.
+/// (BENCHMARKS.md, "allocator"). `main` routes libxml2's allocations to it too.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -101,6 +101,10 @@ enum Command {
 const DEFAULT_URL: &str = "http://127.0.0.1:8765";
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
+    if !unsafe { agentserver::schema::use_mimalloc_for_libxml2() } {
+        eprintln!("warning: libxml2 keeps the system allocator");
+    }
     agentserver::log_to_stderr();
     let cli = Cli::parse();
     match cli.command {

@@ -5,15 +5,15 @@
 //! only the XSD text and its facts; each OS thread compiles its own validation context on first
 //! use and keeps it in a thread-local cache keyed by the schema's process-unique id. No libxml
 //! object ever crosses a thread or an `.await`. Payloads are re-parsed by libxml2 from their
-//! normalized form with recovery off and network access off; the normalized form can hold no
-//! DOCTYPE, so nothing is loaded or expanded.
+//! normalized form with recovery off and network access off, with a parser context kept per
+//! thread (`parse.rs`); the normalized form can hold no DOCTYPE, so nothing is loaded or
+//! expanded.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use libxml::parser::{Parser, ParserOptions, XmlParseFailure};
 use libxml::schemas::{SchemaParserContext, SchemaValidationContext};
 use quick_xml::events::Event;
 use quick_xml::Reader;
@@ -22,6 +22,7 @@ use crate::xml::{NormalizedPayload, PayloadType};
 
 mod dsl;
 mod model;
+mod parse;
 pub use dsl::fields_to_xsd;
 pub use model::{Leaf, MapError, SchemaModel};
 
@@ -167,28 +168,9 @@ impl Schema {
         &self,
         payload: NormalizedPayload,
     ) -> Result<ValidatedPayload, ValidationError> {
-        let doc = {
-            let options = ParserOptions {
-                recover: false,
-                no_net: true,
-                no_error: true,
-                no_warning: true,
-                ..ParserOptions::default()
-            };
-            match Parser::default().parse_string_with_diagnostics(payload.xml.as_bytes(), options) {
-                Ok((doc, _)) => doc,
-                Err(XmlParseFailure::ParseFailed(errors)) => {
-                    return Err(ValidationError {
-                        messages: errors.iter().map(describe).collect(),
-                    })
-                }
-                Err(other) => {
-                    return Err(ValidationError {
-                        messages: vec![format!("payload could not be parsed: {other:?}")],
-                    })
-                }
-            }
-        };
+        let doc = parse::parse(payload.xml.as_bytes()).map_err(|message| ValidationError {
+            messages: vec![message],
+        })?;
         let result = CONTEXTS.with(|cell| {
             let mut contexts = cell.borrow_mut();
             let context = match contexts.entry(self.id) {
@@ -210,6 +192,48 @@ impl Schema {
             payload_type: payload.payload_type,
             xml: Arc::from(payload.xml),
         })
+    }
+}
+
+/// Routes libxml2's own allocations (its parser, documents and validation state) to
+/// mimalloc, the allocator the `agentserver` binary gives Rust. glibc's `malloc` and `free`
+/// cost libxml2 about a tenth of a payload's parse and validation in instructions, and its
+/// arena locks more between threads (BENCHMARKS.md). Returns whether libxml2 accepted.
+///
+/// # Safety
+///
+/// Call it before libxml2 has allocated anything in this process (first thing in `main`):
+/// memory libxml2 took from one allocator must never be freed by the other. Embedders that
+/// use libxml2 themselves before starting an organism must not call it.
+pub unsafe fn use_mimalloc_for_libxml2() -> bool {
+    use std::os::raw::{c_char, c_void};
+
+    unsafe extern "C" fn free(p: *mut c_void) {
+        // SAFETY: libxml2 frees only what its allocator (mimalloc, from here on) gave it.
+        unsafe { libmimalloc_sys::mi_free(p) }
+    }
+    unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+        // SAFETY: plain allocation.
+        unsafe { libmimalloc_sys::mi_malloc(size) }
+    }
+    unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+        // SAFETY: as `free`.
+        unsafe { libmimalloc_sys::mi_realloc(p, size) }
+    }
+    unsafe extern "C" fn strdup(s: *const c_char) -> *mut c_char {
+        // SAFETY: libxml2 passes a NUL-terminated string; the copy includes the NUL.
+        unsafe {
+            let len = std::ffi::CStr::from_ptr(s).to_bytes_with_nul().len();
+            let copy = libmimalloc_sys::mi_malloc(len).cast::<c_char>();
+            if !copy.is_null() {
+                std::ptr::copy_nonoverlapping(s, copy, len);
+            }
+            copy
+        }
+    }
+    // SAFETY: the caller guarantees libxml2 holds no memory yet.
+    unsafe {
+        libxml::bindings::xmlMemSetup(Some(free), Some(malloc), Some(realloc), Some(strdup)) == 0
     }
 }
 
