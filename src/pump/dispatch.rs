@@ -49,7 +49,7 @@ pub(crate) struct ListenerStats {
 pub(crate) struct Retired {
     pub(crate) jobs: HashMap<Arc<str>, VecDeque<Job>>,
     busy: HashSet<Arc<str>>,
-    waiting: usize,
+    waiting: isize,
     failed: bool,
     paused: bool,
 }
@@ -68,8 +68,9 @@ struct Queue {
     workers: usize,
     depth: usize,
     paused: bool,
-    /// Replies this (external) listener owes.
-    waiting: usize,
+    /// Replies this (external) listener owes. Signed: during a reload a successor can see a
+    /// wait end before it inherits the count that wait was part of.
+    waiting: isize,
     /// The last call failed (state `error` until a call succeeds).
     failed: bool,
     state: Option<AgentState>,
@@ -311,14 +312,31 @@ impl Shared {
         })
     }
 
-    /// One more (`+1`) or one fewer (`-1`) reply owed by `listener`.
+    /// One more (`+1`) or one fewer (`-1`) reply owed by `listener`. A listener a reload
+    /// retired has handed its count over, so the change goes to its successor (to none if
+    /// it was removed: its waits ended with it).
     pub(crate) fn add_waiting(&self, listener: &Listener, delta: isize) {
-        let change = {
-            let mut q = listener.lock();
-            q.waiting = q.waiting.saturating_add_signed(delta);
-            self.note_state(listener, &mut q, None)
-        };
-        self.publish_state(change);
+        let mut next: Option<Arc<Listener>> = None;
+        loop {
+            let l = next.as_deref().unwrap_or(listener);
+            let change = {
+                let mut q = l.lock();
+                if q.retired {
+                    match q.successor.clone() {
+                        Some(s) => {
+                            drop(q);
+                            next = Some(s);
+                            continue;
+                        }
+                        None => return,
+                    }
+                }
+                q.waiting += delta;
+                self.note_state(l, &mut q, None)
+            };
+            self.publish_state(change);
+            return;
+        }
     }
 
     fn publish_state(&self, change: Option<EventKind>) {
@@ -499,5 +517,61 @@ fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
         s.clone()
     } else {
         "non-text panic payload".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pump::Organism;
+
+    const ORGANISM: &str = r#"
+organism: { name: waits }
+listeners:
+  - name: ext
+    description: Owes replies
+    kind: native
+    handler: sink
+    fields:
+      Ping: { n: integer }
+"#;
+
+    /// A reply's wait can begin or end while a reload hands its listener over: at the
+    /// predecessor after it retired, or at the successor before it inherited. The count
+    /// must come out right either way.
+    #[tokio::test]
+    async fn replies_owed_are_counted_right_across_a_reload_hand_over() {
+        let names = crate::listener::HandlerRegistry::default();
+        let config = crate::config::load_str(
+            ORGANISM,
+            "waits.yaml",
+            std::path::Path::new("."),
+            &names.names(),
+        )
+        .unwrap();
+        let organism = Organism::builder().build(config).unwrap();
+        let shared = &organism.shared;
+        let old = shared.topo().listeners["ext"].clone();
+        let new = Arc::new(Listener::successor_of(
+            old.config.clone(),
+            old.handler.clone(),
+            old.stats.clone(),
+        ));
+        shared.add_waiting(&old, 1);
+        shared.add_waiting(&old, 1);
+        let handed = old.retire(Some(new.clone()));
+        // One wait ends at the successor (found by name after the swap) before it inherits,
+        // another at the retired predecessor (found before the swap).
+        shared.add_waiting(&new, -1);
+        shared.add_waiting(&old, -1);
+        new.inherit(handed);
+        assert_eq!(new.lock().waiting, 0);
+        assert_eq!(new.snapshot(false).state, AgentState::Idle);
+        // A call still in flight at the predecessor opens a wait: the successor owes it.
+        shared.add_waiting(&old, 1);
+        assert_eq!(new.snapshot(false).state, AgentState::Waiting);
+        shared.add_waiting(&new, -1);
+        assert_eq!(new.snapshot(false).state, AgentState::Idle);
+        organism.stop().await;
     }
 }
