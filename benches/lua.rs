@@ -10,7 +10,11 @@ use agentserver::events::EventHub;
 use agentserver::listener::{Delivery, Handler, Meta};
 use agentserver::lua::LuaHandler;
 use agentserver::xml::{normalize_payload, XmlLimits};
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, Criterion, Throughput};
+
+/// The allocator the `agentserver` binary uses, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const GREETER: &str = r#"
 function handle(payload, meta)
@@ -124,4 +128,12 @@ listeners:
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// `criterion_main!`, with the binary's allocators: mimalloc for Rust and, set first thing,
+/// for libxml2 too, so the figures are the binary's.
+fn main() {
+    // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
+    unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -13,7 +13,11 @@ use agentserver::threads::{MessageRecord, MessageStatus};
 use agentserver::time::Timestamp;
 use agentserver::xml::{normalize_payload, parse_envelope, PayloadType, XmlLimits};
 use agentserver::Organism;
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::{criterion_group, BatchSize, Criterion, Throughput};
+
+/// The allocator the `agentserver` binary uses, so the figures are the binary's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
   <xs:element name="Order"><xs:complexType><xs:sequence>
@@ -150,4 +154,12 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+/// `criterion_main!`, with the binary's allocators: mimalloc for Rust and, set first thing,
+/// for libxml2 too, so the figures are the binary's.
+fn main() {
+    // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
+    unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
