@@ -204,8 +204,23 @@ async fn message_and_thread_lists_filter_and_page_exactly() {
         assert_eq!(st, 400, "{bad}: {e}");
         assert!(e["error"]["message"].as_str().is_some());
     }
-    let (_, e) = s.get("/api/v1/messages?since=yesterday").await;
-    assert_eq!(e["error"]["where"], "since");
+    for (bad, param) in [
+        ("/api/v1/messages?since=yesterday", "since"),
+        ("/api/v1/messages?limit=-1", "limit"),
+        ("/api/v1/messages?offset=x", "offset"),
+        ("/api/v1/messages?status=lost", "status"),
+        ("/api/v1/threads?status=x", "status"),
+        ("/api/v1/threads?until=noon", "until"),
+        ("/api/v1/messages?bogus=1", "bogus"),
+    ] {
+        let (_, e) = s.get(bad).await;
+        assert_eq!(e["error"]["code"], "invalid_query", "{bad}: {e}");
+        assert_eq!(e["error"]["where"], param, "{bad}: {e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(param),
+            "{bad}: {e}"
+        );
+    }
 
     // Threads: newest first, filters.
     let (_, ts) = s.get("/api/v1/threads").await;

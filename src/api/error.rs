@@ -219,12 +219,55 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
             .await
             .map(|q| Params(q.0))
             .map_err(|e: QueryRejection| {
-                ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_query",
-                    format!("bad query parameter: {}", e.body_text()),
-                )
-                .at("query")
+                let text = e.body_text();
+                let (param, problem) = query_problem(&text);
+                let message = match param {
+                    Some(p) => format!("bad query parameter `{p}`: {problem}"),
+                    None => format!("bad query parameter: {problem}"),
+                };
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", message)
+                    .at(param.unwrap_or("query").to_string())
             })
+    }
+}
+
+/// The parameter a query rejection names, and what is wrong with it. axum words it
+/// "Failed to deserialize query string: limit: invalid digit found in string"; anything
+/// else is passed on whole, naming no parameter.
+fn query_problem(text: &str) -> (Option<&str>, &str) {
+    let detail = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(text);
+    match detail.split_once(": ") {
+        Some((param, problem))
+            if !param.is_empty()
+                && param
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') =>
+        {
+            (Some(param), problem)
+        }
+        _ => (None, detail),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_problem;
+
+    #[test]
+    fn a_query_rejection_names_its_parameter_when_it_can() {
+        assert_eq!(
+            query_problem(
+                "Failed to deserialize query string: limit: invalid digit found in string"
+            ),
+            (Some("limit"), "invalid digit found in string")
+        );
+        // Wording axum might use instead: passed on whole, naming no parameter.
+        assert_eq!(
+            query_problem("Failed to deserialize query string: expected `,` here: x"),
+            (None, "expected `,` here: x")
+        );
+        assert_eq!(query_problem("something else"), (None, "something else"));
     }
 }

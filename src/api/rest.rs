@@ -30,9 +30,13 @@ fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
     match value {
         None => Ok(None),
         Some(v) => Timestamp::parse_rfc3339(v).map(Some).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "`{name}` must be an RFC 3339 date-time such as 2026-01-15T10:30:00Z (got `{v}`)"
-            ))
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_query",
+                format!(
+                    "bad query parameter `{name}`: must be an RFC 3339 date-time such as 2026-01-15T10:30:00Z (got `{v}`)"
+                ),
+            )
             .at(name.to_string())
         }),
     }
