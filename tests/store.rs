@@ -41,6 +41,28 @@ async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_incre
         until(&o, || o.agent("b").unwrap().queue_depth == 1).await;
         let last = o.events().last_seq();
         o.store().unwrap().flush(last);
+        // The store's row of a thread still active counts its messages and their time,
+        // though no status change has been written since it was created.
+        let second = o
+            .query_messages(
+                &MessageFilter {
+                    thread: Some(stuck.thread_id.clone()),
+                    ..Default::default()
+                },
+                Page::default(),
+            )
+            .unwrap()
+            .items[1]
+            .timestamp;
+        let active = ThreadFilter {
+            status: Some(ThreadStatus::Active),
+            since: Some(second),
+            ..Default::default()
+        };
+        let listed = o.query_threads(&active, Page::default()).unwrap();
+        assert_eq!(listed.total, 1, "active since its second message");
+        assert_eq!(listed.items[0].message_count, 2);
+        assert!(listed.items[0].last_activity >= second);
         threads.push(stuck.thread_id);
         (threads, last)
     };
@@ -74,8 +96,8 @@ async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_incre
     assert_eq!(o.query_threads(&done, Page::default()).unwrap().total, 5);
     let stuck = o.thread_info(&threads[5]).unwrap().unwrap();
     assert_eq!(
-        (stuck.status, stuck.error.as_deref()),
-        (ThreadStatus::Error, Some("interrupted"))
+        (stuck.status, stuck.error.as_deref(), stuck.message_count),
+        (ThreadStatus::Error, Some("interrupted"), 2)
     );
 
     // A thread from before the restart continues where it ended.

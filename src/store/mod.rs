@@ -1363,6 +1363,14 @@ enum Write<'a> {
         created_at: Option<Timestamp>,
         error: Option<&'a str>,
     },
+    /// A thread with messages (or status changes) in a batch that has no thread write of
+    /// its own: its row's count rises to at least `message_count` and its last activity to
+    /// the batch's time. (Thread events come with status changes only, so without this a
+    /// thread still active would show the count and time of its creation.)
+    Touch {
+        id: &'a str,
+        message_count: u64,
+    },
     Seq(u64),
 }
 
@@ -1458,7 +1466,7 @@ impl Coalescer {
         }
         fn thread_id<'a>(w: &Write<'a>) -> &'a str {
             match w {
-                Write::Thread { id, .. } => id,
+                Write::Thread { id, .. } | Write::Touch { id, .. } => id,
                 _ => "",
             }
         }
@@ -1467,6 +1475,34 @@ impl Coalescer {
                 into.push(None);
                 continue;
             };
+            // A message or status change touches its thread: folded into the batch's write
+            // of that thread, or a touch of its own (placed before this operation's write,
+            // whose position the maps below record).
+            let touched = match w {
+                Write::Message { m, .. } => Some((&*m.thread_id, m.slot_index + 1)),
+                Write::Status { thread_id, .. } => Some((thread_id, 0)),
+                _ => None,
+            };
+            if let Some((thread, count)) = touched {
+                let at = threads
+                    .find(hash(thread), |&i| thread_id(&writes[i]) == thread)
+                    .copied();
+                match at.map(|i| &mut writes[i]) {
+                    Some(Write::Thread { message_count, .. })
+                    | Some(Write::Touch { message_count, .. }) => {
+                        *message_count = (*message_count).max(count);
+                    }
+                    _ => {
+                        threads.insert_unique(hash(thread), writes.len(), |&i| {
+                            hash(thread_id(&writes[i]))
+                        });
+                        writes.push(Write::Touch {
+                            id: thread,
+                            message_count: count,
+                        });
+                    }
+                }
+            }
             let earlier = match w {
                 Write::Message { m, .. } => {
                     // A message written twice (again after a retry): a later status change
@@ -1500,7 +1536,8 @@ impl Coalescer {
                     }
                     first
                 }
-                Write::Seq(_) => None,
+                // Made above, never read from an operation.
+                Write::Seq(_) | Write::Touch { .. } => None,
             };
             match (earlier.map(|at| &mut writes[at]), w) {
                 (
@@ -1529,12 +1566,37 @@ impl Coalescer {
                         ..
                     },
                 ) => {
-                    (*status, *message_count) = (s, c);
+                    *status = s;
+                    *message_count = (*message_count).max(c);
                     *created_at = created_at.or(at);
                     // The row keeps an error once given (the thread statements in `Writes`).
                     if e.is_some() {
                         *error = e;
                     }
+                }
+                // A thread event after a touch of the same thread: the touch becomes the
+                // thread's write, with the larger count.
+                (
+                    Some(slot),
+                    Write::Thread {
+                        id,
+                        status,
+                        message_count,
+                        created_at,
+                        error,
+                    },
+                ) if matches!(slot, Write::Touch { .. }) => {
+                    let touched = match *slot {
+                        Write::Touch { message_count, .. } => message_count,
+                        _ => 0,
+                    };
+                    *slot = Write::Thread {
+                        id,
+                        status,
+                        message_count: message_count.max(touched),
+                        created_at,
+                        error,
+                    };
                 }
                 _ => {
                     into.push(Some(writes.len()));
@@ -1895,6 +1957,10 @@ struct Writes<'t, 'c, 'o> {
     /// message is inserted, so a message never names a number its thread did not get).
     threads: Vec<ThreadRow<'o>>,
     thread_update: rusqlite::CachedStatement<'t>,
+    /// Threads touched ([`Write::Touch`]): updated at the end of the transaction, when
+    /// every thread row it writes exists.
+    touches: Vec<(&'o str, i64)>,
+    touch: rusqlite::CachedStatement<'t>,
     seq: rusqlite::CachedStatement<'t>,
     deltas: Deltas,
 }
@@ -1942,6 +2008,11 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             threads: Vec::with_capacity(THREAD_ROWS),
             thread_update: tx.prepare_cached(
                 "UPDATE threads SET status = ?2, message_count = ?3, last_activity = ?4, error = COALESCE(?5, error)
+                 WHERE n = ?1",
+            )?,
+            touches: Vec::new(),
+            touch: tx.prepare_cached(
+                "UPDATE threads SET message_count = MAX(message_count, ?2), last_activity = MAX(last_activity, ?3)
                  WHERE n = ?1",
             )?,
             seq: tx.prepare_cached(
@@ -2211,8 +2282,22 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     error,
                 })?;
             }
+            Write::Touch { id, message_count } => self.touches.push((id, message_count as i64)),
             Write::Seq(s) => {
                 self.seq.execute(params![s as i64])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what is still buffered: pending message rows (and the thread rows before
+    /// them), then the touched threads. A thread without a row is left alone.
+    fn finish(&mut self) -> rusqlite::Result<()> {
+        self.insert_pending()?;
+        let now = Timestamp::now().0 as i64;
+        for (id, count) in std::mem::take(&mut self.touches) {
+            if let Some(n) = self.thread_number(id)? {
+                self.touch.execute(params![n, count, now])?;
             }
         }
         Ok(())
@@ -2234,7 +2319,7 @@ fn commit(
         let done = (|| {
             let mut writes = Writes::prepare(&tx, cache)?;
             ops.iter().try_for_each(|w| writes.apply(*w))?;
-            writes.insert_pending()?;
+            writes.finish()?;
             let deltas = std::mem::take(&mut writes.deltas);
             drop(writes);
             deltas.write(&tx)
@@ -2328,6 +2413,54 @@ mod tests {
     }
 
     #[test]
+    fn a_thread_row_follows_its_messages_between_its_status_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("s.db")).unwrap();
+        let stored = |id: &str| store.thread(id).unwrap().unwrap();
+        thread(&store, "a", ThreadStatus::Active, 1);
+        store.flush(1);
+        let created = stored("a");
+        assert_eq!(created.message_count, 0);
+        // Messages in a later batch than the thread's last status change, one batch each.
+        for slot in 0..2 {
+            store.record(
+                2 + slot,
+                &EventKind::Message {
+                    message: msg("a", slot, "api", "g", 10 + slot),
+                },
+            );
+            store.flush(2 + slot);
+            assert_eq!(stored("a").message_count, slot + 1);
+        }
+        let after_messages = stored("a");
+        assert!(after_messages.last_activity >= created.last_activity);
+        assert_eq!(after_messages.status, ThreadStatus::Active);
+        // A status change alone moves the thread's last activity, never its count back.
+        store.record(
+            4,
+            &EventKind::MessageStatus {
+                id: "a-1".into(),
+                thread_id: "a".into(),
+                status: MessageStatus::Delivered,
+                error: None,
+            },
+        );
+        store.flush(4);
+        let after_status = stored("a");
+        assert_eq!(after_status.message_count, 2);
+        assert!(after_status.last_activity >= after_messages.last_activity);
+        // A message of a thread with no row gets one, counted.
+        store.record(
+            5,
+            &EventKind::Message {
+                message: msg("unrecorded", 0, "api", "g", 20),
+            },
+        );
+        store.flush(5);
+        assert_eq!(stored("unrecorded").message_count, 1);
+    }
+
+    #[test]
     fn stored_status_words_are_the_api_words() {
         for s in [
             MessageStatus::Pending,
@@ -2396,7 +2529,7 @@ mod tests {
             // The write each operation went into: a failed write holds every event it took.
             assert_eq!(
                 coalescer.into,
-                [Some(0), Some(1), Some(0), Some(2), Some(1), Some(3)]
+                [Some(1), Some(0), Some(1), Some(3), Some(0), Some(4)]
             );
             coalescer.recycle(writes);
         }
@@ -2426,10 +2559,18 @@ mod tests {
         }));
         let mut coalescer = Coalescer::default();
         let writes = coalescer.coalesce(&batch);
-        assert_eq!(writes.len(), 65);
-        assert_eq!(message_status(&writes[7]), Some(MessageStatus::Pending));
-        assert_eq!(message_status(&writes[64]), Some(MessageStatus::Failed));
-        assert_eq!(coalescer.into[65], Some(64));
+        // The thread's touch first, then the 65 message writes.
+        assert_eq!(writes.len(), 66);
+        assert!(matches!(
+            writes[0],
+            Write::Touch {
+                id: "t",
+                message_count: 64
+            }
+        ));
+        assert_eq!(message_status(&writes[8]), Some(MessageStatus::Pending));
+        assert_eq!(message_status(&writes[65]), Some(MessageStatus::Failed));
+        assert_eq!(coalescer.into[65], Some(65));
     }
 
     /// An operation carrying `kind`, as the hub would publish it.
@@ -2446,25 +2587,35 @@ mod tests {
     }
 
     fn assert_coalesced(writes: &[Write<'_>]) {
-        assert_eq!(writes.len(), 4);
-        assert_eq!(message_status(&writes[0]), Some(MessageStatus::Delivered));
-        // The thread is written once, where it was first written, in its last state.
+        assert_eq!(writes.len(), 5);
+        // The thread is written once, where it was first touched (by its message), in its
+        // last state and with the count its messages imply.
         assert!(matches!(
-            writes[1],
+            writes[0],
             Write::Thread {
                 status: ThreadStatus::Completed,
                 created_at: Some(Timestamp(5)),
+                message_count: 1,
                 ..
             }
         ));
+        assert_eq!(message_status(&writes[1]), Some(MessageStatus::Delivered));
+        // A status change of a thread the batch writes nothing else of touches it.
         assert!(matches!(
             writes[2],
+            Write::Touch {
+                id: "e",
+                message_count: 0
+            }
+        ));
+        assert!(matches!(
+            writes[3],
             Write::Status {
                 id: "elsewhere",
                 ..
             }
         ));
-        assert!(matches!(writes[3], Write::Seq(9)));
+        assert!(matches!(writes[4], Write::Seq(9)));
     }
 
     #[test]
