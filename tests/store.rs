@@ -112,6 +112,45 @@ async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_incre
     assert_eq!(log.total, 6);
     let slots: Vec<u64> = log.items.iter().map(|m| m.slot_index).collect();
     assert_eq!(slots, vec![0, 1, 2, 3, 4, 5]);
+
+    // Continued again: its page joins the stored slots and the live ones at once, before
+    // the writer commits the new messages.
+    let third = inject(&o, "a", "<Note>third</Note>", Some(&threads[0]));
+    settle(&o, &third.thread_id).await;
+    let page = o
+        .thread_page(&threads[0], Page::default())
+        .unwrap()
+        .unwrap();
+    let slots: Vec<u64> = page.items.iter().map(|m| m.slot_index).collect();
+    assert_eq!(slots, (0..9).collect::<Vec<u64>>());
+    assert_eq!(page.total, 9);
+    let second = o
+        .thread_page(&threads[0], Page::new(Some(2), Some(5)))
+        .unwrap()
+        .unwrap();
+    assert_eq!((second.total, second.items[0].slot_index), (9, 5));
+}
+
+#[tokio::test]
+async fn a_thread_is_found_the_moment_its_inject_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "s.db", "");
+    let o = Organism::builder().load(&path).unwrap();
+    o.pause_listener("b").unwrap();
+    let t = inject(&o, "a", "<Note>now</Note>", None);
+    // At once: the store's writer gathers for 20 ms before it commits anything.
+    let info = o.thread_info(&t.thread_id).unwrap().expect("found at once");
+    assert_eq!(info.status, ThreadStatus::Active);
+    let page = o
+        .thread_page(&t.thread_id, Page::default())
+        .unwrap()
+        .expect("its messages at once");
+    assert_eq!(&*page.items[0].id, t.message_id.as_str());
+    assert!(o
+        .thread_page("no-such-thread", Page::default())
+        .unwrap()
+        .is_none());
+    assert!(o.thread_info("no-such-thread").unwrap().is_none());
 }
 
 #[tokio::test]

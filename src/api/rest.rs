@@ -242,11 +242,10 @@ pub async fn get_thread(
         limit: usize::MAX,
         offset: 0,
     };
-    let filter = MessageFilter {
-        thread: Some(id),
-        ..Default::default()
-    };
-    let messages = organism.query_messages(&filter, all)?.items;
+    let messages = organism
+        .thread_page(&id, all)?
+        .map(|p| p.items)
+        .unwrap_or_default();
     Ok(Json(ThreadDetail { thread, messages }))
 }
 
@@ -259,15 +258,11 @@ pub async fn thread_messages(
     Path(id): Path<String>,
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Json<Paged<MessageRecord>>> {
-    let organism = &s.inner.organism;
-    if organism.thread_info(&id)?.is_none() {
-        return Err(unknown_thread(&id));
-    }
-    let filter = MessageFilter {
-        thread: Some(id),
-        ..Default::default()
-    };
-    Ok(Json(organism.query_messages(&filter, q.page())?))
+    s.inner
+        .organism
+        .thread_page(&id, q.page())?
+        .map(Json)
+        .ok_or_else(|| unknown_thread(&id))
 }
 
 #[utoipa::path(get, path = "/api/v1/messages", tag = "messages", params(MessageQuery),

@@ -617,14 +617,54 @@ impl Organism {
         }
     }
 
-    /// One thread: from the store when there is one, else from memory.
+    /// One thread: live from memory while the organism holds it (so a thread is found the
+    /// moment its inject is answered, before the store's writer commits it), else from the
+    /// store.
     pub fn thread_info(
         &self,
         id: &str,
     ) -> Result<Option<crate::threads::ThreadInfo>, crate::store::StoreError> {
-        match &self.shared.store {
-            Some(store) => store.thread(id),
-            None => Ok(self.shared.threads.info(id)),
+        match (self.shared.threads.info(id), &self.shared.store) {
+            (Some(live), _) => Ok(Some(live)),
+            (None, Some(store)) => store.thread(id),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// One page of a thread's messages in slot order, `None` for an unknown thread. What
+    /// the organism holds in memory is live (every message, current statuses); slots before
+    /// it (a thread continued after a restart) and threads no longer held come from the
+    /// store.
+    pub fn thread_page(
+        &self,
+        id: &str,
+        page: crate::threads::Page,
+    ) -> Result<Option<crate::threads::Paged<MessageRecord>>, crate::store::StoreError> {
+        let filter = crate::threads::MessageFilter {
+            thread: Some(id.to_string()),
+            ..Default::default()
+        };
+        match (self.shared.threads.log(id), &self.shared.store) {
+            (Some((0, live)), _) | (Some((_, live)), None) => Ok(Some(page.cut(live))),
+            (Some((base, live)), Some(store)) => {
+                let all = crate::threads::Page {
+                    limit: usize::MAX,
+                    offset: 0,
+                };
+                let mut log: Vec<MessageRecord> = store
+                    .query_messages(&filter, all)?
+                    .items
+                    .into_iter()
+                    .filter(|m| m.slot_index < base)
+                    .collect();
+                log.extend(live);
+                Ok(Some(page.cut(log)))
+            }
+            (None, Some(store)) => match store.thread(id)? {
+                Some(_) => store.query_messages(&filter, page).map(Some),
+                None => Ok(None),
+            },
+            (None, None) => Ok(None),
         }
     }
 

@@ -609,6 +609,16 @@ impl ThreadRegistry {
             .map(|e| e.messages.clone())
     }
 
+    /// The part of the thread's log held here: the slot it starts at (above 0 for a thread
+    /// continued after a restart, whose earlier messages are only in the store) and its
+    /// messages from there, in slot order.
+    pub fn log(&self, thread: &str) -> Option<(u64, Vec<MessageRecord>)> {
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .map(|e| (e.slot_base, e.messages.clone()))
+    }
+
     /// Every retained thread, newest first.
     pub fn list(&self) -> Vec<ThreadInfo> {
         let mut all: Vec<ThreadInfo> = self
