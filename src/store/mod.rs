@@ -1576,27 +1576,17 @@ impl Coalescer {
                 }
                 // A thread event after a touch of the same thread: the touch becomes the
                 // thread's write, with the larger count.
-                (
-                    Some(slot),
-                    Write::Thread {
-                        id,
-                        status,
-                        message_count,
-                        created_at,
-                        error,
-                    },
-                ) if matches!(slot, Write::Touch { .. }) => {
+                (Some(slot), thread @ Write::Thread { .. })
+                    if matches!(slot, Write::Touch { .. }) =>
+                {
                     let touched = match *slot {
                         Write::Touch { message_count, .. } => message_count,
                         _ => 0,
                     };
-                    *slot = Write::Thread {
-                        id,
-                        status,
-                        message_count: message_count.max(touched),
-                        created_at,
-                        error,
-                    };
+                    *slot = thread;
+                    if let Write::Thread { message_count, .. } = slot {
+                        *message_count = (*message_count).max(touched);
+                    }
                 }
                 _ => {
                     into.push(Some(writes.len()));
