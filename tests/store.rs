@@ -99,6 +99,32 @@ async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_incre
         (stuck.status, stuck.error.as_deref(), stuck.message_count),
         (ThreadStatus::Error, Some("interrupted"), 2)
     );
+    // Its message that was queued at `b` failed with it: nothing will handle it now.
+    let pending = MessageFilter {
+        status: Some(agentserver::threads::MessageStatus::Pending),
+        ..Default::default()
+    };
+    assert_eq!(
+        o.query_messages(&pending, Page::default()).unwrap().total,
+        0
+    );
+    let queued = &o
+        .query_messages(
+            &MessageFilter {
+                thread: Some(threads[5].clone()),
+                ..Default::default()
+            },
+            Page::default(),
+        )
+        .unwrap()
+        .items[1];
+    assert_eq!(
+        (queued.status, queued.error.as_deref()),
+        (
+            agentserver::threads::MessageStatus::Failed,
+            Some("interrupted")
+        )
+    );
 
     // A thread from before the restart continues where it ended.
     let more = inject(&o, "a", "<Note>again</Note>", Some(&threads[0]));

@@ -407,6 +407,13 @@ impl OrganismBuilder {
             None => None,
         };
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
+        if recovered.interrupted + recovered.interrupted_messages > 0 {
+            tracing::warn!(
+                threads = recovered.interrupted,
+                messages = recovered.interrupted_messages,
+                "the last run ended with work unfinished: its active threads are now `error` and its pending messages `failed`, both `interrupted`"
+            );
+        }
         let sink: Option<crate::events::Sink> = store.clone().map(|s| {
             Box::new(move |event: &Arc<crate::events::Event>| s.record_event(event))
                 as crate::events::Sink

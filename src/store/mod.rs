@@ -250,6 +250,9 @@ pub struct Recovered {
     pub total_messages: u64,
     /// Threads that were active when the process ended, now `error` / `interrupted`.
     pub interrupted: u64,
+    /// Messages that were `pending` when the process ended (queued, or in a handler), now
+    /// `failed` / `interrupted`: nothing will handle them.
+    pub interrupted_messages: u64,
 }
 
 enum Op {
@@ -368,6 +371,61 @@ fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection, StoreErr
     Ok(conn)
 }
 
+/// What a process that ended left unfinished, in one transaction: active threads become
+/// `error` and pending messages `failed`, both with the reason `interrupted` (SPEC §13; §8:
+/// no message stays `pending` with nothing left to handle it). Pending messages are read
+/// only in the blocks whose counts hold some, and their counts move with them. Returns
+/// (threads, messages).
+fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<(u64, u64)> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let threads = tx.execute(
+        "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
+        [],
+    )? as u64;
+    let pending = status_str(MessageStatus::Pending);
+    let failed = status_str(MessageStatus::Failed);
+    let blocks: Vec<i64> = tx
+        .prepare(
+            "SELECT block FROM blocks WHERE agent = 0 AND status = ?1 AND n > 0 GROUP BY block",
+        )?
+        .query_map(params![pending], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut deltas = Deltas::default();
+    let mut messages = 0;
+    {
+        let mut fail = tx.prepare(
+            "UPDATE messages SET status = ?3, error = COALESCE(error, 'interrupted')
+             WHERE seq >= ?1 AND seq < ?2 AND status = ?4
+             RETURNING seq, sender, receiver, payload_type",
+        )?;
+        for block in blocks {
+            let (first, end) = (block << BLOCK_BITS, (block + 1) << BLOCK_BITS);
+            let mut rows = fail.query(params![first, end, failed, pending])?;
+            while let Some(r) = rows.next()? {
+                let was = Counted {
+                    seq: r.get(0)?,
+                    from: r.get(1)?,
+                    to: r.get(2)?,
+                    payload_type: r.get(3)?,
+                    status: pending,
+                };
+                deltas.add(was, -1);
+                deltas.add(
+                    Counted {
+                        status: failed,
+                        ..was
+                    },
+                    1,
+                );
+                messages += 1;
+            }
+        }
+    }
+    deltas.write(&tx)?;
+    tx.commit()?;
+    Ok((threads, messages))
+}
+
 impl Recovered {
     /// Where the event hub's `seq` resumes after a restart: past anything that may have been
     /// published but not committed before the process ended (one batch window of events), so
@@ -447,12 +505,8 @@ impl Store {
             conn.pragma_update(None, "max_page_count", pages)
                 .map_err(corrupt)?;
         }
-        let interrupted = conn
-            .execute(
-                "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
-                [],
-            )
-            .map_err(corrupt)? as u64;
+        let (interrupted, interrupted_messages) =
+            recover_interrupted(&mut conn).map_err(corrupt)?;
         let last_seq: u64 = conn
             .query_row("SELECT value FROM meta WHERE key = 'last_seq'", [], |r| {
                 get_u64(r, 0)
@@ -480,6 +534,7 @@ impl Store {
                 last_seq,
                 total_messages,
                 interrupted,
+                interrupted_messages,
             },
         })
     }
@@ -2693,11 +2748,28 @@ mod tests {
                     message: msg("live", 0, "api", "g", 3),
                 },
             );
+            store.record(
+                6,
+                &EventKind::Message {
+                    message: MessageRecord {
+                        status: MessageStatus::Delivered,
+                        ..msg("done", 0, "api", "h", 4)
+                    },
+                },
+            );
             store.flush(777);
         }
         let store = Store::open(&path).unwrap();
         let r = store.recovered();
-        assert_eq!((r.last_seq, r.total_messages, r.interrupted), (777, 1, 1));
+        assert_eq!(
+            (
+                r.last_seq,
+                r.total_messages,
+                r.interrupted,
+                r.interrupted_messages
+            ),
+            (777, 2, 1, 1)
+        );
         let live = store.thread("live").unwrap().unwrap();
         assert_eq!(
             (live.status, live.error.as_deref()),
@@ -2706,6 +2778,36 @@ mod tests {
         assert_eq!(
             store.thread("done").unwrap().unwrap().status,
             ThreadStatus::Completed
+        );
+        // The message left pending failed with the same reason; the delivered one is as it
+        // was; the counts moved with it.
+        let rows = all_rows(&store);
+        let status_of = |id: &str| {
+            let m = rows.iter().find(|m| &*m.id == id).unwrap();
+            (m.status, m.error.clone())
+        };
+        assert_eq!(
+            status_of("live-0"),
+            (MessageStatus::Failed, Some("interrupted".into()))
+        );
+        assert_eq!(status_of("done-0"), (MessageStatus::Delivered, None));
+        let with = |status| MessageFilter {
+            status: Some(status),
+            ..Default::default()
+        };
+        let total = |f: &MessageFilter| store.query_messages(f, Page::default()).unwrap().total;
+        assert_eq!(total(&with(MessageStatus::Pending)), 0);
+        assert_eq!(total(&with(MessageStatus::Failed)), 1);
+        assert_kept_counts_match_scans(&store);
+        // Nothing is left to recover a second time.
+        drop(store);
+        let again = Store::open(&path).unwrap();
+        assert_eq!(
+            (
+                again.recovered().interrupted,
+                again.recovered().interrupted_messages
+            ),
+            (0, 0)
         );
     }
 
