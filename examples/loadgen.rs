@@ -107,9 +107,9 @@ impl Latencies {
 }
 
 /// Single-thread ceilings, each the best of five passes over the same payloads, no pump (so
-/// a scheduler hiccup does not lower them): our strict read (`normalize_payload`) + XSD
+/// a scheduler hiccup does not lower them): our strict read (`normalize_payload`) and XSD
 /// validation, what every payload entering the pump costs at the least; and libxml2's parse
-/// + validation alone (`Schema::check`, the payloads read beforehand), the benchmarks
+/// and validation alone (`Schema::check`, the payloads read beforehand), the benchmarks
 /// issue's "raw libxml2 parse + validate".
 struct Ceilings {
     strict_read_and_validate: f64,
