@@ -603,10 +603,7 @@ impl ThreadRegistry {
 
     /// The thread's message log, in slot order.
     pub fn messages(&self, thread: &str) -> Option<Vec<MessageRecord>> {
-        lock(self.shard(thread))
-            .threads
-            .get(thread)
-            .map(|e| e.messages.clone())
+        self.log(thread).map(|(_, messages)| messages)
     }
 
     /// The part of the thread's log held here: the slot it starts at (above 0 for a thread
