@@ -1419,12 +1419,15 @@ enum Write<'a> {
         error: Option<&'a str>,
     },
     /// A thread with messages (or status changes) in a batch that has no thread write of
-    /// its own: its row's count rises to at least `message_count` and its last activity to
-    /// the batch's time. (Thread events come with status changes only, so without this a
-    /// thread still active would show the count and time of its creation.)
+    /// its own: its row's count rises to at least `message_count`, its last activity to the
+    /// batch's time, and it takes `error` if it has none (a thread's error is the first its
+    /// messages met, as in memory). Thread events come with thread status changes only, so
+    /// without this a running thread would show the count and time of its creation, and a
+    /// killed one no error.
     Touch {
         id: &'a str,
         message_count: u64,
+        error: Option<&'a str>,
     },
     Seq(u64),
 }
@@ -1534,18 +1537,29 @@ impl Coalescer {
             // of that thread, or a touch of its own (placed before this operation's write,
             // whose position the maps below record).
             let touched = match w {
-                Write::Message { m, .. } => Some((&*m.thread_id, m.slot_index + 1)),
-                Write::Status { thread_id, .. } => Some((thread_id, 0)),
+                Write::Message { m, error, .. } => Some((&*m.thread_id, m.slot_index + 1, error)),
+                Write::Status {
+                    thread_id, error, ..
+                } => Some((thread_id, 0, error)),
                 _ => None,
             };
-            if let Some((thread, count)) = touched {
+            if let Some((thread, count, e)) = touched {
                 let at = threads
                     .find(hash(thread), |&i| thread_id(&writes[i]) == thread)
                     .copied();
                 match at.map(|i| &mut writes[i]) {
-                    Some(Write::Thread { message_count, .. })
-                    | Some(Write::Touch { message_count, .. }) => {
+                    Some(Write::Thread {
+                        message_count,
+                        error,
+                        ..
+                    })
+                    | Some(Write::Touch {
+                        message_count,
+                        error,
+                        ..
+                    }) => {
                         *message_count = (*message_count).max(count);
+                        *error = error.or(e);
                     }
                     _ => {
                         threads.insert_unique(hash(thread), writes.len(), |&i| {
@@ -1554,6 +1568,7 @@ impl Coalescer {
                         writes.push(Write::Touch {
                             id: thread,
                             message_count: count,
+                            error: e,
                         });
                     }
                 }
@@ -1634,13 +1649,23 @@ impl Coalescer {
                 (Some(slot), thread @ Write::Thread { .. })
                     if matches!(slot, Write::Touch { .. }) =>
                 {
-                    let touched = match *slot {
-                        Write::Touch { message_count, .. } => message_count,
-                        _ => 0,
+                    let (touched, touched_error) = match *slot {
+                        Write::Touch {
+                            message_count,
+                            error,
+                            ..
+                        } => (message_count, error),
+                        _ => (0, None),
                     };
                     *slot = thread;
-                    if let Write::Thread { message_count, .. } = slot {
+                    if let Write::Thread {
+                        message_count,
+                        error,
+                        ..
+                    } = slot
+                    {
                         *message_count = (*message_count).max(touched);
+                        *error = error.or(touched_error);
                     }
                 }
                 _ => {
@@ -2004,7 +2029,7 @@ struct Writes<'t, 'c, 'o> {
     thread_update: rusqlite::CachedStatement<'t>,
     /// Threads touched ([`Write::Touch`]): updated at the end of the transaction, when
     /// every thread row it writes exists.
-    touches: Vec<(&'o str, i64)>,
+    touches: Vec<(&'o str, i64, Option<&'o str>)>,
     touch: rusqlite::CachedStatement<'t>,
     seq: rusqlite::CachedStatement<'t>,
     deltas: Deltas,
@@ -2057,7 +2082,8 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             )?,
             touches: Vec::new(),
             touch: tx.prepare_cached(
-                "UPDATE threads SET message_count = MAX(message_count, ?2), last_activity = MAX(last_activity, ?3)
+                "UPDATE threads SET message_count = MAX(message_count, ?2), last_activity = MAX(last_activity, ?3),
+                   error = COALESCE(error, ?4)
                  WHERE n = ?1",
             )?,
             seq: tx.prepare_cached(
@@ -2327,7 +2353,11 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     error,
                 })?;
             }
-            Write::Touch { id, message_count } => self.touches.push((id, message_count as i64)),
+            Write::Touch {
+                id,
+                message_count,
+                error,
+            } => self.touches.push((id, message_count as i64, error)),
             Write::Seq(s) => {
                 self.seq.execute(params![s as i64])?;
             }
@@ -2340,9 +2370,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
     fn finish(&mut self) -> rusqlite::Result<()> {
         self.insert_pending()?;
         let now = Timestamp::now().0 as i64;
-        for (id, count) in std::mem::take(&mut self.touches) {
+        for (id, count, error) in std::mem::take(&mut self.touches) {
             if let Some(n) = self.thread_number(id)? {
-                self.touch.execute(params![n, count, now])?;
+                self.touch.execute(params![n, count, now, error])?;
             }
         }
         Ok(())
@@ -2494,6 +2524,22 @@ mod tests {
         let after_status = stored("a");
         assert_eq!(after_status.message_count, 2);
         assert!(after_status.last_activity >= after_messages.last_activity);
+        assert_eq!(after_status.error, None);
+        // The first error its messages meet becomes the thread's, as in memory (a kill
+        // fails the queued messages after the thread's own status change).
+        for (seq, (slot, error)) in [(0, "first"), (1, "second")].into_iter().enumerate() {
+            store.record(
+                10 + seq as u64,
+                &EventKind::MessageStatus {
+                    id: format!("a-{slot}"),
+                    thread_id: "a".into(),
+                    status: MessageStatus::Failed,
+                    error: Some(error.into()),
+                },
+            );
+            store.flush(10 + seq as u64);
+            assert_eq!(stored("a").error.as_deref(), Some("first"));
+        }
         // A message of a thread with no row gets one, counted.
         store.record(
             5,
@@ -2610,7 +2656,8 @@ mod tests {
             writes[0],
             Write::Touch {
                 id: "t",
-                message_count: 64
+                message_count: 64,
+                error: None
             }
         ));
         assert_eq!(message_status(&writes[8]), Some(MessageStatus::Pending));
@@ -2650,7 +2697,8 @@ mod tests {
             writes[2],
             Write::Touch {
                 id: "e",
-                message_count: 0
+                message_count: 0,
+                error: Some("x")
             }
         ));
         assert!(matches!(
