@@ -406,6 +406,51 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
         .collect();
     lines.sort();
     out.extend(lines);
+    // Filtered totals.
+    for agent in ["a", "b", "c", "api"] {
+        let by_agent = ThreadFilter {
+            agent: Some(agent.into()),
+            ..Default::default()
+        };
+        let messages = MessageFilter {
+            agent: Some(agent.into()),
+            ..Default::default()
+        };
+        out.push(format!(
+            "agent {agent}: {} threads, {} messages",
+            o.query_threads(&by_agent, all).unwrap().total,
+            o.query_messages(&messages, all).unwrap().total
+        ));
+    }
+    for status in [
+        ThreadStatus::Completed,
+        ThreadStatus::Killed,
+        ThreadStatus::Active,
+    ] {
+        let f = ThreadFilter {
+            status: Some(status),
+            ..Default::default()
+        };
+        out.push(format!(
+            "{status:?}: {}",
+            o.query_threads(&f, all).unwrap().total
+        ));
+    }
+    for status in [
+        agentserver::threads::MessageStatus::Delivered,
+        agentserver::threads::MessageStatus::Killed,
+        agentserver::threads::MessageStatus::Pending,
+    ] {
+        let f = MessageFilter {
+            status: Some(status),
+            payload_type: Some("Note".into()),
+            ..Default::default()
+        };
+        out.push(format!(
+            "{status:?} notes: {}",
+            o.query_messages(&f, all).unwrap().total
+        ));
+    }
     for id in threads {
         let t = o.thread_info(id).unwrap().unwrap();
         let page = o.thread_page(id, all).unwrap().unwrap();
