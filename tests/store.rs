@@ -23,22 +23,34 @@ fn write_organism(dir: &Path, store: &str, extra: &str) -> std::path::PathBuf {
     path
 }
 
+/// `n` threads through the chain, each completed before the next starts.
+async fn completed_threads(o: &Organism, n: usize) -> Vec<String> {
+    let mut threads = Vec::new();
+    for i in 0..n {
+        let t = inject(o, "a", &format!("<Note>n{i}</Note>"), None);
+        settle(o, &t.thread_id).await;
+        threads.push(t.thread_id);
+    }
+    threads
+}
+
+/// A thread whose second message waits at `b`, paused for it.
+async fn held_at_b(o: &Organism, text: &str) -> agentserver::InjectReceipt {
+    o.pause_listener("b").unwrap();
+    let t = inject(o, "a", &format!("<Note>{text}</Note>"), None);
+    until(o, || o.agent("b").unwrap().queue_depth == 1).await;
+    t
+}
+
 #[tokio::test]
 async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_organism(dir.path(), "data/log.db", "");
     let (threads, last_seq) = {
         let o = Organism::builder().load(&path).unwrap();
-        let mut threads = Vec::new();
-        for i in 0..5 {
-            let t = inject(&o, "a", &format!("<Note>n{i}</Note>"), None);
-            settle(&o, &t.thread_id).await;
-            threads.push(t.thread_id);
-        }
+        let mut threads = completed_threads(&o, 5).await;
         // One thread still active when the process ends.
-        o.pause_listener("b").unwrap();
-        let stuck = inject(&o, "a", "<Note>stuck</Note>", None);
-        until(&o, || o.agent("b").unwrap().queue_depth == 1).await;
+        let stuck = held_at_b(&o, "stuck").await;
         let last = o.events().last_seq();
         o.store().unwrap().flush(last);
         // The store's row of a thread still active counts its messages and their time,
@@ -471,16 +483,9 @@ async fn the_store_and_memory_show_the_same_history() {
         let o = Organism::builder()
             .load(&write_organism(dir.path(), store, ""))
             .unwrap();
-        let mut threads = Vec::new();
-        for i in 0..3 {
-            let t = inject(&o, "a", &format!("<Note>n{i}</Note>"), None);
-            settle(&o, &t.thread_id).await;
-            threads.push(t.thread_id);
-        }
+        let mut threads = completed_threads(&o, 3).await;
         // Killed while its message waits at a paused listener.
-        o.pause_listener("b").unwrap();
-        let killed = inject(&o, "a", "<Note>kill</Note>", None);
-        until(&o, || o.agent("b").unwrap().queue_depth == 1).await;
+        let killed = held_at_b(&o, "kill").await;
         o.kill_thread(&killed.thread_id).unwrap();
         settle(&o, &killed.thread_id).await;
         o.resume_listener("b").unwrap();
