@@ -1409,6 +1409,8 @@ enum Write<'a> {
         thread_id: &'a str,
         status: MessageStatus,
         error: Option<&'a str>,
+        /// When the change was published.
+        at: Timestamp,
     },
     Thread {
         id: &'a str,
@@ -1417,10 +1419,12 @@ enum Write<'a> {
         /// Given when the thread is created.
         created_at: Option<Timestamp>,
         error: Option<&'a str>,
+        /// Its last activity: the latest time of the events folded into this write.
+        at: Timestamp,
     },
     /// A thread with messages (or status changes) in a batch that has no thread write of
-    /// its own: its row's count rises to at least `message_count`, its last activity to the
-    /// batch's time, and it takes `error` if it has none (a thread's error is the first its
+    /// its own: its row's count rises to at least `message_count`, its last activity to at
+    /// least `at` (the time of the latest of them), and it takes `error` if it has none (a thread's error is the first its
     /// messages met, as in memory). Thread events come with thread status changes only, so
     /// without this a running thread would show the count and time of its creation, and a
     /// killed one no error.
@@ -1428,6 +1432,7 @@ enum Write<'a> {
         id: &'a str,
         message_count: u64,
         error: Option<&'a str>,
+        at: Timestamp,
     },
     Seq(u64),
 }
@@ -1455,6 +1460,7 @@ impl<'a> Write<'a> {
                 thread_id,
                 status: *status,
                 error: error.as_deref(),
+                at: event.timestamp,
             },
             EventKind::ThreadCreated { thread: t } => Write::Thread {
                 id: &t.id,
@@ -1462,6 +1468,7 @@ impl<'a> Write<'a> {
                 message_count: t.message_count,
                 created_at: Some(t.created_at),
                 error: t.error.as_deref(),
+                at: t.last_activity,
             },
             EventKind::ThreadUpdated {
                 thread_id,
@@ -1474,6 +1481,7 @@ impl<'a> Write<'a> {
                 message_count: *message_count,
                 created_at: None,
                 error: error.as_deref(),
+                at: event.timestamp,
             },
             _ => return None,
         })
@@ -1537,29 +1545,37 @@ impl Coalescer {
             // of that thread, or a touch of its own (placed before this operation's write,
             // whose position the maps below record).
             let touched = match w {
-                Write::Message { m, error, .. } => Some((&*m.thread_id, m.slot_index + 1, error)),
+                Write::Message { m, error, .. } => {
+                    Some((&*m.thread_id, m.slot_index + 1, error, m.timestamp))
+                }
                 Write::Status {
-                    thread_id, error, ..
-                } => Some((thread_id, 0, error)),
+                    thread_id,
+                    error,
+                    at,
+                    ..
+                } => Some((thread_id, 0, error, at)),
                 _ => None,
             };
-            if let Some((thread, count, e)) = touched {
-                let at = threads
+            if let Some((thread, count, e, t)) = touched {
+                let found = threads
                     .find(hash(thread), |&i| thread_id(&writes[i]) == thread)
                     .copied();
-                match at.map(|i| &mut writes[i]) {
+                match found.map(|i| &mut writes[i]) {
                     Some(Write::Thread {
                         message_count,
                         error,
+                        at,
                         ..
                     })
                     | Some(Write::Touch {
                         message_count,
                         error,
+                        at,
                         ..
                     }) => {
                         *message_count = (*message_count).max(count);
                         *error = error.or(e);
+                        *at = (*at).max(t);
                     }
                     _ => {
                         threads.insert_unique(hash(thread), writes.len(), |&i| {
@@ -1569,6 +1585,7 @@ impl Coalescer {
                             id: thread,
                             message_count: count,
                             error: e,
+                            at: t,
                         });
                     }
                 }
@@ -1626,19 +1643,22 @@ impl Coalescer {
                         message_count,
                         created_at,
                         error,
+                        at,
                         ..
                     }),
                     Write::Thread {
                         status: s,
                         message_count: c,
-                        created_at: at,
+                        created_at: created,
                         error: e,
+                        at: t,
                         ..
                     },
                 ) => {
                     *status = s;
                     *message_count = (*message_count).max(c);
-                    *created_at = created_at.or(at);
+                    *created_at = created_at.or(created);
+                    *at = (*at).max(t);
                     // The row keeps an error once given (the thread statements in `Writes`).
                     if e.is_some() {
                         *error = e;
@@ -1649,23 +1669,26 @@ impl Coalescer {
                 (Some(slot), thread @ Write::Thread { .. })
                     if matches!(slot, Write::Touch { .. }) =>
                 {
-                    let (touched, touched_error) = match *slot {
+                    let (touched, touched_error, touched_at) = match *slot {
                         Write::Touch {
                             message_count,
                             error,
+                            at,
                             ..
-                        } => (message_count, error),
-                        _ => (0, None),
+                        } => (message_count, error, at),
+                        _ => (0, None, Timestamp(0)),
                     };
                     *slot = thread;
                     if let Write::Thread {
                         message_count,
                         error,
+                        at,
                         ..
                     } = slot
                     {
                         *message_count = (*message_count).max(touched);
                         *error = error.or(touched_error);
+                        *at = (*at).max(touched_at);
                     }
                 }
                 _ => {
@@ -2029,7 +2052,7 @@ struct Writes<'t, 'c, 'o> {
     thread_update: rusqlite::CachedStatement<'t>,
     /// Threads touched ([`Write::Touch`]): updated at the end of the transaction, when
     /// every thread row it writes exists.
-    touches: Vec<(&'o str, i64, Option<&'o str>)>,
+    touches: Vec<(&'o str, i64, Option<&'o str>, i64)>,
     touch: rusqlite::CachedStatement<'t>,
     seq: rusqlite::CachedStatement<'t>,
     deltas: Deltas,
@@ -2056,7 +2079,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 "INSERT INTO threads (n, id, status, message_count, created_at, last_activity, error)
                  VALUES {}
                  ON CONFLICT(n) DO UPDATE SET status = excluded.status, message_count = excluded.message_count,
-                   last_activity = excluded.last_activity, error = COALESCE(excluded.error, error)
+                   last_activity = MAX(last_activity, excluded.last_activity), error = COALESCE(excluded.error, error)
                  ON CONFLICT(id) DO NOTHING",
                 vec![format!("({})", in_list(THREAD_PARAMS)); rows].join(", ")
             )
@@ -2322,6 +2345,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 thread_id,
                 status,
                 error,
+                ..
             } => self.restate(thread_id, id, status, error)?,
             Write::Thread {
                 id,
@@ -2329,8 +2353,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 message_count,
                 created_at,
                 error,
+                at,
             } => {
-                let now = Timestamp::now().0 as i64;
+                let at = at.0 as i64;
                 // A thread created now (the common case for its first write) is new unless
                 // its id has a row already, which `insert_threads` finds without a lookup
                 // per thread; any other is looked up.
@@ -2348,8 +2373,8 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     id,
                     status: status_str(status),
                     count: message_count as i64,
-                    created: created_at.map(|c| c.0 as i64).unwrap_or(now),
-                    last: now,
+                    created: created_at.map(|c| c.0 as i64).unwrap_or(at),
+                    last: at,
                     error,
                 })?;
             }
@@ -2357,7 +2382,10 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 id,
                 message_count,
                 error,
-            } => self.touches.push((id, message_count as i64, error)),
+                at,
+            } => self
+                .touches
+                .push((id, message_count as i64, error, at.0 as i64)),
             Write::Seq(s) => {
                 self.seq.execute(params![s as i64])?;
             }
@@ -2369,10 +2397,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
     /// them), then the touched threads. A thread without a row is left alone.
     fn finish(&mut self) -> rusqlite::Result<()> {
         self.insert_pending()?;
-        let now = Timestamp::now().0 as i64;
-        for (id, count, error) in std::mem::take(&mut self.touches) {
+        for (id, count, error, at) in std::mem::take(&mut self.touches) {
             if let Some(n) = self.thread_number(id)? {
-                self.touch.execute(params![n, count, now, error])?;
+                self.touch.execute(params![n, count, at, error])?;
             }
         }
         Ok(())
@@ -2507,8 +2534,10 @@ mod tests {
             store.flush(2 + slot);
             assert_eq!(stored("a").message_count, slot + 1);
         }
+        // Its last activity is its latest message's time, as in memory, not the writer's.
         let after_messages = stored("a");
-        assert!(after_messages.last_activity >= created.last_activity);
+        assert_eq!(created.last_activity, Timestamp(1));
+        assert_eq!(after_messages.last_activity, Timestamp(11));
         assert_eq!(after_messages.status, ThreadStatus::Active);
         // A status change alone moves the thread's last activity, never its count back.
         store.record(
@@ -2657,7 +2686,8 @@ mod tests {
             Write::Touch {
                 id: "t",
                 message_count: 64,
-                error: None
+                error: None,
+                ..
             }
         ));
         assert_eq!(message_status(&writes[8]), Some(MessageStatus::Pending));
@@ -2698,7 +2728,8 @@ mod tests {
             Write::Touch {
                 id: "e",
                 message_count: 0,
-                error: Some("x")
+                error: Some("x"),
+                ..
             }
         ));
         assert!(matches!(
