@@ -392,16 +392,29 @@ fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
 /// Every read a client makes, of one organism's history, in a form two runs can compare
 /// (ids and times differ from run to run; statuses, counts, errors and shapes must not).
 fn view(o: &Organism, threads: &[String]) -> Vec<String> {
+    // Error texts name threads: by their place in `threads`, the same in both runs.
+    let anon = |line: String| {
+        threads.iter().enumerate().fold(line, |line, (i, id)| {
+            line.replace(id.as_str(), &format!("<thread {i}>"))
+        })
+    };
     let all = Page::new(Some(1000), None);
     let mut out = Vec::new();
     let listed = o.query_threads(&ThreadFilter::default(), all).unwrap();
     out.push(format!("threads {}", listed.total));
-    for t in listed.items {
-        out.push(format!(
-            "thread {:?} {} {:?} {:?}",
-            t.status, t.message_count, t.participants, t.error
-        ));
-    }
+    // Sorted: threads created in one millisecond are listed by id, which differs by run.
+    let mut lines: Vec<String> = listed
+        .items
+        .iter()
+        .map(|t| {
+            anon(format!(
+                "thread {:?} {} {:?} {:?}",
+                t.status, t.message_count, t.participants, t.error
+            ))
+        })
+        .collect();
+    lines.sort();
+    out.extend(lines);
     let log = o.query_messages(&MessageFilter::default(), all).unwrap();
     out.push(format!("messages {}", log.total));
     // Sorted: the store pages in write order, memory by millisecond and then thread, so
@@ -410,10 +423,10 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
         .items
         .iter()
         .map(|m| {
-            format!(
+            anon(format!(
                 "message {} {:?} {:?} {:?} {:?} {}",
                 m.from, m.to, m.payload_type, m.status, m.error, m.slot_index
-            )
+            ))
         })
         .collect();
     lines.sort();
@@ -467,10 +480,10 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
         let t = o.thread_info(id).unwrap().unwrap();
         let page = o.thread_page(id, all).unwrap().unwrap();
         let statuses: Vec<_> = page.items.iter().map(|m| m.status).collect();
-        out.push(format!(
+        out.push(anon(format!(
             "one {:?} {} {:?} {} {statuses:?}",
             t.status, t.message_count, t.error, page.total
-        ));
+        )));
     }
     out
 }
@@ -501,6 +514,35 @@ async fn the_store_and_memory_show_the_same_history() {
             s.flush(o.events().last_seq());
         }
         views.push(view(&o, &threads));
+        o.stop().await;
+    }
+    assert_eq!(views[0], views[1]);
+}
+
+#[tokio::test]
+async fn the_store_and_memory_show_the_same_failures() {
+    let mut views = Vec::new();
+    for store in ["s.db", "memory"] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_organism(dir.path(), store, "");
+        // Two messages a thread: the chain's third hop is over budget.
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(
+            &path,
+            format!("limits: {{ max_messages_per_thread: 2 }}\n{text}"),
+        )
+        .unwrap();
+        let o = Organism::builder().load(&path).unwrap();
+        let threads = completed_threads(&o, 2).await;
+        if let Some(s) = o.store() {
+            s.flush(o.events().last_seq());
+        }
+        let v = view(&o, &threads);
+        assert!(
+            v.iter().any(|l| l.contains("budget")),
+            "the budget failed something: {v:?}"
+        );
+        views.push(v);
         o.stop().await;
     }
     assert_eq!(views[0], views[1]);
