@@ -521,6 +521,7 @@ async fn the_store_and_memory_show_the_same_history() {
 
 #[tokio::test]
 async fn the_store_and_memory_show_the_same_failures() {
+    // Over a thread's budget, and undeliverable when a reload removes the listener.
     let mut views = Vec::new();
     for store in ["s.db", "memory"] {
         let dir = tempfile::tempdir().unwrap();
@@ -533,14 +534,33 @@ async fn the_store_and_memory_show_the_same_failures() {
         )
         .unwrap();
         let o = Organism::builder().load(&path).unwrap();
-        let threads = completed_threads(&o, 2).await;
+        let mut threads = completed_threads(&o, 2).await;
+        // A message waiting at `c` when a reload removes `c` (and makes `b` a sink).
+        o.pause_listener("c").unwrap();
+        let one = inject(&o, "b", "<Note>to c</Note>", None);
+        until(&o, || o.agent("c").unwrap().queue_depth == 1).await;
+        let text = std::fs::read_to_string(&path).unwrap();
+        let kept: Vec<String> = text
+            .lines()
+            .filter(|l| !l.contains("name: c,"))
+            .map(|l| {
+                l.replace(
+                    "handler: forward, schema: t.xsd, accepts: [Note], config: {to: c}",
+                    "handler: sink, schema: t.xsd, accepts: [Note]",
+                )
+            })
+            .collect();
+        std::fs::write(&path, kept.join("\n")).unwrap();
+        assert_eq!(o.reload(None).unwrap().removed, vec!["c".to_string()]);
+        settle(&o, &one.thread_id).await;
+        threads.push(one.thread_id);
         if let Some(s) = o.store() {
             s.flush(o.events().last_seq());
         }
         let v = view(&o, &threads);
         assert!(
-            v.iter().any(|l| l.contains("budget")),
-            "the budget failed something: {v:?}"
+            v.iter().any(|l| l.contains("budget")) && v.iter().any(|l| l.contains("Undeliverable")),
+            "the budget and the reload failed something: {v:?}"
         );
         views.push(v);
         o.stop().await;
