@@ -111,6 +111,21 @@ async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_incre
         (stuck.status, stuck.error.as_deref(), stuck.message_count),
         (ThreadStatus::Error, Some("interrupted"), 2)
     );
+    // Said, not silent: counted, and an `error` event.
+    assert_eq!(
+        o.failure_count(agentserver::pump::FailureKind::Interrupted),
+        1
+    );
+    let oldest = o.events().subscribe_since(Some(0)).resync_from.unwrap();
+    let retained = o.events().subscribe_since(Some(oldest - 1)).replay;
+    assert!(
+        retained.iter().any(|e| matches!(
+            &e.kind,
+            agentserver::events::EventKind::Error { error, .. }
+                if error.contains("1 active thread(s)") && error.contains("1 pending message(s)")
+        )),
+        "an error event reports the interrupted work"
+    );
     // Its message that was queued at `b` failed with it: nothing will handle it now.
     let pending = MessageFilter {
         status: Some(agentserver::threads::MessageStatus::Pending),

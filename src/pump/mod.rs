@@ -61,11 +61,13 @@ pub enum FailureKind {
     /// A callback was refused (token, thread, size, payloads).
     ReplyRefused,
     InjectRefused,
+    /// Left `pending` by a process that ended: failed when the store was opened again.
+    Interrupted,
 }
 
 impl FailureKind {
     /// How many kinds there are: the size of the counter array.
-    const COUNT: usize = FailureKind::InjectRefused as usize + 1;
+    const COUNT: usize = FailureKind::Interrupted as usize + 1;
 
     /// Every kind, in discriminant order.
     pub const ALL: [FailureKind; FailureKind::COUNT] = [
@@ -79,6 +81,7 @@ impl FailureKind {
         FailureKind::ReplyTimeout,
         FailureKind::ReplyRefused,
         FailureKind::InjectRefused,
+        FailureKind::Interrupted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +96,7 @@ impl FailureKind {
             FailureKind::ReplyTimeout => "reply_timeout",
             FailureKind::ReplyRefused => "reply_refused",
             FailureKind::InjectRefused => "inject_refused",
+            FailureKind::Interrupted => "interrupted",
         }
     }
 }
@@ -407,13 +411,6 @@ impl OrganismBuilder {
             None => None,
         };
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
-        if recovered.interrupted + recovered.interrupted_messages > 0 {
-            tracing::warn!(
-                threads = recovered.interrupted,
-                messages = recovered.interrupted_messages,
-                "the last run ended with work unfinished: its active threads are now `error` and its pending messages `failed`, both `interrupted`"
-            );
-        }
         let sink: Option<crate::events::Sink> = store.clone().map(|s| {
             Box::new(move |event: &Arc<crate::events::Event>| s.record_event(event))
                 as crate::events::Sink
@@ -483,6 +480,7 @@ impl OrganismBuilder {
             order,
         }));
         let organism = Organism { shared };
+        organism.report_interrupted(&recovered);
         organism.start_retention();
         organism.watch_store_health();
         Ok(organism)
@@ -498,6 +496,26 @@ pub struct Organism {
 impl Organism {
     pub fn builder() -> OrganismBuilder {
         OrganismBuilder::default()
+    }
+
+    /// Work the last run left unfinished (SPEC §8: never silent): logged, counted as
+    /// `interrupted` failures (one per message), and published as an `error` event.
+    fn report_interrupted(&self, recovered: &crate::store::Recovered) {
+        let (threads, messages) = (recovered.interrupted, recovered.interrupted_messages);
+        if threads + messages == 0 {
+            return;
+        }
+        let text = format!(
+            "the last run ended with work unfinished: {threads} active thread(s) are now `error` and {messages} pending message(s) `failed`, both `interrupted`"
+        );
+        tracing::warn!(threads, messages, "{text}");
+        self.shared.failures[FailureKind::Interrupted as usize]
+            .fetch_add(messages, Ordering::Relaxed);
+        self.shared.events.publish(EventKind::Error {
+            thread_id: None,
+            agent: None,
+            error: text,
+        });
     }
 
     /// The config in service (a reload replaces it).
