@@ -413,39 +413,43 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
             line.replace(id.as_str(), &format!("<thread {i}>"))
         })
     };
+    let sorted = |lines: Vec<String>| {
+        let mut lines: Vec<String> = lines.into_iter().map(anon).collect();
+        lines.sort();
+        lines
+    };
     let all = Page::new(Some(1000), None);
     let mut out = Vec::new();
     let listed = o.query_threads(&ThreadFilter::default(), all).unwrap();
     out.push(format!("threads {}", listed.total));
     // Sorted: threads created in one millisecond are listed by id, which differs by run.
-    let mut lines: Vec<String> = listed
-        .items
-        .iter()
-        .map(|t| {
-            anon(format!(
-                "thread {:?} {} {:?} {:?}",
-                t.status, t.message_count, t.participants, t.error
-            ))
-        })
-        .collect();
-    lines.sort();
-    out.extend(lines);
+    out.extend(sorted(
+        listed
+            .items
+            .iter()
+            .map(|t| {
+                format!(
+                    "thread {:?} {} {:?} {:?}",
+                    t.status, t.message_count, t.participants, t.error
+                )
+            })
+            .collect(),
+    ));
     let log = o.query_messages(&MessageFilter::default(), all).unwrap();
     out.push(format!("messages {}", log.total));
     // Sorted: the store pages in write order, memory by millisecond and then thread, so
     // messages of one millisecond may come in another order.
-    let mut lines: Vec<String> = log
-        .items
-        .iter()
-        .map(|m| {
-            anon(format!(
-                "message {} {:?} {:?} {:?} {:?} {}",
-                m.from, m.to, m.payload_type, m.status, m.error, m.slot_index
-            ))
-        })
-        .collect();
-    lines.sort();
-    out.extend(lines);
+    out.extend(sorted(
+        log.items
+            .iter()
+            .map(|m| {
+                format!(
+                    "message {} {:?} {:?} {:?} {:?} {}",
+                    m.from, m.to, m.payload_type, m.status, m.error, m.slot_index
+                )
+            })
+            .collect(),
+    ));
     // Filtered totals.
     for agent in ["a", "b", "c", "api"] {
         let by_agent = ThreadFilter {
