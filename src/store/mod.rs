@@ -409,14 +409,7 @@ fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<(u64, u64)> {
                     payload_type: r.get(3)?,
                     status: pending,
                 };
-                deltas.add(was, -1);
-                deltas.add(
-                    Counted {
-                        status: failed,
-                        ..was
-                    },
-                    1,
-                );
+                deltas.restate(was, failed);
                 messages += 1;
             }
         }
@@ -1424,10 +1417,10 @@ enum Write<'a> {
     },
     /// A thread with messages (or status changes) in a batch that has no thread write of
     /// its own: its row's count rises to at least `message_count`, its last activity to at
-    /// least `at` (the time of the latest of them), and it takes `error` if it has none (a thread's error is the first its
-    /// messages met, as in memory). Thread events come with thread status changes only, so
-    /// without this a running thread would show the count and time of its creation, and a
-    /// killed one no error.
+    /// least `at` (the time of the latest of them), and it takes `error` if it has none (a
+    /// thread's error is the first its messages met, as in memory). Thread events come with
+    /// thread status changes only, so without this a running thread would show the count and
+    /// time of its creation, and a killed one no error.
     Touch {
         id: &'a str,
         message_count: u64,
@@ -1438,6 +1431,31 @@ enum Write<'a> {
 }
 
 impl<'a> Write<'a> {
+    /// Folds a touch into this write of a thread (or touch of it): the larger count, the
+    /// later time, the first error. False if this is no thread's write.
+    fn touch(&mut self, count: u64, e: Option<&'a str>, t: Timestamp) -> bool {
+        match self {
+            Write::Thread {
+                message_count,
+                error,
+                at,
+                ..
+            }
+            | Write::Touch {
+                message_count,
+                error,
+                at,
+                ..
+            } => {
+                *message_count = (*message_count).max(count);
+                *error = error.or(e);
+                *at = (*at).max(t);
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn of(op: &'a Op) -> Option<Write<'a>> {
         let event = match op {
             Op::Event(event) => event,
@@ -1560,34 +1578,16 @@ impl Coalescer {
                 let found = threads
                     .find(hash(thread), |&i| thread_id(&writes[i]) == thread)
                     .copied();
-                match found.map(|i| &mut writes[i]) {
-                    Some(Write::Thread {
-                        message_count,
-                        error,
-                        at,
-                        ..
-                    })
-                    | Some(Write::Touch {
-                        message_count,
-                        error,
-                        at,
-                        ..
-                    }) => {
-                        *message_count = (*message_count).max(count);
-                        *error = error.or(e);
-                        *at = (*at).max(t);
-                    }
-                    _ => {
-                        threads.insert_unique(hash(thread), writes.len(), |&i| {
-                            hash(thread_id(&writes[i]))
-                        });
-                        writes.push(Write::Touch {
-                            id: thread,
-                            message_count: count,
-                            error: e,
-                            at: t,
-                        });
-                    }
+                if !found.is_some_and(|i| writes[i].touch(count, e, t)) {
+                    threads.insert_unique(hash(thread), writes.len(), |&i| {
+                        hash(thread_id(&writes[i]))
+                    });
+                    writes.push(Write::Touch {
+                        id: thread,
+                        message_count: count,
+                        error: e,
+                        at: t,
+                    });
                 }
             }
             let earlier = match w {
@@ -1669,26 +1669,14 @@ impl Coalescer {
                 (Some(slot), thread @ Write::Thread { .. })
                     if matches!(slot, Write::Touch { .. }) =>
                 {
-                    let (touched, touched_error, touched_at) = match *slot {
-                        Write::Touch {
-                            message_count,
-                            error,
-                            at,
-                            ..
-                        } => (message_count, error, at),
-                        _ => (0, None, Timestamp(0)),
-                    };
-                    *slot = thread;
-                    if let Write::Thread {
+                    if let Write::Touch {
                         message_count,
                         error,
                         at,
                         ..
-                    } = slot
+                    } = std::mem::replace(slot, thread)
                     {
-                        *message_count = (*message_count).max(touched);
-                        *error = error.or(touched_error);
-                        *at = (*at).max(touched_at);
+                        slot.touch(message_count, error, at);
                     }
                 }
                 _ => {
@@ -1743,6 +1731,14 @@ impl Deltas {
                 .counts
                 .entry((agent, block, m.payload_type, m.status))
                 .or_default() += d;
+        }
+    }
+
+    /// Stored message `was` changes status to `status`: it moves from one count to another.
+    fn restate(&mut self, was: Counted, status: &'static str) {
+        if was.status != status {
+            self.add(was, -1);
+            self.add(Counted { status, ..was }, 1);
         }
     }
 
@@ -2170,16 +2166,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 ),
             );
         }
-        if was.status != status_str(status) {
-            self.deltas.add(was, -1);
-            self.deltas.add(
-                Counted {
-                    status: status_str(status),
-                    ..was
-                },
-                1,
-            );
-        }
+        self.deltas.restate(was, status_str(status));
         Ok(())
     }
 
