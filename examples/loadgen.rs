@@ -8,7 +8,12 @@
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
 //! [--concurrency N]`. `--pace N` injects N threads/s (open loop) instead of as fast as 256
-//! in flight allow. Workloads:
+//! in flight allow. `--workers N` sets the runtime's worker threads (default 2, this
+//! machine's cores). The driver (the injectors, the closed loop's waits, `rest`'s measured
+//! client) runs as tasks on those workers, as an embedder's or the API's own tasks do;
+//! `--driver-thread` runs it on the main thread instead (`block_on`), a busy OS thread
+//! beside the workers, as every figure before 2026-11-22's seventh session was measured.
+//! Workloads:
 //!
 //! - `chain`: a → b → c, native handlers, XSD validation at every hop, SQLite store on.
 //! - `chain-memory`: the same with `store: memory` (the store's cost is the difference).
@@ -660,7 +665,7 @@ async fn remote(
 }
 
 /// Command-line options: positional `WORKLOAD [THREADS]`, then `--pace N`, `--url URL`,
-/// `--to NAME`, `--payload XML`, `--concurrency N`.
+/// `--to NAME`, `--payload XML`, `--concurrency N`, `--workers N`, `--driver-thread`.
 struct Args {
     workload: String,
     threads: usize,
@@ -669,6 +674,8 @@ struct Args {
     to: String,
     payload: String,
     concurrency: usize,
+    workers: usize,
+    driver_thread: bool,
 }
 
 impl Args {
@@ -681,6 +688,8 @@ impl Args {
             to: "greeter".into(),
             payload: "<Greeting><name>loadgen</name></Greeting>".into(),
             concurrency: 32,
+            workers: 2,
+            driver_thread: false,
         };
         let mut positional = 0;
         let mut it = std::env::args().skip(1);
@@ -692,6 +701,8 @@ impl Args {
                 "--to" => a.to = value("--to")?,
                 "--payload" => a.payload = value("--payload")?,
                 "--concurrency" => a.concurrency = number(&value("--concurrency")?)? as usize,
+                "--workers" => a.workers = number(&value("--workers")?)? as usize,
+                "--driver-thread" => a.driver_thread = true,
                 flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
                 _ if positional == 0 => {
                     a.workload = arg;
@@ -728,6 +739,29 @@ fn print_latency(label: &str, r: &serde_json::Value) {
     println!("{r}");
 }
 
+/// Where a workload's driver runs (see the module doc).
+struct Driver<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    on_main_thread: bool,
+}
+
+impl Driver<'_> {
+    /// Runs `fut` to completion: as a task on the runtime's workers, or with
+    /// `--driver-thread` on the calling (main) thread.
+    fn run<T: Send + 'static>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, Box<dyn std::error::Error>>> + Send + 'static,
+    ) -> Result<T, Box<dyn std::error::Error>> {
+        if self.on_main_thread {
+            return self.rt.block_on(fut);
+        }
+        let task = self
+            .rt
+            .spawn(async move { fut.await.map_err(|e| e.to_string()) });
+        Ok(self.rt.block_on(task)??)
+    }
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: first thing in the process, as the `agentserver` binary does.
     unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
@@ -735,19 +769,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The organism's own warnings and errors (a failing store, a refused reload) on stderr.
     agentserver::log_to_stderr();
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(args.workers.max(1))
         .enable_all()
         .build()?;
+    let driver = Driver {
+        rt: &rt,
+        on_main_thread: args.driver_thread,
+    };
     let threads = args.threads;
     match args.workload.as_str() {
-        "startup" => return rt.block_on(startup()),
+        "startup" => return driver.run(startup()),
         "rss" => {
-            println!("{}", rt.block_on(rss())?);
+            println!("{}", driver.run(rss())?);
             return Ok(());
         }
         w @ ("rest" | "rest-memory") => {
             let chain = if w == "rest" { "chain" } else { "chain-memory" };
-            let r = rt.block_on(rest(threads, chain))?;
+            let r = driver.run(rest(threads, chain))?;
             let label = format!(
                 "{w}: {} samples at {} background threads/s (half of peak {} hops/s)",
                 r["samples"], r["background_threads_per_s"], r["peak_hops_per_s"]
@@ -760,13 +798,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .url
                 .as_deref()
                 .ok_or("`remote` needs --url http://HOST:PORT (a running `agentserver run`)")?;
-            let r = rt.block_on(remote(
-                url,
-                &args.to,
-                &args.payload,
-                threads,
-                args.concurrency,
-            ))?;
+            let (to, payload, target) = (args.to.clone(), args.payload.clone(), url.to_string());
+            let r = driver.run(async move {
+                remote(&target, &to, &payload, threads, args.concurrency).await
+            })?;
             let label = format!(
                 "remote {url}: {} threads/s, {} in flight",
                 r["threads_per_s"], r["concurrency"]
@@ -789,7 +824,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("workload         hops/s   p50 ms   p90 ms   p99 ms   max ms   ceiling/s   ratio");
     for w in workloads {
-        let r = rt.block_on(run(w, threads, args.pace))?;
+        let (workload, pace) = (w.to_string(), args.pace);
+        let mut r = driver.run(async move { run(&workload, threads, pace).await })?;
+        r["driver"] = json!(if args.driver_thread {
+            "main thread"
+        } else {
+            "runtime"
+        });
+        r["workers"] = json!(args.workers.max(1));
         let l = &r["latency_ms"];
         println!(
             "{w:14} {:>8} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>11} {:>7}",
