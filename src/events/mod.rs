@@ -285,20 +285,29 @@ impl EventHub {
 
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
     pub fn publish(&self, kind: EventKind) -> u64 {
-        let mut inner = self.lock();
-        inner.seq += 1;
-        let seq = inner.seq;
-        let event = Arc::new(Event::new(seq, kind));
-        if let Some(sink) = &self.sink {
-            sink(&event);
-        }
-        if inner.ring.len() == self.retain {
-            inner.ring.pop_front();
-        }
-        inner.ring.push_back(event.clone());
-        if inner.tx.receiver_count() > 0 {
-            let _ = inner.tx.send(event);
-        }
+        let (seq, retired) = {
+            let mut inner = self.lock();
+            inner.seq += 1;
+            let seq = inner.seq;
+            let event = Arc::new(Event::new(seq, kind));
+            if let Some(sink) = &self.sink {
+                sink(&event);
+            }
+            let retired = if inner.ring.len() == self.retain {
+                inner.ring.pop_front()
+            } else {
+                None
+            };
+            inner.ring.push_back(event.clone());
+            if inner.tx.receiver_count() > 0 {
+                let _ = inner.tx.send(event);
+            }
+            (seq, retired)
+        };
+        // The event the ring let go of is often the last reference to it (and to its
+        // message's payload): freed after the lock, so publishers on other cores do not
+        // wait for it.
+        drop(retired);
         seq
     }
 
