@@ -558,6 +558,26 @@ async fn pause_resume_and_kill_are_visible_in_rest() {
     assert_eq!(th["messages"][0]["status"], "killed");
     let (st, _) = s.post("/api/v1/threads/nope/kill", json!({})).await;
     assert_eq!(st, 404);
+    // A completed thread can be killed too: it is closed for good, and a second kill
+    // answers the same.
+    let (_, done) = s.get(&format!("/api/v1/threads/{t}")).await;
+    assert_eq!(done["status"], "completed");
+    for _ in 0..2 {
+        let (st, k) = s
+            .post(&format!("/api/v1/threads/{t}/kill"), json!({}))
+            .await;
+        assert_eq!((st, k["status"].as_str()), (200, Some("killed")), "{k}");
+    }
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note>again</Note>", "thread_id": t}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("thread_killed"))
+    );
     let (st, o) = s.post("/api/v1/organism/resume", json!({})).await;
     assert_eq!((st, o["status"].as_str()), (200, Some("running")));
 
