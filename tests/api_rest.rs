@@ -15,6 +15,21 @@ async fn wait_completed(s: &Served, thread: &str) {
     settle(&s.organism, thread).await;
 }
 
+/// An inject that continues `thread`, refused because the thread was killed.
+async fn refused_as_killed(s: &Served, thread: &str) {
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note>again</Note>", "thread_id": thread}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("thread_killed")),
+        "{e}"
+    );
+}
+
 #[tokio::test]
 async fn organism_agents_and_schema_endpoints_have_their_shapes() {
     let s = chain().await;
@@ -475,16 +490,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
         .post(&format!("/api/v1/threads/{killed}/kill"), json!({}))
         .await;
     assert_eq!(st, 200);
-    let (st, e) = s
-        .post(
-            "/api/v1/inject",
-            json!({"to": "a", "payload_xml": "<Note/>", "thread_id": killed}),
-        )
-        .await;
-    assert_eq!(
-        (st, e["error"]["code"].as_str()),
-        (409, Some("thread_killed"))
-    );
+    refused_as_killed(&s, &killed).await;
 
     // 429: over max_pending_messages (2) while `a` is paused.
     assert_eq!(s.post("/api/v1/inject", note("1")).await.0, 202);
@@ -568,16 +574,7 @@ async fn pause_resume_and_kill_are_visible_in_rest() {
             .await;
         assert_eq!((st, k["status"].as_str()), (200, Some("killed")), "{k}");
     }
-    let (st, e) = s
-        .post(
-            "/api/v1/inject",
-            json!({"to": "a", "payload_xml": "<Note>again</Note>", "thread_id": t}),
-        )
-        .await;
-    assert_eq!(
-        (st, e["error"]["code"].as_str()),
-        (409, Some("thread_killed"))
-    );
+    refused_as_killed(&s, &t).await;
     let (st, o) = s.post("/api/v1/organism/resume", json!({})).await;
     assert_eq!((st, o["status"].as_str()), (200, Some("running")));
 
