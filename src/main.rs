@@ -51,7 +51,8 @@ enum Command {
         timeout: u64,
     },
     /// Start the organism and its API; run until Ctrl-C, SIGTERM or `POST
-    /// /api/v1/organism/stop`, then stop gracefully (exit 0).
+    /// /api/v1/organism/stop`, then stop gracefully (exit 0; 1 if the store could not
+    /// commit everything).
     Run {
         organism: PathBuf,
         /// API bind address (overrides `organism.listen`).
@@ -368,7 +369,20 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
         );
     }
     server.shutdown().await;
-    ExitCode::SUCCESS
+    match report.uncommitted {
+        None => ExitCode::SUCCESS,
+        // Never a silent loss: the exit status says it too.
+        Some(u) => {
+            eprintln!(
+                "agentserver: the store {} could not commit {} change(s) before stopping: {}; \
+                 they are not in the file",
+                u.path.display(),
+                u.changes,
+                u.error
+            );
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// SIGHUP reloads the organism from its file (SPEC §12), as `POST /api/v1/organism/reload`.

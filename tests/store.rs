@@ -272,6 +272,121 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_agentserver"))
 }
 
+/// Spawns `cmd` (an `agentserver run …`, perhaps through a shell) and waits for the URL it
+/// prints once it listens.
+fn serve(mut cmd: Command, stderr: Stdio) -> (std::process::Child, String) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("a ready line").unwrap();
+        if let Some(u) = line.strip_prefix("agentserver listening on ") {
+            break u.to_string();
+        }
+    };
+    (child, url)
+}
+
+async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+#[test]
+fn a_full_disk_at_run_time_is_said_refuses_injects_and_the_organism_keeps_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "log.db", "");
+    // The process may not grow a file past 1 MiB (`ulimit -f`, in 512-byte blocks): the
+    // kernel then refuses the store's writes as a full disk would. The signal it would send
+    // is ignored, as the shell passes on to the server.
+    let mut run = Command::new("sh");
+    run.args([
+        "-c",
+        "trap '' XFSZ; ulimit -f 2048; exec \"$0\" \"$@\"",
+        env!("CARGO_BIN_EXE_agentserver"),
+        "run",
+        path.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let (mut child, url) = serve(run, Stdio::piped());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let http = reqwest::Client::new();
+    rt.block_on(async {
+        let mut events = ws_connect(&format!("{}/ws", url.replacen("http", "ws", 1))).await;
+        let note = serde_json::json!({"to": "a", "payload_xml": format!("<Note>{}</Note>", "x".repeat(16_000))});
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut accepted, mut behind) = (0, 0);
+        let refused = loop {
+            assert!(Instant::now() < deadline, "never refused: {accepted} accepted");
+            let r = http
+                .post(format!("{url}/api/v1/inject"))
+                .json(&note)
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let body: serde_json::Value = r.json().await.unwrap();
+            match status {
+                202 => accepted += 1,
+                // The writer falls behind while it retries, before it reports the failure.
+                429 => {
+                    assert_eq!(body["error"]["code"], "store_behind", "{body}");
+                    behind += 1;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                _ => break (status, body),
+            }
+        };
+        assert!(accepted > 10, "the store took writes first: {accepted}");
+        assert_eq!(
+            (refused.0, refused.1["error"]["code"].as_str()),
+            (503, Some("store_failed")),
+            "{} after {accepted} accepted and {behind} told to wait",
+            refused.1
+        );
+        // Said three ways: an `error` event naming the file, a failing readiness check,
+        // and the metric.
+        let said = read_until(&mut events, |e| {
+            e["event"] == "error" && e["error"].as_str().is_some_and(|t| t.contains("writes fail"))
+        })
+        .await;
+        let error = said.last().unwrap()["error"].as_str().unwrap().to_string();
+        assert!(error.contains("log.db"), "{error}");
+        let ready = http.get(format!("{url}/readyz")).send().await.unwrap();
+        assert_eq!(ready.status().as_u16(), 503);
+        let metrics = http.get(format!("{url}/metrics")).send().await.unwrap();
+        assert!(metrics.text().await.unwrap().contains("agentserver_store_failed 1"));
+        // The organism still runs and answers reads.
+        let o = get_json(&http, &format!("{url}/api/v1/organism")).await;
+        assert_eq!(o["status"], "running", "{o}");
+    });
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    // A stop cannot commit what the disk refuses: the process says so, and its exit status
+    // too.
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let said = stderr
+        .lines()
+        .find(|l| l.contains("could not commit"))
+        .unwrap_or_else(|| panic!("no word of the lost writes in:\n{stderr}"));
+    assert!(
+        said.contains("log.db") && said.contains("change(s)"),
+        "{said}"
+    );
+    // The log, read from a pipe, is plain text (no terminal colours).
+    assert!(
+        stderr.contains("store write failed") && !stderr.contains('\x1b'),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn unwritable_and_corrupted_store_files_are_clear_startup_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -307,20 +422,9 @@ fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_organism(dir.path(), "log.db", "");
     let start = || {
-        let mut child = bin()
-            .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let url = loop {
-            let line = lines.next().expect("a ready line").unwrap();
-            if let Some(u) = line.strip_prefix("agentserver listening on ") {
-                break u.to_string();
-            }
-        };
-        (child, url)
+        let mut run = bin();
+        run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+        serve(run, Stdio::null())
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -364,14 +468,8 @@ fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
         let mut ids = Vec::new();
         let mut offset = 0;
         loop {
-            let v: serde_json::Value = http
-                .get(format!("{url}/api/v1/messages?limit=1000&offset={offset}"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let page = format!("{url}/api/v1/messages?limit=1000&offset={offset}");
+            let v = get_json(&http, &page).await;
             let items = v["items"].as_array().unwrap();
             if items.is_empty() {
                 break;

@@ -433,7 +433,7 @@ pub async fn reload_agent(
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/stop", tag = "control",
-    responses((status = 202, description = "Stopping: new injects are refused, running handlers finish within the grace period, then the process exits 0", body = OrganismInfo)))]
+    responses((status = 202, description = "Stopping: new injects are refused, running handlers finish within the grace period, then the process exits 0 (1 if the store could not commit everything)", body = OrganismInfo)))]
 pub async fn stop_organism(State(s): State<ApiState>) -> (StatusCode, Json<OrganismInfo>) {
     s.request_stop();
     let mut info = s.inner.organism.info();

@@ -16,7 +16,7 @@ mod reload;
 mod route;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,6 +228,20 @@ pub struct StopReport {
     pub drained: bool,
     /// Threads killed because the grace period ran out.
     pub killed_threads: usize,
+    /// Changes the store could not commit by the end of the stop (a full disk, an I/O
+    /// error), and the store's last error: they are not in the file.
+    pub uncommitted: Option<Uncommitted>,
+}
+
+/// What a stop left out of the store (see [`StopReport::uncommitted`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Uncommitted {
+    /// The store's file.
+    pub path: PathBuf,
+    /// Changes (messages, status changes, thread states) still held by the writer.
+    pub changes: usize,
+    /// The last write error.
+    pub error: String,
 }
 
 /// The listeners in service and the config they come from. Replaced whole by a reload;
@@ -1097,6 +1111,7 @@ impl Organism {
             return StopReport {
                 drained: self.pending() == 0,
                 killed_threads: 0,
+                uncommitted: None,
             };
         }
         s.events.publish(EventKind::OrganismState {
@@ -1118,13 +1133,21 @@ impl Organism {
         s.events.publish(EventKind::OrganismState {
             status: OrganismStatus::Stopped,
         });
+        let mut uncommitted = None;
         if let Some(store) = s.store.clone() {
             let last = s.events.last_seq();
-            let _ = tokio::task::spawn_blocking(move || store.flush(last)).await;
+            let flushed = store.clone();
+            let _ = tokio::task::spawn_blocking(move || flushed.flush(last)).await;
+            uncommitted = store.failure().map(|error| Uncommitted {
+                path: store.path().to_path_buf(),
+                changes: store.queued(),
+                error,
+            });
         }
         StopReport {
             drained,
             killed_threads,
+            uncommitted,
         }
     }
 
