@@ -54,6 +54,7 @@ pub mod api;
 pub mod client;
 pub mod config;
 pub mod events;
+mod hash;
 pub mod listener;
 pub mod lua;
 pub mod pump;

@@ -6,7 +6,9 @@
 //! another. Up to `concurrency` worker tasks take jobs from the ring; a worker exits when the
 //! ring is empty or the listener is paused, and enqueue starts workers again.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
+
+use crate::hash::{SeededMap, SeededSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -47,8 +49,8 @@ pub(crate) struct ListenerStats {
 
 /// What a retired listener hands over.
 pub(crate) struct Retired {
-    pub(crate) jobs: HashMap<Arc<str>, VecDeque<Job>>,
-    busy: HashSet<Arc<str>>,
+    pub(crate) jobs: SeededMap<Arc<str>, VecDeque<Job>>,
+    busy: SeededSet<Arc<str>>,
     waiting: isize,
     failed: bool,
     paused: bool,
@@ -62,9 +64,9 @@ pub(crate) struct Job {
 
 #[derive(Default)]
 struct Queue {
-    per_thread: HashMap<Arc<str>, VecDeque<Job>>,
+    per_thread: SeededMap<Arc<str>, VecDeque<Job>>,
     ready: VecDeque<Arc<str>>,
-    busy: HashSet<Arc<str>>,
+    busy: SeededSet<Arc<str>>,
     workers: usize,
     depth: usize,
     paused: bool,
@@ -82,7 +84,7 @@ struct Queue {
     /// [`Listener::inherit`], so no thread of the predecessor's can start here twice.
     held: bool,
     /// Threads the predecessor finished before [`Listener::inherit`] ran.
-    released_early: HashSet<Arc<str>>,
+    released_early: SeededSet<Arc<str>>,
 }
 
 /// A snapshot of a listener's run-time state.

@@ -13,7 +13,7 @@
 //! Whoever removes the wait from [`Waits`] under its lock does the ending, so no path can
 //! end it twice.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -32,7 +32,7 @@ pub(crate) struct Wait {
 }
 
 /// Open waits by (agent, thread), oldest first.
-type OpenWaits = HashMap<(Arc<str>, Arc<str>), VecDeque<Wait>>;
+type OpenWaits = crate::hash::SeededMap<(Arc<str>, Arc<str>), VecDeque<Wait>>;
 
 #[derive(Default)]
 pub(crate) struct Waits {

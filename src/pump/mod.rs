@@ -15,7 +15,6 @@ mod gate;
 mod reload;
 mod route;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -248,7 +247,7 @@ pub struct Uncommitted {
 /// readers take a snapshot ([`Shared::topo`]) and never hold the lock.
 pub(crate) struct Topology {
     pub(crate) config: Arc<OrganismConfig>,
-    pub(crate) listeners: HashMap<ListenerName, Arc<Listener>>,
+    pub(crate) listeners: crate::hash::SeededMap<ListenerName, Arc<Listener>>,
     /// Config order.
     pub(crate) order: Vec<Arc<Listener>>,
 }
@@ -288,8 +287,9 @@ pub(crate) struct Shared {
     /// Replies owed by external agents.
     waits: external::Waits,
     /// [`Organism::wait_thread`] callers, woken when their thread stops being active.
-    thread_waiters:
-        std::sync::Mutex<HashMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>>,
+    thread_waiters: std::sync::Mutex<
+        crate::hash::SeededMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>,
+    >,
     /// The API's base URL once a server is bound (external agents' `callback_url`).
     api_base: Arc<std::sync::OnceLock<String>>,
 }
@@ -442,7 +442,7 @@ impl OrganismBuilder {
             // Listeners are built below, by the same code a reload uses.
             topology: std::sync::RwLock::new(Arc::new(Topology {
                 config: config.clone(),
-                listeners: HashMap::new(),
+                listeners: Default::default(),
                 order: Vec::new(),
             })),
             limits,
@@ -475,7 +475,7 @@ impl OrganismBuilder {
             thread_waiters: Default::default(),
             api_base: Arc::default(),
         });
-        let mut listeners = HashMap::new();
+        let mut listeners = crate::hash::SeededMap::default();
         let mut order = Vec::new();
         for lc in &config.listeners {
             let handler = shared

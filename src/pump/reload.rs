@@ -225,7 +225,7 @@ impl Shared {
             built,
             mut report,
         } = prepared;
-        let mut listeners = HashMap::new();
+        let mut listeners = crate::hash::SeededMap::default();
         let mut order = Vec::new();
         for lc in &config.listeners {
             let l = match built.get(lc.name.as_str()) {

@@ -10,7 +10,6 @@
 //! expanded.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -34,7 +33,7 @@ pub const HUH_XSD: &str = include_str!("../../schemas/huh.xsd");
 pub const ENVELOPE_XSD: &str = include_str!("../../schemas/envelope.xsd");
 
 thread_local! {
-    static CONTEXTS: RefCell<HashMap<u64, SchemaValidationContext>> = RefCell::new(HashMap::new());
+    static CONTEXTS: RefCell<crate::hash::SeededMap<u64, SchemaValidationContext>> = RefCell::new(Default::default());
 }
 
 /// A compiled XSD: its text, where it came from, and the payload types it declares.

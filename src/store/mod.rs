@@ -1336,10 +1336,9 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
 /// of Firefox's hash) at a fraction of SipHash's cost.
 type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<WordHash>>;
 
-/// Maps keyed by ids clients can choose (thread ids; the batch's positions, the writer's
-/// thread and pending-message caches): hashed with a seed drawn per map (foldhash), so
-/// colliding ids cannot be made up front, for less than SipHash costs.
-type SeededMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+// Maps keyed by ids clients can choose (thread ids; the batch's positions, the writer's
+// thread and pending-message caches) are `SeededMap`s (`crate::hash`).
+use crate::hash::SeededMap;
 
 #[derive(Default)]
 struct WordHash(u64);
@@ -1523,7 +1522,7 @@ struct Coalescer {
     /// thread writes, by thread id (ids clients can choose: hashed with a per-map seed).
     messages: hashbrown::HashTable<usize>,
     threads: hashbrown::HashTable<usize>,
-    seed: foldhash::fast::RandomState,
+    seed: crate::hash::SeededState,
 }
 
 impl Coalescer {

@@ -6,6 +6,8 @@
 //! bounded until the durable store takes over history.
 
 use std::collections::{HashMap, VecDeque};
+
+use crate::hash::SeededMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
@@ -228,12 +230,12 @@ impl Entry {
 
 #[derive(Default)]
 struct Shard {
-    threads: HashMap<Arc<str>, Entry>,
+    threads: SeededMap<Arc<str>, Entry>,
     finished: VecDeque<Arc<str>>,
     /// Messages appended here, ever.
     appended: u64,
     /// Messages that reached a final status, by receiver (`""` if none) and status.
-    finals: HashMap<(Arc<str>, MessageStatus), u64>,
+    finals: SeededMap<(Arc<str>, MessageStatus), u64>,
 }
 
 impl Shard {
@@ -279,7 +281,7 @@ pub struct NewMessage {
 
 pub struct ThreadRegistry {
     shards: Vec<Mutex<Shard>>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: crate::hash::SeededState,
     max_messages: u64,
     retain_finished: usize,
 }
