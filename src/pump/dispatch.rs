@@ -7,8 +7,6 @@
 //! ring is empty or the listener is paused, and enqueue starts workers again.
 
 use std::collections::VecDeque;
-
-use crate::hash::{SeededMap, SeededSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +17,7 @@ use futures_util::FutureExt;
 use super::{FailureKind, Shared};
 use crate::config::ListenerConfig;
 use crate::events::{AgentState, EventKind};
+use crate::hash::{SeededMap, SeededSet};
 use crate::listener::{Delivery, Handler, HandlerResult, Meta};
 use crate::schema::ValidatedPayload;
 use crate::stats::Histogram;

@@ -19,6 +19,9 @@ use std::time::Duration;
 use rusqlite::{params, params_from_iter, Connection, OpenFlags, OptionalExtension};
 
 use crate::events::{Event, EventKind};
+// Maps keyed by ids clients can choose (thread ids; the batch's positions, the writer's
+// thread and pending-message caches) hash with a seed drawn per map.
+use crate::hash::SeededMap;
 use crate::threads::{
     MessageFilter, MessageRecord, MessageStatus, Page, Paged, ThreadFilter, ThreadInfo,
     ThreadStatus,
@@ -1335,10 +1338,6 @@ fn writer(mut conn: Connection, rx: mpsc::Receiver<Op>, health: Arc<Health>, pat
 /// types, in the writer's name cache), hashed a word at a time (the multiply-rotate scheme
 /// of Firefox's hash) at a fraction of SipHash's cost.
 type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<WordHash>>;
-
-// Maps keyed by ids clients can choose (thread ids; the batch's positions, the writer's
-// thread and pending-message caches) are `SeededMap`s (`crate::hash`).
-use crate::hash::SeededMap;
 
 #[derive(Default)]
 struct WordHash(u64);

@@ -6,14 +6,13 @@
 //! bounded until the durable store takes over history.
 
 use std::collections::{HashMap, VecDeque};
-
-use crate::hash::SeededMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use serde::{Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
 
+use crate::hash::SeededMap;
 use crate::schema::Schema;
 use crate::sync::lock;
 use crate::time::Timestamp;
