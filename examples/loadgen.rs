@@ -28,8 +28,9 @@
 //! - `rest-memory`: the same with `store: memory` (what the store adds to the tail).
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
-//! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages; the resident
-//!   set size after each million.
+//! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages (`--millions
+//!   N` for another count); the resident set size after each million, and its median and
+//!   maximum over each million (read every 100 ms).
 //! - `remote`: a running server (`agentserver run …`): REST injects closed-loop, each timed
 //!   until its thread's final `thread_updated` on `/ws`.
 //! - `all`: chain, chain-memory, lua, fanout, ws50.
@@ -495,43 +496,87 @@ async fn startup() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Memory: the `chain` organism with the store on and retention keeping 100,000 messages,
-/// driven through 5M logged messages; the resident set size is read after each million.
-async fn rss() -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+/// driven through `millions` million logged messages (5 unless `--millions N`). The resident
+/// set size is read after each million (`rss_mib_per_million`, as since the first release),
+/// and every 100 ms meanwhile: per million, the median and the maximum of those readings.
+/// A single reading lands at a random phase of the store writer's backlog and retention's
+/// passes; the median is the level, the maximum the peak.
+async fn rss(millions: u64) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let yaml = organism_yaml("chain").replace(
         "store: data.db }",
         "store: data.db, store_retention: { max_messages: 100000 } }",
     );
     let (_dir, organism) = start(&yaml)?;
-    let mut samples = Vec::new();
+    let readings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+    let sampler = {
+        let readings = readings.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tick.tick().await;
+                if let (Ok(kib), Ok(mut r)) = (resident_kib(), readings.lock()) {
+                    r.push(kib);
+                }
+            }
+        })
+    };
+    let (mut samples, mut medians, mut maxima) = (Vec::new(), Vec::new(), Vec::new());
     let started = Instant::now();
-    for million in 1..=5u64 {
+    for million in 1..=millions.max(2) {
         // Each thread logs three messages (inject, a → b, b → c).
         while organism.info().total_messages < million * 1_000_000 {
             drive(&organism, 10_000, 3, None).await?;
         }
         let kib = resident_kib()?;
+        let mut during = readings
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .unwrap_or_default();
+        during.push(kib);
+        during.sort_unstable();
+        let (median, max) = (during[during.len() / 2], during[during.len() - 1]);
         println!(
-            "{million}M messages: RSS {:.1} MiB ({:.0} s, {} pruned so far)",
-            kib as f64 / 1024.0,
+            "{million}M messages: RSS {:.1} MiB (median {:.1}, max {:.1}; {:.0} s, {} pruned so far)",
+            mib(kib),
+            mib(median),
+            mib(max),
             started.elapsed().as_secs_f64(),
             organism.pruned_messages()
         );
         samples.push(kib);
+        medians.push(median);
+        maxima.push(max);
     }
+    sampler.abort();
     let total = organism.info().total_messages;
     let rate = total as f64 / started.elapsed().as_secs_f64();
     let pruned = organism.pruned_messages();
     organism.stop().await;
-    let (first, last) = (samples[0] as f64, samples[samples.len() - 1] as f64);
+    let growth = |v: &[u64]| {
+        let (first, last) = (v[0] as f64, v[v.len() - 1] as f64);
+        ((last - first) / first * 1000.0).round() / 1000.0
+    };
+    let mibs = |v: &[u64]| {
+        v.iter()
+            .map(|k| (mib(*k) * 10.0).round() / 10.0)
+            .collect::<Vec<_>>()
+    };
     Ok(json!({
         "workload": "rss",
         "retention_max_messages": 100_000,
         "messages_per_s": rate.round(),
         "messages_pruned": pruned,
         "messages_kept_at_end": total.saturating_sub(pruned),
-        "rss_mib_per_million": samples.iter().map(|k| (*k as f64 / 1024.0 * 10.0).round() / 10.0).collect::<Vec<_>>(),
-        "growth_1m_to_5m": ((last - first) / first * 1000.0).round() / 1000.0,
+        "rss_mib_per_million": mibs(&samples),
+        "rss_median_mib_per_million": mibs(&medians),
+        "rss_max_mib_per_million": mibs(&maxima),
+        "growth_first_to_last": growth(&samples),
+        "median_growth_first_to_last": growth(&medians),
     }))
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
 }
 
 /// This process's resident set size in KiB (Linux `/proc/self/status`).
@@ -665,7 +710,8 @@ async fn remote(
 }
 
 /// Command-line options: positional `WORKLOAD [THREADS]`, then `--pace N`, `--url URL`,
-/// `--to NAME`, `--payload XML`, `--concurrency N`, `--workers N`, `--driver-thread`.
+/// `--to NAME`, `--payload XML`, `--concurrency N`, `--workers N`, `--driver-thread`,
+/// `--millions N`.
 struct Args {
     workload: String,
     threads: usize,
@@ -676,6 +722,7 @@ struct Args {
     concurrency: usize,
     workers: usize,
     driver_thread: bool,
+    millions: u64,
 }
 
 impl Args {
@@ -690,6 +737,7 @@ impl Args {
             concurrency: 32,
             workers: 2,
             driver_thread: false,
+            millions: 5,
         };
         let mut positional = 0;
         let mut it = std::env::args().skip(1);
@@ -703,6 +751,7 @@ impl Args {
                 "--concurrency" => a.concurrency = number(&value("--concurrency")?)? as usize,
                 "--workers" => a.workers = number(&value("--workers")?)? as usize,
                 "--driver-thread" => a.driver_thread = true,
+                "--millions" => a.millions = number(&value("--millions")?)? as u64,
                 flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
                 _ if positional == 0 => {
                     a.workload = arg;
@@ -780,7 +829,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match args.workload.as_str() {
         "startup" => return driver.run(startup()),
         "rss" => {
-            println!("{}", driver.run(rss())?);
+            let millions = args.millions;
+            println!("{}", driver.run(rss(millions))?);
             return Ok(());
         }
         w @ ("rest" | "rest-memory") => {
