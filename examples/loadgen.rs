@@ -496,9 +496,10 @@ async fn startup() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Memory: the `chain` organism with the store on and retention keeping 100,000 messages,
-/// driven through `millions` million logged messages (5 unless `--millions N`). The resident
-/// set size is read after each million (`rss_mib_per_million`, as since the first release),
-/// and every 100 ms meanwhile: per million, the median and the maximum of those readings.
+/// driven through `millions` million logged messages (5 unless `--millions N`; at least 2,
+/// a first and a last). The resident set size is read after each million
+/// (`rss_mib_per_million`, as since the first release), and every 100 ms meanwhile: per
+/// million, the median and the maximum of those readings.
 /// A single reading lands at a random phase of the store writer's backlog and retention's
 /// passes; the median is the level, the maximum the peak.
 async fn rss(millions: u64) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
