@@ -89,7 +89,7 @@ async fn rig(listeners: &str) -> Rig {
 
 /// The next `reload` event for the whole organism.
 async fn next_reload(
-    events: &mut tokio::sync::broadcast::Receiver<Arc<agentserver::events::Event>>,
+    events: &mut agentserver::events::Receiver,
 ) -> (bool, Option<String>, Option<ReloadReport>) {
     tokio::time::timeout(WAIT, async {
         loop {

@@ -18,14 +18,14 @@ use axum::response::Response;
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::mpsc;
 
 use super::error::{ApiError, Params};
 use super::filter::Filter;
 use super::inject::{inject, InjectBody};
 use super::rest::reload_blocking;
 use super::{ApiState, Endpoint};
-use crate::events::Event;
+use crate::events::{Event, RecvError, TryRecvError};
 use crate::time::Timestamp;
 
 /// The identity `/ws` injects carry.
@@ -270,14 +270,14 @@ impl Session {
                 r = live.recv() => {
                     match r {
                         Ok(ev) => session.offer(&ev),
-                        Err(broadcast::error::RecvError::Lagged(n)) => session.lost(n),
-                        Err(broadcast::error::RecvError::Closed) => break,
+                        Err(RecvError::Lagged(n)) => session.lost(n),
+                        Err(RecvError::Closed) => break,
                     }
                     // Take what else is already published before selecting again.
                     for _ in 0..OFFER_BATCH {
                         match live.try_recv() {
                             Ok(ev) => session.offer(&ev),
-                            Err(broadcast::error::TryRecvError::Lagged(n)) => session.lost(n),
+                            Err(TryRecvError::Lagged(n)) => session.lost(n),
                             Err(_) => break,
                         }
                     }

@@ -1,20 +1,19 @@
-//! The event hub: every state change the pump makes, numbered by a monotonic `seq`, fanned out
-//! to observers through a bounded broadcast channel, and retained in a bounded ring so that an
-//! observer can resume after a given `seq` without loss.
+//! The event hub: every state change the pump makes, numbered by a monotonic `seq`, retained
+//! in a bounded ring indexed by `seq`, from which every observer reads in `seq` order and from
+//! which an observer can resume after a given `seq` without loss.
 //!
-//! Publishing never blocks and never waits on an observer: a subscriber that falls behind the
-//! channel's capacity loses the oldest events and is told how many (`Lagged`), and the pump
-//! carries on. The short lock in [`EventHub::publish`] only makes `seq` order equal channel
-//! and ring order; it is never held across an `.await`. Each event's JSON is rendered at most
-//! once, however many observers send it.
+//! Publishing never blocks and never waits on an observer, and takes no lock over the whole
+//! hub: a `seq` from an atomic counter, then one slot of the ring. A receiver that falls
+//! behind the ring's capacity loses the oldest events and is told how many (`Lagged`), and the
+//! pump carries on. Each event's JSON is rendered at most once, however many observers send
+//! it.
 
 use axum::extract::ws::Utf8Bytes;
-use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use serde::Serialize;
-use tokio::sync::broadcast;
+use tokio::sync::Notify;
 
 use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
 use crate::time::Timestamp;
@@ -227,31 +226,167 @@ pub enum OrganismStatus {
     Stopped,
 }
 
-/// Shared by the pump (publisher) and every observer (subscribers).
+/// Shared by the pump (publishers) and every observer (receivers).
 pub struct EventHub {
-    inner: Mutex<Inner>,
-    retain: usize,
+    ring: Arc<Ring>,
     sink: Option<Sink>,
 }
 
-/// Receives every event in `seq` order, under the publish lock (the durable store): the
-/// shared event itself, which it may keep (a reference count, not a copy).
+/// Receives every event once, from the publishing thread, before [`EventHub::publish`]
+/// returns (the durable store): the shared event itself, which it may keep (a reference
+/// count, not a copy). Events published one after the other (one caused by the other) reach
+/// it in that order; two published at the same moment on two cores may reach it in either.
 pub type Sink = Box<dyn Fn(&Arc<Event>) + Send + Sync>;
 
-struct Inner {
-    seq: u64,
-    tx: broadcast::Sender<Arc<Event>>,
-    /// The last `retain` events, oldest first, for resumption.
-    ring: VecDeque<Arc<Event>>,
+/// The hub's state, shared with its receivers: a ring of slots indexed by `seq`. Publishing
+/// takes a `seq` from an atomic counter and writes that one slot; there is no lock over the
+/// whole hub (SPEC §16). Each slot has a lock of its own, contended only by a publisher and
+/// the receivers of that one event.
+struct Ring {
+    /// The last `seq` handed out. Its event may still be on its way into its slot.
+    head: AtomicU64,
+    /// The first `seq` this hub publishes (a store's history holds the ones before).
+    first: u64,
+    /// Event `seq` lives in slot `seq % slots.len()` until `seq + slots.len()` replaces it.
+    slots: Box<[RwLock<Option<Arc<Event>>>]>,
+    /// Set by a receiver that found nothing and is about to wait; the next publisher clears
+    /// it and wakes the waiting receivers. A publisher whose receivers are all busy (or that
+    /// has none) never touches `wake`.
+    sleeping: AtomicBool,
+    wake: Notify,
+    closed: AtomicBool,
+    receivers: AtomicUsize,
 }
 
-/// A subscription opened at a known point: what to replay, then the live channel.
+impl Ring {
+    fn slot(&self, seq: u64) -> &RwLock<Option<Arc<Event>>> {
+        &self.slots[(seq % self.slots.len() as u64) as usize]
+    }
+
+    /// The oldest `seq` the ring can still hold, when `head` is the last handed out.
+    fn oldest(&self, head: u64) -> u64 {
+        (head.saturating_sub(self.slots.len() as u64) + 1).max(self.first)
+    }
+}
+
+/// Why [`Receiver::recv`] returned no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RecvError {
+    /// The receiver fell more than the hub's capacity behind: this many events were replaced
+    /// before it read them. The next call returns the oldest event still held.
+    #[error("lagged behind by {0} events")]
+    Lagged(u64),
+    /// The hub is gone: no event will follow.
+    #[error("the event hub is closed")]
+    Closed,
+}
+
+/// Why [`Receiver::try_recv`] returned no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TryRecvError {
+    /// Nothing published yet after the last event received.
+    #[error("no event yet")]
+    Empty,
+    #[error("lagged behind by {0} events")]
+    Lagged(u64),
+    #[error("the event hub is closed")]
+    Closed,
+}
+
+/// Reads the hub's events in `seq` order, from where it was opened. Never slows a
+/// publisher: a receiver more than the hub's capacity behind loses the oldest events and is
+/// told how many ([`RecvError::Lagged`]).
+pub struct Receiver {
+    ring: Arc<Ring>,
+    /// The `seq` of the next event to return.
+    next: u64,
+}
+
+impl Receiver {
+    fn new(ring: &Arc<Ring>, next: u64) -> Self {
+        ring.receivers.fetch_add(1, Ordering::Relaxed);
+        Receiver {
+            ring: ring.clone(),
+            next,
+        }
+    }
+
+    /// The next event, if it is published.
+    pub fn try_recv(&mut self) -> Result<Arc<Event>, TryRecvError> {
+        take(&self.ring, &mut self.next)
+    }
+
+    /// The next event, waiting until it is published. Cancel-safe: a dropped call loses no
+    /// event.
+    pub async fn recv(&mut self) -> Result<Arc<Event>, RecvError> {
+        let (ring, next) = (&*self.ring, &mut self.next);
+        loop {
+            match take(ring, next) {
+                Ok(e) => return Ok(e),
+                Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
+                Err(TryRecvError::Closed) => return Err(RecvError::Closed),
+                Err(TryRecvError::Empty) => {}
+            }
+            let notified = ring.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // Either the publisher of the next event sees `sleeping` (and wakes this
+            // receiver, registered above), or this second look sees its event.
+            ring.sleeping.store(true, Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            match take(ring, next) {
+                Ok(e) => return Ok(e),
+                Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
+                Err(TryRecvError::Closed) => return Err(RecvError::Closed),
+                Err(TryRecvError::Empty) => notified.await,
+            }
+        }
+    }
+}
+
+/// Event `*next` from `ring`, advancing `*next` past it, or past what was lost.
+fn take(ring: &Ring, next: &mut u64) -> Result<Arc<Event>, TryRecvError> {
+    let held = {
+        let slot = crate::sync::read(ring.slot(*next));
+        match &*slot {
+            Some(e) if e.seq == *next => {
+                *next += 1;
+                return Ok(e.clone());
+            }
+            Some(e) => e.seq,
+            None => 0,
+        }
+    };
+    if held > *next {
+        // Replaced: the ring has moved past this receiver.
+        let oldest = ring
+            .oldest(ring.head.load(Ordering::Acquire))
+            .max(*next + 1);
+        let lost = oldest - *next;
+        *next = oldest;
+        return Err(TryRecvError::Lagged(lost));
+    }
+    // Not yet in its slot: not handed out, or handed out and on its way.
+    if ring.closed.load(Ordering::Acquire) {
+        Err(TryRecvError::Closed)
+    } else {
+        Err(TryRecvError::Empty)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.ring.receivers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A subscription opened at a known point: what to replay, then the live receiver.
 pub struct Subscription {
     /// Retained events after the requested `seq`, oldest first.
     pub replay: Vec<Arc<Event>>,
     /// Live events; the first one it yields follows the last replayed (or `seq`).
-    pub live: broadcast::Receiver<Arc<Event>>,
-    /// The last `seq` published when the subscription opened.
+    pub live: Receiver,
+    /// The last `seq` handed out when the subscription opened.
     pub seq: u64,
     /// Set when the requested point is no longer retained (or lies in the future): the
     /// observer must resynchronize from a fresh snapshot. Holds the oldest retained `seq`.
@@ -259,95 +394,109 @@ pub struct Subscription {
 }
 
 impl EventHub {
-    /// A hub whose channel and resumption ring each hold `capacity` events.
+    /// A hub that retains `capacity` events for its receivers and for resumption.
     pub fn new(capacity: usize) -> Self {
         EventHub::with_sink(capacity, 0, None)
     }
 
-    /// A hub whose first event is `start_seq + 1`, feeding `sink` with every event in order.
+    /// A hub whose first event is `start_seq + 1`, feeding `sink` with every event.
     pub fn with_sink(capacity: usize, start_seq: u64, sink: Option<Sink>) -> Self {
         let capacity = capacity.max(1);
-        let (tx, _) = broadcast::channel(capacity);
         EventHub {
-            inner: Mutex::new(Inner {
-                seq: start_seq,
-                tx,
-                ring: VecDeque::with_capacity(capacity),
+            ring: Arc::new(Ring {
+                head: AtomicU64::new(start_seq),
+                first: start_seq + 1,
+                slots: (0..capacity).map(|_| RwLock::new(None)).collect(),
+                sleeping: AtomicBool::new(false),
+                wake: Notify::new(),
+                closed: AtomicBool::new(false),
+                receivers: AtomicUsize::new(0),
             }),
-            retain: capacity,
             sink,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        crate::sync::lock(&self.inner)
-    }
-
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
     pub fn publish(&self, kind: EventKind) -> u64 {
-        let (seq, retired) = {
-            let mut inner = self.lock();
-            inner.seq += 1;
-            let seq = inner.seq;
-            let event = Arc::new(Event::new(seq, kind));
-            if let Some(sink) = &self.sink {
-                sink(&event);
+        let ring = &*self.ring;
+        let seq = ring.head.fetch_add(1, Ordering::AcqRel) + 1;
+        let event = Arc::new(Event::new(seq, kind));
+        let retired = {
+            let mut slot = crate::sync::write(ring.slot(seq));
+            match &*slot {
+                // A publisher a whole ring ahead has been here (this one was held up that
+                // long): the newer event stays, and receivers count this one as lost.
+                Some(newer) if newer.seq > seq => None,
+                _ => slot.replace(event.clone()),
             }
-            let retired = if inner.ring.len() == self.retain {
-                inner.ring.pop_front()
-            } else {
-                None
-            };
-            inner.ring.push_back(event.clone());
-            if inner.tx.receiver_count() > 0 {
-                let _ = inner.tx.send(event);
-            }
-            (seq, retired)
         };
-        // The event the ring let go of is often the last reference to it (and to its
-        // message's payload): freed after the lock, so publishers on other cores do not
-        // wait for it.
+        fence(Ordering::SeqCst);
+        if ring.sleeping.load(Ordering::Relaxed) && ring.sleeping.swap(false, Ordering::SeqCst) {
+            ring.wake.notify_waiters();
+        }
+        if let Some(sink) = &self.sink {
+            sink(&event);
+        }
+        // The event the slot let go of is often the last reference to it (and to its
+        // message's payload): freed outside the slot's lock.
         drop(retired);
         seq
     }
 
-    /// A new subscription that sees every event published after this call.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
-        self.lock().tx.subscribe()
+    /// A receiver of every event published after this call.
+    pub fn subscribe(&self) -> Receiver {
+        Receiver::new(&self.ring, self.ring.head.load(Ordering::Acquire) + 1)
     }
 
-    /// Opens a subscription atomically with respect to publishing. With `since = Some(s)`,
-    /// the retained events after `s` are returned for replay, and the live channel continues
-    /// exactly after them; if events after `s` are no longer retained, `resync_from` says so.
+    /// Opens a subscription at a known point. With `since = Some(s)`, the retained events
+    /// after `s` are returned for replay, and the live receiver continues exactly after them;
+    /// if events after `s` are no longer retained, `resync_from` says so.
     pub fn subscribe_since(&self, since: Option<u64>) -> Subscription {
-        let inner = self.lock();
-        let live = inner.tx.subscribe();
-        let seq = inner.seq;
-        let oldest = inner.ring.front().map(|e| e.seq).unwrap_or(seq + 1);
-        let (replay, resync_from) = match since {
-            None => (Vec::new(), None),
-            Some(s) if s > seq || s + 1 < oldest => (Vec::new(), Some(oldest)),
+        let ring = &self.ring;
+        let head = ring.head.load(Ordering::Acquire);
+        let oldest = ring.oldest(head);
+        let (replay, next, resync_from) = match since {
+            None => (Vec::new(), head + 1, None),
+            Some(s) if s > head || s + 1 < oldest => (Vec::new(), head + 1, Some(oldest)),
             Some(s) => {
-                let skip = (s + 1 - oldest) as usize;
-                (inner.ring.iter().skip(skip).cloned().collect(), None)
+                let mut replay = Vec::new();
+                let mut next = s + 1;
+                while next <= head {
+                    match &*crate::sync::read(ring.slot(next)) {
+                        Some(e) if e.seq == next => replay.push(e.clone()),
+                        // On its way into its slot (the live receiver waits for it), or
+                        // replaced since `oldest` was read (it reports the loss).
+                        _ => break,
+                    }
+                    next += 1;
+                }
+                (replay, next, None)
             }
         };
         Subscription {
             replay,
-            live,
-            seq,
+            live: Receiver::new(ring, next),
+            seq: head,
             resync_from,
         }
     }
 
-    /// The `seq` of the last published event.
+    /// The `seq` of the last event handed out.
     pub fn last_seq(&self) -> u64 {
-        self.lock().seq
+        self.ring.head.load(Ordering::Acquire)
     }
 
-    /// Observers currently subscribed to the live channel.
+    /// Receivers currently open.
     pub fn subscribers(&self) -> usize {
-        self.lock().tx.receiver_count()
+        self.ring.receivers.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for EventHub {
+    /// Receivers that have read everything get [`RecvError::Closed`].
+    fn drop(&mut self) {
+        self.ring.closed.store(true, Ordering::SeqCst);
+        self.ring.wake.notify_waiters();
     }
 }
 
@@ -411,5 +560,114 @@ mod tests {
         assert_eq!(hub.subscribe_since(Some(9)).resync_from, Some(4));
         // A fresh hub: since 0 is complete.
         assert_eq!(EventHub::new(2).subscribe_since(Some(0)).resync_from, None);
+    }
+    #[test]
+    fn a_receiver_more_than_the_capacity_behind_is_told_how_many_it_lost() {
+        let hub = EventHub::new(4);
+        let mut rx = hub.subscribe();
+        for _ in 0..10 {
+            organism_state(&hub);
+        }
+        // Held: 7..=10. Lost: 1..=6.
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Lagged(6));
+        let rest: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.seq)).collect();
+        assert_eq!(rest, vec![7, 8, 9, 10]);
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+        assert_eq!(hub.subscribers(), 1);
+        drop(rx);
+        assert_eq!(hub.subscribers(), 0);
+    }
+
+    #[test]
+    fn a_hub_that_continues_a_stored_history_starts_after_it() {
+        let hub = EventHub::with_sink(4, 100, None);
+        let mut rx = hub.subscribe();
+        assert_eq!(organism_state(&hub), 101);
+        assert_eq!(rx.try_recv().unwrap().seq, 101);
+        // Before 101 is the store's history, not the hub's.
+        assert_eq!(hub.subscribe_since(Some(99)).resync_from, Some(101));
+        assert_eq!(hub.subscribe_since(Some(100)).replay.len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waiting_receivers_wake_for_each_event_and_close_with_the_hub() {
+        let hub = Arc::new(EventHub::new(64));
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let mut rx = hub.subscribe();
+                tokio::spawn(async move {
+                    let mut seen = Vec::new();
+                    loop {
+                        match rx.recv().await {
+                            Ok(e) => seen.push(e.seq),
+                            Err(RecvError::Closed) => return seen,
+                            Err(RecvError::Lagged(n)) => panic!("lost {n}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..20 {
+            organism_state(&hub);
+            // Let the readers catch up and wait again, so every event wakes them.
+            tokio::task::yield_now().await;
+        }
+        drop(Arc::into_inner(hub).expect("the only reference"));
+        for r in readers {
+            let seen = tokio::time::timeout(std::time::Duration::from_secs(10), r)
+                .await
+                .expect("closed in time")
+                .unwrap();
+            assert_eq!(seen, (1..=20).collect::<Vec<u64>>());
+        }
+    }
+
+    #[test]
+    fn publishers_on_many_threads_reach_every_receiver_in_seq_order_and_the_sink_once_each() {
+        const THREADS: u64 = 4;
+        const EACH: u64 = 5_000;
+        let sunk = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = sunk.clone();
+        let hub = Arc::new(EventHub::with_sink(
+            1 << 16,
+            0,
+            Some(Box::new(move |e: &Arc<Event>| {
+                s.lock().unwrap().push(e.seq)
+            })),
+        ));
+        let mut readers: Vec<Receiver> = (0..3).map(|_| hub.subscribe()).collect();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let read: Vec<_> = readers
+            .drain(..)
+            .map(|mut rx| {
+                runtime.spawn(async move {
+                    let mut seen = Vec::new();
+                    while (seen.len() as u64) < THREADS * EACH {
+                        seen.push(rx.recv().await.expect("nothing lost").seq);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                scope.spawn(|| {
+                    for _ in 0..EACH {
+                        organism_state(&hub);
+                    }
+                });
+            }
+        });
+        let all: Vec<u64> = (1..=THREADS * EACH).collect();
+        for r in read {
+            assert_eq!(runtime.block_on(r).unwrap(), all);
+        }
+        let mut sunk = sunk.lock().unwrap().clone();
+        sunk.sort_unstable();
+        assert_eq!(sunk, all);
+        assert_eq!(hub.last_seq(), THREADS * EACH);
     }
 }
