@@ -248,7 +248,7 @@ struct Ring {
     /// The first `seq` this hub publishes (a store's history holds the ones before).
     first: u64,
     /// Event `seq` lives in slot `seq % slots.len()` until `seq + slots.len()` replaces it.
-    slots: Box<[RwLock<Option<Arc<Event>>>]>,
+    slots: Box<[RwLock<Slot>]>,
     /// Set by a receiver that found nothing and is about to wait; the next publisher clears
     /// it and wakes the waiting receivers. A publisher whose receivers are all busy (or that
     /// has none) never touches `wake`.
@@ -258,8 +258,17 @@ struct Ring {
     receivers: AtomicUsize,
 }
 
+/// One place in the ring. The event's `seq` is kept beside it, so telling which event a slot
+/// holds never reads the event (a publisher finds there one published a ring ago, long gone
+/// from the cache).
+#[derive(Default)]
+struct Slot {
+    seq: u64,
+    event: Option<Arc<Event>>,
+}
+
 impl Ring {
-    fn slot(&self, seq: u64) -> &RwLock<Option<Arc<Event>>> {
+    fn slot(&self, seq: u64) -> &RwLock<Slot> {
         &self.slots[(seq % self.slots.len() as u64) as usize]
     }
 
@@ -348,13 +357,12 @@ impl Receiver {
 fn take(ring: &Ring, next: &mut u64) -> Result<Arc<Event>, TryRecvError> {
     let held = {
         let slot = crate::sync::read(ring.slot(*next));
-        match &*slot {
-            Some(e) if e.seq == *next => {
+        match &slot.event {
+            Some(e) if slot.seq == *next => {
                 *next += 1;
                 return Ok(e.clone());
             }
-            Some(e) => e.seq,
-            None => 0,
+            _ => slot.seq,
         }
     };
     if held > *next {
@@ -406,7 +414,7 @@ impl EventHub {
             ring: Arc::new(Ring {
                 head: AtomicU64::new(start_seq),
                 first: start_seq + 1,
-                slots: (0..capacity).map(|_| RwLock::new(None)).collect(),
+                slots: (0..capacity).map(|_| RwLock::default()).collect(),
                 sleeping: AtomicBool::new(false),
                 wake: Notify::new(),
                 closed: AtomicBool::new(false),
@@ -423,11 +431,13 @@ impl EventHub {
         let event = Arc::new(Event::new(seq, kind));
         let retired = {
             let mut slot = crate::sync::write(ring.slot(seq));
-            match &*slot {
+            if slot.seq > seq {
                 // A publisher a whole ring ahead has been here (this one was held up that
                 // long): the newer event stays, and receivers count this one as lost.
-                Some(newer) if newer.seq > seq => None,
-                _ => slot.replace(event.clone()),
+                None
+            } else {
+                slot.seq = seq;
+                slot.event.replace(event.clone())
             }
         };
         fence(Ordering::SeqCst);
@@ -462,8 +472,9 @@ impl EventHub {
                 let mut replay = Vec::new();
                 let mut next = s + 1;
                 while next <= head {
-                    match &*crate::sync::read(ring.slot(next)) {
-                        Some(e) if e.seq == next => replay.push(e.clone()),
+                    let slot = crate::sync::read(ring.slot(next));
+                    match &slot.event {
+                        Some(e) if slot.seq == next => replay.push(e.clone()),
                         // On its way into its slot (the live receiver waits for it), or
                         // replaced since `oldest` was read (it reports the loss).
                         _ => break,
