@@ -2,6 +2,8 @@
 
 use std::process::Command;
 
+mod child;
+
 fn send(payload: &str) -> std::process::Output {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
     Command::new(env!("CARGO_BIN_EXE_agentserver"))
@@ -56,12 +58,12 @@ fn run_stops_gracefully_on_sigterm_and_exits_0() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_agentserver"))
-        .args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = child::Running::spawn(
+        Command::new(env!("CARGO_BIN_EXE_agentserver"))
+            .args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()),
+    );
     // Wait for the ready lines (blocking reads: the process prints them once it serves).
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();

@@ -3,6 +3,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+
+mod child;
+use child::Running;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -14,8 +17,8 @@ fn bin() -> Command {
 
 /// Spawns a command and forwards its stdout lines to a channel (stderr goes where the
 /// command says: inherited unless set).
-fn spawn_lines(mut cmd: Command) -> (Child, mpsc::Receiver<String>) {
-    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
+fn spawn_lines(mut cmd: Command) -> (Running, mpsc::Receiver<String>) {
+    let mut child = Running::spawn(cmd.stdout(Stdio::piped()));
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

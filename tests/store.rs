@@ -1,6 +1,7 @@
 //! The durable log: history survives a restart (and a `kill -9`), filters and totals come
 //! from SQLite, retention prunes, bad files are refused clearly. A real SQLite file.
 
+mod child;
 mod common;
 
 use std::io::{BufRead, BufReader};
@@ -274,8 +275,8 @@ fn bin() -> Command {
 
 /// Spawns `cmd` (an `agentserver run …`, perhaps through a shell) and waits for the URL it
 /// prints once it listens.
-fn serve(mut cmd: Command, stderr: Stdio) -> (std::process::Child, String) {
-    let mut child = cmd.stdout(Stdio::piped()).stderr(stderr).spawn().unwrap();
+fn serve(mut cmd: Command, stderr: Stdio) -> (child::Running, String) {
+    let mut child = child::Running::spawn(cmd.stdout(Stdio::piped()).stderr(stderr));
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let url = loop {
         let line = lines.next().expect("a ready line").unwrap();
