@@ -582,8 +582,10 @@ impl Store {
         }
     }
 
-    /// Records what an event changed. Called in `seq` order by the event hub (its sink),
-    /// with the event it publishes: the writer holds a reference, not a copy.
+    /// Records what an event changed. Called by the event hub (its sink) with the event it
+    /// publishes: the writer holds a reference, not a copy. An event comes after every event
+    /// that caused it; two published at once on two cores may come in either order (the
+    /// writer numbers rows itself, and the highest `seq` is kept whatever the order).
     pub fn record_event(&self, event: &Arc<Event>) {
         if matches!(
             event.kind,
