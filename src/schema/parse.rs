@@ -17,8 +17,8 @@ use libxml::bindings::{
     xmlCtxtReadMemory, xmlCtxtReset, xmlCtxtUseOptions, xmlDictSize, xmlFreeDoc,
     xmlFreeInputStream, xmlFreeParserCtxt, xmlFreeParserInputBuffer, xmlNewIOInputStream,
     xmlNewParserCtxt, xmlParseDocument, xmlParserCtxt, xmlParserInputBufferCreateStatic,
-    xmlParserOption_XML_PARSE_NOERROR, xmlParserOption_XML_PARSE_NONET,
-    xmlParserOption_XML_PARSE_NOWARNING,
+    xmlParserOption_XML_PARSE_NODICT, xmlParserOption_XML_PARSE_NOERROR,
+    xmlParserOption_XML_PARSE_NONET, xmlParserOption_XML_PARSE_NOWARNING,
 };
 use libxml::error::StructuredError;
 use libxml::tree::Document;
@@ -36,8 +36,13 @@ pub const DICT_ENTRIES_MAX: i32 = 4096;
 pub const STATIC_MAX: usize = 500;
 
 /// Recovery off (the libxml2 default), no network, errors kept on the context rather than
-/// printed.
+/// printed, and documents without a dictionary of their own (`NODICT`): a document that
+/// shares its context's dictionary takes a reference to it, and libxml2 2.9 counts those
+/// references under one process-wide mutex, twice per payload (when the document is made
+/// and when it is freed). Names copied into the document instead cost fewer instructions
+/// (callgrind, `loadgen chain-memory 3000`: −2.5 % per hop).
 const OPTIONS: i32 = (xmlParserOption_XML_PARSE_NONET
+    | xmlParserOption_XML_PARSE_NODICT
     | xmlParserOption_XML_PARSE_NOERROR
     | xmlParserOption_XML_PARSE_NOWARNING) as i32;
 
