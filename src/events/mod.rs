@@ -330,19 +330,23 @@ impl Receiver {
     /// cores would contend for it. `f` runs under the slot's read lock, which only a
     /// publisher a whole ring later waits for.
     pub fn try_recv_with<R>(&mut self, f: impl FnOnce(&Event) -> R) -> Result<R, TryRecvError> {
-        take_with(&self.ring, &mut self.next, f)
+        take_slot(&self.ring, &mut self.next, |e: &Arc<Event>| f(e))
     }
 
     /// The next event, waiting until it is published. Cancel-safe: a dropped call loses no
     /// event.
     pub async fn recv(&mut self) -> Result<Arc<Event>, RecvError> {
         let (ring, next) = (&*self.ring, &mut self.next);
+        // An event, or why none will come; `None` while there is nothing yet.
+        let ready = |r: Result<Arc<Event>, TryRecvError>| match r {
+            Ok(e) => Some(Ok(e)),
+            Err(TryRecvError::Lagged(n)) => Some(Err(RecvError::Lagged(n))),
+            Err(TryRecvError::Closed) => Some(Err(RecvError::Closed)),
+            Err(TryRecvError::Empty) => None,
+        };
         loop {
-            match take(ring, next) {
-                Ok(e) => return Ok(e),
-                Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
-                Err(TryRecvError::Closed) => return Err(RecvError::Closed),
-                Err(TryRecvError::Empty) => {}
+            if let Some(r) = ready(take(ring, next)) {
+                return r;
             }
             let notified = ring.wake.notified();
             tokio::pin!(notified);
@@ -351,12 +355,10 @@ impl Receiver {
             // receiver, registered above), or this second look sees its event.
             ring.sleeping.store(true, Ordering::SeqCst);
             fence(Ordering::SeqCst);
-            match take(ring, next) {
-                Ok(e) => return Ok(e),
-                Err(TryRecvError::Lagged(n)) => return Err(RecvError::Lagged(n)),
-                Err(TryRecvError::Closed) => return Err(RecvError::Closed),
-                Err(TryRecvError::Empty) => notified.await,
+            if let Some(r) = ready(take(ring, next)) {
+                return r;
             }
+            notified.await;
         }
     }
 }
@@ -364,15 +366,6 @@ impl Receiver {
 /// Event `*next` from `ring`, advancing `*next` past it, or past what was lost.
 fn take(ring: &Ring, next: &mut u64) -> Result<Arc<Event>, TryRecvError> {
     take_slot(ring, next, Arc::clone)
-}
-
-/// [`take`], lending the event to `f`.
-fn take_with<R>(
-    ring: &Ring,
-    next: &mut u64,
-    f: impl FnOnce(&Event) -> R,
-) -> Result<R, TryRecvError> {
-    take_slot(ring, next, |e: &Arc<Event>| f(e))
 }
 
 /// Runs `f` on event `*next` in its slot, advancing `*next` past it, or past what was lost.
