@@ -269,6 +269,43 @@ async fn retention_prunes_the_oldest_threads_and_counts_it() {
     );
 }
 
+#[tokio::test]
+async fn retention_added_or_changed_by_a_reload_applies_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "log.db", "");
+    let o = Organism::builder().load(&path).unwrap();
+    let threads = completed_threads(&o, 5).await;
+    o.store().unwrap().flush(o.events().last_seq());
+    assert_eq!(o.pruned_messages(), 0, "no retention, nothing pruned");
+    // Added by a reload: the organism started without it.
+    write_organism(
+        dir.path(),
+        "log.db",
+        ", store_retention: { max_messages: 6 }",
+    );
+    o.reload(None).unwrap();
+    until_async(|| async { o.pruned_messages() >= 9 }).await;
+    let ids = |o: &Organism| {
+        o.query_threads(&ThreadFilter::default(), Page::default())
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|t| t.id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&o), vec![threads[4].clone(), threads[3].clone()]);
+    // Tightened by another.
+    write_organism(
+        dir.path(),
+        "log.db",
+        ", store_retention: { max_messages: 3 }",
+    );
+    o.reload(None).unwrap();
+    until_async(|| async { o.pruned_messages() >= 12 }).await;
+    assert_eq!(ids(&o), vec![threads[4].clone()]);
+    assert_eq!(o.pruned_messages(), 12, "one thread more, no other");
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_agentserver"))
 }

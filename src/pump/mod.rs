@@ -38,8 +38,9 @@ pub use external::{ExternalReply, ReplyError, ReplyReceipt};
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
 
-/// How often retention runs.
-pub const RETENTION_INTERVAL: Duration = Duration::from_secs(5);
+/// How often retention runs (and at once after a reload that changes
+/// `organism.store_retention`). A pass with nothing to prune costs one small read.
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Finished threads kept in memory for the API and `send`.
 pub const RETAINED_FINISHED_THREADS: usize = 10_000;
@@ -265,6 +266,8 @@ pub(crate) struct Shared {
     xml_limits: XmlLimits,
     pending: AtomicUsize,
     idle: Notify,
+    /// Wakes the retention task: a reload changed `organism.store_retention`.
+    retention_changed: Notify,
     status: AtomicU8,
     paused: AtomicBool,
     failures: [AtomicU64; FailureKind::COUNT],
@@ -464,6 +467,7 @@ impl OrganismBuilder {
             },
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
+            retention_changed: Notify::new(),
             status: AtomicU8::new(STATUS_RUNNING),
             paused: AtomicBool::new(false),
             failures: Default::default(),
@@ -554,23 +558,28 @@ impl Organism {
         &self.shared.threads
     }
 
-    /// Prunes the store every few seconds per `organism.store_retention`, off the pump's
-    /// threads. Ends when the organism stops.
+    /// Prunes the store every [`RETENTION_INTERVAL`] per `organism.store_retention` as the
+    /// topology holds it now (a reload can add, change or remove it; it wakes this task),
+    /// off the pump's threads. Ends when the organism stops.
     fn start_retention(&self) {
-        let retention = self.shared.topo().config.retention;
         let Some(store) = self.shared.store.clone() else {
             return;
         };
-        if retention == config::Retention::default() {
-            return;
-        }
         let organism = self.clone();
         self.shared.runtime.spawn(async move {
             let mut tick = tokio::time::interval(RETENTION_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = organism.shared.retention_changed.notified() => {}
+                }
                 if organism.status() == OrganismStatus::Stopped {
                     return;
+                }
+                let retention = organism.shared.topo().config.retention;
+                if retention == config::Retention::default() {
+                    continue;
                 }
                 let store = store.clone();
                 let pruned = tokio::task::spawn_blocking(move || {

@@ -239,12 +239,16 @@ impl Shared {
             order.push(l);
         }
         self.lua_targets.set(&config);
+        let retention_changed = config.retention != current.config.retention;
         let next = Arc::new(Topology {
             config: Arc::new(config),
             listeners,
             order,
         });
         self.set_topology(next);
+        if retention_changed {
+            self.retention_changed.notify_one();
+        }
         for name in &report.changed {
             let (Some(old), Some(new)) = (current.listeners.get(name.as_str()), built.get(name))
             else {

@@ -911,6 +911,9 @@ impl Store {
             Some(max) => self.read(|tx| stored_total(tx))?.saturating_sub(max),
             None => 0,
         };
+        if excess == 0 && cutoff.is_none() {
+            return Ok(0);
+        }
         let mut deleted = 0u64;
         loop {
             let (done, wait) = mpsc::channel();
