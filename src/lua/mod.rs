@@ -722,6 +722,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_payload_that_takes_the_state_over_its_memory_limit_fails_the_call() {
+        // The payload's conversion into Lua runs with the limit lifted (see
+        // `Sandbox::unlimited`); it still counts. `held` keeps the previous payload, so the
+        // second 600 kB one takes the 1 MB state over its limit before the script runs (which
+        // would allocate nothing).
+        let dir = tempfile::tempdir().unwrap();
+        let (h, schema) = handler(
+            dir.path(),
+            "function handle(p, m) held = p end",
+            "{ cpu_ms: 1000, memory_mb: 1 }",
+        );
+        // (Two different strings: Luau keeps one copy of equal ones.)
+        h.handle(delivery(&schema, &"x".repeat(600_000)))
+            .await
+            .unwrap();
+        let err = h
+            .handle(delivery(&schema, &"y".repeat(600_000)))
+            .await
+            .unwrap_err();
+        assert_eq!(err.0, "lua memory: memory limit of 1 MB exceeded");
+        assert_eq!(h.stats().errors(FailKind::Memory), 1);
+        // The limit is in force again, and the state serves the next call.
+        h.handle(delivery(&schema, "small")).await.unwrap();
+    }
+
+    #[tokio::test]
     async fn a_failed_reload_keeps_the_old_script_and_a_good_one_swaps_it() {
         let dir = tempfile::tempdir().unwrap();
         let (h, schema) = handler(

@@ -302,6 +302,28 @@ impl Sandbox {
         })
     }
 
+    /// Runs `f`, host code converting bounded input (a payload within `max_message_bytes`,
+    /// its meta, the script's return value), with the state's memory limit lifted. Under a
+    /// limit, mlua makes every Lua string and table inside a protected call of its own, in
+    /// case the allocation fails: two thirds of a conversion's instructions. What `f` adds
+    /// still counts: a state over its limit afterwards fails the call as the limit would
+    /// have.
+    fn unlimited<R>(&self, f: impl FnOnce(&Lua) -> mlua::Result<R>) -> mlua::Result<R> {
+        let limit = self.limits.memory_mb.saturating_mul(1024 * 1024);
+        let _ = self.lua.set_memory_limit(0);
+        let out = f(&self.lua);
+        let _ = self.lua.set_memory_limit(limit);
+        let out = out?;
+        if limit > 0 && self.lua.used_memory() > limit {
+            // Perhaps only garbage holds it over: collected once before the call fails.
+            let _ = self.lua.gc_collect();
+            if self.lua.used_memory() > limit {
+                return Err(mlua::Error::MemoryError("not enough memory".into()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Memory the state uses now, bytes.
     pub fn used_memory(&self) -> usize {
         self.lua.used_memory()
@@ -323,13 +345,17 @@ impl Sandbox {
         }
         let guard = BudgetGuard::arm(&self.budget, self.limits.cpu());
         let result = (|| -> mlua::Result<Json> {
-            let p = self.lua.to_value_with(&lua_shape(payload), ser_options())?;
-            let m = self.lua.to_value_with(meta, ser_options())?;
+            let (p, m) = self.unlimited(|lua| {
+                Ok((
+                    lua.to_value_with(&lua_shape(payload), ser_options())?,
+                    lua.to_value_with(meta, ser_options())?,
+                ))
+            })?;
             let out: Value = self.handle.call((p, m))?;
             if matches!(out, Value::Nil) {
                 return Ok(Json::Null);
             }
-            self.lua.from_value_with(out, de_options())
+            self.unlimited(|lua| lua.from_value_with(out, de_options()))
         })();
         let tripped = self.budget.tripped.load(Ordering::Relaxed);
         let cancelled = self.budget.cancelled.load(Ordering::Relaxed);
