@@ -398,6 +398,24 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
         (st, e["error"]["code"].as_str()),
         (422, Some("malformed_xml"))
     );
+    assert_eq!(e["error"]["where"], "payload line 1", "{e}");
+    // Every malformed payload says where, with a line when there is one.
+    for (xml, place) in [
+        ("<Note>x</Note><x/>", "payload line 1"),
+        (
+            "<!DOCTYPE n [<!ENTITY a \"b\">]><Note>&a;</Note>",
+            "payload",
+        ),
+        ("<Note>&nope;</Note>", "payload"),
+        (&format!("{}x", "<a>".repeat(100)), "payload"),
+    ] {
+        let (st, e) = s
+            .post("/api/v1/inject", json!({"to": "a", "payload_xml": xml}))
+            .await;
+        assert_eq!(st, 422, "{e}");
+        assert_eq!(e["error"]["code"], "malformed_xml", "{e}");
+        assert_eq!(e["error"]["where"], place, "{e}");
+    }
     let (st, e) = s
         .post(
             "/api/v1/inject",

@@ -144,9 +144,12 @@ impl From<InjectError> for ApiError {
             InjectError::Invalid(v) => {
                 err = err.details(v.messages).at("payload");
             }
-            InjectError::Malformed(XmlError::Malformed { line, .. }) => {
+            InjectError::Malformed(
+                XmlError::Malformed { line, .. } | XmlError::TrailingContent { line },
+            ) => {
                 err = err.at(format!("payload line {line}"));
             }
+            InjectError::Malformed(_) => err = err.at("payload"),
             InjectError::Thread(ThreadError::InvalidId) => err = err.at("thread_id"),
             _ => {}
         }
