@@ -277,13 +277,16 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     let threads = completed_threads(&o, 5).await;
     o.store().unwrap().flush(o.events().last_seq());
     assert_eq!(o.pruned_messages(), 0, "no retention, nothing pruned");
+    let retain = |max: u64| {
+        write_organism(
+            dir.path(),
+            "log.db",
+            &format!(", store_retention: {{ max_messages: {max} }}"),
+        );
+        o.reload(None).unwrap();
+    };
     // Added by a reload: the organism started without it.
-    write_organism(
-        dir.path(),
-        "log.db",
-        ", store_retention: { max_messages: 6 }",
-    );
-    o.reload(None).unwrap();
+    retain(6);
     until_async(|| async { o.pruned_messages() >= 9 }).await;
     let ids = |o: &Organism| {
         o.query_threads(&ThreadFilter::default(), Page::default())
@@ -295,12 +298,7 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     };
     assert_eq!(ids(&o), vec![threads[4].clone(), threads[3].clone()]);
     // Tightened by another.
-    write_organism(
-        dir.path(),
-        "log.db",
-        ", store_retention: { max_messages: 3 }",
-    );
-    o.reload(None).unwrap();
+    retain(3);
     until_async(|| async { o.pruned_messages() >= 12 }).await;
     assert_eq!(ids(&o), vec![threads[4].clone()]);
     assert_eq!(o.pruned_messages(), 12, "one thread more, no other");

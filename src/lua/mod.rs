@@ -57,6 +57,11 @@ impl LuaLimits {
         Duration::from_millis(self.cpu_ms)
     }
 
+    /// The state's memory cap in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        self.memory_mb.saturating_mul(1024 * 1024)
+    }
+
     /// How long a call may take in wall-clock time before the watchdog gives up on it.
     pub fn watchdog(&self) -> Duration {
         Duration::from_millis(self.cpu_ms.saturating_mul(4).saturating_add(1000))

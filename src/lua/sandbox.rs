@@ -266,7 +266,7 @@ impl Sandbox {
                 Ok(VmState::Continue)
             });
         }
-        lua.set_memory_limit(limits.memory_mb.saturating_mul(1024 * 1024))
+        lua.set_memory_limit(limits.memory_bytes())
             .map_err(|e| format!("cannot set the memory limit: {e}"))?;
 
         let mut sandbox_budget_guard = BudgetGuard::arm(&budget, limits.cpu());
@@ -309,7 +309,7 @@ impl Sandbox {
     /// still counts: a state over its limit afterwards fails the call as the limit would
     /// have.
     fn unlimited<R>(&self, f: impl FnOnce(&Lua) -> mlua::Result<R>) -> mlua::Result<R> {
-        let limit = self.limits.memory_mb.saturating_mul(1024 * 1024);
+        let limit = self.limits.memory_bytes();
         let _ = self.lua.set_memory_limit(0);
         let out = f(&self.lua);
         let _ = self.lua.set_memory_limit(limit);
