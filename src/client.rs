@@ -119,6 +119,11 @@ pub async fn tail(
             url: ws_url.clone(),
             message: e.to_string(),
         })?;
+    if let Some(globs) = &filter.agent {
+        for glob in unmatched_agent_globs(url, globs).await {
+            eprintln!("agentserver tail: {glob}");
+        }
+    }
     while let Some(frame) = socket.next().await {
         let text = match frame {
             Ok(Message::Text(t)) => t,
@@ -157,6 +162,54 @@ pub async fn tail(
         }
     }
     Ok(())
+}
+
+/// Warnings for the `--agent` globs (comma-separated) that match no listener of the server
+/// and no injector identity (`api`, `ws`, `cli`, `system`): such a filter shows nothing until
+/// a reload adds a listener it matches. A server whose agents cannot be read gets no warning.
+async fn unmatched_agent_globs(url: &str, globs: &str) -> Vec<String> {
+    let Some(names) = agent_names(url).await else {
+        return Vec::new();
+    };
+    let known = || {
+        names
+            .iter()
+            .map(String::as_str)
+            .chain(crate::config::INJECTOR_NAMES)
+    };
+    globs
+        .split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty() && !known().any(|n| crate::api::glob_match(g, n)))
+        .map(|g| {
+            format!(
+                "no agent matches `{g}` (agents: {}; `*` matches any run of characters, `?` any one, the rest is literal); waiting for one",
+                names.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// The names of a server's agents (`GET /api/v1/agents`, every page), or `None` if they
+/// cannot be read.
+async fn agent_names(url: &str) -> Option<Vec<String>> {
+    const PAGE: usize = 1000;
+    let base = base(url).ok()?;
+    let mut names = Vec::new();
+    loop {
+        let endpoint = format!("{base}/api/v1/agents?limit={PAGE}&offset={}", names.len());
+        let page: Value = reqwest::get(&endpoint).await.ok()?.json().await.ok()?;
+        let items = page.get("items")?.as_array()?;
+        names.extend(
+            items
+                .iter()
+                .filter_map(|a| a.get("name")?.as_str().map(str::to_string)),
+        );
+        let total = page.get("total")?.as_u64()? as usize;
+        if items.is_empty() || names.len() >= total {
+            return Some(names);
+        }
+    }
 }
 
 /// Posts one inject to a running server.

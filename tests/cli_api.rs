@@ -86,14 +86,7 @@ fn stop(url: &str) -> u16 {
 
 #[test]
 fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
-    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut run = bin();
-    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"]);
-    let (mut server, lines) = spawn_lines(run);
-    let ready = line_matching(&lines, |l| l.starts_with("agentserver listening on "));
-    let url = ready
-        .trim_start_matches("agentserver listening on ")
-        .to_string();
+    let (mut server, url, _lines) = run_demo();
     assert!(!url.ends_with(":0"), "the real port is printed: {url}");
 
     let mut tail = bin();
@@ -172,6 +165,59 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
     assert_eq!(wait_exit(&mut tail), Some(0));
+}
+
+/// Starts `agentserver run` on the demo organism (memory store, port 0); returns the
+/// process, its URL and its further stdout lines (kept, so its stdout stays open).
+fn run_demo() -> (Running, String, mpsc::Receiver<String>) {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    let mut run = bin();
+    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"]);
+    let (server, lines) = spawn_lines(run);
+    let ready = line_matching(&lines, |l| l.starts_with("agentserver listening on "));
+    let url = ready
+        .trim_start_matches("agentserver listening on ")
+        .to_string();
+    (server, url, lines)
+}
+
+#[test]
+fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
+    let (mut server, url, _lines) = run_demo();
+    let mut tail = bin();
+    tail.args(["tail", "--url", &url, "--agent", "gr[,shout*, api,nobody?"])
+        .stderr(Stdio::piped());
+    let mut tail = Running::spawn(tail.stdout(Stdio::null()));
+    let stderr = tail.stderr.take().unwrap();
+    let (tx, warnings) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // One warning per glob that matches nothing, naming the agents; `shout*` matches a
+    // listener and `api` an injector, so neither is warned about.
+    let first = line_matching(&warnings, |_| true);
+    assert!(first.contains("no agent matches `gr[`"), "{first}");
+    assert!(
+        first.contains("greeter") && first.contains("shouter"),
+        "{first}"
+    );
+    let second = line_matching(&warnings, |_| true);
+    assert!(second.contains("no agent matches `nobody?`"), "{second}");
+    // It keeps following the stream: still connected until the server stops.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !metrics(&url).contains("agentserver_ws_clients{endpoint=\"/ws/messages\"} 1") {
+        assert!(std::time::Instant::now() < deadline, "tail stays connected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut server), Some(0));
+    assert_eq!(wait_exit(&mut tail), Some(0));
+    // Nothing more was said: `shout*` and `api` matched.
+    assert!(warnings.try_iter().all(|l| !l.contains("no agent matches")));
 }
 
 #[test]

@@ -24,6 +24,10 @@ use crate::xml::PayloadType;
 /// Default API address: loopback only (SPEC §14).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
 
+/// The injector identities a message can name as its sender besides a listener (`from`):
+/// no listener may take one of these names.
+pub const INJECTOR_NAMES: [&str; 4] = ["api", "ws", "cli", "system"];
+
 /// One problem in an organism file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -355,7 +359,7 @@ fn check_listeners(
                 "must be 1-128 characters of A-Z a-z 0-9 _ - .",
             );
         }
-        if ["api", "ws", "cli", "system"].contains(&name) {
+        if INJECTOR_NAMES.contains(&name) {
             c.push(l, Some("name"), "is reserved for an injector identity");
         }
         let description = s.description.clone().unwrap_or_default();
