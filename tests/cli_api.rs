@@ -170,9 +170,14 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
 /// Starts `agentserver run` on the demo organism (memory store, port 0); returns the
 /// process, its URL and its further stdout lines (kept, so its stdout stays open).
 fn run_demo() -> (Running, String, mpsc::Receiver<String>) {
+    run_demo_on("memory")
+}
+
+/// [`run_demo`] with the given `--store`.
+fn run_demo_on(store: &str) -> (Running, String, mpsc::Receiver<String>) {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
     let mut run = bin();
-    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"]);
+    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", store]);
     let (server, lines) = spawn_lines(run);
     let ready = line_matching(&lines, |l| l.starts_with("agentserver listening on "));
     let url = ready
@@ -218,6 +223,34 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
     assert_eq!(wait_exit(&mut tail), Some(0));
     // Nothing more was said: `shout*` and `api` matched.
     assert!(warnings.try_iter().all(|l| !l.contains("no agent matches")));
+}
+
+#[test]
+fn a_second_server_on_the_same_store_file_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("shared.db");
+    let store = store.to_str().unwrap();
+    let (mut first, url, _lines) = run_demo_on(store);
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    let mut second = bin();
+    second
+        .args(["run", demo, "--listen", "127.0.0.1:0", "--store", store])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut second = Running::spawn(&mut second);
+    assert_eq!(wait_exit(&mut second), Some(1));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("shared.db") && stderr.contains("in use by another agentserver"),
+        "{stderr}"
+    );
+    // The first runs on, and once it has stopped the file can be opened again.
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut first), Some(0));
+    let (mut again, url, _lines) = run_demo_on(store);
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut again), Some(0));
 }
 
 #[test]

@@ -43,11 +43,21 @@ async fn held_at_b(o: &Organism, text: &str) -> agentserver::InjectReceipt {
     t
 }
 
-#[tokio::test]
-async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing() {
+/// A runtime of its own for one run of an organism: dropping it ends the run as the end of
+/// a process would, with nothing stopped (its tasks, and with them the store, are dropped).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_organism(dir.path(), "data/log.db", "");
-    let (threads, last_seq) = {
+    let first = runtime();
+    let (threads, last_seq) = first.block_on(async {
         let o = Organism::builder().load(&path).unwrap();
         let mut threads = completed_threads(&o, 5).await;
         // One thread still active when the process ends.
@@ -77,14 +87,26 @@ async fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_incre
         assert_eq!(listed.items[0].message_count, 2);
         assert!(listed.items[0].last_activity >= second);
         threads.push(stuck.thread_id);
+        // While it runs, no second organism may write its file.
+        let e = Organism::builder().load(&path).err().expect("refused");
+        assert!(
+            e.to_string().contains("in use by another agentserver"),
+            "{e}"
+        );
         (threads, last)
-    };
+    });
+    drop(first);
     assert!(
         dir.path().join("data/log.db").exists(),
         "the directory is created"
     );
 
-    let o = Organism::builder().load(&path).unwrap();
+    runtime().block_on(restarted(&path, &threads, last_seq));
+}
+
+/// The second run of the test above.
+async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
+    let o = Organism::builder().load(path).unwrap();
     assert!(
         o.events().last_seq() > last_seq,
         "seq continues past the old run"

@@ -293,6 +293,11 @@ pub struct Store {
     reader: Mutex<Connection>,
     health: Arc<Health>,
     recovered: Recovered,
+    /// `<file>.lock`, locked (`flock`) while this store is open, so a second process (or a
+    /// second store in this one) cannot write the same file: each writer numbers rows and
+    /// threads itself. Declared last: let go only after both connections are closed. The
+    /// kernel lets go of it when the process ends, however it ends.
+    _lock: std::fs::File,
 }
 
 impl Drop for Store {
@@ -308,6 +313,35 @@ impl Drop for Store {
                 tracing::error!(store = %self.path.display(), "the store writer panicked");
             }
         }
+    }
+}
+
+/// Takes `<file>.lock` (created if need be) for this store, or says who has it. A separate
+/// file, not the database itself: closing any descriptor of the database would let go of
+/// SQLite's own locks on it.
+fn lock_file(path: &Path) -> Result<std::fs::File, StoreError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| err(path, format!("cannot open {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(err(
+            path,
+            format!(
+                "in use by another agentserver (it holds {}); stop that one, or give this one another store (--store PATH)",
+                lock_path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(err(
+            path,
+            format!("cannot lock {}: {e}", lock_path.display()),
+        )),
     }
 }
 
@@ -453,6 +487,7 @@ impl Store {
                 )
             })?;
         }
+        let lock = lock_file(path)?;
         let mut conn = open_connection(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
@@ -532,6 +567,7 @@ impl Store {
                 interrupted,
                 interrupted_messages,
             },
+            _lock: lock,
         })
     }
 
@@ -3546,6 +3582,27 @@ mod tests {
         std::fs::write(&blocked, "x").unwrap();
         let e = Store::open(&blocked.join("s.db")).err().unwrap();
         assert!(e.message.contains("cannot create directory"), "{e}");
+    }
+
+    #[test]
+    fn a_file_in_use_by_another_store_is_refused_until_that_one_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let first = Store::open(&path).unwrap();
+        thread(&first, "t1", ThreadStatus::Completed, 5);
+        let e = Store::open(&path).err().unwrap();
+        assert!(
+            e.to_string().contains("s.db")
+                && e.message.contains("in use by another agentserver")
+                && e.message.contains("s.db.lock"),
+            "{e}"
+        );
+        // The refused open changed nothing: the first store still writes.
+        first.flush(1);
+        drop(first);
+        let again = Store::open(&path).unwrap();
+        assert_eq!(again.recovered().last_seq, 1);
+        assert!(again.thread("t1").unwrap().is_some());
     }
 
     #[test]
