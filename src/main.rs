@@ -323,6 +323,10 @@ async fn send(
 }
 
 async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> ExitCode {
+    if store.as_deref().is_some_and(|s| s.trim().is_empty()) {
+        eprintln!("agentserver: --store needs a file path (such as data/organism.db) or memory");
+        return ExitCode::from(2);
+    }
     let config = match load(&path) {
         Ok(c) => c,
         Err(code) => return code,

@@ -226,7 +226,7 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
 }
 
 #[test]
-fn a_second_server_on_the_same_store_file_is_refused_with_a_clear_error() {
+fn a_second_server_on_the_same_store_file_or_an_empty_store_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("shared.db");
     let store = store.to_str().unwrap();
@@ -245,6 +245,17 @@ fn a_second_server_on_the_same_store_file_is_refused_with_a_clear_error() {
         stderr.contains("shared.db") && stderr.contains("in use by another agentserver"),
         "{stderr}"
     );
+    // An empty --store is a usage error, not a temporary file.
+    let mut empty = bin();
+    empty
+        .args(["run", demo, "--listen", "127.0.0.1:0", "--store", ""])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut empty = Running::spawn(&mut empty);
+    assert_eq!(wait_exit(&mut empty), Some(2));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut empty.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("--store needs a file path"), "{stderr}");
     // The first runs on, and once it has stopped the file can be opened again.
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut first), Some(0));

@@ -129,6 +129,11 @@ fn top_level_and_section_mistakes_are_reported() {
         ),
         "{errs:#?}"
     );
+    let errs = errors("organism: { name: t, store: '' }\nlisteners: []\n");
+    assert!(
+        has(&errs, None, Some("organism.store"), "must not be empty"),
+        "{errs:#?}"
+    );
 }
 
 #[test]

@@ -181,6 +181,17 @@ pub fn load_str(
         c.push(None, Some("organism.name"), "must not be empty");
         return Err(ConfigErrors(c.errors));
     }
+    if organism
+        .store
+        .as_deref()
+        .is_some_and(|p| p.trim().is_empty())
+    {
+        c.push(
+            None,
+            Some("organism.store"),
+            "must not be empty: a file path (such as data/organism.db) or memory",
+        );
+    }
     let store = match organism.store.as_deref() {
         Some("memory") => None,
         Some(p) => Some(base.join(p)),
@@ -198,10 +209,12 @@ pub fn load_str(
                         Some("organism.store_retention.max_age"),
                         format!("`{age}` is not a duration like 30d, 12h, 15m or 45s"),
                     );
-                    return Err(ConfigErrors(c.errors));
                 }
             }
         }
+    }
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
     }
     Ok(OrganismConfig {
         retention,

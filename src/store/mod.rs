@@ -479,6 +479,19 @@ impl Store {
     /// [`Store::open`], with the writer limited to `max_pages` pages: how the tests fill the
     /// "disk" (SQLite reports the same `SQLITE_FULL` as for a full file system).
     fn open_with(path: &Path, max_pages: Option<u32>) -> Result<Store, StoreError> {
+        if path.as_os_str().is_empty() {
+            return Err(err(
+                path,
+                "no file given; the store is a file (such as data/organism.db), or memory",
+            ));
+        }
+        let names_a_directory = path.as_os_str().to_string_lossy().ends_with('/');
+        if names_a_directory || path.is_dir() {
+            return Err(err(
+                path,
+                "is a directory; the store is a file (such as data/organism.db)",
+            ));
+        }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 err(
@@ -3582,6 +3595,36 @@ mod tests {
         std::fs::write(&blocked, "x").unwrap();
         let e = Store::open(&blocked.join("s.db")).err().unwrap();
         assert!(e.message.contains("cannot create directory"), "{e}");
+
+        // A directory, named with or without a trailing slash: refused before anything is
+        // created beside it.
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        for given in [sub.clone(), PathBuf::from(format!("{}/", sub.display()))] {
+            let e = Store::open(&given).err().unwrap();
+            assert!(e.message.contains("is a directory"), "{e}");
+        }
+        let e = Store::open(&dir.path().join("new/")).err().unwrap();
+        assert!(e.message.contains("is a directory"), "{e}");
+        let e = Store::open(Path::new("")).err().unwrap();
+        assert!(e.message.contains("no file given"), "{e}");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|f| f.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "file-not-dir",
+                "junk.db",
+                "junk.db.lock",
+                "newer.db",
+                "newer.db.lock",
+                "sub"
+            ]
+        );
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 0);
     }
 
     #[test]
