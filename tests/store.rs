@@ -742,3 +742,29 @@ async fn the_store_and_memory_show_the_same_failures() {
     }
     assert_eq!(views[0], views[1]);
 }
+
+#[tokio::test]
+async fn a_stopped_organism_whose_handles_are_gone_leaves_its_file_to_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(
+        dir.path(),
+        "s.db",
+        ", store_retention: { max_messages: 100 }",
+    );
+    for round in 0..3 {
+        let o = Organism::builder().load(&path).unwrap();
+        // Every background task: retention, the store's health, the file watch.
+        o.watch_files(Duration::from_millis(50));
+        let t = completed_threads(&o, 1).await;
+        assert!(
+            Organism::builder().load(&path).is_err(),
+            "in use while it runs"
+        );
+        o.stop().await;
+        drop(o);
+        // At once: stop waited for the background tasks, so nothing holds the store.
+        let again = Organism::builder().load(&path).unwrap();
+        assert!(again.thread_info(&t[0]).unwrap().is_some(), "round {round}");
+        again.stop().await;
+    }
+}

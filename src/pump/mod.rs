@@ -268,6 +268,12 @@ pub(crate) struct Shared {
     idle: Notify,
     /// Wakes the retention task: a reload changed `organism.store_retention`.
     retention_changed: Notify,
+    /// Cancelled by [`Organism::stop`]: ends the background tasks.
+    stopped: tokio_util::sync::CancellationToken,
+    /// The background tasks (retention, store health, file watch), awaited by
+    /// [`Organism::stop`], so that once it returns none of them holds the organism (nor its
+    /// store, whose file is then free once the caller's handles are gone).
+    background: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     status: AtomicU8,
     paused: AtomicBool,
     failures: [AtomicU64; FailureKind::COUNT],
@@ -468,6 +474,8 @@ impl OrganismBuilder {
             pending: AtomicUsize::new(0),
             idle: Notify::new(),
             retention_changed: Notify::new(),
+            stopped: Default::default(),
+            background: Default::default(),
             status: AtomicU8::new(STATUS_RUNNING),
             paused: AtomicBool::new(false),
             failures: Default::default(),
@@ -566,16 +574,13 @@ impl Organism {
             return;
         };
         let organism = self.clone();
-        self.shared.runtime.spawn(async move {
+        self.spawn_background(async move {
             let mut tick = tokio::time::interval(RETENTION_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = organism.shared.retention_changed.notified() => {}
-                }
-                if organism.status() == OrganismStatus::Stopped {
-                    return;
                 }
                 let retention = organism.shared.topo().config.retention;
                 if retention == config::Retention::default() {
@@ -595,6 +600,24 @@ impl Organism {
         });
     }
 
+    /// Runs `task` on the organism's runtime until it ends or the organism stops (then it
+    /// is dropped where it waits); [`Organism::stop`] waits for it.
+    pub(crate) fn spawn_background(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let stopped = self.shared.stopped.clone();
+        let handle = self.shared.runtime.spawn(async move {
+            tokio::select! {
+                _ = stopped.cancelled() => {}
+                _ = task => {}
+            }
+        });
+        let mut background = crate::sync::lock(&self.shared.background);
+        background.retain(|h| !h.is_finished());
+        background.push(handle);
+    }
+
     /// Publishes an `error` event when store writes start failing, and again when they
     /// recover, checking once a second. Ends when the organism stops.
     fn watch_store_health(&self) {
@@ -602,14 +625,11 @@ impl Organism {
             return;
         };
         let organism = self.clone();
-        self.shared.runtime.spawn(async move {
+        self.spawn_background(async move {
             let mut failing = false;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                if organism.status() == OrganismStatus::Stopped {
-                    return;
-                }
                 let failure = store.failure();
                 if failure.is_some() != failing {
                     failing = failure.is_some();
@@ -1103,7 +1123,9 @@ impl Organism {
     }
 
     /// Graceful stop: refuse new injects, let pending work finish within the grace period
-    /// (`limits.stop_grace_ms`), then kill what remains. Idempotent.
+    /// (`limits.stop_grace_ms`), then kill what remains, end the background tasks and
+    /// flush the store. Once it has returned and every handle is dropped, the store's file
+    /// is free for another organism. Idempotent.
     pub async fn stop(&self) -> StopReport {
         let s = &self.shared;
         if s.status
@@ -1142,6 +1164,11 @@ impl Organism {
         s.events.publish(EventKind::OrganismState {
             status: OrganismStatus::Stopped,
         });
+        s.stopped.cancel();
+        let background = std::mem::take(&mut *crate::sync::lock(&s.background));
+        for task in background {
+            let _ = task.await;
+        }
         let mut uncommitted = None;
         if let Some(store) = s.store.clone() {
             let last = s.events.last_seq();

@@ -25,7 +25,7 @@ use std::time::Duration;
 use super::dispatch::{Job, Listener};
 use super::{FailureKind, Organism, Shared, Topology};
 use crate::config::{self, ListenerConfig, OrganismConfig};
-use crate::events::{EventKind, OrganismStatus};
+use crate::events::EventKind;
 use crate::listener::Handler;
 use crate::threads::MessageStatus;
 use crate::xml::normalize_payload;
@@ -453,14 +453,11 @@ impl Organism {
         let organism = self.clone();
         // The baseline is what the files are now, before this returns.
         let mut seen = stamps(&watched(&organism.config()));
-        self.shared.runtime.spawn(async move {
+        self.spawn_background(async move {
             let mut pending: Option<Vec<Stamp>> = None;
             let mut tick = tokio::time::interval(interval);
             loop {
                 tick.tick().await;
-                if organism.status() == OrganismStatus::Stopped {
-                    return;
-                }
                 let now = stamps(&watched(&organism.config()));
                 if now == seen {
                     pending = None;
