@@ -574,11 +574,12 @@ impl Organism {
             return;
         };
         let organism = self.clone();
-        self.spawn_background(async move {
+        self.spawn_background(|stopped| async move {
             let mut tick = tokio::time::interval(RETENTION_INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
+                    _ = stopped.cancelled() => return,
                     _ = tick.tick() => {}
                     _ = organism.shared.retention_changed.notified() => {}
                 }
@@ -600,19 +601,16 @@ impl Organism {
         });
     }
 
-    /// Runs `task` on the organism's runtime until it ends or the organism stops (then it
-    /// is dropped where it waits); [`Organism::stop`] waits for it.
-    pub(crate) fn spawn_background(
+    /// Runs a background task on the organism's runtime. It is given a token cancelled
+    /// when the organism stops, and must then end at its next wait (work under way, a
+    /// retention pass or a reload, finishes first); [`Organism::stop`] waits for it.
+    pub(crate) fn spawn_background<F>(
         &self,
-        task: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
-        let stopped = self.shared.stopped.clone();
-        let handle = self.shared.runtime.spawn(async move {
-            tokio::select! {
-                _ = stopped.cancelled() => {}
-                _ = task => {}
-            }
-        });
+        task: impl FnOnce(tokio_util::sync::CancellationToken) -> F,
+    ) where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let handle = self.shared.runtime.spawn(task(self.shared.stopped.clone()));
         let mut background = crate::sync::lock(&self.shared.background);
         background.retain(|h| !h.is_finished());
         background.push(handle);
@@ -625,11 +623,14 @@ impl Organism {
             return;
         };
         let organism = self.clone();
-        self.spawn_background(async move {
+        self.spawn_background(|stopped| async move {
             let mut failing = false;
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
                 let failure = store.failure();
                 if failure.is_some() != failing {
                     failing = failure.is_some();

@@ -453,11 +453,14 @@ impl Organism {
         let organism = self.clone();
         // The baseline is what the files are now, before this returns.
         let mut seen = stamps(&watched(&organism.config()));
-        self.spawn_background(async move {
+        self.spawn_background(|stopped| async move {
             let mut pending: Option<Vec<Stamp>> = None;
             let mut tick = tokio::time::interval(interval);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
                 let now = stamps(&watched(&organism.config()));
                 if now == seen {
                     pending = None;
