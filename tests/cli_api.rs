@@ -20,15 +20,20 @@ fn bin() -> Command {
 fn spawn_lines(mut cmd: Command) -> (Running, mpsc::Receiver<String>) {
     let mut child = Running::spawn(cmd.stdout(Stdio::piped()));
     let stdout = child.stdout.take().unwrap();
+    (child, lines_of(stdout))
+}
+
+/// The lines a process writes to one of its pipes, as they come.
+fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
             if tx.send(line).is_err() {
                 break;
             }
         }
     });
-    (child, rx)
+    rx
 }
 
 fn line_matching(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> String {
@@ -193,15 +198,7 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
     tail.args(["tail", "--url", &url, "--agent", "gr[,shout*, api,nobody?"])
         .stderr(Stdio::piped());
     let mut tail = Running::spawn(tail.stdout(Stdio::null()));
-    let stderr = tail.stderr.take().unwrap();
-    let (tx, warnings) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let warnings = lines_of(tail.stderr.take().unwrap());
     // One warning per glob that matches nothing, naming the agents; `shout*` matches a
     // listener and `api` an injector, so neither is warned about.
     let first = line_matching(&warnings, |_| true);
