@@ -166,9 +166,11 @@ pub async fn tail(
 
 /// Warnings for the `--agent` globs (comma-separated) that match no listener of the server
 /// and no injector identity (`api`, `ws`, `cli`, `system`): such a filter shows nothing until
-/// a reload adds a listener it matches. A server whose agents cannot be read gets no warning.
+/// a reload adds a listener it matches. A server whose agents cannot be read (within 5 s)
+/// gets no warning.
 async fn unmatched_agent_globs(url: &str, globs: &str) -> Vec<String> {
-    let Some(names) = agent_names(url).await else {
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), agent_names(url));
+    let Some(names) = read.await.ok().flatten() else {
         return Vec::new();
     };
     let known = || {
