@@ -222,36 +222,36 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
     assert!(warnings.try_iter().all(|l| !l.contains("no agent matches")));
 }
 
+/// `agentserver run` on the demo with `--store STORE`, expected to refuse at start: its exit
+/// code and stderr.
+fn run_demo_refused(store: &str) -> (Option<i32>, String) {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    let mut run = bin();
+    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", store])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut run = Running::spawn(&mut run);
+    let code = wait_exit(&mut run);
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    (code, stderr)
+}
+
 #[test]
 fn a_second_server_on_the_same_store_file_or_an_empty_store_is_refused_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("shared.db");
     let store = store.to_str().unwrap();
     let (mut first, url, _lines) = run_demo_on(store);
-    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut second = bin();
-    second
-        .args(["run", demo, "--listen", "127.0.0.1:0", "--store", store])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut second = Running::spawn(&mut second);
-    assert_eq!(wait_exit(&mut second), Some(1));
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    let (code, stderr) = run_demo_refused(store);
+    assert_eq!(code, Some(1));
     assert!(
         stderr.contains("shared.db") && stderr.contains("in use by another agentserver"),
         "{stderr}"
     );
     // An empty --store is a usage error, not a temporary file.
-    let mut empty = bin();
-    empty
-        .args(["run", demo, "--listen", "127.0.0.1:0", "--store", ""])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut empty = Running::spawn(&mut empty);
-    assert_eq!(wait_exit(&mut empty), Some(2));
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut empty.stderr.take().unwrap(), &mut stderr).unwrap();
+    let (code, stderr) = run_demo_refused("");
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("--store needs a file path"), "{stderr}");
     // The first runs on, and once it has stopped the file can be opened again.
     assert_eq!(stop(&url), 202);
