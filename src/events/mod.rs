@@ -491,14 +491,13 @@ impl EventHub {
                 let mut replay = Vec::new();
                 let mut next = s + 1;
                 while next <= head {
-                    let slot = crate::sync::read(ring.slot(next));
-                    match &slot.event {
-                        Some(e) if slot.seq == next => replay.push(e.clone()),
-                        // On its way into its slot (the live receiver waits for it), or
-                        // replaced since `oldest` was read (it reports the loss).
-                        _ => break,
-                    }
-                    next += 1;
+                    // Read on a copy of the cursor: an event on its way into its slot (the
+                    // live receiver waits for it) or replaced since `oldest` was read (the
+                    // live receiver reports the loss) ends the replay where it is.
+                    let mut probe = next;
+                    let Ok(e) = take(ring, &mut probe) else { break };
+                    replay.push(e);
+                    next = probe;
                 }
                 (replay, next, None)
             }
