@@ -91,7 +91,7 @@ fn stop(url: &str) -> u16 {
 
 #[test]
 fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
-    let (mut server, url, _lines) = run_demo();
+    let (mut server, url) = run_demo();
     assert!(!url.ends_with(":0"), "the real port is printed: {url}");
 
     let mut tail = bin();
@@ -172,28 +172,27 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     assert_eq!(wait_exit(&mut tail), Some(0));
 }
 
-/// Starts `agentserver run` on the demo organism (memory store, port 0); returns the
-/// process, its URL and its further stdout lines (kept, so its stdout stays open).
-fn run_demo() -> (Running, String, mpsc::Receiver<String>) {
+/// `agentserver run` on the demo organism, on port 0, with `--store STORE`.
+fn demo(store: &str) -> Command {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    let mut run = bin();
+    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", store]);
+    run
+}
+
+/// Starts the demo with `store: memory`; returns the process and its URL.
+fn run_demo() -> (Running, String) {
     run_demo_on("memory")
 }
 
 /// [`run_demo`] with the given `--store`.
-fn run_demo_on(store: &str) -> (Running, String, mpsc::Receiver<String>) {
-    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut run = bin();
-    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", store]);
-    let (server, lines) = spawn_lines(run);
-    let ready = line_matching(&lines, |l| l.starts_with("agentserver listening on "));
-    let url = ready
-        .trim_start_matches("agentserver listening on ")
-        .to_string();
-    (server, url, lines)
+fn run_demo_on(store: &str) -> (Running, String) {
+    child::serve(demo(store), Stdio::inherit())
 }
 
 #[test]
 fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
-    let (mut server, url, _lines) = run_demo();
+    let (mut server, url) = run_demo();
     let mut tail = bin();
     tail.args(["tail", "--url", &url, "--agent", "gr[,shout*, api,nobody?"])
         .stderr(Stdio::piped());
@@ -225,11 +224,8 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
 /// `agentserver run` on the demo with `--store STORE`, expected to refuse at start: its exit
 /// code and stderr.
 fn run_demo_refused(store: &str) -> (Option<i32>, String) {
-    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut run = bin();
-    run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", store])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+    let mut run = demo(store);
+    run.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut run = Running::spawn(&mut run);
     let code = wait_exit(&mut run);
     let mut stderr = String::new();
@@ -242,7 +238,7 @@ fn a_second_server_on_the_same_store_file_or_an_empty_store_is_refused_with_a_cl
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("shared.db");
     let store = store.to_str().unwrap();
-    let (mut first, url, _lines) = run_demo_on(store);
+    let (mut first, url) = run_demo_on(store);
     let (code, stderr) = run_demo_refused(store);
     assert_eq!(code, Some(1));
     assert!(
@@ -256,7 +252,7 @@ fn a_second_server_on_the_same_store_file_or_an_empty_store_is_refused_with_a_cl
     // The first runs on, and once it has stopped the file can be opened again.
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut first), Some(0));
-    let (mut again, url, _lines) = run_demo_on(store);
+    let (mut again, url) = run_demo_on(store);
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut again), Some(0));
 }
@@ -293,13 +289,8 @@ fn sighup_reloads_the_organism_file() {
     std::fs::write(&path, one).unwrap();
     let errors = dir.path().join("stderr.txt");
     let mut run = bin();
-    run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-        .stderr(std::fs::File::create(&errors).unwrap());
-    let (mut child, lines) = spawn_lines(run);
-    let ready = line_matching(&lines, |l| l.starts_with("agentserver listening on "));
-    let url = ready
-        .trim_start_matches("agentserver listening on ")
-        .to_string();
+    run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    let (mut child, url) = child::serve(run, std::fs::File::create(&errors).unwrap().into());
 
     std::fs::write(
         &path,

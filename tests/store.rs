@@ -4,7 +4,6 @@
 mod child;
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -43,8 +42,9 @@ async fn held_at_b(o: &Organism, text: &str) -> agentserver::InjectReceipt {
     t
 }
 
-/// A runtime of its own for one run of an organism: dropping it ends the run as the end of
-/// a process would, with nothing stopped (its tasks, and with them the store, are dropped).
+/// A runtime of its own: for one run of an organism, dropping it ends the run as the end of
+/// a process would, with nothing stopped (its tasks, and with them the store, are dropped);
+/// for a synchronous test, its HTTP and WebSocket clients.
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -330,20 +330,6 @@ fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_agentserver"))
 }
 
-/// Spawns `cmd` (an `agentserver run …`, perhaps through a shell) and waits for the URL it
-/// prints once it listens.
-fn serve(mut cmd: Command, stderr: Stdio) -> (child::Running, String) {
-    let mut child = child::Running::spawn(cmd.stdout(Stdio::piped()).stderr(stderr));
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("a ready line").unwrap();
-        if let Some(u) = line.strip_prefix("agentserver listening on ") {
-            break u.to_string();
-        }
-    };
-    (child, url)
-}
-
 async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
     http.get(url).send().await.unwrap().json().await.unwrap()
 }
@@ -365,11 +351,8 @@ fn a_full_disk_at_run_time_is_said_refuses_injects_and_the_organism_keeps_runnin
         "--listen",
         "127.0.0.1:0",
     ]);
-    let (mut child, url) = serve(run, Stdio::piped());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (mut child, url) = child::serve(run, Stdio::piped());
+    let rt = runtime();
     let http = reqwest::Client::new();
     rt.block_on(async {
         let mut events = ws_connect(&format!("{}/ws", url.replacen("http", "ws", 1))).await;
@@ -482,12 +465,9 @@ fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
     let start = || {
         let mut run = bin();
         run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
-        serve(run, Stdio::null())
+        child::serve(run, Stdio::null())
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let (mut child, url) = start();
     let http = reqwest::Client::new();
     // Inject as fast as one client can for a while, noting when each 202 came back.

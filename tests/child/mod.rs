@@ -1,8 +1,12 @@
 //! A spawned `agentserver` process that cannot outlive its test: if the test ends before the
 //! process does (a failed assertion, a panic), dropping it kills the process and reaps it.
+//! Not every test file uses every helper.
+#![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::ops::{Deref, DerefMut};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 pub struct Running(std::process::Child);
 
@@ -33,4 +37,28 @@ impl Drop for Running {
             let _ = self.0.wait();
         }
     }
+}
+
+/// Spawns `cmd` (an `agentserver run …`, perhaps through a shell) and waits, up to 20 s, for
+/// the URL it prints once it listens. Its stdout is read to the end meanwhile, so it stays
+/// open.
+pub fn serve(mut cmd: Command, stderr: Stdio) -> (Running, String) {
+    let mut child = Running::spawn(cmd.stdout(Stdio::piped()).stderr(stderr));
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // Read on after the URL, with no one listening: the pipe stays open.
+            let _ = tx.send(line);
+        }
+    });
+    let url = loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a ready line in time");
+        if let Some(u) = line.strip_prefix("agentserver listening on ") {
+            break u.to_string();
+        }
+    };
+    (child, url)
 }
