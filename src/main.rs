@@ -55,7 +55,7 @@ enum Command {
     /// commit everything).
     Run {
         organism: PathBuf,
-        /// API bind address (overrides `organism.listen`).
+        /// API bind address, `HOST:PORT` or a port alone (`8799` is `127.0.0.1:8799`); overrides `organism.listen`.
         #[arg(long)]
         listen: Option<String>,
         /// SQLite file, or `memory` (overrides `organism.store`).
@@ -229,10 +229,32 @@ fn load(path: &Path) -> Result<config::OrganismConfig, ExitCode> {
 fn validate(path: &Path) -> ExitCode {
     match load(path) {
         Ok(c) => {
+            warn_if_exposed(&c.listen);
             println!("{}: ok ({} listeners)", path.display(), c.listeners.len());
             ExitCode::SUCCESS
         }
         Err(code) => code,
+    }
+}
+
+/// The API has no access control yet: listening beyond loopback hands control of the
+/// organism to anyone who can reach the port.
+fn warn_if_exposed(listen: &str) {
+    if !config::listen_is_loopback(listen) {
+        eprintln!(
+            "WARNING: the API listens on {listen}, beyond this machine, and has no access \
+             control: anyone who can reach it can read every message and inject, pause, kill, \
+             reload and stop. Listen on 127.0.0.1 unless the network around it is yours alone."
+        );
+    }
+}
+
+/// `--listen 8799` means `127.0.0.1:8799`.
+fn listen_address(listen: String) -> String {
+    if !listen.is_empty() && listen.bytes().all(|b| b.is_ascii_digit()) {
+        format!("127.0.0.1:{listen}")
+    } else {
+        listen
     }
 }
 
@@ -332,7 +354,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
         Err(code) => return code,
     };
     let overrides = agentserver::pump::Overrides {
-        listen,
+        listen: listen.map(listen_address),
         store: store.map(|s| (s != "memory").then(|| PathBuf::from(s))),
     };
     let organism = match Organism::builder().overrides(overrides).build(config) {
@@ -346,6 +368,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     let shutdown = ShutdownSignal::install();
     reload_on_sighup(&organism);
     let listen = organism.config().listen.clone();
+    warn_if_exposed(&listen);
     let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {
         Ok(s) => s,
         Err(e) => {

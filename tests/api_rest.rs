@@ -107,26 +107,39 @@ async fn organism_agents_and_schema_endpoints_have_their_shapes() {
 
 #[tokio::test]
 async fn config_endpoints_never_show_secret_values() {
-    let listeners = "  - {name: a, description: first, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b, api_key: sk-live-123, auth: {password: hunter2}, token_env: A_TOKEN}}
+    // Secrets reach handlers through `_env` keys (literal ones are config errors, tested in
+    // tests/config.rs); the views show the variable's name, never its value.
+    std::env::set_var("API_REST_TEST_KEY", "sk-live-123");
+    std::env::set_var("API_REST_TEST_PW", "hunter2");
+    std::env::set_var("A_TOKEN", "tok-secret-9");
+    let listeners = "  - {name: a, description: first, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b, api_key_env: API_REST_TEST_KEY, auth: {password_env: API_REST_TEST_PW}, token_env: A_TOKEN, note: 'x'}}
   - {name: b, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}";
     let s = serve_with(Organism::builder(), "", listeners, ApiOptions::default()).await;
+    assert_eq!(
+        s.organism.config().listeners[0].config["api_key"],
+        "sk-live-123",
+        "the handler gets the value"
+    );
     for path in ["/api/v1/organism/config", "/api/v1/agents/a/config"] {
         let (st, v) = s.get(path).await;
         assert_eq!(st, 200);
         let text = v.to_string();
         assert!(
-            !text.contains("sk-live-123") && !text.contains("hunter2"),
+            !text.contains("sk-live-123")
+                && !text.contains("hunter2")
+                && !text.contains("tok-secret-9"),
             "{path}: {text}"
         );
         assert!(
-            text.contains("A_TOKEN"),
+            text.contains("A_TOKEN") && text.contains("API_REST_TEST_KEY"),
             "env var names are not secret: {text}"
         );
         assert!(v["yaml"].as_str().unwrap().contains("[redacted]"));
     }
     let (_, a) = s.get("/api/v1/agents/a/config").await;
     assert_eq!(a["config"]["name"], "a");
-    assert_eq!(a["config"]["config"]["api_key"], "[redacted]");
+    assert_eq!(a["config"]["config"]["auth"], "[redacted]");
+    assert_eq!(a["config"]["config"]["api_key_env"], "API_REST_TEST_KEY");
     let (st, _) = s.get("/api/v1/agents/zed/config").await;
     assert_eq!(st, 404);
 }

@@ -255,3 +255,105 @@ listeners:
         "{errs:#?}"
     );
 }
+
+#[test]
+fn a_secret_written_in_the_file_is_an_error_naming_the_env_key_to_use() {
+    let errs = errors(
+        r#"
+organism: { name: t }
+listeners:
+  - name: a
+    description: x
+    kind: native
+    handler: sink
+    schema: s.xsd
+    config:
+      passphrase: open-sesame
+      db: { access_key: AKIA1 }
+      headers: [{ X-Custom: "Bearer abc" }]
+      max_tokens: 100
+      style: plain
+"#,
+    );
+    assert!(
+        has(
+            &errs,
+            Some("a"),
+            Some("config.passphrase"),
+            "`passphrase_env: VARIABLE`"
+        ),
+        "{errs:?}"
+    );
+    assert!(has(
+        &errs,
+        Some("a"),
+        Some("config.db.access_key"),
+        "environment variable"
+    ));
+    assert!(has(
+        &errs,
+        Some("a"),
+        Some("config.headers[0].X-Custom"),
+        "secret"
+    ));
+    assert_eq!(errs.len(), 3, "{errs:?}");
+}
+
+#[test]
+fn env_keys_in_a_handlers_config_give_it_the_value_or_an_error() {
+    std::env::set_var("AGENTSERVER_CONFIG_TEST_KEY", "sk-live");
+    let yaml = "organism: { name: t }\nlisteners:\n  - { name: a, description: x, kind: native, handler: sink, schema: s.xsd, config: { api_key_env: AGENTSERVER_CONFIG_TEST_KEY } }\n";
+    let (_dir, path) = write(yaml);
+    let config = load_file(&path, &["sink"]).unwrap();
+    assert_eq!(config.listeners[0].config["api_key"], "sk-live");
+    let errs = errors(&yaml.replace("AGENTSERVER_CONFIG_TEST_KEY", "AGENTSERVER_UNSET_9"));
+    assert!(
+        has(
+            &errs,
+            Some("a"),
+            Some("config.api_key_env"),
+            "`AGENTSERVER_UNSET_9` is not set"
+        ),
+        "{errs:?}"
+    );
+}
+
+#[test]
+fn allowed_origins_and_hosts_are_checked() {
+    let errs = errors("organism: { name: t, allowed_origins: ['http://ok:3000', 'evil.com', 'http://x/path'], allowed_hosts: ['dash.example', 'a b'] }\nlisteners:\n  - { name: a, description: x, kind: native, handler: sink, schema: s.xsd }\n");
+    assert!(
+        has(&errs, None, Some("organism.allowed_origins"), "`evil.com`"),
+        "{errs:?}"
+    );
+    assert!(has(
+        &errs,
+        None,
+        Some("organism.allowed_origins"),
+        "`http://x/path`"
+    ));
+    assert!(has(&errs, None, Some("organism.allowed_hosts"), "`a b`"));
+    assert_eq!(errs.len(), 3, "{errs:?}");
+}
+
+#[test]
+fn validate_warns_loudly_about_a_listen_address_beyond_loopback() {
+    for (listen, warned) in [
+        ("0.0.0.0:8765", true),
+        ("127.0.0.1:8765", false),
+        ("[::1]:1", false),
+    ] {
+        let (_dir, path) = write(&format!("organism: {{ name: t, listen: '{listen}' }}\nlisteners:\n  - {{ name: a, description: x, kind: native, handler: sink, schema: s.xsd }}\n"));
+        let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
+            .arg("validate")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            stderr.contains("WARNING: the API listens on"),
+            warned,
+            "{listen}: {stderr}"
+        );
+    }
+}

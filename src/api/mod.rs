@@ -6,6 +6,7 @@
 //! Routes are registered through `utoipa-axum`, so `/api/v1/openapi.json` is generated from
 //! the same handler declarations that serve requests.
 
+mod browser;
 mod error;
 mod external;
 mod filter;
@@ -226,6 +227,10 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            browser_guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             record_refusals,
         ))
         .with_state(state.clone());
@@ -249,6 +254,21 @@ async fn record_refusals(
         *refused.entry(status.as_u16()).or_default() += 1;
     }
     response
+}
+
+/// Refuses what a web page could make the server do (`browser`: Host, Origin, body type).
+async fn browser_guard(
+    axum::extract::State(state): axum::extract::State<ApiState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let config = state.inner.organism.config();
+    if let Err(e) = browser::check(&config, request.method(), request.headers()) {
+        return e.into_response();
+    }
+    drop(config);
+    next.run(request).await
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -1,42 +1,25 @@
 //! Config as the API shows it: secret values never appear (SPEC §14).
 //!
-//! A value is secret when its key names a secret (`token`, `secret`, `password`, `api_key`,
-//! `apikey`, `credential`, `private_key`, `authorization`, `auth`), anywhere in the tree.
+//! A value is secret when its key names a secret (`config::secret::is_secret_key`, the rule
+//! the config check uses) or it looks like a credential (`Bearer …`), anywhere in the tree.
 //! Keys ending in `_env` name an environment variable, not its value, and are shown. Values
 //! of keys ending in `url` are shown without user, password, query or fragment.
 
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::config::secret::{is_credential_value, is_secret_key};
+
 /// What replaces a secret value.
 pub const REDACTED: &str = "[redacted]";
-
-const SECRET_WORDS: [&str; 9] = [
-    "token",
-    "secret",
-    "password",
-    "passwd",
-    "api_key",
-    "apikey",
-    "credential",
-    "private_key",
-    "authorization",
-];
-
-fn is_secret_key(key: &str) -> bool {
-    let k = key.to_ascii_lowercase().replace('-', "_");
-    if k.ends_with("_env") {
-        return false;
-    }
-    k == "auth" || SECRET_WORDS.iter().any(|w| k.contains(w))
-}
 
 /// Replaces every secret value in `value` (recursively).
 pub fn redact(value: &mut Value) {
     match value {
         Value::Object(map) => {
             for (k, v) in map.iter_mut() {
-                if is_secret_key(k) && !v.is_null() {
+                let credential = v.as_str().is_some_and(is_credential_value);
+                if (is_secret_key(k) && !v.is_null()) || credential {
                     *v = Value::String(REDACTED.into());
                 } else if let (true, Value::String(url)) =
                     (k.to_ascii_lowercase().ends_with("url"), &*v)
@@ -98,10 +81,20 @@ mod tests {
 
     #[test]
     fn secrets_are_redacted_wherever_they_are_and_env_names_are_kept() {
-        let yaml = "organism: {name: x}\nlisteners:\n  - name: a\n    token_env: A_TOKEN\n    input_url: http://me:pw123@h:1/in?key=k-456\n    config:\n      api_key: sk-123\n      nested: [{password: hunter2, user: bob}]\n      Authorization: Bearer abc\n";
+        let yaml = "organism: {name: x}\nlisteners:\n  - name: a\n    token_env: A_TOKEN\n    input_url: http://me:pw123@h:1/in?key=k-456\n    config:\n      api_key: sk-123\n      nested: [{password: hunter2, user: bob}]\n      Authorization: Bearer abc\n      passphrase: pp-1\n      access_key: ak-2\n      pwd: pw-3\n      header: Bearer tok-4\n";
         let view = organism_view(yaml);
         let text = view.yaml.clone();
-        for secret in ["sk-123", "hunter2", "Bearer abc", "pw123", "k-456"] {
+        for secret in [
+            "sk-123",
+            "hunter2",
+            "Bearer abc",
+            "pw123",
+            "k-456",
+            "pp-1",
+            "ak-2",
+            "pw-3",
+            "tok-4",
+        ] {
             assert!(!text.contains(secret), "{text}");
             assert!(!view.config.to_string().contains(secret));
         }

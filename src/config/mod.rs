@@ -6,6 +6,7 @@
 //! every problem at once, each naming the file, the listener and the key.
 
 mod model;
+pub mod secret;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -158,6 +159,17 @@ pub fn load_str(
                     .and_then(|n| n.as_str())
                     .map(str::to_string)
                     .unwrap_or_else(|| format!("#{}", i + 1));
+                for (path, key) in secret::literals(item) {
+                    c.push(
+                        Some(&label),
+                        Some(&path),
+                        format!(
+                            "holds a secret in the file; put it in an environment variable and \
+                             name the variable instead (`{}_env: VARIABLE`)",
+                            key
+                        ),
+                    );
+                }
                 match yaml_serde::from_value::<ListenerSection>(item.clone()) {
                     Ok(s) => sections.push(s),
                     Err(e) => {
@@ -213,10 +225,32 @@ pub fn load_str(
             }
         }
     }
+    for origin in &organism.allowed_origins {
+        if !valid_origin(origin) {
+            c.push(
+                None,
+                Some("organism.allowed_origins"),
+                format!("`{origin}` is not an origin like http://localhost:3000 (scheme, host and port; no path)"),
+            );
+        }
+    }
+    for host in &organism.allowed_hosts {
+        if host.trim().is_empty() || host.contains(['/', ' ', '@']) {
+            c.push(
+                None,
+                Some("organism.allowed_hosts"),
+                format!(
+                    "`{host}` is not a host name like dash.example.com or dash.example.com:8765"
+                ),
+            );
+        }
+    }
     if !c.errors.is_empty() {
         return Err(ConfigErrors(c.errors));
     }
     Ok(OrganismConfig {
+        allowed_origins: organism.allowed_origins,
+        allowed_hosts: organism.allowed_hosts,
         retention,
         listen: organism
             .listen
@@ -229,6 +263,31 @@ pub fn load_str(
         source: None,
         text: text.to_string(),
     })
+}
+
+/// `http://host`, `https://host:port`: what a browser sends as `Origin`.
+fn valid_origin(s: &str) -> bool {
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"));
+    rest.is_some_and(|r| {
+        let r = r.trim_end_matches('/');
+        !r.is_empty() && !r.contains(['/', '?', '#', '@', ' '])
+    })
+}
+
+/// Whether an API listen address keeps the API on this machine (`127.0.0.1:…`, `[::1]:…`,
+/// `localhost:…`). Anything else (`0.0.0.0`, a LAN address, a name) exposes it.
+pub fn listen_is_loopback(listen: &str) -> bool {
+    let a = listen.trim();
+    let host = match a.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => a.rsplit_once(':').map_or(a, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// `30d`, `12h`, `15m`, `45s`, `500ms`.
@@ -580,7 +639,7 @@ fn check_listeners(
         if concurrency == 0 {
             c.push(l, Some("concurrency"), "must be at least 1");
         }
-        let config = match &s.config {
+        let mut config = match &s.config {
             None => serde_json::Value::Object(Default::default()),
             Some(v) => serde_json::to_value(v).unwrap_or_else(|e| {
                 c.push(
@@ -591,6 +650,13 @@ fn check_listeners(
                 serde_json::Value::Null
             }),
         };
+        for (path, var) in secret::resolve_env(&mut config) {
+            c.push(
+                l,
+                Some(&format!("config.{path}")),
+                format!("environment variable `{var}` is not set"),
+            );
+        }
         if s.handler.as_deref() == Some("forward") {
             match config.get("to").and_then(|t| t.as_str()) {
                 Some(t) if names.contains(t) => {}

@@ -48,6 +48,10 @@ pub(crate) struct OrganismSection {
     pub store_retention: Option<RetentionSection>,
     #[serde(default)]
     pub scheduling: Scheduling,
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -224,6 +228,12 @@ pub struct OrganismConfig {
     pub store: Option<PathBuf>,
     pub retention: Retention,
     pub scheduling: Scheduling,
+    /// Web origins (`scheme://host[:port]`) besides the server's own whose pages may use
+    /// the API's WebSockets and control requests (`api::browser`).
+    pub allowed_origins: Vec<String>,
+    /// Names (`host` or `host:port`) besides IP addresses, `localhost` and the listen host
+    /// that the API answers to as `Host`.
+    pub allowed_hosts: Vec<String>,
     pub limits: Limits,
     pub listeners: Vec<ListenerConfig>,
     /// The file it came from, if any.
