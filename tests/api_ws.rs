@@ -534,3 +534,73 @@ async fn stop_by_command_drains_and_signals_the_server_owner() {
         .await;
     assert_eq!(st, 503);
 }
+
+#[tokio::test]
+async fn every_frame_seq_on_a_connection_is_monotonic_acks_included() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    let first = next_json(&mut ws).await;
+    let mut last = first["seq"].as_u64().unwrap();
+    for i in 0..20 {
+        let id = format!("r{i}");
+        send_json(
+            &mut ws,
+            json!({"cmd": "inject", "request_id": id, "to": "a", "payload": "x"}),
+        )
+        .await;
+        // Read past the ack to the thread's completion; every frame's seq keeps order.
+        let mut thread = None;
+        loop {
+            let f = next_json(&mut ws).await;
+            let seq = f["seq"].as_u64().unwrap();
+            assert!(seq >= last, "seq went back from {last} to {seq}: {f}");
+            last = seq;
+            if f["request_id"] == id.as_str() {
+                thread = f["thread_id"].as_str().map(str::to_string);
+            }
+            let done = thread.as_deref().is_some_and(|t| thread_done(t)(&f));
+            if done {
+                break;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_sends_commands_and_never_reads_is_closed() {
+    let options = ApiOptions {
+        client_queue_bytes: 64 * 1024,
+        ..ApiOptions::default()
+    };
+    let s = serve_with(Organism::builder(), "", CHAIN, options).await;
+    let ws = ws_connect(&s.ws_url("/ws")).await;
+    let (mut sink, stream) = futures_util::StreamExt::split(ws);
+    // Commands whose answers are errors, far more than the socket buffers and the queue hold.
+    let writer = tokio::spawn(async move {
+        use futures_util::SinkExt;
+        let bad = json!({"cmd": "nope", "request_id": "x".repeat(200)}).to_string();
+        for _ in 0..100_000 {
+            if sink
+                .send(tokio_tungstenite::tungstenite::Message::Text(
+                    bad.clone().into(),
+                ))
+                .await
+                .is_err()
+            {
+                return true;
+            }
+        }
+        false
+    });
+    // The server ends the session without the client reading a frame.
+    until_async(|| async {
+        s.metrics()
+            .await
+            .contains("agentserver_ws_clients{endpoint=\"/ws\"} 0")
+    })
+    .await;
+    drop(stream);
+    let _ = writer.await;
+    let (st, _) = s.get("/healthz").await;
+    assert_eq!(st, 200);
+}

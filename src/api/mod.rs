@@ -7,6 +7,7 @@
 //! the same handler declarations that serve requests.
 
 mod browser;
+mod conn;
 mod error;
 mod external;
 mod filter;
@@ -172,7 +173,9 @@ impl ApiState {
     components(schemas(
         error::ErrorResponse,
         crate::events::AgentState,
-        crate::events::OrganismStatus
+        crate::events::OrganismStatus,
+        crate::threads::MessageStatus,
+        crate::threads::ThreadStatus
     ))
 )]
 struct ApiDoc;
@@ -314,13 +317,10 @@ impl ApiServer {
     ) -> std::io::Result<ApiServer> {
         let addr = listener.local_addr()?;
         organism.set_api_base(&format!("http://{addr}"));
+        let limits = conn::ConnLimits::of(&organism.config().limits);
         let (app, state) = router(organism, options);
         let closing = state.inner.closing.clone();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(closing.cancelled_owned())
-                .await
-        });
+        let task = tokio::spawn(conn::serve(listener, app, limits, closing));
         Ok(ApiServer { addr, state, task })
     }
 

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
@@ -114,6 +114,9 @@ struct Session {
     /// The last event `seq` this session has looked at.
     seen: u64,
     dropped: Option<Dropped>,
+    /// Set when a control frame (an answer) found the client's queue full: the client sends
+    /// commands but does not read, and is closed.
+    overflow: bool,
 }
 
 fn text(value: &Value) -> Message {
@@ -186,6 +189,7 @@ impl Session {
             queued,
             seen: sub.seq,
             dropped: None,
+            overflow: false,
         };
         if let Some(oldest) = sub.resync_from {
             session.control(json!({
@@ -245,6 +249,14 @@ impl Session {
                     Some(Some(Message::Text(t))) => {
                         last_heard = Instant::now();
                         session.command(t.as_str()).await;
+                        if session.overflow {
+                            tracing::info!(endpoint = ep.path(), "closing a WebSocket client that sends commands but does not read their answers");
+                            let _ = session.tx.try_send(Message::Close(Some(CloseFrame {
+                                code: axum::extract::ws::close_code::POLICY,
+                                reason: Utf8Bytes::from_static("not reading: answers over the client queue"),
+                            })));
+                            break;
+                        }
                     }
                     Some(Some(Message::Close(_))) | Some(None) | None => break,
                     Some(Some(_)) => last_heard = Instant::now(),
@@ -287,10 +299,17 @@ impl Session {
             }
         }
         reader.abort();
+        // A client closed for not reading gets a second to take its close frame; others
+        // get the write timeout to take what is queued.
+        let wait = if session.overflow {
+            Duration::from_secs(1)
+        } else {
+            write_timeout
+        };
         drop(session);
         drop(reserve_tx);
-        if !writer_done {
-            let _ = tokio::time::timeout(write_timeout, writer).await;
+        if !writer_done && tokio::time::timeout(wait, &mut writer).await.is_err() {
+            writer.abort();
         }
     }
 
@@ -327,17 +346,20 @@ impl Session {
         }
     }
 
-    /// Queues a control frame (snapshot, resync, ack, error). These are never dropped for
-    /// lack of queue room at connect; later ones wait for room up to the write timeout.
+    /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
+    /// queue like any frame; one that does not fit (by frames or bytes) is not queued, and
+    /// marks the session `overflow`: its client is closed. The first frames of a session
+    /// always fit (the queue is empty).
     fn control(&mut self, frame: Value) {
         let msg = text(&frame);
-        self.queued.fetch_add(frame_len(&msg), Ordering::Relaxed);
-        if let Err(mpsc::error::TrySendError::Full(msg)) = self.tx.try_send(msg) {
-            let tx = self.tx.clone();
-            let timeout = self.state.inner.options.heartbeat * 2;
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(timeout, tx.send(msg)).await;
-            });
+        let len = frame_len(&msg);
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued > 0 && queued + len > self.state.inner.options.client_queue_bytes {
+            self.overflow = true;
+            return;
+        }
+        if !self.try_queue(msg) {
+            self.overflow = true;
         }
     }
 
@@ -424,7 +446,10 @@ impl Session {
                 ApiError::bad_request("a command is a JSON object with a `cmd` field"),
             )),
         };
-        let seq = self.state.inner.organism.events().last_seq();
+        // Not the hub's latest: an answer never carries a `seq` ahead of the events this
+        // connection has been offered, so a client resuming from the highest `seq` it saw
+        // loses nothing.
+        let seq = self.seen;
         let frame = match reply {
             Ok((request_id, cmd, mut fields)) => {
                 let mut frame = json!({

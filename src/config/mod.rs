@@ -389,7 +389,7 @@ fn serde_key(message: &str) -> Option<String> {
 }
 
 fn check_limits(l: &Limits, c: &mut Collector) {
-    let checks: [(&str, bool); 5] = [
+    let checks: [(&str, bool); 13] = [
         ("limits.max_message_bytes", l.max_message_bytes > 0),
         ("limits.max_depth", l.max_depth > 0),
         ("limits.max_pending_messages", l.max_pending_messages > 0),
@@ -401,10 +401,29 @@ fn check_limits(l: &Limits, c: &mut Collector) {
             "limits.max_concurrent_handlers",
             l.max_concurrent_handlers > 0,
         ),
+        ("limits.max_connections", l.max_connections > 0),
+        ("limits.header_timeout_ms", l.header_timeout_ms > 0),
+        ("limits.idle_timeout_ms", l.idle_timeout_ms > 0),
+        ("limits.max_error_bytes", l.max_error_bytes >= 64),
+        (
+            "limits.max_validation_messages",
+            l.max_validation_messages > 0,
+        ),
+        ("limits.max_filter_entries", l.max_filter_entries > 0),
+        (
+            "limits.max_filter_entry_bytes",
+            l.max_filter_entry_bytes > 0,
+        ),
+        ("limits.max_attributes", l.max_attributes > 0),
     ];
     for (key, ok) in checks {
         if !ok {
-            c.push(None, Some(key), "must be greater than 0");
+            let message = if key == "limits.max_error_bytes" {
+                "must be at least 64"
+            } else {
+                "must be greater than 0"
+            };
+            c.push(None, Some(key), message);
         }
     }
 }

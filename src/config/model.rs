@@ -80,6 +80,24 @@ pub struct Limits {
     pub max_concurrent_handlers: usize,
     /// How long `stop` lets running handlers finish, in milliseconds.
     pub stop_grace_ms: u64,
+    /// API connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers, in milliseconds.
+    pub header_timeout_ms: u64,
+    /// An API connection with no byte read or written for this long is closed, in
+    /// milliseconds (WebSocket pings keep a live session busy).
+    pub idle_timeout_ms: u64,
+    /// Longest error text kept, published or answered (Lua errors, handler errors,
+    /// validator messages), in bytes; a longer one is cut and says how much was cut.
+    pub max_error_bytes: usize,
+    /// Validator messages kept per refused payload; the rest are counted.
+    pub max_validation_messages: usize,
+    /// Entries of one WebSocket subscription filter (agents, threads, types together).
+    pub max_filter_entries: usize,
+    /// Bytes of one filter entry.
+    pub max_filter_entry_bytes: usize,
+    /// Attributes on one element of a payload; more are refused before parsing on.
+    pub max_attributes: usize,
 }
 
 impl Default for Limits {
@@ -91,6 +109,14 @@ impl Default for Limits {
             max_messages_per_thread: 10_000,
             max_concurrent_handlers: 64,
             stop_grace_ms: 10_000,
+            max_connections: 512,
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 120_000,
+            max_error_bytes: 4096,
+            max_validation_messages: 20,
+            max_filter_entries: 256,
+            max_filter_entry_bytes: 256,
+            max_attributes: 256,
         }
     }
 }

@@ -1,0 +1,223 @@
+//! The accept loop: what one client's connection may cost the server.
+//!
+//! - `limits.max_connections` connections at once. One more is answered `503
+//!   too_many_connections` (a fixed answer written within a second) and closed, so the
+//!   server keeps answering, with an error, rather than running out of file descriptors;
+//!   `/healthz` answers again as soon as a connection closes.
+//! - `limits.header_timeout_ms` to send a request's headers (hyper's header-read timer):
+//!   a slow-header client is closed.
+//! - `limits.idle_timeout_ms` without a byte read or written closes a connection
+//!   ([`Idle`]), keep-alive or WebSocket alike (a live session's pings keep it busy).
+//! - `TCP_NODELAY` on every connection: answers and frames leave at once, not after the
+//!   peer's delayed ACK.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+use crate::config::Limits;
+
+/// What the accept loop enforces, from `limits:`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ConnLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl ConnLimits {
+    pub fn of(l: &Limits) -> Self {
+        ConnLimits {
+            max_connections: l.max_connections,
+            header_timeout: Duration::from_millis(l.header_timeout_ms),
+            idle_timeout: Duration::from_millis(l.idle_timeout_ms),
+        }
+    }
+}
+
+const TOO_MANY_BODY: &str = r#"{"error":{"code":"too_many_connections","message":"the server holds limits.max_connections connections; try again"}}"#;
+
+/// Serves `app` on `listener` until `closing` is cancelled, then waits for open
+/// connections to finish (the caller bounds that wait).
+pub(super) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnLimits,
+    closing: CancellationToken,
+) -> io::Result<()> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let builder = Arc::new(builder);
+    let mut accept_errors = 0u64;
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of descriptors or a passing fault: say so (once a second at most)
+                    // and let the loop breathe rather than spin.
+                    if accept_errors.is_multiple_of(10) {
+                        tracing::error!("accept failed: {e}");
+                    }
+                    accept_errors += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = closing.cancelled() => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            tokio::spawn(refuse(stream));
+            continue;
+        };
+        let service = hyper::service::service_fn({
+            let app = app.clone();
+            move |req: hyper::Request<hyper::body::Incoming>| {
+                app.clone().oneshot(req.map(axum::body::Body::new))
+            }
+        });
+        let io = TokioIo::new(Idle::new(stream, limits.idle_timeout));
+        let conn = builder.serve_connection_with_upgrades(io, service);
+        let conn = graceful.watch(conn.into_owned());
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// Answers a connection over the cap and closes it, within a second.
+async fn refuse(mut stream: TcpStream) {
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         connection: close\r\nretry-after: 1\r\ncontent-length: {}\r\n\r\n{TOO_MANY_BODY}",
+        TOO_MANY_BODY.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let _ = stream.write_all(answer.as_bytes()).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// A stream that fails with `TimedOut` once nothing was read or written for `timeout`.
+struct Idle {
+    inner: TcpStream,
+    timeout: Duration,
+    last: Instant,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Idle {
+    fn new(inner: TcpStream, timeout: Duration) -> Self {
+        Idle {
+            inner,
+            timeout,
+            last: Instant::now(),
+            timer: Box::pin(tokio::time::sleep(timeout)),
+        }
+    }
+
+    /// Called when the stream is not ready: an error once the stream has been idle too
+    /// long, else the timer is (re)armed to wake this task then.
+    fn check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        loop {
+            let due = self.last + self.timeout;
+            if Instant::now() >= due {
+                return Poll::Ready(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "idle longer than limits.idle_timeout_ms",
+                ));
+            }
+            let deadline = tokio::time::Instant::from_std(due);
+            if self.timer.deadline() != deadline {
+                self.timer.as_mut().reset(deadline);
+            }
+            match self.timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncRead for Idle {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                this.last = Instant::now();
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.check(cx).map(Err),
+        }
+    }
+}
+
+impl AsyncWrite for Idle {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                this.last = Instant::now();
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.check(cx).map(Err),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                this.last = Instant::now();
+                Poll::Ready(r)
+            }
+            Poll::Pending => this.check(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
