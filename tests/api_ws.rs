@@ -604,3 +604,83 @@ async fn a_client_that_sends_commands_and_never_reads_is_closed() {
     let (st, _) = s.get("/healthz").await;
     assert_eq!(st, 200);
 }
+
+#[tokio::test]
+async fn subscription_filters_are_bounded_in_entries_and_bytes() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    next_json(&mut ws).await;
+    let many: Vec<String> = (0..1000).map(|i| format!("*a*a*a*a*a*a*a*b{i}")).collect();
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": "m", "agents": many}),
+    )
+    .await;
+    let e = read_until(&mut ws, |v| v["request_id"] == "m")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        (e["event"].as_str(), e["status"].as_u64()),
+        (Some("error"), Some(400)),
+        "{e}"
+    );
+    assert_eq!(e["where"], "filter");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_filter_entries"),
+        "{e}"
+    );
+
+    let long = "x".repeat(300);
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": "l", "threads": [long]}),
+    )
+    .await;
+    let e = read_until(&mut ws, |v| v["request_id"] == "l")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(e["where"], "threads", "{e}");
+    assert!(e["error"]
+        .as_str()
+        .unwrap()
+        .contains("limits.max_filter_entry_bytes"));
+
+    // A filter within the limits works, pathological globs included.
+    send_json(&mut ws, json!({"cmd": "subscribe", "request_id": "ok", "agents": ["*a*a*a*a*a*a*a*b", "?"], "events": ["message"]})).await;
+    let ack = read_until(&mut ws, |v| v["request_id"] == "ok")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(ack["event"], "ack", "{ack}");
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": "b", "agents": ["b"], "events": ["message"]}),
+    )
+    .await;
+    read_until(&mut ws, |v| v["request_id"] == "b").await;
+    let t = s.inject_note("a", "hi").await;
+    let m = read_until(&mut ws, |v| v["event"] == "message")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        (
+            m["message"]["thread_id"].as_str(),
+            m["message"]["to"].as_str()
+        ),
+        (Some(t.as_str()), Some("b")),
+        "{m}"
+    );
+
+    // On the URL too.
+    let url = format!("{}?agents={}", s.ws_url("/ws"), vec!["a*"; 300].join(","));
+    match tokio_tungstenite::connect_async(url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 400),
+        other => panic!("a filter over the limit connected: {other:?}"),
+    }
+}

@@ -79,15 +79,15 @@ fn upgrade(
     ep: Endpoint,
     q: WsQuery,
 ) -> Result<Response, ApiError> {
-    let filter = Filter::from_query(
+    let mut filter = Filter::from_query(
         q.threads.as_deref(),
         q.agents.as_deref(),
         q.events.as_deref(),
         q.payload_types.as_deref(),
     );
     filter
-        .check()
-        .map_err(|m| ApiError::bad_request(m).at("events"))?;
+        .prepare(&state.inner.organism.config().limits)
+        .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
     let limit = state.frame_limit();
     Ok(ws
         .max_message_size(limit)
@@ -510,11 +510,11 @@ impl Session {
                     }
                     None => Value::Object(map),
                 };
-                let filter: Filter = serde_json::from_value(spec)
+                let mut filter: Filter = serde_json::from_value(spec)
                     .map_err(|e| fail(ApiError::bad_request(format!("bad filter: {e}")).at("filter")))?;
                 filter
-                    .check()
-                    .map_err(|m| fail(ApiError::bad_request(m).at("events")))?;
+                    .prepare(&organism.config().limits)
+                    .map_err(|(m, at)| fail(ApiError::bad_request(m).at(at)))?;
                 self.filter = filter;
                 out.insert("filter".into(), json!(self.filter));
             }
