@@ -138,3 +138,56 @@ async fn malformed_and_unknown_inputs_get_precise_errors() {
     );
     still_healthy(&o).await;
 }
+
+#[tokio::test]
+async fn an_element_with_too_many_attributes_is_refused_before_parsing_on() {
+    let (o, _d) = small_organism("  max_attributes: 100");
+    let attrs = |n: usize| (0..n).map(|i| format!(" a{i}=\"v\"")).collect::<String>();
+    // 90,000 attributes in under 1 MB: refused by count, on the root and deeper.
+    let root = format!("<Note{}>x</Note>", attrs(90_000));
+    assert!(root.len() < 1_048_576);
+    assert!(matches!(
+        attempt(&o, &root),
+        Err(InjectError::Malformed(XmlError::TooManyAttributes {
+            line: 1,
+            max: 100
+        }))
+    ));
+    let inner = format!("<Ping>\n<n{}>1</n></Ping>", attrs(101));
+    assert!(matches!(
+        attempt(&o, &inner),
+        Err(InjectError::Malformed(XmlError::TooManyAttributes {
+            line: 2,
+            ..
+        }))
+    ));
+    // At the limit it reaches the schema, which refuses undeclared attributes as usual.
+    let at_limit = format!("<Ping><n{}>1</n></Ping>", attrs(100));
+    assert!(matches!(
+        attempt(&o, &at_limit),
+        Err(InjectError::Invalid(_))
+    ));
+    still_healthy(&o).await;
+}
+
+#[tokio::test]
+async fn an_xml_declaration_anywhere_but_the_very_start_is_refused() {
+    let (o, _d) = small_organism("");
+    assert!(attempt(&o, "<?xml version=\"1.0\"?><Ping><n>1</n></Ping>").is_ok());
+    assert!(attempt(&o, "\u{feff}<?xml version=\"1.0\"?><Ping><n>1</n></Ping>").is_ok());
+    for bad in [
+        "<?xml version=\"1.0\"?><?xml version=\"1.0\"?><Ping><n>1</n></Ping>",
+        "<!-- c --><?xml version=\"1.0\"?><Ping><n>1</n></Ping>",
+        " <?xml version=\"1.0\"?><Ping><n>1</n></Ping>",
+        "<Ping><n>1</n></Ping><?xml version=\"1.0\"?>",
+    ] {
+        match attempt(&o, bad) {
+            Err(InjectError::Malformed(XmlError::Malformed { message, .. })) => {
+                assert!(message.contains("XML declaration"), "{bad}: {message}")
+            }
+            Err(InjectError::Malformed(XmlError::TrailingContent { .. })) => {}
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    still_healthy(&o).await;
+}

@@ -145,7 +145,9 @@ impl From<InjectError> for ApiError {
                 err = err.details(v.messages).at("payload");
             }
             InjectError::Malformed(
-                XmlError::Malformed { line, .. } | XmlError::TrailingContent { line },
+                XmlError::Malformed { line, .. }
+                | XmlError::TrailingContent { line }
+                | XmlError::TooManyAttributes { line, .. },
             ) => {
                 err = err.at(format!("payload line {line}"));
             }

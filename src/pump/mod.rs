@@ -470,6 +470,7 @@ impl OrganismBuilder {
             xml_limits: XmlLimits {
                 max_bytes: limits.max_message_bytes,
                 max_depth: limits.max_depth,
+                max_attributes: limits.max_attributes,
             },
             pending: AtomicUsize::new(0),
             idle: Notify::new(),

@@ -44,6 +44,7 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
 
     // <message>
     loop {
+        let pos = reader.buffer_position();
         match next(&mut reader, input)? {
             Event::Start(e) => {
                 if envelope_name(&reader, e.name()).as_deref() != Some("message") {
@@ -52,6 +53,9 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
                     )));
                 }
                 break;
+            }
+            Event::Decl(_) if !super::declaration_allowed_at(input, pos) => {
+                return Err(super::normalize::misplaced_declaration(input, pos))
             }
             Event::Decl(_) | Event::Comment(_) | Event::PI(_) => {}
             Event::Text(t) if t.xml10_content().trim().is_empty() => {}

@@ -28,6 +28,8 @@ pub struct XmlLimits {
     pub max_bytes: usize,
     /// Deepest accepted element nesting (the root is depth 1).
     pub max_depth: usize,
+    /// Most attributes on one element (namespace declarations included).
+    pub max_attributes: usize,
 }
 
 impl Default for XmlLimits {
@@ -35,6 +37,7 @@ impl Default for XmlLimits {
         XmlLimits {
             max_bytes: 1024 * 1024,
             max_depth: 64,
+            max_attributes: 256,
         }
     }
 }
@@ -98,6 +101,8 @@ pub enum XmlError {
     DoctypeRefused,
     #[error("element nesting deeper than {max} levels")]
     TooDeep { max: usize },
+    #[error("an element at line {line} has more than {max} attributes (limits.max_attributes)")]
+    TooManyAttributes { line: usize, max: usize },
     #[error("malformed XML at line {line}: {message}")]
     Malformed { line: usize, message: String },
     #[error("undefined entity reference &{0};")]
@@ -126,10 +131,19 @@ pub fn guard(input: &str, limits: &XmlLimits) -> Result<(), XmlError> {
     Ok(())
 }
 
+/// Whether `<!DOCTYPE` (any case) occurs: a vectorized search for `<!`, then seven bytes.
 fn contains_doctype(bytes: &[u8]) -> bool {
-    bytes
-        .windows(9)
-        .any(|w| w[0] == b'<' && w[1] == b'!' && w[2..].eq_ignore_ascii_case(b"DOCTYPE"))
+    memchr::memmem::find_iter(bytes, b"<!").any(|at| {
+        bytes
+            .get(at + 2..at + 9)
+            .is_some_and(|w| w.eq_ignore_ascii_case(b"DOCTYPE"))
+    })
+}
+
+/// Whether an XML declaration read at byte `pos` is where XML 1.0 allows it: the very start
+/// of the document (after a byte order mark, if any).
+pub(crate) fn declaration_allowed_at(input: &str, pos: u64) -> bool {
+    pos == 0 || (pos == 3 && input.starts_with('\u{feff}'))
 }
 
 /// 1-based line of a byte offset, for error messages.
@@ -163,9 +177,11 @@ mod tests {
     fn guard_refuses_doctype_in_any_case_and_oversize() {
         let l = XmlLimits::default();
         assert_eq!(guard("<!doctype x><x/>", &l), Err(XmlError::DoctypeRefused));
+        assert_eq!(guard("<x/><!DocType", &l), Err(XmlError::DoctypeRefused));
+        assert_eq!(guard("<x><!-- <!DOC --></x><!", &l), Ok(()));
         let small = XmlLimits {
             max_bytes: 4,
-            max_depth: 64,
+            ..XmlLimits::default()
         };
         assert!(matches!(
             guard("<abc/>", &small),

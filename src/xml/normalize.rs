@@ -12,7 +12,9 @@ use quick_xml::events::{BytesRef, BytesStart, Event};
 use quick_xml::name::{PrefixDeclaration, ResolveResult};
 use quick_xml::{NsReader, XmlVersion};
 
-use super::{escape_text, guard, line_of, PayloadType, XmlError, XmlLimits};
+use super::{
+    declaration_allowed_at, escape_text, guard, line_of, PayloadType, XmlError, XmlLimits,
+};
 
 /// A payload that passed the input guards and was read strictly, in normalized form.
 /// Not yet validated against any schema.
@@ -40,6 +42,9 @@ pub fn normalize_payload(input: &str, limits: &XmlLimits) -> Result<NormalizedPa
                 return Ok(payload);
             }
             Event::Text(t) if t.xml10_content().trim().is_empty() => {}
+            Event::Decl(_) if !declaration_allowed_at(input, pos) => {
+                return Err(misplaced_declaration(input, pos))
+            }
             Event::Decl(_) | Event::Comment(_) | Event::PI(_) => {}
             Event::DocType(_) => return Err(XmlError::DoctypeRefused),
             Event::Eof => return Err(XmlError::NoRootElement),
@@ -50,6 +55,13 @@ pub fn normalize_payload(input: &str, limits: &XmlLimits) -> Result<NormalizedPa
                 })
             }
         }
+    }
+}
+
+pub(crate) fn misplaced_declaration(input: &str, pos: u64) -> XmlError {
+    XmlError::Malformed {
+        line: line_of(input, pos),
+        message: "an XML declaration is allowed only at the very start of the document".into(),
     }
 }
 
@@ -131,7 +143,7 @@ pub(crate) fn normalize_element(
     }
 
     let mut out = String::with_capacity(input.len().min(limits.max_bytes));
-    write_start(&mut out, &root, Some(bindings), input, reader)?;
+    write_start(&mut out, &root, Some(bindings), input, reader, limits)?;
     if is_empty {
         out.push_str("/>");
         return Ok(NormalizedPayload {
@@ -155,12 +167,12 @@ pub(crate) fn normalize_element(
             Event::Start(e) => {
                 depth += 1;
                 check_depth(outer_depth + depth, limits)?;
-                write_start(&mut out, &e, None, input, reader)?;
+                write_start(&mut out, &e, None, input, reader, limits)?;
                 open_pending = true;
             }
             Event::Empty(e) => {
                 check_depth(outer_depth + depth + 1, limits)?;
-                write_start(&mut out, &e, None, input, reader)?;
+                write_start(&mut out, &e, None, input, reader, limits)?;
                 out.push_str("/>");
             }
             Event::End(e) => {
@@ -243,7 +255,15 @@ fn write_start(
     bindings: Option<Vec<(String, String)>>,
     input: &str,
     reader: &NsReader<&[u8]>,
+    limits: &XmlLimits,
 ) -> Result<(), XmlError> {
+    // Counted without the duplicate check (linear) before anything else reads them.
+    if e.attributes().with_checks(false).count() > limits.max_attributes {
+        return Err(XmlError::TooManyAttributes {
+            line: line_of(input, reader.buffer_position()),
+            max: limits.max_attributes,
+        });
+    }
     let is_root = bindings.is_some();
     let mut attrs: Vec<(String, Cow<'_, str>)> = Vec::new();
     for attr in e.attributes() {
@@ -327,8 +347,8 @@ mod tests {
     #[test]
     fn depth_cap_counts_the_root() {
         let limits = XmlLimits {
-            max_bytes: 1 << 20,
             max_depth: 3,
+            ..XmlLimits::default()
         };
         assert!(normalize_payload("<a><b><c/></b></a>", &limits).is_ok());
         assert_eq!(
