@@ -261,3 +261,20 @@ async fn a_killed_thread_interrupts_its_running_script() {
     // fails it by its own budget) well within the 5 s CPU budget of the killed call.
     healthy(&lab).await;
 }
+
+#[tokio::test]
+async fn removed_builtins_are_unreachable_through_the_fast_path() {
+    // Luau compiles calls to known builtins into fast calls that do not read the global:
+    // each must fail as the missing global it is, not run.
+    for call in [
+        "getmetatable('')",
+        "getmetatable({})",
+        "setmetatable({}, {})",
+        "vector.create(1, 2, 3)",
+    ] {
+        let script = format!(
+            "function handle(p, m) local r = {call} return {{ to = m.from, type = \"Note\", payload = tostring(r) }} end"
+        );
+        case(&script, &["lua runtime", "attempt to"]).await;
+    }
+}
