@@ -52,6 +52,7 @@
 
 pub mod api;
 pub mod client;
+pub mod clip;
 pub mod config;
 pub mod events;
 mod hash;

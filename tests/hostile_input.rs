@@ -191,3 +191,23 @@ async fn an_xml_declaration_anywhere_but_the_very_start_is_refused() {
     }
     still_healthy(&o).await;
 }
+
+#[tokio::test]
+async fn validator_messages_are_capped_with_a_count_of_the_rest() {
+    let (o, _d) = small_organism("");
+    let attrs: String = (0..200).map(|i| format!(" bad{i}=\"v\"")).collect();
+    let xml = format!("<Ping><n{attrs}>1</n></Ping>");
+    match attempt(&o, &xml) {
+        Err(InjectError::Invalid(v)) => {
+            assert_eq!(v.messages.len(), 21, "{:?}", v.messages);
+            assert!(
+                v.messages[20].contains("and 180 more"),
+                "{}",
+                v.messages[20]
+            );
+            assert!(v.messages[0].starts_with("line 1:"), "{}", v.messages[0]);
+        }
+        other => panic!("{other:?}"),
+    }
+    still_healthy(&o).await;
+}

@@ -278,3 +278,23 @@ async fn removed_builtins_are_unreachable_through_the_fast_path() {
         case(&script, &["lua runtime", "attempt to"]).await;
     }
 }
+
+#[tokio::test]
+async fn a_huge_error_text_is_cut_to_max_error_bytes_saying_so() {
+    let (lab, error) = attack(
+        "function handle(p, m) error(string.rep('E', 1000000)) end",
+        "{ memory_mb: 64 }",
+    )
+    .await;
+    assert!(error.len() <= 4096, "{} bytes", error.len());
+    assert!(
+        error.contains("bytes cut]"),
+        "{}",
+        &error[error.len() - 60..]
+    );
+    for t in lab.organism.threads().list() {
+        let e = t.error.unwrap_or_default();
+        assert!(e.len() <= 4096, "the thread's error: {} bytes", e.len());
+    }
+    healthy(&lab).await;
+}

@@ -44,13 +44,17 @@ pub struct ErrorResponse {
     pub error: ErrorBody,
 }
 
+/// Longest `message` of an error answer, in bytes.
+pub const MAX_ANSWER_TEXT: usize = 4096;
+
 impl ApiError {
+    /// `message` is cut at [`MAX_ANSWER_TEXT`] bytes: it may quote what a client sent.
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
         ApiError {
             status,
             body: ErrorBody {
                 code: code.to_string(),
-                message: message.into(),
+                message: crate::clip::clip(message.into(), MAX_ANSWER_TEXT),
                 details: Vec::new(),
                 location: None,
             },
@@ -58,7 +62,7 @@ impl ApiError {
     }
 
     pub fn at(mut self, location: impl Into<String>) -> Self {
-        self.body.location = Some(location.into());
+        self.body.location = Some(crate::clip::clip(location.into(), 256));
         self
     }
 

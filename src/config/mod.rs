@@ -389,7 +389,7 @@ fn serde_key(message: &str) -> Option<String> {
 }
 
 fn check_limits(l: &Limits, c: &mut Collector) {
-    let checks: [(&str, bool); 13] = [
+    let checks: [(&str, bool); 12] = [
         ("limits.max_message_bytes", l.max_message_bytes > 0),
         ("limits.max_depth", l.max_depth > 0),
         ("limits.max_pending_messages", l.max_pending_messages > 0),
@@ -405,10 +405,6 @@ fn check_limits(l: &Limits, c: &mut Collector) {
         ("limits.header_timeout_ms", l.header_timeout_ms > 0),
         ("limits.idle_timeout_ms", l.idle_timeout_ms > 0),
         ("limits.max_error_bytes", l.max_error_bytes >= 64),
-        (
-            "limits.max_validation_messages",
-            l.max_validation_messages > 0,
-        ),
         ("limits.max_filter_entries", l.max_filter_entries > 0),
         (
             "limits.max_filter_entry_bytes",

@@ -90,8 +90,6 @@ pub struct Limits {
     /// Longest error text kept, published or answered (Lua errors, handler errors,
     /// validator messages), in bytes; a longer one is cut and says how much was cut.
     pub max_error_bytes: usize,
-    /// Validator messages kept per refused payload; the rest are counted.
-    pub max_validation_messages: usize,
     /// Entries of one WebSocket subscription filter (agents, threads, types together).
     pub max_filter_entries: usize,
     /// Bytes of one filter entry.
@@ -113,7 +111,6 @@ impl Default for Limits {
             header_timeout_ms: 10_000,
             idle_timeout_ms: 120_000,
             max_error_bytes: 4096,
-            max_validation_messages: 20,
             max_filter_entries: 256,
             max_filter_entry_bytes: 256,
             max_attributes: 256,

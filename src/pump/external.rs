@@ -245,7 +245,7 @@ impl Organism {
             s.events.publish(EventKind::Error {
                 thread_id: Some(reply.thread_id.to_string()),
                 agent: Some(reply.agent.to_string()),
-                error: format!("reply refused: {e}"),
+                error: s.clip_error(format!("reply refused: {e}")),
             });
         }
         result

@@ -308,6 +308,11 @@ const STATUS_STOPPING: u8 = 1;
 const STATUS_STOPPED: u8 = 2;
 
 impl Shared {
+    /// Error text as it is stored, published and answered: at most `limits.max_error_bytes`.
+    pub(crate) fn clip_error(&self, error: String) -> String {
+        crate::clip::clip(error, self.limits.max_error_bytes)
+    }
+
     /// Puts `next` in service: routing reads it from the next snapshot on.
     pub(crate) fn set_topology(&self, next: Arc<Topology>) {
         *crate::sync::write(&self.topology) = next;
@@ -875,7 +880,7 @@ impl Organism {
             self.shared.events.publish(EventKind::Error {
                 thread_id: None,
                 agent: Some(to.to_string()).filter(|t| !t.is_empty()),
-                error: format!("inject refused: {e}"),
+                error: self.shared.clip_error(format!("inject refused: {e}")),
             });
         }
     }

@@ -349,6 +349,7 @@ impl Shared {
         error: String,
     ) {
         let record = job.record;
+        let error = self.clip_error(error);
         self.finish_message(&record, status, Some(error.clone()));
         self.count_failure(kind);
         self.events.publish(EventKind::Error {

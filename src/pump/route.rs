@@ -292,6 +292,7 @@ impl Shared {
         status: MessageStatus,
         error: String,
     ) -> MessageRecord {
+        let error = self.clip_error(error);
         let m = NewMessage {
             id: new_id(),
             parent_id: Some(parent.id.clone()),
@@ -391,6 +392,7 @@ impl Shared {
         status: MessageStatus,
         error: Option<String>,
     ) {
+        let error = error.map(|e| self.clip_error(e));
         self.threads.set_message_status(
             &record.thread_id,
             record.slot_index,
@@ -412,6 +414,7 @@ impl Shared {
         kind: FailureKind,
         error: String,
     ) {
+        let error = self.clip_error(error);
         self.finish_message(record, MessageStatus::Failed, Some(error.clone()));
         self.count_failure(kind);
         let agent = record.to.as_ref().map(|t| t.to_string());

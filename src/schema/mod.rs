@@ -63,6 +63,31 @@ pub struct ValidationError {
     pub messages: Vec<String>,
 }
 
+/// Validator messages kept per refused payload: one per bad attribute or element could
+/// otherwise make an answer (and every event and row that carries it) larger than the payload.
+pub const MAX_VALIDATION_MESSAGES: usize = 20;
+
+/// Bytes of one validator message, at most.
+pub const MAX_VALIDATION_MESSAGE_BYTES: usize = 512;
+
+impl ValidationError {
+    /// The first [`MAX_VALIDATION_MESSAGES`] of `total` messages, each cut to
+    /// [`MAX_VALIDATION_MESSAGE_BYTES`], and a count of the rest.
+    fn of(messages: impl Iterator<Item = String>, total: usize) -> Self {
+        let mut kept: Vec<String> = messages
+            .take(MAX_VALIDATION_MESSAGES)
+            .map(|m| crate::clip::clip(m, MAX_VALIDATION_MESSAGE_BYTES))
+            .collect();
+        if total > kept.len() {
+            kept.push(format!(
+                "… and {} more validator messages",
+                total - kept.len()
+            ));
+        }
+        ValidationError { messages: kept }
+    }
+}
+
 impl Schema {
     /// Compiles `xsd` (checking it on this thread) and reads its global elements.
     /// `origin` names the file or generator, for error messages.
@@ -192,9 +217,7 @@ impl Schema {
             };
             context
                 .validate_document(&doc)
-                .map_err(|errors| ValidationError {
-                    messages: errors.iter().map(describe).collect(),
-                })
+                .map_err(|errors| ValidationError::of(errors.iter().map(describe), errors.len()))
         });
         result
     }
