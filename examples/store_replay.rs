@@ -113,6 +113,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
             thread_id: t.to_string(),
             status: MessageStatus::Delivered,
             error: None,
+            about: None,
         },
     }
 }

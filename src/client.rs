@@ -18,8 +18,26 @@ pub enum ClientError {
     Connect { url: String, message: String },
     #[error("the server answered {status}: {body}")]
     Refused { status: u16, body: String },
+    #[error("the server ended the stream{0}")]
+    Ended(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// An error with its causes (`error sending request: … : Connection refused`): reqwest's
+/// own text leaves out why.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 fn base(url: &str) -> Result<&str, ClientError> {
@@ -71,41 +89,45 @@ pub fn tail_url(url: &str, f: &TailFilter) -> Result<String, ClientError> {
     })
 }
 
-/// One readable line for a `/ws/messages` frame; `None` for frames that are not messages.
+/// One readable line for a `/ws/messages` frame; `None` for frames that are neither a
+/// message nor a message's status change. A message shows its full thread id (what
+/// `inject --thread` takes), then its status change a line of its own:
+/// `time thread #slot from -> to Type [status]`.
 pub fn tail_line(frame: &Value) -> Option<String> {
     let s = |k: &str| frame.get(k).and_then(Value::as_str).unwrap_or("");
-    match s("event") {
-        "message" => {
-            let time = s("timestamp").get(11..23).unwrap_or("");
-            let thread = s("thread_id");
-            let short = thread
-                .get(thread.len().saturating_sub(8)..)
-                .unwrap_or(thread);
-            let to = frame.get("to").and_then(Value::as_str).unwrap_or("(none)");
-            let ty = s("payload_type");
-            let ty = ty.rsplit_once('}').map_or(ty, |(_, l)| l);
-            let mut line = format!(
-                "{time} {short} #{slot:<3} {from} -> {to} {ty} [{status}] {payload}",
-                slot = frame.get("slot_index").and_then(Value::as_u64).unwrap_or(0),
-                from = s("from"),
-                status = s("status"),
-                payload = frame
-                    .get("payload")
-                    .map(Value::to_string)
-                    .unwrap_or_default(),
-            );
-            if let Some(e) = frame.get("error").and_then(Value::as_str) {
-                line.push_str(&format!(" error: {e}"));
-            }
-            Some(line)
-        }
-        _ => None,
+    let event = s("event");
+    if event != "message" && event != "message_status" {
+        return None;
     }
+    let time = s("timestamp").get(11..23).unwrap_or("");
+    let to = frame.get("to").and_then(Value::as_str).unwrap_or("(none)");
+    let ty = s("payload_type");
+    let ty = ty.rsplit_once('}').map_or(ty, |(_, l)| l);
+    let mut line = format!(
+        "{time} {thread} #{slot:<3} {from} -> {to} {ty} [{status}]",
+        thread = s("thread_id"),
+        slot = frame.get("slot_index").and_then(Value::as_u64).unwrap_or(0),
+        from = s("from"),
+        status = s("status"),
+    );
+    if event == "message" {
+        line.push(' ');
+        line.push_str(
+            &frame
+                .get("payload")
+                .map(Value::to_string)
+                .unwrap_or_default(),
+        );
+    }
+    if let Some(e) = frame.get("error").and_then(Value::as_str) {
+        line.push_str(&format!(" error: {e}"));
+    }
+    Some(line)
 }
 
-/// Streams `/ws/messages` to `out`, one line per message (or the raw JSON frames with
-/// `json`), until the server closes the stream. Notices (`dropped`, `resync_required`) go to
-/// stderr.
+/// Streams `/ws/messages` to `out`, one line per message and per status change (or the raw
+/// JSON frames with `json`). Notices (`dropped`, `resync_required`) go to stderr. Ends with
+/// [`ClientError::Ended`] when the server ends the stream (it stopped, or went away).
 pub async fn tail(
     url: &str,
     filter: &TailFilter,
@@ -117,7 +139,7 @@ pub async fn tail(
         .await
         .map_err(|e| ClientError::Connect {
             url: ws_url.clone(),
-            message: e.to_string(),
+            message: with_causes(&e),
         })?;
     if let Some(globs) = &filter.agent {
         for glob in unmatched_agent_globs(url, globs).await {
@@ -127,14 +149,16 @@ pub async fn tail(
     while let Some(frame) = socket.next().await {
         let text = match frame {
             Ok(Message::Text(t)) => t,
-            Ok(Message::Close(_)) => break,
-            Ok(_) => continue,
-            Err(e) => {
-                return Err(ClientError::Connect {
-                    url: ws_url,
-                    message: e.to_string(),
-                })
+            Ok(Message::Close(frame)) => {
+                let reason = frame
+                    .map(|f| f.reason.to_string())
+                    .filter(|r| !r.is_empty())
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default();
+                return Err(ClientError::Ended(reason));
             }
+            Ok(_) => continue,
+            Err(e) => return Err(ClientError::Ended(format!(" ({})", with_causes(&e)))),
         };
         if json {
             writeln!(out, "{}", text.as_str())?;
@@ -161,7 +185,7 @@ pub async fn tail(
             },
         }
     }
-    Ok(())
+    Err(ClientError::Ended(String::new()))
 }
 
 /// Warnings for the `--agent` globs (comma-separated) that match no listener of the server
@@ -238,7 +262,7 @@ pub async fn inject(url: &str, body: &InjectBody) -> Result<InjectReceipt, Clien
         .await
         .map_err(|e| ClientError::Connect {
             url: endpoint.clone(),
-            message: e.to_string(),
+            message: with_causes(&e),
         })?;
     let status = response.status().as_u16();
     let text = response.text().await.unwrap_or_default();
@@ -280,7 +304,17 @@ mod tests {
         .unwrap();
         assert_eq!(
             line,
-            "10:30:01.123 89abcdef #2   greeter -> shouter Shouted [delivered] {\"message\":\"HI\"}"
+            "10:30:01.123 0123456789abcdef #2   greeter -> shouter Shouted [delivered] {\"message\":\"HI\"}"
+        );
+        let status = tail_line(&json!({
+            "event": "message_status", "timestamp": "2026-01-15T10:30:01.200Z", "thread_id": "0123456789abcdef",
+            "id": "m", "slot_index": 2, "from": "greeter", "to": "shouter", "payload_type": "Shouted",
+            "status": "failed", "error": "boom"
+        }))
+        .unwrap();
+        assert_eq!(
+            status,
+            "10:30:01.200 0123456789abcdef #2   greeter -> shouter Shouted [failed] error: boom"
         );
         assert!(tail_line(&json!({"event": "connected"})).is_none());
     }

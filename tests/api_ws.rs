@@ -14,6 +14,17 @@ async fn chain() -> Served {
     serve_with(Organism::builder(), "", CHAIN, ApiOptions::default()).await
 }
 
+/// The next `message` frame of `/ws/messages`, past status changes (tested on their own in
+/// `ws_messages_shows_each_status_change_of_a_message`).
+async fn next_message(ws: &mut Ws) -> Value {
+    loop {
+        let f = next_json(ws).await;
+        if f["event"] != "message_status" {
+            return f;
+        }
+    }
+}
+
 fn thread_done(thread: &str) -> impl Fn(&Value) -> bool + '_ {
     move |v| v["event"] == "thread_updated" && v["thread_id"] == thread && v["status"] != "active"
 }
@@ -270,7 +281,11 @@ async fn ws_messages_streams_message_objects_with_filters() {
     assert_eq!(next_json(&mut to_c).await["event"], "ack");
 
     let t = s.inject_note("a", "m").await;
-    let frames = read_until(&mut all, |v| v["to"] == "c").await;
+    let frames: Vec<Value> = read_until(&mut all, |v| v["to"] == "c" && v["event"] == "message")
+        .await
+        .into_iter()
+        .filter(|f| f["event"] != "message_status")
+        .collect();
     assert_eq!(frames.len(), 3);
     let mut last = hello["seq"].as_u64().unwrap();
     for (i, f) in frames.iter().enumerate() {
@@ -291,7 +306,7 @@ async fn ws_messages_streams_message_objects_with_filters() {
             assert!(f.get(key).is_some(), "{key} missing in {f}");
         }
     }
-    let only = next_json(&mut to_c).await;
+    let only = next_message(&mut to_c).await;
     assert_eq!(
         (only["from"].as_str(), only["to"].as_str()),
         (Some("b"), Some("c"))
@@ -342,19 +357,21 @@ async fn reconnecting_with_since_loses_nothing() {
     let mut prev = last_seq;
     while got.len() < missed.len() {
         let f = next_json(&mut again).await;
-        assert_eq!(
-            f["event"], "message",
-            "replay is messages only, no snapshot: {f}"
+        assert!(
+            f["event"] == "message" || f["event"] == "message_status",
+            "replay is messages and their status changes only, no snapshot: {f}"
         );
         let seq = f["seq"].as_u64().unwrap();
         assert!(seq > prev);
         prev = seq;
-        got.push(f["id"].as_str().unwrap().to_string());
+        if f["event"] == "message" {
+            got.push(f["id"].as_str().unwrap().to_string());
+        }
     }
     assert_eq!(got, missed);
     // And then it is live.
     let t = s.inject_note("a", "live").await;
-    let f = next_json(&mut again).await;
+    let f = next_message(&mut again).await;
     assert_eq!(f["thread_id"], t.as_str());
 
     // The same on /ws, with a filter applied to the replay.
@@ -420,7 +437,7 @@ async fn a_client_that_never_reads_gets_dropped_while_a_fast_one_gets_everything
         let mut ids = Vec::new();
         let mut last = 0;
         while ids.len() < THREADS * 3 {
-            let f = next_json(&mut fast).await;
+            let f = next_message(&mut fast).await;
             assert_eq!(f["event"], "message", "the fast client loses nothing: {f}");
             let seq = f["seq"].as_u64().unwrap();
             assert!(seq > last, "in order");
@@ -451,6 +468,7 @@ async fn a_client_that_never_reads_gets_dropped_while_a_fast_one_gets_everything
         match f["event"].as_str().unwrap() {
             "dropped" => dropped = Some(f),
             "message" | "connected" => received += 1,
+            "message_status" => {}
             other => panic!("unexpected {other}"),
         }
     }
@@ -683,4 +701,38 @@ async fn subscription_filters_are_bounded_in_entries_and_bytes() {
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 400),
         other => panic!("a filter over the limit connected: {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn ws_messages_shows_each_status_change_of_a_message() {
+    let s = chain().await;
+    let mut ws = ws_connect(&format!("{}?agents=c", s.ws_url("/ws/messages"))).await;
+    next_json(&mut ws).await;
+    let t = s.inject_note("a", "hi").await;
+    // b -> c arrives pending, then its change to delivered, same id; nothing about a.
+    let m = next_json(&mut ws).await;
+    assert_eq!(
+        (m["event"].as_str(), m["status"].as_str()),
+        (Some("message"), Some("pending")),
+        "{m}"
+    );
+    assert_eq!(
+        (m["from"].as_str(), m["to"].as_str()),
+        (Some("b"), Some("c"))
+    );
+    let st = next_json(&mut ws).await;
+    assert_eq!(st["event"], "message_status", "{st}");
+    assert_eq!(st["id"], m["id"]);
+    assert_eq!(st["thread_id"], t.as_str());
+    assert_eq!(st["status"], "delivered");
+    assert_eq!(
+        (
+            st["from"].as_str(),
+            st["to"].as_str(),
+            st["payload_type"].as_str()
+        ),
+        (Some("b"), Some("c"), Some("Note"))
+    );
+    assert_eq!(st["slot_index"], m["slot_index"]);
+    assert!(st["seq"].as_u64().unwrap() > m["seq"].as_u64().unwrap());
 }

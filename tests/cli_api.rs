@@ -95,8 +95,10 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     assert!(!url.ends_with(":0"), "the real port is printed: {url}");
 
     let mut tail = bin();
-    tail.args(["tail", "--url", &url, "--agent", "shout*"]);
+    tail.args(["tail", "--url", &url, "--agent", "shout*"])
+        .stderr(Stdio::piped());
     let (mut tail, tail_lines) = spawn_lines(tail);
+    let tail_errors = lines_of(tail.stderr.take().unwrap());
     let deadline = std::time::Instant::now() + WAIT;
     while !metrics(&url).contains("agentserver_ws_clients{endpoint=\"/ws/messages\"} 1") {
         assert!(std::time::Instant::now() < deadline, "tail connects");
@@ -124,18 +126,33 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     let thread = receipt["thread_id"].as_str().unwrap().to_string();
     assert!(receipt["message_id"].as_str().is_some());
 
+    // Each message, then its final status on a line of its own; full thread ids.
     let first = line_matching(&tail_lines, |_| true);
     assert!(
-        first.contains("greeter -> shouter GreetingResponse [pending]"),
+        first.contains(&format!(
+            "{thread} #1   greeter -> shouter GreetingResponse [pending]"
+        )),
         "{first}"
     );
-    assert!(first.contains(&thread[thread.len() - 8..]), "{first}");
-    let second = line_matching(&tail_lines, |_| true);
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("shouter -> response-handler Shouted [delivered]"))
+    {
+        seen.push(line_matching(&tail_lines, |_| true));
+    }
     assert!(
-        second.contains("shouter -> response-handler Shouted"),
-        "{second}"
+        seen.iter()
+            .any(|l| l.contains("greeter -> shouter GreetingResponse [delivered]")),
+        "{seen:#?}"
     );
-    assert!(second.contains("HELLO, ADA!"), "{second}");
+    assert!(
+        seen.iter().any(
+            |l| l.contains("shouter -> response-handler Shouted [pending]")
+                && l.contains("HELLO, ADA!")
+        ),
+        "{seen:#?}"
+    );
 
     // JSON payloads map in schema order; a bad one is refused with the server's reason.
     let out = bin()
@@ -166,10 +183,13 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
         "{stderr}"
     );
 
-    // Stop through the API: the server drains and exits 0; tail sees the stream end.
+    // Stop through the API: the server drains and exits 0; tail says the stream ended and
+    // exits 1.
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
-    assert_eq!(wait_exit(&mut tail), Some(0));
+    assert_eq!(wait_exit(&mut tail), Some(1));
+    let said = line_matching(&tail_errors, |l| l.contains("ended the stream"));
+    assert!(said.contains("server stopping"), "{said}");
 }
 
 /// `agentserver run` on the demo organism, on port 0, with `--store STORE`.
@@ -216,7 +236,7 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
     }
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
-    assert_eq!(wait_exit(&mut tail), Some(0));
+    assert_eq!(wait_exit(&mut tail), Some(1), "the stream ended: exit 1");
     // Nothing more was said: `shout*` and `api` matched.
     assert!(warnings.try_iter().all(|l| !l.contains("no agent matches")));
 }
@@ -271,7 +291,12 @@ fn inject_and_tail_explain_an_unreachable_server_and_exit_1() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("cannot reach"), "{said}");
+    assert!(
+        said.to_lowercase().contains("connection refused"),
+        "the cause: {said}"
+    );
     let out = bin().args(["tail", "--url", &url]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"));

@@ -222,15 +222,32 @@ impl Filter {
     }
 
     /// For `/ws/messages`: is this a message event that passes?
+    /// For `/ws/messages`: messages, and the status changes of messages, that match.
     pub fn passes_message(&self, event: &Event) -> bool {
-        let EventKind::Message { message } = &event.kind else {
-            return false;
+        let (thread, from, to, payload_type) = match &event.kind {
+            EventKind::Message { message } => (
+                &*message.thread_id,
+                &*message.from,
+                message.to.as_deref(),
+                message.payload_type.as_deref(),
+            ),
+            EventKind::MessageStatus {
+                thread_id,
+                about: Some(a),
+                ..
+            } => (
+                thread_id.as_str(),
+                &*a.from,
+                a.to.as_deref(),
+                a.payload_type.as_deref(),
+            ),
+            _ => return false,
         };
-        (self.threads.is_empty() || self.threads.iter().any(|t| **t == *message.thread_id))
+        (self.threads.is_empty() || self.threads.iter().any(|t| t == thread))
             && (self.agents.is_empty()
-                || self.agent_ok(&message.from)
-                || message.to.as_deref().is_some_and(|t| self.agent_ok(t)))
-            && (self.payload_types.is_empty() || self.type_ok(message.payload_type.as_deref()))
+                || self.agent_ok(from)
+                || to.is_some_and(|t| self.agent_ok(t)))
+            && (self.payload_types.is_empty() || self.type_ok(payload_type))
     }
 }
 

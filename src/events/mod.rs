@@ -55,11 +55,14 @@ impl Event {
             .get_or_init(|| Utf8Bytes::from(serde_json::to_string(self).unwrap_or_default()))
     }
 
-    /// For a `message` event, the `/ws/messages` frame: the message object with `event` and
-    /// `seq` beside its fields. Rendered once. `None` for other events.
+    /// The `/ws/messages` frame, rendered once: for a `message` event the message object with
+    /// `event` and `seq` beside its fields; for a `message_status` event its own frame (`id`,
+    /// `thread_id`, `from`, `to`, `payload_type`, `slot_index`, `status`, `error`). `None`
+    /// for other events.
     pub fn message_json(&self) -> Option<&Utf8Bytes> {
         self.message_json
             .get_or_init(|| match &self.kind {
+                EventKind::MessageStatus { about: Some(_), .. } => Some(self.json().clone()),
                 EventKind::Message { message } => {
                     #[derive(Serialize)]
                     struct Frame<'a> {
@@ -87,6 +90,26 @@ impl Event {
     }
 }
 
+/// The message a `message_status` event is about.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusAbout {
+    pub from: Arc<str>,
+    pub to: Option<Arc<str>>,
+    pub payload_type: Option<String>,
+    pub slot_index: u64,
+}
+
+impl StatusAbout {
+    pub fn of(m: &MessageRecord) -> Self {
+        StatusAbout {
+            from: m.from.clone(),
+            to: m.to.clone(),
+            payload_type: m.payload_type.clone(),
+            slot_index: m.slot_index,
+        }
+    }
+}
+
 /// What happened. Shapes follow the seed API (`001_…txt`) with our additions.
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -104,6 +127,10 @@ pub enum EventKind {
         thread_id: String,
         status: MessageStatus,
         error: Option<String>,
+        /// Which message this is (sender, receiver, type, slot): lets `/ws/messages` filter
+        /// and show a status change without looking the message up.
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        about: Option<StatusAbout>,
     },
     ThreadCreated {
         thread: ThreadInfo,

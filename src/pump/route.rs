@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::dispatch::{Job, Listener};
 use super::{FailureKind, Shared};
 use crate::events::EventKind;
+use crate::events::StatusAbout;
 use crate::listener::Output;
 use crate::threads::{MessageRecord, MessageStatus, NewMessage};
 use crate::xml::{escape_text, normalize_payload, NormalizedPayload, PayloadType, SYSTEM_NS};
@@ -404,6 +405,7 @@ impl Shared {
             thread_id: record.thread_id.to_string(),
             status,
             error,
+            about: Some(StatusAbout::of(record)),
         });
     }
 

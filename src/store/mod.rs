@@ -1525,6 +1525,7 @@ impl<'a> Write<'a> {
                 thread_id,
                 status,
                 error,
+                ..
             } => Write::Status {
                 id,
                 thread_id,
@@ -2586,6 +2587,7 @@ mod tests {
                 thread_id: "a".into(),
                 status: MessageStatus::Delivered,
                 error: None,
+                about: None,
             },
         );
         store.flush(4);
@@ -2603,6 +2605,7 @@ mod tests {
                     thread_id: "a".into(),
                     status: MessageStatus::Failed,
                     error: Some(error.into()),
+                    about: None,
                 },
             );
             store.flush(10 + seq as u64);
@@ -2665,12 +2668,14 @@ mod tests {
                 thread_id: "t".into(),
                 status: MessageStatus::Delivered,
                 error: None,
+                about: None,
             }),
             event_op(EventKind::MessageStatus {
                 id: "elsewhere".into(),
                 thread_id: "e".into(),
                 status: MessageStatus::Failed,
                 error: Some("x".into()),
+                about: None,
             }),
             event_op(EventKind::ThreadUpdated {
                 thread_id: "t".into(),
@@ -2715,6 +2720,7 @@ mod tests {
             thread_id: "t".into(),
             status: MessageStatus::Failed,
             error: None,
+            about: None,
         }));
         let mut coalescer = Coalescer::default();
         let writes = coalescer.coalesce(&batch);
@@ -2805,6 +2811,7 @@ mod tests {
                 thread_id: "a".into(),
                 status: MessageStatus::Delivered,
                 error: None,
+                about: None,
             },
         );
         store.flush(20);
@@ -3177,6 +3184,7 @@ mod tests {
                         thread_id: format!("t{t:03}"),
                         status: MessageStatus::Delivered,
                         error: None,
+                        about: None,
                     },
                 );
             }
@@ -3249,6 +3257,7 @@ mod tests {
                     thread_id: "t".into(),
                     status,
                     error: None,
+                    about: None,
                 },
             )
         };
@@ -3421,6 +3430,7 @@ mod tests {
                         thread_id: t.into(),
                         status,
                         error: None,
+                        about: None,
                     },
                 );
             }
@@ -3517,6 +3527,7 @@ mod tests {
                     thread_id: "new".into(),
                     status: MessageStatus::Delivered,
                     error: None,
+                    about: None,
                 },
             );
         }
