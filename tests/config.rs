@@ -103,7 +103,7 @@ listeners:
         .unwrap()
         .to_string();
     assert!(
-        shown.ends_with("o.yaml: listener `c`: key `peers`: `ghost` names no listener"),
+        shown.ends_with("o.yaml:6: listener `c`: key `peers`: `ghost` names no listener"),
         "{shown}"
     );
 }
@@ -356,4 +356,49 @@ fn validate_warns_loudly_about_a_listen_address_beyond_loopback() {
             "{listen}: {stderr}"
         );
     }
+}
+
+#[test]
+fn a_mistake_in_one_listener_is_reported_once_with_its_line() {
+    let errs = errors(
+        "organism: { name: t }
+listeners:
+  - name: a
+    description: first
+    kind: native
+    handler: forward
+    schema: s.xsd
+    config: { to: b }
+  - name: b
+    descripton: typo
+    kind: native
+    handler: sink
+    schema: s.xsd
+  - name: c
+    description: third
+    kind: nativ
+    handler: sink
+    schema: s.xsd
+    peers: [b]
+",
+    );
+    assert_eq!(errs.len(), 2, "{errs:#?}");
+    assert!(
+        has(&errs, Some("b"), Some("descripton"), "unknown field"),
+        "{errs:#?}"
+    );
+    assert!(has(&errs, Some("c"), Some("kind"), "nativ"), "{errs:#?}");
+    let line = |l: &str| {
+        errs.iter()
+            .find(|e| e.listener.as_deref() == Some(l))
+            .unwrap()
+            .line
+    };
+    assert_eq!(line("b"), Some(10));
+    assert_eq!(line("c"), Some(16));
+    assert!(
+        errs[0].to_string().contains("o.yaml:10: listener `b`"),
+        "{}",
+        errs[0]
+    );
 }

@@ -273,8 +273,9 @@ async fn settings_that_need_a_restart_and_stale_revisions_are_refused() {
         (status, body["error"]["code"].as_str()),
         (409, Some("rev_mismatch"))
     );
+    // The right revision is taken; the file is what runs, so the revision stays.
     let (status, body) = r.post("/api/v1/organism/reload?if_rev=1").await;
-    assert_eq!((status, body["rev"].as_u64()), (200, Some(2)), "{body}");
+    assert_eq!((status, body["rev"].as_u64()), (200, Some(1)), "{body}");
 }
 
 #[tokio::test]
@@ -448,4 +449,29 @@ async fn a_schema_that_appears_after_the_file_naming_it_is_picked_up() {
     assert!(ok, "{error:?}");
     assert_eq!(diff.unwrap().added, vec!["late".to_string()]);
     assert!(!r.organism.config_stale());
+}
+
+#[tokio::test]
+async fn a_reload_that_changes_nothing_reports_unchanged_and_keeps_the_revision() {
+    let r = rig(&format!("{A}{B}{C}")).await;
+    // Saved again with only a comment added: what runs is the same.
+    std::fs::write(
+        r.path("organism.yaml"),
+        format!("# a comment\n{HEAD}{A}{B}{C}"),
+    )
+    .unwrap();
+    let (status, body) = r.post("/api/v1/organism/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rev"], 1, "{body}");
+    assert_eq!(body["unchanged"], json!(["a", "b", "c"]));
+    assert_eq!(body["changed"], json!([]));
+    assert_eq!(r.organism.info().config_rev, 1);
+    // A real change still takes a new revision.
+    r.save(&format!("{A}{}{C}", B.replace("second", "second renamed")));
+    let (status, body) = r.post("/api/v1/organism/reload").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (body["rev"].as_u64(), body["changed"].clone()),
+        (Some(2), json!(["b"]))
+    );
 }

@@ -33,6 +33,8 @@ pub const INJECTOR_NAMES: [&str; 4] = ["api", "ws", "cli", "system"];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
     pub file: String,
+    /// The line (from 1) the problem is on, when it could be found in the text.
+    pub line: Option<usize>,
     pub listener: Option<String>,
     pub key: Option<String>,
     pub message: String,
@@ -41,6 +43,9 @@ pub struct ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file)?;
+        if let Some(n) = self.line {
+            write!(f, ":{n}")?;
+        }
         if let Some(l) = &self.listener {
             write!(f, ": listener `{l}`")?;
         }
@@ -56,15 +61,17 @@ impl fmt::Display for ConfigError {
 #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
 pub struct ConfigErrors(pub Vec<ConfigError>);
 
-struct Collector {
+struct Collector<'t> {
     file: String,
+    text: &'t str,
     errors: Vec<ConfigError>,
 }
 
-impl Collector {
+impl Collector<'_> {
     fn push(&mut self, listener: Option<&str>, key: Option<&str>, message: impl Into<String>) {
         self.errors.push(ConfigError {
             file: self.file.clone(),
+            line: locate(self.text, listener, key),
             listener: listener.map(str::to_string),
             key: key.map(str::to_string),
             message: message.into(),
@@ -78,6 +85,7 @@ pub fn load_file(path: &Path, handlers: &[&str]) -> Result<OrganismConfig, Confi
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
             file: path.display().to_string(),
+            line: None,
             listener: None,
             key: None,
             message: format!("cannot read: {e}"),
@@ -99,6 +107,7 @@ pub fn load_str(
 ) -> Result<OrganismConfig, ConfigErrors> {
     let mut c = Collector {
         file: file.to_string(),
+        text,
         errors: Vec::new(),
     };
     let root: yaml_serde::Value = match yaml_serde::from_str(text) {
@@ -150,10 +159,16 @@ pub fn load_str(
     check_limits(&limits, &mut c);
 
     let mut sections: Vec<ListenerSection> = Vec::new();
+    // Every listener's name, its section readable or not: a mistake in one listener is
+    // reported once, not again as "names no listener" in those that refer to it.
+    let mut written_names: Vec<String> = Vec::new();
     match map.get("listeners").and_then(|v| v.as_sequence()) {
         None => c.push(None, Some("listeners"), "missing, or not a list"),
         Some(items) => {
             for (i, item) in items.iter().enumerate() {
+                if let Some(n) = item.get("name").and_then(|n| n.as_str()) {
+                    written_names.push(n.to_string());
+                }
                 let label = item
                     .get("name")
                     .and_then(|n| n.as_str())
@@ -174,14 +189,15 @@ pub fn load_str(
                     Ok(s) => sections.push(s),
                     Err(e) => {
                         let message = e.to_string();
-                        c.push(Some(&label), serde_key(&message).as_deref(), message);
+                        let key = serde_key(&message).or_else(|| variant_key(item, &message));
+                        c.push(Some(&label), key.as_deref(), message);
                     }
                 }
             }
         }
     }
 
-    let listeners = check_listeners(&sections, base, handlers, &mut c);
+    let listeners = check_listeners(&sections, &written_names, base, handlers, &mut c);
 
     if !c.errors.is_empty() {
         return Err(ConfigErrors(c.errors));
@@ -263,6 +279,71 @@ pub fn load_str(
         source: None,
         text: text.to_string(),
     })
+}
+
+/// The line (from 1) where `key` (a dotted path such as `config.to` or `organism.store`) of
+/// `listener` (or of the file, without one) is written, found by reading the text: the
+/// listener's `name:` line, then each segment of the key as a mapping key after it, within
+/// the listener's item. `None` when it is not written there (a missing key).
+fn locate(text: &str, listener: Option<&str>, key: Option<&str>) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let strip = |l: &str| {
+        l.trim_start()
+            .trim_start_matches('-')
+            .trim_start()
+            .trim_start_matches('{')
+            .trim_start()
+            .to_string()
+    };
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let (mut from, to) = match listener {
+        None => (0, lines.len()),
+        Some(name) => {
+            let start = lines.iter().position(|l| {
+                let t = strip(l);
+                let Some(v) = t.strip_prefix("name:") else {
+                    return false;
+                };
+                let v = v.split([',', '}', '#']).next().unwrap_or("").trim();
+                v.trim_matches(|c| c == '"' || c == '\'') == name
+            })?;
+            // The item starts at the `- ` at or before `name:`; it ends at the next `- ` at
+            // that indentation or less.
+            let item = (0..=start)
+                .rev()
+                .find(|i| lines[*i].trim_start().starts_with('-'))
+                .unwrap_or(start);
+            let depth = indent(lines[item]);
+            let end = (start + 1..lines.len())
+                .find(|i| {
+                    let l = lines[*i];
+                    !l.trim().is_empty()
+                        && indent(l) <= depth
+                        && (l.trim_start().starts_with('-') || indent(l) < depth)
+                })
+                .unwrap_or(lines.len());
+            (item, end)
+        }
+    };
+    let Some(key) = key else {
+        return (listener.is_some()).then_some(from + 1);
+    };
+    let start = from;
+    for segment in key.split('.') {
+        let segment = segment.split('[').next().unwrap_or(segment);
+        let found = (from..to).find(|i| {
+            let l = lines[*i];
+            [" ", "{", ",", "-"]
+                .iter()
+                .any(|p| l.contains(&format!("{p}{segment}:")))
+                || l.trim_start().starts_with(&format!("{segment}:"))
+        });
+        match found {
+            Some(i) => from = i,
+            None => return (listener.is_some()).then_some(start + 1),
+        }
+    }
+    Some(from + 1)
 }
 
 /// `http://host`, `https://host:port`: what a browser sends as `Origin`.
@@ -381,6 +462,16 @@ fn check_external(
 }
 
 /// The field a serde error is about (`unknown field `x``, `missing field `x``), if it says.
+/// For serde's "unknown variant `x`": the key of `item` whose value is `x`.
+fn variant_key(item: &yaml_serde::Value, message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown variant `")?;
+    let variant = rest.split('`').next()?;
+    item.as_mapping()?
+        .iter()
+        .find(|(_, v)| v.as_str() == Some(variant))
+        .and_then(|(k, _)| k.as_str().map(str::to_string))
+}
+
 fn serde_key(message: &str) -> Option<String> {
     let rest = message
         .strip_prefix("unknown field `")
@@ -426,11 +517,12 @@ fn check_limits(l: &Limits, c: &mut Collector) {
 
 fn check_listeners(
     sections: &[ListenerSection],
+    written_names: &[String],
     base: &Path,
     handlers: &[&str],
     c: &mut Collector,
 ) -> Vec<ListenerConfig> {
-    let names: HashSet<&str> = sections.iter().map(|s| s.name.as_str()).collect();
+    let names: HashSet<&str> = written_names.iter().map(String::as_str).collect();
     let mut seen = HashSet::new();
     let mut built = Vec::new();
     for s in sections {

@@ -130,6 +130,19 @@ fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadProble
     out
 }
 
+/// Whether two configs whose listeners are all unchanged describe the same organism: the
+/// settings a reload may change (the rest need a restart) and the listeners' order.
+fn same_settings(old: &OrganismConfig, new: &OrganismConfig) -> bool {
+    old.retention == new.retention
+        && old.allowed_origins == new.allowed_origins
+        && old.allowed_hosts == new.allowed_hosts
+        && old
+            .listeners
+            .iter()
+            .map(|l| &l.name)
+            .eq(new.listeners.iter().map(|l| &l.name))
+}
+
 /// A new organism built beside the running one, not yet in service.
 struct Prepared {
     config: OrganismConfig,
@@ -414,12 +427,21 @@ impl Organism {
                 let report = &prepared.report;
                 let nothing = report.added.is_empty()
                     && report.removed.is_empty()
-                    && report.changed.is_empty();
+                    && report.changed.is_empty()
+                    && same_settings(&current.config, &prepared.config);
                 s.config_stale.store(false, Ordering::SeqCst);
-                if only_if_changed && nothing && prepared.config.text == current.config.text {
-                    return Ok(None);
-                }
-                let report = s.apply(&current, prepared);
+                let report = if nothing {
+                    // Comments, formatting, a file saved again: what runs stays, and so
+                    // does its revision.
+                    if only_if_changed {
+                        return Ok(None);
+                    }
+                    let mut report = prepared.report;
+                    report.rev = rev;
+                    report
+                } else {
+                    s.apply(&current, prepared)
+                };
                 s.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 s.events.publish(EventKind::Reload {
                     agent: None,
