@@ -260,7 +260,12 @@ fn listen_address(listen: String) -> String {
 
 fn read_payload(arg: &str) -> Result<String, String> {
     match arg.strip_prefix('@') {
-        Some(file) => std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}")),
+        Some(file) => std::fs::read_to_string(file).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                format!("cannot read {file}: it is not UTF-8 text (a payload is XML or JSON text)")
+            }
+            _ => format!("cannot read {file}: {e}"),
+        }),
         None => Ok(arg.to_string()),
     }
 }

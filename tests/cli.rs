@@ -116,3 +116,14 @@ fn the_lua_playground_replies_and_reports_a_big_total() {
     assert_eq!(lines[2]["to"], "auditor");
     assert_eq!(lines[2]["payload"]["total"], 101);
 }
+
+#[test]
+fn send_with_a_payload_file_that_is_not_utf8_explains_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("p.xml");
+    std::fs::write(&file, [0x3c, 0xff, 0xfe, 0x3e]).unwrap();
+    let out = send(&format!("@{}", file.display()));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not UTF-8 text"), "{stderr}");
+}

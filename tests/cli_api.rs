@@ -360,3 +360,17 @@ fn sighup_reloads_the_organism_file() {
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut child), Some(0));
 }
+
+#[test]
+fn a_port_alone_as_listen_means_loopback_on_that_port() {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
+    let mut run = bin();
+    run.args(["run", demo, "--listen", "0", "--store", "memory"]);
+    let (mut server, url) = child::serve(run, Stdio::inherit());
+    assert!(
+        url.starts_with("http://127.0.0.1:") && !url.ends_with(":0"),
+        "{url}"
+    );
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut server), Some(0));
+}

@@ -475,3 +475,26 @@ async fn a_reload_that_changes_nothing_reports_unchanged_and_keeps_the_revision(
         (Some(2), json!(["b"]))
     );
 }
+
+#[tokio::test]
+async fn a_script_changed_on_disk_counts_as_a_lua_reload() {
+    let up =
+        "function handle(p, m) return { to = 'c', type = 'Note', payload = string.upper(p) } end\n";
+    let lua = "  - {name: l, description: script, kind: lua, script: l.lua, schema: t.xsd, accepts: [Note]}\n";
+    let r = rig_with(Organism::builder(), &format!("{lua}{C}"), &[("l.lua", up)]).await;
+    let mut events = r.organism.events().subscribe();
+    r.organism.watch_files(Duration::from_millis(50));
+    std::fs::write(r.path("l.lua"), up.replace("upper", "lower")).unwrap();
+    let (ok, error, diff) = next_reload(&mut events).await;
+    assert!(ok, "{error:?}");
+    assert_eq!(diff.unwrap().changed, vec!["l".to_string()]);
+    let text = r.metrics().await;
+    assert!(
+        text.contains("agentserver_lua_reloads_total{agent=\"l\"} 1"),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("lua_"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

@@ -91,6 +91,12 @@ pub trait Handler: Send + Sync + 'static {
     fn metrics(&self) -> Vec<HandlerMetric> {
         Vec::new()
     }
+
+    /// The counters a successor of this handler (the same listener rebuilt by an organism
+    /// reload) carries on with; the successor's kind knows their type.
+    fn carried_stats(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        None
+    }
 }
 
 /// One sample a handler reports for `/metrics`.

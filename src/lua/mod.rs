@@ -360,16 +360,20 @@ impl LuaHandler {
             organism.limits.max_message_bytes,
             OutputTargets::of(organism),
             events,
+            None,
         )
     }
 
     /// [`LuaHandler::build`] with the organism's shared output targets (what a reload
     /// updates) and output size limit.
+    /// `carried`: the counters of the handler this one succeeds (an organism reload that
+    /// changed the listener), which count it as a reload.
     pub fn build_with(
         listener: &ListenerConfig,
         max_output: usize,
         targets: Arc<OutputTargets>,
         events: Arc<EventHub>,
+        carried: Option<Arc<LuaStats>>,
     ) -> Result<LuaHandler, String> {
         let script = listener
             .script
@@ -384,6 +388,13 @@ impl LuaHandler {
             limits,
         };
         let pool = Pool::start(spec, listener.concurrency)?;
+        let stats = match carried {
+            Some(stats) => {
+                stats.reloads.fetch_add(1, Ordering::Relaxed);
+                stats
+            }
+            None => Arc::new(LuaStats::default()),
+        };
         Ok(LuaHandler(Arc::new(Inner {
             name: listener.name.to_string(),
             script,
@@ -395,7 +406,7 @@ impl LuaHandler {
             pool: RwLock::new(Arc::new(pool)),
             targets,
             events,
-            stats: Arc::new(LuaStats::default()),
+            stats,
         })))
     }
 
@@ -627,6 +638,10 @@ impl Handler for LuaHandler {
 
     fn reload(&self) -> Option<Result<(), String>> {
         Some(self.0.reload_script())
+    }
+
+    fn carried_stats(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(self.0.stats.clone())
     }
 
     fn metrics(&self) -> Vec<crate::listener::HandlerMetric> {

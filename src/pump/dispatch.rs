@@ -527,7 +527,7 @@ mod tests {
     use crate::pump::Organism;
 
     const ORGANISM: &str = r#"
-organism: { name: waits }
+organism: { name: waits, store: memory }
 listeners:
   - name: ext
     description: Owes replies

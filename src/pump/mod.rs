@@ -496,12 +496,13 @@ impl OrganismBuilder {
         let mut listeners = crate::hash::SeededMap::default();
         let mut order = Vec::new();
         for lc in &config.listeners {
-            let handler = shared
-                .build_handler(lc)
-                .map_err(|message| BuildError::Handler {
-                    listener: lc.name.to_string(),
-                    message,
-                })?;
+            let handler =
+                shared
+                    .build_handler(lc, None)
+                    .map_err(|message| BuildError::Handler {
+                        listener: lc.name.to_string(),
+                        message,
+                    })?;
             let l = Arc::new(Listener::new(lc.clone(), handler, None));
             listeners.insert(lc.name.clone(), l.clone());
             order.push(l);

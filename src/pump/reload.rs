@@ -152,14 +152,22 @@ struct Prepared {
 }
 
 impl Shared {
-    /// Builds a handler for one listener, of whatever kind.
-    pub(crate) fn build_handler(&self, lc: &ListenerConfig) -> Result<Arc<dyn Handler>, String> {
+    /// Builds a handler for one listener, of whatever kind; `previous` is the handler it
+    /// succeeds, if any (its counters carry on).
+    pub(crate) fn build_handler(
+        &self,
+        lc: &ListenerConfig,
+        previous: Option<&Arc<dyn Handler>>,
+    ) -> Result<Arc<dyn Handler>, String> {
         match lc.kind {
             config::ListenerKind::Lua => crate::lua::LuaHandler::build_with(
                 lc,
                 self.limits.max_message_bytes,
                 self.lua_targets.clone(),
                 self.events.clone(),
+                previous
+                    .and_then(|h| h.carried_stats())
+                    .and_then(|s| s.downcast::<crate::lua::LuaStats>().ok()),
             )
             .map(|h| Arc::new(h) as Arc<dyn Handler>),
             config::ListenerKind::External => {
@@ -200,7 +208,8 @@ impl Shared {
                 Some(_) => report.changed.push(name.clone()),
                 None => report.added.push(name.clone()),
             }
-            match self.build_handler(lc) {
+            let previous = current.listeners.get(lc.name.as_str()).map(|l| &l.handler);
+            match self.build_handler(lc, previous) {
                 Ok(handler) => {
                     let listener = match current.listeners.get(lc.name.as_str()) {
                         Some(old) => Listener::successor_of(lc.clone(), handler, old.stats.clone()),
