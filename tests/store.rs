@@ -227,6 +227,21 @@ async fn a_thread_is_found_the_moment_its_inject_is_answered() {
         .unwrap()
         .is_none());
     assert!(o.thread_info("no-such-thread").unwrap().is_none());
+    // Lists too: they read once the store has what was published before them.
+    let listed = o
+        .query_threads(&ThreadFilter::default(), Page::default())
+        .unwrap();
+    assert!(
+        listed.items.iter().any(|i| i.id.as_str() == t.thread_id),
+        "{:?}",
+        listed.items
+    );
+    let filter = MessageFilter {
+        thread: Some(t.thread_id.clone()),
+        ..Default::default()
+    };
+    let messages = o.query_messages(&filter, Page::default()).unwrap();
+    assert_eq!(messages.total, 1);
 }
 
 #[tokio::test]

@@ -202,6 +202,9 @@ pub struct AgentInfo {
     pub p99_handler_ms: f64,
 }
 
+/// How long a list read waits for the store to commit what was published before it.
+pub const READ_CATCH_UP: Duration = Duration::from_secs(1);
+
 /// The organism as observers see it: the seed's Organism object plus our additions.
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
 #[schema(as = Organism)]
@@ -676,19 +679,26 @@ impl Organism {
         page: crate::threads::Page,
     ) -> Result<crate::threads::Paged<MessageRecord>, crate::store::StoreError> {
         match &self.shared.store {
-            Some(store) => store.query_messages(filter, page),
+            Some(store) => {
+                store.catch_up(READ_CATCH_UP);
+                store.query_messages(filter, page)
+            }
             None => Ok(self.shared.threads.query_messages(filter, page)),
         }
     }
 
-    /// One page of threads: from the store when there is one, else from memory.
+    /// One page of threads: from the store when there is one (after it has committed what
+    /// was published before the call, [`READ_CATCH_UP`] at most), else from memory.
     pub fn query_threads(
         &self,
         filter: &crate::threads::ThreadFilter,
         page: crate::threads::Page,
     ) -> Result<crate::threads::Paged<crate::threads::ThreadInfo>, crate::store::StoreError> {
         match &self.shared.store {
-            Some(store) => store.query_threads(filter, page),
+            Some(store) => {
+                store.catch_up(READ_CATCH_UP);
+                store.query_threads(filter, page)
+            }
             None => Ok(self.shared.threads.query_threads(filter, page)),
         }
     }

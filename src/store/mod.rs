@@ -655,6 +655,18 @@ impl Store {
         self.record_event(&Arc::new(Event::new(seq, kind.clone())));
     }
 
+    /// Waits (up to `timeout`) until everything sent so far is committed, so a read that
+    /// follows sees every change published before it: a thread is listed the moment its
+    /// inject is answered. Returns at once when nothing is waiting for the writer.
+    pub fn catch_up(&self, timeout: Duration) {
+        if self.health.queued.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let (done, wait) = mpsc::channel();
+        self.send(Op::Flush(done));
+        let _ = wait.recv_timeout(timeout);
+    }
+
     /// Writes the last `seq` and waits until everything sent so far is committed.
     pub fn flush(&self, last_seq: u64) {
         self.send(Op::Seq(last_seq));
