@@ -392,7 +392,7 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
         _ = shutdown.wait() => {}
         _ = server.stop_requested() => {}
     }
-    eprintln!("agentserver: stopping (draining pending messages)");
+    eprintln!("agentserver: stopping: {}", stop_outlook(&organism));
     let report = organism.stop().await;
     if !report.drained {
         eprintln!(
@@ -415,6 +415,30 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
             ExitCode::FAILURE
         }
     }
+}
+
+/// What a stop will wait for, in one line.
+fn stop_outlook(organism: &Organism) -> String {
+    let pending = organism.pending();
+    let held = organism.paused_backlog();
+    let held_count: usize = held.iter().map(|(_, n)| n).sum();
+    let grace = organism.config().limits.stop_grace_ms as f64 / 1000.0;
+    let mut line = if pending > held_count {
+        format!(
+            "draining {} pending message(s), up to {grace}s (limits.stop_grace_ms)",
+            pending - held_count
+        )
+    } else {
+        "nothing to drain".to_string()
+    };
+    if !held.is_empty() {
+        let who: Vec<String> = held.iter().map(|(l, n)| format!("{l} ({n})")).collect();
+        line.push_str(&format!(
+            "; {held_count} message(s) queued at paused listeners ({}) cannot move and do not hold the stop: their threads are killed",
+            who.join(", ")
+        ));
+    }
+    line
 }
 
 /// SIGHUP reloads the organism from its file (SPEC §12), as `POST /api/v1/organism/reload`.

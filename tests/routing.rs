@@ -361,3 +361,27 @@ async fn route_preview_answers_what_routing_would_do_without_sending() {
     // Nothing was sent.
     assert_eq!(o.info().total_messages, 0);
 }
+
+#[tokio::test]
+async fn a_paused_queue_does_not_hold_a_stop_for_its_grace_period() {
+    let (o, _d) = organism_with(
+        Organism::builder(),
+        "  stop_grace_ms: 600000",
+        "breadth-first",
+        CHAIN,
+    );
+    o.pause_listener("b").unwrap();
+    let t = inject(&o, "a", "<Note>held</Note>", None);
+    until(&o, || o.agent("b").unwrap().queue_depth == 1).await;
+    assert_eq!(o.paused_backlog(), vec![("b".to_string(), 1)]);
+    // Ten minutes of grace, yet the stop ends at once: nothing else can move.
+    let report = tokio::time::timeout(WAIT, o.stop())
+        .await
+        .expect("the stop does not wait for a paused queue");
+    assert!(!report.drained);
+    assert_eq!(report.killed_threads, 1);
+    assert_eq!(
+        o.threads().info(&t.thread_id).unwrap().status,
+        agentserver::threads::ThreadStatus::Killed
+    );
+}

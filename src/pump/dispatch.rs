@@ -145,6 +145,16 @@ impl Listener {
         }
     }
 
+    /// Messages queued here that cannot start while it (or the organism) is paused.
+    pub(crate) fn held_by_pause(&self, organism_paused: bool) -> usize {
+        let q = self.lock();
+        if q.paused || organism_paused {
+            q.depth
+        } else {
+            0
+        }
+    }
+
     fn touch(&self) {
         self.stats
             .last_activity

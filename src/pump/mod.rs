@@ -1167,7 +1167,9 @@ impl Organism {
             status: OrganismStatus::Stopping,
         });
         let grace = Duration::from_millis(s.limits.stop_grace_ms);
-        let drained = self.wait_idle(grace).await;
+        let held = self.paused_backlog();
+        tracing::info!(pending = self.pending(), paused_backlog = ?held, grace_ms = s.limits.stop_grace_ms, "stopping: draining what can move");
+        let drained = self.wait_drained(grace).await;
         let mut killed_threads = 0;
         if !drained {
             for id in s.threads.active_ids() {
@@ -1202,6 +1204,45 @@ impl Organism {
             drained,
             killed_threads,
             uncommitted,
+        }
+    }
+
+    /// The listeners whose queues cannot drain because they (or the organism) are paused,
+    /// with how many messages each holds.
+    pub fn paused_backlog(&self) -> Vec<(String, usize)> {
+        let organism_paused = self.shared.is_paused();
+        self.shared
+            .topo()
+            .order
+            .iter()
+            .map(|l| (l.name().to_string(), l.held_by_pause(organism_paused)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// Waits until nothing is pending but what paused queues hold, up to `limit`: messages
+    /// that cannot start do not hold a stop for its grace period. Returns whether nothing at
+    /// all is pending then.
+    async fn wait_drained(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.shared.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let held: usize = self.paused_backlog().iter().map(|(_, n)| n).sum();
+            if self.pending() <= held {
+                return self.pending() == 0;
+            }
+            // Idle is announced at zero only; a paused backlog is looked at again often.
+            let look_again =
+                (tokio::time::Instant::now() + Duration::from_millis(50)).min(deadline);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(look_again) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return self.pending() == 0;
+            }
         }
     }
 
