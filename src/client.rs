@@ -240,7 +240,32 @@ async fn agent_names(url: &str) -> Option<Vec<String>> {
 
 /// Posts one inject to a running server.
 pub async fn inject(url: &str, body: &InjectBody) -> Result<InjectReceipt, ClientError> {
-    let endpoint = format!("{}/api/v1/inject", base(url)?);
+    let v = post_inject(url, body, None).await?;
+    Ok(InjectReceipt {
+        thread_id: v["thread_id"].as_str().unwrap_or_default().to_string(),
+        message_id: v["message_id"].as_str().unwrap_or_default().to_string(),
+    })
+}
+
+/// Posts one inject and waits (up to `seconds`, at most 60) for its thread to be no longer
+/// active: the server's answer, `{thread_id, message_id, thread_status, messages}`.
+pub async fn inject_and_wait(
+    url: &str,
+    body: &InjectBody,
+    seconds: u64,
+) -> Result<Value, ClientError> {
+    post_inject(url, body, Some(seconds)).await
+}
+
+async fn post_inject(
+    url: &str,
+    body: &InjectBody,
+    wait: Option<u64>,
+) -> Result<Value, ClientError> {
+    let endpoint = match wait {
+        Some(w) => format!("{}/api/v1/inject?wait={w}", base(url)?),
+        None => format!("{}/api/v1/inject", base(url)?),
+    };
     let mut json = serde_json::Map::new();
     json.insert("to".into(), Value::String(body.to.clone()));
     if let Some(p) = &body.payload {
@@ -266,16 +291,12 @@ pub async fn inject(url: &str, body: &InjectBody) -> Result<InjectReceipt, Clien
         })?;
     let status = response.status().as_u16();
     let text = response.text().await.unwrap_or_default();
-    if status != 202 {
+    if status != 202 && status != 200 {
         return Err(ClientError::Refused { status, body: text });
     }
-    let v: Value = serde_json::from_str(&text).map_err(|e| ClientError::Refused {
+    serde_json::from_str(&text).map_err(|e| ClientError::Refused {
         status,
         body: format!("{text} ({e})"),
-    })?;
-    Ok(InjectReceipt {
-        thread_id: v["thread_id"].as_str().unwrap_or_default().to_string(),
-        message_id: v["message_id"].as_str().unwrap_or_default().to_string(),
     })
 }
 

@@ -96,6 +96,10 @@ enum Command {
         /// The payload type of a JSON payload, when the listener accepts several.
         #[arg(long = "type")]
         payload_type: Option<String>,
+        /// `--wait` or `--wait=SECONDS`: wait (default 30 s, at most 60) until the thread is no longer
+        /// active; print its messages as JSON lines; exit 0 if it completed, 1 otherwise.
+        #[arg(long, value_name = "SECONDS", num_args = 0..=1, require_equals = true, default_missing_value = "30")]
+        wait: Option<u64>,
     },
 }
 
@@ -143,7 +147,17 @@ fn main() -> ExitCode {
             payload,
             thread,
             payload_type,
-        } => with_runtime(inject(url, to, payload, thread, payload_type)),
+            wait,
+        } => with_runtime(inject(
+            url,
+            InjectArgs {
+                to,
+                payload,
+                thread_id: thread,
+                payload_type,
+            },
+            wait,
+        )),
     }
 }
 
@@ -158,13 +172,21 @@ async fn tail(url: String, filter: TailFilter, json: bool) -> ExitCode {
     }
 }
 
-async fn inject(
-    url: String,
+/// What `inject` posts, as given on the command line.
+struct InjectArgs {
     to: String,
     payload: String,
     thread_id: Option<String>,
     payload_type: Option<String>,
-) -> ExitCode {
+}
+
+async fn inject(url: String, args: InjectArgs, wait: Option<u64>) -> ExitCode {
+    let InjectArgs {
+        to,
+        payload,
+        thread_id,
+        payload_type,
+    } = args;
     let text = match read_payload(&payload) {
         Ok(p) => p,
         Err(e) => {
@@ -190,6 +212,9 @@ async fn inject(
         payload_type,
         thread_id,
     };
+    if let Some(seconds) = wait {
+        return inject_and_wait(&url, &body, seconds).await;
+    }
     match client::inject(&url, &body).await {
         Ok(receipt) => {
             println!("{}", serde_json::to_string(&receipt).unwrap_or_default());
@@ -197,6 +222,35 @@ async fn inject(
         }
         Err(e) => {
             eprintln!("agentserver inject: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `inject --wait`: the thread's messages as JSON lines; exit 0 if it completed.
+async fn inject_and_wait(url: &str, body: &InjectBody, seconds: u64) -> ExitCode {
+    let answer = match client::inject_and_wait(url, body, seconds).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("agentserver inject: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for m in answer["messages"].as_array().into_iter().flatten() {
+        println!("{m}");
+    }
+    let thread = answer["thread_id"].as_str().unwrap_or_default();
+    match answer["thread_status"].as_str() {
+        Some("completed") => ExitCode::SUCCESS,
+        Some("active") => {
+            eprintln!("agentserver inject: thread {thread} still active after {seconds}s");
+            ExitCode::FAILURE
+        }
+        other => {
+            eprintln!(
+                "agentserver inject: thread {thread} ended {}",
+                other.unwrap_or("?")
+            );
             ExitCode::FAILURE
         }
     }

@@ -609,12 +609,12 @@ async fn pause_resume_and_kill_are_visible_in_rest() {
     let (st, o) = s.post("/api/v1/organism/resume", json!({})).await;
     assert_eq!((st, o["status"].as_str()), (200, Some("running")));
 
-    // An organism reload of an unchanged file changes nothing but the revision; a native
-    // listener has no script to reload.
+    // An organism reload of an unchanged file changes nothing, the revision included; a
+    // native listener has no script to reload.
     let (st, r) = s.post("/api/v1/organism/reload", json!({})).await;
-    assert_eq!((st, r["rev"].as_u64()), (200, Some(2)), "{r}");
+    assert_eq!((st, r["rev"].as_u64()), (200, Some(1)), "{r}");
     assert_eq!(r["unchanged"], json!(["a", "b", "c"]));
-    let (st, e) = s.post("/api/v1/organism/reload?if_rev=1", json!({})).await;
+    let (st, e) = s.post("/api/v1/organism/reload?if_rev=2", json!({})).await;
     assert_eq!(
         (st, e["error"]["code"].as_str()),
         (409, Some("rev_mismatch"))
@@ -786,4 +786,48 @@ async fn the_served_openapi_document_passes_a_standard_validator_with_no_danglin
         "openapi-spec-validator is missing: run scripts/test, or pip install openapi-spec-validator"
     );
     assert!(out.status.success() && said.contains("OK"), "{said}");
+}
+
+#[tokio::test]
+async fn inject_with_wait_answers_with_the_settled_thread() {
+    let s = chain().await;
+    let (st, r) = s
+        .post(
+            "/api/v1/inject?wait=10",
+            json!({"to": "a", "payload_xml": "<Note>w</Note>"}),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["thread_status"], "completed");
+    let ms = r["messages"].as_array().unwrap();
+    assert_eq!(ms.len(), 3, "{r}");
+    assert_eq!(ms[0]["id"], r["message_id"]);
+    assert_eq!(ms[2]["to"], "c");
+    assert!(ms.iter().all(|m| m["thread_id"] == r["thread_id"]));
+
+    // A thread that cannot finish in time: the answer says it is still active.
+    s.organism.pause_listener("b").unwrap();
+    let (st, r) = s
+        .post(
+            "/api/v1/inject?wait=0",
+            json!({"to": "a", "payload_xml": "<Note>w</Note>"}),
+        )
+        .await;
+    assert_eq!(
+        (st, r["thread_status"].as_str()),
+        (200, Some("active")),
+        "{r}"
+    );
+
+    let (st, e) = s
+        .post(
+            "/api/v1/inject?wait=61",
+            json!({"to": "a", "payload_xml": "<Note>w</Note>"}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["where"].as_str()),
+        (400, Some("wait")),
+        "{e}"
+    );
 }

@@ -235,11 +235,11 @@ async fn commands_are_answered_with_their_request_id() {
         .pop()
         .unwrap();
     assert_eq!(a["event"], "ack", "{a}");
-    assert_eq!(a["rev"], 2);
+    assert_eq!(a["rev"], 1, "nothing changed: the revision stays");
     assert_eq!(a["unchanged"], json!(["a", "b", "c"]));
     send_json(
         &mut ws,
-        json!({"cmd": "reload", "request_id": 2, "if_rev": 1}),
+        json!({"cmd": "reload", "request_id": 2, "if_rev": 2}),
     )
     .await;
     let e = read_until(&mut ws, |v| v["request_id"] == 2)

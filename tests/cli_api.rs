@@ -374,3 +374,30 @@ fn a_port_alone_as_listen_means_loopback_on_that_port() {
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
 }
+
+#[test]
+fn inject_wait_prints_the_thread_and_exits_by_its_end() {
+    let (mut server, url) = run_demo();
+    let out = bin()
+        .args([
+            "inject",
+            "--url",
+            &url,
+            "--to",
+            "greeter",
+            "--wait",
+            "<Greeting><name>Wu</name></Greeting>",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert_eq!(lines[2]["payload"]["message"], "HELLO, WU!");
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut server), Some(0));
+}

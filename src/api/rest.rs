@@ -284,8 +284,32 @@ pub async fn list_messages(
     Ok(Json(s.inner.organism.query_messages(&filter, page)?))
 }
 
-#[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody,
+/// `?wait=SECONDS` on inject: answer once the thread is no longer active.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InjectQuery {
+    /// Wait up to this many seconds (at most 60) for the thread to be no longer active, and
+    /// answer 200 with its messages; without it, answer 202 at once.
+    pub wait: Option<u64>,
+}
+
+/// The longest `?wait=` on inject, in seconds.
+pub const MAX_INJECT_WAIT: u64 = 60;
+
+/// The answer to an inject that waited (`?wait=`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InjectResult {
+    pub thread_id: String,
+    pub message_id: String,
+    /// The thread's status when the answer was made: `active` if the wait ran out first.
+    pub thread_status: crate::threads::ThreadStatus,
+    /// The thread's messages, in slot order.
+    pub messages: Vec<MessageRecord>,
+}
+
+#[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody, params(InjectQuery),
     responses((status = 202, description = "Validated and queued", body = InjectReceipt),
+              (status = 200, description = "With `?wait=`: the thread settled (or the wait ran out: `thread_status` says which); its messages", body = InjectResult),
               (status = 400, description = "Bad JSON, missing or conflicting fields, bad thread id", body = ErrorResponse),
               (status = 404, description = "No such listener", body = ErrorResponse),
               (status = 409, description = "The thread was killed or is over its budget", body = ErrorResponse),
@@ -296,10 +320,43 @@ pub async fn list_messages(
               (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
 pub async fn inject(
     State(s): State<ApiState>,
+    Params(q): Params<InjectQuery>,
     JsonBody(body): JsonBody<InjectBody>,
-) -> ApiResult<(StatusCode, Json<InjectReceipt>)> {
-    let receipt = do_inject(&s.inner.organism, REST_IDENTITY, body)?;
-    Ok((StatusCode::ACCEPTED, Json(receipt)))
+) -> ApiResult<Response> {
+    if q.wait.is_some_and(|w| w > MAX_INJECT_WAIT) {
+        return Err(
+            ApiError::bad_request(format!("wait is at most {MAX_INJECT_WAIT} seconds")).at("wait"),
+        );
+    }
+    let organism = &s.inner.organism;
+    let receipt = do_inject(organism, REST_IDENTITY, body)?;
+    let Some(wait) = q.wait else {
+        return Ok((StatusCode::ACCEPTED, Json(receipt)).into_response());
+    };
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_secs(wait),
+        organism.wait_thread(&receipt.thread_id),
+    )
+    .await;
+    let thread_status = match waited {
+        Ok(Some(status)) => status,
+        _ => crate::threads::ThreadStatus::Active,
+    };
+    let all = Page {
+        limit: usize::MAX,
+        offset: 0,
+    };
+    let messages = organism
+        .thread_page(&receipt.thread_id, all)?
+        .map(|p| p.items)
+        .unwrap_or_default();
+    Ok(Json(InjectResult {
+        thread_id: receipt.thread_id,
+        message_id: receipt.message_id,
+        thread_status,
+        messages,
+    })
+    .into_response())
 }
 
 #[utoipa::path(post, path = "/api/v1/threads/{id}/kill", tag = "control",
