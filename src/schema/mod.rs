@@ -34,6 +34,45 @@ pub const ENVELOPE_XSD: &str = include_str!("../../schemas/envelope.xsd");
 
 thread_local! {
     static CONTEXTS: RefCell<crate::hash::SeededMap<u64, SchemaValidationContext>> = RefCell::new(Default::default());
+    /// The [`RETIRED`] generation this thread's contexts were last swept at.
+    static SWEPT: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// The ids of the schemas alive in the process. A thread's cached contexts of any other id
+/// belong to schemas dropped (a reload retired them) and are freed at its next validation.
+static LIVE: std::sync::Mutex<Option<std::collections::HashSet<u64>>> =
+    std::sync::Mutex::new(None);
+
+/// Bumped when a schema is dropped: threads compare it with [`SWEPT`] (one atomic load per
+/// validation) and sweep their caches when it moved.
+static RETIRED: AtomicU64 = AtomicU64::new(0);
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        if let Some(live) = crate::sync::lock(&LIVE).as_mut() {
+            live.remove(&self.id);
+        }
+        RETIRED.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Frees this thread's contexts of schemas no longer alive, if any was dropped since the
+/// last sweep.
+fn sweep(contexts: &mut crate::hash::SeededMap<u64, SchemaValidationContext>) {
+    let generation = RETIRED.load(Ordering::Acquire);
+    if SWEPT.with(|s| s.get()) == generation {
+        return;
+    }
+    if let Some(live) = crate::sync::lock(&LIVE).as_ref() {
+        contexts.retain(|id, _| live.contains(id));
+    }
+    SWEPT.with(|s| s.set(generation));
+}
+
+/// Validation contexts cached on this thread (tests: retired ones are freed).
+#[doc(hidden)]
+pub fn cached_contexts() -> usize {
+    CONTEXTS.with(|c| c.borrow().len())
 }
 
 /// A compiled XSD: its text, where it came from, and the payload types it declares.
@@ -115,7 +154,14 @@ impl Schema {
             types,
         };
         let context = schema.build_context()?;
-        CONTEXTS.with(|c| c.borrow_mut().insert(schema.id, context));
+        crate::sync::lock(&LIVE)
+            .get_or_insert_with(Default::default)
+            .insert(schema.id);
+        CONTEXTS.with(|c| {
+            let mut contexts = c.borrow_mut();
+            sweep(&mut contexts);
+            contexts.insert(schema.id, context)
+        });
         Ok(Arc::new(schema))
     }
 
@@ -207,6 +253,7 @@ impl Schema {
         })?;
         let result = CONTEXTS.with(|cell| {
             let mut contexts = cell.borrow_mut();
+            sweep(&mut contexts);
             let context = match contexts.entry(self.id) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(v) => {
@@ -409,6 +456,36 @@ mod tests {
             .unwrap();
         assert!(ok);
         assert!(s.validate(norm("<Other>x</Other>")).is_err());
+    }
+
+    #[test]
+    fn a_dropped_schemas_contexts_are_freed_on_every_thread_that_used_it() {
+        let kept = Schema::compile("t.xsd", XSD).unwrap();
+        let mut retired = Vec::new();
+        for _ in 0..3 {
+            retired.push(Schema::compile("t.xsd", XSD).unwrap());
+        }
+        let (kept2, retired2) = (kept.clone(), retired.clone());
+        // A worker thread that validates with all of them, then (once they are dropped)
+        // with the one that is kept.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let worker = std::thread::spawn(move || {
+            for s in retired2.iter().chain([&kept2]) {
+                assert!(s.validate(norm("<Other>5</Other>")).is_ok());
+            }
+            let before = cached_contexts();
+            drop(retired2);
+            wait.recv().unwrap();
+            assert!(kept2.validate(norm("<Other>6</Other>")).is_ok());
+            (before, cached_contexts())
+        });
+        drop(retired);
+        go.send(()).unwrap();
+        let (before, after) = worker.join().unwrap();
+        assert_eq!((before, after), (4, 1));
+        // And on the thread that compiled them.
+        assert!(kept.validate(norm("<Other>7</Other>")).is_ok());
+        assert_eq!(cached_contexts(), 1, "each test runs on a thread of its own");
     }
 
     #[test]
