@@ -298,3 +298,26 @@ async fn a_huge_error_text_is_cut_to_max_error_bytes_saying_so() {
     }
     healthy(&lab).await;
 }
+
+#[tokio::test]
+async fn one_large_string_many_times_over_hits_the_memory_cap_on_the_host_side_too() {
+    // 30,000 references to one 1 MB string: about 1 MB inside Lua, 30 GB once written
+    // out (which would take the machine down were the copies not counted as they are made).
+    let many = "local s = string.rep('x', 1000000) local t = {} for i = 1, 30000 do t[i] = s end";
+    let (lab, error) = attack(
+        &format!("function handle(p, m) {many} return {{ to = m.from, type = 'Note', payload = json.encode(t) }} end"),
+        "{ memory_mb: 8, cpu_ms: 10000 }",
+    )
+    .await;
+    assert!(error.contains("lua memory"), "{error}");
+    healthy(&lab).await;
+    let (lab, error) = attack(
+        &format!(
+            "function handle(p, m) {many} return {{ to = m.from, type = 'Note', payload = t }} end"
+        ),
+        "{ memory_mb: 8, cpu_ms: 10000 }",
+    )
+    .await;
+    assert!(error.contains("lua memory"), "{error}");
+    healthy(&lab).await;
+}

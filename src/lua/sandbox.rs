@@ -233,11 +233,12 @@ impl Sandbox {
             g.raw_set("log", log)?;
 
             let json = lua.create_table()?;
+            let cap = limits.memory_bytes();
             json.set(
                 "encode",
-                lua.create_function(|lua, v: Value| {
-                    let value: Json = lua.from_value_with(v, de_options())?;
-                    serde_json::to_string(&value).map_err(mlua::Error::external)
+                lua.create_function(move |_, v: Value| {
+                    let bytes = encode_bounded(&v, cap)?;
+                    String::from_utf8(bytes).map_err(mlua::Error::external)
                 })?,
             )?;
             json.set(
@@ -382,7 +383,10 @@ impl Sandbox {
             if matches!(out, Value::Nil) {
                 return Ok(Json::Null);
             }
-            self.unlimited(|lua| lua.from_value_with(out, de_options()))
+            // Written out within the memory cap first: a table can hold one large string
+            // many times over, and its copies are made on the host side.
+            let bytes = encode_bounded(&out, self.limits.memory_bytes())?;
+            serde_json::from_slice(&bytes).map_err(mlua::Error::external)
         })();
         let tripped = self.budget.tripped.load(Ordering::Relaxed);
         let cancelled = self.budget.cancelled.load(Ordering::Relaxed);
@@ -470,11 +474,46 @@ fn ser_options() -> mlua::serde::ser::Options {
         .set_array_metatable(false)
 }
 
-fn de_options() -> mlua::serde::de::Options {
-    mlua::serde::de::Options::new()
+/// A writer that refuses to grow past `max` bytes.
+struct Bounded {
+    bytes: Vec<u8>,
+    max: usize,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.max {
+            return Err(std::io::Error::other("over the memory limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `v` as JSON text, written straight from the Lua value (no copy of the tree in between)
+/// and stopped at `max` bytes (the sandbox's memory cap; 0 is none) with a memory error.
+fn encode_bounded(v: &Value, max: usize) -> mlua::Result<Vec<u8>> {
+    let max = if max == 0 { usize::MAX } else { max };
+    let mut out = Bounded {
+        bytes: Vec::new(),
+        max,
+    };
+    let value = v
+        .to_serializable()
         .deny_unsupported_types(true)
         .deny_recursive_tables(true)
-        .sort_keys(true)
+        .sort_keys(true);
+    match serde_json::to_writer(&mut out, &value) {
+        Ok(()) => Ok(out.bytes),
+        Err(e) if e.is_io() => Err(mlua::Error::MemoryError(format!(
+            "the value written as JSON is over the {max}-byte memory limit"
+        ))),
+        Err(e) => Err(mlua::Error::SerializeError(e.to_string())),
+    }
 }
 
 /// The JSON view of a payload as a Lua table: attributes under `_attr`, mixed text `_text`

@@ -40,8 +40,7 @@ thread_local! {
 
 /// The ids of the schemas alive in the process. A thread's cached contexts of any other id
 /// belong to schemas dropped (a reload retired them) and are freed at its next validation.
-static LIVE: std::sync::Mutex<Option<std::collections::HashSet<u64>>> =
-    std::sync::Mutex::new(None);
+static LIVE: std::sync::Mutex<Option<std::collections::HashSet<u64>>> = std::sync::Mutex::new(None);
 
 /// Bumped when a schema is dropped: threads compare it with [`SWEPT`] (one atomic load per
 /// validation) and sweep their caches when it moved.
@@ -485,7 +484,11 @@ mod tests {
         assert_eq!((before, after), (4, 1));
         // And on the thread that compiled them.
         assert!(kept.validate(norm("<Other>7</Other>")).is_ok());
-        assert_eq!(cached_contexts(), 1, "each test runs on a thread of its own");
+        assert_eq!(
+            cached_contexts(),
+            1,
+            "each test runs on a thread of its own"
+        );
     }
 
     #[test]
