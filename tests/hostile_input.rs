@@ -211,3 +211,42 @@ async fn validator_messages_are_capped_with_a_count_of_the_rest() {
     }
     still_healthy(&o).await;
 }
+
+#[tokio::test]
+async fn large_payloads_are_held_in_memory_within_max_retained_bytes() {
+    let (o, _d) = organism_with(
+        Organism::builder(),
+        "  max_retained_bytes: 8388608",
+        "breadth-first",
+        CHAIN,
+    );
+    let big = "y".repeat(100_000);
+    let mut threads = Vec::new();
+    for _ in 0..120 {
+        let t = inject(&o, "a", &format!("<Note>{big}</Note>"), None);
+        assert_eq!(settle(&o, &t.thread_id).await, ThreadStatus::Completed);
+        threads.push(t.thread_id);
+    }
+    // 120 threads of three 100 kB messages: 36 MB of payloads, and three times that as
+    // events. Memory holds what 8 MiB allows (three quarters for threads, a quarter for
+    // events; each of the registry's 16 shards may keep its newest thread beyond it), the
+    // newest; the rest is let go of.
+    let held: Vec<_> = o.threads().list();
+    let held_bytes: usize = held
+        .iter()
+        .filter_map(|t| o.thread_messages(&t.id))
+        .flatten()
+        .map(|m| m.weight())
+        .sum();
+    let thread_weight = 3 * (100_000 + 256 + 20);
+    assert!(held.len() < 60, "{} threads held", held.len());
+    assert!(held_bytes <= 6_291_456 + 16 * thread_weight, "{held_bytes}");
+    assert!(o.thread_messages(threads.last().unwrap()).is_some());
+    assert!(
+        o.events().retained_bytes() <= 2_097_152,
+        "{}",
+        o.events().retained_bytes()
+    );
+    let t = inject(&o, "a", "<Note>small</Note>", None);
+    assert_eq!(settle(&o, &t.thread_id).await, ThreadStatus::Completed);
+}

@@ -480,7 +480,7 @@ fn serde_key(message: &str) -> Option<String> {
 }
 
 fn check_limits(l: &Limits, c: &mut Collector) {
-    let checks: [(&str, bool); 12] = [
+    let checks: [(&str, bool); 13] = [
         ("limits.max_message_bytes", l.max_message_bytes > 0),
         ("limits.max_depth", l.max_depth > 0),
         ("limits.max_pending_messages", l.max_pending_messages > 0),
@@ -502,11 +502,17 @@ fn check_limits(l: &Limits, c: &mut Collector) {
             l.max_filter_entry_bytes > 0,
         ),
         ("limits.max_attributes", l.max_attributes > 0),
+        (
+            "limits.max_retained_bytes",
+            l.max_retained_bytes >= 1024 * 1024,
+        ),
     ];
     for (key, ok) in checks {
         if !ok {
             let message = if key == "limits.max_error_bytes" {
                 "must be at least 64"
+            } else if key == "limits.max_retained_bytes" {
+                "must be at least 1048576 (1 MiB)"
             } else {
                 "must be greater than 0"
             };

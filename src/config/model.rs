@@ -96,6 +96,9 @@ pub struct Limits {
     pub max_filter_entry_bytes: usize,
     /// Attributes on one element of a payload; more are refused before parsing on.
     pub max_attributes: usize,
+    /// Bytes of history held in memory: finished threads' messages (three quarters) and
+    /// the event ring (a quarter), oldest let go of first. The store keeps everything.
+    pub max_retained_bytes: usize,
 }
 
 impl Default for Limits {
@@ -114,6 +117,7 @@ impl Default for Limits {
             max_filter_entries: 256,
             max_filter_entry_bytes: 256,
             max_attributes: 256,
+            max_retained_bytes: 256 * 1024 * 1024,
         }
     }
 }

@@ -88,6 +88,22 @@ impl Event {
     pub fn name(&self) -> &'static str {
         self.kind.name()
     }
+
+    /// About how many bytes holding this event costs: its texts, and its JSON frames (the
+    /// payload as XML and as JSON), rendered once for every client.
+    pub fn weight(&self) -> usize {
+        const OVERHEAD: usize = 256;
+        let text = match &self.kind {
+            EventKind::Message { message } => {
+                3 * message.payload_xml.len() + message.error.as_ref().map_or(0, String::len)
+            }
+            EventKind::MessageStatus { error, .. } => 2 * error.as_ref().map_or(0, String::len),
+            EventKind::Error { error, .. } => 2 * error.len(),
+            EventKind::Log { message, .. } => 2 * message.len(),
+            _ => 0,
+        };
+        OVERHEAD + text
+    }
 }
 
 /// The message a `message_status` event is about.
@@ -283,6 +299,15 @@ struct Ring {
     wake: Notify,
     closed: AtomicBool,
     receivers: AtomicUsize,
+    /// Bytes the events in the slots weigh ([`Event::weight`]), and the most they may: past
+    /// it the oldest are let go of before the ring comes round to them.
+    bytes: AtomicUsize,
+    byte_budget: AtomicUsize,
+    /// Events before this `seq` were let go of for the byte budget: receivers behind it
+    /// have lost them (`Lagged`), as if the ring had come round.
+    floor: AtomicU64,
+    /// Held by the one publisher letting go of old events at a time.
+    trimming: std::sync::Mutex<()>,
 }
 
 /// One place in the ring. The event's `seq` is kept beside it, so telling which event a slot
@@ -292,6 +317,8 @@ struct Ring {
 struct Slot {
     seq: u64,
     event: Option<Arc<Event>>,
+    /// The event's [`Event::weight`], counted in [`Ring::bytes`].
+    weight: usize,
 }
 
 impl Ring {
@@ -301,7 +328,37 @@ impl Ring {
 
     /// The oldest `seq` the ring can still hold, when `head` is the last handed out.
     fn oldest(&self, head: u64) -> u64 {
-        (head.saturating_sub(self.slots.len() as u64) + 1).max(self.first)
+        (head.saturating_sub(self.slots.len() as u64) + 1)
+            .max(self.first)
+            .max(self.floor.load(Ordering::Acquire))
+    }
+
+    /// Lets go of the oldest events until the ring weighs no more than its budget (never
+    /// the newest, `head`). One publisher at a time does it; the others go on.
+    fn trim(&self, head: u64) {
+        let Ok(_one) = self.trimming.try_lock() else {
+            return;
+        };
+        let budget = self.byte_budget.load(Ordering::Relaxed);
+        let mut seq = self.oldest(head);
+        while self.bytes.load(Ordering::Relaxed) > budget && seq < head {
+            let freed = {
+                let mut slot = crate::sync::write(self.slot(seq));
+                let freed = if slot.seq == seq {
+                    self.bytes.fetch_sub(slot.weight, Ordering::Relaxed);
+                    slot.weight = 0;
+                    slot.event.take()
+                } else {
+                    None
+                };
+                // Under the slot's lock: a receiver that finds the slot empty reads a floor
+                // past it.
+                self.floor.fetch_max(seq + 1, Ordering::AcqRel);
+                freed
+            };
+            drop(freed);
+            seq += 1;
+        }
     }
 }
 
@@ -411,7 +468,7 @@ fn take_slot<R>(
             _ => slot.seq,
         }
     };
-    if held > *next {
+    if held > *next || ring.floor.load(Ordering::Acquire) > *next {
         // Replaced: the ring has moved past this receiver.
         let oldest = ring
             .oldest(ring.head.load(Ordering::Acquire))
@@ -465,9 +522,25 @@ impl EventHub {
                 wake: Notify::new(),
                 closed: AtomicBool::new(false),
                 receivers: AtomicUsize::new(0),
+                bytes: AtomicUsize::new(0),
+                byte_budget: AtomicUsize::new(usize::MAX),
+                floor: AtomicU64::new(0),
+                trimming: std::sync::Mutex::new(()),
             }),
             sink,
         }
+    }
+
+    /// Bounds the bytes the retained events weigh ([`Event::weight`]): past `bytes`, the
+    /// oldest are let go of (receivers behind them are told they lagged), so a run of large
+    /// payloads cannot hold the ring's whole capacity of them. Unbounded by default.
+    pub fn set_byte_budget(&self, bytes: usize) {
+        self.ring.byte_budget.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes the retained events weigh now.
+    pub fn retained_bytes(&self) -> usize {
+        self.ring.bytes.load(Ordering::Relaxed)
     }
 
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
@@ -475,6 +548,7 @@ impl EventHub {
         let ring = &*self.ring;
         let seq = ring.head.fetch_add(1, Ordering::AcqRel) + 1;
         let event = Arc::new(Event::new(seq, kind));
+        let weight = event.weight();
         let retired = {
             let mut slot = crate::sync::write(ring.slot(seq));
             if slot.seq > seq {
@@ -483,6 +557,13 @@ impl EventHub {
                 None
             } else {
                 slot.seq = seq;
+                // One change of the count, by the difference.
+                let old = std::mem::replace(&mut slot.weight, weight);
+                if weight >= old {
+                    ring.bytes.fetch_add(weight - old, Ordering::Relaxed);
+                } else {
+                    ring.bytes.fetch_sub(old - weight, Ordering::Relaxed);
+                }
                 slot.event.replace(event.clone())
             }
         };
@@ -496,6 +577,9 @@ impl EventHub {
         // The event the slot let go of is often the last reference to it (and to its
         // message's payload): freed outside the slot's lock.
         drop(retired);
+        if ring.bytes.load(Ordering::Relaxed) > ring.byte_budget.load(Ordering::Relaxed) {
+            ring.trim(seq);
+        }
         seq
     }
 
@@ -579,6 +663,42 @@ mod tests {
         assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
         assert_eq!(hub.last_seq(), 1);
         assert_eq!(ev.json().as_str(), serde_json::to_string(&*ev).unwrap());
+    }
+
+    fn log(hub: &EventHub, bytes: usize) -> u64 {
+        hub.publish(EventKind::Log {
+            agent: "a".into(),
+            thread_id: None,
+            level: "info".into(),
+            message: "x".repeat(bytes),
+        })
+    }
+
+    #[test]
+    fn a_byte_budget_lets_go_of_the_oldest_events_and_laggards_are_told() {
+        let hub = EventHub::new(1024);
+        hub.set_byte_budget(10_000);
+        let mut behind = hub.subscribe();
+        for _ in 0..100 {
+            log(&hub, 1_000);
+        }
+        // Each weighs about 2,256 bytes: four fit under 10,000, with the newest always kept.
+        assert!(hub.retained_bytes() <= 10_000, "{}", hub.retained_bytes());
+        let oldest = hub.ring.oldest(hub.last_seq());
+        assert!(oldest > 90 && oldest <= 100, "{oldest}");
+        match behind.try_recv() {
+            Err(TryRecvError::Lagged(n)) => assert_eq!(n, oldest - 1),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(behind.try_recv().unwrap().seq, oldest);
+        // Resumption from before the floor needs a resync; small events fill the ring again.
+        assert_eq!(hub.subscribe_since(Some(50)).resync_from, Some(oldest));
+        for _ in 0..1000 {
+            organism_state(&hub);
+        }
+        assert!(hub.retained_bytes() <= 10_000);
+        let seq = hub.last_seq();
+        assert_eq!(hub.subscribe_since(Some(seq - 20)).replay.len(), 20);
     }
 
     fn organism_state(hub: &EventHub) -> u64 {

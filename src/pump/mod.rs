@@ -452,6 +452,9 @@ impl OrganismBuilder {
             sink,
         ));
         let limits = config.limits;
+        // What memory holds of history, by bytes: a quarter for the event ring, the rest for
+        // finished threads' messages (the store, when on, keeps everything).
+        events.set_byte_budget(limits.max_retained_bytes / 4);
         let scheduling = config.scheduling;
         let lua_targets = crate::lua::OutputTargets::of(&config);
         let config = Arc::new(config);
@@ -470,7 +473,11 @@ impl OrganismBuilder {
             config_stale: AtomicBool::new(false),
             reloads_ok: AtomicU64::new(0),
             reloads_failed: AtomicU64::new(0),
-            threads: ThreadRegistry::new(limits.max_messages_per_thread, RETAINED_FINISHED_THREADS),
+            threads: ThreadRegistry::new(
+                limits.max_messages_per_thread,
+                RETAINED_FINISHED_THREADS,
+                limits.max_retained_bytes - limits.max_retained_bytes / 4,
+            ),
             events,
             store,
             earlier_messages: recovered.total_messages,

@@ -98,6 +98,13 @@ struct MessageView<'a> {
     error: Option<&'a str>,
 }
 
+impl MessageRecord {
+    /// About how many bytes holding this record costs.
+    pub fn weight(&self) -> usize {
+        256 + self.payload_xml.len() + self.error.as_ref().map_or(0, String::len)
+    }
+}
+
 impl utoipa::PartialSchema for MessageRecord {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         <MessageView<'static> as utoipa::PartialSchema>::schema()
@@ -230,7 +237,10 @@ impl Entry {
 #[derive(Default)]
 struct Shard {
     threads: SeededMap<Arc<str>, Entry>,
-    finished: VecDeque<Arc<str>>,
+    /// Finished threads, oldest first, with what their messages weighed when they finished.
+    finished: VecDeque<(Arc<str>, usize)>,
+    /// The sum of those weights.
+    finished_bytes: usize,
     /// Messages appended here, ever.
     appended: u64,
     /// Messages that reached a final status, by receiver (`""` if none) and status.
@@ -283,6 +293,8 @@ pub struct ThreadRegistry {
     hasher: crate::hash::SeededState,
     max_messages: u64,
     retain_finished: usize,
+    /// Bytes of finished threads' messages kept, at most (oldest finished evicted first).
+    retain_bytes: usize,
 }
 
 /// Thread ids are `[A-Za-z0-9_-]{1,128}` (SPEC §6).
@@ -295,12 +307,15 @@ pub fn valid_thread_id(id: &str) -> bool {
 }
 
 impl ThreadRegistry {
-    pub fn new(max_messages_per_thread: u64, retain_finished: usize) -> Self {
+    /// Keeps up to `retain_finished` finished threads, whose messages weigh at most
+    /// `retain_bytes` together ([`MessageRecord::weight`]).
+    pub fn new(max_messages_per_thread: u64, retain_finished: usize, retain_bytes: usize) -> Self {
         ThreadRegistry {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: Default::default(),
             max_messages: max_messages_per_thread,
             retain_finished,
+            retain_bytes,
         }
     }
 
@@ -386,7 +401,7 @@ impl ThreadRegistry {
         };
         shard.threads.insert(id.clone(), entry);
         if info.status != ThreadStatus::Active {
-            shard.finished.push_back(id);
+            shard.finished.push_back((id, 0));
         }
     }
 
@@ -546,10 +561,20 @@ impl ThreadRegistry {
     }
 
     fn note_finished(&self, shard: &mut Shard, thread: &str) {
-        shard.finished.push_back(Arc::from(thread));
+        let weight = shard
+            .threads
+            .get(thread)
+            .map_or(0, |e| e.messages.iter().map(MessageRecord::weight).sum());
+        shard.finished.push_back((Arc::from(thread), weight));
+        shard.finished_bytes += weight;
         let cap = self.retain_finished / SHARDS + 1;
-        while shard.finished.len() > cap {
-            if let Some(old) = shard.finished.pop_front() {
+        let byte_cap = self.retain_bytes / SHARDS;
+        // The thread just finished stays (its inject's answer may still read it).
+        while shard.finished.len() > cap
+            || (shard.finished_bytes > byte_cap && shard.finished.len() > 1)
+        {
+            if let Some((old, weight)) = shard.finished.pop_front() {
+                shard.finished_bytes -= weight;
                 let still_finished = shard
                     .threads
                     .get(&old)
@@ -705,7 +730,7 @@ mod tests {
 
     #[test]
     fn thread_completes_when_quiescent_and_errors_after_a_failure() {
-        let r = ThreadRegistry::new(10, 100);
+        let r = ThreadRegistry::new(10, 100, usize::MAX);
         let t = r.open(None).unwrap().id;
         r.append(&t, msg(MessageStatus::Pending)).unwrap();
         let done = r.finish_one(&t).unwrap();
@@ -721,7 +746,7 @@ mod tests {
 
     #[test]
     fn invalid_and_killed_threads_are_refused() {
-        let r = ThreadRegistry::new(10, 100);
+        let r = ThreadRegistry::new(10, 100, usize::MAX);
         assert_eq!(r.open(Some("bad id!")).err(), Some(ThreadError::InvalidId));
         let t = r.open(Some("t-1")).unwrap().id;
         r.kill(&t).unwrap();
@@ -730,7 +755,7 @@ mod tests {
 
     #[test]
     fn budget_is_enforced_per_thread() {
-        let r = ThreadRegistry::new(2, 100);
+        let r = ThreadRegistry::new(2, 100, usize::MAX);
         let t = r.open(None).unwrap().id;
         r.append(&t, msg(MessageStatus::Pending)).unwrap();
         r.append(&t, msg(MessageStatus::Pending)).unwrap();

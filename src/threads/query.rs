@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn filters_and_pages_are_exact() {
-        let r = ThreadRegistry::new(100, 100);
+        let r = ThreadRegistry::new(100, 100, usize::MAX);
         let a = r.open(Some("a")).unwrap().id;
         let b = r.open(Some("b")).unwrap().id;
         append(&r, &a, "api", "greeter", "Greeting");
