@@ -7,7 +7,7 @@
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
-//! [--concurrency N]`. `--pace N` injects N threads/s (open loop) instead of as fast as 256
+//! [--concurrency N]`; `--bytes N` pads each generated payload to about N bytes. `--pace N` injects N threads/s (open loop) instead of as fast as 256
 //! in flight allow. `--workers N` sets the runtime's worker threads (default 2, this
 //! machine's cores). The driver (the injectors, the closed loop's waits, `rest`'s measured
 //! client) runs as tasks on those workers, as an embedder's or the API's own tasks do;
@@ -57,8 +57,12 @@ const FORWARD_LUA: &str = "function handle(p, m) return { to = m.own_name == 'a'
 /// Threads in flight at once (closed loop).
 const WINDOW: usize = 256;
 
+/// Padding that `--bytes N` adds to each payload's text, so a payload is about N bytes.
+static PAD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 fn payload(i: usize) -> String {
-    format!("<Note><text>load message number {i}</text><n>{i}</n></Note>")
+    let pad = PAD.get().map_or("", String::as_str);
+    format!("<Note><text>load message number {i}{pad}</text><n>{i}</n></Note>")
 }
 
 fn organism_yaml(workload: &str) -> String {
@@ -712,7 +716,7 @@ async fn remote(
 
 /// Command-line options: positional `WORKLOAD [THREADS]`, then `--pace N`, `--url URL`,
 /// `--to NAME`, `--payload XML`, `--concurrency N`, `--workers N`, `--driver-thread`,
-/// `--millions N`.
+/// `--millions N`, `--bytes N` (pad each generated payload to about N bytes).
 struct Args {
     workload: String,
     threads: usize,
@@ -724,6 +728,7 @@ struct Args {
     workers: usize,
     driver_thread: bool,
     millions: u64,
+    bytes: Option<usize>,
 }
 
 impl Args {
@@ -739,6 +744,7 @@ impl Args {
             workers: 2,
             driver_thread: false,
             millions: 5,
+            bytes: None,
         };
         let mut positional = 0;
         let mut it = std::env::args().skip(1);
@@ -753,6 +759,7 @@ impl Args {
                 "--workers" => a.workers = number(&value("--workers")?)? as usize,
                 "--driver-thread" => a.driver_thread = true,
                 "--millions" => a.millions = number(&value("--millions")?)? as u64,
+                "--bytes" => a.bytes = Some(number(&value("--bytes")?)? as usize),
                 flag if flag.starts_with("--") => return Err(format!("unknown option `{flag}`")),
                 _ if positional == 0 => {
                     a.workload = arg;
@@ -816,6 +823,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: first thing in the process, as the `agentserver` binary does.
     unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
     let args = Args::parse()?;
+    if let Some(n) = args.bytes {
+        let base = payload(0).len();
+        let _ = PAD.set("x".repeat(n.saturating_sub(base)));
+    }
     // The organism's own warnings and errors (a failing store, a refused reload) on stderr.
     agentserver::log_to_stderr();
     let rt = tokio::runtime::Builder::new_multi_thread()

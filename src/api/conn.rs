@@ -138,6 +138,22 @@ impl Idle {
         }
     }
 
+    /// A poll of the stream: ready is activity (the idle clock restarts); not ready is a
+    /// look at the idle clock.
+    fn progress<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match polled {
+            Poll::Ready(r) => {
+                self.last = Instant::now();
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.check(cx).map(Err),
+        }
+    }
+
     /// Called when the stream is not ready: an error once the stream has been idle too
     /// long, else the timer is (re)armed to wake this task then.
     fn check(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
@@ -168,13 +184,8 @@ impl AsyncRead for Idle {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(r) => {
-                this.last = Instant::now();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.check(cx).map(Err),
-        }
+        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        this.progress(cx, polled)
     }
 }
 
@@ -185,13 +196,8 @@ impl AsyncWrite for Idle {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                this.last = Instant::now();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.check(cx).map(Err),
-        }
+        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.progress(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -200,13 +206,8 @@ impl AsyncWrite for Idle {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                this.last = Instant::now();
-                Poll::Ready(r)
-            }
-            Poll::Pending => this.check(cx).map(Err),
-        }
+        let polled = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.progress(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {

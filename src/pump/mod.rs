@@ -1231,40 +1231,47 @@ impl Organism {
     /// that cannot start do not hold a stop for its grace period. Returns whether nothing at
     /// all is pending then.
     async fn wait_drained(&self, limit: Duration) -> bool {
+        let held = || self.paused_backlog().iter().map(|(_, n)| n).sum::<usize>();
+        // Idle is announced at zero only: a paused backlog is looked at again often.
+        self.wait_for(
+            limit,
+            || self.pending() <= held(),
+            Some(Duration::from_millis(50)),
+        )
+        .await;
+        self.pending() == 0
+    }
+
+    /// Waits until nothing is pending, up to `limit`. Returns whether it got there.
+    async fn wait_idle(&self, limit: Duration) -> bool {
+        self.wait_for(limit, || self.pending() == 0, None).await
+    }
+
+    /// Waits until `done` holds, up to `limit`, looking again whenever the organism goes
+    /// idle (and every `every`, if given). Returns whether `done` held.
+    async fn wait_for(
+        &self,
+        limit: Duration,
+        done: impl Fn() -> bool,
+        every: Option<Duration>,
+    ) -> bool {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
             let notified = self.shared.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let held: usize = self.paused_backlog().iter().map(|(_, n)| n).sum();
-            if self.pending() <= held {
-                return self.pending() == 0;
+            if done() {
+                return true;
             }
-            // Idle is announced at zero only; a paused backlog is looked at again often.
-            let look_again =
-                (tokio::time::Instant::now() + Duration::from_millis(50)).min(deadline);
+            let look_again = every.map_or(deadline, |e| {
+                (tokio::time::Instant::now() + e).min(deadline)
+            });
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(look_again) => {}
             }
             if tokio::time::Instant::now() >= deadline {
-                return self.pending() == 0;
-            }
-        }
-    }
-
-    /// Waits until nothing is pending, up to `limit`. Returns whether it got there.
-    async fn wait_idle(&self, limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            let notified = self.shared.idle.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.pending() == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.pending() == 0;
+                return done();
             }
         }
     }
