@@ -93,6 +93,7 @@ criterion_group!(benches, bench);
 fn main() {
     // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
     unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
+    agentserver::disable_transparent_huge_pages();
     benches();
     Criterion::default().configure_from_args().final_summary();
 }

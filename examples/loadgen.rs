@@ -822,6 +822,7 @@ impl Driver<'_> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: first thing in the process, as the `agentserver` binary does.
     unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
+    agentserver::disable_transparent_huge_pages();
     let args = Args::parse()?;
     if let Some(n) = args.bytes {
         let base = payload(0).len();

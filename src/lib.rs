@@ -85,3 +85,22 @@ pub fn log_to_stderr() {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
+
+/// Turns transparent huge pages off for this process (Linux; elsewhere it does nothing).
+/// With them on, memory the allocator gives back and takes again is faulted in 2 MiB at a
+/// time, each zeroed by the kernel: with 100 kB payloads that was about a third of a hop's
+/// CPU (BENCHMARKS.md, "The cost per byte"). The binary calls it first thing in `main`, as
+/// do the load generator and the pump bench; the library never does (it is the process's
+/// choice).
+pub fn disable_transparent_huge_pages() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl with PR_SET_THP_DISABLE takes plain integers and touches no memory
+        // of ours; it only sets a flag on this process.
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}

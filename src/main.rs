@@ -110,6 +110,7 @@ fn main() -> ExitCode {
     if !unsafe { agentserver::schema::use_mimalloc_for_libxml2() } {
         eprintln!("warning: libxml2 keeps the system allocator");
     }
+    agentserver::disable_transparent_huge_pages();
     agentserver::log_to_stderr();
     let cli = Cli::parse();
     match cli.command {
