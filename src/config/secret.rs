@@ -70,7 +70,7 @@ pub fn is_credential_value(value: &str) -> bool {
     let v = value.trim_start();
     ["bearer ", "basic ", "token "]
         .iter()
-        .any(|p| v.len() > p.len() && v[..p.len()].eq_ignore_ascii_case(p))
+        .any(|p| v.len() > p.len() && v.as_bytes()[..p.len()].eq_ignore_ascii_case(p.as_bytes()))
 }
 
 /// Every place in `root` (a listener's or the organism's section) that holds a secret as a
@@ -193,6 +193,10 @@ mod tests {
         assert!(is_credential_value("basic dXNlcjpwdw=="));
         assert!(!is_credential_value("Bearer"));
         assert!(!is_credential_value("plain"));
+        assert!(
+            !is_credential_value("béarer token"),
+            "a character across the cut"
+        );
     }
 
     #[test]
