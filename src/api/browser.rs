@@ -78,23 +78,16 @@ fn host_refused(host: &str) -> ApiError {
     .at("Host")
 }
 
-/// At most 200 characters of a client's header in an error.
+/// At most 256 bytes of a client's header in an error.
 fn clip(s: &str) -> String {
-    match s.char_indices().nth(200) {
-        Some((i, _)) => format!("{}…", &s[..i]),
-        None => s.to_string(),
-    }
+    crate::clip::clip(s.to_string(), 256)
 }
 
-/// `name` of `name:port`, `[v6]:port`, `name` or `[v6]`, lowercased.
+/// `name` of `name:port`, `[v6]:port`, `name` or `[v6]`, lowercased, without a final dot.
 fn host_name(authority: &str) -> String {
-    let a = authority.trim();
-    let name = if let Some(rest) = a.strip_prefix('[') {
-        rest.split(']').next().unwrap_or("")
-    } else {
-        a.rsplit_once(':').map_or(a, |(n, _)| n)
-    };
-    name.trim_end_matches('.').to_ascii_lowercase()
+    crate::config::host_part(authority)
+        .trim_end_matches('.')
+        .to_ascii_lowercase()
 }
 
 fn host_allowed(config: &OrganismConfig, host: &str) -> bool {

@@ -95,7 +95,6 @@ fn compile_globs(globs: &[String]) -> Result<Option<regex::Regex>, String> {
 }
 
 impl Filter {
-    /// Checks the event names; an unknown one is an error naming it.
     /// Checks the filter against the limits and compiles its globs; the error says what is
     /// wrong and where (`agents`, `events`, …).
     pub fn prepare(
@@ -138,6 +137,7 @@ impl Filter {
         Ok(())
     }
 
+    /// Checks the event names; an unknown one is an error naming it.
     fn check(&self) -> Result<(), String> {
         for e in &self.events {
             if !EVENT_NAMES.contains(&e.as_str()) {
@@ -221,7 +221,6 @@ impl Filter {
         })
     }
 
-    /// For `/ws/messages`: is this a message event that passes?
     /// For `/ws/messages`: messages, and the status changes of messages, that match.
     pub fn passes_message(&self, event: &Event) -> bool {
         let (thread, from, to, payload_type) = match &event.kind {

@@ -238,15 +238,16 @@ pub async fn get_thread(
     let thread = organism
         .thread_info(&id)?
         .ok_or_else(|| unknown_thread(&id))?;
-    let all = Page {
-        limit: usize::MAX,
-        offset: 0,
-    };
-    let messages = organism
-        .thread_page(&id, all)?
-        .map(|p| p.items)
-        .unwrap_or_default();
+    let messages = all_messages(organism, &id)?;
     Ok(Json(ThreadDetail { thread, messages }))
+}
+
+/// Every message of a thread, in slot order (none for an unknown thread).
+fn all_messages(organism: &crate::Organism, id: &str) -> ApiResult<Vec<MessageRecord>> {
+    Ok(organism
+        .thread_page(id, Page::ALL)?
+        .map(|p| p.items)
+        .unwrap_or_default())
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
@@ -342,14 +343,7 @@ pub async fn inject(
         Ok(Some(status)) => status,
         _ => crate::threads::ThreadStatus::Active,
     };
-    let all = Page {
-        limit: usize::MAX,
-        offset: 0,
-    };
-    let messages = organism
-        .thread_page(&receipt.thread_id, all)?
-        .map(|p| p.items)
-        .unwrap_or_default();
+    let messages = all_messages(organism, &receipt.thread_id)?;
     Ok(Json(InjectResult {
         thread_id: receipt.thread_id,
         message_id: receipt.message_id,

@@ -357,14 +357,19 @@ fn valid_origin(s: &str) -> bool {
     })
 }
 
+/// The host of `host:port`, `[v6]:port`, `host` or `[v6]` (brackets removed).
+pub fn host_part(authority: &str) -> &str {
+    let a = authority.trim();
+    match a.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => a.rsplit_once(':').map_or(a, |(h, _)| h),
+    }
+}
+
 /// Whether an API listen address keeps the API on this machine (`127.0.0.1:…`, `[::1]:…`,
 /// `localhost:…`). Anything else (`0.0.0.0`, a LAN address, a name) exposes it.
 pub fn listen_is_loopback(listen: &str) -> bool {
-    let a = listen.trim();
-    let host = match a.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => a.rsplit_once(':').map_or(a, |(h, _)| h),
-    };
+    let host = host_part(listen);
     host.eq_ignore_ascii_case("localhost")
         || host
             .parse::<std::net::IpAddr>()
@@ -480,41 +485,47 @@ fn serde_key(message: &str) -> Option<String> {
 }
 
 fn check_limits(l: &Limits, c: &mut Collector) {
-    let checks: [(&str, bool); 13] = [
-        ("limits.max_message_bytes", l.max_message_bytes > 0),
-        ("limits.max_depth", l.max_depth > 0),
-        ("limits.max_pending_messages", l.max_pending_messages > 0),
+    // Each limit, its value and the least it may be.
+    let checks: [(&str, u64, u64); 13] = [
+        ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
+        ("limits.max_depth", l.max_depth as u64, 1),
+        (
+            "limits.max_pending_messages",
+            l.max_pending_messages as u64,
+            1,
+        ),
         (
             "limits.max_messages_per_thread",
-            l.max_messages_per_thread > 0,
+            l.max_messages_per_thread,
+            1,
         ),
         (
             "limits.max_concurrent_handlers",
-            l.max_concurrent_handlers > 0,
+            l.max_concurrent_handlers as u64,
+            1,
         ),
-        ("limits.max_connections", l.max_connections > 0),
-        ("limits.header_timeout_ms", l.header_timeout_ms > 0),
-        ("limits.idle_timeout_ms", l.idle_timeout_ms > 0),
-        ("limits.max_error_bytes", l.max_error_bytes >= 64),
-        ("limits.max_filter_entries", l.max_filter_entries > 0),
+        ("limits.max_connections", l.max_connections as u64, 1),
+        ("limits.header_timeout_ms", l.header_timeout_ms, 1),
+        ("limits.idle_timeout_ms", l.idle_timeout_ms, 1),
+        ("limits.max_error_bytes", l.max_error_bytes as u64, 64),
+        ("limits.max_filter_entries", l.max_filter_entries as u64, 1),
         (
             "limits.max_filter_entry_bytes",
-            l.max_filter_entry_bytes > 0,
+            l.max_filter_entry_bytes as u64,
+            1,
         ),
-        ("limits.max_attributes", l.max_attributes > 0),
+        ("limits.max_attributes", l.max_attributes as u64, 1),
         (
             "limits.max_retained_bytes",
-            l.max_retained_bytes >= 1024 * 1024,
+            l.max_retained_bytes as u64,
+            1024 * 1024,
         ),
     ];
-    for (key, ok) in checks {
-        if !ok {
-            let message = if key == "limits.max_error_bytes" {
-                "must be at least 64"
-            } else if key == "limits.max_retained_bytes" {
-                "must be at least 1048576 (1 MiB)"
-            } else {
-                "must be greater than 0"
+    for (key, value, least) in checks {
+        if value < least {
+            let message = match least {
+                1 => "must be greater than 0".to_string(),
+                n => format!("must be at least {n}"),
             };
             c.push(None, Some(key), message);
         }

@@ -93,16 +93,15 @@ impl Event {
     /// payload as XML and as JSON), rendered once for every client.
     pub fn weight(&self) -> usize {
         const OVERHEAD: usize = 256;
-        let text = match &self.kind {
-            EventKind::Message { message } => {
-                3 * message.payload_xml.len() + message.error.as_ref().map_or(0, String::len)
-            }
-            EventKind::MessageStatus { error, .. } => 2 * error.as_ref().map_or(0, String::len),
-            EventKind::Error { error, .. } => 2 * error.len(),
-            EventKind::Log { message, .. } => 2 * message.len(),
-            _ => 0,
-        };
-        OVERHEAD + text
+        let text = |t: Option<&String>| 2 * t.map_or(0, String::len);
+        match &self.kind {
+            // The record, and its two frames (`/ws`, `/ws/messages`) holding the payload.
+            EventKind::Message { message } => message.weight() + 2 * message.payload_xml.len(),
+            EventKind::MessageStatus { error, .. } => OVERHEAD + text(error.as_ref()),
+            EventKind::Error { error, .. } => OVERHEAD + text(Some(error)),
+            EventKind::Log { message, .. } => OVERHEAD + text(Some(message)),
+            _ => OVERHEAD,
+        }
     }
 }
 

@@ -211,16 +211,7 @@ impl Sandbox {
                     lua.create_function(move |_, message: LuaString| {
                         let mut lines = crate::sync::lock(&logs);
                         if lines.len() < MAX_LOG_LINES {
-                            let text = message.to_string_lossy();
-                            let text = if text.len() > MAX_LOG_BYTES {
-                                let mut cut = MAX_LOG_BYTES;
-                                while !text.is_char_boundary(cut) {
-                                    cut -= 1;
-                                }
-                                format!("{}… (truncated)", &text[..cut])
-                            } else {
-                                text
-                            };
+                            let text = crate::clip::clip(message.to_string_lossy(), MAX_LOG_BYTES);
                             lines.push(LogLine {
                                 level,
                                 message: text,

@@ -740,12 +740,8 @@ impl Organism {
         match (self.shared.threads.log(id), &self.shared.store) {
             (Some((0, live)), _) | (Some((_, live)), None) => Ok(Some(page.cut(live))),
             (Some((base, live)), Some(store)) => {
-                let all = crate::threads::Page {
-                    limit: usize::MAX,
-                    offset: 0,
-                };
                 let mut log: Vec<MessageRecord> = store
-                    .query_messages(&filter, all)?
+                    .query_messages(&filter, crate::threads::Page::ALL)?
                     .items
                     .into_iter()
                     .filter(|m| m.slot_index < base)

@@ -22,6 +22,12 @@ pub struct Page {
 }
 
 impl Page {
+    /// Every item, in one page.
+    pub const ALL: Page = Page {
+        limit: usize::MAX,
+        offset: 0,
+    };
+
     pub fn new(limit: Option<usize>, offset: Option<usize>) -> Self {
         Page {
             limit: limit.unwrap_or(DEFAULT_PAGE).min(MAX_PAGE),
