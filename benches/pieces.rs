@@ -46,7 +46,7 @@ fn record(i: u64) -> MessageRecord {
         from: Arc::from("api"),
         to: Some(Arc::from("orders")),
         payload_type: Some("Order".into()),
-        payload_xml: Arc::from(ORDER),
+        payload_xml: Arc::new(ORDER.to_string()),
         status: MessageStatus::Delivered,
         error: None,
         timestamp: Timestamp(1_700_000_000_000 + i),

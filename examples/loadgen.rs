@@ -145,7 +145,7 @@ fn ceiling(n: usize) -> Result<Ceilings, Box<dyn std::error::Error>> {
         }
         Ok(())
     })?;
-    let read: Vec<String> = (0..n)
+    let read: Vec<agentserver::xml::SharedXml> = (0..n)
         .map(|i| agentserver::xml::normalize_payload(&payload(i), &limits).map(|p| p.xml))
         .collect::<Result<_, _>>()?;
     let libxml2 = best(&mut || {

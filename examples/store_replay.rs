@@ -101,7 +101,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 from: Arc::from(names[hop as usize]),
                 to: Some(Arc::from(names[hop as usize + 1])),
                 payload_type: Some("{urn:bench}Note".into()),
-                payload_xml: Arc::from("<Note>load message number 12345</Note>"),
+                payload_xml: Arc::new("<Note>load message number 12345</Note>".to_string()),
                 status: MessageStatus::Pending,
                 error: None,
                 timestamp: Timestamp::now(),

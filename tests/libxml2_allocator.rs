@@ -35,7 +35,7 @@ fn schemas_compile_and_payloads_validate_with_libxml2_on_mimalloc() {
                 // Text libxml2 itself refuses: its message, and the next parse still works.
                 let broken = NormalizedPayload {
                     payload_type: PayloadType::new(None, "Order"),
-                    xml: "<Order><item>x</Order>".into(),
+                    xml: std::sync::Arc::new("<Order><item>x</Order>".to_string()),
                 };
                 let err = schema.validate(broken).unwrap_err();
                 assert!(err.to_string().starts_with("line 1:"), "{err}");

@@ -11,7 +11,9 @@ use crate::events::EventKind;
 use crate::events::StatusAbout;
 use crate::listener::Output;
 use crate::threads::{MessageRecord, MessageStatus, NewMessage};
-use crate::xml::{escape_text, normalize_payload, NormalizedPayload, PayloadType, SYSTEM_NS};
+use crate::xml::{
+    escape_text, normalize_payload, NormalizedPayload, PayloadType, SharedXml, SYSTEM_NS,
+};
 
 /// The identity the pump uses for the notices it sends itself (`<huh>`).
 pub const SYSTEM_IDENTITY: &str = "system";
@@ -76,7 +78,7 @@ impl Shared {
                     from,
                     to,
                     None,
-                    Arc::from(output.payload.as_str()),
+                    SharedXml::new(output.payload),
                     MessageStatus::Rejected,
                     format!("output of `{}` is not acceptable XML: {e}", listener.name()),
                 );
@@ -96,7 +98,7 @@ impl Shared {
                     from,
                     to,
                     Some(payload.payload_type.to_string()),
-                    Arc::from(payload.xml),
+                    payload.xml,
                     MessageStatus::Undeliverable,
                     reason,
                 );
@@ -190,7 +192,7 @@ impl Shared {
                     from,
                     to: Some(to),
                     payload_type: Some(payload_type),
-                    payload_xml: Arc::from(payload.xml),
+                    payload_xml: payload.xml,
                     status: MessageStatus::Terminal,
                     error: None,
                     schema: None,
@@ -219,7 +221,7 @@ impl Shared {
                     from,
                     to,
                     payload_type: Some(payload_type.clone()),
-                    payload_xml: Arc::from(payload.xml),
+                    payload_xml: payload.xml,
                     status: MessageStatus::Rejected,
                     error: Some(format!(
                         "payload `{payload_type}` is invalid for `{}`: {reason}",
@@ -289,7 +291,7 @@ impl Shared {
         from: Arc<str>,
         to: Option<Arc<str>>,
         payload_type: Option<String>,
-        payload_xml: Arc<str>,
+        payload_xml: SharedXml,
         status: MessageStatus,
         error: String,
     ) -> MessageRecord {
@@ -314,7 +316,7 @@ impl Shared {
                 from: Arc::from(SYSTEM_IDENTITY),
                 to: None,
                 payload_type: None,
-                payload_xml: Arc::from(""),
+                payload_xml: SharedXml::default(),
                 status,
                 error: Some(error),
                 timestamp: crate::time::Timestamp::now(),

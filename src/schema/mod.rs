@@ -17,7 +17,7 @@ use libxml::schemas::{SchemaParserContext, SchemaValidationContext};
 use quick_xml::events::Event;
 use quick_xml::Reader;
 
-use crate::xml::{NormalizedPayload, PayloadType};
+use crate::xml::{NormalizedPayload, PayloadType, SharedXml};
 
 mod dsl;
 mod model;
@@ -240,7 +240,7 @@ impl Schema {
         self.check(&payload.xml)?;
         Ok(ValidatedPayload {
             payload_type: payload.payload_type,
-            xml: Arc::from(payload.xml),
+            xml: payload.xml,
         })
     }
 
@@ -375,7 +375,7 @@ fn attr(e: &quick_xml::events::BytesStart<'_>, name: &str) -> Option<String> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidatedPayload {
     payload_type: PayloadType,
-    xml: Arc<str>,
+    xml: SharedXml,
 }
 
 impl ValidatedPayload {
@@ -389,7 +389,7 @@ impl ValidatedPayload {
     }
 
     /// A shared handle on the normalized XML.
-    pub fn xml_arc(&self) -> Arc<str> {
+    pub fn xml_arc(&self) -> SharedXml {
         self.xml.clone()
     }
 

@@ -1270,7 +1270,7 @@ fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRecord> {
         from: Arc::from(r.get::<_, String>(4)?),
         to: r.get::<_, Option<String>>(5)?.map(Arc::from),
         payload_type: r.get(6)?,
-        payload_xml: Arc::from(r.get::<_, String>(7)?),
+        payload_xml: crate::xml::SharedXml::new(r.get::<_, String>(7)?),
         status: parse_status(&status).unwrap_or(MessageStatus::Failed),
         error: r.get(9)?,
         timestamp: Timestamp(get_u64(r, 10)?),
@@ -2514,7 +2514,7 @@ mod tests {
             from: Arc::from(from),
             to: Some(Arc::from(to)),
             payload_type: Some("{urn:x}Note".into()),
-            payload_xml: Arc::from("<Note xmlns=\"urn:x\">hi</Note>"),
+            payload_xml: crate::xml::SharedXml::new("<Note xmlns=\"urn:x\">hi</Note>".into()),
             status: MessageStatus::Pending,
             error: None,
             timestamp: Timestamp(ts),
@@ -3506,7 +3506,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open_with(&dir.path().join("s.db"), Some(120)).unwrap();
         let big = |t: &str, slot: u64| MessageRecord {
-            payload_xml: Arc::from(format!("<Note xmlns=\"urn:x\">{}</Note>", "x".repeat(4000))),
+            payload_xml: crate::xml::SharedXml::new(format!(
+                "<Note xmlns=\"urn:x\">{}</Note>",
+                "x".repeat(4000)
+            )),
             // The new thread's receiver is an agent first named by writes that fail.
             ..msg(t, slot, "api", if t == "new" { "h" } else { "g" }, slot)
         };

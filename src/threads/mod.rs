@@ -16,6 +16,7 @@ use crate::hash::SeededMap;
 use crate::schema::Schema;
 use crate::sync::lock;
 use crate::time::Timestamp;
+use crate::xml::SharedXml;
 
 mod query;
 pub use query::{payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
@@ -62,7 +63,7 @@ pub struct MessageRecord {
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
     pub payload_type: Option<String>,
-    pub payload_xml: Arc<str>,
+    pub payload_xml: SharedXml,
     pub status: MessageStatus,
     pub error: Option<String>,
     pub timestamp: Timestamp,
@@ -281,7 +282,7 @@ pub struct NewMessage {
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
     pub payload_type: Option<String>,
-    pub payload_xml: Arc<str>,
+    pub payload_xml: SharedXml,
     pub status: MessageStatus,
     pub error: Option<String>,
     /// The schema that validated the payload, if any.
@@ -721,7 +722,7 @@ mod tests {
             from: Arc::from("api"),
             to: Some(Arc::from("a")),
             payload_type: Some("X".into()),
-            payload_xml: Arc::from("<X/>"),
+            payload_xml: SharedXml::new("<X/>".into()),
             status,
             error: None,
             schema: None,

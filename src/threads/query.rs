@@ -185,7 +185,7 @@ mod tests {
                 from: Arc::from(from),
                 to: Some(Arc::from(to)),
                 payload_type: Some(ty.into()),
-                payload_xml: Arc::from("<X/>"),
+                payload_xml: crate::xml::SharedXml::new("<X/>".into()),
                 status: MessageStatus::Terminal,
                 error: None,
                 schema: None,

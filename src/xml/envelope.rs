@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(env.to.as_deref(), Some("shouter"));
         assert_eq!(env.thread.as_deref(), Some("t-1"));
         assert_eq!(env.payload.payload_type.to_string(), "G");
-        assert_eq!(env.payload.xml, "<G><n>a&amp;b</n></G>");
+        assert_eq!(*env.payload.xml, "<G><n>a&amp;b</n></G>");
     }
 
     #[test]
@@ -230,7 +230,7 @@ mod tests {
             format!("<message xmlns=\"{ENVELOPE_NS}\"><meta><from>x</from></meta><G/></message>");
         let env = parse_envelope(&xml, &XmlLimits::default()).unwrap();
         assert_eq!(env.payload.payload_type.namespace(), Some(ENVELOPE_NS));
-        assert_eq!(env.payload.xml, format!("<G xmlns=\"{ENVELOPE_NS}\"/>"));
+        assert_eq!(*env.payload.xml, format!("<G xmlns=\"{ENVELOPE_NS}\"/>"));
     }
 
     #[test]

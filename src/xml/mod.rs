@@ -18,6 +18,12 @@ pub use extract::extract_payloads;
 pub use json::{root_local_name, xml_to_json};
 pub use normalize::{normalize_payload, NormalizedPayload};
 
+/// A payload's normalized XML, shared by the message log, the event ring and the queues.
+/// An `Arc<String>` rather than an `Arc<str>`: it is made from the normalizer's `String`
+/// without copying the text (an `Arc<str>` needs a copy behind its counters, and at 100 kB
+/// that copy was a quarter of a hop's CPU; BENCHMARKS.md).
+pub type SharedXml = Arc<String>;
+
 /// The namespace of system payloads such as `<huh>`.
 pub const SYSTEM_NS: &str = "https://xml-pipeline.org/ns/system/v1";
 

@@ -21,7 +21,8 @@ use super::{
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NormalizedPayload {
     pub payload_type: PayloadType,
-    pub xml: String,
+    /// Shared from here on: the log, the queues and the event ring hold this one text.
+    pub xml: super::SharedXml,
 }
 
 /// Reads a standalone payload document strictly and normalizes it.
@@ -148,7 +149,7 @@ pub(crate) fn normalize_element(
         out.push_str("/>");
         return Ok(NormalizedPayload {
             payload_type,
-            xml: out,
+            xml: super::SharedXml::new(out),
         });
     }
     check_depth(outer_depth + 1, limits)?;
@@ -188,7 +189,7 @@ pub(crate) fn normalize_element(
                 if depth == 0 {
                     return Ok(NormalizedPayload {
                         payload_type,
-                        xml: out,
+                        xml: super::SharedXml::new(out),
                     });
                 }
             }
@@ -314,7 +315,7 @@ mod tests {
             .unwrap();
         let b = norm("<A a='1' b='2'><x/>t&amp;A</A>").unwrap();
         assert_eq!(a, b);
-        assert_eq!(a.xml, "<A a=\"1\" b=\"2\"><x/>t&amp;A</A>");
+        assert_eq!(*a.xml, "<A a=\"1\" b=\"2\"><x/>t&amp;A</A>");
         assert_eq!(a.payload_type.to_string(), "A");
     }
 
@@ -322,7 +323,7 @@ mod tests {
     fn namespaced_root_keeps_its_binding() {
         let p = norm("<p:A xmlns:p=\"urn:p\"><p:b/></p:A>").unwrap();
         assert_eq!(p.payload_type.to_string(), "{urn:p}A");
-        assert_eq!(p.xml, "<p:A xmlns:p=\"urn:p\"><p:b/></p:A>");
+        assert_eq!(*p.xml, "<p:A xmlns:p=\"urn:p\"><p:b/></p:A>");
     }
 
     #[test]
