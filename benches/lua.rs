@@ -48,7 +48,16 @@ listeners:
 ",
         root.display()
     );
-    let config = config::load_str(&yaml, "bench.yaml", dir.path(), &["sink"]).expect("config");
+    let config = config::load_str(
+        &yaml,
+        "bench.yaml",
+        dir.path(),
+        config::Known {
+            handlers: &["sink"],
+            check_script: agentserver::lua::check_syntax,
+        },
+    )
+    .expect("config");
     let schema = config.listeners[0].accepts[0].1.clone();
     let (handler, quiet) = {
         let _guard = rt.enter();

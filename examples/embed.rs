@@ -22,8 +22,15 @@ listeners:
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     agentserver::log_to_stderr();
     let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
-    let config =
-        agentserver::config::load_str(ORGANISM, "embedded organism", &base, &["count-chars"])?;
+    let config = agentserver::config::load_str(
+        ORGANISM,
+        "embedded organism",
+        &base,
+        agentserver::config::Known {
+            handlers: &["count-chars"],
+            check_script: agentserver::lua::check_syntax,
+        },
+    )?;
 
     let organism = Organism::builder()
         .handler(

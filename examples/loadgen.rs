@@ -476,8 +476,13 @@ async fn startup() -> Result<(), Box<dyn std::error::Error>> {
     let mut times = Vec::new();
     for _ in 0..10 {
         let started = Instant::now();
-        let mut config =
-            agentserver::config::load_file(&path, &["sink", "echo", "forward", "template"])?;
+        let mut config = agentserver::config::load_file(
+            &path,
+            agentserver::config::Known {
+                handlers: &["sink", "echo", "forward", "template"],
+                check_script: agentserver::lua::check_syntax,
+            },
+        )?;
         config.store = None;
         let organism = Organism::builder().build(config)?;
         let server =

@@ -29,7 +29,11 @@
 //! listeners:
 //!   - { name: shout, description: Upper-cases a note, kind: native, handler: shout, schema: note.xsd }
 //! "#;
-//! let config = agentserver::config::load_str(yaml, "doc.yaml", &dir, &["shout"])?;
+//! let known = agentserver::config::Known {
+//!     handlers: &["shout"],
+//!     check_script: agentserver::lua::check_syntax,
+//! };
+//! let config = agentserver::config::load_str(yaml, "doc.yaml", &dir, known)?;
 //! let organism = Organism::builder()
 //!     .handler("shout", FnHandler(|d: Delivery| async move {
 //!         let loud = d.payload.xml().to_uppercase().replace("NOTE>", "Note>");

@@ -9,7 +9,6 @@ use clap::{Parser, Subcommand};
 use agentserver::api::{ApiOptions, ApiServer, InjectBody};
 use agentserver::client::{self, TailFilter};
 use agentserver::config;
-use agentserver::listener::HandlerRegistry;
 use agentserver::threads::ThreadStatus;
 use agentserver::{InjectRequest, Organism};
 
@@ -271,8 +270,7 @@ fn with_runtime(fut: impl std::future::Future<Output = ExitCode>) -> ExitCode {
 }
 
 fn load(path: &Path) -> Result<config::OrganismConfig, ExitCode> {
-    let registry = HandlerRegistry::default();
-    config::load_file(path, &registry.names()).map_err(|errors| {
+    Organism::builder().load_config(path).map_err(|errors| {
         for e in &errors.0 {
             eprintln!("{e}");
         }

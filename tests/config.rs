@@ -3,7 +3,15 @@
 
 use std::process::Command;
 
-use agentserver::config::{load_file, ConfigError};
+use agentserver::config::{load_file, ConfigError, Known};
+
+/// What loading checks against: these native handler names and the Lua compiler.
+fn known<'a>(handlers: &'a [&'a str]) -> Known<'a> {
+    Known {
+        handlers,
+        check_script: agentserver::lua::check_syntax,
+    }
+}
 
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
   <xs:element name="A" type="xs:string"/><xs:element name="B" type="xs:string"/></xs:schema>"#;
@@ -19,7 +27,7 @@ fn write(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
 
 fn errors(yaml: &str) -> Vec<ConfigError> {
     let (_dir, path) = write(yaml);
-    load_file(&path, &["sink", "echo", "forward", "template"])
+    load_file(&path, known(&["sink", "echo", "forward", "template"]))
         .unwrap_err()
         .0
 }
@@ -192,7 +200,7 @@ listeners:
     )
     .unwrap();
     std::fs::write(dir.path().join("ok.lua"), "function handle(p, m) end").unwrap();
-    let errs = load_file(&path, &["sink"]).unwrap_err().0;
+    let errs = load_file(&path, known(&["sink"])).unwrap_err().0;
     for (listener, key, text) in [
         ("a", "script", "cannot read"),
         ("b", "script", "does not compile"),
@@ -231,7 +239,7 @@ listeners:
         r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="N" type="xs:string"/></xs:schema>"#,
     )
     .unwrap();
-    let errs = load_file(&path, &["sink"]).unwrap_err().0;
+    let errs = load_file(&path, known(&["sink"])).unwrap_err().0;
     for (listener, key, text) in [
         ("a", "input_url", "required"),
         ("b", "input_url", "must be an http:// URL"),
@@ -304,7 +312,7 @@ fn env_keys_in_a_handlers_config_give_it_the_value_or_an_error() {
     std::env::set_var("AGENTSERVER_CONFIG_TEST_KEY", "sk-live");
     let yaml = "organism: { name: t }\nlisteners:\n  - { name: a, description: x, kind: native, handler: sink, schema: s.xsd, config: { api_key_env: AGENTSERVER_CONFIG_TEST_KEY } }\n";
     let (_dir, path) = write(yaml);
-    let config = load_file(&path, &["sink"]).unwrap();
+    let config = load_file(&path, known(&["sink"])).unwrap();
     assert_eq!(config.listeners[0].config["api_key"], "sk-live");
     let errs = errors(&yaml.replace("AGENTSERVER_CONFIG_TEST_KEY", "AGENTSERVER_UNSET_9"));
     assert!(

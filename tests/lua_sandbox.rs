@@ -136,7 +136,15 @@ fn a_bytecode_script_is_refused_at_load() {
         "organism: { name: lab, store: memory }\nlisteners:\n  - { name: evil, description: x, kind: lua, script: evil.lua, schema: t.xsd }\n",
     )
     .unwrap();
-    let errs = agentserver::config::load_file(&path, &[]).unwrap_err().0;
+    let errs = agentserver::config::load_file(
+        &path,
+        agentserver::config::Known {
+            handlers: &[],
+            check_script: agentserver::lua::check_syntax,
+        },
+    )
+    .unwrap_err()
+    .0;
     assert!(errs[0].message.contains("does not compile"), "{errs:#?}");
 }
 

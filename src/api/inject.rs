@@ -8,10 +8,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
+use crate::pump::{InjectReceipt, InjectRequest, Organism};
 use crate::schema::Schema;
 use crate::threads::valid_thread_id;
 use crate::xml::{root_local_name, PayloadType};
-use crate::{InjectReceipt, InjectRequest, Organism};
 
 /// `POST /api/v1/inject` and the `/ws` `inject` command.
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]

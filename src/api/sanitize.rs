@@ -25,7 +25,7 @@ pub fn redact(value: &mut Value) {
                     (k.to_ascii_lowercase().ends_with("url"), &*v)
                 {
                     // A URL may carry a user, a password or a key in its query.
-                    *v = Value::String(crate::listener::display_url(url));
+                    *v = Value::String(crate::config::display_url(url));
                 } else {
                     redact(v);
                 }

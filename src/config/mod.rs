@@ -5,6 +5,7 @@
 //! listeners, agents' unique payload types, XSDs that compile, paths that exist) and reports
 //! every problem at once, each naming the file, the listener and the key.
 
+pub mod diff;
 mod model;
 pub mod secret;
 
@@ -14,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use model::{
-    ExternalConfig, Limits, ListenerConfig, ListenerKind, ListenerName, OrganismConfig, Retention,
-    Scheduling, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+    display_url, ExternalConfig, Limits, ListenerConfig, ListenerKind, ListenerName, LuaLimits,
+    OrganismConfig, Retention, Scheduling, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{ListenerSection, OrganismSection};
 
@@ -79,9 +80,19 @@ impl Collector<'_> {
     }
 }
 
-/// Loads and validates an organism file. `handlers` are the native handler names available
-/// (the built-ins plus any an embedding program registered).
-pub fn load_file(path: &Path, handlers: &[&str]) -> Result<OrganismConfig, ConfigErrors> {
+/// What loading checks a file against but `config` cannot know by itself, handed down by
+/// the layers that do, so that `config` stays pure data and imports neither: the native
+/// handler names available (the built-ins plus any an embedding program registered), and the
+/// Lua compiler's syntax check (`lua::check_syntax`).
+#[derive(Clone, Copy)]
+pub struct Known<'a> {
+    pub handlers: &'a [&'a str],
+    /// `(file name, source)` → the compiler's message when the script does not compile.
+    pub check_script: fn(&str, &str) -> Result<(), String>,
+}
+
+/// Loads and validates an organism file.
+pub fn load_file(path: &Path, known: Known<'_>) -> Result<OrganismConfig, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
             file: path.display().to_string(),
@@ -92,7 +103,7 @@ pub fn load_file(path: &Path, handlers: &[&str]) -> Result<OrganismConfig, Confi
         }])
     })?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut config = load_str(&text, &path.display().to_string(), &base, handlers)?;
+    let mut config = load_str(&text, &path.display().to_string(), &base, known)?;
     config.source = Some(path.to_path_buf());
     Ok(config)
 }
@@ -103,7 +114,7 @@ pub fn load_str(
     text: &str,
     file: &str,
     base: &Path,
-    handlers: &[&str],
+    known: Known<'_>,
 ) -> Result<OrganismConfig, ConfigErrors> {
     let mut c = Collector {
         file: file.to_string(),
@@ -197,7 +208,7 @@ pub fn load_str(
         }
     }
 
-    let listeners = check_listeners(&sections, &written_names, base, handlers, &mut c);
+    let listeners = check_listeners(&sections, &written_names, base, known, &mut c);
 
     if !c.errors.is_empty() {
         return Err(ConfigErrors(c.errors));
@@ -536,7 +547,7 @@ fn check_listeners(
     sections: &[ListenerSection],
     written_names: &[String],
     base: &Path,
-    handlers: &[&str],
+    known: Known<'_>,
     c: &mut Collector,
 ) -> Vec<ListenerConfig> {
     let names: HashSet<&str> = written_names.iter().map(String::as_str).collect();
@@ -569,12 +580,12 @@ fn check_listeners(
         match s.kind {
             ListenerKind::Native => match s.handler.as_deref() {
                 None => c.push(l, Some("handler"), "a native listener needs a handler name"),
-                Some(h) if !handlers.contains(&h) => c.push(
+                Some(h) if !known.handlers.contains(&h) => c.push(
                     l,
                     Some("handler"),
                     format!(
                         "no native handler named `{h}` (available: {})",
-                        handlers.join(", ")
+                        known.handlers.join(", ")
                     ),
                 ),
                 Some(_) => {}
@@ -600,7 +611,7 @@ fn check_listeners(
         }
         let external = (s.kind == ListenerKind::External).then(|| check_external(s, l, c));
         let mut script = None;
-        let mut lua_limits = crate::lua::LuaLimits::default();
+        let mut lua_limits = LuaLimits::default();
         if s.kind == ListenerKind::Lua {
             match &s.script {
                 None => c.push(
@@ -617,7 +628,7 @@ fn check_listeners(
                             format!("cannot read {}: {e}", path.display()),
                         ),
                         Ok(text) => {
-                            if let Err(e) = crate::lua::check_syntax(rel, &text) {
+                            if let Err(e) = (known.check_script)(rel, &text) {
                                 c.push(l, Some("script"), format!("does not compile: {e}"));
                             }
                         }
@@ -626,7 +637,7 @@ fn check_listeners(
                 }
             }
             if let Some(v) = &s.limits {
-                match yaml_serde::from_value::<crate::lua::LuaLimits>(v.clone()) {
+                match yaml_serde::from_value::<LuaLimits>(v.clone()) {
                     Ok(lim) => {
                         if lim.cpu_ms == 0 || lim.memory_mb == 0 {
                             c.push(l, Some("limits"), "cpu_ms and memory_mb must be at least 1");

@@ -196,7 +196,7 @@ pub struct ListenerConfig {
     /// For `lua`: the script file.
     pub script: Option<PathBuf>,
     /// For `lua`: per-call CPU and memory limits.
-    pub lua_limits: crate::lua::LuaLimits,
+    pub lua_limits: LuaLimits,
     /// For `external`: where deliveries go and how replies are accepted.
     pub external: Option<ExternalConfig>,
 }
@@ -219,7 +219,7 @@ pub struct ExternalConfig {
 impl fmt::Debug for ExternalConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExternalConfig")
-            .field("input_url", &crate::listener::display_url(&self.input_url))
+            .field("input_url", &display_url(&self.input_url))
             .field("token_env", &self.token_env)
             .field("token", &self.token.as_ref().map(|_| "<hidden>"))
             .field("timeout", &self.timeout)
@@ -272,5 +272,69 @@ pub struct OrganismConfig {
 impl OrganismConfig {
     pub fn listener(&self, name: &str) -> Option<&ListenerConfig> {
         self.listeners.iter().find(|l| l.name.as_str() == name)
+    }
+}
+
+/// Per-call limits of a Lua listener (`limits:` in its YAML section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LuaLimits {
+    /// CPU budget per call, enforced by the VM interrupt.
+    pub cpu_ms: u64,
+    /// Memory cap of the Lua state.
+    pub memory_mb: usize,
+}
+
+impl Default for LuaLimits {
+    fn default() -> Self {
+        LuaLimits {
+            cpu_ms: 100,
+            memory_mb: 16,
+        }
+    }
+}
+
+impl LuaLimits {
+    pub fn cpu(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.cpu_ms)
+    }
+
+    /// The state's memory cap in bytes.
+    pub fn memory_bytes(&self) -> usize {
+        self.memory_mb.saturating_mul(1024 * 1024)
+    }
+
+    /// How long a call may take in wall-clock time before the watchdog gives up on it.
+    pub fn watchdog(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.cpu_ms.saturating_mul(4).saturating_add(1000))
+    }
+}
+
+/// The URL with any user, password, query and fragment removed: safe to show in errors,
+/// events and the API.
+pub fn display_url(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.set_query(None);
+            u.set_fragment(None);
+            u.to_string()
+        }
+        Err(_) => "<not a URL>".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shown_urls_carry_no_credentials() {
+        assert_eq!(
+            display_url("http://user:secret@127.0.0.1:9/in?key=abc#x"),
+            "http://127.0.0.1:9/in"
+        );
+        assert_eq!(display_url("not a url"), "<not a URL>");
     }
 }

@@ -171,10 +171,10 @@ pub enum EventKind {
         error: Option<String>,
         /// A refused organism reload: each problem, with its listener and key.
         #[serde(skip_serializing_if = "Vec::is_empty")]
-        problems: Vec<crate::pump::ReloadProblem>,
+        problems: Vec<crate::config::diff::ReloadProblem>,
         /// A successful organism reload: `rev, added, removed, changed, unchanged`.
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
-        diff: Option<crate::pump::ReloadReport>,
+        diff: Option<crate::config::diff::ReloadReport>,
     },
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {

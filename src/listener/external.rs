@@ -11,22 +11,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{Delivery, Handler, HandlerError, HandlerFuture};
-use crate::config::{ExternalConfig, ListenerConfig};
-
-/// The URL with any user, password, query and fragment removed: safe to show in errors,
-/// events and the API.
-pub fn display_url(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut u) => {
-            let _ = u.set_username("");
-            let _ = u.set_password(None);
-            u.set_query(None);
-            u.set_fragment(None);
-            u.to_string()
-        }
-        Err(_) => "<not a URL>".to_string(),
-    }
-}
+use crate::config::{display_url, ExternalConfig, ListenerConfig};
 
 /// Where callbacks for `agent` in `thread` go, given the API's base URL.
 pub fn callback_path(agent: &str, thread: &str) -> String {
@@ -131,19 +116,5 @@ impl Handler for ExternalHandler {
 
     fn awaits_reply(&self) -> bool {
         true
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shown_urls_carry_no_credentials() {
-        assert_eq!(
-            display_url("http://user:secret@127.0.0.1:9/in?key=abc#x"),
-            "http://127.0.0.1:9/in"
-        );
-        assert_eq!(display_url("not a url"), "<not a URL>");
     }
 }

@@ -18,7 +18,7 @@ use crate::schema::ValidatedPayload;
 use crate::xml::PayloadType;
 
 pub use builtin::{Echo, Forward, Sink, Template};
-pub use external::{callback_path, display_url, ExternalHandler};
+pub use external::{callback_path, ExternalHandler};
 
 /// What a handler knows about the message it handles.
 #[derive(Debug, Clone)]

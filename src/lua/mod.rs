@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value as Json};
 
@@ -33,40 +33,7 @@ use crate::xml::PayloadType;
 pub use sandbox::{check_syntax, json_shape, lua_shape, FailKind};
 use sandbox::{CallError, LogLine, Sandbox};
 
-/// Per-call limits of a Lua listener (`limits:` in its YAML section).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LuaLimits {
-    /// CPU budget per call, enforced by the VM interrupt.
-    pub cpu_ms: u64,
-    /// Memory cap of the Lua state.
-    pub memory_mb: usize,
-}
-
-impl Default for LuaLimits {
-    fn default() -> Self {
-        LuaLimits {
-            cpu_ms: 100,
-            memory_mb: 16,
-        }
-    }
-}
-
-impl LuaLimits {
-    pub fn cpu(&self) -> Duration {
-        Duration::from_millis(self.cpu_ms)
-    }
-
-    /// The state's memory cap in bytes.
-    pub fn memory_bytes(&self) -> usize {
-        self.memory_mb.saturating_mul(1024 * 1024)
-    }
-
-    /// How long a call may take in wall-clock time before the watchdog gives up on it.
-    pub fn watchdog(&self) -> Duration {
-        Duration::from_millis(self.cpu_ms.saturating_mul(4).saturating_add(1000))
-    }
-}
+pub use crate::config::LuaLimits;
 
 /// Outputs one call may return.
 const MAX_OUTPUTS: usize = 64;
@@ -690,6 +657,7 @@ mod tests {
     use super::*;
     use crate::listener::Meta;
     use crate::xml::{normalize_payload, XmlLimits};
+    use std::time::Duration;
 
     const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
 
@@ -699,7 +667,16 @@ mod tests {
         let yaml = format!(
             "organism: {{ name: u, store: memory }}\nlisteners:\n  - {{ name: l, description: x, kind: lua, script: s.lua, schema: t.xsd, limits: {limits} }}\n"
         );
-        let config = crate::config::load_str(&yaml, "u.yaml", dir, &[]).unwrap();
+        let config = crate::config::load_str(
+            &yaml,
+            "u.yaml",
+            dir,
+            crate::config::Known {
+                handlers: &[],
+                check_script: check_syntax,
+            },
+        )
+        .unwrap();
         let h =
             LuaHandler::build(&config.listeners[0], &config, Arc::new(EventHub::new(16))).unwrap();
         (h, config.listeners[0].accepts[0].1.clone())

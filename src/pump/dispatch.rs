@@ -27,7 +27,7 @@ use crate::time::Timestamp;
 /// A listener at run time: its config, its handler, its queue, its counters.
 pub(crate) struct Listener {
     pub(crate) config: ListenerConfig,
-    /// What it was built from ([`super::reload::fingerprint`]): a reload compares it.
+    /// What it was built from ([`crate::config::diff::fingerprint`]): a reload compares it.
     pub(crate) fingerprint: String,
     pub(crate) handler: Arc<dyn Handler>,
     queue: Mutex<Queue>,
@@ -101,7 +101,7 @@ impl Listener {
         stats: Option<Arc<ListenerStats>>,
     ) -> Self {
         Listener {
-            fingerprint: super::reload::fingerprint(&config),
+            fingerprint: crate::config::diff::fingerprint(&config),
             config,
             handler,
             queue: Mutex::new(Queue::default()),
@@ -557,7 +557,10 @@ listeners:
             ORGANISM,
             "waits.yaml",
             std::path::Path::new("."),
-            &names.names(),
+            crate::config::Known {
+                handlers: &names.names(),
+                check_script: crate::lua::check_syntax,
+            },
         )
         .unwrap();
         let organism = Organism::builder().build(config).unwrap();

@@ -392,6 +392,22 @@ impl Overrides {
     }
 }
 
+/// Loads `path` with every check the running code knows of: `registry`'s handler names and
+/// the Lua compiler's syntax check (handed to `config`, which imports neither).
+pub(crate) fn load_config(
+    path: &Path,
+    registry: &HandlerRegistry,
+) -> Result<OrganismConfig, config::ConfigErrors> {
+    let handlers = registry.names();
+    config::load_file(
+        path,
+        config::Known {
+            handlers: &handlers,
+            check_script: crate::lua::check_syntax,
+        },
+    )
+}
+
 impl OrganismBuilder {
     /// Replaces the file's `listen` / `store`, now and at every reload.
     pub fn overrides(mut self, overrides: Overrides) -> Self {
@@ -427,9 +443,15 @@ impl OrganismBuilder {
         self.registry.names()
     }
 
+    /// Loads and checks `path` (against this builder's handlers and the Lua compiler)
+    /// without building anything: what `agentserver validate` does.
+    pub fn load_config(&self, path: &Path) -> Result<OrganismConfig, config::ConfigErrors> {
+        load_config(path, &self.registry)
+    }
+
     /// Loads `path` and builds the organism. Must run inside a tokio runtime.
     pub fn load(self, path: &Path) -> Result<Organism, BuildError> {
-        let config = config::load_file(path, &self.registry.names())?;
+        let config = self.load_config(path)?;
         self.build(config)
     }
 

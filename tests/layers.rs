@@ -1,0 +1,198 @@
+//! The layers of `src/`, checked: a module may use only modules of lower layers. The table is
+//! the one in `ARCHITECTURE.md` ("Layers"), read from there, so the document and the code
+//! cannot drift apart. A tidy test in the spirit of rust-analyzer's: it reads the source as
+//! text, so it needs no build of its own.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// `module → layer`, from the table rows `| N | `a`, `b` |` under `## Layers`.
+fn layers_from(architecture: &str) -> BTreeMap<String, u32> {
+    let mut out = BTreeMap::new();
+    let Some(section) = architecture.split("\n## Layers").nth(1) else {
+        return out;
+    };
+    let section = section.split("\n## ").next().unwrap_or("");
+    for row in section.lines().filter(|l| l.starts_with('|')) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let (Some(layer), Some(modules)) = (cells.get(1), cells.get(2)) else {
+            continue;
+        };
+        let Ok(layer) = layer.parse::<u32>() else {
+            continue;
+        };
+        for m in modules.split(',') {
+            out.insert(m.trim().trim_matches('`').to_string(), layer);
+        }
+    }
+    out
+}
+
+/// The top-level modules `text` names through `crate::`: in paths (`crate::a::b`) and in
+/// grouped imports (`use crate::{a::b, c}`, over several lines). Comment lines are skipped.
+fn crate_modules_used(text: &str) -> Vec<String> {
+    let code: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut out = Vec::new();
+    let mut rest = code.as_str();
+    while let Some(at) = rest.find("crate::") {
+        rest = &rest[at + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // Names at the group's first level, each before `::`, `,` or `}`.
+            let mut depth = 1;
+            let mut name = String::new();
+            let mut expecting_name = true;
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 1 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 1 => expecting_name = true,
+                    c if depth == 1 && expecting_name && (c.is_alphanumeric() || c == '_') => {
+                        name.push(c)
+                    }
+                    _ => {
+                        if !name.is_empty() {
+                            out.push(std::mem::take(&mut name));
+                            expecting_name = false;
+                        }
+                    }
+                }
+            }
+            if !name.is_empty() {
+                out.push(name);
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// Every use of a module that the table forbids, as `file: a (layer 3) uses b (layer 5)`;
+/// and every module the table does not place. `sources` are `(module, file, text)`.
+fn violations(layers: &BTreeMap<String, u32>, sources: &[(String, String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (module, file, text) in sources {
+        let Some(&own) = layers.get(module) else {
+            out.push(format!(
+                "{file}: module `{module}` is in no row of ARCHITECTURE.md's layer table"
+            ));
+            continue;
+        };
+        for used in crate_modules_used(text) {
+            if &used == module {
+                continue;
+            }
+            match layers.get(&used) {
+                // Re-exports at the crate root (`crate::Organism`) are not modules.
+                None if used.starts_with(char::is_uppercase) => {}
+                None => out.push(format!(
+                    "{file}: `{module}` uses `{used}`, which is in no row of the layer table"
+                )),
+                Some(&layer) if layer >= own => out.push(format!(
+                    "{file}: `{module}` (layer {own}) uses `{used}` (layer {layer}); a module may \
+                     use only lower layers"
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `(module, file, text)` for every `.rs` file under `src/` except the crate roots.
+fn sources(src: &Path) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("rs") {
+                continue;
+            }
+            let rel = path
+                .strip_prefix(src)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/");
+            if rel == "lib.rs" || rel == "main.rs" {
+                continue;
+            }
+            let module = rel
+                .split('/')
+                .next()
+                .unwrap()
+                .trim_end_matches(".rs")
+                .to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            out.push((module, format!("src/{rel}"), text));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_module_uses_only_lower_layers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let architecture = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let layers = layers_from(&architecture);
+    assert!(
+        layers.len() >= 10,
+        "ARCHITECTURE.md has no layer table under `## Layers`"
+    );
+    let found = violations(&layers, &sources(&root.join("src")));
+    assert!(found.is_empty(), "layer violations:\n{}", found.join("\n"));
+}
+
+/// The check itself: a forbidden import, in any of the forms the source uses, is found.
+#[test]
+fn a_use_of_a_higher_or_equal_layer_is_reported() {
+    let layers = layers_from(
+        "# A\n\n## Layers\n\n| layer | modules |\n|---|---|\n| 2 | `pump` |\n| 1 | `config`, `lua` |\n| 0 | `xml` |\n\n## Next\n| 9 | `ignored` |\n",
+    );
+    assert_eq!(layers.len(), 4);
+    let file = |module: &str, text: &str| (module.to_string(), format!("{module}.rs"), text.into());
+    let found = violations(
+        &layers,
+        &[
+            file(
+                "config",
+                "use crate::xml::Thing;\nfn f() { crate::lua::check(); }",
+            ),
+            file("xml", "use crate::{\n    config::{A, B},\n    xml::C,\n};"),
+            file(
+                "pump",
+                "use crate::{config, lua::X, xml};\n// crate::pump is fine",
+            ),
+            file(
+                "lua",
+                "/// [`crate::pump::Shared`] in a doc line is not a use\nfn g() {}",
+            ),
+            file("stray", "fn h() {}"),
+        ],
+    );
+    assert_eq!(
+        found,
+        vec![
+            "config.rs: `config` (layer 1) uses `lua` (layer 1); a module may use only lower layers",
+            "stray.rs: module `stray` is in no row of ARCHITECTURE.md's layer table",
+            "xml.rs: `xml` (layer 0) uses `config` (layer 1); a module may use only lower layers",
+        ]
+    );
+}
