@@ -1,0 +1,397 @@
+//! Opening a store file: the lock, the migrations (`PRAGMA user_version`), recovery of what
+//! the last process left in flight, and the writer started on its own connection.
+
+use super::*;
+
+/// Each entry moves the schema from version `i` to `i + 1`.
+pub(super) const MIGRATIONS: &[&str] = &[
+    r#"
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE messages (
+  id TEXT PRIMARY KEY,
+  thread_id TEXT NOT NULL,
+  parent_id TEXT,
+  slot_index INTEGER NOT NULL,
+  sender TEXT NOT NULL,
+  receiver TEXT,
+  payload_type TEXT,
+  payload_xml TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  ts INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX messages_thread_slot ON messages(thread_id, slot_index);
+CREATE INDEX messages_ts ON messages(ts, thread_id, slot_index);
+CREATE INDEX messages_sender ON messages(sender, ts);
+CREATE INDEX messages_receiver ON messages(receiver, ts);
+CREATE INDEX messages_type ON messages(payload_type, ts);
+CREATE INDEX messages_status ON messages(status, ts);
+CREATE TABLE threads (
+  id TEXT PRIMARY KEY,
+  status TEXT NOT NULL,
+  message_count INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  last_activity INTEGER NOT NULL,
+  error TEXT
+) WITHOUT ROWID;
+CREATE INDEX threads_created ON threads(created_at);
+CREATE INDEX threads_activity ON threads(last_activity);
+"#,
+    r#"
+-- v2: messages keyed by their place in the log (rowid = write order, so oldest-first pages
+-- need no sort), narrower indexes, an agent side table (one row per sender and receiver) and
+-- kept counts per (agent, payload type, status), so a broad filter's exact total is a lookup
+-- instead of a scan. Agent '' counts every message once. The writer and pruning keep both
+-- side tables in step with `messages`, in the same transaction.
+CREATE TABLE messages_v2 (
+  seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL,
+  thread_id TEXT NOT NULL,
+  parent_id TEXT,
+  slot_index INTEGER NOT NULL,
+  sender TEXT NOT NULL,
+  receiver TEXT,
+  payload_type TEXT,
+  payload_xml TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  ts INTEGER NOT NULL
+);
+INSERT INTO messages_v2 (id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+  SELECT id, thread_id, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts
+  FROM messages ORDER BY ts, thread_id, slot_index;
+DROP TABLE messages;
+ALTER TABLE messages_v2 RENAME TO messages;
+CREATE UNIQUE INDEX messages_thread_slot ON messages(thread_id, slot_index);
+CREATE INDEX messages_ts ON messages(ts);
+CREATE INDEX messages_type ON messages(payload_type);
+CREATE INDEX messages_status ON messages(status);
+CREATE TABLE message_agents (
+  agent TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY (agent, seq)
+) WITHOUT ROWID;
+CREATE TABLE message_counts (
+  agent TEXT NOT NULL,
+  payload_type TEXT NOT NULL,
+  status TEXT NOT NULL,
+  n INTEGER NOT NULL,
+  PRIMARY KEY (agent, payload_type, status)
+) WITHOUT ROWID;
+INSERT INTO message_counts SELECT '', COALESCE(payload_type, ''), status, COUNT(*) FROM messages GROUP BY 2, 3;
+INSERT INTO message_agents SELECT sender, seq FROM messages;
+INSERT OR IGNORE INTO message_agents SELECT receiver, seq FROM messages WHERE receiver IS NOT NULL;
+INSERT INTO message_counts SELECT a.agent, COALESCE(m.payload_type, ''), m.status, COUNT(*)
+  FROM message_agents a JOIN messages m ON m.seq = a.seq GROUP BY 1, 2, 3;
+"#,
+    r#"
+-- v3: the agent side table keyed by a number per agent name (`names`), not the name: its
+-- index compares an integer instead of a repeated string on every insert. `names` only grows
+-- (agent names are the organism's listeners and injector identities: few).
+CREATE TABLE names (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE);
+INSERT INTO names (name) SELECT DISTINCT agent FROM message_agents;
+CREATE TABLE message_agents_v3 (
+  agent INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  PRIMARY KEY (agent, seq)
+) WITHOUT ROWID;
+INSERT INTO message_agents_v3 SELECT n.id, a.seq FROM message_agents a JOIN names n ON n.name = a.agent;
+DROP TABLE message_agents;
+ALTER TABLE message_agents_v3 RENAME TO message_agents;
+-- The status index leaves out `delivered`, the status nearly every message ends in: those
+-- inserts skip it, and a `delivered` filter reads the log in order (most rows match).
+DROP INDEX messages_status;
+CREATE INDEX messages_status ON messages(status) WHERE status != 'delivered';
+"#,
+    r#"
+-- v4: what a message costs to write, halved. Threads get a number (`n`); a message row
+-- names its thread, sender, receiver and payload type by number (agent and type names in
+-- `names`), so its one remaining index, (thread, slot), compares integers. The
+-- per-message entries of the agent table and of the time, type and status indexes give way
+-- to counts per block of 256 messages in write order (`blocks`: one row per agent, block,
+-- type and status, agent 0 counting every message once, type 0 for none; names and types
+-- numbered in `names`) and each block's time range (`block_times`). A filtered page walks
+-- the matching blocks in order, skips whole blocks by their counts and reads rows only in
+-- the blocks it returns; a total is a sum of counts (rows are counted only in the blocks a
+-- time window cuts). `message_counts` keeps the sums over all blocks.
+CREATE TABLE threads_v4 (
+  n INTEGER PRIMARY KEY,
+  id TEXT NOT NULL UNIQUE,
+  status TEXT NOT NULL,
+  message_count INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  last_activity INTEGER NOT NULL,
+  error TEXT
+);
+INSERT INTO threads_v4 (id, status, message_count, created_at, last_activity, error)
+  SELECT id, status, message_count, created_at, last_activity, error FROM threads
+  ORDER BY created_at, id;
+-- Messages whose thread has no row (none are expected) get one, so none is orphaned.
+INSERT INTO threads_v4 (id, status, message_count, created_at, last_activity)
+  SELECT thread_id, 'completed', COUNT(*), MIN(ts), MAX(ts) FROM messages
+  WHERE thread_id NOT IN (SELECT id FROM threads) GROUP BY thread_id ORDER BY MIN(ts);
+DROP TABLE threads;
+ALTER TABLE threads_v4 RENAME TO threads;
+CREATE INDEX threads_created ON threads(created_at);
+CREATE INDEX threads_activity ON threads(last_activity);
+INSERT OR IGNORE INTO names (name)
+  SELECT sender FROM messages
+  UNION SELECT receiver FROM messages WHERE receiver IS NOT NULL
+  UNION SELECT payload_type FROM messages WHERE payload_type IS NOT NULL;
+-- A message row names its thread, sender, receiver and payload type by number (type 0: none).
+CREATE TABLE messages_v4 (
+  seq INTEGER PRIMARY KEY,
+  id TEXT NOT NULL,
+  thread INTEGER NOT NULL,
+  parent_id TEXT,
+  slot_index INTEGER NOT NULL,
+  sender INTEGER NOT NULL,
+  receiver INTEGER,
+  payload_type INTEGER NOT NULL,
+  payload_xml TEXT NOT NULL,
+  status TEXT NOT NULL,
+  error TEXT,
+  ts INTEGER NOT NULL
+);
+INSERT INTO messages_v4
+  SELECT m.seq, m.id, t.n, m.parent_id, m.slot_index, s.id, r.id, COALESCE(p.id, 0),
+    m.payload_xml, m.status, m.error, m.ts
+  FROM messages m JOIN threads t ON t.id = m.thread_id JOIN names s ON s.name = m.sender
+    LEFT JOIN names r ON r.name = m.receiver LEFT JOIN names p ON p.name = m.payload_type
+  ORDER BY m.seq;
+DROP TABLE messages;
+ALTER TABLE messages_v4 RENAME TO messages;
+CREATE UNIQUE INDEX messages_thread ON messages(thread, slot_index);
+DROP TABLE message_agents;
+CREATE TABLE blocks (
+  agent INTEGER NOT NULL,
+  block INTEGER NOT NULL,
+  type INTEGER NOT NULL,
+  status TEXT NOT NULL,
+  n INTEGER NOT NULL,
+  PRIMARY KEY (agent, block, type, status)
+) WITHOUT ROWID;
+INSERT INTO blocks
+  WITH sides AS (
+    SELECT 0 AS agent, seq >> 8 AS block, payload_type AS type, status FROM messages
+    UNION ALL SELECT sender, seq >> 8, payload_type, status FROM messages
+    UNION ALL SELECT receiver, seq >> 8, payload_type, status FROM messages
+      WHERE receiver IS NOT NULL AND receiver != sender
+  )
+  SELECT agent, block, type, status, COUNT(*) FROM sides GROUP BY agent, block, type, status;
+DROP TABLE message_counts;
+CREATE TABLE message_counts (
+  agent INTEGER NOT NULL,
+  type INTEGER NOT NULL,
+  status TEXT NOT NULL,
+  n INTEGER NOT NULL,
+  PRIMARY KEY (agent, type, status)
+) WITHOUT ROWID;
+INSERT INTO message_counts SELECT agent, type, status, SUM(n) FROM blocks GROUP BY agent, type, status;
+CREATE TABLE block_times (block INTEGER PRIMARY KEY, min_ts INTEGER NOT NULL, max_ts INTEGER NOT NULL);
+INSERT INTO block_times SELECT seq >> 8, MIN(ts), MAX(ts) FROM messages GROUP BY 1;
+"#,
+];
+
+/// Takes `<file>.lock` (created if need be) for this store, or says who has it. A separate
+/// file, not the database itself: closing any descriptor of the database would let go of
+/// SQLite's own locks on it.
+pub(super) fn lock_file(path: &Path) -> Result<std::fs::File, StoreError> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| err(path, format!("cannot open {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(err(
+            path,
+            format!(
+                "in use by another agentserver (it holds {}); stop that one, or give this one another store (--store PATH)",
+                lock_path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(err(
+            path,
+            format!("cannot lock {}: {e}", lock_path.display()),
+        )),
+    }
+}
+
+pub(super) fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connection, StoreError> {
+    // No SQLite connection mutex: a `Connection` is used by one thread at a time (it is not
+    // `Sync`), so the lock SQLite would take around every call is pure cost.
+    let conn = Connection::open_with_flags(path, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .map_err(|e| err(path, e))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| err(path, e))?;
+    Ok(conn)
+}
+
+/// What a process that ended left unfinished, in one transaction: active threads become
+/// `error` and pending messages `failed`, both with the reason `interrupted` (SPEC §13; §8:
+/// no message stays `pending` with nothing left to handle it). Pending messages are read
+/// only in the blocks whose counts hold some, and their counts move with them. Returns
+/// (threads, messages).
+pub(super) fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<(u64, u64)> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let threads = tx.execute(
+        "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
+        [],
+    )? as u64;
+    let pending = status_str(MessageStatus::Pending);
+    let failed = status_str(MessageStatus::Failed);
+    let blocks: Vec<i64> = tx
+        .prepare(
+            "SELECT block FROM blocks WHERE agent = 0 AND status = ?1 AND n > 0 GROUP BY block",
+        )?
+        .query_map(params![pending], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut deltas = Deltas::default();
+    let mut messages = 0;
+    {
+        let mut fail = tx.prepare(
+            "UPDATE messages SET status = ?3, error = COALESCE(error, 'interrupted')
+             WHERE seq >= ?1 AND seq < ?2 AND status = ?4
+             RETURNING seq, sender, receiver, payload_type",
+        )?;
+        for block in blocks {
+            let (first, end) = (block << BLOCK_BITS, (block + 1) << BLOCK_BITS);
+            let mut rows = fail.query(params![first, end, failed, pending])?;
+            while let Some(r) = rows.next()? {
+                let was = Counted {
+                    seq: r.get(0)?,
+                    from: r.get(1)?,
+                    to: r.get(2)?,
+                    payload_type: r.get(3)?,
+                    status: pending,
+                };
+                deltas.restate(was, failed);
+                messages += 1;
+            }
+        }
+    }
+    deltas.write(&tx)?;
+    tx.commit()?;
+    Ok((threads, messages))
+}
+
+impl Store {
+    /// Opens (creating the directory and file if needed) and migrates the store, marks
+    /// threads left active as interrupted, and starts the writer.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, None)
+    }
+
+    /// [`Store::open`], with the writer limited to `max_pages` pages: how the tests fill the
+    /// "disk" (SQLite reports the same `SQLITE_FULL` as for a full file system).
+    pub(super) fn open_with(path: &Path, max_pages: Option<u32>) -> Result<Store, StoreError> {
+        if path.as_os_str().is_empty() {
+            return Err(err(
+                path,
+                "no file given; the store is a file (such as data/organism.db), or memory",
+            ));
+        }
+        let names_a_directory = path.as_os_str().to_string_lossy().ends_with('/');
+        if names_a_directory || path.is_dir() {
+            return Err(err(
+                path,
+                "is a directory; the store is a file (such as data/organism.db)",
+            ));
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                err(
+                    path,
+                    format!("cannot create directory {}: {e}", dir.display()),
+                )
+            })?;
+        }
+        let lock = lock_file(path)?;
+        let mut conn = open_connection(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )?;
+        let corrupt = |e: rusqlite::Error| {
+            err(
+                path,
+                format!("not a usable agentserver store (corrupted or not SQLite?): {e}"),
+            )
+        };
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(corrupt)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(corrupt)?;
+        // Checkpoints every 8192 pages (32 MiB of log) instead of every 1000, so a page
+        // rewritten by many batches is copied to the file (and synced) once, not once per few
+        // batches; the log file is cut back to 64 MiB after a checkpoint. (A larger page cache
+        // than SQLite's default 2 MiB measured no different.)
+        for (pragma, value) in [
+            ("wal_autocheckpoint", 8192),
+            ("journal_size_limit", 64 << 20),
+        ] {
+            conn.pragma_update(None, pragma, value).map_err(corrupt)?;
+        }
+        // Migrate under a write lock, so two processes opening a new file do not race.
+        let tx = conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(corrupt)?;
+        let version: i64 = tx
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(corrupt)?;
+        let known = MIGRATIONS.len() as i64;
+        if version > known {
+            return Err(err(
+                path,
+                format!("schema version {version} is newer than this agentserver understands ({known}); use a newer release or another file"),
+            ));
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+            tx.execute_batch(sql).map_err(corrupt)?;
+            tx.pragma_update(None, "user_version", (i + 1) as i64)
+                .map_err(corrupt)?;
+        }
+        tx.commit().map_err(corrupt)?;
+        if let Some(pages) = max_pages {
+            conn.pragma_update(None, "max_page_count", pages)
+                .map_err(corrupt)?;
+        }
+        let (interrupted, interrupted_messages) =
+            recover_interrupted(&mut conn).map_err(corrupt)?;
+        let last_seq: u64 = conn
+            .query_row("SELECT value FROM meta WHERE key = 'last_seq'", [], |r| {
+                get_u64(r, 0)
+            })
+            .optional()
+            .map_err(corrupt)?
+            .unwrap_or(0);
+        let total_messages = stored_total(&conn).map_err(corrupt)?;
+        let reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        let health = Arc::new(Health::default());
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let writer_health = health.clone();
+        let writer_path = path.to_path_buf();
+        let writer = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer(conn, rx, writer_health, writer_path))
+            .map_err(|e| err(path, format!("cannot start the writer: {e}")))?;
+        Ok(Store {
+            path: path.to_path_buf(),
+            tx,
+            writer: Some(writer),
+            reader: Mutex::new(reader),
+            health,
+            recovered: Recovered {
+                last_seq,
+                total_messages,
+                interrupted,
+                interrupted_messages,
+            },
+            _lock: lock,
+        })
+    }
+}

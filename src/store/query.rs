@@ -1,0 +1,483 @@
+//! Reads: pages of messages and threads with exact totals from one snapshot, by index for a
+//! thread and by the blocks' kept counts for any other filter.
+
+use super::*;
+
+/// A filter as SQL: `AND`-ed clauses with their parameters.
+#[derive(Default)]
+pub(super) struct Where {
+    pub(super) clauses: Vec<String>,
+    pub(super) args: Vec<rusqlite::types::Value>,
+}
+
+impl Where {
+    /// `AND` one more clause, with the values of its parameters.
+    pub(super) fn and(
+        &mut self,
+        clause: impl Into<String>,
+        args: impl IntoIterator<Item = rusqlite::types::Value>,
+    ) {
+        self.clauses.push(clause.into());
+        self.args.extend(args);
+    }
+}
+
+/// The columns [`row_to_message`] reads, from [`MESSAGES`].
+pub(super) const MESSAGE_COLUMNS: &str = "m.id, t.id, m.parent_id, m.slot_index, s.name, r.name, p.name, m.payload_xml, m.status, m.error, m.ts";
+
+/// Messages (`m`) with the names their numbers stand for. Every message has its thread's row
+/// (the writer adds one for a message whose thread was never recorded; pruning deletes both
+/// together).
+pub(super) const MESSAGES: &str =
+    "messages m JOIN threads t ON t.n = m.thread JOIN names s ON s.id = m.sender \
+     LEFT JOIN names r ON r.id = m.receiver LEFT JOIN names p ON p.id = m.payload_type";
+
+pub(super) fn in_list(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+/// A message filter resolved against the file: the condition a row must meet, and the
+/// numbers the counts know its agent and payload types by.
+pub(super) struct Rows {
+    /// On `messages m`.
+    pub(super) matching: Where,
+    /// The agent's number; 0 when the filter names none (0 counts every message).
+    pub(super) agent: i64,
+    /// The numbers of the payload types the filter matches (exact name or local name).
+    pub(super) types: Option<Vec<i64>>,
+}
+
+impl Rows {
+    /// `None` when nothing can match: an agent, type or thread the file has never seen.
+    pub(super) fn of(
+        tx: &rusqlite::Transaction<'_>,
+        filter: &MessageFilter,
+    ) -> rusqlite::Result<Option<Rows>> {
+        use rusqlite::types::Value as V;
+        let mut matching = Where::default();
+        // The number the file gives a thread id or a name, if it has one.
+        let number = |sql: &str, key: &str| -> rusqlite::Result<Option<i64>> {
+            tx.prepare_cached(sql)?
+                .query_row(params![key], |r| r.get(0))
+                .optional()
+        };
+        if let Some(t) = &filter.thread {
+            let Some(n) = number("SELECT n FROM threads WHERE id = ?1", t)? else {
+                return Ok(None);
+            };
+            matching.and("m.thread = ?", [V::Integer(n)]);
+        }
+        let mut agent = 0;
+        if let Some(a) = &filter.agent {
+            let Some(id) = number("SELECT id FROM names WHERE name = ?1", a)? else {
+                return Ok(None);
+            };
+            agent = id;
+            matching.and(
+                "(m.sender = ? OR m.receiver = ?)",
+                [V::Integer(id), V::Integer(id)],
+            );
+        }
+        let mut types = None;
+        if let Some(p) = &filter.payload_type {
+            // Names are few (agents and payload types): match the filter against them all.
+            let matched = tx
+                .prepare_cached("SELECT id, name FROM names")?
+                .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+                .filter(|row| {
+                    row.as_ref().map_or(true, |(_, name)| {
+                        crate::threads::payload_type_matches(name, p)
+                    })
+                })
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            if matched.is_empty() {
+                return Ok(None);
+            }
+            let ids: Vec<i64> = matched.into_iter().map(|(id, _)| id).collect();
+            matching.and(
+                format!("m.payload_type IN ({})", in_list(ids.len())),
+                ids.iter().map(|id| V::Integer(*id)),
+            );
+            types = Some(ids);
+        }
+        if let Some(s) = filter.status {
+            matching.and("m.status = ?", [V::Text(status_str(s).to_string())]);
+        }
+        if let Some(t) = filter.since {
+            matching.and("m.ts >= ?", [V::Integer(t.0 as i64)]);
+        }
+        if let Some(t) = filter.until {
+            matching.and("m.ts < ?", [V::Integer(t.0 as i64)]);
+        }
+        Ok(Some(Rows {
+            matching,
+            agent,
+            types,
+        }))
+    }
+}
+
+/// One page of the rows of `from` matching `w`, in `order`, and their exact count (unless
+/// `known_total` already gives it), from the same transaction.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn count_and_page<T>(
+    tx: &rusqlite::Transaction<'_>,
+    from: &str,
+    columns: &str,
+    order: &str,
+    w: &Where,
+    known_total: Option<u64>,
+    page: Page,
+    map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<(u64, Vec<T>)> {
+    let where_sql = if w.clauses.is_empty() {
+        String::new()
+    } else {
+        format!("WHERE {}", w.clauses.join(" AND "))
+    };
+    let total = match known_total {
+        Some(t) => t,
+        None => tx.query_row(
+            &format!("SELECT COUNT(*) FROM {from} {where_sql}"),
+            params_from_iter(w.args.iter()),
+            |r| get_u64(r, 0),
+        )?,
+    };
+    let mut args = w.args.clone();
+    args.push(rusqlite::types::Value::Integer(
+        page.limit.min(i64::MAX as usize) as i64,
+    ));
+    args.push(rusqlite::types::Value::Integer(
+        page.offset.min(i64::MAX as usize) as i64,
+    ));
+    let mut stmt = tx.prepare(&format!(
+        "SELECT {columns} FROM {from} {where_sql} ORDER BY {order} LIMIT ? OFFSET ?"
+    ))?;
+    let items = stmt
+        .query_map(params_from_iter(args.iter()), map)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok((total, items))
+}
+
+/// The agents thread `n`'s messages name, in order of first appearance.
+pub(super) fn participants(
+    tx: &rusqlite::Transaction<'_>,
+    n: i64,
+) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT s.name, r.name FROM messages m JOIN names s ON s.id = m.sender \
+         LEFT JOIN names r ON r.id = m.receiver WHERE m.thread = ? ORDER BY m.slot_index",
+    )?;
+    let mut out: Vec<String> = Vec::new();
+    let rows = stmt.query_map(params![n], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?))
+    })?;
+    for row in rows {
+        let (from, to) = row?;
+        for who in std::iter::once(from).chain(to) {
+            if !out.contains(&who) {
+                out.push(who);
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub(super) fn get_u64(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<u64> {
+    r.get::<_, i64>(i).map(|v| v.max(0) as u64)
+}
+
+pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRecord> {
+    let status: String = r.get(8)?;
+    Ok(MessageRecord {
+        id: Arc::from(r.get::<_, String>(0)?),
+        thread_id: Arc::from(r.get::<_, String>(1)?),
+        parent_id: r.get::<_, Option<String>>(2)?.map(Arc::from),
+        slot_index: get_u64(r, 3)?,
+        from: Arc::from(r.get::<_, String>(4)?),
+        to: r.get::<_, Option<String>>(5)?.map(Arc::from),
+        payload_type: r.get(6)?,
+        payload_xml: crate::xml::SharedXml::new(r.get::<_, String>(7)?),
+        status: parse_status(&status).unwrap_or(MessageStatus::Failed),
+        error: r.get(9)?,
+        timestamp: Timestamp(get_u64(r, 10)?),
+        schema: None,
+    })
+}
+
+impl Store {
+    pub(super) fn read<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = crate::sync::lock(&self.reader);
+        let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
+        let out = f(&tx).map_err(|e| err(&self.path, e))?;
+        tx.commit().map_err(|e| err(&self.path, e))?;
+        Ok(out)
+    }
+
+    /// One page of the log (oldest first, in write order), with the exact total, from one
+    /// snapshot. A thread's messages come through its index; any other filter walks the
+    /// matching blocks' counts in write order (see [`Store::query_blocks`]).
+    pub fn query_messages(
+        &self,
+        filter: &MessageFilter,
+        page: Page,
+    ) -> Result<Paged<MessageRecord>, StoreError> {
+        self.read(|tx| {
+            let (total, items) = match Rows::of(tx, filter)? {
+                None => (0, Vec::new()),
+                Some(rows) if filter.thread.is_some() => count_and_page(
+                    tx,
+                    MESSAGES,
+                    MESSAGE_COLUMNS,
+                    "m.seq",
+                    &rows.matching,
+                    None,
+                    page,
+                    row_to_message,
+                )?,
+                Some(rows) => Store::query_blocks(tx, filter, &rows, page)?,
+            };
+            Ok(Paged {
+                items,
+                total,
+                limit: page.limit,
+                offset: page.offset,
+            })
+        })
+    }
+
+    /// A page of messages matching a filter without a thread, and their total, by blocks:
+    /// the blocks holding matching messages, in write order, with how many each holds (from
+    /// the counts, or counted row by row in a block a time window cuts). The page skips whole
+    /// blocks by their counts and reads rows only in the blocks it returns from. Without a
+    /// time window the total is the kept sum, and the walk ends with the page.
+    pub(super) fn query_blocks(
+        tx: &rusqlite::Transaction<'_>,
+        filter: &MessageFilter,
+        rows: &Rows,
+        page: Page,
+    ) -> rusqlite::Result<(u64, Vec<MessageRecord>)> {
+        use rusqlite::types::Value as V;
+        let mut clauses = vec!["b.agent = ?".to_string()];
+        let mut args = vec![V::Integer(rows.agent)];
+        let mut sum_clauses = vec!["agent = ?".to_string()];
+        if let Some(types) = &rows.types {
+            clauses.push(format!("b.type IN ({})", in_list(types.len())));
+            sum_clauses.push(format!("type IN ({})", in_list(types.len())));
+            args.extend(types.iter().map(|t| V::Integer(*t)));
+        }
+        if let Some(s) = filter.status {
+            clauses.push("b.status = ?".into());
+            sum_clauses.push("status = ?".into());
+            args.push(V::Text(status_str(s).to_string()));
+        }
+        let windowed = filter.since.is_some() || filter.until.is_some();
+        let known_total = if windowed {
+            None
+        } else {
+            Some(tx.query_row(
+                &format!(
+                    "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE {}",
+                    sum_clauses.join(" AND ")
+                ),
+                params_from_iter(args.iter()),
+                |r| get_u64(r, 0),
+            )?)
+        };
+        // A block lies wholly inside the window when its time range does; otherwise its
+        // matching rows are counted one by one.
+        let mut whole = Vec::new();
+        let mut whole_args = Vec::new();
+        for (bound, first, edge, inside) in [
+            (filter.since, "MIN", "t.max_ts >= ?", "t.min_ts >= ?"),
+            (filter.until, "MAX", "t.min_ts < ?", "t.max_ts < ?"),
+        ] {
+            let Some(ts) = bound else { continue };
+            let ts = ts.0 as i64;
+            let block: Option<i64> = tx.query_row(
+                &format!("SELECT {first}(block) FROM block_times t WHERE {}", edge),
+                params![ts],
+                |r| r.get(0),
+            )?;
+            let Some(block) = block else {
+                return Ok((0, Vec::new()));
+            };
+            clauses.push(format!(
+                "b.block {} ?",
+                if first == "MIN" { ">=" } else { "<=" }
+            ));
+            args.push(V::Integer(block));
+            whole.push(inside);
+            whole_args.push(V::Integer(ts));
+        }
+        let (join, whole) = if windowed {
+            (
+                "JOIN block_times t ON t.block = b.block",
+                whole.join(" AND "),
+            )
+        } else {
+            ("", "1".to_string())
+        };
+        let mut block_args = whole_args;
+        block_args.extend(args);
+        let mut blocks = tx.prepare(&format!(
+            "SELECT b.block, SUM(b.n), {whole} FROM blocks b {join} WHERE {} \
+             GROUP BY b.block HAVING SUM(b.n) > 0 ORDER BY b.block",
+            clauses.join(" AND ")
+        ))?;
+        let in_block = format!(
+            "m.seq BETWEEN ? AND ?{}",
+            rows.matching
+                .clauses
+                .iter()
+                .map(|c| format!(" AND {c}"))
+                .collect::<String>()
+        );
+        let mut count = tx.prepare(&format!("SELECT COUNT(*) FROM messages m WHERE {in_block}"))?;
+        let mut read = tx.prepare(&format!(
+            "SELECT {MESSAGE_COLUMNS} FROM {MESSAGES} WHERE {in_block} ORDER BY m.seq LIMIT ? OFFSET ?"
+        ))?;
+        let block_range = |b: i64| {
+            let mut a = vec![
+                V::Integer(b << BLOCK_BITS),
+                V::Integer(((b + 1) << BLOCK_BITS) - 1),
+            ];
+            a.extend(rows.matching.args.iter().cloned());
+            a
+        };
+        let mut total = 0u64;
+        let mut skip = page.offset as u64;
+        let mut items: Vec<MessageRecord> = Vec::new();
+        let mut walk = blocks.query(params_from_iter(block_args.iter()))?;
+        while let Some(r) = walk.next()? {
+            let block: i64 = r.get(0)?;
+            let mut n = get_u64(r, 1)?;
+            if !r.get::<_, bool>(2)? {
+                n = count.query_row(params_from_iter(block_range(block).iter()), |r| {
+                    get_u64(r, 0)
+                })?;
+            }
+            total += n;
+            if items.len() < page.limit && n > 0 {
+                if skip >= n {
+                    skip -= n;
+                } else {
+                    let mut a = block_range(block);
+                    a.push(V::Integer(
+                        (page.limit - items.len()).min(i64::MAX as usize) as i64,
+                    ));
+                    a.push(V::Integer(skip as i64));
+                    skip = 0;
+                    let got = read
+                        .query_map(params_from_iter(a.iter()), row_to_message)?
+                        .collect::<rusqlite::Result<Vec<_>>>()?;
+                    items.extend(got);
+                }
+            }
+            if items.len() >= page.limit && known_total.is_some() {
+                break;
+            }
+        }
+        Ok((known_total.unwrap_or(total), items))
+    }
+
+    /// One page of threads, newest first, with the exact total.
+    pub fn query_threads(
+        &self,
+        filter: &ThreadFilter,
+        page: Page,
+    ) -> Result<Paged<ThreadInfo>, StoreError> {
+        use rusqlite::types::Value as V;
+        let mut w = Where::default();
+        if let Some(s) = filter.status {
+            w.and("status = ?", [V::Text(status_str(s).to_string())]);
+        }
+        if let Some(a) = &filter.agent {
+            w.and("EXISTS (SELECT 1 FROM messages m, (SELECT id FROM names WHERE name = ?) a WHERE m.thread = threads.n AND (m.sender = a.id OR m.receiver = a.id))", [V::Text(a.clone())]);
+        }
+        if let Some(s) = filter.since {
+            w.and("last_activity >= ?", [V::Integer(s.0 as i64)]);
+        }
+        if let Some(u) = filter.until {
+            w.and("created_at < ?", [V::Integer(u.0 as i64)]);
+        }
+        self.read(|tx| {
+            let (total, rows) = count_and_page(
+                tx,
+                "threads",
+                "id, status, message_count, created_at, last_activity, error, n",
+                "created_at DESC, id DESC",
+                &w,
+                None,
+                page,
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        get_u64(r, 2)?,
+                        get_u64(r, 3)?,
+                        get_u64(r, 4)?,
+                        r.get::<_, Option<String>>(5)?,
+                        r.get::<_, i64>(6)?,
+                    ))
+                },
+            )?;
+            let mut items = Vec::with_capacity(rows.len());
+            for (id, status, count, created, last, error, n) in rows {
+                let participants = participants(tx, n)?;
+                items.push(ThreadInfo {
+                    participants,
+                    id,
+                    status: parse_status(&status).unwrap_or(ThreadStatus::Error),
+                    message_count: count,
+                    created_at: Timestamp(created),
+                    last_activity: Timestamp(last),
+                    error,
+                });
+            }
+            Ok(Paged {
+                items,
+                total,
+                limit: page.limit,
+                offset: page.offset,
+            })
+        })
+    }
+
+    /// One thread, if stored.
+    pub fn thread(&self, id: &str) -> Result<Option<ThreadInfo>, StoreError> {
+        self.read(|tx| {
+            let row = tx
+                .query_row(
+                    "SELECT status, message_count, created_at, last_activity, error, n FROM threads WHERE id = ?",
+                    params![id],
+                    |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            get_u64(r, 1)?,
+                            get_u64(r, 2)?,
+                            get_u64(r, 3)?,
+                            r.get::<_, Option<String>>(4)?,
+                            r.get::<_, i64>(5)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let Some((status, count, created, last, error, n)) = row else {
+                return Ok(None);
+            };
+            Ok(Some(ThreadInfo {
+                id: id.to_string(),
+                status: parse_status(&status).unwrap_or(ThreadStatus::Error),
+                participants: participants(tx, n)?,
+                message_count: count,
+                created_at: Timestamp(created),
+                last_activity: Timestamp(last),
+                error,
+            }))
+        })
+    }
+}

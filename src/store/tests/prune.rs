@@ -1,0 +1,210 @@
+//! Pruning and retention.
+
+use super::*;
+
+#[test]
+fn kept_counts_stay_exact_through_status_changes_and_pruning() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    for (i, t) in ["x", "y", "z"].iter().enumerate() {
+        thread(&store, t, ThreadStatus::Completed, i as u64);
+        store.record(
+            1,
+            &EventKind::Message {
+                message: msg(t, 0, "api", "g", 1),
+            },
+        );
+        // A message to itself counts once for its agent.
+        store.record(
+            1,
+            &EventKind::Message {
+                message: msg(t, 1, "g", "g", 2),
+            },
+        );
+    }
+    store.flush(1);
+    assert_eq!(
+        store
+            .query_messages(
+                &MessageFilter {
+                    agent: Some("g".into()),
+                    ..Default::default()
+                },
+                Page::default()
+            )
+            .unwrap()
+            .total,
+        6
+    );
+    assert_kept_counts_match_scans(&store);
+    // Status changes in a later batch than the insert.
+    for (t, status) in [
+        ("x", MessageStatus::Delivered),
+        ("y", MessageStatus::Failed),
+    ] {
+        for slot in 0..2 {
+            store.record(
+                2,
+                &EventKind::MessageStatus {
+                    id: format!("{t}-{slot}"),
+                    thread_id: t.into(),
+                    status,
+                    error: None,
+                    about: None,
+                },
+            );
+        }
+    }
+    store.flush(2);
+    assert_kept_counts_match_scans(&store);
+    assert_eq!(store.prune(Some(4), None).unwrap(), 2);
+    assert_kept_counts_match_scans(&store);
+}
+
+#[test]
+fn pruning_passes_end_while_writes_keep_coming_and_never_fail_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(&dir.path().join("s.db")).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let (pass_tx, passes) = mpsc::channel();
+    let pruner = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let n = store.prune(Some(500), None).unwrap();
+                let _ = pass_tx.send(n);
+            }
+        })
+    };
+    // Write without pause until three passes that pruned have ended (each pass's target
+    // is fixed when it starts, so it ends even though arrivals never stop; a pass with
+    // nothing over the limit ends at once).
+    let (mut i, mut ended) = (0u64, 0);
+    while ended < 3 {
+        finished_thread(&store, &format!("t{i:06}"), i, 3);
+        if i % 100 == 0 {
+            store.flush(1);
+            assert_eq!(store.failure(), None, "a write failed beside pruning");
+        }
+        if i > 300_000 {
+            panic!("no pruning pass ended within 300,000 threads of writes");
+        }
+        ended += passes.try_iter().filter(|n| *n > 0).count();
+        i += 1;
+    }
+    store.flush(1);
+    done.store(true, Ordering::Relaxed);
+    pruner.join().unwrap();
+    assert_eq!(store.failure(), None, "a write failed beside pruning");
+    // One last pass with nothing arriving brings the log down to the limit.
+    store.prune(Some(500), None).unwrap();
+    let kept = store
+        .query_messages(&MessageFilter::default(), Page::default())
+        .unwrap()
+        .total;
+    assert!(kept <= 500, "{kept} messages kept, limit 500");
+    assert!(store.pruned() > 0);
+    assert_kept_counts_match_scans(&store);
+}
+
+#[test]
+fn an_age_prune_of_more_than_one_chunk_of_one_message_threads_deletes_them_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let threads = PRUNE_CHUNK + 50;
+    for i in 0..threads {
+        finished_thread(&store, &format!("t{i:05}"), i, 1);
+    }
+    store.flush(1);
+    // A pass that deletes nothing: the next chunk is then PRUNE_CHUNK exactly (nothing
+    // has arrived since).
+    assert_eq!(store.prune(None, None).unwrap(), 0);
+    store
+        .reader
+        .lock()
+        .unwrap()
+        .execute("UPDATE threads SET last_activity = 1", [])
+        .unwrap();
+    // Every thread is ancient by the clock: the first chunk is exactly full, and the
+    // pass must go on to the rest.
+    assert_eq!(
+        store.prune(None, Some(Duration::from_secs(1))).unwrap(),
+        threads
+    );
+    assert_eq!(store.pruned(), threads);
+    assert_kept_counts_match_scans(&store);
+}
+
+#[test]
+fn a_prune_larger_than_one_chunk_deletes_exactly_across_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let threads = PRUNE_CHUNK * 2 + 10;
+    for i in 0..threads {
+        finished_thread(&store, &format!("t{i:04}"), i, 2);
+    }
+    store.flush(1);
+    // Keep the newest 20 threads' messages: everything older goes, in three chunks.
+    let deleted = store.prune(Some(40), None).unwrap();
+    assert_eq!(deleted, (threads - 20) * 2);
+    let left = store
+        .query_threads(&ThreadFilter::default(), Page::default())
+        .unwrap();
+    assert_eq!(left.total, 20);
+    assert_kept_counts_match_scans(&store);
+    // The writer was never locked out: a write after the prune commits at once.
+    thread(&store, "after", ThreadStatus::Completed, 1);
+    store.flush(1);
+    assert!(store.failure().is_none());
+    assert!(store.thread("after").unwrap().is_some());
+}
+
+#[test]
+fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    for (i, t) in ["old", "mid", "new"].iter().enumerate() {
+        thread(&store, t, ThreadStatus::Completed, i as u64);
+        for slot in 0..2 {
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(t, slot, "api", "g", 10 * i as u64 + slot),
+                },
+            );
+        }
+    }
+    thread(&store, "running", ThreadStatus::Active, 0);
+    store.record(
+        1,
+        &EventKind::Message {
+            message: msg("running", 0, "api", "g", 1),
+        },
+    );
+    store.flush(1);
+    // Make activity order explicit: old < mid < new; running is oldest but active.
+    {
+        let conn = store.reader.lock().unwrap();
+        for (i, t) in ["running", "old", "mid", "new"].iter().enumerate() {
+            conn.execute(
+                "UPDATE threads SET last_activity = ? WHERE id = ?",
+                params![i as i64, t],
+            )
+            .unwrap();
+        }
+    }
+    assert_eq!(store.prune(Some(4), None).unwrap(), 4);
+    let left: Vec<String> = store
+        .query_threads(&ThreadFilter::default(), Page::default())
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    assert_eq!(left, vec!["new", "running"]);
+    assert_eq!(
+        store.prune(None, Some(Duration::from_secs(1))).unwrap(),
+        2,
+        "new is old by the clock; running stays"
+    );
+}
