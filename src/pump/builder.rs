@@ -1,0 +1,191 @@
+//! Building an organism: the handler registry, overrides, loading the file, and start-up.
+
+use super::*;
+
+/// Builds an [`Organism`]: a config (from a file or already loaded) plus native handlers.
+#[derive(Default)]
+pub struct OrganismBuilder {
+    registry: HandlerRegistry,
+    event_capacity: Option<usize>,
+    overrides: Overrides,
+}
+
+/// Settings given outside the file (the command line's `--listen`, `--store`) that replace
+/// the file's, at build and at every reload.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    /// `Some(None)`: memory only.
+    pub store: Option<Option<std::path::PathBuf>>,
+}
+
+impl Overrides {
+    pub(crate) fn apply(&self, config: &mut OrganismConfig) {
+        if let Some(l) = &self.listen {
+            config.listen = l.clone();
+        }
+        if let Some(s) = &self.store {
+            config.store = s.clone();
+        }
+    }
+}
+
+/// Loads `path` with every check the running code knows of: `registry`'s handler names and
+/// the Lua compiler's syntax check (handed to `config`, which imports neither).
+pub(crate) fn load_config(
+    path: &Path,
+    registry: &HandlerRegistry,
+) -> Result<OrganismConfig, config::ConfigErrors> {
+    let handlers = registry.names();
+    config::load_file(
+        path,
+        config::Known {
+            handlers: &handlers,
+            check_script: crate::lua::check_syntax,
+        },
+    )
+}
+
+impl OrganismBuilder {
+    /// Replaces the file's `listen` / `store`, now and at every reload.
+    pub fn overrides(mut self, overrides: Overrides) -> Self {
+        self.overrides = overrides;
+        self
+    }
+
+    /// Registers a native handler under `name`, for listeners with `handler: name`.
+    pub fn handler<H: Handler>(mut self, name: &str, handler: H) -> Self {
+        let shared: Arc<dyn Handler> = Arc::new(handler);
+        self.registry.register(name, move |_| Ok(shared.clone()));
+        self
+    }
+
+    /// Registers a handler factory that sees the listener's config.
+    pub fn handler_factory<F>(mut self, name: &str, factory: F) -> Self
+    where
+        F: Fn(&config::ListenerConfig) -> Result<Arc<dyn Handler>, String> + Send + Sync + 'static,
+    {
+        self.registry.register(name, factory);
+        self
+    }
+
+    /// How many events the hub retains for observers that resume with `?since=` (and buffers
+    /// for observers that fall behind). Default [`DEFAULT_CAPACITY`].
+    pub fn event_capacity(mut self, capacity: usize) -> Self {
+        self.event_capacity = Some(capacity);
+        self
+    }
+
+    /// The native handler names available to a config.
+    pub fn handler_names(&self) -> Vec<&str> {
+        self.registry.names()
+    }
+
+    /// Loads and checks `path` (against this builder's handlers and the Lua compiler)
+    /// without building anything: what `agentserver validate` does.
+    pub fn load_config(&self, path: &Path) -> Result<OrganismConfig, config::ConfigErrors> {
+        load_config(path, &self.registry)
+    }
+
+    /// Loads `path` and builds the organism. Must run inside a tokio runtime.
+    pub fn load(self, path: &Path) -> Result<Organism, BuildError> {
+        let config = self.load_config(path)?;
+        self.build(config)
+    }
+
+    /// Builds the organism from a validated config. Must run inside a tokio runtime.
+    pub fn build(self, mut config: OrganismConfig) -> Result<Organism, BuildError> {
+        self.overrides.apply(&mut config);
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
+        let store = match &config.store {
+            Some(path) => Some(Arc::new(crate::store::Store::open(path)?)),
+            None => None,
+        };
+        let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
+        let sink: Option<crate::events::Sink> = store.clone().map(|s| {
+            Box::new(move |event: &Arc<crate::events::Event>| s.record_event(event))
+                as crate::events::Sink
+        });
+        let events = Arc::new(EventHub::with_sink(
+            self.event_capacity.unwrap_or(DEFAULT_CAPACITY),
+            recovered.next_seq_floor(),
+            sink,
+        ));
+        let limits = config.limits;
+        // What memory holds of history, by bytes: a quarter for the event ring, the rest for
+        // finished threads' messages (the store, when on, keeps everything).
+        events.set_byte_budget(limits.max_retained_bytes / 4);
+        let scheduling = config.scheduling;
+        let lua_targets = crate::lua::OutputTargets::of(&config);
+        let config = Arc::new(config);
+        let shared = Arc::new(Shared {
+            // Listeners are built below, by the same code a reload uses.
+            topology: std::sync::RwLock::new(Arc::new(Topology {
+                config: config.clone(),
+                listeners: Default::default(),
+                order: Vec::new(),
+            })),
+            limits,
+            registry: self.registry,
+            overrides: self.overrides,
+            lua_targets,
+            reload_lock: std::sync::Mutex::new(()),
+            config_stale: AtomicBool::new(false),
+            reloads_ok: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
+            threads: ThreadRegistry::new(
+                limits.max_messages_per_thread,
+                RETAINED_FINISHED_THREADS,
+                limits.max_retained_bytes - limits.max_retained_bytes / 4,
+            ),
+            events,
+            store,
+            earlier_messages: recovered.total_messages,
+            gate: gate::Gate::new(limits.max_concurrent_handlers, scheduling),
+            xml_limits: XmlLimits {
+                max_bytes: limits.max_message_bytes,
+                max_depth: limits.max_depth,
+                max_attributes: limits.max_attributes,
+            },
+            pending: AtomicUsize::new(0),
+            idle: Notify::new(),
+            retention_changed: Notify::new(),
+            stopped: Default::default(),
+            background: Default::default(),
+            status: AtomicU8::new(STATUS_RUNNING),
+            paused: AtomicBool::new(false),
+            failures: Default::default(),
+            runtime,
+            started: std::time::Instant::now(),
+            started_at: Timestamp::now(),
+            config_rev: AtomicU64::new(1),
+            waits: Default::default(),
+            thread_waiters: Default::default(),
+            api_base: Arc::default(),
+        });
+        let mut listeners = crate::hash::SeededMap::default();
+        let mut order = Vec::new();
+        for lc in &config.listeners {
+            let handler =
+                shared
+                    .build_handler(lc, None)
+                    .map_err(|message| BuildError::Handler {
+                        listener: lc.name.to_string(),
+                        message,
+                    })?;
+            let l = Arc::new(Listener::new(lc.clone(), handler, None));
+            listeners.insert(lc.name.clone(), l.clone());
+            order.push(l);
+        }
+        shared.set_topology(Arc::new(Topology {
+            config,
+            listeners,
+            order,
+        }));
+        let organism = Organism { shared };
+        organism.report_interrupted(&recovered);
+        organism.start_retention();
+        organism.watch_store_health();
+        Ok(organism)
+    }
+}

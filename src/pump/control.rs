@@ -1,0 +1,233 @@
+//! Control: pause, resume, reload one listener, kill a thread, and stop.
+
+use super::*;
+
+impl Organism {
+    pub(super) fn listener(&self, name: &str) -> Result<Arc<Listener>, ControlError> {
+        self.shared
+            .topo()
+            .listeners
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ControlError::UnknownListener(name.to_string()))
+    }
+
+    /// Pauses one listener: its messages wait in its queue.
+    pub fn pause_listener(&self, name: &str) -> Result<(), ControlError> {
+        let l = self.listener(name)?;
+        l.set_paused(true);
+        self.shared.kick(&l);
+        Ok(())
+    }
+
+    /// Resumes one listener: its queue is delivered in order.
+    pub fn resume_listener(&self, name: &str) -> Result<(), ControlError> {
+        let l = self.listener(name)?;
+        l.set_paused(false);
+        self.shared.kick(&l);
+        Ok(())
+    }
+
+    /// Reloads one listener's code (a Lua script: new sandboxes are built and `init` run
+    /// beside the old ones, then swapped in; calls in flight finish on the old ones). On any
+    /// error the old code keeps running. Either way a `reload` event says what happened.
+    pub fn reload_listener(&self, name: &str) -> Result<(), ControlError> {
+        let l = self.listener(name)?;
+        let result = match l.handler.reload() {
+            None => return Err(ControlError::NotReloadable(name.to_string())),
+            Some(r) => r,
+        };
+        self.shared.events.publish(EventKind::Reload {
+            agent: Some(name.to_string()),
+            ok: result.is_ok(),
+            error: result.as_ref().err().cloned(),
+            problems: Vec::new(),
+            diff: None,
+        });
+        result.map_err(|message| ControlError::ReloadFailed {
+            listener: name.to_string(),
+            message,
+        })
+    }
+
+    /// Pauses every listener.
+    pub fn pause(&self) {
+        self.shared.paused.store(true, Ordering::SeqCst);
+        self.after_organism_state_change();
+    }
+
+    /// Resumes the organism (listeners paused one by one stay paused).
+    pub fn resume(&self) {
+        self.shared.paused.store(false, Ordering::SeqCst);
+        self.after_organism_state_change();
+    }
+
+    pub(super) fn after_organism_state_change(&self) {
+        self.shared.events.publish(EventKind::OrganismState {
+            status: self.status(),
+        });
+        for l in &self.shared.topo().order {
+            self.shared.kick(l);
+        }
+    }
+
+    /// Kills a thread: queued messages dropped (logged `killed`), running handlers cancelled,
+    /// further injects refused. Killing a killed thread is a no-op.
+    pub fn kill_thread(&self, id: &str) -> Result<(), ControlError> {
+        let s = &self.shared;
+        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
+            if let Ok(Some(info)) = store.thread(id) {
+                s.threads.adopt(&info);
+            }
+        }
+        let change = s
+            .threads
+            .kill(id)
+            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
+        let Some(change) = change else { return Ok(()) };
+        s.publish_thread(change);
+        s.drop_waits(id);
+        for l in &s.topo().order {
+            for job in l.drop_thread(id) {
+                s.finish_message(
+                    &job.record,
+                    MessageStatus::Killed,
+                    Some("thread killed".into()),
+                );
+                s.count_failure(FailureKind::Killed);
+                s.release(id);
+            }
+            s.kick(l);
+        }
+        Ok(())
+    }
+
+    /// Graceful stop: refuse new injects, let pending work finish within the grace period
+    /// (`limits.stop_grace_ms`), then kill what remains, end the background tasks and
+    /// flush the store. Once it has returned and every handle is dropped, the store's file
+    /// is free for another organism. Idempotent.
+    pub async fn stop(&self) -> StopReport {
+        let s = &self.shared;
+        if s.status
+            .compare_exchange(
+                STATUS_RUNNING,
+                STATUS_STOPPING,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            )
+            .is_err()
+        {
+            self.wait_idle(Duration::from_millis(s.limits.stop_grace_ms))
+                .await;
+            return StopReport {
+                drained: self.pending() == 0,
+                killed_threads: 0,
+                uncommitted: None,
+            };
+        }
+        s.events.publish(EventKind::OrganismState {
+            status: OrganismStatus::Stopping,
+        });
+        let grace = Duration::from_millis(s.limits.stop_grace_ms);
+        let held = self.paused_backlog();
+        tracing::info!(pending = self.pending(), paused_backlog = ?held, grace_ms = s.limits.stop_grace_ms, "stopping: draining what can move");
+        let drained = self.wait_drained(grace).await;
+        let mut killed_threads = 0;
+        if !drained {
+            for id in s.threads.active_ids() {
+                if self.kill_thread(&id).is_ok() {
+                    killed_threads += 1;
+                }
+            }
+            // Cancelled handlers return promptly; give them a moment to record it.
+            self.wait_idle(Duration::from_secs(1)).await;
+        }
+        s.status.store(STATUS_STOPPED, Ordering::SeqCst);
+        s.events.publish(EventKind::OrganismState {
+            status: OrganismStatus::Stopped,
+        });
+        s.stopped.cancel();
+        let background = std::mem::take(&mut *crate::sync::lock(&s.background));
+        for task in background {
+            let _ = task.await;
+        }
+        let mut uncommitted = None;
+        if let Some(store) = s.store.clone() {
+            let last = s.events.last_seq();
+            let flushed = store.clone();
+            let _ = tokio::task::spawn_blocking(move || flushed.flush(last)).await;
+            uncommitted = store.failure().map(|error| Uncommitted {
+                path: store.path().to_path_buf(),
+                changes: store.queued(),
+                error,
+            });
+        }
+        StopReport {
+            drained,
+            killed_threads,
+            uncommitted,
+        }
+    }
+
+    /// The listeners whose queues cannot drain because they (or the organism) are paused,
+    /// with how many messages each holds.
+    pub fn paused_backlog(&self) -> Vec<(String, usize)> {
+        let organism_paused = self.shared.is_paused();
+        self.shared
+            .topo()
+            .order
+            .iter()
+            .map(|l| (l.name().to_string(), l.held_by_pause(organism_paused)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
+    /// Waits until nothing is pending but what paused queues hold, up to `limit`: messages
+    /// that cannot start do not hold a stop for its grace period. Returns whether nothing at
+    /// all is pending then.
+    pub(super) async fn wait_drained(&self, limit: Duration) -> bool {
+        let held = || self.paused_backlog().iter().map(|(_, n)| n).sum::<usize>();
+        // Idle is announced at zero only: a paused backlog is looked at again often.
+        self.wait_for(
+            limit,
+            || self.pending() <= held(),
+            Some(Duration::from_millis(50)),
+        )
+        .await;
+        self.pending() == 0
+    }
+
+    /// Waits until nothing is pending, up to `limit`. Returns whether it got there.
+    pub(super) async fn wait_idle(&self, limit: Duration) -> bool {
+        self.wait_for(limit, || self.pending() == 0, None).await
+    }
+
+    /// Waits until `done` holds, up to `limit`, looking again whenever the organism goes
+    /// idle (and every `every`, if given). Returns whether `done` held.
+    pub(super) async fn wait_for(
+        &self,
+        limit: Duration,
+        done: impl Fn() -> bool,
+        every: Option<Duration>,
+    ) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.shared.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if done() {
+                return true;
+            }
+            let look_again = every.map_or(deadline, |e| {
+                (tokio::time::Instant::now() + e).min(deadline)
+            });
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(look_again) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return done();
+            }
+        }
+    }
+}

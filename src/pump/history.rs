@@ -1,0 +1,140 @@
+//! Reads of the history: pages of messages and threads (from the store when it is on, else
+//! from memory), one thread, and waiting for a thread to settle.
+
+use super::*;
+
+impl Organism {
+    /// Messages removed from the store by retention since start.
+    pub fn pruned_messages(&self) -> u64 {
+        self.shared.store.as_ref().map_or(0, |s| s.pruned())
+    }
+
+    /// The durable store, unless the organism runs with `store: memory`.
+    pub fn store(&self) -> Option<&Arc<crate::store::Store>> {
+        self.shared.store.as_ref()
+    }
+
+    /// One page of the message log: from the store when there is one, else from memory.
+    pub fn query_messages(
+        &self,
+        filter: &crate::threads::MessageFilter,
+        page: crate::threads::Page,
+    ) -> Result<crate::threads::Paged<MessageRecord>, crate::store::StoreError> {
+        match &self.shared.store {
+            Some(store) => {
+                store.catch_up(READ_CATCH_UP);
+                store.query_messages(filter, page)
+            }
+            None => Ok(self.shared.threads.query_messages(filter, page)),
+        }
+    }
+
+    /// One page of threads: from the store when there is one (after it has committed what
+    /// was published before the call, [`READ_CATCH_UP`] at most), else from memory.
+    pub fn query_threads(
+        &self,
+        filter: &crate::threads::ThreadFilter,
+        page: crate::threads::Page,
+    ) -> Result<crate::threads::Paged<crate::threads::ThreadInfo>, crate::store::StoreError> {
+        match &self.shared.store {
+            Some(store) => {
+                store.catch_up(READ_CATCH_UP);
+                store.query_threads(filter, page)
+            }
+            None => Ok(self.shared.threads.query_threads(filter, page)),
+        }
+    }
+
+    /// One thread: live from memory while the organism holds it (so a thread is found the
+    /// moment its inject is answered, before the store's writer commits it), else from the
+    /// store.
+    pub fn thread_info(
+        &self,
+        id: &str,
+    ) -> Result<Option<crate::threads::ThreadInfo>, crate::store::StoreError> {
+        match (self.shared.threads.info(id), &self.shared.store) {
+            (Some(live), _) => Ok(Some(live)),
+            (None, Some(store)) => store.thread(id),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// One page of a thread's messages in slot order, `None` for an unknown thread. What
+    /// the organism holds in memory is live (every message, current statuses); slots before
+    /// it (a thread continued after a restart) and threads no longer held come from the
+    /// store.
+    pub fn thread_page(
+        &self,
+        id: &str,
+        page: crate::threads::Page,
+    ) -> Result<Option<crate::threads::Paged<MessageRecord>>, crate::store::StoreError> {
+        let filter = crate::threads::MessageFilter {
+            thread: Some(id.to_string()),
+            ..Default::default()
+        };
+        match (self.shared.threads.log(id), &self.shared.store) {
+            (Some((0, live)), _) | (Some((_, live)), None) => Ok(Some(page.cut(live))),
+            (Some((base, live)), Some(store)) => {
+                let mut log: Vec<MessageRecord> = store
+                    .query_messages(&filter, crate::threads::Page::ALL)?
+                    .items
+                    .into_iter()
+                    .filter(|m| m.slot_index < base)
+                    .collect();
+                log.extend(live);
+                Ok(Some(page.cut(log)))
+            }
+            (None, Some(store)) => match store.thread(id)? {
+                Some(_) => store.query_messages(&filter, page).map(Some),
+                None => Ok(None),
+            },
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Waits until the thread is no longer active; returns its status (`None`: no such thread).
+    /// Each waiter is woken by its own thread's change only, so many waiters cost nothing per
+    /// event.
+    pub async fn wait_thread(&self, id: &str) -> Option<ThreadStatus> {
+        loop {
+            match self.shared.threads.status(id) {
+                Some(ThreadStatus::Active) => {}
+                other => return other,
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            crate::sync::lock(&self.shared.thread_waiters)
+                .entry(id.to_string())
+                .or_default()
+                .push(tx);
+            // It may have settled between the check and the registration: then withdraw.
+            match self.shared.threads.status(id) {
+                Some(ThreadStatus::Active) => {}
+                other => {
+                    drop(rx);
+                    let mut w = crate::sync::lock(&self.shared.thread_waiters);
+                    if let Some(list) = w.get_mut(id) {
+                        list.retain(|tx| !tx.is_closed());
+                        if list.is_empty() {
+                            w.remove(id);
+                        }
+                    }
+                    return other;
+                }
+            }
+            match rx.await {
+                Ok(status) if status != ThreadStatus::Active => return Some(status),
+                // Dropped (the organism went away) or reactivated: look again.
+                _ => {
+                    if self.status() == OrganismStatus::Stopped {
+                        return self.shared.threads.status(id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The thread's messages, in slot order.
+    pub fn thread_messages(&self, id: &str) -> Option<Vec<MessageRecord>> {
+        self.shared.threads.messages(id)
+    }
+}

@@ -1,0 +1,140 @@
+//! Inject: the pump's entry for payloads from outside the organism (API, WebSocket, CLI,
+//! embedders), checked and admitted like any routed output.
+
+use super::*;
+
+impl Organism {
+    /// Injects one payload for a listener. Validated before this returns: an accepted inject
+    /// is queued and logged; a refused one is counted and published as an `error` event.
+    pub fn inject(&self, req: InjectRequest) -> Result<InjectReceipt, InjectError> {
+        let result = (|| {
+            let payload = normalize_payload(&req.payload_xml, &self.shared.xml_limits)?;
+            self.inject_normalized(&req.from, &req.to, payload, req.thread_id.as_deref())
+        })();
+        self.note_refusal(&result, &req.to);
+        result
+    }
+
+    /// Injects a whole `<message>` envelope. The envelope's `from` is ignored: the message is
+    /// from `identity`. Its `thread`, if any, names the thread to continue.
+    pub fn inject_envelope(&self, identity: &str, xml: &str) -> Result<InjectReceipt, InjectError> {
+        let mut to = String::new();
+        let result = (|| {
+            let env = parse_envelope(xml, &self.shared.xml_limits)?;
+            to = env.to.clone().ok_or(InjectError::NoTarget)?;
+            self.inject_normalized(identity, &to, env.payload, env.thread.as_deref())
+        })();
+        self.note_refusal(&result, &to);
+        result
+    }
+
+    pub(super) fn note_refusal(&self, result: &Result<InjectReceipt, InjectError>, to: &str) {
+        if let Err(e) = result {
+            self.shared.count_failure(FailureKind::InjectRefused);
+            self.shared.events.publish(EventKind::Error {
+                thread_id: None,
+                agent: Some(to.to_string()).filter(|t| !t.is_empty()),
+                error: self.shared.clip_error(format!("inject refused: {e}")),
+            });
+        }
+    }
+
+    pub(super) fn inject_normalized(
+        &self,
+        from: &str,
+        to: &str,
+        payload: NormalizedPayload,
+        thread_id: Option<&str>,
+    ) -> Result<InjectReceipt, InjectError> {
+        let s = &self.shared;
+        if s.status.load(Ordering::SeqCst) != STATUS_RUNNING {
+            return Err(InjectError::Stopping);
+        }
+        let topo = s.topo();
+        if topo.listeners.contains_key(from) || from.is_empty() || from == SYSTEM_IDENTITY {
+            return Err(InjectError::ForgedIdentity(from.to_string()));
+        }
+        let listener = topo
+            .listeners
+            .get(to)
+            .cloned()
+            .ok_or_else(|| InjectError::UnknownListener(to.to_string()))?;
+        let schema = listener
+            .config
+            .schema_for(&payload.payload_type)
+            .ok_or_else(|| InjectError::NotAccepted {
+                listener: to.to_string(),
+                payload_type: payload.payload_type.to_string(),
+            })?;
+        let valid = schema.validate(payload).map_err(InjectError::Invalid)?;
+        if let Some(store) = &s.store {
+            if let Some(e) = store.failure() {
+                return Err(InjectError::StoreFailed(e));
+            }
+            if store.backlogged() {
+                return Err(InjectError::StoreBehind);
+            }
+            // A thread from before a restart, or evicted from memory, continues where its
+            // stored history ends.
+            if let Some(id) = thread_id.filter(|id| !s.threads.contains(id)) {
+                if let Ok(Some(info)) = store.thread(id) {
+                    s.threads.adopt(&info);
+                }
+            }
+        }
+        let pending = s.pending.load(Ordering::SeqCst);
+        if pending >= s.limits.max_pending_messages {
+            return Err(InjectError::Overloaded {
+                pending,
+                max: s.limits.max_pending_messages,
+            });
+        }
+        let opened = s.threads.open(thread_id)?;
+        if let Some(info) = opened.created {
+            s.events.publish(EventKind::ThreadCreated { thread: info });
+        }
+        if let Some(change) = opened.reactivated {
+            s.publish_thread(change);
+        }
+        let record = s.threads.append(
+            &opened.id,
+            NewMessage {
+                id: route::new_id(),
+                parent_id: None,
+                from: Arc::from(from),
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(valid.payload_type().to_string()),
+                payload_xml: valid.xml_arc(),
+                status: MessageStatus::Pending,
+                error: None,
+                schema: Some(schema.clone()),
+            },
+        )?;
+        s.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        if record.status != MessageStatus::Pending {
+            // Over the thread's budget: logged as failed; the thread settles.
+            if let Some(change) = s.threads.settle(&opened.id) {
+                s.publish_thread(change);
+            }
+            return Err(InjectError::Thread(ThreadError::BudgetExceeded {
+                id: opened.id.to_string(),
+                max: s.limits.max_messages_per_thread,
+            }));
+        }
+        let receipt = InjectReceipt {
+            thread_id: opened.id.to_string(),
+            message_id: record.id.to_string(),
+        };
+        s.add_pending(1);
+        s.enqueue(
+            &listener,
+            dispatch::Job {
+                record,
+                payload: valid,
+            },
+        );
+        Ok(receipt)
+    }
+}
