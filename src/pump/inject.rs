@@ -96,45 +96,28 @@ impl Organism {
         if let Some(change) = opened.reactivated {
             s.publish_thread(change);
         }
-        let record = s.threads.append(
-            &opened.id,
-            NewMessage {
-                id: route::new_id(),
-                parent_id: None,
-                from: Arc::from(from),
-                to: Some(listener.config.name.arc()),
-                payload_type: Some(valid.payload_type().to_string()),
-                payload_xml: valid.xml_arc(),
-                status: MessageStatus::Pending,
-                error: None,
-                schema: Some(schema.clone()),
-            },
-        )?;
-        s.events.publish(EventKind::Message {
-            message: record.clone(),
-        });
-        if record.status != MessageStatus::Pending {
-            // Over the thread's budget: logged as failed; the thread settles.
-            if let Some(change) = s.threads.settle(&opened.id) {
-                s.publish_thread(change);
-            }
-            return Err(InjectError::Thread(ThreadError::BudgetExceeded {
-                id: opened.id.to_string(),
-                max: s.limits.max_messages_per_thread,
-            }));
-        }
-        let receipt = InjectReceipt {
-            thread_id: opened.id.to_string(),
-            message_id: record.id.to_string(),
+        let admission = Admission {
+            parent_id: None,
+            from: Arc::from(from),
+            valid,
+            schema: schema.clone(),
         };
-        s.add_pending(1);
-        s.enqueue(
-            &listener,
-            dispatch::Job {
-                record,
-                payload: valid,
-            },
-        );
-        Ok(receipt)
+        match s.admit(&opened.id, &listener, admission)? {
+            Admitted::Queued(message_id) => Ok(InjectReceipt {
+                thread_id: opened.id.to_string(),
+                message_id: message_id.to_string(),
+            }),
+            Admitted::Held(record) => {
+                // Over the thread's budget: logged as failed; the thread settles.
+                s.events.publish(EventKind::Message { message: record });
+                if let Some(change) = s.threads.settle(&opened.id) {
+                    s.publish_thread(change);
+                }
+                Err(InjectError::Thread(ThreadError::BudgetExceeded {
+                    id: opened.id.to_string(),
+                    max: s.limits.max_messages_per_thread,
+                }))
+            }
+        }
     }
 }

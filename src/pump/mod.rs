@@ -9,6 +9,7 @@
 //!
 //! The pump knows nothing of HTTP: the API and the CLI call the methods here.
 
+mod admit;
 mod background;
 mod builder;
 mod control;
@@ -37,6 +38,7 @@ use crate::threads::{
 use crate::time::Timestamp;
 use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};
 
+use admit::{Admission, Admitted};
 pub(crate) use builder::load_config;
 pub use builder::{OrganismBuilder, Overrides};
 use dispatch::Listener;

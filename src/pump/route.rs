@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::dispatch::{Job, Listener};
+use super::admit::{Admission, Admitted};
+use super::dispatch::Listener;
 use super::{FailureKind, Shared};
 use crate::events::EventKind;
 use crate::events::StatusAbout;
@@ -204,22 +205,34 @@ impl Shared {
             }
             Target::Listener(l) => l,
         };
-        let to = Some(listener.config.name.arc());
-        let schema = listener.config.schema_for(&payload.payload_type).cloned();
-        let validated = match &schema {
-            Some(schema) => schema.validate(payload.clone()).map_err(|e| e.to_string()),
+        let checked = match listener.config.schema_for(&payload.payload_type) {
+            Some(schema) => schema
+                .validate(payload.clone())
+                .map(|valid| (valid, schema.clone()))
+                .map_err(|e| e.to_string()),
             None => Err(format!(
                 "`{}` does not accept `{payload_type}`",
                 listener.name()
             )),
         };
-        match validated {
+        match checked {
+            Ok((valid, schema)) => {
+                let admission = Admission {
+                    parent_id,
+                    from,
+                    valid,
+                    schema,
+                };
+                if let Ok(Admitted::Held(record)) = self.admit(thread, &listener, admission) {
+                    self.after_append(&record, sender);
+                }
+            }
             Err(reason) => {
                 let m = NewMessage {
                     id: new_id(),
                     parent_id,
                     from,
-                    to,
+                    to: Some(listener.config.name.arc()),
                     payload_type: Some(payload_type.clone()),
                     payload_xml: payload.xml,
                     status: MessageStatus::Rejected,
@@ -231,36 +244,6 @@ impl Shared {
                 };
                 if let Some(record) = self.append(thread, m) {
                     self.after_append(&record, sender);
-                }
-            }
-            Ok(valid) => {
-                let m = NewMessage {
-                    id: new_id(),
-                    parent_id,
-                    from,
-                    to,
-                    payload_type: Some(payload_type),
-                    payload_xml: valid.xml_arc(),
-                    status: MessageStatus::Pending,
-                    error: None,
-                    schema,
-                };
-                if let Some(record) = self.append(thread, m) {
-                    if record.status == MessageStatus::Pending {
-                        self.events.publish(EventKind::Message {
-                            message: record.clone(),
-                        });
-                        self.add_pending(1);
-                        self.enqueue(
-                            &listener,
-                            Job {
-                                record,
-                                payload: valid,
-                            },
-                        );
-                    } else {
-                        self.after_append(&record, sender);
-                    }
                 }
             }
         }

@@ -1,0 +1,74 @@
+//! The one front door: a payload that passed the gate for a listener becomes a pending
+//! message (logged, published, counted, queued), whether it came from outside (inject) or
+//! from a listener's output (`route::deliver`).
+
+use super::dispatch::{Job, Listener};
+use super::*;
+use crate::schema::{Schema, ValidatedPayload};
+
+/// A validated payload on its way into a thread.
+pub(crate) struct Admission {
+    pub parent_id: Option<Arc<str>>,
+    pub from: Arc<str>,
+    pub valid: ValidatedPayload,
+    /// The schema it passed, which types its JSON view.
+    pub schema: Arc<Schema>,
+}
+
+/// What the log made of an admission.
+pub(crate) enum Admitted {
+    /// Pending: published, counted and queued for the listener. Its message id.
+    Queued(Arc<str>),
+    /// Logged but not queued: the thread was killed or is over its message budget (the
+    /// record's status and error say which). Not published: the caller answers for it.
+    Held(MessageRecord),
+}
+
+impl Shared {
+    /// Logs `admission` as a pending message for `listener` in `thread` and, if the log keeps
+    /// it pending, publishes it, counts it and queues it. Fails only when the thread is not
+    /// in the registry.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        thread: &str,
+        listener: &Arc<Listener>,
+        admission: Admission,
+    ) -> Result<Admitted, ThreadError> {
+        let Admission {
+            parent_id,
+            from,
+            valid,
+            schema,
+        } = admission;
+        let record = self.threads.append(
+            thread,
+            NewMessage {
+                id: route::new_id(),
+                parent_id,
+                from,
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(valid.payload_type().to_string()),
+                payload_xml: valid.xml_arc(),
+                status: MessageStatus::Pending,
+                error: None,
+                schema: Some(schema),
+            },
+        )?;
+        if record.status != MessageStatus::Pending {
+            return Ok(Admitted::Held(record));
+        }
+        self.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        let id = record.id.clone();
+        self.add_pending(1);
+        self.enqueue(
+            listener,
+            Job {
+                record,
+                payload: valid,
+            },
+        );
+        Ok(Admitted::Queued(id))
+    }
+}
