@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::error::ApiError;
+use crate::config::{choose_type, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
 use crate::schema::Schema;
 use crate::threads::valid_thread_id;
@@ -32,10 +33,6 @@ pub struct InjectBody {
     pub thread_id: Option<String>,
 }
 
-fn type_matches(t: &PayloadType, wanted: &str) -> bool {
-    t.to_string() == wanted || t.local_name() == wanted
-}
-
 /// Picks the accepted payload type and schema a JSON payload is meant as.
 fn choose(
     accepts: &[(PayloadType, Arc<Schema>)],
@@ -49,34 +46,23 @@ fn choose(
             .collect::<Vec<_>>()
             .join(", ")
     };
-    match wanted {
-        Some(w) => accepts
-            .iter()
-            .find(|(t, _)| type_matches(t, w))
-            .cloned()
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "not_accepted",
-                    format!(
-                        "`{to}` does not accept payload type `{w}` (it accepts: {})",
-                        listed()
-                    ),
-                )
-                .at("payload_type")
-            }),
-        None => {
-            let huh = PayloadType::huh();
-            let candidates: Vec<_> = accepts.iter().filter(|(t, _)| *t != huh).collect();
-            match candidates.as_slice() {
-                [one] => Ok((*one).clone()),
-                _ => Err(ApiError::bad_request(format!(
-                    "`{to}` accepts several payload types ({}); say which with `payload_type`",
-                    listed()
-                ))
-                .at("payload_type")),
-            }
-        }
+    match choose_type(accepts, wanted) {
+        Ok(found) => Ok(found.clone()),
+        Err(NoType::NotAccepted) => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not_accepted",
+            format!(
+                "`{to}` does not accept payload type `{}` (it accepts: {})",
+                wanted.unwrap_or_default(),
+                listed()
+            ),
+        )
+        .at("payload_type")),
+        Err(NoType::Ambiguous) => Err(ApiError::bad_request(format!(
+            "`{to}` accepts several payload types ({}); say which with `payload_type`",
+            listed()
+        ))
+        .at("payload_type")),
     }
 }
 

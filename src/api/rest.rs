@@ -189,7 +189,7 @@ pub async fn get_agent_schema(
         Some(w) => listener
             .accepts
             .iter()
-            .find(|(t, _)| t.to_string() == *w || t.local_name() == w),
+            .find(|(t, _)| crate::config::names_type(t, w)),
     };
     let (_, schema) = found.ok_or_else(|| {
         ApiError::not_found(

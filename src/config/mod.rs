@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use model::{
-    display_url, ExternalConfig, Limits, ListenerConfig, ListenerKind, ListenerName, LuaLimits,
-    OrganismConfig, Retention, Scheduling, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+    choose_type, display_url, names_type, ExternalConfig, Limits, ListenerConfig, ListenerKind,
+    ListenerName, LuaLimits, NoType, OrganismConfig, Retention, Scheduling,
+    DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{ListenerSection, OrganismSection};
 

@@ -246,6 +246,44 @@ impl ListenerConfig {
     }
 }
 
+/// Whether `wanted` names `t`: by its full name (`{ns}Local`) or by its local name.
+pub fn names_type(t: &PayloadType, wanted: &str) -> bool {
+    t.to_string() == wanted || t.local_name() == wanted
+}
+
+/// Why [`choose_type`] found no type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoType {
+    /// No accepted type has the name asked for.
+    NotAccepted,
+    /// No name was given, and the listener accepts more than one type (or none) besides
+    /// `huh`.
+    Ambiguous,
+}
+
+/// The one rule for which of a listener's accepted types a sender means (the API's inject,
+/// a Lua output, the schema lookup): the type `wanted` names ([`names_type`]); with no name,
+/// the one accepted type other than `huh`.
+pub fn choose_type<'a>(
+    accepts: &'a [(PayloadType, Arc<Schema>)],
+    wanted: Option<&str>,
+) -> Result<&'a (PayloadType, Arc<Schema>), NoType> {
+    match wanted {
+        Some(w) => accepts
+            .iter()
+            .find(|(t, _)| names_type(t, w))
+            .ok_or(NoType::NotAccepted),
+        None => {
+            let huh = PayloadType::huh();
+            let mut own = accepts.iter().filter(|(t, _)| *t != huh);
+            match (own.next(), own.next()) {
+                (Some(one), None) => Ok(one),
+                _ => Err(NoType::Ambiguous),
+            }
+        }
+    }
+}
+
 /// A validated organism: pure data, built and checked before anything runs.
 #[derive(Debug, Clone)]
 pub struct OrganismConfig {

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value as Json};
 
-use crate::config::{ListenerConfig, OrganismConfig};
+use crate::config::{choose_type, names_type, ListenerConfig, NoType, OrganismConfig};
 use crate::events::{EventHub, EventKind};
 use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, Output};
 use crate::schema::Schema;
@@ -82,33 +82,29 @@ impl Targets {
         to: Option<&str>,
         ty: Option<&str>,
     ) -> Result<(String, Option<Arc<Schema>>), String> {
-        let matches = |t: &PayloadType, w: &str| t.to_string() == w || t.local_name() == w;
         if let Some(accepts) = to.and_then(|t| self.listeners.get(t)) {
-            let huh = PayloadType::huh();
-            return match ty {
-                Some(w) => Ok(match accepts.iter().find(|(t, _)| matches(t, w)) {
-                    Some((t, s)) => (t.local_name().to_string(), Some(s.clone())),
-                    None => (w.to_string(), None),
-                }),
-                None => {
-                    let own: Vec<_> = accepts.iter().filter(|(t, _)| *t != huh).collect();
-                    match own.as_slice() {
-                        [(t, s)] => Ok((t.local_name().to_string(), Some(s.clone()))),
-                        _ => Err(format!(
-                            "say which payload `type` (`{}` accepts: {})",
-                            to.unwrap_or_default(),
-                            own.iter()
-                                .map(|(t, _)| t.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )),
-                    }
+            return match choose_type(accepts, ty) {
+                Ok((t, s)) => Ok((t.local_name().to_string(), Some(s.clone()))),
+                // Written as asked; the gate refuses it with the receiver's reason.
+                Err(NoType::NotAccepted) => Ok((ty.unwrap_or_default().to_string(), None)),
+                Err(NoType::Ambiguous) => {
+                    let huh = PayloadType::huh();
+                    Err(format!(
+                        "say which payload `type` (`{}` accepts: {})",
+                        to.unwrap_or_default(),
+                        accepts
+                            .iter()
+                            .filter(|(t, _)| *t != huh)
+                            .map(|(t, _)| t.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
                 }
             };
         }
         let w = ty.ok_or("an output without a listener `to` needs a payload `type`")?;
         for accepts in self.listeners.values() {
-            if let Some((t, s)) = accepts.iter().find(|(t, _)| matches(t, w)) {
+            if let Some((t, s)) = accepts.iter().find(|(t, _)| names_type(t, w)) {
                 return Ok((t.local_name().to_string(), Some(s.clone())));
             }
         }
