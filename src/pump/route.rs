@@ -61,6 +61,16 @@ impl super::Organism {
 /// handlers cannot probe the topology (SPEC §6 rule 5).
 const GENERIC_UNDELIVERABLE: &str = "undeliverable";
 
+/// An output of a listener that the pump refused: what [`Shared::log_refused`] logs.
+struct Refusal {
+    from: Arc<str>,
+    to: Option<Arc<str>>,
+    payload_type: Option<String>,
+    payload_xml: SharedXml,
+    status: MessageStatus,
+    error: String,
+}
+
 impl Shared {
     /// Routes one output of `listener`, produced while handling `parent`.
     pub(crate) fn route_output(
@@ -74,15 +84,15 @@ impl Shared {
         let payload = match normalize_payload(&output.payload, &self.xml_limits) {
             Ok(p) => p,
             Err(e) => {
-                let record = self.log_refused(
-                    parent,
+                let refusal = Refusal {
                     from,
                     to,
-                    None,
-                    SharedXml::new(output.payload),
-                    MessageStatus::Rejected,
-                    format!("output of `{}` is not acceptable XML: {e}", listener.name()),
-                );
+                    payload_type: None,
+                    payload_xml: SharedXml::new(output.payload),
+                    status: MessageStatus::Rejected,
+                    error: format!("output of `{}` is not acceptable XML: {e}", listener.name()),
+                };
+                let record = self.log_refused(parent, refusal);
                 self.report(&record, FailureKind::Malformed, Some(listener));
                 return;
             }
@@ -94,15 +104,15 @@ impl Shared {
             &payload.payload_type,
         ) {
             Err(reason) => {
-                let record = self.log_refused(
-                    parent,
+                let refusal = Refusal {
                     from,
                     to,
-                    Some(payload.payload_type.to_string()),
-                    payload.xml,
-                    MessageStatus::Undeliverable,
-                    reason,
-                );
+                    payload_type: Some(payload.payload_type.to_string()),
+                    payload_xml: payload.xml,
+                    status: MessageStatus::Undeliverable,
+                    error: reason,
+                };
+                let record = self.log_refused(parent, refusal);
                 self.report(&record, FailureKind::Undeliverable, Some(listener));
             }
             Ok(targets) => {
@@ -267,17 +277,17 @@ impl Shared {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn log_refused(
-        &self,
-        parent: &MessageRecord,
-        from: Arc<str>,
-        to: Option<Arc<str>>,
-        payload_type: Option<String>,
-        payload_xml: SharedXml,
-        status: MessageStatus,
-        error: String,
-    ) -> MessageRecord {
+    /// Logs a refused output of a listener in `parent`'s thread (or, when the thread is
+    /// gone, makes a record of it for the report alone).
+    fn log_refused(&self, parent: &MessageRecord, refusal: Refusal) -> MessageRecord {
+        let Refusal {
+            from,
+            to,
+            payload_type,
+            payload_xml,
+            status,
+            error,
+        } = refusal;
         let error = self.clip_error(error);
         let m = NewMessage {
             id: new_id(),

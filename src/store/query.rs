@@ -117,32 +117,37 @@ impl Rows {
     }
 }
 
-/// One page of the rows of `from` matching `w`, in `order`, and their exact count (unless
-/// `known_total` already gives it), from the same transaction.
-#[allow(clippy::too_many_arguments)]
+/// The shape of a paged read: the table (or join), the columns and the order.
+pub(super) struct Select<'a> {
+    pub(super) from: &'a str,
+    pub(super) columns: &'a str,
+    pub(super) order: &'a str,
+}
+
+/// One page of the rows of `select` matching `w`, and their exact count, from the same
+/// transaction.
 pub(super) fn count_and_page<T>(
     tx: &rusqlite::Transaction<'_>,
-    from: &str,
-    columns: &str,
-    order: &str,
+    select: Select<'_>,
     w: &Where,
-    known_total: Option<u64>,
     page: Page,
     map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<(u64, Vec<T>)> {
+    let Select {
+        from,
+        columns,
+        order,
+    } = select;
     let where_sql = if w.clauses.is_empty() {
         String::new()
     } else {
         format!("WHERE {}", w.clauses.join(" AND "))
     };
-    let total = match known_total {
-        Some(t) => t,
-        None => tx.query_row(
-            &format!("SELECT COUNT(*) FROM {from} {where_sql}"),
-            params_from_iter(w.args.iter()),
-            |r| get_u64(r, 0),
-        )?,
-    };
+    let total = tx.query_row(
+        &format!("SELECT COUNT(*) FROM {from} {where_sql}"),
+        params_from_iter(w.args.iter()),
+        |r| get_u64(r, 0),
+    )?;
     let mut args = w.args.clone();
     args.push(rusqlite::types::Value::Integer(
         page.limit.min(i64::MAX as usize) as i64,
@@ -230,11 +235,12 @@ impl Store {
                 None => (0, Vec::new()),
                 Some(rows) if filter.thread.is_some() => count_and_page(
                     tx,
-                    MESSAGES,
-                    MESSAGE_COLUMNS,
-                    "m.seq",
+                    Select {
+                        from: MESSAGES,
+                        columns: MESSAGE_COLUMNS,
+                        order: "m.seq",
+                    },
                     &rows.matching,
-                    None,
                     page,
                     row_to_message,
                 )?,
@@ -407,11 +413,12 @@ impl Store {
         self.read(|tx| {
             let (total, rows) = count_and_page(
                 tx,
-                "threads",
-                "id, status, message_count, created_at, last_activity, error, n",
-                "created_at DESC, id DESC",
+                Select {
+                    from: "threads",
+                    columns: "id, status, message_count, created_at, last_activity, error, n",
+                    order: "created_at DESC, id DESC",
+                },
                 &w,
-                None,
                 page,
                 |r| {
                     Ok((
