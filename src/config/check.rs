@@ -1,0 +1,466 @@
+//! The checks of each section that loading runs: listeners (kinds, handlers, scripts,
+//! schemas and their types, peers), external listeners, and the limits. Each problem is
+//! collected, none stops the others.
+
+use super::*;
+
+/// The `external` keys: `input_url` (http), `token_env` (a set variable),
+/// `timeout_ms`, `reply_timeout` (seconds, or a duration like `300s`, `5m`).
+pub(super) fn check_external(
+    s: &ListenerSection,
+    l: Option<&str>,
+    c: &mut Collector,
+) -> Option<ExternalConfig> {
+    let before = c.errors.len();
+    let input_url = match s.input_url.as_deref() {
+        None => {
+            c.push(
+                l,
+                Some("input_url"),
+                "required: where this agent's deliveries are POSTed",
+            );
+            String::new()
+        }
+        Some(u) => {
+            match reqwest::Url::parse(u) {
+                Ok(url) if url.scheme() == "http" && url.has_host() => {}
+                Ok(url) if url.scheme() == "https" => c.push(
+                    l,
+                    Some("input_url"),
+                    "https is not supported by this build (no TLS stack); use http, e.g. through a local TLS-terminating proxy",
+                ),
+                Ok(_) => c.push(l, Some("input_url"), "must be an http:// URL"),
+                Err(e) => c.push(l, Some("input_url"), format!("is not a URL: {e}")),
+            }
+            u.to_string()
+        }
+    };
+    let token = match s.token_env.as_deref() {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Some(v),
+            _ => {
+                c.push(
+                    l,
+                    Some("token_env"),
+                    format!(
+                        "environment variable `{var}` is not set (it holds the callback token)"
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_EXTERNAL_TIMEOUT_MS);
+    if timeout_ms == 0 {
+        c.push(l, Some("timeout_ms"), "must be at least 1");
+    }
+    let reply_timeout = match &s.reply_timeout {
+        None => Some(DEFAULT_REPLY_TIMEOUT),
+        Some(yaml_serde::Value::Number(n)) => n.as_u64().map(std::time::Duration::from_secs),
+        Some(yaml_serde::Value::String(t)) => parse_age(t),
+        Some(_) => None,
+    }
+    .filter(|d| !d.is_zero());
+    if reply_timeout.is_none() {
+        c.push(
+            l,
+            Some("reply_timeout"),
+            "must be seconds (300) or a duration like 300s, 5m, 500ms, greater than 0",
+        );
+    }
+    (c.errors.len() == before).then(|| ExternalConfig {
+        input_url,
+        token_env: s.token_env.clone(),
+        token,
+        timeout: std::time::Duration::from_millis(timeout_ms),
+        reply_timeout: reply_timeout.unwrap_or(DEFAULT_REPLY_TIMEOUT),
+    })
+}
+
+/// The field a serde error is about (`unknown field `x``, `missing field `x``), if it says.
+/// For serde's "unknown variant `x`": the key of `item` whose value is `x`.
+pub(super) fn variant_key(item: &yaml_serde::Value, message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown variant `")?;
+    let variant = rest.split('`').next()?;
+    item.as_mapping()?
+        .iter()
+        .find(|(_, v)| v.as_str() == Some(variant))
+        .and_then(|(k, _)| k.as_str().map(str::to_string))
+}
+
+pub(super) fn serde_key(message: &str) -> Option<String> {
+    let rest = message
+        .strip_prefix("unknown field `")
+        .or_else(|| message.strip_prefix("missing field `"))?;
+    rest.split('`').next().map(str::to_string)
+}
+
+pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
+    // Each limit, its value and the least it may be.
+    let checks: [(&str, u64, u64); 13] = [
+        ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
+        ("limits.max_depth", l.max_depth as u64, 1),
+        (
+            "limits.max_pending_messages",
+            l.max_pending_messages as u64,
+            1,
+        ),
+        (
+            "limits.max_messages_per_thread",
+            l.max_messages_per_thread,
+            1,
+        ),
+        (
+            "limits.max_concurrent_handlers",
+            l.max_concurrent_handlers as u64,
+            1,
+        ),
+        ("limits.max_connections", l.max_connections as u64, 1),
+        ("limits.header_timeout_ms", l.header_timeout_ms, 1),
+        ("limits.idle_timeout_ms", l.idle_timeout_ms, 1),
+        ("limits.max_error_bytes", l.max_error_bytes as u64, 64),
+        ("limits.max_filter_entries", l.max_filter_entries as u64, 1),
+        (
+            "limits.max_filter_entry_bytes",
+            l.max_filter_entry_bytes as u64,
+            1,
+        ),
+        ("limits.max_attributes", l.max_attributes as u64, 1),
+        (
+            "limits.max_retained_bytes",
+            l.max_retained_bytes as u64,
+            1024 * 1024,
+        ),
+    ];
+    for (key, value, least) in checks {
+        if value < least {
+            let message = match least {
+                1 => "must be greater than 0".to_string(),
+                n => format!("must be at least {n}"),
+            };
+            c.push(None, Some(key), message);
+        }
+    }
+}
+
+pub(super) fn check_listeners(
+    sections: &[ListenerSection],
+    written_names: &[String],
+    base: &Path,
+    known: Known<'_>,
+    c: &mut Collector,
+) -> Vec<ListenerConfig> {
+    let names: HashSet<&str> = written_names.iter().map(String::as_str).collect();
+    let mut seen = HashSet::new();
+    let mut built = Vec::new();
+    for s in sections {
+        let name = s.name.as_str();
+        let l = Some(name);
+        if !seen.insert(name) {
+            c.push(l, Some("name"), "another listener has the same name");
+        }
+        if !valid_name(name) {
+            c.push(
+                l,
+                Some("name"),
+                "must be 1-128 characters of A-Z a-z 0-9 _ - .",
+            );
+        }
+        if INJECTOR_NAMES.contains(&name) {
+            c.push(l, Some("name"), "is reserved for an injector identity");
+        }
+        let description = s.description.clone().unwrap_or_default();
+        if description.trim().is_empty() {
+            c.push(
+                l,
+                Some("description"),
+                "is required (tools and visualizers show it)",
+            );
+        }
+        match s.kind {
+            ListenerKind::Native => match s.handler.as_deref() {
+                None => c.push(l, Some("handler"), "a native listener needs a handler name"),
+                Some(h) if !known.handlers.contains(&h) => c.push(
+                    l,
+                    Some("handler"),
+                    format!(
+                        "no native handler named `{h}` (available: {})",
+                        known.handlers.join(", ")
+                    ),
+                ),
+                Some(_) => {}
+            },
+            ListenerKind::Lua => {
+                if s.handler.is_some() {
+                    c.push(
+                        l,
+                        Some("handler"),
+                        "a lua listener runs its `script`, not a native handler",
+                    );
+                }
+            }
+            ListenerKind::External => {
+                if s.handler.is_some() {
+                    c.push(
+                        l,
+                        Some("handler"),
+                        "an external listener forwards to its `input_url`, not a native handler",
+                    );
+                }
+            }
+        }
+        let external = (s.kind == ListenerKind::External).then(|| check_external(s, l, c));
+        let mut script = None;
+        let mut lua_limits = LuaLimits::default();
+        if s.kind == ListenerKind::Lua {
+            match &s.script {
+                None => c.push(
+                    l,
+                    Some("script"),
+                    "required: the Lua file this listener runs",
+                ),
+                Some(rel) => {
+                    let path = base.join(rel);
+                    match std::fs::read_to_string(&path) {
+                        Err(e) => c.push(
+                            l,
+                            Some("script"),
+                            format!("cannot read {}: {e}", path.display()),
+                        ),
+                        Ok(text) => {
+                            if let Err(e) = (known.check_script)(rel, &text) {
+                                c.push(l, Some("script"), format!("does not compile: {e}"));
+                            }
+                        }
+                    }
+                    script = Some(path);
+                }
+            }
+            if let Some(v) = &s.limits {
+                match yaml_serde::from_value::<LuaLimits>(v.clone()) {
+                    Ok(lim) => {
+                        if lim.cpu_ms == 0 || lim.memory_mb == 0 {
+                            c.push(l, Some("limits"), "cpu_ms and memory_mb must be at least 1");
+                        }
+                        lua_limits = lim;
+                    }
+                    Err(e) => c.push(l, Some("limits"), e.to_string()),
+                }
+            }
+        }
+        for (key, present, applies) in [
+            ("script", s.script.is_some(), s.kind == ListenerKind::Lua),
+            ("limits", s.limits.is_some(), s.kind == ListenerKind::Lua),
+            (
+                "input_url",
+                s.input_url.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+            (
+                "token_env",
+                s.token_env.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+            (
+                "timeout_ms",
+                s.timeout_ms.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+            (
+                "reply_timeout",
+                s.reply_timeout.is_some(),
+                s.kind == ListenerKind::External,
+            ),
+        ] {
+            if present && !applies {
+                c.push(
+                    l,
+                    Some(key),
+                    format!("does not apply to a {} listener", s.kind),
+                );
+            }
+        }
+        if s.fields.is_some() && s.schema.is_some() {
+            c.push(
+                l,
+                Some("fields"),
+                "give `schema` (an XSD file) or `fields` (the DSL), not both",
+            );
+        }
+
+        // Schema and accepted types.
+        let mut accepts: Vec<(PayloadType, Arc<Schema>)> = Vec::new();
+        let mut schema_origin = None;
+        match &s.schema {
+            None if s.fields.is_none() => c.push(
+                l,
+                Some("schema"),
+                "required: the XSD of the payloads it accepts",
+            ),
+            None => {
+                if let Some(fields) = &s.fields {
+                    match crate::schema::fields_to_xsd(fields).and_then(|xsd| {
+                        Schema::compile(format!("fields of `{name}` (generated)"), xsd)
+                            .map_err(|e| e.message)
+                    }) {
+                        Ok(schema) => {
+                            for t in schema.payload_types() {
+                                accepts.push((t.clone(), schema.clone()));
+                            }
+                        }
+                        Err(e) => c.push(l, Some("fields"), e),
+                    }
+                }
+            }
+            Some(rel) => {
+                let path = base.join(rel);
+                schema_origin = Some(path.clone());
+                if !path.exists() {
+                    c.push(
+                        l,
+                        Some("schema"),
+                        format!("file not found: {}", path.display()),
+                    );
+                } else {
+                    match Schema::from_file(&path) {
+                        Ok(schema) => {
+                            for t in schema.payload_types() {
+                                accepts.push((t.clone(), schema.clone()));
+                            }
+                        }
+                        Err(e) => c.push(l, Some("schema"), e.to_string()),
+                    }
+                }
+            }
+        }
+        if let Some(wanted) = &s.accepts {
+            let mut narrowed = Vec::new();
+            for w in wanted {
+                if w == "huh" || *w == PayloadType::huh().to_string() {
+                    match Schema::huh() {
+                        Ok(h) => narrowed.push((PayloadType::huh(), h)),
+                        Err(e) => c.push(l, Some("accepts"), e.to_string()),
+                    }
+                    continue;
+                }
+                let t = PayloadType::parse(w);
+                let found = accepts
+                    .iter()
+                    .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
+                match found {
+                    Some(entry) => narrowed.push(entry.clone()),
+                    None if s.schema.is_some() || s.fields.is_some() => c.push(
+                        l,
+                        Some("accepts"),
+                        format!("`{w}` is not a global element of the listener's schema"),
+                    ),
+                    None => {}
+                }
+            }
+            accepts = narrowed;
+        }
+
+        // Peers.
+        let peers = s.peers.as_ref().map(|ps| {
+            for p in ps {
+                if !names.contains(p.as_str()) {
+                    c.push(l, Some("peers"), format!("`{p}` names no listener"));
+                }
+            }
+            ps.iter().map(|p| ListenerName::new(p)).collect::<Vec<_>>()
+        });
+
+        let concurrency = s.concurrency.unwrap_or(1);
+        if concurrency == 0 {
+            c.push(l, Some("concurrency"), "must be at least 1");
+        }
+        let mut config = match &s.config {
+            None => serde_json::Value::Object(Default::default()),
+            Some(v) => serde_json::to_value(v).unwrap_or_else(|e| {
+                c.push(
+                    l,
+                    Some("config"),
+                    format!("cannot be represented as JSON: {e}"),
+                );
+                serde_json::Value::Null
+            }),
+        };
+        for (path, var) in secret::resolve_env(&mut config) {
+            c.push(
+                l,
+                Some(&format!("config.{path}")),
+                format!("environment variable `{var}` is not set"),
+            );
+        }
+        if s.handler.as_deref() == Some("forward") {
+            match config.get("to").and_then(|t| t.as_str()) {
+                Some(t) if names.contains(t) => {}
+                Some(t) => c.push(l, Some("config.to"), format!("`{t}` names no listener")),
+                None => c.push(
+                    l,
+                    Some("config.to"),
+                    "the forward handler needs `config.to`",
+                ),
+            }
+        }
+
+        built.push(ListenerConfig {
+            name: ListenerName::new(name),
+            description,
+            kind: s.kind,
+            handler: s.handler.clone(),
+            accepts,
+            agent: s.agent,
+            peers,
+            concurrency: concurrency.max(1),
+            config,
+            schema_origin,
+            script,
+            lua_limits,
+            external: external.flatten(),
+        });
+    }
+
+    // An agent's payload types are its own.
+    let mut owners: HashMap<&PayloadType, Vec<&str>> = HashMap::new();
+    for l in &built {
+        for (t, _) in &l.accepts {
+            owners.entry(t).or_default().push(l.name.as_str());
+        }
+    }
+    for l in &built {
+        if !l.agent {
+            continue;
+        }
+        for (t, _) in &l.accepts {
+            if *t == PayloadType::huh() {
+                continue;
+            }
+            let others: Vec<&str> = owners[t]
+                .iter()
+                .copied()
+                .filter(|o| *o != l.name.as_str())
+                .collect();
+            if !others.is_empty() {
+                c.push(
+                    Some(l.name.as_str()),
+                    Some("accepts"),
+                    format!(
+                        "agent payload type `{t}` is also accepted by {}; an agent's types must be unique",
+                        others.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    built
+}
+
+/// Listener names and thread ids share one alphabet: `[A-Za-z0-9_.-]{1,128}`.
+pub(super) fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}

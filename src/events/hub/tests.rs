@@ -1,0 +1,220 @@
+use super::*;
+
+#[test]
+fn events_serialize_flat_with_their_type_seq_and_timestamp() {
+    let hub = EventHub::new(4);
+    let mut rx = hub.subscribe();
+    hub.publish(EventKind::ThreadUpdated {
+        thread_id: "t".into(),
+        status: ThreadStatus::Completed,
+        message_count: 3,
+        error: None,
+    });
+    let ev = rx.try_recv().unwrap();
+    let json = serde_json::to_value(&*ev).unwrap();
+    assert_eq!(json["event"], "thread_updated");
+    assert_eq!(json["seq"], 1);
+    assert_eq!(json["status"], "completed");
+    assert_eq!(json["message_count"], 3);
+    assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(hub.last_seq(), 1);
+    assert_eq!(ev.json().as_str(), serde_json::to_string(&*ev).unwrap());
+}
+
+fn log(hub: &EventHub, bytes: usize) -> u64 {
+    hub.publish(EventKind::Log {
+        agent: "a".into(),
+        thread_id: None,
+        level: "info".into(),
+        message: "x".repeat(bytes),
+    })
+}
+
+#[test]
+fn a_byte_budget_lets_go_of_the_oldest_events_and_laggards_are_told() {
+    let hub = EventHub::new(1024);
+    hub.set_byte_budget(10_000);
+    let mut behind = hub.subscribe();
+    for _ in 0..100 {
+        log(&hub, 1_000);
+    }
+    // Each weighs about 2,256 bytes: four fit under 10,000, with the newest always kept.
+    assert!(hub.retained_bytes() <= 10_000, "{}", hub.retained_bytes());
+    let oldest = hub.ring.oldest(hub.last_seq());
+    assert!(oldest > 90 && oldest <= 100, "{oldest}");
+    match behind.try_recv() {
+        Err(TryRecvError::Lagged(n)) => assert_eq!(n, oldest - 1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(behind.try_recv().unwrap().seq, oldest);
+    // Resumption from before the floor needs a resync; small events fill the ring again.
+    assert_eq!(hub.subscribe_since(Some(50)).resync_from, Some(oldest));
+    for _ in 0..1000 {
+        organism_state(&hub);
+    }
+    assert!(hub.retained_bytes() <= 10_000);
+    let seq = hub.last_seq();
+    assert_eq!(hub.subscribe_since(Some(seq - 20)).replay.len(), 20);
+}
+
+fn organism_state(hub: &EventHub) -> u64 {
+    hub.publish(EventKind::OrganismState {
+        status: OrganismStatus::Running,
+    })
+}
+
+#[test]
+fn resumption_replays_retained_events_then_continues_live() {
+    let hub = EventHub::new(4);
+    for _ in 0..3 {
+        organism_state(&hub);
+    }
+    let mut sub = hub.subscribe_since(Some(1));
+    assert_eq!(sub.resync_from, None);
+    let replayed: Vec<u64> = sub.replay.iter().map(|e| e.seq).collect();
+    assert_eq!(replayed, vec![2, 3]);
+    organism_state(&hub);
+    assert_eq!(sub.live.try_recv().unwrap().seq, 4);
+
+    // Up to date: nothing to replay.
+    assert!(hub.subscribe_since(Some(4)).replay.is_empty());
+}
+
+#[test]
+fn resumption_from_a_point_no_longer_retained_or_in_the_future_needs_a_resync() {
+    let hub = EventHub::new(2);
+    for _ in 0..5 {
+        organism_state(&hub);
+    }
+    // Retained: 4 and 5. After 3 is still complete; after 2 is not.
+    assert_eq!(hub.subscribe_since(Some(3)).resync_from, None);
+    assert_eq!(hub.subscribe_since(Some(2)).resync_from, Some(4));
+    assert_eq!(hub.subscribe_since(Some(9)).resync_from, Some(4));
+    // A fresh hub: since 0 is complete.
+    assert_eq!(EventHub::new(2).subscribe_since(Some(0)).resync_from, None);
+}
+#[test]
+fn a_receiver_more_than_the_capacity_behind_is_told_how_many_it_lost() {
+    let hub = EventHub::new(4);
+    let mut rx = hub.subscribe();
+    for _ in 0..10 {
+        organism_state(&hub);
+    }
+    // Held: 7..=10. Lost: 1..=6.
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Lagged(6));
+    let rest: Vec<u64> = std::iter::from_fn(|| rx.try_recv().ok().map(|e| e.seq)).collect();
+    assert_eq!(rest, vec![7, 8, 9, 10]);
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(hub.subscribers(), 1);
+    drop(rx);
+    assert_eq!(hub.subscribers(), 0);
+}
+
+#[test]
+fn a_lent_event_is_the_next_one_and_lag_is_reported_the_same() {
+    let hub = EventHub::new(4);
+    let mut rx = hub.subscribe();
+    organism_state(&hub);
+    assert_eq!(rx.try_recv_with(|e| e.seq), Ok(1));
+    assert_eq!(rx.try_recv_with(|e| e.seq), Err(TryRecvError::Empty));
+    for _ in 0..6 {
+        organism_state(&hub);
+    }
+    // Held: 4..=7. Lost: 2 and 3.
+    assert_eq!(rx.try_recv_with(|e| e.seq), Err(TryRecvError::Lagged(2)));
+    assert_eq!(rx.try_recv_with(|e| e.seq), Ok(4));
+    assert_eq!(rx.try_recv().unwrap().seq, 5);
+}
+
+#[test]
+fn a_hub_that_continues_a_stored_history_starts_after_it() {
+    let hub = EventHub::with_sink(4, 100, None);
+    let mut rx = hub.subscribe();
+    assert_eq!(organism_state(&hub), 101);
+    assert_eq!(rx.try_recv().unwrap().seq, 101);
+    // Before 101 is the store's history, not the hub's.
+    assert_eq!(hub.subscribe_since(Some(99)).resync_from, Some(101));
+    assert_eq!(hub.subscribe_since(Some(100)).replay.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_receivers_wake_for_each_event_and_close_with_the_hub() {
+    let hub = Arc::new(EventHub::new(64));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let mut rx = hub.subscribe();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    match rx.recv().await {
+                        Ok(e) => seen.push(e.seq),
+                        Err(RecvError::Closed) => return seen,
+                        Err(RecvError::Lagged(n)) => panic!("lost {n}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for _ in 0..20 {
+        organism_state(&hub);
+        // Let the readers catch up and wait again, so every event wakes them.
+        tokio::task::yield_now().await;
+    }
+    drop(Arc::into_inner(hub).expect("the only reference"));
+    for r in readers {
+        let seen = tokio::time::timeout(std::time::Duration::from_secs(10), r)
+            .await
+            .expect("closed in time")
+            .unwrap();
+        assert_eq!(seen, (1..=20).collect::<Vec<u64>>());
+    }
+}
+
+#[test]
+fn publishers_on_many_threads_reach_every_receiver_in_seq_order_and_the_sink_once_each() {
+    const THREADS: u64 = 4;
+    const EACH: u64 = 5_000;
+    let sunk = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = sunk.clone();
+    let hub = Arc::new(EventHub::with_sink(
+        1 << 16,
+        0,
+        Some(Box::new(move |e: &Arc<Event>| {
+            s.lock().unwrap().push(e.seq)
+        })),
+    ));
+    let mut readers: Vec<Receiver> = (0..3).map(|_| hub.subscribe()).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let read: Vec<_> = readers
+        .drain(..)
+        .map(|mut rx| {
+            runtime.spawn(async move {
+                let mut seen = Vec::new();
+                while (seen.len() as u64) < THREADS * EACH {
+                    seen.push(rx.recv().await.expect("nothing lost").seq);
+                }
+                seen
+            })
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for _ in 0..THREADS {
+            scope.spawn(|| {
+                for _ in 0..EACH {
+                    organism_state(&hub);
+                }
+            });
+        }
+    });
+    let all: Vec<u64> = (1..=THREADS * EACH).collect();
+    for r in read {
+        assert_eq!(runtime.block_on(r).unwrap(), all);
+    }
+    let mut sunk = sunk.lock().unwrap().clone();
+    sunk.sort_unstable();
+    assert_eq!(sunk, all);
+    assert_eq!(hub.last_seq(), THREADS * EACH);
+}
