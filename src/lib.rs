@@ -67,6 +67,8 @@ pub mod schema;
 pub mod stats;
 pub mod store;
 mod sync;
+#[cfg(test)]
+mod testing;
 pub mod threads;
 pub mod time;
 pub mod xml;

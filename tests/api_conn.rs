@@ -42,7 +42,7 @@ async fn over_the_connection_cap_clients_get_503_and_the_server_answers_again_af
     }
     // Wait until the server has taken all four (a fifth is then refused).
     let refused = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    until_async(|| {
+    wait_until_async("a connection over the cap refused", || {
         let refused = refused.clone();
         async move {
             let mut c = TcpStream::connect(addr).await.unwrap();
@@ -60,7 +60,7 @@ async fn over_the_connection_cap_clients_get_503_and_the_server_answers_again_af
     assert!(refused.contains("too_many_connections"), "{refused}");
     assert!(refused.contains("limits.max_connections"), "{refused}");
     drop(held.pop());
-    until_async(|| async {
+    wait_until_async("/healthz answering again", || async {
         reqwest::get(s.url("/healthz"))
             .await
             .is_ok_and(|r| r.status() == 200)

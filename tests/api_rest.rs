@@ -645,7 +645,7 @@ async fn metrics_report_messages_handler_time_queues_threads_and_clients() {
         assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
     }
     // The WebSocket client is counted once its session starts.
-    until_async(|| async {
+    wait_until_async("one /ws client", || async {
         let text = s.metrics().await;
         text.contains("agentserver_ws_clients{endpoint=\"/ws\"} 1")
     })

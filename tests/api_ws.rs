@@ -512,8 +512,8 @@ async fn a_client_that_stops_answering_pings_is_closed() {
             .await
             .contains(&format!("agentserver_ws_clients{{endpoint=\"/ws\"}} {n}"))
     };
-    until_async(|| clients(2)).await;
-    until_async(|| clients(1)).await;
+    wait_until_async("two /ws clients", || clients(2)).await;
+    wait_until_async("the silent client to be dropped", || clients(1)).await;
     assert!(
         !keep_reading.is_finished(),
         "the live client is still connected"
@@ -611,7 +611,7 @@ async fn a_client_that_sends_commands_and_never_reads_is_closed() {
         false
     });
     // The server ends the session without the client reading a frame.
-    until_async(|| async {
+    wait_until_async("no /ws client left", || async {
         s.metrics()
             .await
             .contains("agentserver_ws_clients{endpoint=\"/ws\"} 0")

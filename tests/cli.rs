@@ -6,10 +6,7 @@ mod child;
 
 fn send(payload: &str) -> std::process::Output {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    Command::new(env!("CARGO_BIN_EXE_agentserver"))
-        .args(["send", demo, "--to", "greeter", payload])
-        .output()
-        .unwrap()
+    child::run_to_exit(["send", demo, "--to", "greeter", payload])
 }
 
 #[test]
@@ -59,7 +56,7 @@ fn run_stops_gracefully_on_sigterm_and_exits_0() {
     use std::process::Stdio;
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
     let mut child = child::Running::spawn(
-        Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        child::agentserver()
             .args(["run", demo, "--listen", "127.0.0.1:0", "--store", "memory"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
@@ -87,16 +84,13 @@ fn run_stops_gracefully_on_sigterm_and_exits_0() {
 #[test]
 fn the_lua_playground_replies_and_reports_a_big_total() {
     let playground = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/lua-playground.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
-        .args([
-            "send",
-            playground,
-            "--to",
-            "calculator",
-            "<Sum><numbers>99</numbers><numbers>2</numbers><label>rent</label></Sum>",
-        ])
-        .output()
-        .unwrap();
+    let out = child::run_to_exit([
+        "send",
+        playground,
+        "--to",
+        "calculator",
+        "<Sum><numbers>99</numbers><numbers>2</numbers><label>rent</label></Sum>",
+    ]);
     assert_eq!(
         out.status.code(),
         Some(0),

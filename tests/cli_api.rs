@@ -2,18 +2,11 @@
 //! processes, real sockets.
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 mod child;
-use child::Running;
+use child::{agentserver, wait_exit, wait_until, Running, WAIT};
 use std::sync::mpsc;
-use std::time::Duration;
-
-const WAIT: Duration = Duration::from_secs(20);
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_agentserver"))
-}
 
 /// Spawns a command and forwards its stdout lines to a channel (stderr goes where the
 /// command says: inherited unless set).
@@ -42,17 +35,6 @@ fn line_matching(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> St
         if pred(&line) {
             return line;
         }
-    }
-}
-
-fn wait_exit(child: &mut Child) -> Option<i32> {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status.code();
-        }
-        assert!(std::time::Instant::now() < deadline, "process did not exit");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 
@@ -94,18 +76,16 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     let (mut server, url) = run_demo();
     assert!(!url.ends_with(":0"), "the real port is printed: {url}");
 
-    let mut tail = bin();
+    let mut tail = agentserver();
     tail.args(["tail", "--url", &url, "--agent", "shout*"])
         .stderr(Stdio::piped());
     let (mut tail, tail_lines) = spawn_lines(tail);
     let tail_errors = lines_of(tail.stderr.take().unwrap());
-    let deadline = std::time::Instant::now() + WAIT;
-    while !metrics(&url).contains("agentserver_ws_clients{endpoint=\"/ws/messages\"} 1") {
-        assert!(std::time::Instant::now() < deadline, "tail connects");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("tail connects", || {
+        metrics(&url).contains("agentserver_ws_clients{endpoint=\"/ws/messages\"} 1")
+    });
 
-    let out = bin()
+    let out = agentserver()
         .args([
             "inject",
             "--url",
@@ -155,7 +135,7 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     );
 
     // JSON payloads map in schema order; a bad one is refused with the server's reason.
-    let out = bin()
+    let out = agentserver()
         .args([
             "inject",
             "--url",
@@ -172,7 +152,7 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = bin()
+    let out = agentserver()
         .args(["inject", "--url", &url, "--to", "greeter", "<Greeting/>"])
         .output()
         .unwrap();
@@ -195,7 +175,7 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
 /// `agentserver run` on the demo organism, on port 0, with `--store STORE`.
 fn demo(store: &str) -> Command {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut run = bin();
+    let mut run = agentserver();
     run.args(["run", demo, "--listen", "127.0.0.1:0", "--store", store]);
     run
 }
@@ -213,7 +193,7 @@ fn run_demo_on(store: &str) -> (Running, String) {
 #[test]
 fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
     let (mut server, url) = run_demo();
-    let mut tail = bin();
+    let mut tail = agentserver();
     tail.args(["tail", "--url", &url, "--agent", "gr[,shout*, api,nobody?"])
         .stderr(Stdio::piped());
     let mut tail = Running::spawn(tail.stdout(Stdio::null()));
@@ -229,11 +209,9 @@ fn tail_warns_about_an_agent_glob_that_matches_no_agent_and_keeps_following() {
     let second = line_matching(&warnings, |_| true);
     assert!(second.contains("no agent matches `nobody?`"), "{second}");
     // It keeps following the stream: still connected until the server stops.
-    let deadline = std::time::Instant::now() + WAIT;
-    while !metrics(&url).contains("agentserver_ws_clients{endpoint=\"/ws/messages\"} 1") {
-        assert!(std::time::Instant::now() < deadline, "tail stays connected");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until("tail still connected", || {
+        metrics(&url).contains("agentserver_ws_clients{endpoint=\"/ws/messages\"} 1")
+    });
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
     assert_eq!(wait_exit(&mut tail), Some(1), "the stream ended: exit 1");
@@ -286,7 +264,7 @@ fn inject_and_tail_explain_an_unreachable_server_and_exit_1() {
         .unwrap()
         .port();
     let url = format!("http://127.0.0.1:{port}");
-    let out = bin()
+    let out = agentserver()
         .args(["inject", "--url", &url, "--to", "x", "<X/>"])
         .output()
         .unwrap();
@@ -297,10 +275,16 @@ fn inject_and_tail_explain_an_unreachable_server_and_exit_1() {
         said.to_lowercase().contains("connection refused"),
         "the cause: {said}"
     );
-    let out = bin().args(["tail", "--url", &url]).output().unwrap();
+    let out = agentserver()
+        .args(["tail", "--url", &url])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"));
-    let out = bin().args(["tail", "--url", "ftp://x"]).output().unwrap();
+    let out = agentserver()
+        .args(["tail", "--url", "ftp://x"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
 }
 
@@ -313,7 +297,7 @@ fn sighup_reloads_the_organism_file() {
     let path = dir.path().join("o.yaml");
     std::fs::write(&path, one).unwrap();
     let errors = dir.path().join("stderr.txt");
-    let mut run = bin();
+    let mut run = agentserver();
     run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
     let (mut child, url) = child::serve(run, std::fs::File::create(&errors).unwrap().into());
 
@@ -327,20 +311,13 @@ fn sighup_reloads_the_organism_file() {
         .status()
         .unwrap();
     assert!(hup.success());
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let text = std::fs::read_to_string(&errors).unwrap_or_default();
-        if text.contains("agentserver: reloaded (rev") {
-            // The watch acts only after a change is stable for a second: SIGHUP is first.
-            assert!(text.contains("added [\"b\"]"), "{text}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no reload on SIGHUP: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let said = || std::fs::read_to_string(&errors).unwrap_or_default();
+    wait_until("a reload on SIGHUP", || {
+        said().contains("agentserver: reloaded (rev")
+    });
+    // The watch acts only after a change is stable for a second: SIGHUP is first.
+    let text = said();
+    assert!(text.contains("added [\"b\"]"), "{text}");
     let agents: serde_json::Value = block_on(async {
         reqwest::get(format!("{url}/api/v1/agents"))
             .await
@@ -364,7 +341,7 @@ fn sighup_reloads_the_organism_file() {
 #[test]
 fn a_port_alone_as_listen_means_loopback_on_that_port() {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let mut run = bin();
+    let mut run = agentserver();
     run.args(["run", demo, "--listen", "0", "--store", "memory"]);
     let (mut server, url) = child::serve(run, Stdio::inherit());
     assert!(
@@ -378,7 +355,7 @@ fn a_port_alone_as_listen_means_loopback_on_that_port() {
 #[test]
 fn inject_wait_prints_the_thread_and_exits_by_its_end() {
     let (mut server, url) = run_demo();
-    let out = bin()
+    let out = agentserver()
         .args([
             "inject",
             "--url",

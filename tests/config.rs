@@ -1,9 +1,11 @@
 //! Organism files: every problem is reported with the file, the listener and the key, and
 //! `agentserver validate` exits 1 listing them all.
 
-use std::process::Command;
+use std::ffi::OsStr;
 
 use agentserver::config::{load_file, ConfigError, Known};
+
+mod child;
 
 /// What loading checks against: these native handler names and the Lua compiler.
 fn known<'a>(handlers: &'a [&'a str]) -> Known<'a> {
@@ -147,11 +149,7 @@ fn top_level_and_section_mistakes_are_reported() {
 #[test]
 fn validate_lists_every_problem_and_exits_1() {
     let (_dir, path) = write("organism: { name: t }\nlisteners:\n  - { name: a, kind: native, handler: sink, schema: s.xsd }\n  - { name: b, description: x, kind: native, handler: sink, schema: s.xsd, peers: [ghost] }\n");
-    let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
-        .arg("validate")
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = child::run_to_exit([OsStr::new("validate"), path.as_os_str()]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -165,11 +163,7 @@ fn validate_lists_every_problem_and_exits_1() {
 #[test]
 fn validate_accepts_the_demo_organism() {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
-        .arg("validate")
-        .arg(demo)
-        .output()
-        .unwrap();
+    let out = child::run_to_exit(["validate", demo]);
     assert_eq!(
         out.status.code(),
         Some(0),
@@ -351,11 +345,7 @@ fn validate_warns_loudly_about_a_listen_address_beyond_loopback() {
         ("[::1]:1", false),
     ] {
         let (_dir, path) = write(&format!("organism: {{ name: t, listen: '{listen}' }}\nlisteners:\n  - {{ name: a, description: x, kind: native, handler: sink, schema: s.xsd }}\n"));
-        let out = Command::new(env!("CARGO_BIN_EXE_agentserver"))
-            .arg("validate")
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = child::run_to_exit([OsStr::new("validate"), path.as_os_str()]);
         assert_eq!(out.status.code(), Some(0));
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(

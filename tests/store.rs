@@ -1,8 +1,8 @@
 //! The durable log: history survives a restart (and a `kill -9`), filters and totals come
 //! from SQLite, retention prunes, bad files are refused clearly. A real SQLite file.
 
-mod child;
 mod common;
+use common::child;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -294,7 +294,7 @@ async fn retention_prunes_the_oldest_threads_and_counts_it() {
         threads.push(t.thread_id);
     }
     o.store().unwrap().flush(o.events().last_seq());
-    until_async(|| async { o.pruned_messages() >= 9 }).await;
+    wait_until_async("9 messages pruned", || async { o.pruned_messages() >= 9 }).await;
     let left = o
         .query_threads(&ThreadFilter::default(), Page::default())
         .unwrap();
@@ -324,7 +324,7 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     };
     // Added by a reload: the organism started without it.
     retain(6);
-    until_async(|| async { o.pruned_messages() >= 9 }).await;
+    wait_until_async("9 messages pruned", || async { o.pruned_messages() >= 9 }).await;
     let ids = |o: &Organism| {
         o.query_threads(&ThreadFilter::default(), Page::default())
             .unwrap()
@@ -336,13 +336,9 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     assert_eq!(ids(&o), vec![threads[4].clone(), threads[3].clone()]);
     // Tightened by another.
     retain(3);
-    until_async(|| async { o.pruned_messages() >= 12 }).await;
+    wait_until_async("12 messages pruned", || async { o.pruned_messages() >= 12 }).await;
     assert_eq!(ids(&o), vec![threads[4].clone()]);
     assert_eq!(o.pruned_messages(), 12, "one thread more, no other");
-}
-
-fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_agentserver"))
 }
 
 async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
@@ -448,7 +444,7 @@ fn unwritable_and_corrupted_store_files_are_clear_startup_errors() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a-file"), "x").unwrap();
     let path = write_organism(dir.path(), "a-file/log.db", "");
-    let out = bin()
+    let out = child::agentserver()
         .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .output()
         .unwrap();
@@ -461,7 +457,7 @@ fn unwritable_and_corrupted_store_files_are_clear_startup_errors() {
 
     std::fs::write(dir.path().join("junk.db"), vec![7u8; 4096]).unwrap();
     let path = write_organism(dir.path(), "junk.db", "");
-    let out = bin()
+    let out = child::agentserver()
         .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
         .output()
         .unwrap();
@@ -478,7 +474,7 @@ fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_organism(dir.path(), "log.db", "");
     let start = || {
-        let mut run = bin();
+        let mut run = child::agentserver();
         run.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
         child::serve(run, Stdio::null())
     };

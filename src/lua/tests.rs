@@ -1,7 +1,6 @@
 use super::*;
 use crate::listener::Meta;
 use crate::xml::{normalize_payload, XmlLimits};
-use std::time::Duration;
 
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
 
@@ -142,12 +141,8 @@ async fn a_replaced_pool_answers_its_queued_calls_then_its_sandbox_threads_end()
         h.handle(delivery(&schema, "x")).await.unwrap()[0].payload,
         "<Note>v2</Note>"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while old.serving.load(Ordering::SeqCst) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the replaced pool's sandbox threads did not end"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    crate::testing::wait_until_async("the replaced pool's sandbox threads to end", || async {
+        old.serving.load(Ordering::SeqCst) == 0
+    })
+    .await;
 }

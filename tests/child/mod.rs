@@ -5,8 +5,35 @@
 
 use std::io::{BufRead, BufReader};
 use std::ops::{Deref, DerefMut};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output, Stdio};
+
+#[path = "../../src/testing.rs"]
+pub mod testing;
+#[allow(unused_imports)]
+pub use testing::{wait_until, WAIT};
+
+/// The `agentserver` binary built for these tests, ready for its arguments.
+pub fn agentserver() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_agentserver"))
+}
+
+/// Runs `agentserver ARGS` to its end: its exit status, stdout and stderr.
+pub fn run_to_exit<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
+    agentserver().args(args).output().expect("the binary runs")
+}
+
+/// Waits (at most [`WAIT`]) for `child` to exit; its exit code.
+pub fn wait_exit(child: &mut std::process::Child) -> Option<i32> {
+    let mut code = None;
+    wait_until("the process to exit", || match child.try_wait() {
+        Ok(Some(status)) => {
+            code = status.code();
+            true
+        }
+        _ => false,
+    });
+    code
+}
 
 pub struct Running(std::process::Child);
 
@@ -53,9 +80,7 @@ pub fn serve(mut cmd: Command, stderr: Stdio) -> (Running, String) {
         }
     });
     let url = loop {
-        let line = lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("a ready line in time");
+        let line = lines.recv_timeout(WAIT).expect("a ready line in time");
         if let Some(u) = line.strip_prefix("agentserver listening on ") {
             break u.to_string();
         }

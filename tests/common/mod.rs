@@ -10,6 +10,11 @@ use agentserver::threads::{MessageRecord, MessageStatus, ThreadStatus};
 use agentserver::{InjectRequest, Organism, OrganismBuilder};
 use tokio::sync::Semaphore;
 
+#[path = "../child/mod.rs"]
+pub mod child;
+#[allow(unused_imports)]
+pub use child::testing::{wait_until, wait_until_async};
+
 pub const TEST_XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
   <xs:element name="Ping"><xs:complexType><xs:sequence>
     <xs:element name="n" type="xs:int"/></xs:sequence></xs:complexType></xs:element>
@@ -155,22 +160,6 @@ pub async fn until(o: &Organism, mut cond: impl FnMut() -> bool) {
     tokio::time::timeout(WAIT, async {
         while !cond() {
             let _ = rx.recv().await;
-        }
-    })
-    .await
-    .expect("condition reached in time");
-}
-
-/// Waits until an async condition holds, re-checking every few milliseconds, with a timeout.
-/// For conditions no pump event announces (a server-side WebSocket session ending).
-pub async fn until_async<F, Fut>(mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    tokio::time::timeout(WAIT, async {
-        while !cond().await {
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await

@@ -249,11 +249,3 @@ fn assert_kept_counts_match_scans(store: &Store) {
         &[Page::default(), Page::new(Some(1), Some(1))],
     );
 }
-
-fn until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !cond() {
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}

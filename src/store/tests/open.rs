@@ -197,7 +197,7 @@ fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_free
             error: Some("budget".into()),
         },
     );
-    until("the write failure is reported", || {
+    crate::testing::wait_until("the write failure is reported", || {
         store.failure().is_some()
     });
     let failure = store.failure().unwrap();
@@ -208,7 +208,7 @@ fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_free
     );
     // Retention frees pages inside the file; the held writes then commit.
     store.prune(Some(60), None).unwrap();
-    until("the held writes commit", || store.failure().is_none());
+    crate::testing::wait_until("the held writes commit", || store.failure().is_none());
     store.flush(2);
     let new = store
         .query_messages(
