@@ -18,7 +18,7 @@ impl Organism {
                 tokio::select! {
                     _ = stopped.cancelled() => return,
                     _ = tick.tick() => {}
-                    _ = organism.shared.retention_changed.notified() => {}
+                    _ = organism.shared.reloading.retention_changed.notified() => {}
                 }
                 let retention = organism.shared.topo().config.retention;
                 if retention == config::Retention::default() {
@@ -47,8 +47,12 @@ impl Organism {
     ) where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let handle = self.shared.runtime.spawn(task(self.shared.stopped.clone()));
-        let mut background = crate::sync::lock(&self.shared.background);
+        let handle = self
+            .shared
+            .life
+            .runtime
+            .spawn(task(self.shared.life.stopped.clone()));
+        let mut background = crate::sync::lock(&self.shared.life.background);
         background.retain(|h| !h.is_finished());
         background.push(handle);
     }

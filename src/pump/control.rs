@@ -52,13 +52,13 @@ impl Organism {
 
     /// Pauses every listener.
     pub fn pause(&self) {
-        self.shared.paused.store(true, Ordering::SeqCst);
+        self.shared.life.paused.store(true, Ordering::SeqCst);
         self.after_organism_state_change();
     }
 
     /// Resumes the organism (listeners paused one by one stay paused).
     pub fn resume(&self) {
-        self.shared.paused.store(false, Ordering::SeqCst);
+        self.shared.life.paused.store(false, Ordering::SeqCst);
         self.after_organism_state_change();
     }
 
@@ -108,7 +108,8 @@ impl Organism {
     /// is free for another organism. Idempotent.
     pub async fn stop(&self) -> StopReport {
         let s = &self.shared;
-        if s.status
+        if s.life
+            .status
             .compare_exchange(
                 STATUS_RUNNING,
                 STATUS_STOPPING,
@@ -142,12 +143,12 @@ impl Organism {
             // Cancelled handlers return promptly; give them a moment to record it.
             self.wait_idle(Duration::from_secs(1)).await;
         }
-        s.status.store(STATUS_STOPPED, Ordering::SeqCst);
+        s.life.status.store(STATUS_STOPPED, Ordering::SeqCst);
         s.events.publish(EventKind::OrganismState {
             status: OrganismStatus::Stopped,
         });
-        s.stopped.cancel();
-        let background = std::mem::take(&mut *crate::sync::lock(&s.background));
+        s.life.stopped.cancel();
+        let background = std::mem::take(&mut *crate::sync::lock(&s.life.background));
         for task in background {
             let _ = task.await;
         }
@@ -212,7 +213,7 @@ impl Organism {
     ) -> bool {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            let notified = self.shared.idle.notified();
+            let notified = self.shared.load.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if done() {

@@ -299,7 +299,8 @@ impl Shared {
         for _ in 0..start {
             let shared = self.clone();
             let listener = listener.clone();
-            self.runtime
+            self.life
+                .runtime
                 .spawn(async move { shared.work(listener).await });
         }
     }

@@ -152,8 +152,9 @@ impl Shared {
         if !self.threads.hold(&thread) {
             return None;
         }
-        let id = self.waits.next.fetch_add(1, Ordering::Relaxed);
-        self.waits
+        let id = self.external.waits.next.fetch_add(1, Ordering::Relaxed);
+        self.external
+            .waits
             .lock()
             .entry((agent.clone(), thread.clone()))
             .or_default()
@@ -169,9 +170,9 @@ impl Shared {
             .map(|e| e.reply_timeout)
             .unwrap_or(crate::config::DEFAULT_REPLY_TIMEOUT);
         let shared = self.clone();
-        self.runtime.spawn(async move {
+        self.life.runtime.spawn(async move {
             tokio::time::sleep(timeout).await;
-            if let Some(record) = shared.waits.take(&agent, &thread, |w| w.id == id) {
+            if let Some(record) = shared.external.waits.take(&agent, &thread, |w| w.id == id) {
                 shared.fail_message(
                     &record,
                     FailureKind::ReplyTimeout,
@@ -190,6 +191,7 @@ impl Shared {
     pub(crate) fn cancel_wait(&self, listener: &Arc<Listener>, record: &MessageRecord, id: u64) {
         let agent = listener.config.name.arc();
         if self
+            .external
             .waits
             .take(&agent, &record.thread_id, |w| w.id == id)
             .is_some()
@@ -212,14 +214,14 @@ impl Shared {
 
     /// A killed thread owes no replies any more.
     pub(crate) fn drop_waits(&self, thread: &str) {
-        for (agent, _) in self.waits.take_all(|_, t| t == thread) {
+        for (agent, _) in self.external.waits.take_all(|_, t| t == thread) {
             self.end_wait(&agent, thread);
         }
     }
 
     /// An agent removed by a reload owes no replies any more: each awaited message fails.
     pub(crate) fn drop_agent_waits(self: &Arc<Self>, agent: &str) {
-        for (_, record) in self.waits.take_all(|a, _| a == agent) {
+        for (_, record) in self.external.waits.take_all(|a, _| a == agent) {
             self.fail_message(
                 &record,
                 FailureKind::Undeliverable,
@@ -272,7 +274,7 @@ impl Organism {
                 return Err(ReplyError::Unauthorized(agent.to_string()));
             }
         }
-        if s.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
+        if s.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
             return Err(ReplyError::Stopping);
         }
         let max = s.limits.max_message_bytes;
@@ -308,12 +310,13 @@ impl Organism {
             agent: agent.to_string(),
             thread: thread.to_string(),
         };
-        if !s.waits.is_waiting(agent, thread) {
+        if !s.external.waits.is_waiting(agent, thread) {
             return Err(not_waiting());
         }
         // Read and check every payload before anything enters the pump.
         let texts = extract_payloads(reply.body, &s.xml_limits).map_err(ReplyError::Malformed)?;
         let awaited = s
+            .external
             .waits
             .lock()
             .get(&(Arc::from(agent), Arc::from(thread)))
@@ -363,6 +366,7 @@ impl Organism {
         }
         // Claim the wait; a timeout or a second callback racing this one finds it gone.
         let record = s
+            .external
             .waits
             .take(agent, thread, |w| w.record.id == awaited.id)
             .ok_or_else(not_waiting)?;

@@ -47,7 +47,7 @@ impl Organism {
         thread_id: Option<&str>,
     ) -> Result<InjectReceipt, InjectError> {
         let s = &self.shared;
-        if s.status.load(Ordering::SeqCst) != STATUS_RUNNING {
+        if s.life.status.load(Ordering::SeqCst) != STATUS_RUNNING {
             return Err(InjectError::Stopping);
         }
         let topo = s.topo();
@@ -82,7 +82,7 @@ impl Organism {
                 }
             }
         }
-        let pending = s.pending.load(Ordering::SeqCst);
+        let pending = s.load.pending.load(Ordering::SeqCst);
         if pending >= s.limits.max_pending_messages {
             return Err(InjectError::Overloaded {
                 pending,

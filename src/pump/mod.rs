@@ -272,27 +272,49 @@ pub(crate) struct Shared {
     threads: ThreadRegistry,
     events: Arc<EventHub>,
     store: Option<Arc<crate::store::Store>>,
-    /// Messages logged before this process started (from the store).
-    earlier_messages: u64,
     gate: gate::Gate,
     xml_limits: XmlLimits,
-    pending: AtomicUsize,
-    idle: Notify,
-    /// Wakes the retention task: a reload changed `organism.store_retention`.
-    retention_changed: Notify,
+    life: Lifecycle,
+    load: Load,
+    reloading: Reloading,
+    external: Externals,
+    /// [`Organism::wait_thread`] callers, woken when their thread stops being active.
+    thread_waiters: std::sync::Mutex<
+        crate::hash::SeededMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>,
+    >,
+}
+
+/// Running, stopping or stopped, and paused: written by build, `pause`/`resume` and `stop`;
+/// read by inject (refused unless running) and dispatch (nothing starts while paused).
+struct Lifecycle {
+    status: AtomicU8,
+    paused: AtomicBool,
     /// Cancelled by [`Organism::stop`]: ends the background tasks.
     stopped: tokio_util::sync::CancellationToken,
     /// The background tasks (retention, store health, file watch), awaited by
     /// [`Organism::stop`], so that once it returns none of them holds the organism (nor its
     /// store, whose file is then free once the caller's handles are gone).
     background: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
-    status: AtomicU8,
-    paused: AtomicBool,
-    failures: [AtomicU64; FailureKind::COUNT],
     runtime: tokio::runtime::Handle,
     started: std::time::Instant,
     started_at: Timestamp,
-    config_rev: AtomicU64,
+}
+
+/// The work in flight and what became of it: written by the pump for every message
+/// (admitted, finished, failed); read by inject (the pending cap), stop (draining) and the
+/// API's metrics.
+struct Load {
+    pending: AtomicUsize,
+    /// Woken when `pending` reaches 0.
+    idle: Notify,
+    failures: [AtomicU64; FailureKind::COUNT],
+    /// Messages logged before this process started (from the store).
+    earlier_messages: u64,
+}
+
+/// What a reload needs and leaves behind: written by reloads, one at a time
+/// (`reload_lock`); read by the API (`config_rev`, `config_stale`, the counters).
+struct Reloading {
     /// Native handler factories, for the listeners a reload builds.
     registry: HandlerRegistry,
     /// Applied to every config a reload loads, as at build.
@@ -305,12 +327,16 @@ pub(crate) struct Shared {
     config_stale: AtomicBool,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
+    config_rev: AtomicU64,
+    /// Wakes the retention task: a reload changed `organism.store_retention`.
+    retention_changed: Notify,
+}
+
+/// External agents: the replies they owe (written when a delivery is forwarded, taken by
+/// the callback), and where their callbacks go (set once, when the API server binds).
+struct Externals {
     /// Replies owed by external agents.
     waits: external::Waits,
-    /// [`Organism::wait_thread`] callers, woken when their thread stops being active.
-    thread_waiters: std::sync::Mutex<
-        crate::hash::SeededMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>,
-    >,
     /// The API's base URL once a server is bound (external agents' `callback_url`).
     api_base: Arc<std::sync::OnceLock<String>>,
 }
@@ -336,11 +362,11 @@ impl Shared {
     }
 
     fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::SeqCst)
+        self.life.paused.load(Ordering::SeqCst)
     }
 
     fn add_pending(&self, n: usize) {
-        self.pending.fetch_add(n, Ordering::SeqCst);
+        self.load.pending.fetch_add(n, Ordering::SeqCst);
     }
 
     /// One pending message of `thread` is done (handled, dropped or cancelled).
@@ -348,8 +374,8 @@ impl Shared {
         if let Some(change) = self.threads.finish_one(thread) {
             self.publish_thread(change);
         }
-        if self.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.idle.notify_waiters();
+        if self.load.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.load.idle.notify_waiters();
         }
     }
 
@@ -369,7 +395,7 @@ impl Shared {
     }
 
     fn count_failure(&self, kind: FailureKind) {
-        self.failures[kind as usize].fetch_add(1, Ordering::Relaxed);
+        self.load.failures[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -395,7 +421,7 @@ impl Organism {
             "the last run ended with work unfinished: {threads} active thread(s) are now `error` and {messages} pending message(s) `failed`, both `interrupted`"
         );
         tracing::warn!(threads, messages, "{text}");
-        self.shared.failures[FailureKind::Interrupted as usize]
+        self.shared.load.failures[FailureKind::Interrupted as usize]
             .fetch_add(messages, Ordering::Relaxed);
         self.shared.events.publish(EventKind::Error {
             thread_id: None,
@@ -414,6 +440,7 @@ impl Organism {
     pub fn set_api_base(&self, url: &str) {
         let _ = self
             .shared
+            .external
             .api_base
             .set(url.trim_end_matches('/').to_string());
     }
@@ -428,16 +455,16 @@ impl Organism {
 
     /// Messages queued or being handled, organism-wide.
     pub fn pending(&self) -> usize {
-        self.shared.pending.load(Ordering::SeqCst)
+        self.shared.load.pending.load(Ordering::SeqCst)
     }
 
     /// How many failures of `kind` happened.
     pub fn failure_count(&self, kind: FailureKind) -> u64 {
-        self.shared.failures[kind as usize].load(Ordering::Relaxed)
+        self.shared.load.failures[kind as usize].load(Ordering::Relaxed)
     }
 
     pub fn status(&self) -> OrganismStatus {
-        match self.shared.status.load(Ordering::SeqCst) {
+        match self.shared.life.status.load(Ordering::SeqCst) {
             STATUS_STOPPING => OrganismStatus::Stopping,
             STATUS_STOPPED => OrganismStatus::Stopped,
             _ if self.shared.is_paused() => OrganismStatus::Paused,
@@ -452,13 +479,13 @@ impl Organism {
         OrganismInfo {
             name: topo.config.name.clone(),
             status: self.status(),
-            uptime_seconds: s.started.elapsed().as_secs(),
-            started_at: s.started_at,
+            uptime_seconds: s.life.started.elapsed().as_secs(),
+            started_at: s.life.started_at,
             agent_count: topo.order.len(),
             active_threads: s.threads.active_count(),
-            total_messages: s.earlier_messages + s.threads.total_messages(),
+            total_messages: s.load.earlier_messages + s.threads.total_messages(),
             pending_messages: self.pending(),
-            config_rev: s.config_rev.load(Ordering::Relaxed),
+            config_rev: s.reloading.config_rev.load(Ordering::Relaxed),
             last_seq: s.events.last_seq(),
         }
     }

@@ -65,7 +65,7 @@ impl Shared {
             config::ListenerKind::Lua => crate::lua::LuaHandler::build_with(
                 lc,
                 self.limits.max_message_bytes,
-                self.lua_targets.clone(),
+                self.reloading.lua_targets.clone(),
                 self.events.clone(),
                 previous
                     .and_then(|h| h.carried_stats())
@@ -73,16 +73,16 @@ impl Shared {
             )
             .map(|h| Arc::new(h) as Arc<dyn Handler>),
             config::ListenerKind::External => {
-                crate::listener::ExternalHandler::new(lc, self.api_base.clone())
+                crate::listener::ExternalHandler::new(lc, self.external.api_base.clone())
                     .map(|h| Arc::new(h) as Arc<dyn Handler>)
             }
-            config::ListenerKind::Native => self.registry.build(lc),
+            config::ListenerKind::Native => self.reloading.registry.build(lc),
         }
     }
 
     /// Steps 1 and 2: load, check, diff, build. Nothing running is touched.
     fn prepare(&self, current: &Topology, path: &Path) -> Result<Prepared, Vec<ReloadProblem>> {
-        let mut config = super::load_config(path, &self.registry).map_err(|e| {
+        let mut config = super::load_config(path, &self.reloading.registry).map_err(|e| {
             e.0.into_iter()
                 .map(|c| ReloadProblem {
                     listener: c.listener,
@@ -91,7 +91,7 @@ impl Shared {
                 })
                 .collect::<Vec<_>>()
         })?;
-        self.overrides.apply(&mut config);
+        self.reloading.overrides.apply(&mut config);
         let problems = needs_restart(&current.config, &config);
         if !problems.is_empty() {
             return Err(problems);
@@ -162,7 +162,7 @@ impl Shared {
             listeners.insert(lc.name.clone(), l.clone());
             order.push(l);
         }
-        self.lua_targets.set(&config);
+        self.reloading.lua_targets.set(&config);
         let retention_changed = config.retention != current.config.retention;
         let next = Arc::new(Topology {
             config: Arc::new(config),
@@ -171,7 +171,7 @@ impl Shared {
         });
         self.set_topology(next);
         if retention_changed {
-            self.retention_changed.notify_one();
+            self.reloading.retention_changed.notify_one();
         }
         for name in &report.changed {
             let (Some(old), Some(new)) = (current.listeners.get(name.as_str()), built.get(name))
@@ -213,7 +213,7 @@ impl Shared {
                 self.kick(new);
             }
         }
-        report.rev = self.config_rev.fetch_add(1, Ordering::SeqCst) + 1;
+        report.rev = self.reloading.config_rev.fetch_add(1, Ordering::SeqCst) + 1;
         report
     }
 
@@ -307,11 +307,11 @@ impl Organism {
         only_if_changed: bool,
     ) -> Result<Option<ReloadReport>, ReloadError> {
         let s = &self.shared;
-        let _one_at_a_time = crate::sync::lock(&s.reload_lock);
-        if s.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
+        let _one_at_a_time = crate::sync::lock(&s.reloading.reload_lock);
+        if s.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
             return Err(ReloadError::Stopping);
         }
-        let rev = s.config_rev.load(Ordering::SeqCst);
+        let rev = s.reloading.config_rev.load(Ordering::SeqCst);
         if let Some(expected) = if_rev.filter(|r| *r != rev) {
             return Err(ReloadError::RevMismatch {
                 expected,
@@ -322,8 +322,8 @@ impl Organism {
         let path = current.config.source.clone().ok_or(ReloadError::NoSource)?;
         match s.prepare(&current, &path) {
             Err(problems) => {
-                s.config_stale.store(true, Ordering::SeqCst);
-                s.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                s.reloading.config_stale.store(true, Ordering::SeqCst);
+                s.reloading.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 s.events.publish(EventKind::Reload {
                     agent: None,
                     ok: false,
@@ -340,7 +340,7 @@ impl Organism {
                     && report.removed.is_empty()
                     && report.changed.is_empty()
                     && same_settings(&current.config, &prepared.config);
-                s.config_stale.store(false, Ordering::SeqCst);
+                s.reloading.config_stale.store(false, Ordering::SeqCst);
                 let report = if nothing {
                     // Comments, formatting, a file saved again: what runs stays, and so
                     // does its revision.
@@ -353,7 +353,7 @@ impl Organism {
                 } else {
                     s.apply(&current, prepared)
                 };
-                s.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                s.reloading.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 s.events.publish(EventKind::Reload {
                     agent: None,
                     ok: true,
@@ -368,14 +368,14 @@ impl Organism {
 
     /// True when the last reload failed: the file describes something other than what runs.
     pub fn config_stale(&self) -> bool {
-        self.shared.config_stale.load(Ordering::SeqCst)
+        self.shared.reloading.config_stale.load(Ordering::SeqCst)
     }
 
     /// Reloads that succeeded and failed since start.
     pub fn reload_counts(&self) -> (u64, u64) {
         (
-            self.shared.reloads_ok.load(Ordering::Relaxed),
-            self.shared.reloads_failed.load(Ordering::Relaxed),
+            self.shared.reloading.reloads_ok.load(Ordering::Relaxed),
+            self.shared.reloading.reloads_failed.load(Ordering::Relaxed),
         )
     }
 
