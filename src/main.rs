@@ -1,4 +1,13 @@
 //! The `agentserver` command line: parse arguments, call the library.
+//!
+//! ## Inside
+//!
+//! The CLI only: parses arguments, calls the library. It sets mimalloc as the global allocator
+//! and, first thing in `main`, routes libxml2's allocations to it too
+//! (`schema::use_mimalloc_for_libxml2`, unsafe: only before libxml2 has allocated), and turns
+//! transparent huge pages off for the process (`disable_transparent_huge_pages`: a refaulted 2
+//! MiB page is zeroed whole, which made large payloads cost twice). The library sets none of
+//! these; the load generator and pump bench do the same as the binary.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -5,6 +5,28 @@
 //! and the thread registry, and calls [`Organism`] methods. The pump never waits on it.
 //! Routes are registered through `utoipa-axum`, so `/api/v1/openapi.json` is generated from
 //! the same handler declarations that serve requests.
+//!
+//! ## Inside
+//!
+//! The HTTP/WebSocket API (axum). `mod.rs`: `ApiServer` (bind, serve, `stop_requested`,
+//! `shutdown`), `ApiState`, the router built with `utoipa-axum` so every served route is the
+//! documented one. `rest.rs`: REST handlers. `ws.rs`: `/ws` and `/ws/messages` sessions
+//! (resume, filters, bounded per-client queue, drops, heartbeat, commands; an answer counts
+//! against the client's queue like any frame, and a client that does not read its answers is
+//! closed; an answer's `seq` is the last event offered to the connection, so `seq` never goes
+//! back on it). A session's loop is a biased `select!` with the event stream last (commands,
+//! the `dropped` notice and heartbeats are never starved) and offers every event already
+//! published (up to 256) per turn; its client's frames are read by their own task and its
+//! queued frames written with one flush. `inject.rs`: the one inject path REST and WS share.
+//! `error.rs`: `ApiError` (status + `{"error": {code, message, details, where}}`, the message
+//! cut at 4 kB) and the extractors that produce it (JSON body with content-type and size
+//! checks, query parameters). `filter.rs`: subscription filters, bounded in entries and bytes,
+//! agent globs compiled into one regex. `browser.rs`: the checks against web pages, run on
+//! every request before any handler (Host against DNS rebinding, Origin on upgrades and
+//! state-changing methods, body types a page could send cross-site). `conn.rs`: the accept loop
+//! (hyper with a header-read timer; `max_connections`, one more answered 503; an idle timeout
+//! on the socket; `TCP_NODELAY`). `metrics.rs`: Prometheus text from live state. `sanitize.rs`:
+//! secret redaction of config. `external.rs`: the external agents' callback endpoint.
 
 mod browser;
 mod conn;

@@ -4,6 +4,19 @@
 //! be checked before the organism runs (unknown keys, descriptions, references between
 //! listeners, agents' unique payload types, XSDs that compile, paths that exist) and reports
 //! every problem at once, each naming the file, the listener and the key.
+//!
+//! ## Inside
+//!
+//! The organism YAML: `model.rs` is the serde model (unknown keys refused) and the validated
+//! `OrganismConfig`; `mod.rs` loads and `check.rs` checks everything before anything runs (what
+//! config cannot know, the native handler names and the Lua syntax check, comes in `Known`),
+//! collecting every problem as a `ConfigError {file, line, listener, key, message}` (the line
+//! found by reading the text for the listener's item and the key); a listener whose section
+//! does not read still counts as a name, so one mistake is reported once. `secret.rs`: the one
+//! rule for what is a secret (words of a key, `Bearer …` values), used to refuse a secret
+//! written in the file, to resolve `…_env` keys of a handler's `config`, and by the API to
+//! redact. Pure data. `diff.rs`: what a reload changes (`ReloadReport`, `ReloadProblem`, the
+//! fingerprint a listener is compared by, the settings that need a restart).
 
 mod check;
 pub mod diff;

@@ -1,5 +1,27 @@
 //! The hub itself: the ring of slots indexed by `seq`, publishing into it, and the receivers
 //! that read it in order and resume after a given `seq`.
+//!
+//! ## Inside
+//!
+//! `EventHub`: numbers every state change (`seq`, an atomic counter) and puts it in slot `seq %
+//! N` of a ring of the last N events; there is no lock over the hub. Every observer is a
+//! `Receiver` with a cursor: it reads the ring in `seq` order, waits in a slot still empty for
+//! the event on its way there, and when the ring has moved past it is told how many it lost
+//! (`Lagged`). Resumption (`subscribe_since`) is the same cursor started after a `seq`: no gap,
+//! no duplicate. Waiting receivers set one flag and wait on a `Notify`; a publisher wakes them
+//! only when it finds the flag set, so publishing touches nothing shared beyond the counter and
+//! its slot while receivers keep up or none exist. A slot keeps its event's `seq` beside it, so
+//! a publisher never reads the cold event it replaces. A reader may take an event lent in its
+//! slot (`try_recv_with`) instead of a reference to it: the WebSocket sessions drain their
+//! backlog that way, so 50 sessions on two cores do not contend for each event's count. The
+//! ring is bounded by bytes too (`set_byte_budget`, a quarter of `limits.max_retained_bytes`):
+//! each slot keeps its event's `weight`, one counter sums them, and a publisher that finds the
+//! sum over the budget lets go of the oldest events (one publisher at a time, `trimming`),
+//! raising `floor`; a receiver behind `floor` is told it lagged, as if the ring had come round.
+//! Each `Event` renders its JSON (and its `/ws/messages` frame) once, into shared bytes
+//! (`Utf8Bytes`): every client's queue holds a reference, not a copy. The event a slot lets go
+//! of is dropped after the slot's lock, since freeing it (and often its message) would hold
+//! that slot's readers.
 
 use super::*;
 

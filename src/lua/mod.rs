@@ -11,6 +11,24 @@
 //!
 //! Reload builds a whole new pool beside the old one (compile, `init`), then swaps it in; calls
 //! already running finish on the old pool, which ends when its last call returns.
+//!
+//! ## Inside
+//!
+//! `kind: lua` listeners. `sandbox.rs`: one Luau state (allowed globals only, read-only
+//! built-ins, text chunks, CPU budget by VM interrupt checked every 64 interrupts, memory cap,
+//! `log`/`json`; the compiler's fast path for the removed builtins is off), the call, and the
+//! `_attr`/`_text` table shape. The call converts the payload and meta into Lua with the memory
+//! cap lifted (`Sandbox::unlimited`: host code on input bounded by `max_message_bytes`; under a
+//! cap mlua wraps every string and table it makes in a protected call). What the conversion
+//! added still counts: a state over its cap afterwards (after one full collection) fails the
+//! call as `lua memory`. The return value, and what `json.encode` is given, are written
+//! straight to JSON text (`encode_bounded`) that stops at the memory cap: one string referenced
+//! many times is copied on the host side as often, so the host's copies count too. `mod.rs`:
+//! `LuaHandler`, a pool of sandboxes each on its own OS thread fed by one queue (a mutex and
+//! condvar: a call wakes at most one sleeping sandbox thread; dropping the pool closes the
+//! queue, and its threads end once it is drained); the wall-clock watchdog; outputs resolved
+//! against the organism's schemas and written through `SchemaModel`; script reload (new pool
+//! beside the old, swapped on success).
 
 mod sandbox;
 #[cfg(test)]

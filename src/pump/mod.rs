@@ -8,6 +8,23 @@
 //! past `max_messages_per_thread` fails.
 //!
 //! The pump knows nothing of HTTP: the API and the CLI call the methods here.
+//!
+//! ## Inside
+//!
+//! `mod.rs`: `Organism` (a cheap `Arc<Shared>` handle) and its views (info, agents, metrics);
+//! `Shared`, in named sub-states; the `Topology` (config + listeners in service) that a reload
+//! replaces whole, read as a snapshot (`Shared::topo`). `builder.rs` builds an organism;
+//! `inject.rs` checks what comes from outside; `admit.rs` is the one front door (log as
+//! pending, publish, count, queue) that inject and routed delivery share; `route.rs`: ingress
+//! of handler outputs, routing, validation per receiver, the failure path and `<huh>`
+//! (`Organism::route_preview` answers the routing step without sending); `dispatch.rs`:
+//! per-listener queues and worker tasks; `gate.rs`: the organism-wide handler limit and the
+//! breadth/depth-first choice; `control.rs`: pause, resume, reload one listener, kill, stop;
+//! `history.rs`: pages of the log and one thread; `background.rs`: retention and the store's
+//! health watch; `reload.rs`: hot reload (build beside, diff by fingerprint, swap, hand over
+//! from retired listeners) and the file watch; `external.rs`: replies owed by external agents
+//! (`Waits`, keyed by agent and thread) and `Organism::external_reply`, the callback path:
+//! checks, then all payloads validated before any is routed as the agent's output.
 
 mod admit;
 mod background;

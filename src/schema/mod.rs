@@ -8,6 +8,22 @@
 //! normalized form with recovery off and network access off, with a parser context kept per
 //! thread (`parse.rs`); the normalized form can hold no DOCTYPE, so nothing is loaded or
 //! expanded.
+//!
+//! ## Inside
+//!
+//! The schema gate: `Schema` (XSD text + declared payload types, shareable) and
+//! `ValidatedPayload`, which only `Schema::validate` constructs. libxml2 contexts live in a
+//! thread-local cache per OS thread (a dropped schema's are freed on each thread at its next
+//! validation: `LIVE` holds the ids of schemas alive, `RETIRED` counts drops, a thread sweeps
+//! when the count moved), and so does libxml2's parser context (`parse.rs`: used again for each
+//! parse, replaced after 1,024 parses, once its dictionary holds 4,096 names, or after a failed
+//! parse; a payload up to 500 bytes is read in place from a NUL-terminated copy the context
+//! keeps, larger ones through `xmlCtxtReadMemory`; documents get no dictionary of their own,
+//! since libxml2 2.9 counts dictionary references under a process-wide mutex). `model.rs`:
+//! `SchemaModel`, read from the XSD once at compile: the one place that knows element order and
+//! leaf types. It types the JSON view of payloads and writes JSON payloads as XML in schema
+//! order (API inject today; the Lua bridge must use it too, not a second copy). It never
+//! validates: libxml2 does.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};

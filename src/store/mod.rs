@@ -15,6 +15,67 @@
 //! one transaction, the name cache, the count deltas), `query.rs` (pages and totals),
 //! `prune.rs` (pruning by count and age). This file: the `Store` handle, its channel and
 //! health.
+//!
+//! ## Inside
+//!
+//! The durable log in SQLite. The event hub feeds it every event (a sink called by the
+//! publisher before `publish` returns, handed the published `Arc<Event>` itself; an event
+//! reaches it after every event that caused it, and two published at once on two cores in
+//! either order, which the writer does not rely on: it numbers rows itself and keeps the
+//! highest `seq`. The store keeps a reference, never a copy, and the hub's ring usually frees
+//! the event) through a bounded channel to one writer thread that commits in batches. The
+//! writer coalesces a batch into borrowed `Write`s (`Coalescer`, whose buffers are kept from
+//! batch to batch: fresh ones faulted in huge pages every batch; a status change of a message
+//! in the same batch folds into its insert; a thread's writes fold into its first, in its last
+//! state; a message or status change raises its thread's count and last activity (event times,
+//! never the writer's clock) and gives it its error if it has none, folded into that thread's
+//! write or, if the batch has none, a `Touch` run at the end of the transaction) and records
+//! which write each event went into, so a failed write holds every event it took (a failed
+//! batch is retried write by write; writes that still fail are held and retried every second,
+//! so a full disk loses nothing; a touch takes no event, and if it alone fails, the thread's
+//! next write mends it: counts and times only rise). Schema v4: `messages` keyed by rowid `seq`
+//! = write order (pages need no sort) with one index, (thread number, slot); `threads` numbered
+//! (`n`, with `id` unique); a message row names its thread, sender, receiver and payload type
+//! by number (reads join the names back). The filters need no per-message index entries:
+//! `blocks` (agent, block, type, status → n; a block is 256 messages of write order, `seq >>
+//! 8`; agent 0 counts every message once, type 0 is none; agent and type names numbered in
+//! `names`) and `block_times` (block → min/max ts) describe the log block by block, and
+//! `message_counts` keeps the sums over all blocks. A thread filter reads the thread's rows
+//! through its index; any other filter walks the matching blocks in order
+//! (`Store::query_blocks`): whole blocks are skipped by their counts, rows are read only in the
+//! blocks the page returns from, and a total is a sum of counts (the kept sum without a time
+//! window; with one, rows are counted only in the blocks the window cuts). Invariant: the
+//! writer (`Writes` + `Deltas`) and pruning (`delete_messages`) change `blocks`,
+//! `message_counts` and `block_times` in the same transaction as `messages`, so counts and rows
+//! always agree (the tests recount them from the rows). The writer prepares its statements once
+//! per transaction, uses no `RETURNING` on its hot path (SQLite builds a temporary table for
+//! each), numbers messages itself (`Cache::next_seq`) and inserts them 16 rows per statement (a
+//! row that conflicts, a message written again after a retry, is seen missing at its seq and
+//! only restated), numbers threads itself too (`Cache::next_thread`) and writes thread rows 16
+//! per upsert (insert a new one, update a known one by its number; an id that turns out to have
+//! a row already keeps its number, and the messages waiting to name it are renumbered before
+//! any is inserted), and caches name and thread numbers and the messages it stored as `pending`
+//! (so a status change a batch later needs no lookup) (`Cache`: emptied when a transaction
+//! fails, since its new numbers are gone with it; threads and pending messages also after
+//! pruning; at most `THREADS_CACHED` entries each, hashed with a per-map seed since clients can
+//! choose ids). Reads use a second connection inside a read transaction (page and total from
+//! one snapshot). `open` migrates (`user_version`), marks active threads `error` and pending
+//! messages `failed` (both `interrupted`; pending ones are read only in blocks whose counts
+//! hold some, and the counts move with them) and reports where `seq` resumes. `prune` is
+//! retention, one pass per call with its target fixed at the start (so a pass ends under any
+//! load): it asks the writer for one chunk at a time (one transaction of whole threads, at
+//! least `PRUNE_CHUNK` messages and twice what was written since the last chunk, so deleting
+//! outpaces writing), so the writer is the only connection that writes (no lock contention) and
+//! a large prune queues behind the pump's writes chunk by chunk. The store counts what it
+//! pruned. The organism's retention task calls it every `RETENTION_INTERVAL` (1 s) with the
+//! settings the current topology holds, and at once when a reload changes them
+//! (`retention_changed`); a pass with nothing over the limits sends the writer nothing. Every
+//! write transaction is `IMMEDIATE`. With a store, `Organism::query_*` read from it once it has
+//! committed what was published before the call (`Store::catch_up`, at most `READ_CATCH_UP`),
+//! so a list shows a thread the moment its inject is answered; without, from the in-memory
+//! registry. One thread (`thread_info`, `thread_page`) is read live from the registry while it
+//! holds the thread (slots before its `slot_base`, for a thread continued after a restart, from
+//! the store), so it is found before the writer commits it.
 
 mod coalesce;
 mod open;

@@ -4,6 +4,17 @@
 //! Owns no state. Everything here treats its input as hostile: sizes are capped before any
 //! parse, a DOCTYPE is refused (so no entity can be declared, expanded or loaded), nesting depth
 //! is capped, and no function here reads a file or the network.
+//!
+//! ## Inside
+//!
+//! Schema-free XML: `guard` (size, DOCTYPE by a `memchr` search for `<!`), `normalize.rs`
+//! (strict read into the normalized form; finds the payload type; depth and
+//! attributes-per-element caps, the count taken before any attribute is read; an XML
+//! declaration only at the very start; its output `String` becomes the payload's one
+//! `SharedXml` (`Arc<String>`), which validation, the log, the queues and the event ring share
+//! without copying the text), `envelope.rs` (parse/build `<message>`), `extract.rs` (lenient
+//! cutting of several payloads out of dirty handler text), `json.rs` (the JSON view of a
+//! payload).
 
 mod envelope;
 mod extract;
