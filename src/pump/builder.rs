@@ -144,6 +144,7 @@ impl OrganismBuilder {
                 paused: AtomicBool::new(false),
                 stopped: Default::default(),
                 background: Default::default(),
+                maintenance: Default::default(),
                 runtime,
                 started: std::time::Instant::now(),
                 started_at: Timestamp::now(),
@@ -163,7 +164,6 @@ impl OrganismBuilder {
                 reloads_ok: AtomicU64::new(0),
                 reloads_failed: AtomicU64::new(0),
                 config_rev: AtomicU64::new(1),
-                retention_changed: Notify::new(),
             },
             external: Externals {
                 waits: Default::default(),
@@ -192,8 +192,14 @@ impl OrganismBuilder {
         }));
         let organism = Organism { shared };
         organism.report_interrupted(&recovered);
-        organism.start_retention();
-        organism.watch_store_health();
+        if let Some(store) = &organism.shared.store {
+            let maintenance = store.start_maintenance(
+                &organism.shared.life.runtime,
+                organism.shared.events.clone(),
+                organism.shared.topo().config.retention,
+            );
+            *crate::sync::lock(&organism.shared.life.maintenance) = Some(maintenance);
+        }
         Ok(organism)
     }
 }

@@ -152,6 +152,10 @@ impl Organism {
         for task in background {
             let _ = task.await;
         }
+        let maintenance = crate::sync::lock(&s.life.maintenance).take();
+        if let Some(maintenance) = maintenance {
+            maintenance.stop().await;
+        }
         let mut uncommitted = None;
         if let Some(store) = s.store.clone() {
             let last = s.events.last_seq();

@@ -20,8 +20,8 @@
 //! (`Organism::route_preview` answers the routing step without sending); `dispatch.rs`:
 //! per-listener queues and worker tasks; `gate.rs`: the organism-wide handler limit and the
 //! breadth/depth-first choice; `control.rs`: pause, resume, reload one listener, kill, stop;
-//! `history.rs`: pages of the log and one thread; `background.rs`: retention and the store's
-//! health watch; `reload.rs`: hot reload (build beside, diff by fingerprint, swap, hand over
+//! `history.rs`: pages of the log and one thread; `background.rs`: the organism's background
+//! tasks (the file watch); `reload.rs`: hot reload (build beside, diff by fingerprint, swap, hand over
 //! from retired listeners) and the file watch; `external.rs`: replies owed by external agents
 //! (`Waits`, keyed by agent and thread) and `Organism::external_reply`, the callback path:
 //! checks, then all payloads validated before any is routed as the agent's output.
@@ -55,6 +55,7 @@ use crate::threads::{
 use crate::time::Timestamp;
 use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};
 
+pub use crate::store::RETENTION_INTERVAL;
 use admit::{Admission, Admitted};
 pub(crate) use builder::load_config;
 pub use builder::{OrganismBuilder, Overrides};
@@ -63,10 +64,6 @@ pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
-
-/// How often retention runs (and at once after a reload that changes
-/// `organism.store_retention`). A pass with nothing to prune costs one small read.
-pub const RETENTION_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Finished threads kept in memory for the API and `send`.
 pub const RETAINED_FINISHED_THREADS: usize = 10_000;
@@ -308,10 +305,13 @@ struct Lifecycle {
     paused: AtomicBool,
     /// Cancelled by [`Organism::stop`]: ends the background tasks.
     stopped: tokio_util::sync::CancellationToken,
-    /// The background tasks (retention, store health, file watch), awaited by
-    /// [`Organism::stop`], so that once it returns none of them holds the organism (nor its
-    /// store, whose file is then free once the caller's handles are gone).
+    /// The background tasks (the file watch), awaited by [`Organism::stop`], so that once it
+    /// returns none of them holds the organism.
     background: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The store's own tasks (retention, health), told of retention changes by reloads and
+    /// stopped by [`Organism::stop`], so that once it returns nothing holds the store and
+    /// its file is free once the caller's handles are gone.
+    maintenance: std::sync::Mutex<Option<crate::store::Maintenance>>,
     runtime: tokio::runtime::Handle,
     started: std::time::Instant,
     started_at: Timestamp,
@@ -345,8 +345,6 @@ struct Reloading {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     config_rev: AtomicU64,
-    /// Wakes the retention task: a reload changed `organism.store_retention`.
-    retention_changed: Notify,
 }
 
 /// External agents: the replies they owe (written when a delivery is forwarded, taken by

@@ -171,7 +171,9 @@ impl Shared {
         });
         self.set_topology(next);
         if retention_changed {
-            self.reloading.retention_changed.notify_one();
+            if let Some(maintenance) = crate::sync::lock(&self.life.maintenance).as_ref() {
+                maintenance.set_retention(self.topo().config.retention);
+            }
         }
         for name in &report.changed {
             let (Some(old), Some(new)) = (current.listeners.get(name.as_str()), built.get(name))

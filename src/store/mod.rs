@@ -13,8 +13,8 @@
 //! Rooms: `open.rs` (lock, migrate, recover, start the writer), `writer.rs` (the writer
 //! thread and its commits), `coalesce.rs` (a batch's writes, merged), `writes.rs` (the SQL of
 //! one transaction, the name cache, the count deltas), `query.rs` (pages and totals),
-//! `prune.rs` (pruning by count and age). This file: the `Store` handle, its channel and
-//! health.
+//! `prune.rs` (pruning by count and age), `maintenance.rs` (its own tasks: retention, the
+//! health watch). This file: the `Store` handle, its channel and health.
 //!
 //! ## Inside
 //!
@@ -67,9 +67,9 @@
 //! least `PRUNE_CHUNK` messages and twice what was written since the last chunk, so deleting
 //! outpaces writing), so the writer is the only connection that writes (no lock contention) and
 //! a large prune queues behind the pump's writes chunk by chunk. The store counts what it
-//! pruned. The organism's retention task calls it every `RETENTION_INTERVAL` (1 s) with the
-//! settings the current topology holds, and at once when a reload changes them
-//! (`retention_changed`); a pass with nothing over the limits sends the writer nothing. Every
+//! pruned. The store's retention task (`maintenance.rs`) calls it every `RETENTION_INTERVAL`
+//! (1 s) with the settings the current topology holds, and at once when a reload changes them
+//! (`Maintenance::set_retention`); a pass with nothing over the limits sends the writer nothing. Every
 //! write transaction is `IMMEDIATE`. With a store, `Organism::query_*` read from it once it has
 //! committed what was published before the call (`Store::catch_up`, at most `READ_CATCH_UP`),
 //! so a list shows a thread the moment its inject is answered; without, from the in-memory
@@ -78,6 +78,7 @@
 //! the store), so it is found before the writer commits it.
 
 mod coalesce;
+mod maintenance;
 mod open;
 mod prune;
 mod query;
@@ -85,6 +86,8 @@ mod query;
 mod tests;
 mod writer;
 mod writes;
+
+pub use maintenance::{Maintenance, RETENTION_INTERVAL};
 
 use coalesce::*;
 use prune::*;
