@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use super::{ApiState, Endpoint};
-use crate::pump::FailureKind;
+use crate::pump::{AgentInfo, FailureKind, Organism, OrganismInfo};
 use crate::stats::Histogram;
 use crate::threads::MessageStatus;
 
@@ -52,8 +52,19 @@ pub fn render(state: &ApiState) -> String {
     let agents = organism.agents();
     let mut out = String::with_capacity(4096);
 
+    organism_metrics(&mut out, organism, &info);
+    handler_metrics(&mut out, organism, &agents);
+    flow_metrics(&mut out, &agents, &info);
+    store_metrics(&mut out, organism);
+    reload_metrics(&mut out, organism);
+    api_metrics(&mut out, state);
+    out
+}
+
+/// What runs: the organism, its uptime and revision, messages and failures.
+fn organism_metrics(out: &mut String, organism: &Organism, info: &OrganismInfo) {
     header(
-        &mut out,
+        out,
         "agentserver_info",
         "gauge",
         "The organism this server runs.",
@@ -65,14 +76,14 @@ pub fn render(state: &ApiState) -> String {
         env!("CARGO_PKG_VERSION")
     );
     header(
-        &mut out,
+        out,
         "agentserver_uptime_seconds",
         "gauge",
         "Seconds since the organism started.",
     );
     let _ = writeln!(out, "agentserver_uptime_seconds {}", info.uptime_seconds);
     header(
-        &mut out,
+        out,
         "agentserver_config_rev",
         "gauge",
         "Revision of the running configuration.",
@@ -80,7 +91,7 @@ pub fn render(state: &ApiState) -> String {
     let _ = writeln!(out, "agentserver_config_rev {}", info.config_rev);
 
     header(
-        &mut out,
+        out,
         "agentserver_messages_logged_total",
         "counter",
         "Messages written to the log.",
@@ -91,7 +102,7 @@ pub fn render(state: &ApiState) -> String {
         info.total_messages
     );
     header(
-        &mut out,
+        out,
         "agentserver_messages_total",
         "counter",
         "Messages that reached a final status, by receiving agent and status.",
@@ -105,7 +116,7 @@ pub fn render(state: &ApiState) -> String {
         );
     }
     header(
-        &mut out,
+        out,
         "agentserver_failures_total",
         "counter",
         "Failures by kind (SPEC section 8).",
@@ -118,25 +129,28 @@ pub fn render(state: &ApiState) -> String {
             organism.failure_count(kind)
         );
     }
+}
 
+/// Time and errors per handler, and what each kind of handler adds (Lua's counters).
+fn handler_metrics(out: &mut String, organism: &Organism, agents: &[AgentInfo]) {
     header(
-        &mut out,
+        out,
         "agentserver_handler_seconds",
         "histogram",
         "Time spent in a listener's handler per call.",
     );
-    for a in &agents {
+    for a in agents {
         if let Some(h) = organism.handler_time(&a.name) {
-            histogram(&mut out, "agentserver_handler_seconds", &a.name, &h);
+            histogram(out, "agentserver_handler_seconds", &a.name, &h);
         }
     }
     header(
-        &mut out,
+        out,
         "agentserver_handler_errors_total",
         "counter",
         "Handler calls that failed or panicked, by agent.",
     );
-    for a in &agents {
+    for a in agents {
         let _ = writeln!(
             out,
             "agentserver_handler_errors_total{{agent=\"{}\"}} {}",
@@ -163,18 +177,22 @@ pub fn render(state: &ApiState) -> String {
         }
     }
     for (name, help, kind, lines) in by_name {
-        header(&mut out, name, kind, help);
+        header(out, name, kind, help);
         for line in lines {
             let _ = writeln!(out, "{line}");
         }
     }
+}
+
+/// Work in flight: queues, pending messages, active threads, events published.
+fn flow_metrics(out: &mut String, agents: &[AgentInfo], info: &OrganismInfo) {
     header(
-        &mut out,
+        out,
         "agentserver_queue_depth",
         "gauge",
         "Messages waiting in a listener's queue.",
     );
-    for a in &agents {
+    for a in agents {
         let _ = writeln!(
             out,
             "agentserver_queue_depth{{agent=\"{}\"}} {}",
@@ -183,7 +201,7 @@ pub fn render(state: &ApiState) -> String {
         );
     }
     header(
-        &mut out,
+        out,
         "agentserver_pending_messages",
         "gauge",
         "Messages queued or being handled, organism-wide.",
@@ -194,30 +212,33 @@ pub fn render(state: &ApiState) -> String {
         info.pending_messages
     );
     header(
-        &mut out,
+        out,
         "agentserver_active_threads",
         "gauge",
         "Threads that are active.",
     );
     let _ = writeln!(out, "agentserver_active_threads {}", info.active_threads);
     header(
-        &mut out,
+        out,
         "agentserver_events_total",
         "counter",
         "Events published (the last seq).",
     );
     let _ = writeln!(out, "agentserver_events_total {}", info.last_seq);
+}
 
+/// The store's writer and retention, when there is a store.
+fn store_metrics(out: &mut String, organism: &Organism) {
     if let Some(store) = organism.store() {
         header(
-            &mut out,
+            out,
             "agentserver_store_queue",
             "gauge",
             "Writes waiting for the store's writer.",
         );
         let _ = writeln!(out, "agentserver_store_queue {}", store.queued());
         header(
-            &mut out,
+            out,
             "agentserver_store_batches_total",
             "counter",
             "Store transactions committed.",
@@ -228,7 +249,7 @@ pub fn render(state: &ApiState) -> String {
             store.committed_batches()
         );
         header(
-            &mut out,
+            out,
             "agentserver_store_failed",
             "gauge",
             "1 while the store cannot write.",
@@ -239,7 +260,7 @@ pub fn render(state: &ApiState) -> String {
             u8::from(store.failure().is_some())
         );
         header(
-            &mut out,
+            out,
             "agentserver_store_pruned_messages_total",
             "counter",
             "Messages removed by retention.",
@@ -250,8 +271,12 @@ pub fn render(state: &ApiState) -> String {
             organism.pruned_messages()
         );
     }
+}
+
+/// Reloads and whether the file differs from what runs.
+fn reload_metrics(out: &mut String, organism: &Organism) {
     header(
-        &mut out,
+        out,
         "agentserver_config_stale",
         "gauge",
         "1 when the last reload was refused: the organism file differs from what runs.",
@@ -262,7 +287,7 @@ pub fn render(state: &ApiState) -> String {
         u8::from(organism.config_stale())
     );
     header(
-        &mut out,
+        out,
         "agentserver_reloads_total",
         "counter",
         "Organism reloads, by result.",
@@ -273,8 +298,12 @@ pub fn render(state: &ApiState) -> String {
         out,
         "agentserver_reloads_total{{result=\"failed\"}} {failed}"
     );
+}
+
+/// The API's own: refused requests, WebSocket clients and what they missed.
+fn api_metrics(out: &mut String, state: &ApiState) {
     header(
-        &mut out,
+        out,
         "agentserver_http_refused_total",
         "counter",
         "API requests refused, by HTTP status.",
@@ -286,7 +315,7 @@ pub fn render(state: &ApiState) -> String {
         );
     }
     header(
-        &mut out,
+        out,
         "agentserver_ws_clients",
         "gauge",
         "Connected WebSocket clients, by endpoint.",
@@ -300,7 +329,7 @@ pub fn render(state: &ApiState) -> String {
         );
     }
     header(
-        &mut out,
+        out,
         "agentserver_ws_dropped_events_total",
         "counter",
         "Events not sent to a slow WebSocket client, by endpoint.",
@@ -313,5 +342,4 @@ pub fn render(state: &ApiState) -> String {
             state.dropped(ep)
         );
     }
-    out
 }

@@ -160,251 +160,14 @@ pub(super) fn check_listeners(
         if !seen.insert(name) {
             c.push(l, Some("name"), "another listener has the same name");
         }
-        if !valid_name(name) {
-            c.push(
-                l,
-                Some("name"),
-                "must be 1-128 characters of A-Z a-z 0-9 _ - .",
-            );
-        }
-        if INJECTOR_NAMES.contains(&name) {
-            c.push(l, Some("name"), "is reserved for an injector identity");
-        }
-        let description = s.description.clone().unwrap_or_default();
-        if description.trim().is_empty() {
-            c.push(
-                l,
-                Some("description"),
-                "is required (tools and visualizers show it)",
-            );
-        }
-        match s.kind {
-            ListenerKind::Native => match s.handler.as_deref() {
-                None => c.push(l, Some("handler"), "a native listener needs a handler name"),
-                Some(h) if !known.handlers.contains(&h) => c.push(
-                    l,
-                    Some("handler"),
-                    format!(
-                        "no native handler named `{h}` (available: {})",
-                        known.handlers.join(", ")
-                    ),
-                ),
-                Some(_) => {}
-            },
-            ListenerKind::Lua => {
-                if s.handler.is_some() {
-                    c.push(
-                        l,
-                        Some("handler"),
-                        "a lua listener runs its `script`, not a native handler",
-                    );
-                }
-            }
-            ListenerKind::External => {
-                if s.handler.is_some() {
-                    c.push(
-                        l,
-                        Some("handler"),
-                        "an external listener forwards to its `input_url`, not a native handler",
-                    );
-                }
-            }
-        }
+        let description = check_identity(s, c);
+        check_kind(s, known, c);
         let external = (s.kind == ListenerKind::External).then(|| check_external(s, l, c));
-        let mut script = None;
-        let mut lua_limits = LuaLimits::default();
-        if s.kind == ListenerKind::Lua {
-            match &s.script {
-                None => c.push(
-                    l,
-                    Some("script"),
-                    "required: the Lua file this listener runs",
-                ),
-                Some(rel) => {
-                    let path = base.join(rel);
-                    match std::fs::read_to_string(&path) {
-                        Err(e) => c.push(
-                            l,
-                            Some("script"),
-                            format!("cannot read {}: {e}", path.display()),
-                        ),
-                        Ok(text) => {
-                            if let Err(e) = (known.check_script)(rel, &text) {
-                                c.push(l, Some("script"), format!("does not compile: {e}"));
-                            }
-                        }
-                    }
-                    script = Some(path);
-                }
-            }
-            if let Some(v) = &s.limits {
-                match yaml_serde::from_value::<LuaLimits>(v.clone()) {
-                    Ok(lim) => {
-                        if lim.cpu_ms == 0 || lim.memory_mb == 0 {
-                            c.push(l, Some("limits"), "cpu_ms and memory_mb must be at least 1");
-                        }
-                        lua_limits = lim;
-                    }
-                    Err(e) => c.push(l, Some("limits"), e.to_string()),
-                }
-            }
-        }
-        for (key, present, applies) in [
-            ("script", s.script.is_some(), s.kind == ListenerKind::Lua),
-            ("limits", s.limits.is_some(), s.kind == ListenerKind::Lua),
-            (
-                "input_url",
-                s.input_url.is_some(),
-                s.kind == ListenerKind::External,
-            ),
-            (
-                "token_env",
-                s.token_env.is_some(),
-                s.kind == ListenerKind::External,
-            ),
-            (
-                "timeout_ms",
-                s.timeout_ms.is_some(),
-                s.kind == ListenerKind::External,
-            ),
-            (
-                "reply_timeout",
-                s.reply_timeout.is_some(),
-                s.kind == ListenerKind::External,
-            ),
-        ] {
-            if present && !applies {
-                c.push(
-                    l,
-                    Some(key),
-                    format!("does not apply to a {} listener", s.kind),
-                );
-            }
-        }
-        if s.fields.is_some() && s.schema.is_some() {
-            c.push(
-                l,
-                Some("fields"),
-                "give `schema` (an XSD file) or `fields` (the DSL), not both",
-            );
-        }
-
-        // Schema and accepted types.
-        let mut accepts: Vec<(PayloadType, Arc<Schema>)> = Vec::new();
-        let mut schema_origin = None;
-        match &s.schema {
-            None if s.fields.is_none() => c.push(
-                l,
-                Some("schema"),
-                "required: the XSD of the payloads it accepts",
-            ),
-            None => {
-                if let Some(fields) = &s.fields {
-                    match crate::schema::fields_to_xsd(fields).and_then(|xsd| {
-                        Schema::compile(format!("fields of `{name}` (generated)"), xsd)
-                            .map_err(|e| e.message)
-                    }) {
-                        Ok(schema) => {
-                            for t in schema.payload_types() {
-                                accepts.push((t.clone(), schema.clone()));
-                            }
-                        }
-                        Err(e) => c.push(l, Some("fields"), e),
-                    }
-                }
-            }
-            Some(rel) => {
-                let path = base.join(rel);
-                schema_origin = Some(path.clone());
-                if !path.exists() {
-                    c.push(
-                        l,
-                        Some("schema"),
-                        format!("file not found: {}", path.display()),
-                    );
-                } else {
-                    match Schema::from_file(&path) {
-                        Ok(schema) => {
-                            for t in schema.payload_types() {
-                                accepts.push((t.clone(), schema.clone()));
-                            }
-                        }
-                        Err(e) => c.push(l, Some("schema"), e.to_string()),
-                    }
-                }
-            }
-        }
-        if let Some(wanted) = &s.accepts {
-            let mut narrowed = Vec::new();
-            for w in wanted {
-                if w == "huh" || *w == PayloadType::huh().to_string() {
-                    match Schema::huh() {
-                        Ok(h) => narrowed.push((PayloadType::huh(), h)),
-                        Err(e) => c.push(l, Some("accepts"), e.to_string()),
-                    }
-                    continue;
-                }
-                let t = PayloadType::parse(w);
-                let found = accepts
-                    .iter()
-                    .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
-                match found {
-                    Some(entry) => narrowed.push(entry.clone()),
-                    None if s.schema.is_some() || s.fields.is_some() => c.push(
-                        l,
-                        Some("accepts"),
-                        format!("`{w}` is not a global element of the listener's schema"),
-                    ),
-                    None => {}
-                }
-            }
-            accepts = narrowed;
-        }
-
-        // Peers.
-        let peers = s.peers.as_ref().map(|ps| {
-            for p in ps {
-                if !names.contains(p.as_str()) {
-                    c.push(l, Some("peers"), format!("`{p}` names no listener"));
-                }
-            }
-            ps.iter().map(|p| ListenerName::new(p)).collect::<Vec<_>>()
-        });
-
-        let concurrency = s.concurrency.unwrap_or(1);
-        if concurrency == 0 {
-            c.push(l, Some("concurrency"), "must be at least 1");
-        }
-        let mut config = match &s.config {
-            None => serde_json::Value::Object(Default::default()),
-            Some(v) => serde_json::to_value(v).unwrap_or_else(|e| {
-                c.push(
-                    l,
-                    Some("config"),
-                    format!("cannot be represented as JSON: {e}"),
-                );
-                serde_json::Value::Null
-            }),
-        };
-        for (path, var) in secret::resolve_env(&mut config) {
-            c.push(
-                l,
-                Some(&format!("config.{path}")),
-                format!("environment variable `{var}` is not set"),
-            );
-        }
-        if s.handler.as_deref() == Some("forward") {
-            match config.get("to").and_then(|t| t.as_str()) {
-                Some(t) if names.contains(t) => {}
-                Some(t) => c.push(l, Some("config.to"), format!("`{t}` names no listener")),
-                None => c.push(
-                    l,
-                    Some("config.to"),
-                    "the forward handler needs `config.to`",
-                ),
-            }
-        }
-
+        let (script, lua_limits) = check_lua(s, base, known, c);
+        check_keys_apply(s, c);
+        let (accepts, schema_origin) = check_schema(s, base, c);
+        let peers = check_peers(s, &names, c);
+        let (concurrency, config) = check_handler_config(s, &names, c);
         built.push(ListenerConfig {
             name: ListenerName::new(name),
             description,
@@ -422,14 +185,320 @@ pub(super) fn check_listeners(
         });
     }
 
-    // An agent's payload types are its own.
+    check_agent_types(&built, c);
+    built
+}
+
+/// The listener's name (form, not reserved) and its description, which it returns.
+fn check_identity(s: &ListenerSection, c: &mut Collector) -> String {
+    let name = s.name.as_str();
+    let l = Some(name);
+    if !valid_name(name) {
+        c.push(
+            l,
+            Some("name"),
+            "must be 1-128 characters of A-Z a-z 0-9 _ - .",
+        );
+    }
+    if INJECTOR_NAMES.contains(&name) {
+        c.push(l, Some("name"), "is reserved for an injector identity");
+    }
+    let description = s.description.clone().unwrap_or_default();
+    if description.trim().is_empty() {
+        c.push(
+            l,
+            Some("description"),
+            "is required (tools and visualizers show it)",
+        );
+    }
+    description
+}
+
+/// What its `kind` asks of `handler`.
+fn check_kind(s: &ListenerSection, known: Known<'_>, c: &mut Collector) {
+    let l = Some(s.name.as_str());
+    match s.kind {
+        ListenerKind::Native => match s.handler.as_deref() {
+            None => c.push(l, Some("handler"), "a native listener needs a handler name"),
+            Some(h) if !known.handlers.contains(&h) => c.push(
+                l,
+                Some("handler"),
+                format!(
+                    "no native handler named `{h}` (available: {})",
+                    known.handlers.join(", ")
+                ),
+            ),
+            Some(_) => {}
+        },
+        ListenerKind::Lua => {
+            if s.handler.is_some() {
+                c.push(
+                    l,
+                    Some("handler"),
+                    "a lua listener runs its `script`, not a native handler",
+                );
+            }
+        }
+        ListenerKind::External => {
+            if s.handler.is_some() {
+                c.push(
+                    l,
+                    Some("handler"),
+                    "an external listener forwards to its `input_url`, not a native handler",
+                );
+            }
+        }
+    }
+}
+
+/// A Lua listener's script (read and compiled) and its limits.
+fn check_lua(
+    s: &ListenerSection,
+    base: &Path,
+    known: Known<'_>,
+    c: &mut Collector,
+) -> (Option<PathBuf>, LuaLimits) {
+    let l = Some(s.name.as_str());
+    let mut script = None;
+    let mut lua_limits = LuaLimits::default();
+    if s.kind == ListenerKind::Lua {
+        match &s.script {
+            None => c.push(
+                l,
+                Some("script"),
+                "required: the Lua file this listener runs",
+            ),
+            Some(rel) => {
+                let path = base.join(rel);
+                match std::fs::read_to_string(&path) {
+                    Err(e) => c.push(
+                        l,
+                        Some("script"),
+                        format!("cannot read {}: {e}", path.display()),
+                    ),
+                    Ok(text) => {
+                        if let Err(e) = (known.check_script)(rel, &text) {
+                            c.push(l, Some("script"), format!("does not compile: {e}"));
+                        }
+                    }
+                }
+                script = Some(path);
+            }
+        }
+        if let Some(v) = &s.limits {
+            match yaml_serde::from_value::<LuaLimits>(v.clone()) {
+                Ok(lim) => {
+                    if lim.cpu_ms == 0 || lim.memory_mb == 0 {
+                        c.push(l, Some("limits"), "cpu_ms and memory_mb must be at least 1");
+                    }
+                    lua_limits = lim;
+                }
+                Err(e) => c.push(l, Some("limits"), e.to_string()),
+            }
+        }
+    }
+    (script, lua_limits)
+}
+
+/// Keys that only some kinds take, given to another kind.
+fn check_keys_apply(s: &ListenerSection, c: &mut Collector) {
+    let l = Some(s.name.as_str());
+    for (key, present, applies) in [
+        ("script", s.script.is_some(), s.kind == ListenerKind::Lua),
+        ("limits", s.limits.is_some(), s.kind == ListenerKind::Lua),
+        (
+            "input_url",
+            s.input_url.is_some(),
+            s.kind == ListenerKind::External,
+        ),
+        (
+            "token_env",
+            s.token_env.is_some(),
+            s.kind == ListenerKind::External,
+        ),
+        (
+            "timeout_ms",
+            s.timeout_ms.is_some(),
+            s.kind == ListenerKind::External,
+        ),
+        (
+            "reply_timeout",
+            s.reply_timeout.is_some(),
+            s.kind == ListenerKind::External,
+        ),
+    ] {
+        if present && !applies {
+            c.push(
+                l,
+                Some(key),
+                format!("does not apply to a {} listener", s.kind),
+            );
+        }
+    }
+}
+
+/// The schema (an XSD file or the `fields` DSL) and the payload types accepted from it
+/// (all its global elements, or those `accepts` names), with the file it came from.
+fn check_schema(
+    s: &ListenerSection,
+    base: &Path,
+    c: &mut Collector,
+) -> (Vec<(PayloadType, Arc<Schema>)>, Option<PathBuf>) {
+    let name = s.name.as_str();
+    let l = Some(name);
+    if s.fields.is_some() && s.schema.is_some() {
+        c.push(
+            l,
+            Some("fields"),
+            "give `schema` (an XSD file) or `fields` (the DSL), not both",
+        );
+    }
+
+    let mut accepts: Vec<(PayloadType, Arc<Schema>)> = Vec::new();
+    let mut schema_origin = None;
+    match &s.schema {
+        None if s.fields.is_none() => c.push(
+            l,
+            Some("schema"),
+            "required: the XSD of the payloads it accepts",
+        ),
+        None => {
+            if let Some(fields) = &s.fields {
+                match crate::schema::fields_to_xsd(fields).and_then(|xsd| {
+                    Schema::compile(format!("fields of `{name}` (generated)"), xsd)
+                        .map_err(|e| e.message)
+                }) {
+                    Ok(schema) => {
+                        for t in schema.payload_types() {
+                            accepts.push((t.clone(), schema.clone()));
+                        }
+                    }
+                    Err(e) => c.push(l, Some("fields"), e),
+                }
+            }
+        }
+        Some(rel) => {
+            let path = base.join(rel);
+            schema_origin = Some(path.clone());
+            if !path.exists() {
+                c.push(
+                    l,
+                    Some("schema"),
+                    format!("file not found: {}", path.display()),
+                );
+            } else {
+                match Schema::from_file(&path) {
+                    Ok(schema) => {
+                        for t in schema.payload_types() {
+                            accepts.push((t.clone(), schema.clone()));
+                        }
+                    }
+                    Err(e) => c.push(l, Some("schema"), e.to_string()),
+                }
+            }
+        }
+    }
+    if let Some(wanted) = &s.accepts {
+        let mut narrowed = Vec::new();
+        for w in wanted {
+            if w == "huh" || *w == PayloadType::huh().to_string() {
+                match Schema::huh() {
+                    Ok(h) => narrowed.push((PayloadType::huh(), h)),
+                    Err(e) => c.push(l, Some("accepts"), e.to_string()),
+                }
+                continue;
+            }
+            let t = PayloadType::parse(w);
+            let found = accepts
+                .iter()
+                .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
+            match found {
+                Some(entry) => narrowed.push(entry.clone()),
+                None if s.schema.is_some() || s.fields.is_some() => c.push(
+                    l,
+                    Some("accepts"),
+                    format!("`{w}` is not a global element of the listener's schema"),
+                ),
+                None => {}
+            }
+        }
+        accepts = narrowed;
+    }
+
+    (accepts, schema_origin)
+}
+
+/// Every peer names a listener in the file.
+fn check_peers(
+    s: &ListenerSection,
+    names: &HashSet<&str>,
+    c: &mut Collector,
+) -> Option<Vec<ListenerName>> {
+    let l = Some(s.name.as_str());
+    s.peers.as_ref().map(|ps| {
+        for p in ps {
+            if !names.contains(p.as_str()) {
+                c.push(l, Some("peers"), format!("`{p}` names no listener"));
+            }
+        }
+        ps.iter().map(|p| ListenerName::new(p)).collect::<Vec<_>>()
+    })
+}
+
+/// `concurrency`, and the handler's `config` (its `…_env` keys resolved; `forward`'s
+/// `to` naming a listener).
+fn check_handler_config(
+    s: &ListenerSection,
+    names: &HashSet<&str>,
+    c: &mut Collector,
+) -> (usize, serde_json::Value) {
+    let l = Some(s.name.as_str());
+    let concurrency = s.concurrency.unwrap_or(1);
+    if concurrency == 0 {
+        c.push(l, Some("concurrency"), "must be at least 1");
+    }
+    let mut config = match &s.config {
+        None => serde_json::Value::Object(Default::default()),
+        Some(v) => serde_json::to_value(v).unwrap_or_else(|e| {
+            c.push(
+                l,
+                Some("config"),
+                format!("cannot be represented as JSON: {e}"),
+            );
+            serde_json::Value::Null
+        }),
+    };
+    for (path, var) in secret::resolve_env(&mut config) {
+        c.push(
+            l,
+            Some(&format!("config.{path}")),
+            format!("environment variable `{var}` is not set"),
+        );
+    }
+    if s.handler.as_deref() == Some("forward") {
+        match config.get("to").and_then(|t| t.as_str()) {
+            Some(t) if names.contains(t) => {}
+            Some(t) => c.push(l, Some("config.to"), format!("`{t}` names no listener")),
+            None => c.push(
+                l,
+                Some("config.to"),
+                "the forward handler needs `config.to`",
+            ),
+        }
+    }
+
+    (concurrency, config)
+}
+
+/// An agent's payload types are its own: no other listener accepts them.
+fn check_agent_types(built: &[ListenerConfig], c: &mut Collector) {
     let mut owners: HashMap<&PayloadType, Vec<&str>> = HashMap::new();
-    for l in &built {
+    for l in built {
         for (t, _) in &l.accepts {
             owners.entry(t).or_default().push(l.name.as_str());
         }
     }
-    for l in &built {
+    for l in built {
         if !l.agent {
             continue;
         }
@@ -454,7 +523,6 @@ pub(super) fn check_listeners(
             }
         }
     }
-    built
 }
 
 /// Listener names and thread ids share one alphabet: `[A-Za-z0-9_.-]{1,128}`.
