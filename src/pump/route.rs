@@ -194,7 +194,6 @@ impl Shared {
         payload: NormalizedPayload,
         sender: Option<&Arc<Listener>>,
     ) {
-        let payload_type = payload.payload_type.to_string();
         let listener = match target {
             Target::Terminal(to) => {
                 let m = NewMessage {
@@ -202,7 +201,7 @@ impl Shared {
                     parent_id,
                     from,
                     to: Some(to),
-                    payload_type: Some(payload_type),
+                    payload_type: Some(payload.payload_type.to_string()),
                     payload_xml: payload.xml,
                     status: MessageStatus::Terminal,
                     error: None,
@@ -221,10 +220,13 @@ impl Shared {
                 .map(|valid| (valid, schema.clone()))
                 .map_err(|e| e.to_string()),
             None => Err(format!(
-                "`{}` does not accept `{payload_type}`",
-                listener.name()
+                "`{}` does not accept `{}`",
+                listener.name(),
+                payload.payload_type
             )),
         };
+        // The payload type's text is made where a record needs it: `admit` makes it for an
+        // accepted payload, so the hot path formats it once.
         match checked {
             Ok((valid, schema)) => {
                 let admission = Admission {
@@ -238,6 +240,7 @@ impl Shared {
                 }
             }
             Err(reason) => {
+                let payload_type = payload.payload_type.to_string();
                 let m = NewMessage {
                     id: new_id(),
                     parent_id,

@@ -25,12 +25,14 @@ pub fn run_to_exit<S: AsRef<std::ffi::OsStr>>(args: impl IntoIterator<Item = S>)
 /// Waits (at most [`WAIT`]) for `child` to exit; its exit code.
 pub fn wait_exit(child: &mut std::process::Child) -> Option<i32> {
     let mut code = None;
-    wait_until("the process to exit", || match child.try_wait() {
-        Ok(Some(status)) => {
-            code = status.code();
-            true
+    wait_until("the process to exit", || {
+        match child.try_wait().expect("the process can be waited on") {
+            Some(status) => {
+                code = status.code();
+                true
+            }
+            None => false,
         }
-        _ => false,
     });
     code
 }
