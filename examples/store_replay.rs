@@ -105,7 +105,6 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 status: MessageStatus::Pending,
                 error: None,
                 timestamp: Timestamp::now(),
-                schema: None,
             },
         },
         _ => EventKind::MessageStatus {

@@ -226,6 +226,7 @@ async fn inject(url: String, args: InjectArgs, wait: Option<u64>) -> ExitCode {
     }
     match client::inject(&url, &body).await {
         Ok(receipt) => {
+            let receipt = agentserver::api::view::InjectReceipt::from(receipt);
             println!("{}", serde_json::to_string(&receipt).unwrap_or_default());
             ExitCode::SUCCESS
         }
@@ -376,11 +377,12 @@ async fn send(
         organism.wait_thread(&receipt.thread_id),
     )
     .await;
+    let schemas = organism.schemas();
     for m in organism
         .thread_messages(&receipt.thread_id)
         .unwrap_or_default()
     {
-        match serde_json::to_string(&m) {
+        match serde_json::to_string(&agentserver::api::view::Message::of(&m, &schemas)) {
             Ok(line) => println!("{line}"),
             Err(e) => eprintln!("agentserver: cannot print message {}: {e}", m.id),
         }

@@ -35,21 +35,6 @@ impl Timestamp {
     }
 }
 
-impl utoipa::PartialSchema for Timestamp {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        utoipa::openapi::ObjectBuilder::new()
-            .schema_type(utoipa::openapi::schema::Type::String)
-            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
-                utoipa::openapi::KnownFormat::DateTime,
-            )))
-            .description(Some("RFC 3339, UTC, milliseconds"))
-            .examples(["2026-01-15T10:30:01.123Z"])
-            .into()
-    }
-}
-
-impl utoipa::ToSchema for Timestamp {}
-
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.to_rfc3339())

@@ -85,7 +85,11 @@ end
         &*log[1].payload_xml,
         r#"<Order xmlns="urn:shop"><customer>Ada</customer><line gift="false"><sku>A1</sku><qty>4</qty></line><line gift="true"><sku>B2</sku><qty>6</qty></line><note>doubled for api</note><total>10.5</total></Order>"#
     );
-    let view = serde_json::to_value(&log[1]).unwrap();
+    let view = serde_json::to_value(agentserver::api::view::Message::of(
+        &log[1],
+        &r.organism.schemas(),
+    ))
+    .unwrap();
     assert_eq!(view["payload"]["line"][1]["qty"], json!(6));
     assert_eq!(view["payload"]["total"], json!(10.5));
     assert_eq!(view["payload"]["line"][0]["@gift"], json!(false));

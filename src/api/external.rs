@@ -8,8 +8,9 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::error::{body_unreadable, ApiError, ErrorResponse, Params};
+use super::view::ReplyReceipt;
 use super::ApiState;
-use crate::pump::{ExternalReply, ReplyError, ReplyReceipt};
+use crate::pump::{ExternalReply, ReplyError};
 
 /// Optional query parameters of a callback.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -69,6 +70,12 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+/// The callback URL of `agent` in `thread` on the API at `base` (`http://host:port`): the
+/// route below, which `tests` hold equal to it.
+pub fn callback_url(base: &str, agent: &str, thread: &str) -> String {
+    format!("{base}/api/v1/external/{agent}/threads/{thread}/messages")
+}
+
 #[utoipa::path(post, path = "/api/v1/external/{agent}/threads/{thread_id}/messages", tag = "external",
     params(("agent" = String, Path, description = "The external listener replying"),
            ("thread_id" = String, Path, description = "The thread of the delivery it answers"),
@@ -106,5 +113,19 @@ pub async fn external_reply(
         to: q.to.as_deref(),
         message_id: q.message_id.as_deref(),
     })?;
-    Ok((StatusCode::ACCEPTED, Json(receipt)))
+    Ok((StatusCode::ACCEPTED, Json(receipt.into())))
+}
+
+#[cfg(test)]
+mod tests {
+    use utoipa::Path;
+
+    /// The callback URL an external agent is given is the route that takes its reply.
+    #[test]
+    fn the_callback_url_is_the_documented_route() {
+        assert_eq!(
+            super::callback_url("", "{agent}", "{thread_id}"),
+            super::__path_external_reply::path()
+        );
+    }
 }

@@ -33,10 +33,12 @@ mod conn;
 mod error;
 mod external;
 mod filter;
+mod frame;
 mod inject;
 mod metrics;
 mod rest;
 mod sanitize;
+pub mod view;
 mod ws;
 
 use std::net::SocketAddr;
@@ -194,10 +196,10 @@ impl ApiState {
     ),
     components(schemas(
         error::ErrorResponse,
-        crate::events::AgentState,
-        crate::events::OrganismStatus,
-        crate::threads::MessageStatus,
-        crate::threads::ThreadStatus
+        view::AgentState,
+        view::OrganismStatus,
+        view::MessageStatus,
+        view::ThreadStatus
     ))
 )]
 struct ApiDoc;
@@ -338,7 +340,10 @@ impl ApiServer {
         options: ApiOptions,
     ) -> std::io::Result<ApiServer> {
         let addr = listener.local_addr()?;
-        organism.set_api_base(&format!("http://{addr}"));
+        let base = format!("http://{addr}");
+        organism.set_callback_url(std::sync::Arc::new(move |agent, thread| {
+            external::callback_url(&base, agent, thread)
+        }));
         let limits = conn::ConnLimits::of(&organism.config().limits);
         let (app, state) = router(organism, options);
         let closing = state.inner.closing.clone();

@@ -11,15 +11,15 @@ use serde::{Deserialize, Serialize};
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::inject::{inject as do_inject, InjectBody};
 use super::sanitize::{listener_view, organism_view, ConfigView};
-use super::ApiState;
-use crate::events::OrganismStatus;
-use crate::pump::{AgentInfo, OrganismInfo, ReloadError, ReloadReport};
-use crate::threads::{
-    MessageFilter, MessageRecord, MessageStatus, Page, Paged, ThreadFilter, ThreadInfo,
+use super::view::{
+    Agent, InjectReceipt, Message, MessageStatus, Organism, Paged, ReloadReport, Thread,
     ThreadStatus,
 };
+use super::ApiState;
+use crate::events::OrganismStatus;
+use crate::pump::ReloadError;
+use crate::threads::{MessageFilter, MessageRecord, Page, ThreadFilter};
 use crate::time::Timestamp;
-use crate::InjectReceipt;
 
 /// The identity REST injects carry.
 pub const REST_IDENTITY: &str = "api";
@@ -97,10 +97,29 @@ pub struct ThreadQuery {
 
 /// A thread with its message history.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ThreadDetail {
+pub struct ThreadDetail<'a> {
     #[serde(flatten)]
-    pub thread: ThreadInfo,
-    pub messages: Vec<MessageRecord>,
+    pub thread: Thread,
+    pub messages: Vec<Message<'a>>,
+}
+
+/// `v` as a JSON answer, written now (a view borrows the records it shows).
+fn json<T: Serialize>(v: &T) -> Response {
+    Json(v).into_response()
+}
+
+/// A page of messages as a JSON answer, typed against one snapshot of the schemas.
+fn messages_page(
+    organism: &crate::Organism,
+    page: crate::threads::Paged<MessageRecord>,
+) -> Response {
+    let schemas = organism.schemas();
+    json(&Paged {
+        items: Message::all(&page.items, &schemas),
+        total: page.total,
+        limit: page.limit,
+        offset: page.offset,
+    })
 }
 
 /// `/agents/{name}/schema` options.
@@ -120,9 +139,9 @@ pub struct Health {
 }
 
 #[utoipa::path(get, path = "/api/v1/organism", tag = "organism",
-    responses((status = 200, description = "The organism and its counters", body = OrganismInfo)))]
-pub async fn get_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
-    Json(s.inner.organism.info())
+    responses((status = 200, description = "The organism and its counters", body = Organism)))]
+pub async fn get_organism(State(s): State<ApiState>) -> Json<Organism> {
+    Json(s.inner.organism.info().into())
 }
 
 #[utoipa::path(get, path = "/api/v1/organism/config", tag = "organism",
@@ -132,24 +151,27 @@ pub async fn get_organism_config(State(s): State<ApiState>) -> Json<ConfigView> 
 }
 
 #[utoipa::path(get, path = "/api/v1/agents", tag = "agents", params(PageQuery),
-    responses((status = 200, description = "Every agent with its live state, in config order", body = Paged<AgentInfo>),
+    responses((status = 200, description = "Every agent with its live state, in config order", body = Paged<Agent>),
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_agents(
     State(s): State<ApiState>,
     Params(q): Params<PageQuery>,
-) -> Json<Paged<AgentInfo>> {
-    Json(q.page().cut(s.inner.organism.agents()))
+) -> Json<Paged<Agent>> {
+    Json(Paged::map(
+        q.page().cut(s.inner.organism.agents()),
+        Agent::from,
+    ))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}", tag = "agents",
     params(("name" = String, Path, description = "Listener name")),
-    responses((status = 200, description = "One agent with its counters", body = AgentInfo),
+    responses((status = 200, description = "One agent with its counters", body = Agent),
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn get_agent(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<Json<AgentInfo>> {
-    Ok(Json(s.inner.organism.agent(&name)?))
+) -> ApiResult<Json<Agent>> {
+    Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/config", tag = "agents",
@@ -206,20 +228,21 @@ pub async fn get_agent_schema(
 }
 
 #[utoipa::path(get, path = "/api/v1/threads", tag = "threads", params(ThreadQuery),
-    responses((status = 200, description = "Threads, newest first", body = Paged<ThreadInfo>),
+    responses((status = 200, description = "Threads, newest first", body = Paged<Thread>),
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_threads(
     State(s): State<ApiState>,
     Params(q): Params<ThreadQuery>,
-) -> ApiResult<Json<Paged<ThreadInfo>>> {
+) -> ApiResult<Json<Paged<Thread>>> {
     let filter = ThreadFilter {
-        status: q.status,
+        status: q.status.map(Into::into),
         agent: q.agent.clone(),
         since: time_param("since", q.since.as_deref())?,
         until: time_param("until", q.until.as_deref())?,
     };
     let page = Page::new(q.limit, q.offset);
-    Ok(Json(s.inner.organism.query_threads(&filter, page)?))
+    let threads = s.inner.organism.query_threads(&filter, page)?;
+    Ok(Json(Paged::map(threads, Thread::from)))
 }
 
 fn unknown_thread(id: &str) -> ApiError {
@@ -230,16 +253,16 @@ fn unknown_thread(id: &str) -> ApiError {
     params(("id" = String, Path, description = "Thread id")),
     responses((status = 200, description = "The thread with its message history", body = ThreadDetail),
               (status = 404, description = "No such thread", body = ErrorResponse)))]
-pub async fn get_thread(
-    State(s): State<ApiState>,
-    Path(id): Path<String>,
-) -> ApiResult<Json<ThreadDetail>> {
+pub async fn get_thread(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
     let organism = &s.inner.organism;
     let thread = organism
         .thread_info(&id)?
         .ok_or_else(|| unknown_thread(&id))?;
     let messages = all_messages(organism, &id)?;
-    Ok(Json(ThreadDetail { thread, messages }))
+    Ok(json(&ThreadDetail {
+        thread: thread.into(),
+        messages: Message::all(&messages, &organism.schemas()),
+    }))
 }
 
 /// Every message of a thread, in slot order (none for an unknown thread).
@@ -252,37 +275,41 @@ fn all_messages(organism: &crate::Organism, id: &str) -> ApiResult<Vec<MessageRe
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
     params(("id" = String, Path, description = "Thread id"), PageQuery),
-    responses((status = 200, description = "The thread's messages in slot order", body = Paged<MessageRecord>),
+    responses((status = 200, description = "The thread's messages in slot order", body = Paged<Message>),
               (status = 404, description = "No such thread", body = ErrorResponse)))]
 pub async fn thread_messages(
     State(s): State<ApiState>,
     Path(id): Path<String>,
     Params(q): Params<PageQuery>,
-) -> ApiResult<Json<Paged<MessageRecord>>> {
-    s.inner
-        .organism
+) -> ApiResult<Response> {
+    let organism = &s.inner.organism;
+    let page = organism
         .thread_page(&id, q.page())?
-        .map(Json)
-        .ok_or_else(|| unknown_thread(&id))
+        .ok_or_else(|| unknown_thread(&id))?;
+    Ok(messages_page(organism, page))
 }
 
 #[utoipa::path(get, path = "/api/v1/messages", tag = "messages", params(MessageQuery),
-    responses((status = 200, description = "The message log, oldest first", body = Paged<MessageRecord>),
+    responses((status = 200, description = "The message log, oldest first", body = Paged<Message>),
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_messages(
     State(s): State<ApiState>,
     Params(q): Params<MessageQuery>,
-) -> ApiResult<Json<Paged<MessageRecord>>> {
+) -> ApiResult<Response> {
     let filter = MessageFilter {
         agent: q.agent.clone(),
         thread: q.thread.clone(),
         payload_type: q.payload_type.clone(),
-        status: q.status,
+        status: q.status.map(Into::into),
         since: time_param("since", q.since.as_deref())?,
         until: time_param("until", q.until.as_deref())?,
     };
     let page = Page::new(q.limit, q.offset);
-    Ok(Json(s.inner.organism.query_messages(&filter, page)?))
+    let organism = &s.inner.organism;
+    Ok(messages_page(
+        organism,
+        organism.query_messages(&filter, page)?,
+    ))
 }
 
 /// `?wait=SECONDS` on inject: answer once the thread is no longer active.
@@ -299,13 +326,13 @@ pub const MAX_INJECT_WAIT: u64 = 60;
 
 /// The answer to an inject that waited (`?wait=`).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct InjectResult {
+pub struct InjectResult<'a> {
     pub thread_id: String,
     pub message_id: String,
     /// The thread's status when the answer was made: `active` if the wait ran out first.
-    pub thread_status: crate::threads::ThreadStatus,
+    pub thread_status: ThreadStatus,
     /// The thread's messages, in slot order.
-    pub messages: Vec<MessageRecord>,
+    pub messages: Vec<Message<'a>>,
 }
 
 #[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody, params(InjectQuery),
@@ -332,7 +359,7 @@ pub async fn inject(
     let organism = &s.inner.organism;
     let receipt = do_inject(organism, REST_IDENTITY, body)?;
     let Some(wait) = q.wait else {
-        return Ok((StatusCode::ACCEPTED, Json(receipt)).into_response());
+        return Ok((StatusCode::ACCEPTED, Json(InjectReceipt::from(receipt))).into_response());
     };
     let waited = tokio::time::timeout(
         std::time::Duration::from_secs(wait),
@@ -344,68 +371,67 @@ pub async fn inject(
         _ => crate::threads::ThreadStatus::Active,
     };
     let messages = all_messages(organism, &receipt.thread_id)?;
-    Ok(Json(InjectResult {
+    Ok(json(&InjectResult {
         thread_id: receipt.thread_id,
         message_id: receipt.message_id,
-        thread_status,
-        messages,
-    })
-    .into_response())
+        thread_status: thread_status.into(),
+        messages: Message::all(&messages, &organism.schemas()),
+    }))
 }
 
 #[utoipa::path(post, path = "/api/v1/threads/{id}/kill", tag = "control",
     params(("id" = String, Path, description = "Thread id")),
-    responses((status = 200, description = "Killed (killing a killed thread changes nothing)", body = ThreadInfo),
+    responses((status = 200, description = "Killed (killing a killed thread changes nothing)", body = Thread),
               (status = 404, description = "No such thread", body = ErrorResponse)))]
 pub async fn kill_thread(
     State(s): State<ApiState>,
     Path(id): Path<String>,
-) -> ApiResult<Json<ThreadInfo>> {
+) -> ApiResult<Json<Thread>> {
     let organism = &s.inner.organism;
     organism.kill_thread(&id)?;
     organism
         .threads()
         .info(&id)
-        .map(Json)
+        .map(|t| Json(t.into()))
         .ok_or_else(|| unknown_thread(&id))
 }
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/pause", tag = "control",
     params(("name" = String, Path, description = "Listener name")),
-    responses((status = 200, description = "Paused: its messages wait in its queue", body = AgentInfo),
+    responses((status = 200, description = "Paused: its messages wait in its queue", body = Agent),
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn pause_agent(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<Json<AgentInfo>> {
+) -> ApiResult<Json<Agent>> {
     s.inner.organism.pause_listener(&name)?;
-    Ok(Json(s.inner.organism.agent(&name)?))
+    Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/resume", tag = "control",
     params(("name" = String, Path, description = "Listener name")),
-    responses((status = 200, description = "Resumed: its queue is delivered in order", body = AgentInfo),
+    responses((status = 200, description = "Resumed: its queue is delivered in order", body = Agent),
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn resume_agent(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<Json<AgentInfo>> {
+) -> ApiResult<Json<Agent>> {
     s.inner.organism.resume_listener(&name)?;
-    Ok(Json(s.inner.organism.agent(&name)?))
+    Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/pause", tag = "control",
-    responses((status = 200, description = "Every listener paused", body = OrganismInfo)))]
-pub async fn pause_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
+    responses((status = 200, description = "Every listener paused", body = Organism)))]
+pub async fn pause_organism(State(s): State<ApiState>) -> Json<Organism> {
     s.inner.organism.pause();
-    Json(s.inner.organism.info())
+    Json(s.inner.organism.info().into())
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/resume", tag = "control",
-    responses((status = 200, description = "Resumed (listeners paused one by one stay paused)", body = OrganismInfo)))]
-pub async fn resume_organism(State(s): State<ApiState>) -> Json<OrganismInfo> {
+    responses((status = 200, description = "Resumed (listeners paused one by one stay paused)", body = Organism)))]
+pub async fn resume_organism(State(s): State<ApiState>) -> Json<Organism> {
     s.inner.organism.resume();
-    Json(s.inner.organism.info())
+    Json(s.inner.organism.info().into())
 }
 
 impl From<ReloadError> for ApiError {
@@ -438,6 +464,7 @@ pub async fn reload_blocking(
     tokio::task::spawn_blocking(move || o.reload(if_rev))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+        .map(|r| ReloadReport::from(&r))
         .map_err(ApiError::from)
 }
 
@@ -464,14 +491,14 @@ pub async fn reload_organism(
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/reload", tag = "control",
     params(("name" = String, Path, description = "Listener name")),
-    responses((status = 200, description = "The listener's script was reloaded: new sandboxes ran `init` and took over", body = AgentInfo),
+    responses((status = 200, description = "The listener's script was reloaded: new sandboxes ran `init` and took over", body = Agent),
               (status = 404, description = "No such listener", body = ErrorResponse),
               (status = 409, description = "A native listener: nothing to reload", body = ErrorResponse),
               (status = 422, description = "The new script does not compile or its `init` failed; the old one keeps running", body = ErrorResponse)))]
 pub async fn reload_agent(
     State(s): State<ApiState>,
     Path(name): Path<String>,
-) -> ApiResult<Json<AgentInfo>> {
+) -> ApiResult<Json<Agent>> {
     let organism = s.inner.organism.clone();
     let target = name.clone();
     // Building sandboxes compiles and runs `init`: keep it off the async workers.
@@ -480,18 +507,18 @@ pub async fn reload_agent(
         .map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
         })??;
-    Ok(Json(s.inner.organism.agent(&name)?))
+    Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/stop", tag = "control",
-    responses((status = 202, description = "Stopping: new injects are refused, running handlers finish within the grace period, then the process exits 0 (1 if the store could not commit everything)", body = OrganismInfo)))]
-pub async fn stop_organism(State(s): State<ApiState>) -> (StatusCode, Json<OrganismInfo>) {
+    responses((status = 202, description = "Stopping: new injects are refused, running handlers finish within the grace period, then the process exits 0 (1 if the store could not commit everything)", body = Organism)))]
+pub async fn stop_organism(State(s): State<ApiState>) -> (StatusCode, Json<Organism>) {
     s.request_stop();
     let mut info = s.inner.organism.info();
     if info.status != OrganismStatus::Stopped {
         info.status = OrganismStatus::Stopping;
     }
-    (StatusCode::ACCEPTED, Json(info))
+    (StatusCode::ACCEPTED, Json(info.into()))
 }
 
 #[utoipa::path(get, path = "/api/v1/openapi.json", tag = "meta",
@@ -545,7 +572,7 @@ pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
             "not_ready",
             format!(
                 "organism: {}",
-                serde_json::to_value(other)
+                serde_json::to_value(super::view::OrganismStatus::from(other))
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default()

@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 
 use super::error::{ApiError, Params};
 use super::filter::Filter;
+use super::frame::{event_frame, message_frame};
 use super::inject::{inject, InjectBody};
 use super::rest::reload_blocking;
 use super::{ApiState, Endpoint};
@@ -315,7 +316,7 @@ impl Session {
 
     fn snapshot(&self, seq: u64) -> Value {
         let organism = &self.state.inner.organism;
-        let info = organism.info();
+        let info = super::view::Organism::from(organism.info());
         match self.ep {
             Endpoint::Messages => json!({
                 "event": "connected",
@@ -338,8 +339,8 @@ impl Session {
                     "seq": seq,
                     "timestamp": Timestamp::now(),
                     "organism": info,
-                    "agents": organism.agents(),
-                    "threads": threads,
+                    "agents": organism.agents().into_iter().map(super::view::Agent::from).collect::<Vec<_>>(),
+                    "threads": threads.into_iter().map(super::view::Thread::from).collect::<Vec<_>>(),
                     "filter": self.filter,
                 })
             }
@@ -370,10 +371,13 @@ impl Session {
         }
         self.seen = ev.seq;
         let frame = match self.ep {
-            Endpoint::Events => self.filter.passes(ev).then(|| ev.json()),
+            Endpoint::Events if self.filter.passes(ev) => {
+                event_frame(ev, &self.state.inner.organism)
+            }
+            Endpoint::Events => None,
             Endpoint::Messages => {
                 if self.filter.passes_message(ev) {
-                    ev.message_json()
+                    message_frame(ev, &self.state.inner.organism)
                 } else {
                     None
                 }
@@ -582,7 +586,7 @@ impl Session {
                         })?),
                     };
                     let report = reload_blocking(&organism, if_rev).await.map_err(fail)?;
-                    if let Ok(Value::Object(fields)) = serde_json::to_value(&report) {
+                    if let Ok(Value::Object(fields)) = serde_json::to_value(report) {
                         out.extend(fields);
                     }
                 }

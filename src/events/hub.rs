@@ -18,8 +18,8 @@
 //! each slot keeps its event's `weight`, one counter sums them, and a publisher that finds the
 //! sum over the budget lets go of the oldest events (one publisher at a time, `trimming`),
 //! raising `floor`; a receiver behind `floor` is told it lagged, as if the ring had come round.
-//! Each `Event` renders its JSON (and its `/ws/messages` frame) once, into shared bytes
-//! (`Utf8Bytes`): every client's queue holds a reference, not a copy. The event a slot lets go
+//! Each `Event` keeps the frames the API renders from it (`Event::frame`), so each is
+//! rendered once, into shared bytes: every client's queue holds a reference, not a copy. The event a slot lets go
 //! of is dropped after the slot's lock, since freeing it (and often its message) would hold
 //! that slot's readers.
 

@@ -12,11 +12,10 @@ mod hub;
 
 pub use hub::{EventHub, Receiver, RecvError, Sink, Subscription, TryRecvError};
 
-use axum::extract::ws::Utf8Bytes;
+use std::any::Any;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
-use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
@@ -25,19 +24,20 @@ use crate::time::Timestamp;
 /// Events kept for subscribers that are behind, and retained for resumption (`?since=`).
 pub const DEFAULT_CAPACITY: usize = 16_384;
 
+/// A frame rendered from an event, of the observer's type.
+type Rendered = Box<dyn Any + Send + Sync>;
+
 /// One published event.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct Event {
     pub seq: u64,
     pub timestamp: Timestamp,
-    #[serde(flatten)]
     pub kind: EventKind,
-    /// The rendered frames, as shared bytes: every WebSocket client sends the same buffer
-    /// (a reference count, not a copy per client).
-    #[serde(skip)]
-    json: OnceLock<Utf8Bytes>,
-    #[serde(skip)]
-    message_json: OnceLock<Option<Utf8Bytes>>,
+    /// The frames an observer rendered from this event, kept so that each is rendered once
+    /// however many clients send it. Their type is the observer's: the API keeps shared
+    /// bytes (`api::frame`), so every WebSocket client sends the same buffer.
+    frame: OnceLock<Rendered>,
+    message_frame: OnceLock<Rendered>,
 }
 
 impl Event {
@@ -48,44 +48,28 @@ impl Event {
             seq,
             timestamp: Timestamp::now(),
             kind,
-            json: OnceLock::new(),
-            message_json: OnceLock::new(),
+            frame: OnceLock::new(),
+            message_frame: OnceLock::new(),
         }
     }
 
-    /// The event as one JSON object (`event`, `seq`, `timestamp`, fields), rendered once.
-    pub fn json(&self) -> &Utf8Bytes {
-        self.json
-            .get_or_init(|| Utf8Bytes::from(serde_json::to_string(self).unwrap_or_default()))
+    /// The event's frame for the main stream: rendered by `render` for the first client that
+    /// asks, then shared by every client. There is one renderer (the API's); `None` only if a
+    /// caller asks for another type than the one rendered.
+    pub fn frame<T: Any + Send + Sync>(&self, render: impl FnOnce(&Event) -> T) -> Option<&T> {
+        self.frame
+            .get_or_init(|| Box::new(render(self)))
+            .downcast_ref()
     }
 
-    /// The `/ws/messages` frame, rendered once: for a `message` event the message object with
-    /// `event` and `seq` beside its fields; for a `message_status` event its own frame (`id`,
-    /// `thread_id`, `from`, `to`, `payload_type`, `slot_index`, `status`, `error`). `None`
-    /// for other events.
-    pub fn message_json(&self) -> Option<&Utf8Bytes> {
-        self.message_json
-            .get_or_init(|| match &self.kind {
-                EventKind::MessageStatus { about: Some(_), .. } => Some(self.json().clone()),
-                EventKind::Message { message } => {
-                    #[derive(Serialize)]
-                    struct Frame<'a> {
-                        event: &'static str,
-                        seq: u64,
-                        #[serde(flatten)]
-                        message: &'a MessageRecord,
-                    }
-                    serde_json::to_string(&Frame {
-                        event: "message",
-                        seq: self.seq,
-                        message,
-                    })
-                    .ok()
-                    .map(Utf8Bytes::from)
-                }
-                _ => None,
-            })
-            .as_ref()
+    /// The event's frame for the message stream, rendered once as [`Event::frame`] is.
+    pub fn message_frame<T: Any + Send + Sync>(
+        &self,
+        render: impl FnOnce(&Event) -> T,
+    ) -> Option<&T> {
+        self.message_frame
+            .get_or_init(|| Box::new(render(self)))
+            .downcast_ref()
     }
 
     /// The event's type name as it appears in `event`.
@@ -110,7 +94,7 @@ impl Event {
 }
 
 /// The message a `message_status` event is about.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct StatusAbout {
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
@@ -129,9 +113,9 @@ impl StatusAbout {
     }
 }
 
-/// What happened. Shapes follow the seed API (`001_…txt`) with our additions.
-#[derive(Debug, Clone, Serialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+/// What happened. The API writes each as a frame (`api::frame`), in the seed API's shapes
+/// (`001_…txt`) with our additions.
+#[derive(Debug, Clone)]
 pub enum EventKind {
     AgentState {
         agent: String,
@@ -148,7 +132,6 @@ pub enum EventKind {
         error: Option<String>,
         /// Which message this is (sender, receiver, type, slot): lets `/ws/messages` filter
         /// and show a status change without looking the message up.
-        #[serde(flatten, skip_serializing_if = "Option::is_none")]
         about: Option<StatusAbout>,
     },
     ThreadCreated {
@@ -174,10 +157,8 @@ pub enum EventKind {
         ok: bool,
         error: Option<String>,
         /// A refused organism reload: each problem, with its listener and key.
-        #[serde(skip_serializing_if = "Vec::is_empty")]
         problems: Vec<crate::config::diff::ReloadProblem>,
         /// A successful organism reload: `rev, added, removed, changed, unchanged`.
-        #[serde(flatten, skip_serializing_if = "Option::is_none")]
         diff: Option<crate::config::diff::ReloadReport>,
     },
     /// A line a handler logged (Lua `log.info/warn/error`).
@@ -251,8 +232,7 @@ pub const EVENT_NAMES: [&str; 9] = [
     "reload",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AgentState {
     Idle,
     Processing,
@@ -263,8 +243,7 @@ pub enum AgentState {
     Paused,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OrganismStatus {
     Running,
     Paused,

@@ -13,24 +13,24 @@ use serde_json::json;
 use super::{Delivery, Handler, HandlerError, HandlerFuture};
 use crate::config::{display_url, ExternalConfig, ListenerConfig};
 
-/// Where callbacks for `agent` in `thread` go, given the API's base URL.
-pub fn callback_path(agent: &str, thread: &str) -> String {
-    format!("/api/v1/external/{agent}/threads/{thread}/messages")
-}
+/// Where an external agent's callback for `(agent, thread)` goes: an absolute URL, made by
+/// the API that serves the callback route (set when its server binds).
+pub type CallbackUrl = Arc<dyn Fn(&str, &str) -> String + Send + Sync>;
 
 pub struct ExternalHandler {
     client: reqwest::Client,
     config: ExternalConfig,
     shown_url: String,
     listener: ListenerConfig,
-    /// The API's base URL (`http://host:port`), set when the API server binds.
-    api_base: Arc<OnceLock<String>>,
+    /// Where callbacks go, set when the API server binds; until then `callback_url` is
+    /// `null` (nothing would answer a callback).
+    callbacks: Arc<OnceLock<CallbackUrl>>,
 }
 
 impl ExternalHandler {
     pub fn new(
         listener: &ListenerConfig,
-        api_base: Arc<OnceLock<String>>,
+        callbacks: Arc<OnceLock<CallbackUrl>>,
     ) -> Result<ExternalHandler, String> {
         let config = listener
             .external
@@ -46,7 +46,7 @@ impl ExternalHandler {
             shown_url: display_url(&config.input_url),
             config,
             listener: listener.clone(),
-            api_base,
+            callbacks,
         })
     }
 }
@@ -64,11 +64,7 @@ impl Handler for ExternalHandler {
     fn handle(&self, delivery: Delivery) -> HandlerFuture {
         let agent = self.listener.name.as_str();
         let thread = &*delivery.meta.thread_id;
-        let path = callback_path(agent, thread);
-        let callback_url = match self.api_base.get() {
-            Some(base) => format!("{base}{path}"),
-            None => path,
-        };
+        let callback_url = self.callbacks.get().map(|url| url(agent, thread));
         let payload = match self.listener.schema_for(delivery.payload.payload_type()) {
             Some(schema) => schema.payload_to_json(delivery.payload.xml()),
             None => delivery.payload.to_json(),

@@ -18,7 +18,7 @@ use crate::schema::ValidatedPayload;
 use crate::xml::PayloadType;
 
 pub use builtin::{Echo, Forward, Sink, Template};
-pub use external::{callback_path, ExternalHandler};
+pub use external::{CallbackUrl, ExternalHandler};
 
 /// What a handler knows about the message it handles.
 #[derive(Debug, Clone)]

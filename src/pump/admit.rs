@@ -4,15 +4,13 @@
 
 use super::dispatch::{Job, Listener};
 use super::*;
-use crate::schema::{Schema, ValidatedPayload};
+use crate::schema::ValidatedPayload;
 
 /// A validated payload on its way into a thread.
 pub(crate) struct Admission {
     pub parent_id: Option<Arc<str>>,
     pub from: Arc<str>,
     pub valid: ValidatedPayload,
-    /// The schema it passed, which types its JSON view.
-    pub schema: Arc<Schema>,
 }
 
 /// What the log made of an admission.
@@ -38,7 +36,6 @@ impl Shared {
             parent_id,
             from,
             valid,
-            schema,
         } = admission;
         let record = self.threads.append(
             thread,
@@ -51,7 +48,6 @@ impl Shared {
                 payload_xml: valid.xml_arc(),
                 status: MessageStatus::Pending,
                 error: None,
-                schema: Some(schema),
             },
         )?;
         if record.status != MessageStatus::Pending {

@@ -167,7 +167,7 @@ impl OrganismBuilder {
             },
             external: Externals {
                 waits: Default::default(),
-                api_base: Arc::default(),
+                callbacks: Arc::default(),
             },
             thread_waiters: Default::default(),
         });

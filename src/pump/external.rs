@@ -98,7 +98,7 @@ pub struct ExternalReply<'a> {
 }
 
 /// What an accepted callback did.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyReceipt {
     pub thread_id: String,
     /// The delivered message this reply answers (the parent of its payloads).

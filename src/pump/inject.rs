@@ -100,7 +100,6 @@ impl Organism {
             parent_id: None,
             from: Arc::from(from),
             valid,
-            schema: schema.clone(),
         };
         match s.admit(&opened.id, &listener, admission)? {
             Admitted::Queued(message_id) => Ok(InjectReceipt {

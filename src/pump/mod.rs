@@ -192,7 +192,7 @@ pub struct InjectRequest {
 }
 
 /// The answer to an accepted inject.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InjectReceipt {
     pub thread_id: String,
     pub message_id: String,
@@ -200,8 +200,7 @@ pub struct InjectReceipt {
 
 /// A listener as observers see it: the seed's Agent object plus `kind`, `accepts` and
 /// counters.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-#[schema(as = Agent)]
+#[derive(Debug, Clone)]
 pub struct AgentInfo {
     pub name: String,
     pub description: String,
@@ -229,8 +228,7 @@ pub struct AgentInfo {
 pub const READ_CATCH_UP: Duration = Duration::from_secs(1);
 
 /// The organism as observers see it: the seed's Organism object plus our additions.
-#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
-#[schema(as = Organism)]
+#[derive(Debug, Clone)]
 pub struct OrganismInfo {
     pub name: String,
     pub status: OrganismStatus,
@@ -272,6 +270,24 @@ pub struct Uncommitted {
 
 /// The listeners in service and the config they come from. Replaced whole by a reload;
 /// readers take a snapshot ([`Shared::topo`]) and never hold the lock.
+/// A snapshot of which schema each listener accepts each payload type with
+/// ([`Organism::schemas`]).
+#[derive(Clone)]
+pub struct PayloadSchemas(Arc<Topology>);
+
+impl PayloadSchemas {
+    /// The schema `listener` accepts `payload_type` (`{namespace}Local` or `Local`) with;
+    /// `None` when `listener` is not a listener in service or does not accept that type.
+    pub fn get(&self, listener: &str, payload_type: &str) -> Option<&Arc<crate::schema::Schema>> {
+        let l = self.0.listeners.get(listener)?;
+        l.config
+            .accepts
+            .iter()
+            .find(|(t, _)| t.is_written_as(payload_type))
+            .map(|(_, s)| s)
+    }
+}
+
 pub(crate) struct Topology {
     pub(crate) config: Arc<OrganismConfig>,
     pub(crate) listeners: crate::hash::SeededMap<ListenerName, Arc<Listener>>,
@@ -352,8 +368,8 @@ struct Reloading {
 struct Externals {
     /// Replies owed by external agents.
     waits: external::Waits,
-    /// The API's base URL once a server is bound (external agents' `callback_url`).
-    api_base: Arc<std::sync::OnceLock<String>>,
+    /// Where external agents' callbacks go, once an API server is bound.
+    callbacks: Arc<std::sync::OnceLock<crate::listener::CallbackUrl>>,
 }
 
 const STATUS_RUNNING: u8 = 0;
@@ -450,14 +466,17 @@ impl Organism {
         self.shared.topo().config.clone()
     }
 
-    /// Tells the organism where its API is served (`http://host:port`), so external agents
-    /// get an absolute `callback_url`. The first call wins.
-    pub fn set_api_base(&self, url: &str) {
-        let _ = self
-            .shared
-            .external
-            .api_base
-            .set(url.trim_end_matches('/').to_string());
+    /// Tells the organism where external agents' callbacks go (the API serving the callback
+    /// route sets it when it binds), so each delivery carries an absolute `callback_url`.
+    /// The first call wins.
+    pub fn set_callback_url(&self, url: crate::listener::CallbackUrl) {
+        let _ = self.shared.external.callbacks.set(url);
+    }
+
+    /// The schemas the listeners in service now accept their payload types with: what types
+    /// a message's JSON view.
+    pub fn schemas(&self) -> PayloadSchemas {
+        PayloadSchemas(self.shared.topo())
     }
 
     pub fn events(&self) -> &EventHub {

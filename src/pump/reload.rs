@@ -73,7 +73,7 @@ impl Shared {
             )
             .map(|h| Arc::new(h) as Arc<dyn Handler>),
             config::ListenerKind::External => {
-                crate::listener::ExternalHandler::new(lc, self.external.api_base.clone())
+                crate::listener::ExternalHandler::new(lc, self.external.callbacks.clone())
                     .map(|h| Arc::new(h) as Arc<dyn Handler>)
             }
             config::ListenerKind::Native => self.reloading.registry.build(lc),

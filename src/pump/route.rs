@@ -205,7 +205,6 @@ impl Shared {
                     payload_xml: payload.xml,
                     status: MessageStatus::Terminal,
                     error: None,
-                    schema: None,
                 };
                 if let Some(record) = self.append(thread, m) {
                     self.after_append(&record, sender);
@@ -215,10 +214,7 @@ impl Shared {
             Target::Listener(l) => l,
         };
         let checked = match listener.config.schema_for(&payload.payload_type) {
-            Some(schema) => schema
-                .validate(payload.clone())
-                .map(|valid| (valid, schema.clone()))
-                .map_err(|e| e.to_string()),
+            Some(schema) => schema.validate(payload.clone()).map_err(|e| e.to_string()),
             None => Err(format!(
                 "`{}` does not accept `{}`",
                 listener.name(),
@@ -228,12 +224,11 @@ impl Shared {
         // The payload type's text is made where a record needs it: `admit` makes it for an
         // accepted payload, so the hot path formats it once.
         match checked {
-            Ok((valid, schema)) => {
+            Ok(valid) => {
                 let admission = Admission {
                     parent_id,
                     from,
                     valid,
-                    schema,
                 };
                 if let Ok(Admitted::Held(record)) = self.admit(thread, &listener, admission) {
                     self.after_append(&record, sender);
@@ -253,7 +248,6 @@ impl Shared {
                         "payload `{payload_type}` is invalid for `{}`: {reason}",
                         listener.name()
                     )),
-                    schema: None,
                 };
                 if let Some(record) = self.append(thread, m) {
                     self.after_append(&record, sender);
@@ -301,7 +295,6 @@ impl Shared {
             payload_xml,
             status,
             error: Some(error.clone()),
-            schema: None,
         };
         self.append(&parent.thread_id, m)
             .unwrap_or_else(|| MessageRecord {
@@ -316,7 +309,6 @@ impl Shared {
                 status,
                 error: Some(error),
                 timestamp: crate::time::Timestamp::now(),
-                schema: None,
             })
     }
 

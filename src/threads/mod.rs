@@ -9,11 +9,9 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
-use serde::{Serialize, Serializer};
 use tokio_util::sync::CancellationToken;
 
 use crate::hash::SeededMap;
-use crate::schema::Schema;
 use crate::sync::lock;
 use crate::time::Timestamp;
 use crate::xml::SharedXml;
@@ -23,7 +21,8 @@ pub use query::{payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, 
 
 const SHARDS: usize = 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+/// Stored by these names (`snake_case`), as the API shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ThreadStatus {
     Active,
@@ -32,9 +31,8 @@ pub enum ThreadStatus {
     Killed,
 }
 
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize, utoipa::ToSchema,
-)]
+/// Stored by these names (`snake_case`), as the API shows them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum MessageStatus {
     /// Queued for, or being handled by, a listener.
@@ -67,36 +65,6 @@ pub struct MessageRecord {
     pub status: MessageStatus,
     pub error: Option<String>,
     pub timestamp: Timestamp,
-    /// The schema the payload was validated against, which types its JSON view.
-    pub schema: Option<Arc<Schema>>,
-}
-
-/// The message object of SPEC §9, as serialized: the seed's fields plus ours.
-#[derive(Serialize, utoipa::ToSchema)]
-#[schema(as = Message)]
-struct MessageView<'a> {
-    id: &'a str,
-    thread_id: &'a str,
-    /// The sender: a listener, an injector identity (`api`, `ws`, `cli`), or `system`.
-    from: &'a str,
-    /// The receiver; `null` when no route was found.
-    to: Option<&'a str>,
-    /// `{namespace}Local`, or `Local` without a namespace.
-    payload_type: Option<&'a str>,
-    /// The payload as JSON: child elements are keys, repeats arrays, attributes `@name`,
-    /// mixed text `#text`; leaves typed as the schema declares.
-    #[schema(value_type = Object)]
-    payload: serde_json::Value,
-    /// The normalized payload XML, as validated.
-    payload_xml: &'a str,
-    timestamp: Timestamp,
-    /// The message this one answers or was produced from.
-    parent_id: Option<&'a str>,
-    /// Position in its thread, from 0.
-    slot_index: u64,
-    status: MessageStatus,
-    /// What went wrong, for operators.
-    error: Option<&'a str>,
 }
 
 impl MessageRecord {
@@ -106,44 +74,8 @@ impl MessageRecord {
     }
 }
 
-impl utoipa::PartialSchema for MessageRecord {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        <MessageView<'static> as utoipa::PartialSchema>::schema()
-    }
-}
-
-impl utoipa::ToSchema for MessageRecord {
-    fn name() -> std::borrow::Cow<'static, str> {
-        <MessageView<'static> as utoipa::ToSchema>::name()
-    }
-}
-
-impl Serialize for MessageRecord {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        MessageView {
-            id: &self.id,
-            thread_id: &self.thread_id,
-            from: &self.from,
-            to: self.to.as_deref(),
-            payload_type: self.payload_type.as_deref(),
-            payload: match &self.schema {
-                Some(schema) => schema.payload_to_json(&self.payload_xml),
-                None => crate::xml::xml_to_json(&self.payload_xml),
-            },
-            payload_xml: &self.payload_xml,
-            timestamp: self.timestamp,
-            parent_id: self.parent_id.as_deref(),
-            slot_index: self.slot_index,
-            status: self.status,
-            error: self.error.as_deref(),
-        }
-        .serialize(s)
-    }
-}
-
-/// A thread as the API shows it (seed Thread object).
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[schema(as = Thread)]
+/// A thread: its status, participants and counters (the API's `Thread`).
+#[derive(Debug, Clone)]
 pub struct ThreadInfo {
     pub id: String,
     pub status: ThreadStatus,
@@ -285,8 +217,6 @@ pub struct NewMessage {
     pub payload_xml: SharedXml,
     pub status: MessageStatus,
     pub error: Option<String>,
-    /// The schema that validated the payload, if any.
-    pub schema: Option<Arc<Schema>>,
 }
 
 pub struct ThreadRegistry {
@@ -465,7 +395,6 @@ impl ThreadRegistry {
             status: m.status,
             error: m.error,
             timestamp: now,
-            schema: m.schema,
         };
         e.messages.push(record.clone());
         shard.appended += 1;
@@ -725,7 +654,6 @@ mod tests {
             payload_xml: SharedXml::new("<X/>".into()),
             status,
             error: None,
-            schema: None,
         }
     }
 

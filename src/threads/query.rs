@@ -4,8 +4,6 @@
 //! oldest first; threads newest first by creation. `total` counts every match, so a client
 //! can page to the end or jump to the newest page with `offset = total - limit`.
 
-use serde::Serialize;
-
 use super::{lock, MessageRecord, MessageStatus, ThreadInfo, ThreadRegistry, ThreadStatus};
 use crate::time::Timestamp;
 
@@ -55,7 +53,7 @@ impl Default for Page {
 }
 
 /// One page of a list, with the total number of matches.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone)]
 pub struct Paged<T> {
     pub items: Vec<T>,
     pub total: u64,
@@ -188,7 +186,6 @@ mod tests {
                 payload_xml: crate::xml::SharedXml::new("<X/>".into()),
                 status: MessageStatus::Terminal,
                 error: None,
-                schema: None,
             },
         )
         .unwrap();

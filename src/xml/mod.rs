@@ -90,6 +90,20 @@ impl PayloadType {
         self.ns.as_deref()
     }
 
+    /// Whether `s` is this type's display form (`local` or `{namespace}local`), compared
+    /// without writing it.
+    pub fn is_written_as(&self, s: &str) -> bool {
+        match &self.ns {
+            None => s == &*self.local,
+            Some(ns) => {
+                s.strip_prefix('{')
+                    .and_then(|r| r.strip_prefix(&**ns))
+                    .and_then(|r| r.strip_prefix('}'))
+                    == Some(&*self.local)
+            }
+        }
+    }
+
     pub fn local_name(&self) -> &str {
         &self.local
     }

@@ -1,7 +1,7 @@
 use super::*;
 
 #[test]
-fn events_serialize_flat_with_their_type_seq_and_timestamp() {
+fn events_are_numbered_and_their_frames_rendered_once() {
     let hub = EventHub::new(4);
     let mut rx = hub.subscribe();
     hub.publish(EventKind::ThreadUpdated {
@@ -11,14 +11,19 @@ fn events_serialize_flat_with_their_type_seq_and_timestamp() {
         error: None,
     });
     let ev = rx.try_recv().unwrap();
-    let json = serde_json::to_value(&*ev).unwrap();
-    assert_eq!(json["event"], "thread_updated");
-    assert_eq!(json["seq"], 1);
-    assert_eq!(json["status"], "completed");
-    assert_eq!(json["message_count"], 3);
-    assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(ev.seq, 1);
     assert_eq!(hub.last_seq(), 1);
-    assert_eq!(ev.json().as_str(), serde_json::to_string(&*ev).unwrap());
+    assert_eq!(ev.name(), "thread_updated");
+    let first = ev.frame(|e| format!("{}", e.seq)).cloned();
+    let again = ev.frame::<String>(|_| unreachable!("rendered once"));
+    assert_eq!(
+        (first.as_deref(), again.map(String::as_str)),
+        (Some("1"), Some("1"))
+    );
+    assert_eq!(ev.frame::<u8>(|_| unreachable!("rendered once")), None);
+    assert_eq!(ev.message_frame(|_| None::<String>), Some(&None));
+    let again = ev.message_frame::<Option<String>>(|_| unreachable!("rendered once"));
+    assert_eq!(again, Some(&None));
 }
 
 fn log(hub: &EventHub, bytes: usize) -> u64 {

@@ -21,7 +21,6 @@ fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord 
         status: MessageStatus::Pending,
         error: None,
         timestamp: Timestamp(ts),
-        schema: None,
     }
 }
 

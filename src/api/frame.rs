@@ -1,0 +1,311 @@
+//! The WebSocket frames of events: how an [`Event`] is written as JSON for `/ws` and for
+//! `/ws/messages`. The hub keeps each rendered frame with its event, so a frame is rendered
+//! once however many clients send it; this module is the one renderer.
+
+use axum::extract::ws::Utf8Bytes;
+use serde::Serialize;
+
+use super::view::{
+    AgentState, Message, MessageStatus, OrganismStatus, ReloadProblem, ReloadReport, Thread,
+    ThreadStatus, Timestamp,
+};
+use crate::events::{Event, EventKind, StatusAbout};
+use crate::Organism;
+
+/// The `/ws` frame of `ev`: one JSON object (`seq`, `timestamp`, `event`, fields), rendered
+/// once. (`None` cannot happen: this is the only renderer of events.)
+pub fn event_frame<'e>(ev: &'e Event, organism: &Organism) -> Option<&'e Utf8Bytes> {
+    ev.frame(|ev| {
+        let frame = Frame {
+            seq: ev.seq,
+            timestamp: ev.timestamp.into(),
+            kind: Kind::of(&ev.kind, organism),
+        };
+        Utf8Bytes::from(serde_json::to_string(&frame).unwrap_or_default())
+    })
+}
+
+/// The `/ws/messages` frame of `ev`, rendered once: for a `message` event the message object
+/// with `event` and `seq` beside its fields; for a `message_status` event its `/ws` frame
+/// (`id`, `thread_id`, `from`, `to`, `payload_type`, `slot_index`, `status`, `error`).
+/// `None` for other events.
+pub fn message_frame<'e>(ev: &'e Event, organism: &Organism) -> Option<&'e Utf8Bytes> {
+    ev.message_frame(|ev| match &ev.kind {
+        EventKind::MessageStatus { about: Some(_), .. } => event_frame(ev, organism).cloned(),
+        EventKind::Message { message } => {
+            #[derive(Serialize)]
+            struct MessageFrame<'a> {
+                event: &'static str,
+                seq: u64,
+                #[serde(flatten)]
+                message: Message<'a>,
+            }
+            serde_json::to_string(&MessageFrame {
+                event: "message",
+                seq: ev.seq,
+                message: Message::of(message, &organism.schemas()),
+            })
+            .ok()
+            .map(Utf8Bytes::from)
+        }
+        _ => None,
+    })
+    .and_then(Option::as_ref)
+}
+
+#[derive(Serialize)]
+struct Frame<'a> {
+    seq: u64,
+    timestamp: Timestamp,
+    #[serde(flatten)]
+    kind: Kind<'a>,
+}
+
+/// Which message a `message_status` event is about.
+#[derive(Serialize)]
+struct About<'a> {
+    from: &'a str,
+    to: Option<&'a str>,
+    payload_type: Option<&'a str>,
+    slot_index: u64,
+}
+
+impl<'a> From<&'a StatusAbout> for About<'a> {
+    fn from(a: &'a StatusAbout) -> Self {
+        About {
+            from: &a.from,
+            to: a.to.as_deref(),
+            payload_type: a.payload_type.as_deref(),
+            slot_index: a.slot_index,
+        }
+    }
+}
+
+/// What happened. Shapes follow the seed API (`001_…txt`) with our additions.
+#[derive(Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+enum Kind<'a> {
+    AgentState {
+        agent: &'a str,
+        state: AgentState,
+        current_thread: Option<&'a str>,
+    },
+    Message {
+        message: Message<'a>,
+    },
+    MessageStatus {
+        id: &'a str,
+        thread_id: &'a str,
+        status: MessageStatus,
+        error: Option<&'a str>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        about: Option<About<'a>>,
+    },
+    ThreadCreated {
+        thread: Thread,
+    },
+    ThreadUpdated {
+        thread_id: &'a str,
+        status: ThreadStatus,
+        message_count: u64,
+        error: Option<&'a str>,
+    },
+    Error {
+        thread_id: Option<&'a str>,
+        agent: Option<&'a str>,
+        error: &'a str,
+    },
+    OrganismState {
+        status: OrganismStatus,
+    },
+    Reload {
+        agent: Option<&'a str>,
+        ok: bool,
+        error: Option<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        problems: Vec<ReloadProblem<'a>>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        diff: Option<ReloadReport>,
+    },
+    Log {
+        agent: &'a str,
+        thread_id: Option<&'a str>,
+        level: &'a str,
+        message: &'a str,
+    },
+}
+
+impl<'a> Kind<'a> {
+    fn of(kind: &'a EventKind, organism: &Organism) -> Self {
+        match kind {
+            EventKind::AgentState {
+                agent,
+                state,
+                current_thread,
+            } => Kind::AgentState {
+                agent,
+                state: (*state).into(),
+                current_thread: current_thread.as_deref(),
+            },
+            EventKind::Message { message } => Kind::Message {
+                message: Message::of(message, &organism.schemas()),
+            },
+            EventKind::MessageStatus {
+                id,
+                thread_id,
+                status,
+                error,
+                about,
+            } => Kind::MessageStatus {
+                id,
+                thread_id,
+                status: (*status).into(),
+                error: error.as_deref(),
+                about: about.as_ref().map(About::from),
+            },
+            EventKind::ThreadCreated { thread } => Kind::ThreadCreated {
+                thread: thread.clone().into(),
+            },
+            EventKind::ThreadUpdated {
+                thread_id,
+                status,
+                message_count,
+                error,
+            } => Kind::ThreadUpdated {
+                thread_id,
+                status: (*status).into(),
+                message_count: *message_count,
+                error: error.as_deref(),
+            },
+            EventKind::Error {
+                thread_id,
+                agent,
+                error,
+            } => Kind::Error {
+                thread_id: thread_id.as_deref(),
+                agent: agent.as_deref(),
+                error,
+            },
+            EventKind::OrganismState { status } => Kind::OrganismState {
+                status: (*status).into(),
+            },
+            EventKind::Reload {
+                agent,
+                ok,
+                error,
+                problems,
+                diff,
+            } => Kind::Reload {
+                agent: agent.as_deref(),
+                ok: *ok,
+                error: error.as_deref(),
+                problems: problems.iter().map(ReloadProblem::from).collect(),
+                diff: diff.as_ref().map(ReloadReport::from),
+            },
+            EventKind::Log {
+                agent,
+                thread_id,
+                level,
+                message,
+            } => Kind::Log {
+                agent,
+                thread_id: thread_id.as_deref(),
+                level,
+                message,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::EventHub;
+    use crate::threads::{MessageRecord, ThreadStatus};
+    use std::sync::Arc;
+
+    fn organism() -> Organism {
+        let yaml = "organism: { name: frames, store: memory }\nlisteners:\n  \
+                    - { name: a, description: typed, kind: native, handler: sink, fields: { Ping: { n: integer } } }\n";
+        let names = crate::listener::HandlerRegistry::default();
+        let config = crate::config::load_str(
+            yaml,
+            "frames.yaml",
+            std::path::Path::new("."),
+            crate::config::Known {
+                handlers: &names.names(),
+                check_script: crate::lua::check_syntax,
+            },
+        )
+        .unwrap();
+        Organism::builder().build(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn events_serialize_flat_with_their_type_seq_and_timestamp() {
+        let organism = organism();
+        let hub = EventHub::new(4);
+        let mut rx = hub.subscribe();
+        hub.publish(EventKind::ThreadUpdated {
+            thread_id: "t".into(),
+            status: ThreadStatus::Completed,
+            message_count: 3,
+            error: None,
+        });
+        let ev = rx.try_recv().unwrap();
+        let frame = event_frame(&ev, &organism).unwrap();
+        let json: serde_json::Value = serde_json::from_str(frame.as_str()).unwrap();
+        assert_eq!(json["event"], "thread_updated");
+        assert_eq!(json["seq"], 1);
+        assert_eq!(json["status"], "completed");
+        assert_eq!(json["message_count"], 3);
+        assert!(json["timestamp"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(hub.last_seq(), 1);
+        // Rendered once: every client sends the same buffer.
+        assert_eq!(
+            event_frame(&ev, &organism).unwrap().as_str().as_ptr(),
+            frame.as_str().as_ptr()
+        );
+        assert!(message_frame(&ev, &organism).is_none());
+    }
+
+    fn record(to: &str) -> MessageRecord {
+        MessageRecord {
+            id: Arc::from("m"),
+            thread_id: Arc::from("t"),
+            parent_id: None,
+            slot_index: 0,
+            from: Arc::from("api"),
+            to: Some(Arc::from(to)),
+            payload_type: Some("Ping".into()),
+            payload_xml: crate::xml::SharedXml::new("<Ping><n>7</n></Ping>".into()),
+            status: crate::threads::MessageStatus::Pending,
+            error: None,
+            timestamp: crate::time::Timestamp::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_is_typed_by_its_receivers_schema_and_untyped_without_one() {
+        let organism = organism();
+        for (to, n) in [("a", serde_json::json!(7)), ("api", serde_json::json!("7"))] {
+            let ev = Event::new(
+                5,
+                EventKind::Message {
+                    message: record(to),
+                },
+            );
+            let frame: serde_json::Value =
+                serde_json::from_str(event_frame(&ev, &organism).unwrap().as_str()).unwrap();
+            assert_eq!(frame["event"], "message");
+            assert_eq!(frame["message"]["payload"]["n"], n, "to {to}");
+            let flat: serde_json::Value =
+                serde_json::from_str(message_frame(&ev, &organism).unwrap().as_str()).unwrap();
+            assert_eq!(
+                (&flat["event"], &flat["seq"]),
+                (&"message".into(), &5.into())
+            );
+            assert_eq!(flat["payload"]["n"], n, "to {to}");
+        }
+    }
+}
