@@ -166,23 +166,20 @@ async fn every_answer_and_frame_of_a_typed_thread_keeps_its_shape() {
     // Every frame until the thread's completion, by event name: every distinct shape.
     let mut frames: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let done = |v: &Value| v["event"] == "thread_updated" && v["status"] == "completed";
-    for v in read_until(&mut events, done).await {
-        let entry = frames
-            .entry(format!("/ws {}", v["event"].as_str().unwrap()))
-            .or_default();
-        let s = shape(&v, &dir);
-        if !entry.contains(&s) {
-            entry.push(s);
-        }
-    }
     let delivered = |v: &Value| v["status"] == "delivered" && v["to"] == "b";
-    for v in read_until(&mut messages, delivered).await {
-        let entry = frames
-            .entry(format!("/ws/messages {}", v["event"].as_str().unwrap()))
-            .or_default();
-        let s = shape(&v, &dir);
-        if !entry.contains(&s) {
-            entry.push(s);
+    let read = [
+        ("/ws", read_until(&mut events, done).await),
+        ("/ws/messages", read_until(&mut messages, delivered).await),
+    ];
+    for (stream, seen) in read {
+        for v in seen {
+            let entry = frames
+                .entry(format!("{stream} {}", v["event"].as_str().unwrap()))
+                .or_default();
+            let s = shape(&v, &dir);
+            if !entry.contains(&s) {
+                entry.push(s);
+            }
         }
     }
     for shapes in frames.values_mut() {
