@@ -69,6 +69,16 @@ enum Command {
         /// SQLite file, or `memory` (overrides `organism.store`).
         #[arg(long)]
         store: Option<String>,
+        /// Serve beyond loopback without authentication (only on a network that is yours
+        /// alone; a warning is logged every minute).
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// Create, list and revoke the organism's API keys (in its store file, or in
+    /// `auth.keys_file` with `store: memory`); works while the server runs.
+    Keys {
+        #[command(subcommand)]
+        action: KeysCommand,
     },
     /// Stream a running server's messages (`/ws/messages`), one line per message.
     Tail {
@@ -111,6 +121,43 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Create a key; prints what it is, then the key alone on the last line (shown once).
+    Create {
+        organism: PathBuf,
+        /// Unique among live keys: letters, digits, `.`, `_`, `-`.
+        #[arg(long)]
+        name: String,
+        /// viewer, operator or admin.
+        #[arg(long)]
+        role: String,
+        /// The tenant the key acts for (none: the whole organism).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Lifetime: 30d, 12h, 15m (none: until revoked).
+        #[arg(long)]
+        expires: Option<String>,
+        /// The store file (overrides `organism.store`).
+        #[arg(long)]
+        store: Option<String>,
+    },
+    /// List every key (revoked ones too); never a secret.
+    List {
+        organism: PathBuf,
+        #[arg(long)]
+        store: Option<String>,
+    },
+    /// Revoke a key by name or id: refused from then on.
+    Revoke {
+        organism: PathBuf,
+        /// The key's name or id.
+        key: String,
+        #[arg(long)]
+        store: Option<String>,
+    },
+}
+
 const DEFAULT_URL: &str = "http://127.0.0.1:8765";
 
 fn main() -> ExitCode {
@@ -134,7 +181,9 @@ fn main() -> ExitCode {
             organism,
             listen,
             store,
-        } => with_runtime(run(organism, listen, store)),
+            insecure_no_auth,
+        } => with_runtime(run(organism, listen, store, insecure_no_auth)),
+        Command::Keys { action } => keys(action),
         Command::Tail {
             url,
             agent,
@@ -292,7 +341,7 @@ fn load(path: &Path) -> Result<config::OrganismConfig, ExitCode> {
 fn validate(path: &Path) -> ExitCode {
     match load(path) {
         Ok(c) => {
-            warn_if_exposed(&c.listen);
+            warn_if_exposed(&c);
             println!("{}: ok ({} listeners)", path.display(), c.listeners.len());
             ExitCode::SUCCESS
         }
@@ -300,16 +349,132 @@ fn validate(path: &Path) -> ExitCode {
     }
 }
 
-/// The API has no access control yet: listening beyond loopback hands control of the
-/// organism to anyone who can reach the port.
-fn warn_if_exposed(listen: &str) {
-    if !config::listen_is_loopback(listen) {
+/// Without authentication, `run` refuses an address beyond loopback: say so at `validate`.
+fn warn_if_exposed(c: &config::OrganismConfig) {
+    if !c.auth.enabled() && !config::listen_is_loopback(&c.listen) {
         eprintln!(
-            "WARNING: the API listens on {listen}, beyond this machine, and has no access \
-             control: anyone who can reach it can read every message and inject, pause, kill, \
-             reload and stop. Listen on 127.0.0.1 unless the network around it is yours alone."
+            "WARNING: the API listens on {}, beyond this machine, and the organism has no \
+             auth.methods: `agentserver run` refuses to serve it (add `auth: {{methods: \
+             [keys]}}`, or pass --insecure-no-auth on a network that is yours alone).",
+            c.listen
         );
     }
+}
+
+/// `agentserver keys …`: works on the organism's keys directly (no server needed).
+fn keys(action: KeysCommand) -> ExitCode {
+    use agentserver::api::auth::{KeySource, Role};
+    let (path, store) = match &action {
+        KeysCommand::Create {
+            organism, store, ..
+        }
+        | KeysCommand::List { organism, store }
+        | KeysCommand::Revoke {
+            organism, store, ..
+        } => (organism, store),
+    };
+    let mut config = match load(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if let Some(s) = store {
+        config.store = (s != "memory").then(|| PathBuf::from(s));
+    }
+    let source = match KeySource::of(&config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("agentserver: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if !config.auth.uses(config::AuthMethod::Keys) {
+        eprintln!(
+            "agentserver: note: {} has no `keys` in auth.methods, so the server does not \
+             accept these keys yet",
+            path.display()
+        );
+    }
+    let now = agentserver::time::Timestamp::now();
+    match action {
+        KeysCommand::Create {
+            name,
+            role,
+            tenant,
+            expires,
+            ..
+        } => {
+            let Some(role) = Role::parse(&role) else {
+                eprintln!("agentserver: --role is viewer, operator or admin (got `{role}`)");
+                return ExitCode::from(2);
+            };
+            let (key, row) = match agentserver::api::keys::new_key(
+                &name,
+                role,
+                tenant.as_deref(),
+                expires.as_deref(),
+            ) {
+                Ok(k) => k,
+                Err(e) => {
+                    eprintln!("agentserver: {}", e.body.message);
+                    return ExitCode::from(2);
+                }
+            };
+            if let Err(e) = source.add(&row) {
+                eprintln!("agentserver: {e}");
+                return ExitCode::FAILURE;
+            }
+            println!("{}", key_line(&row));
+            println!("the key is shown this once; keep it now:");
+            println!("{key}");
+            ExitCode::SUCCESS
+        }
+        KeysCommand::List { .. } => match source.list() {
+            Ok(rows) => {
+                for row in &rows {
+                    println!("{}", key_line(row));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("agentserver: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        KeysCommand::Revoke { key, .. } => match source.revoke(&key, now) {
+            Ok(Some(row)) => {
+                println!("revoked {}", key_line(&row));
+                ExitCode::SUCCESS
+            }
+            Ok(None) => {
+                eprintln!(
+                    "agentserver: no live key named `{key}` in {}",
+                    source.describe()
+                );
+                ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("agentserver: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// One key as `keys list` shows it.
+fn key_line(k: &agentserver::store::keys::KeyRow) -> String {
+    let time =
+        |t: Option<agentserver::time::Timestamp>| t.map_or("-".to_string(), |t| t.to_rfc3339());
+    format!(
+        "{} id={} role={} tenant={} created={} expires={} last_used={} revoked={}",
+        k.name,
+        k.id,
+        k.role,
+        k.tenant.as_deref().unwrap_or("-"),
+        k.created.to_rfc3339(),
+        time(k.expires),
+        time(k.last_used),
+        time(k.revoked)
+    )
 }
 
 /// `--listen 8799` means `127.0.0.1:8799`.
@@ -413,7 +578,12 @@ async fn send(
     }
 }
 
-async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> ExitCode {
+async fn run(
+    path: PathBuf,
+    listen: Option<String>,
+    store: Option<String>,
+    insecure_no_auth: bool,
+) -> ExitCode {
     if store.as_deref().is_some_and(|s| s.trim().is_empty()) {
         eprintln!("agentserver: --store needs a file path (such as data/organism.db) or memory");
         return ExitCode::from(2);
@@ -437,11 +607,14 @@ async fn run(path: PathBuf, listen: Option<String>, store: Option<String>) -> Ex
     let shutdown = ShutdownSignal::install();
     reload_on_sighup(&organism);
     let listen = organism.config().listen.clone();
-    warn_if_exposed(&listen);
-    let server = match ApiServer::bind(organism.clone(), &listen, ApiOptions::default()).await {
+    let options = ApiOptions {
+        insecure_no_auth,
+        ..ApiOptions::default()
+    };
+    let server = match ApiServer::bind(organism.clone(), &listen, options).await {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("agentserver: cannot listen on {listen}: {e}");
+            eprintln!("agentserver: cannot serve the API on {listen}: {e}");
             organism.stop().await;
             return ExitCode::FAILURE;
         }

@@ -689,6 +689,9 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/readyz", "get"),
         ("/ws", "get"),
         ("/ws/messages", "get"),
+        ("/api/v1/keys", "post"),
+        ("/api/v1/keys", "get"),
+        ("/api/v1/keys/{name}", "delete"),
     ];
     for (path, method) in expected {
         assert!(
@@ -696,9 +699,10 @@ async fn openapi_documents_every_endpoint_it_serves() {
             "{method} {path} undocumented"
         );
     }
+    let distinct: std::collections::BTreeSet<&str> = expected.iter().map(|(p, _)| *p).collect();
     assert_eq!(
         paths.len(),
-        expected.len(),
+        distinct.len(),
         "documented paths: {:?}",
         paths.keys().collect::<Vec<_>>()
     );

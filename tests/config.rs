@@ -339,12 +339,18 @@ fn allowed_origins_and_hosts_are_checked() {
 
 #[test]
 fn validate_warns_loudly_about_a_listen_address_beyond_loopback() {
-    for (listen, warned) in [
-        ("0.0.0.0:8765", true),
-        ("127.0.0.1:8765", false),
-        ("[::1]:1", false),
+    for (listen, auth, warned) in [
+        ("0.0.0.0:8765", "", true),
+        ("127.0.0.1:8765", "", false),
+        ("[::1]:1", "", false),
+        // With authentication, run serves it: nothing to warn about.
+        (
+            "0.0.0.0:8765",
+            "auth: { methods: [keys], keys_file: k.yaml }\n",
+            false,
+        ),
     ] {
-        let (_dir, path) = write(&format!("organism: {{ name: t, listen: '{listen}' }}\nlisteners:\n  - {{ name: a, description: x, kind: native, handler: sink, schema: s.xsd }}\n"));
+        let (_dir, path) = write(&format!("organism: {{ name: t, listen: '{listen}', store: memory }}\n{auth}listeners:\n  - {{ name: a, description: x, kind: native, handler: sink, schema: s.xsd }}\n"));
         let out = child::run_to_exit([OsStr::new("validate"), path.as_os_str()]);
         assert_eq!(out.status.code(), Some(0));
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -21,6 +21,9 @@ use crate::xml::XmlError;
 pub struct ApiError {
     pub status: StatusCode,
     pub body: ErrorBody,
+    /// Headers the answer carries besides the body (`WWW-Authenticate`, `Retry-After`).
+    /// (Boxed: an error travels in many `Result`s, most without headers.)
+    pub headers: Option<Box<axum::http::HeaderMap>>,
 }
 
 /// The `error` object of every error response.
@@ -58,7 +61,15 @@ impl ApiError {
                 details: Vec::new(),
                 location: None,
             },
+            headers: None,
         }
+    }
+
+    pub fn with_header(mut self, name: header::HeaderName, value: header::HeaderValue) -> Self {
+        self.headers
+            .get_or_insert_with(Default::default)
+            .insert(name, value);
+        self
     }
 
     pub fn at(mut self, location: impl Into<String>) -> Self {
@@ -82,7 +93,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(ErrorResponse { error: self.body })).into_response()
+        let mut response = (self.status, Json(ErrorResponse { error: self.body })).into_response();
+        if let Some(headers) = self.headers {
+            response.headers_mut().extend(*headers);
+        }
+        response
     }
 }
 

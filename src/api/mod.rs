@@ -28,6 +28,7 @@
 //! on the socket; `TCP_NODELAY`). `metrics.rs`: Prometheus text from live state. `sanitize.rs`:
 //! secret redaction of config. `external.rs`: the external agents' callback endpoint.
 
+pub mod auth;
 mod browser;
 mod conn;
 mod error;
@@ -35,6 +36,7 @@ mod external;
 mod filter;
 mod frame;
 mod inject;
+pub mod keys;
 mod metrics;
 mod rest;
 mod sanitize;
@@ -72,6 +74,9 @@ pub struct ApiOptions {
     pub client_queue: usize,
     /// Bytes queued per WebSocket client before frames are dropped for it.
     pub client_queue_bytes: usize,
+    /// Serve beyond loopback without authentication (`--insecure-no-auth`): refused
+    /// otherwise, and warned about every minute when given.
+    pub insecure_no_auth: bool,
 }
 
 impl Default for ApiOptions {
@@ -80,6 +85,7 @@ impl Default for ApiOptions {
             heartbeat: Duration::from_secs(15),
             client_queue: 4096,
             client_queue_bytes: 16 * 1024 * 1024,
+            insecure_no_auth: false,
         }
     }
 }
@@ -105,6 +111,8 @@ impl Endpoint {
 struct Inner {
     organism: Organism,
     options: ApiOptions,
+    /// `None` when the organism has no `auth.methods`: every client is the implicit admin.
+    auth: Option<Arc<auth::Authenticator>>,
     /// Cancelled when a client asked the organism to stop and it has stopped.
     stop_requested: CancellationToken,
     /// Cancelled when the server shuts down: WebSocket sessions close.
@@ -204,7 +212,11 @@ impl ApiState {
 )]
 struct ApiDoc;
 
-fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
+fn router(
+    organism: Organism,
+    options: ApiOptions,
+    auth: Option<Arc<auth::Authenticator>>,
+) -> (Router, ApiState) {
     let (routes, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(rest::get_organism))
         .routes(routes!(rest::get_organism_config))
@@ -226,6 +238,8 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
         .routes(routes!(rest::reload_agent))
         .routes(routes!(rest::stop_organism))
         .routes(routes!(external::external_reply))
+        .routes(routes!(keys::create_key, keys::list_keys))
+        .routes(routes!(keys::revoke_key))
         .routes(routes!(rest::openapi))
         .routes(routes!(rest::metrics))
         .routes(routes!(rest::healthz))
@@ -233,11 +247,15 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
         .routes(routes!(ws::ws_events))
         .routes(routes!(ws::ws_messages))
         .split_for_parts();
-    let openapi = doc.to_pretty_json().unwrap_or_else(|_| "{}".into());
+    let openapi = serde_json::to_value(&doc)
+        .map(auth::document)
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .unwrap_or_else(|_| "{}".into());
     let state = ApiState {
         inner: Arc::new(Inner {
             organism,
             options,
+            auth,
             stop_requested: CancellationToken::new(),
             closing: CancellationToken::new(),
             clients: Default::default(),
@@ -249,6 +267,10 @@ fn router(organism: Organism, options: ApiOptions) -> (Router, ApiState) {
     };
     let limit = state.frame_limit();
     let app = routes
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard,
+        ))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
@@ -315,6 +337,38 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
     .at(uri.path().to_string())
 }
 
+/// What the server does every few seconds until it closes: records when keys were last
+/// used, and warns each minute that it serves without authentication beyond loopback.
+async fn housekeeping(
+    auth: Option<Arc<auth::Authenticator>>,
+    insecure: bool,
+    addr: SocketAddr,
+    closing: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    let mut ticks = 0u64;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = closing.cancelled() => break,
+        }
+        if insecure && ticks.is_multiple_of(12) {
+            tracing::warn!(
+                "the API on {addr} has no authentication (--insecure-no-auth): anyone who can \
+                 reach it can read every message and inject, pause, kill, reload and stop"
+            );
+        }
+        ticks += 1;
+        if let Some(a) = &auth {
+            let a = a.clone();
+            let _ = tokio::task::spawn_blocking(move || a.flush_used()).await;
+        }
+    }
+    if let Some(a) = auth {
+        let _ = tokio::task::spawn_blocking(move || a.flush_used()).await;
+    }
+}
+
 /// A running API server.
 pub struct ApiServer {
     addr: SocketAddr,
@@ -340,13 +394,29 @@ impl ApiServer {
         options: ApiOptions,
     ) -> std::io::Result<ApiServer> {
         let addr = listener.local_addr()?;
+        let config = organism.config();
+        let auth = auth::Authenticator::new(&config)
+            .map_err(|e| std::io::Error::other(format!("auth: {e}")))?
+            .map(Arc::new);
+        let exposed = !addr.ip().is_loopback();
+        if auth.is_none() && exposed && !options.insecure_no_auth {
+            return Err(std::io::Error::other(format!(
+                "{addr} is beyond this machine and the organism has no authentication: add \
+                 `auth: {{methods: [keys]}}` to the organism file and create a key with \
+                 `agentserver keys create`, listen on 127.0.0.1, or (only on a network that \
+                 is yours alone) pass --insecure-no-auth"
+            )));
+        }
+        drop(config);
         let base = format!("http://{addr}");
         organism.set_callback_url(std::sync::Arc::new(move |agent, thread| {
             external::callback_url(&base, agent, thread)
         }));
         let limits = conn::ConnLimits::of(&organism.config().limits);
-        let (app, state) = router(organism, options);
+        let insecure = auth.is_none() && exposed;
+        let (app, state) = router(organism, options, auth.clone());
         let closing = state.inner.closing.clone();
+        tokio::spawn(housekeeping(auth, insecure, addr, closing.clone()));
         let task = tokio::spawn(conn::serve(listener, app, limits, closing));
         Ok(ApiServer { addr, state, task })
     }

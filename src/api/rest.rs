@@ -348,6 +348,7 @@ pub struct InjectResult<'a> {
               (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
 pub async fn inject(
     State(s): State<ApiState>,
+    axum::Extension(who): axum::Extension<super::auth::Principal>,
     Params(q): Params<InjectQuery>,
     JsonBody(body): JsonBody<InjectBody>,
 ) -> ApiResult<Response> {
@@ -357,7 +358,7 @@ pub async fn inject(
         );
     }
     let organism = &s.inner.organism;
-    let receipt = do_inject(organism, REST_IDENTITY, body)?;
+    let receipt = do_inject(organism, who.identity(REST_IDENTITY), body)?;
     let Some(wait) = q.wait else {
         return Ok((StatusCode::ACCEPTED, Json(InjectReceipt::from(receipt))).into_response());
     };

@@ -20,6 +20,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::auth::{command_need, unauthorized, AuthPending, Principal, Refused};
 use super::error::{ApiError, Params};
 use super::filter::Filter;
 use super::frame::{event_frame, message_frame};
@@ -58,9 +59,10 @@ pub struct WsQuery {
 pub async fn ws_events(
     ws: WebSocketUpgrade,
     State(state): State<ApiState>,
+    who: Who,
     Params(q): Params<WsQuery>,
 ) -> Result<Response, ApiError> {
-    upgrade(ws, state, Endpoint::Events, q)
+    upgrade(ws, state, Endpoint::Events, who, q)
 }
 
 #[utoipa::path(get, path = "/ws/messages", tag = "streams", params(WsQuery),
@@ -69,15 +71,48 @@ pub async fn ws_events(
 pub async fn ws_messages(
     ws: WebSocketUpgrade,
     State(state): State<ApiState>,
+    who: Who,
     Params(q): Params<WsQuery>,
 ) -> Result<Response, ApiError> {
-    upgrade(ws, state, Endpoint::Messages, q)
+    upgrade(ws, state, Endpoint::Messages, who, q)
 }
+
+/// Who opens a session: known from the upgrade request, or still to present a credential
+/// in its first frame.
+pub enum Who {
+    Known(Principal),
+    Pending,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, ApiError> {
+        match (
+            parts.extensions.get::<Principal>(),
+            parts.extensions.get::<AuthPending>(),
+        ) {
+            (Some(p), _) => Ok(Who::Known(p.clone())),
+            (None, Some(_)) => Ok(Who::Pending),
+            (None, None) => Err(unauthorized(&Refused::Missing)),
+        }
+    }
+}
+
+/// How long a session whose upgrade carried no credential may take to send it.
+pub const AUTH_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Close codes of sessions refused or ended for their credential.
+const CLOSE_UNAUTHORIZED: u16 = 4401;
 
 fn upgrade(
     ws: WebSocketUpgrade,
     state: ApiState,
     ep: Endpoint,
+    who: Who,
     q: WsQuery,
 ) -> Result<Response, ApiError> {
     let mut filter = Filter::from_query(
@@ -93,9 +128,9 @@ fn upgrade(
     Ok(ws
         .max_message_size(limit)
         .max_frame_size(limit)
-        .on_upgrade(
-            move |socket| async move { Session::run(socket, state, ep, filter, q.since).await },
-        ))
+        .on_upgrade(move |socket| async move {
+            Session::run(socket, state, ep, who, filter, q.since).await
+        }))
 }
 
 /// Frames not sent to this client, waiting to be reported.
@@ -109,6 +144,7 @@ struct Dropped {
 struct Session {
     state: ApiState,
     ep: Endpoint,
+    principal: Principal,
     filter: Filter,
     tx: mpsc::Sender<Message>,
     queued: Arc<AtomicUsize>,
@@ -136,12 +172,30 @@ impl Session {
         socket: WebSocket,
         state: ApiState,
         ep: Endpoint,
+        who: Who,
         filter: Filter,
         since: Option<u64>,
     ) {
         let _client = state.client_guard(ep);
         let options = state.inner.options.clone();
         let (mut sink, mut stream) = socket.split();
+        let principal = match who {
+            Who::Known(p) => p,
+            Who::Pending => match first_frame_auth(&state, &mut stream).await {
+                Ok(p) => p,
+                Err(reason) => {
+                    let _ = tokio::time::timeout(
+                        options.heartbeat,
+                        sink.send(Message::Close(Some(CloseFrame {
+                            code: CLOSE_UNAUTHORIZED,
+                            reason: Utf8Bytes::from(reason),
+                        }))),
+                    )
+                    .await;
+                    return;
+                }
+            },
+        };
         let (tx, mut rx) = mpsc::channel::<Message>(options.client_queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let writer_queued = queued.clone();
@@ -185,6 +239,7 @@ impl Session {
         let mut session = Session {
             state: state.clone(),
             ep,
+            principal,
             filter,
             tx: tx.clone(),
             queued,
@@ -234,7 +289,19 @@ impl Session {
         // every event offered.
         let stopping = closing.cancelled();
         tokio::pin!(stopping);
+        // A session on a credential that can end (a key, an expiring token) looks at it
+        // again every second, and at once when the API revokes a key.
+        let auth = state.inner.auth.clone();
+        let watched = auth.is_some()
+            && (session.principal.key_id.is_some() || session.principal.expires.is_some());
+        let mut recheck = tokio::time::interval(Duration::from_secs(1));
         loop {
+            let revoked = async {
+                match &auth {
+                    Some(a) if watched => a.revoked.notified().await,
+                    _ => std::future::pending().await,
+                }
+            };
             // Biased, with the event stream last: the client's commands, the dropped notice
             // and the heartbeat are never starved by a busy stream.
             tokio::select! {
@@ -245,6 +312,18 @@ impl Session {
                         reason: Utf8Bytes::from_static("server stopping"),
                     })));
                     break;
+                }
+                _ = revoked, if watched => {
+                    if !session.still_valid().await {
+                        session.close_unauthorized();
+                        break;
+                    }
+                }
+                _ = recheck.tick(), if watched => {
+                    if !session.still_valid().await {
+                        session.close_unauthorized();
+                        break;
+                    }
                 }
                 frame = incoming.recv() => match frame {
                     Some(Some(Message::Text(t))) => {
@@ -345,6 +424,29 @@ impl Session {
                 })
             }
         }
+    }
+
+    /// Whether the session's credential still holds (looked up off the async workers).
+    async fn still_valid(&self) -> bool {
+        let Some(auth) = self.state.inner.auth.clone() else {
+            return true;
+        };
+        let p = self.principal.clone();
+        tokio::task::spawn_blocking(move || auth.still_valid(&p))
+            .await
+            .unwrap_or(false)
+    }
+
+    fn close_unauthorized(&self) {
+        tracing::info!(
+            endpoint = self.ep.path(),
+            principal = ?self.principal.name,
+            "closing a WebSocket session: its credential was revoked or expired"
+        );
+        let _ = self.tx.try_send(Message::Close(Some(CloseFrame {
+            code: CLOSE_UNAUTHORIZED,
+            reason: Utf8Bytes::from_static("credential revoked or expired"),
+        })));
     }
 
     /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
@@ -501,6 +603,11 @@ impl Session {
             }
         };
         let fail = |e: ApiError| (request_id.clone(), cmd.clone(), e);
+        let names_agent = matches!(map.get("agent"), Some(Value::String(_)));
+        let need = command_need(&cmd, names_agent);
+        if !self.principal.may(need) {
+            return Err(fail(super::auth::forbidden(&self.principal, need)));
+        }
         let organism = self.state.inner.organism.clone();
         let mut out = Map::new();
         match (cmd.as_str(), self.ep) {
@@ -531,7 +638,8 @@ impl Session {
             ("inject", _) => {
                 let body: InjectBody = serde_json::from_value(Value::Object(map))
                     .map_err(|e| fail(ApiError::bad_request(format!("bad inject: {e}"))))?;
-                let receipt = inject(&organism, WS_IDENTITY, body).map_err(fail)?;
+                let identity = self.principal.identity(WS_IDENTITY).to_string();
+                let receipt = inject(&organism, &identity, body).map_err(fail)?;
                 out.insert("thread_id".into(), json!(receipt.thread_id));
                 out.insert("message_id".into(), json!(receipt.message_id));
             }
@@ -603,6 +711,50 @@ impl Session {
             }
         }
         Ok((request_id, cmd, out))
+    }
+}
+
+/// Waits up to [`AUTH_FRAME_TIMEOUT`] for `{"cmd": "auth", "token": …}` as the session's
+/// first frame. Err: the close reason (the same whatever was wrong; the log has the detail).
+async fn first_frame_auth(
+    state: &ApiState,
+    stream: &mut futures_util::stream::SplitStream<WebSocket>,
+) -> Result<Principal, &'static str> {
+    const REFUSED: &str = "unauthorized: send {\"cmd\": \"auth\", \"token\": …} first";
+    let Some(auth) = state.inner.auth.clone() else {
+        return Ok(Principal::implicit());
+    };
+    let first = loop {
+        match tokio::time::timeout(AUTH_FRAME_TIMEOUT, stream.next()).await {
+            Ok(Some(Ok(Message::Text(t)))) => break t,
+            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
+            Err(_) => {
+                tracing::info!("WebSocket session sent no credential in time");
+                return Err(REFUSED);
+            }
+            _ => return Err(REFUSED),
+        }
+    };
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct AuthFrame {
+        cmd: String,
+        token: String,
+    }
+    let token = match serde_json::from_str::<AuthFrame>(first.as_str()) {
+        Ok(f) if f.cmd == "auth" => f.token,
+        _ => {
+            tracing::info!("WebSocket session's first frame is not an auth command");
+            return Err(REFUSED);
+        }
+    };
+    match tokio::task::spawn_blocking(move || auth.verify(&token)).await {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(Refused::Invalid(why))) => {
+            tracing::info!("WebSocket credential refused: {why}");
+            Err(REFUSED)
+        }
+        _ => Err(REFUSED),
     }
 }
 

@@ -532,3 +532,76 @@ pub(super) fn valid_name(s: &str) -> bool {
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
+
+/// `auth:`: the methods, and what each needs (`jwt`: exactly one of `secret_env`, set, or
+/// `jwks_file`).
+pub(super) fn check_auth(a: AuthSection, base: &Path, c: &mut Collector) -> AuthConfig {
+    let mut methods = Vec::new();
+    for m in a.methods {
+        if !methods.contains(&m) {
+            methods.push(m);
+        }
+    }
+    let uses_jwt = methods.contains(&AuthMethod::Jwt);
+    match (&a.jwt, uses_jwt) {
+        (None, true) => c.push(
+            None,
+            Some("auth.jwt"),
+            "missing: `jwt` is in auth.methods, so say how tokens are verified (`secret_env` or `jwks_file`)",
+        ),
+        (Some(_), false) => c.push(
+            None,
+            Some("auth.jwt"),
+            "is set, but `jwt` is not in auth.methods",
+        ),
+        (Some(j), true) => match (&j.secret_env, &j.jwks_file) {
+            (Some(var), None) => {
+                if std::env::var(var).map_or(true, |v| v.is_empty()) {
+                    c.push(
+                        None,
+                        Some("auth.jwt.secret_env"),
+                        format!("environment variable `{var}` is not set (it holds the HS256 secret)"),
+                    );
+                }
+            }
+            (None, Some(_)) => {}
+            _ => c.push(
+                None,
+                Some("auth.jwt"),
+                "give exactly one of `secret_env` (HS256) and `jwks_file` (RS256, EdDSA)",
+            ),
+        },
+        (None, false) => {}
+    }
+    let jwt = a.jwt.map(|mut j| {
+        j.jwks_file = j.jwks_file.map(|f| base.join(f));
+        j
+    });
+    AuthConfig {
+        methods,
+        public_metrics: a.public_metrics,
+        keys_file: a.keys_file.map(|f| base.join(f)),
+        jwt,
+    }
+}
+
+/// With authentication on, every external listener needs `token_env`: its callbacks carry
+/// the agent's token, not an API credential, so without one anybody could answer for it.
+pub(super) fn check_external_callbacks(
+    auth: &AuthConfig,
+    listeners: &[ListenerConfig],
+    c: &mut Collector,
+) {
+    if !auth.enabled() {
+        return;
+    }
+    for l in listeners {
+        if l.external.as_ref().is_some_and(|e| e.token.is_none()) {
+            c.push(
+                Some(l.name.as_str()),
+                Some("token_env"),
+                "missing: with auth.methods set, an external listener's callbacks must carry its token",
+            );
+        }
+    }
+}

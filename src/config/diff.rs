@@ -88,6 +88,7 @@ pub fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadPr
     check("organism.store", old.store == new.store);
     check("organism.scheduling", old.scheduling == new.scheduling);
     check("limits", old.limits == new.limits);
+    check("auth", old.auth == new.auth);
     out
 }
 

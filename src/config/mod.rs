@@ -28,13 +28,15 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use check::{check_limits, check_listeners, serde_key, variant_key};
-pub use model::{
-    choose_type, display_url, names_type, ExternalConfig, Limits, ListenerConfig, ListenerKind,
-    ListenerName, LuaLimits, NoType, OrganismConfig, Retention, Scheduling,
-    DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+use check::{
+    check_auth, check_external_callbacks, check_limits, check_listeners, serde_key, variant_key,
 };
-use model::{ListenerSection, OrganismSection};
+pub use model::{
+    choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
+    Limits, ListenerConfig, ListenerKind, ListenerName, LuaLimits, NoType, OrganismConfig,
+    Retention, Scheduling, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+};
+use model::{AuthSection, ListenerSection, OrganismSection};
 
 use crate::schema::Schema;
 use crate::xml::PayloadType;
@@ -154,11 +156,11 @@ pub fn load_str(
     };
     for key in map.keys() {
         let k = key.as_str().unwrap_or("");
-        if !["organism", "limits", "listeners"].contains(&k) {
+        if !["organism", "limits", "auth", "listeners"].contains(&k) {
             c.push(
                 None,
                 Some(k),
-                "unknown key (expected `organism`, `limits`, `listeners`)",
+                "unknown key (expected `organism`, `limits`, `auth`, `listeners`)",
             );
         }
     }
@@ -184,6 +186,16 @@ pub fn load_str(
         }),
     };
     check_limits(&limits, &mut c);
+    let auth_section: Option<model::AuthSection> = match map.get("auth") {
+        None => None,
+        Some(v) => yaml_serde::from_value(v.clone()).map_or_else(
+            |e| {
+                c.push(None, Some("auth"), e.to_string());
+                None
+            },
+            Some,
+        ),
+    };
 
     let mut sections: Vec<ListenerSection> = Vec::new();
     // Every listener's name, its section readable or not: a mistake in one listener is
@@ -225,6 +237,8 @@ pub fn load_str(
     }
 
     let listeners = check_listeners(&sections, &written_names, base, known, &mut c);
+    let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
+    check_external_callbacks(&auth, &listeners, &mut c);
 
     if !c.errors.is_empty() {
         return Err(ConfigErrors(c.errors));
@@ -252,6 +266,14 @@ pub fn load_str(
         Some(p) => Some(base.join(p)),
         None => Some(PathBuf::from("data").join(format!("{}.db", organism.name))),
     };
+    if store.is_none() && auth.uses(AuthMethod::Keys) && auth.keys_file.is_none() {
+        c.push(
+            None,
+            Some("auth.keys_file"),
+            "missing: with `store: memory` and `keys` in auth.methods, the keys live in a file \
+             (agentserver keys create writes it)",
+        );
+    }
     let mut retention = Retention::default();
     if let Some(r) = &organism.store_retention {
         retention.max_messages = r.max_messages;
@@ -302,6 +324,7 @@ pub fn load_str(
         store,
         scheduling: organism.scheduling,
         limits,
+        auth,
         listeners,
         source: None,
         text: text.to_string(),
@@ -404,7 +427,7 @@ pub fn listen_is_loopback(listen: &str) -> bool {
 }
 
 /// `30d`, `12h`, `15m`, `45s`, `500ms`.
-fn parse_age(s: &str) -> Option<std::time::Duration> {
+pub fn parse_age(s: &str) -> Option<std::time::Duration> {
     let s = s.trim();
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
     let n: u64 = n.parse().ok()?;

@@ -300,6 +300,7 @@ pub struct OrganismConfig {
     /// that the API answers to as `Host`.
     pub allowed_hosts: Vec<String>,
     pub limits: Limits,
+    pub auth: AuthConfig,
     pub listeners: Vec<ListenerConfig>,
     /// The file it came from, if any.
     pub source: Option<PathBuf>,
@@ -311,6 +312,64 @@ impl OrganismConfig {
     pub fn listener(&self, name: &str) -> Option<&ListenerConfig> {
         self.listeners.iter().find(|l| l.name.as_str() == name)
     }
+}
+
+/// How API clients prove who they are (`auth:` in the organism file). No method means no
+/// authentication: every client is the implicit admin, which only a loopback `listen` (or
+/// `--insecure-no-auth`) allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuthConfig {
+    pub methods: Vec<AuthMethod>,
+    /// `/metrics` without a credential.
+    pub public_metrics: bool,
+    /// With `store: memory`: the file the API keys come from (hashes only).
+    pub keys_file: Option<PathBuf>,
+    pub jwt: Option<JwtConfig>,
+}
+
+impl AuthConfig {
+    pub fn enabled(&self) -> bool {
+        !self.methods.is_empty()
+    }
+
+    pub fn uses(&self, m: AuthMethod) -> bool {
+        self.methods.contains(&m)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMethod {
+    /// API keys (`ask_…`), kept as hashes in the store or in `keys_file`.
+    Keys,
+    /// JSON Web Tokens signed by an issuer the organism trusts.
+    Jwt,
+}
+
+/// How JWTs are verified (`auth.jwt`): HS256 with a secret from the environment, or
+/// RS256/EdDSA with the public keys of a JWKS file.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The environment variable holding the HS256 secret (never the secret itself).
+    pub secret_env: Option<String>,
+    /// A JWKS file of public keys (RS256, EdDSA).
+    pub jwks_file: Option<PathBuf>,
+    /// The `iss` a token must carry, when set.
+    pub issuer: Option<String>,
+    /// The `aud` a token must carry, when set.
+    pub audience: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuthSection {
+    #[serde(default)]
+    pub methods: Vec<AuthMethod>,
+    #[serde(default)]
+    pub public_metrics: bool,
+    pub keys_file: Option<String>,
+    pub jwt: Option<JwtConfig>,
 }
 
 /// Per-call limits of a Lua listener (`limits:` in its YAML section).

@@ -78,6 +78,7 @@
 //! the store), so it is found before the writer commits it.
 
 mod coalesce;
+pub mod keys;
 mod maintenance;
 mod open;
 mod prune;

@@ -191,7 +191,52 @@ INSERT INTO message_counts SELECT agent, type, status, SUM(n) FROM blocks GROUP 
 CREATE TABLE block_times (block INTEGER PRIMARY KEY, min_ts INTEGER NOT NULL, max_ts INTEGER NOT NULL);
 INSERT INTO block_times SELECT seq >> 8, MIN(ts), MAX(ts) FROM messages GROUP BY 1;
 "#,
+    // v5: API keys (`store::keys`): the hash of each secret, never the secret.
+    r#"
+CREATE TABLE api_keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    role TEXT NOT NULL,
+    tenant TEXT,
+    created INTEGER NOT NULL,
+    expires INTEGER,
+    last_used INTEGER,
+    revoked INTEGER
+);
+CREATE UNIQUE INDEX api_keys_live_name ON api_keys(name) WHERE revoked IS NULL;
+"#,
 ];
+
+/// Brings the file's schema to the newest version, under a write lock so that two processes
+/// opening a new file (a server and `agentserver keys`) do not race.
+pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let corrupt = |e: rusqlite::Error| {
+        err(
+            path,
+            format!("not a usable agentserver store (corrupted or not SQLite?): {e}"),
+        )
+    };
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(corrupt)?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(corrupt)?;
+    let known = MIGRATIONS.len() as i64;
+    if version > known {
+        return Err(err(
+            path,
+            format!("schema version {version} is newer than this agentserver understands ({known}); use a newer release or another file"),
+        ));
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.execute_batch(sql).map_err(corrupt)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)
+            .map_err(corrupt)?;
+    }
+    tx.commit().map_err(corrupt)
+}
 
 /// Takes `<file>.lock` (created if need be) for this store, or says who has it. A separate
 /// file, not the database itself: closing any descriptor of the database would let go of
@@ -336,26 +381,7 @@ impl Store {
         ] {
             conn.pragma_update(None, pragma, value).map_err(corrupt)?;
         }
-        // Migrate under a write lock, so two processes opening a new file do not race.
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(corrupt)?;
-        let version: i64 = tx
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(corrupt)?;
-        let known = MIGRATIONS.len() as i64;
-        if version > known {
-            return Err(err(
-                path,
-                format!("schema version {version} is newer than this agentserver understands ({known}); use a newer release or another file"),
-            ));
-        }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(version as usize) {
-            tx.execute_batch(sql).map_err(corrupt)?;
-            tx.pragma_update(None, "user_version", (i + 1) as i64)
-                .map_err(corrupt)?;
-        }
-        tx.commit().map_err(corrupt)?;
+        migrate(&mut conn, path)?;
         if let Some(pages) = max_pages {
             conn.pragma_update(None, "max_page_count", pages)
                 .map_err(corrupt)?;

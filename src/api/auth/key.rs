@@ -1,0 +1,84 @@
+//! What an API key is: `ask_<id>_<secret>`, a 48-bit public id (how the key is found) and a
+//! 256-bit secret from the operating system's random source, both hex. Only the SHA-256 of
+//! the secret is kept; a presented key is checked by comparing hashes in constant time.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// Every key starts with this.
+pub const PREFIX: &str = "ask_";
+const ID_BYTES: usize = 6;
+const SECRET_BYTES: usize = 32;
+
+/// A key's public id and secret, as presented.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Presented<'a> {
+    pub id: &'a str,
+    pub secret: &'a str,
+}
+
+/// Splits a presented key; `None` for anything not shaped as a key.
+pub fn parse(token: &str) -> Option<Presented<'_>> {
+    let rest = token.strip_prefix(PREFIX)?;
+    let (id, secret) = rest.split_once('_')?;
+    let hex =
+        |s: &str, bytes: usize| s.len() == 2 * bytes && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(id, ID_BYTES) && hex(secret, SECRET_BYTES)).then_some(Presented { id, secret })
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The hash kept for `secret`.
+pub fn hash(secret: &str) -> String {
+    to_hex(&Sha256::digest(secret.to_ascii_lowercase().as_bytes()))
+}
+
+/// Whether `secret` is the one `kept` is the hash of, compared in constant time.
+pub fn matches(secret: &str, kept: &str) -> bool {
+    hash(secret).as_bytes().ct_eq(kept.as_bytes()).into()
+}
+
+/// A new key: `(the key to show once, its id, the hash to keep)`.
+pub fn generate() -> Result<(String, String, String), String> {
+    let mut id = [0u8; ID_BYTES];
+    let mut secret = [0u8; SECRET_BYTES];
+    getrandom::fill(&mut id)
+        .and_then(|()| getrandom::fill(&mut secret))
+        .map_err(|e| format!("the system's random source failed: {e}"))?;
+    let (id, secret) = (to_hex(&id), to_hex(&secret));
+    let hash = hash(&secret);
+    Ok((format!("{PREFIX}{id}_{secret}"), id, hash))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_generated_key_parses_and_matches_only_its_own_hash() {
+        let (key, id, kept) = generate().unwrap();
+        let p = parse(&key).unwrap();
+        assert_eq!(p.id, id);
+        assert!(matches(p.secret, &kept));
+        let (other, _, other_kept) = generate().unwrap();
+        assert_ne!(key, other);
+        assert!(!matches(p.secret, &other_kept));
+        assert_eq!(key.len(), PREFIX.len() + 12 + 1 + 64);
+    }
+
+    #[test]
+    fn anything_not_shaped_as_a_key_is_refused() {
+        for bad in [
+            "",
+            "ask_",
+            "ask_abc_def",
+            "xsk_0123456789ab_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "ask_0123456789ab_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdeg",
+            "ask_0123456789ab0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        ] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+    }
+}

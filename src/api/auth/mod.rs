@@ -1,0 +1,361 @@
+//! Who a client is, and what it may do: checked once, at the API's edge.
+//!
+//! A request or WebSocket session carries one [`Principal`]: `{name, role, tenant}`, made
+//! by [`guard`] (the one middleware) from whatever credential came, or the implicit admin
+//! when the organism has no `auth.methods`. Nothing downstream reads credentials. What each
+//! route and command needs is in [`policy`]; handlers take the principal as an extension
+//! and use its name as the injector identity (SPEC §3).
+//!
+//! A refused credential is answered the same whatever the reason (401 with
+//! `WWW-Authenticate`, no hint whether a key exists, expired or was revoked); the reason
+//! goes to the log.
+
+pub mod key;
+pub mod keys;
+pub mod policy;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::{ApiError, ApiState};
+use crate::config::{AuthMethod, OrganismConfig};
+use crate::store::keys::KeyRow;
+use crate::time::Timestamp;
+pub use keys::KeySource;
+pub use policy::{command_need, route_need, Need, Role};
+
+/// The longest credential read; a longer one is refused unread.
+pub const MAX_CREDENTIAL_BYTES: usize = 4096;
+
+/// Who is asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// `key:NAME` for an API key, the token's `sub` for a JWT; `None` for the implicit
+    /// admin of an organism without authentication.
+    pub name: Option<String>,
+    pub role: Role,
+    /// The tenant it acts for; `None` for the whole organism.
+    pub tenant: Option<String>,
+    /// The key it came from, which a revocation ends.
+    pub key_id: Option<String>,
+    /// When its credential stops being valid.
+    pub expires: Option<Timestamp>,
+}
+
+impl Principal {
+    /// The principal of an organism without authentication.
+    pub fn implicit() -> Principal {
+        Principal {
+            name: None,
+            role: Role::Admin,
+            tenant: None,
+            key_id: None,
+            expires: None,
+        }
+    }
+
+    /// The identity its injects carry: its name, or `default` (`api`, `ws`) without one.
+    pub fn identity<'a>(&'a self, default: &'a str) -> &'a str {
+        self.name.as_deref().unwrap_or(default)
+    }
+
+    /// Whether it may do what `need` asks.
+    pub fn may(&self, need: Role) -> bool {
+        self.role >= need
+    }
+}
+
+/// A session that must still present its credential (a WebSocket whose upgrade carried
+/// none: it has five seconds to send `{"cmd": "auth", "token": …}`).
+#[derive(Debug, Clone, Copy)]
+pub struct AuthPending;
+
+/// Why a credential was refused: for the log, never for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refused {
+    /// No credential was presented.
+    Missing,
+    /// One was, and it is not good; the reason is for the log.
+    Invalid(String),
+}
+
+/// Checks credentials against the methods the organism allows.
+pub struct Authenticator {
+    keys: Option<KeySource>,
+    public_metrics: bool,
+    /// When each key was last used, written to the store every few seconds.
+    used: Mutex<HashMap<String, Timestamp>>,
+    /// Woken by every revocation made through the API, so open sessions look again at once.
+    pub(super) revoked: tokio::sync::Notify,
+}
+
+impl Authenticator {
+    /// The organism's authenticator; `None` without `auth.methods`.
+    pub fn new(config: &OrganismConfig) -> Result<Option<Authenticator>, String> {
+        let auth = &config.auth;
+        if !auth.enabled() {
+            return Ok(None);
+        }
+        let keys = if auth.uses(AuthMethod::Keys) {
+            Some(KeySource::of(config)?)
+        } else {
+            None
+        };
+        if auth.uses(AuthMethod::Jwt) {
+            return Err("auth method `jwt` is not available in this build yet; use `keys`".into());
+        }
+        Ok(Some(Authenticator {
+            keys,
+            public_metrics: auth.public_metrics,
+            used: Mutex::default(),
+            revoked: tokio::sync::Notify::new(),
+        }))
+    }
+
+    pub fn keys(&self) -> Option<&KeySource> {
+        self.keys.as_ref()
+    }
+
+    /// The principal of a request's credential (`Authorization: Bearer …` or
+    /// `X-API-Key: …`).
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Refused> {
+        let token = credential(headers)?;
+        self.verify(token)
+    }
+
+    /// The principal `token` stands for.
+    pub fn verify(&self, token: &str) -> Result<Principal, Refused> {
+        if token.len() > MAX_CREDENTIAL_BYTES {
+            return Err(Refused::Invalid(format!(
+                "credential of {} bytes (at most {MAX_CREDENTIAL_BYTES})",
+                token.len()
+            )));
+        }
+        let Some(keys) = &self.keys else {
+            return Err(Refused::Invalid("no method accepts this credential".into()));
+        };
+        let Some(presented) = key::parse(token) else {
+            return Err(Refused::Invalid("not an API key (ask_…)".into()));
+        };
+        let row = keys
+            .find(presented.id)
+            .map_err(|e| Refused::Invalid(format!("keys unreadable: {e}")))?
+            .ok_or_else(|| Refused::Invalid(format!("no key with id {}", presented.id)))?;
+        if !key::matches(presented.secret, &row.hash) {
+            return Err(Refused::Invalid(format!(
+                "wrong secret for key `{}`",
+                row.name
+            )));
+        }
+        let principal = principal_of(&row)?;
+        crate::sync::lock(&self.used).insert(row.id.clone(), Timestamp::now());
+        Ok(principal)
+    }
+
+    /// Whether `p`'s credential still holds (not revoked, not expired).
+    pub fn still_valid(&self, p: &Principal) -> bool {
+        if p.expires.is_some_and(|e| e <= Timestamp::now()) {
+            return false;
+        }
+        match (&p.key_id, &self.keys) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(id), Some(keys)) => matches!(
+                keys.find(id).map(|r| r.map(|r| principal_of(&r).is_ok())),
+                Ok(Some(true))
+            ),
+        }
+    }
+
+    /// Writes when keys were last used (called every few seconds).
+    pub fn flush_used(&self) {
+        let used: Vec<(String, Timestamp)> = crate::sync::lock(&self.used).drain().collect();
+        if let (false, Some(keys)) = (used.is_empty(), &self.keys) {
+            if let Err(e) = keys.touch(&used) {
+                tracing::warn!("cannot record when API keys were last used: {e}");
+            }
+        }
+    }
+}
+
+/// The principal a kept key stands for, if it is live.
+fn principal_of(row: &KeyRow) -> Result<Principal, Refused> {
+    if row.revoked.is_some() {
+        return Err(Refused::Invalid(format!("key `{}` was revoked", row.name)));
+    }
+    if row.expires.is_some_and(|e| e <= Timestamp::now()) {
+        return Err(Refused::Invalid(format!("key `{}` expired", row.name)));
+    }
+    let role = Role::parse(&row.role)
+        .ok_or_else(|| Refused::Invalid(format!("key `{}` has no known role", row.name)))?;
+    Ok(Principal {
+        name: Some(format!("key:{}", row.name)),
+        role,
+        tenant: row.tenant.clone(),
+        key_id: Some(row.id.clone()),
+        expires: row.expires,
+    })
+}
+
+/// The credential a request presents: `Authorization: Bearer …`, or `X-API-Key: …`.
+fn credential(headers: &HeaderMap) -> Result<&str, Refused> {
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        let v = v
+            .to_str()
+            .map_err(|_| Refused::Invalid("Authorization is not text".into()))?;
+        let (scheme, token) = v
+            .split_once(' ')
+            .ok_or_else(|| Refused::Invalid("Authorization is not `Bearer <credential>`".into()))?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return Err(Refused::Invalid(format!(
+                "Authorization scheme `{}` (expected Bearer)",
+                crate::clip::clip(scheme.to_string(), 32)
+            )));
+        }
+        return Ok(token.trim());
+    }
+    match headers.get("x-api-key") {
+        Some(v) => v
+            .to_str()
+            .map(str::trim)
+            .map_err(|_| Refused::Invalid("X-API-Key is not text".into())),
+        None => Err(Refused::Missing),
+    }
+}
+
+/// 401: the same answer whatever was wrong with the credential.
+pub fn unauthorized(refused: &Refused) -> ApiError {
+    let (message, challenge) = match refused {
+        Refused::Missing => (
+            "this needs a credential: an API key or token in `Authorization: Bearer …`",
+            "Bearer realm=\"agentserver\"",
+        ),
+        Refused::Invalid(_) => (
+            "the credential was refused",
+            "Bearer realm=\"agentserver\", error=\"invalid_token\"",
+        ),
+    };
+    ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).with_header(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    )
+}
+
+/// 403: known, but its role is below what the action needs.
+pub fn forbidden(p: &Principal, need: Role) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "this needs the role `{need}`; the credential has `{}`",
+            p.role
+        ),
+    )
+}
+
+/// The one middleware: finds the principal of every routed request and refuses what its
+/// role does not allow, before any handler runs.
+pub(super) async fn guard(
+    State(state): State<ApiState>,
+    matched: Option<MatchedPath>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Some(auth) = state.inner.auth.as_deref() else {
+        request.extensions_mut().insert(Principal::implicit());
+        return next.run(request).await;
+    };
+    let path = matched.as_ref().map_or("", |m| m.as_str());
+    let need = match route_need(request.method(), path) {
+        Need::Open => return next.run(request).await,
+        Need::Metrics if auth.public_metrics => return next.run(request).await,
+        Need::Metrics => Role::Viewer,
+        Need::Stream => match auth.authenticate(request.headers()) {
+            Err(Refused::Missing) => {
+                request.extensions_mut().insert(AuthPending);
+                return next.run(request).await;
+            }
+            Err(refused) => return refuse(&state, &request, refused),
+            Ok(p) => {
+                request.extensions_mut().insert(p);
+                return next.run(request).await;
+            }
+        },
+        Need::Role(r) => r,
+    };
+    match auth.authenticate(request.headers()) {
+        Err(refused) => refuse(&state, &request, refused),
+        Ok(p) if !p.may(need) => {
+            tracing::info!(principal = ?p.name, %need, path, "API request forbidden");
+            forbidden(&p, need).into_response()
+        }
+        Ok(p) => {
+            request.extensions_mut().insert(p);
+            next.run(request).await
+        }
+    }
+}
+
+fn refuse(_state: &ApiState, request: &Request, refused: Refused) -> Response {
+    if let Refused::Invalid(why) = &refused {
+        tracing::info!(path = %request.uri().path(), "API credential refused: {why}");
+    }
+    unauthorized(&refused).into_response()
+}
+
+/// Writes the access rules into the OpenAPI document: the two ways to present a credential
+/// (`securitySchemes`), and on each operation what it needs (`security`, `x-least-role`,
+/// and its 401 and 403 answers), from the same table [`guard`] enforces. They apply when
+/// the organism has `auth.methods`.
+pub fn document(mut doc: serde_json::Value) -> serde_json::Value {
+    use serde_json::json;
+    doc["components"]["securitySchemes"] = json!({
+        "bearer": {"type": "http", "scheme": "bearer",
+                   "description": "An API key (`ask_…`) or a JWT"},
+        "api_key": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+    });
+    let error =
+        json!({"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}});
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return doc;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, op) in item.iter_mut() {
+            let Ok(m) = axum::http::Method::from_bytes(method.to_uppercase().as_bytes()) else {
+                continue;
+            };
+            let (role, note) = match route_need(&m, path) {
+                Need::Open => {
+                    op["security"] = json!([{}]);
+                    continue;
+                }
+                Need::Metrics => (Role::Viewer, "viewer, or anyone with `auth.public_metrics`"),
+                Need::Stream => (
+                    Role::Viewer,
+                    "viewer; the credential may come in the upgrade request or as the first frame `{\"cmd\": \"auth\", \"token\": …}`",
+                ),
+                Need::Role(r) => (r, r.as_str()),
+            };
+            op["security"] = json!([{"bearer": []}, {"api_key": []}]);
+            op["x-least-role"] = json!(role.as_str());
+            let responses = &mut op["responses"];
+            responses["401"] = json!({
+                "description": "No credential, or one refused (with `WWW-Authenticate`)",
+                "content": error,
+            });
+            responses["403"] = json!({
+                "description": format!("The credential's role is below the least this needs: {note}"),
+                "content": error,
+            });
+        }
+    }
+    doc
+}

@@ -1,0 +1,232 @@
+//! The API keys of an organism, in its store file (`api_keys`, schema v5): each key's id,
+//! name, role, tenant, times, and the hash of its secret (never the secret). A [`KeyTable`]
+//! has its own connection and takes no lock of the file, so `agentserver keys` changes the
+//! keys of a running server (SQLite's own locking orders the writes; the server reads the
+//! table on every lookup, so it sees a new or revoked key at once).
+//!
+//! What a key is, how its secret is made and checked, is the API's (`api::auth`); this is
+//! only where keys are kept.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+
+use super::open::{migrate, open_connection};
+use super::{err, StoreError};
+use crate::sync::lock;
+use crate::time::Timestamp;
+
+/// One key as kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRow {
+    /// The public part of the key, by which it is found (`ask_<id>_…`).
+    pub id: String,
+    pub name: String,
+    /// The hash of the secret, hex.
+    pub hash: String,
+    pub role: String,
+    pub tenant: Option<String>,
+    pub created: Timestamp,
+    pub expires: Option<Timestamp>,
+    pub last_used: Option<Timestamp>,
+    pub revoked: Option<Timestamp>,
+}
+
+/// The `api_keys` table of one store file.
+pub struct KeyTable {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+const COLUMNS: &str = "id, name, hash, role, tenant, created, expires, last_used, revoked";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
+    let time = |i: usize| -> rusqlite::Result<Option<Timestamp>> {
+        Ok(r.get::<_, Option<i64>>(i)?
+            .map(|t| Timestamp(t.max(0) as u64)))
+    };
+    Ok(KeyRow {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        hash: r.get(2)?,
+        role: r.get(3)?,
+        tenant: r.get(4)?,
+        created: time(5)?.unwrap_or(Timestamp(0)),
+        expires: time(6)?,
+        last_used: time(7)?,
+        revoked: time(8)?,
+    })
+}
+
+fn ms(t: Timestamp) -> i64 {
+    i64::try_from(t.0).unwrap_or(i64::MAX)
+}
+
+/// Why a key could not be added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddKeyError {
+    #[error("a key named `{0}` exists; revoke it first or choose another name")]
+    NameTaken(String),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+impl KeyTable {
+    /// Opens the keys of the store file at `path`, creating and migrating the file if need
+    /// be (as the server would).
+    pub fn open(path: &Path) -> Result<KeyTable, StoreError> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                err(
+                    path,
+                    format!("cannot create directory {}: {e}", dir.display()),
+                )
+            })?;
+        }
+        let mut conn = open_connection(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+        )?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(|e| err(path, format!("not a usable agentserver store: {e}")))?;
+        migrate(&mut conn, path)?;
+        Ok(KeyTable {
+            path: path.to_path_buf(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn fail(&self, e: rusqlite::Error) -> StoreError {
+        err(&self.path, e)
+    }
+
+    /// Adds a key. Names are unique among keys not revoked.
+    pub fn add(&self, k: &KeyRow) -> Result<(), AddKeyError> {
+        let conn = lock(&self.conn);
+        let done = conn.execute(
+            "INSERT INTO api_keys (id, name, hash, role, tenant, created, expires) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                k.id,
+                k.name,
+                k.hash,
+                k.role,
+                k.tenant,
+                ms(k.created),
+                k.expires.map(ms)
+            ],
+        );
+        match done {
+            Ok(_) => Ok(()),
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                Err(AddKeyError::NameTaken(k.name.clone()))
+            }
+            Err(e) => Err(self.fail(e).into()),
+        }
+    }
+
+    /// The key with public id `id`, revoked or not.
+    pub fn find(&self, id: &str) -> Result<Option<KeyRow>, StoreError> {
+        let conn = lock(&self.conn);
+        conn.prepare_cached(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = ?1"))
+            .and_then(|mut st| st.query_row([id], row).optional())
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Every key, revoked ones included, oldest first.
+    pub fn list(&self) -> Result<Vec<KeyRow>, StoreError> {
+        let conn = lock(&self.conn);
+        conn.prepare(&format!(
+            "SELECT {COLUMNS} FROM api_keys ORDER BY created, id"
+        ))
+        .and_then(|mut st| st.query_map([], row)?.collect())
+        .map_err(|e| self.fail(e))
+    }
+
+    /// Revokes the live key named `name_or_id` (its name, or its public id). `None` when no
+    /// live key has that name or id.
+    pub fn revoke(&self, name_or_id: &str, at: Timestamp) -> Result<Option<KeyRow>, StoreError> {
+        let conn = lock(&self.conn);
+        conn.prepare(&format!(
+            "UPDATE api_keys SET revoked = ?2 WHERE (name = ?1 OR id = ?1) AND revoked IS NULL \
+             RETURNING {COLUMNS}"
+        ))
+        .and_then(|mut st| st.query_row(params![name_or_id, ms(at)], row).optional())
+        .map_err(|e| self.fail(e))
+    }
+
+    /// Records when keys were last used.
+    pub fn touch(&self, used: &[(String, Timestamp)]) -> Result<(), StoreError> {
+        let mut conn = lock(&self.conn);
+        let tx = conn.transaction().map_err(|e| self.fail(e))?;
+        {
+            let mut st = tx
+                .prepare(
+                    "UPDATE api_keys SET last_used = MAX(COALESCE(last_used, 0), ?2) WHERE id = ?1",
+                )
+                .map_err(|e| self.fail(e))?;
+            for (id, t) in used {
+                st.execute(params![id, ms(*t)]).map_err(|e| self.fail(e))?;
+            }
+        }
+        tx.commit().map_err(|e| self.fail(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str, name: &str) -> KeyRow {
+        KeyRow {
+            id: id.into(),
+            name: name.into(),
+            hash: "h".into(),
+            role: "viewer".into(),
+            tenant: Some("t".into()),
+            created: Timestamp(1),
+            expires: None,
+            last_used: None,
+            revoked: None,
+        }
+    }
+
+    #[test]
+    fn keys_are_added_found_revoked_and_touched_and_a_live_name_is_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/k.db");
+        let t = KeyTable::open(&path).unwrap();
+        t.add(&key("a1", "ci")).unwrap();
+        assert_eq!(
+            t.add(&key("a2", "ci")),
+            Err(AddKeyError::NameTaken("ci".into()))
+        );
+        assert_eq!(t.find("a1").unwrap().unwrap().tenant.as_deref(), Some("t"));
+        assert_eq!(t.find("zz").unwrap(), None);
+        t.touch(&[("a1".into(), Timestamp(50))]).unwrap();
+        assert_eq!(
+            t.find("a1").unwrap().unwrap().last_used,
+            Some(Timestamp(50))
+        );
+        let gone = t.revoke("ci", Timestamp(60)).unwrap().unwrap();
+        assert_eq!(
+            (gone.id.as_str(), gone.revoked),
+            ("a1", Some(Timestamp(60)))
+        );
+        assert_eq!(t.revoke("ci", Timestamp(61)).unwrap(), None);
+        // The name is free again; the revoked key stays listed.
+        t.add(&key("a3", "ci")).unwrap();
+        assert_eq!(t.list().unwrap().len(), 2);
+        // A second table on the same file (another process) sees the same keys.
+        let other = KeyTable::open(&path).unwrap();
+        assert_eq!(other.find("a3").unwrap().unwrap().name, "ci");
+        // And a store opened on it afterwards keeps them.
+        drop((t, other));
+        let store = crate::store::Store::open(&path).unwrap();
+        drop(store);
+        assert_eq!(KeyTable::open(&path).unwrap().list().unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,819 @@
+//! Access control against a real server on 127.0.0.1:0: API keys, roles on every route of
+//! the served OpenAPI document and on every WebSocket command, the WebSocket's header and
+//! first-frame credentials, revocation, the keys API and CLI, and the refusals.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use agentserver::api::auth::{KeySource, Role};
+use agentserver::api::{ApiOptions, ApiServer};
+use agentserver::Organism;
+use common::child::run_to_exit;
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+
+const LISTENERS: &str = "listeners:
+  - {name: a, description: first, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b}}
+  - {name: b, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}
+";
+
+/// An organism with `auth: {methods: [keys]}` and its store in `dir`.
+fn write_organism(dir: &Path, auth: &str, store: &str) -> PathBuf {
+    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
+    let yaml = format!("organism:\n  name: guarded\n  store: {store}\nauth: {auth}\n{LISTENERS}");
+    let path = dir.join("organism.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+struct Guarded {
+    organism: Organism,
+    server: ApiServer,
+    base: String,
+    http: reqwest::Client,
+    /// Role → its key.
+    keys: Vec<(Role, String)>,
+    path: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+/// Adds a key the way `agentserver keys create` does; the key to present.
+fn add_key(config: &agentserver::config::OrganismConfig, name: &str, role: Role) -> String {
+    let (key, row) = agentserver::api::keys::new_key(name, role, None, None).unwrap();
+    KeySource::of(config).unwrap().add(&row).unwrap();
+    key
+}
+
+async fn guarded() -> Guarded {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(dir.path(), "{methods: [keys]}", "keys.db");
+    let config = Organism::builder().load_config(&path).unwrap();
+    let keys = [Role::Viewer, Role::Operator, Role::Admin]
+        .into_iter()
+        .map(|r| (r, add_key(&config, r.as_str(), r)))
+        .collect();
+    let organism = Organism::builder().build(config).unwrap();
+    let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.local_addr());
+    Guarded {
+        organism,
+        server,
+        base,
+        http: reqwest::Client::new(),
+        keys,
+        path,
+        dir,
+    }
+}
+
+impl Guarded {
+    fn key(&self, role: Role) -> &str {
+        &self.keys.iter().find(|(r, _)| *r == role).unwrap().1
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, reqwest::header::HeaderMap, Value) {
+        let mut r = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let r = r.send().await.unwrap();
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let text = r.text().await.unwrap();
+        (
+            status,
+            headers,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn get(&self, path: &str, key: Option<&str>) -> (u16, Value) {
+        let (s, _, v) = self.send(reqwest::Method::GET, path, key, None).await;
+        (s, v)
+    }
+
+    async fn inject(&self, key: &str) -> (u16, Value) {
+        let (s, _, v) = self
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/inject",
+                Some(key),
+                Some(json!({"to": "a", "payload_xml": "<Note>hi</Note>"})),
+            )
+            .await;
+        (s, v)
+    }
+
+    fn ws_url(&self, path: &str) -> String {
+        format!("{}{path}", self.base.replacen("http://", "ws://", 1))
+    }
+}
+
+/// What each route needs, written here independently of the server's table: the matrix
+/// below fails if the served document has a route this table lacks.
+fn expected_need(method: &str, path: &str) -> Option<Role> {
+    let open = [
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/api/v1/openapi.json"),
+        (
+            "post",
+            "/api/v1/external/{agent}/threads/{thread_id}/messages",
+        ),
+    ];
+    if open.contains(&(method, path)) {
+        return None;
+    }
+    let operator = [
+        "/api/v1/inject",
+        "/api/v1/threads/{id}/kill",
+        "/api/v1/agents/{name}/pause",
+        "/api/v1/agents/{name}/resume",
+        "/api/v1/agents/{name}/reload",
+    ];
+    Some(match (method, path) {
+        ("get", "/api/v1/keys") => Role::Admin,
+        ("get", _) => Role::Viewer,
+        ("post", p) if operator.contains(&p) => Role::Operator,
+        ("post" | "delete", _) => Role::Admin,
+        other => panic!("no expectation for {other:?}: add it to this table"),
+    })
+}
+
+#[tokio::test]
+async fn every_documented_route_answers_each_role_as_the_table_says() {
+    let g = guarded().await;
+    let (_, doc) = g.get("/api/v1/openapi.json", None).await;
+    let thread = {
+        let (s, r) = g.inject(g.key(Role::Operator)).await;
+        assert_eq!(s, 202, "{r}");
+        r["thread_id"].as_str().unwrap().to_string()
+    };
+    let mut routes: Vec<(String, String)> = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            routes.push((method.clone(), path.clone()));
+        }
+    }
+    // The stop last: it ends the organism (later answers are 503, never 401 or 403).
+    routes.sort_by_key(|(m, p)| (p == "/api/v1/organism/stop", m.clone(), p.clone()));
+    assert!(routes.len() >= 29, "{routes:?}");
+    let creds: [(&str, Option<&str>, Option<Role>); 5] = [
+        ("none", None, None),
+        (
+            "wrong",
+            Some(
+                "ask_000000000000_0000000000000000000000000000000000000000000000000000000000000000",
+            ),
+            None,
+        ),
+        ("viewer", Some(g.key(Role::Viewer)), Some(Role::Viewer)),
+        (
+            "operator",
+            Some(g.key(Role::Operator)),
+            Some(Role::Operator),
+        ),
+        ("admin", Some(g.key(Role::Admin)), Some(Role::Admin)),
+    ];
+    for (method, path) in &routes {
+        let need = expected_need(method, path);
+        let url = path
+            .replace("{name}", "a")
+            .replace("{agent}", "a")
+            .replace("{id}", &thread)
+            .replace("{thread_id}", &thread);
+        let url = if url == "/api/v1/keys/a" {
+            "/api/v1/keys/no-such-key".to_string()
+        } else {
+            url
+        };
+        let stream = path.starts_with("/ws");
+        for (label, key, role) in &creds {
+            let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let body = (m == reqwest::Method::POST).then(|| json!({}));
+            let (status, headers, answer) = g.send(m, &url, *key, body).await;
+            let expected = match (need, role) {
+                (None, _) => "allowed",
+                // A stream takes its credential in the first frame when the upgrade has none.
+                (Some(_), None) if stream && key.is_none() => "allowed",
+                (Some(_), None) => "401",
+                (Some(n), Some(r)) if r >= &n => "allowed",
+                (Some(_), Some(_)) => "403",
+            };
+            let got = match status {
+                401 => "401",
+                403 => "403",
+                _ => "allowed",
+            };
+            assert_eq!(
+                got, expected,
+                "{method} {path} as {label}: {status} {answer}"
+            );
+            if status == 401 {
+                let challenge = headers
+                    .get("www-authenticate")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                assert!(
+                    challenge.starts_with("Bearer"),
+                    "{method} {path}: {challenge}"
+                );
+                assert_eq!(answer["error"]["code"], "unauthorized");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_refused_credential_gets_one_answer_whatever_was_wrong_with_it() {
+    let g = guarded().await;
+    // A key that expired, and one revoked, in the same table.
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let source = KeySource::of(&config).unwrap();
+    let (expired, mut row) =
+        agentserver::api::keys::new_key("old", Role::Admin, None, None).unwrap();
+    row.expires = Some(agentserver::time::Timestamp(1));
+    source.add(&row).unwrap();
+    let revoked = add_key(&config, "gone", Role::Admin);
+    source
+        .revoke("gone", agentserver::time::Timestamp::now())
+        .unwrap()
+        .unwrap();
+    let admin = g.key(Role::Admin).to_string();
+    let wrong_secret = format!(
+        "{}{}",
+        &admin[..admin.len() - 1],
+        if admin.ends_with('0') { '1' } else { '0' }
+    );
+    let long = format!("ask_{}", "a".repeat(10_000));
+    let bad = [
+        expired.as_str(),
+        revoked.as_str(),
+        wrong_secret.as_str(),
+        "ask_0000_0000",
+        "xsk_000000000000_0000000000000000000000000000000000000000000000000000000000000000",
+        long.as_str(),
+        "",
+    ];
+    let mut answers = Vec::new();
+    for key in bad {
+        let (s, _, v) = g
+            .send(reqwest::Method::GET, "/api/v1/agents", Some(key), None)
+            .await;
+        assert_eq!(s, 401, "{key:.40}: {v}");
+        answers.push(v);
+    }
+    // Malformed headers too.
+    for (name, value) in [
+        ("authorization", "Basic YTpi"),
+        ("authorization", "Bearer"),
+        ("authorization", "ask_nospace"),
+        ("x-api-key", "nonsense"),
+    ] {
+        let r = g
+            .http
+            .get(format!("{}/api/v1/agents", g.base))
+            .header(name, value)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{name}: {value}");
+        answers.push(r.json::<Value>().await.unwrap());
+    }
+    for a in &answers {
+        assert_eq!(a, &answers[0], "every refusal looks the same");
+    }
+    assert_eq!(answers[0]["error"]["message"], "the credential was refused");
+    // X-API-Key works as Authorization does.
+    let r = g
+        .http
+        .get(format!("{}/api/v1/agents", g.base))
+        .header("x-api-key", g.key(Role::Viewer))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn an_inject_carries_the_keys_name_as_its_sender() {
+    let g = guarded().await;
+    let (s, r) = g.inject(g.key(Role::Operator)).await;
+    assert_eq!(s, 202, "{r}");
+    let thread = r["thread_id"].as_str().unwrap();
+    settle(&g.organism, thread).await;
+    let (_, t) = g
+        .get(
+            &format!("/api/v1/threads/{thread}"),
+            Some(g.key(Role::Viewer)),
+        )
+        .await;
+    assert_eq!(t["messages"][0]["from"], "key:operator", "{t}");
+    assert!(
+        t["participants"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("key:operator")),
+        "{t}"
+    );
+}
+
+#[tokio::test]
+async fn keys_are_made_listed_and_revoked_through_the_api_and_survive_a_restart() {
+    let g = guarded().await;
+    let admin = g.key(Role::Admin).to_string();
+    let (s, _, made) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            Some(&admin),
+            Some(json!({"name": "ci", "role": "operator", "expires": "30d"})),
+        )
+        .await;
+    assert_eq!(s, 201, "{made}");
+    let key = made["key"].as_str().unwrap().to_string();
+    assert!(key.starts_with("ask_"));
+    assert_eq!(made["role"], "operator");
+    assert!(made["expires"].is_string());
+    // The same name again: 409.
+    let (s, _, again) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            Some(&admin),
+            Some(json!({"name": "ci", "role": "viewer"})),
+        )
+        .await;
+    assert_eq!(
+        (s, again["error"]["code"].as_str()),
+        (409, Some("key_exists"))
+    );
+    // Bad fields: 400 naming them.
+    for (body, at) in [
+        (json!({"name": "a b", "role": "viewer"}), "name"),
+        (
+            json!({"name": "x", "role": "viewer", "expires": "soon"}),
+            "expires",
+        ),
+        (
+            json!({"name": "x", "role": "viewer", "tenant": "a/b"}),
+            "tenant",
+        ),
+    ] {
+        let (s, _, e) = g
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/keys",
+                Some(&admin),
+                Some(body),
+            )
+            .await;
+        assert_eq!((s, e["error"]["where"].as_str()), (400, Some(at)), "{e}");
+    }
+    let (s, _, e) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            Some(&admin),
+            Some(json!({"name": "x", "role": "root"})),
+        )
+        .await;
+    assert_eq!(s, 400, "{e}");
+
+    assert_eq!(g.inject(&key).await.0, 202);
+    let (s, list) = g.get("/api/v1/keys", Some(&admin)).await;
+    assert_eq!(s, 200);
+    let text = list.to_string();
+    assert!(!text.contains(&key[17..]), "no secret is listed");
+    assert!(!text.contains("hash"), "{text}");
+    assert_eq!(list.as_array().unwrap().len(), 4);
+
+    // Keys survive a restart of the organism and its server.
+    g.server.shutdown().await;
+    g.organism.stop().await;
+    drop(g.organism);
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let organism = Organism::builder().build(config).unwrap();
+    let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let g = Guarded {
+        base: format!("http://{}", server.local_addr()),
+        organism,
+        server,
+        ..g
+    };
+    assert_eq!(g.inject(&key).await.0, 202);
+    let (s, _, gone) = g
+        .send(
+            reqwest::Method::DELETE,
+            "/api/v1/keys/ci",
+            Some(&admin),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200, "{gone}");
+    assert!(gone["revoked"].is_string());
+    // Refused at once.
+    assert_eq!(g.inject(&key).await.0, 401);
+    let (s, _, e) = g
+        .send(
+            reqwest::Method::DELETE,
+            "/api/v1/keys/ci",
+            Some(&admin),
+            None,
+        )
+        .await;
+    assert_eq!((s, e["error"]["code"].as_str()), (404, Some("unknown_key")));
+    let last_used = wait_until_async("the last use recorded", || async {
+        let (_, list) = g.get("/api/v1/keys", Some(&admin)).await;
+        list.as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["name"] == "ci" && k["last_used"].is_string())
+    });
+    last_used.await;
+    let _ = &g.dir;
+}
+
+async fn ws_with_header(url: &str, key: &str) -> Ws {
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    let (ws, _) = tokio_tungstenite::connect_async(request).await.unwrap();
+    ws
+}
+
+/// The next frame, whatever it is (a close included), with a timeout.
+async fn next_frame(ws: &mut Ws) -> Option<WsMessage> {
+    loop {
+        match tokio::time::timeout(WAIT, ws.next())
+            .await
+            .expect("a frame in time")
+        {
+            Some(Ok(WsMessage::Ping(_) | WsMessage::Pong(_))) => continue,
+            Some(Ok(m)) => return Some(m),
+            _ => return None,
+        }
+    }
+}
+
+fn close_code(m: Option<WsMessage>) -> Option<u16> {
+    match m {
+        Some(WsMessage::Close(Some(f))) => Some(f.code.into()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn websockets_take_the_credential_in_the_header_or_the_first_frame() {
+    let g = guarded().await;
+    // Header.
+    let mut ws = ws_with_header(&g.ws_url("/ws"), g.key(Role::Viewer)).await;
+    assert_eq!(next_json(&mut ws).await["event"], "connected");
+    // First frame, and nothing is sent before it.
+    let mut ws = ws_connect(&g.ws_url("/ws/messages")).await;
+    send_json(
+        &mut ws,
+        json!({"cmd": "auth", "token": g.key(Role::Viewer)}),
+    )
+    .await;
+    assert_eq!(next_json(&mut ws).await["event"], "connected");
+    // A wrong credential in the first frame: closed 4401, nothing else sent.
+    let mut ws = ws_connect(&g.ws_url("/ws")).await;
+    send_json(&mut ws, json!({"cmd": "auth", "token": "ask_nope"})).await;
+    assert_eq!(close_code(next_frame(&mut ws).await), Some(4401));
+    // Another command first: the same.
+    let mut ws = ws_connect(&g.ws_url("/ws")).await;
+    send_json(&mut ws, json!({"cmd": "subscribe"})).await;
+    assert_eq!(close_code(next_frame(&mut ws).await), Some(4401));
+    // A wrong credential in the upgrade request: 401 before any upgrade.
+    let mut request = g.ws_url("/ws").into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", "Bearer ask_nope".parse().unwrap());
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status(), 401),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn a_session_that_sends_no_credential_is_closed_after_five_seconds() {
+    let g = guarded().await;
+    let mut ws = ws_connect(&g.ws_url("/ws")).await;
+    assert_eq!(close_code(next_frame(&mut ws).await), Some(4401));
+}
+
+/// Sends a command and reads until its answer.
+async fn ask(ws: &mut Ws, cmd: Value) -> Value {
+    let id = cmd["request_id"].clone();
+    send_json(ws, cmd).await;
+    let frames = read_until(ws, |v| v["request_id"] == id).await;
+    frames.last().unwrap().clone()
+}
+
+#[tokio::test]
+async fn each_websocket_command_needs_its_role_and_a_refusal_leaves_the_session_open() {
+    let g = guarded().await;
+    let mut viewer = ws_with_header(&g.ws_url("/ws"), g.key(Role::Viewer)).await;
+    next_json(&mut viewer).await;
+    let mut operator = ws_with_header(&g.ws_url("/ws"), g.key(Role::Operator)).await;
+    next_json(&mut operator).await;
+    let inject =
+        json!({"cmd": "inject", "request_id": 1, "to": "a", "payload_xml": "<Note>x</Note>"});
+    let a = ask(&mut viewer, inject.clone()).await;
+    assert_eq!(
+        (
+            a["event"].as_str(),
+            a["status"].as_u64(),
+            a["code"].as_str()
+        ),
+        (Some("error"), Some(403), Some("forbidden")),
+        "{a}"
+    );
+    // Still open: a viewer may subscribe.
+    let a = ask(
+        &mut viewer,
+        json!({"cmd": "subscribe", "request_id": 2, "agents": ["a"]}),
+    )
+    .await;
+    assert_eq!(a["event"], "ack", "{a}");
+    let a = ask(&mut operator, inject).await;
+    assert_eq!(a["event"], "ack", "{a}");
+    for (cmd, ok) in [
+        (json!({"cmd": "pause", "request_id": 3, "agent": "b"}), true),
+        (
+            json!({"cmd": "resume", "request_id": 4, "agent": "b"}),
+            true,
+        ),
+        (json!({"cmd": "pause", "request_id": 5}), false),
+        (json!({"cmd": "reload", "request_id": 6}), false),
+        (json!({"cmd": "stop", "request_id": 7}), false),
+    ] {
+        let a = ask(&mut operator, cmd.clone()).await;
+        assert_eq!(a["event"] == "ack", ok, "{cmd}: {a}");
+        if !ok {
+            assert_eq!(a["status"], 403, "{a}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn revoking_a_key_closes_its_open_sessions_at_once() {
+    let g = guarded().await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let temp = add_key(&config, "temp", Role::Viewer);
+    let mut ws = ws_with_header(&g.ws_url("/ws/messages"), &temp).await;
+    next_json(&mut ws).await;
+    let mut other = ws_with_header(&g.ws_url("/ws/messages"), g.key(Role::Viewer)).await;
+    next_json(&mut other).await;
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::DELETE,
+            "/api/v1/keys/temp",
+            Some(g.key(Role::Admin)),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    assert_eq!(close_code(next_frame(&mut ws).await), Some(4401));
+    // Revoked by the CLI's way (another connection to the file): closed within a second or so.
+    let temp2 = add_key(&config, "temp2", Role::Viewer);
+    let mut ws = ws_with_header(&g.ws_url("/ws"), &temp2).await;
+    next_json(&mut ws).await;
+    KeySource::of(&config)
+        .unwrap()
+        .revoke("temp2", agentserver::time::Timestamp::now())
+        .unwrap();
+    let code = loop {
+        match next_frame(&mut ws).await {
+            Some(WsMessage::Text(_)) => continue,
+            m => break close_code(m),
+        }
+    };
+    assert_eq!(code, Some(4401));
+    // The others' sessions stay.
+    g.inject(g.key(Role::Operator)).await;
+    assert_eq!(next_json(&mut other).await["event"], "message");
+}
+
+#[tokio::test]
+async fn without_authentication_a_server_beyond_loopback_is_refused_unless_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!("organism:\n  name: open\n  store: memory\n{LISTENERS}"),
+    )
+    .unwrap();
+    let organism = Organism::builder().load(&path).unwrap();
+    let e = ApiServer::bind(organism.clone(), "0.0.0.0:0", ApiOptions::default())
+        .await
+        .err()
+        .expect("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains("no authentication") && e.contains("--insecure-no-auth") && e.contains("auth:"),
+        "{e}"
+    );
+    let insecure = ApiOptions {
+        insecure_no_auth: true,
+        ..ApiOptions::default()
+    };
+    assert!(ApiServer::bind(organism, "0.0.0.0:0", insecure)
+        .await
+        .is_ok());
+    // The binary says the same and exits 1.
+    let out = run_to_exit([
+        "run".as_ref(),
+        path.as_os_str(),
+        "--listen".as_ref(),
+        "0.0.0.0:0".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--insecure-no-auth"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn the_keys_cli_works_on_the_file_of_a_running_server() {
+    let g = guarded().await;
+    let path = g.path.as_os_str();
+    let out = run_to_exit([
+        "keys".as_ref(),
+        "create".as_ref(),
+        path,
+        "--name".as_ref(),
+        "cli".as_ref(),
+        "--role".as_ref(),
+        "operator".as_ref(),
+        "--expires".as_ref(),
+        "1d".as_ref(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = stdout.lines().last().unwrap().trim().to_string();
+    assert!(key.starts_with("ask_"), "{stdout}");
+    assert_eq!(g.inject(&key).await.0, 202);
+    let out = run_to_exit(["keys".as_ref(), "list".as_ref(), path]);
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        list.contains("cli id=") && list.contains("role=operator"),
+        "{list}"
+    );
+    assert!(!list.contains(&key[17..]), "no secret is listed");
+    let out = run_to_exit(["keys".as_ref(), "revoke".as_ref(), path, "cli".as_ref()]);
+    assert!(out.status.success());
+    assert_eq!(g.inject(&key).await.0, 401);
+    // Bad input: a role that does not exist, a revoked name.
+    let out = run_to_exit([
+        "keys".as_ref(),
+        "create".as_ref(),
+        path,
+        "--name".as_ref(),
+        "x".as_ref(),
+        "--role".as_ref(),
+        "root".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("viewer, operator or admin"));
+    let out = run_to_exit(["keys".as_ref(), "revoke".as_ref(), path, "cli".as_ref()]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn with_a_memory_store_keys_come_from_the_keys_file_and_the_api_says_why_it_cannot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(
+        dir.path(),
+        "{methods: [keys], keys_file: keys.yaml}",
+        "memory",
+    );
+    let out = run_to_exit([
+        "keys".as_ref(),
+        "create".as_ref(),
+        path.as_os_str(),
+        "--name".as_ref(),
+        "boss".as_ref(),
+        "--role".as_ref(),
+        "admin".as_ref(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let key = stdout.lines().last().unwrap().trim().to_string();
+    let file = std::fs::read_to_string(dir.path().join("keys.yaml")).unwrap();
+    assert!(
+        file.contains("hash:") && !file.contains(&key[17..]),
+        "{file}"
+    );
+    let organism = Organism::builder().load(&path).unwrap();
+    let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("http://{}{p}", server.local_addr());
+    let r = http
+        .get(url("/api/v1/agents"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .get(url("/api/v1/keys"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "keys_in_file");
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("agentserver keys"));
+    // Revoked in the file: refused at once.
+    let out = run_to_exit([
+        "keys".as_ref(),
+        "revoke".as_ref(),
+        path.as_os_str(),
+        "boss".as_ref(),
+    ]);
+    assert!(out.status.success());
+    let r = http
+        .get(url("/api/v1/agents"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn auth_settings_that_cannot_work_are_config_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("{methods: [jwt]}", "auth.jwt"),
+        (
+            "{methods: [keys], jwt: {secret_env: X}}",
+            "is not in auth.methods",
+        ),
+        (
+            "{methods: [jwt], jwt: {secret_env: AGENTSERVER_TEST_NO_SUCH_VAR}}",
+            "is not set",
+        ),
+        ("{methods: [jwt], jwt: {}}", "exactly one"),
+        ("{methods: [passwords]}", "auth"),
+        ("{methods: [keys], colour: blue}", "auth"),
+        ("{methods: [keys]}", "auth.keys_file"),
+    ];
+    for (auth, says) in cases {
+        let path = write_organism(dir.path(), auth, "memory");
+        let e = Organism::builder()
+            .load_config(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{auth}: {e}");
+    }
+    // An external listener's callbacks must carry its token once auth is on.
+    let path = dir.path().join("ext.yaml");
+    std::fs::write(
+        &path,
+        "organism: {name: e, store: memory}\nauth: {methods: [keys], keys_file: k.yaml}\nlisteners:\n  - {name: x, description: d, kind: external, input_url: 'http://127.0.0.1:9/in', fields: {Q: {t: string}}}\n",
+    )
+    .unwrap();
+    let e = Organism::builder()
+        .load_config(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("token_env"), "{e}");
+}
