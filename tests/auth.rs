@@ -23,8 +23,12 @@ const LISTENERS: &str = "listeners:
 
 /// An organism with `auth: {methods: [keys]}` and its store in `dir`.
 fn write_organism(dir: &Path, auth: &str, store: &str) -> PathBuf {
+    write_organism_with(dir, auth, store, LISTENERS)
+}
+
+fn write_organism_with(dir: &Path, auth: &str, store: &str, listeners: &str) -> PathBuf {
     std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
-    let yaml = format!("organism:\n  name: guarded\n  store: {store}\nauth: {auth}\n{LISTENERS}");
+    let yaml = format!("organism:\n  name: guarded\n  store: {store}\nauth: {auth}\n{listeners}");
     let path = dir.join("organism.yaml");
     std::fs::write(&path, yaml).unwrap();
     path
@@ -43,14 +47,27 @@ struct Guarded {
 
 /// Adds a key the way `agentserver keys create` does; the key to present.
 fn add_key(config: &agentserver::config::OrganismConfig, name: &str, role: Role) -> String {
-    let (key, row) = agentserver::api::keys::new_key(name, role, None, None).unwrap();
+    add_tenant_key(config, name, role, None)
+}
+
+fn add_tenant_key(
+    config: &agentserver::config::OrganismConfig,
+    name: &str,
+    role: Role,
+    tenant: Option<&str>,
+) -> String {
+    let (key, row) = agentserver::api::keys::new_key(name, role, tenant, None).unwrap();
     KeySource::of(config).unwrap().add(&row).unwrap();
     key
 }
 
 async fn guarded() -> Guarded {
+    guarded_with(LISTENERS).await
+}
+
+async fn guarded_with(listeners: &str) -> Guarded {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_organism(dir.path(), "{methods: [keys]}", "keys.db");
+    let path = write_organism_with(dir.path(), "{methods: [keys]}", "keys.db", listeners);
     let config = Organism::builder().load_config(&path).unwrap();
     let keys = [Role::Viewer, Role::Operator, Role::Admin]
         .into_iter()
@@ -173,7 +190,9 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
     // The stop last: it ends the organism (later answers are 503, never 401 or 403).
     routes.sort_by_key(|(m, p)| (p == "/api/v1/organism/stop", m.clone(), p.clone()));
     assert!(routes.len() >= 29, "{routes:?}");
-    let creds: [(&str, Option<&str>, Option<Role>); 5] = [
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let tenant_admin = add_tenant_key(&config, "acme-admin", Role::Admin, Some("acme"));
+    let creds: [(&str, Option<&str>, Option<Role>); 6] = [
         ("none", None, None),
         (
             "wrong",
@@ -189,6 +208,12 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
             Some(Role::Operator),
         ),
         ("admin", Some(g.key(Role::Admin)), Some(Role::Admin)),
+        // An admin of a tenant: never the organism-wide routes.
+        (
+            "tenant admin",
+            Some(tenant_admin.as_str()),
+            Some(Role::Admin),
+        ),
     ];
     for (method, path) in &routes {
         let need = expected_need(method, path);
@@ -207,8 +232,21 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
             let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
             let body = (m == reqwest::Method::POST).then(|| json!({}));
             let (status, headers, answer) = g.send(m, &url, *key, body).await;
+            let wide = [
+                ("get", "/api/v1/organism/config"),
+                ("get", "/metrics"),
+                ("get", "/api/v1/keys"),
+                ("post", "/api/v1/keys"),
+                ("delete", "/api/v1/keys/{name}"),
+                ("post", "/api/v1/organism/pause"),
+                ("post", "/api/v1/organism/resume"),
+                ("post", "/api/v1/organism/reload"),
+                ("post", "/api/v1/organism/stop"),
+            ]
+            .contains(&(method.as_str(), path.as_str()));
             let expected = match (need, role) {
                 (None, _) => "allowed",
+                (Some(_), Some(_)) if *label == "tenant admin" && wide => "403",
                 // A stream takes its credential in the first frame when the upgrade has none.
                 (Some(_), None) if stream && key.is_none() => "allowed",
                 (Some(_), None) => "401",
@@ -816,4 +854,271 @@ async fn auth_settings_that_cannot_work_are_config_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("token_env"), "{e}");
+}
+
+/// Two tenants, each with a chain of two, and one listener of the organism's own.
+const TENANTS: &str = "listeners:
+  - {name: a1, description: acme in, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: a2}, tenant: acme}
+  - {name: a2, description: acme out, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}
+  - {name: b1, description: beta in, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b2}, tenant: beta}
+  - {name: b2, description: beta out, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: beta}
+  - {name: o, description: ours, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}
+";
+
+fn names(list: &Value, key: &str) -> Vec<String> {
+    let mut v: Vec<String> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x[key].as_str().unwrap_or_default().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn a_tenants_credential_sees_and_touches_only_its_tenants_listeners() {
+    let g = guarded_with(TENANTS).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
+    let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
+    let org = g.key(Role::Viewer).to_string();
+
+    // Streams opened before anything happens, with a replay to check later.
+    let mut acme_events = ws_with_header(&g.ws_url("/ws"), &acme).await;
+    let snapshot = next_json(&mut acme_events).await;
+    let agents: Vec<&str> = snapshot["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(agents, ["a1", "a2"], "{snapshot}");
+    let mut acme_messages = ws_with_header(&g.ws_url("/ws/messages"), &acme).await;
+    next_json(&mut acme_messages).await;
+
+    let inject = |key: String, to: &str, thread: Option<&str>| {
+        let body = match thread {
+            Some(t) => json!({"to": to, "payload_xml": "<Note>x</Note>", "thread_id": t}),
+            None => json!({"to": to, "payload_xml": "<Note>x</Note>"}),
+        };
+        let g = &g;
+        async move {
+            g.send(
+                reqwest::Method::POST,
+                "/api/v1/inject",
+                Some(&key),
+                Some(body),
+            )
+            .await
+        }
+    };
+    // Beta works first, then acme: acme's streams must show none of beta's.
+    let (s, _, r) = inject(beta.clone(), "b1", None).await;
+    assert_eq!(s, 202, "{r}");
+    let beta_thread = r["thread_id"].as_str().unwrap().to_string();
+    settle(&g.organism, &beta_thread).await;
+    let (s, _, r) = inject(acme.clone(), "a1", None).await;
+    assert_eq!(s, 202, "{r}");
+    let acme_thread = r["thread_id"].as_str().unwrap().to_string();
+    settle(&g.organism, &acme_thread).await;
+
+    // A listener of another tenant, or the organism's, is as absent as one that does not
+    // exist: the same answer.
+    let (_, _, missing) = inject(acme.clone(), "nope", None).await;
+    for to in ["b1", "o"] {
+        let (s, _, r) = inject(acme.clone(), to, None).await;
+        assert_eq!(
+            (s, &r["error"]["code"]),
+            (404, &missing["error"]["code"]),
+            "{r}"
+        );
+        assert_eq!(
+            r["error"]["message"],
+            missing["error"]["message"]
+                .as_str()
+                .unwrap()
+                .replace("nope", to)
+        );
+    }
+    // Nor can it continue another tenant's thread.
+    let (s, _, r) = inject(acme.clone(), "a1", Some(&beta_thread)).await;
+    assert_eq!(
+        (s, r["error"]["code"].as_str()),
+        (404, Some("unknown_thread")),
+        "{r}"
+    );
+
+    // Lists: items and totals.
+    let (_, list) = g.get("/api/v1/agents", Some(&acme)).await;
+    assert_eq!(
+        (names(&list, "name"), &list["total"]),
+        (vec!["a1".to_string(), "a2".into()], &json!(2))
+    );
+    let (_, list) = g.get("/api/v1/agents", Some(&org)).await;
+    assert_eq!(list["total"], 5);
+    let (_, list) = g.get("/api/v1/threads", Some(&acme)).await;
+    assert_eq!(
+        (names(&list, "id"), &list["total"]),
+        (vec![acme_thread.clone()], &json!(1)),
+        "{list}"
+    );
+    let (_, list) = g.get("/api/v1/threads", Some(&org)).await;
+    assert_eq!(list["total"], 2);
+    let (_, list) = g.get("/api/v1/messages", Some(&acme)).await;
+    assert_eq!(list["total"], 2, "{list}");
+    for m in list["items"].as_array().unwrap() {
+        assert_eq!(m["thread_id"], acme_thread.as_str(), "{m}");
+    }
+    let (_, list) = g.get("/api/v1/messages?agent=b1", Some(&acme)).await;
+    assert_eq!(
+        (
+            list["total"].as_u64(),
+            list["items"].as_array().unwrap().len()
+        ),
+        (Some(0), 0)
+    );
+    let (_, list) = g
+        .get("/api/v1/messages?limit=1&offset=1", Some(&acme))
+        .await;
+    assert_eq!(
+        (
+            list["total"].as_u64(),
+            list["items"].as_array().unwrap().len()
+        ),
+        (Some(2), 1)
+    );
+    assert_eq!(list["items"][0]["to"], "a2");
+    let (_, list) = g.get("/api/v1/messages", Some(&org)).await;
+    assert_eq!(list["total"], 4);
+
+    // One thing of another tenant: the same 404 as a thing that does not exist.
+    let absent = [
+        (
+            format!("/api/v1/threads/{beta_thread}"),
+            "/api/v1/threads/no-such-thread".to_string(),
+        ),
+        (
+            format!("/api/v1/threads/{beta_thread}/messages"),
+            "/api/v1/threads/no-such-thread/messages".into(),
+        ),
+        ("/api/v1/agents/b1".into(), "/api/v1/agents/nope".into()),
+        (
+            "/api/v1/agents/b1/config".into(),
+            "/api/v1/agents/nope/config".into(),
+        ),
+        (
+            "/api/v1/agents/b1/schema".into(),
+            "/api/v1/agents/nope/schema".into(),
+        ),
+    ];
+    for (theirs, nothing) in absent {
+        let (s1, e1) = g.get(&theirs, Some(&acme)).await;
+        let (s2, e2) = g.get(&nothing, Some(&acme)).await;
+        assert_eq!(s1, 404, "{theirs}: {e1}");
+        assert_eq!(
+            (s1, &e1["error"]["code"]),
+            (s2, &e2["error"]["code"]),
+            "{theirs}"
+        );
+    }
+    for path in [
+        "/api/v1/agents/b1/pause",
+        "/api/v1/agents/b1/resume",
+        "/api/v1/agents/b1/reload",
+    ] {
+        let (s, _, e) = g.send(reqwest::Method::POST, path, Some(&acme), None).await;
+        assert_eq!(
+            (s, e["error"]["code"].as_str()),
+            (404, Some("unknown_listener")),
+            "{path}"
+        );
+    }
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::POST,
+            &format!("/api/v1/threads/{beta_thread}/kill"),
+            Some(&acme),
+            None,
+        )
+        .await;
+    assert_eq!(s, 404);
+    assert_eq!(
+        g.organism.threads().info(&beta_thread).unwrap().status,
+        agentserver::threads::ThreadStatus::Completed
+    );
+    // Its own: all there.
+    let (s, t) = g
+        .get(&format!("/api/v1/threads/{acme_thread}"), Some(&acme))
+        .await;
+    assert_eq!(
+        (s, t["messages"].as_array().unwrap().len()),
+        (200, 2),
+        "{t}"
+    );
+    let (s, _) = g.get("/api/v1/agents/a1/schema", Some(&acme)).await;
+    assert_eq!(s, 200);
+
+    // Streams: only acme's, live and replayed.
+    let frames = read_until(&mut acme_events, |v| {
+        v["event"] == "thread_updated"
+            && v["thread_id"] == acme_thread.as_str()
+            && v["status"] == "completed"
+    })
+    .await;
+    let mut replay = ws_with_header(&g.ws_url("/ws/messages?since=0"), &acme).await;
+    let replayed = read_until(&mut replay, |v| {
+        v["event"] == "message_status" && v["to"] == "a2" && v["status"] == "delivered"
+    })
+    .await;
+    let live = read_until(&mut acme_messages, |v| {
+        v["event"] == "message_status" && v["to"] == "a2" && v["status"] == "delivered"
+    })
+    .await;
+    for f in frames.iter().chain(&replayed).chain(&live) {
+        let text = f.to_string();
+        assert!(
+            !text.contains(&beta_thread) && !text.contains("\"b1\"") && !text.contains("\"b2\""),
+            "a frame of beta's reached acme: {text}"
+        );
+    }
+    assert!(live
+        .iter()
+        .any(|f| f["event"] == "message" && f["to"] == "a1"));
+    // Commands on another tenant's things: as if absent.
+    let a = ask(
+        &mut acme_events,
+        json!({"cmd": "pause", "request_id": 1, "agent": "b1"}),
+    )
+    .await;
+    assert_eq!(
+        (a["status"].as_u64(), a["code"].as_str()),
+        (Some(404), Some("unknown_listener")),
+        "{a}"
+    );
+    let a = ask(
+        &mut acme_events,
+        json!({"cmd": "kill", "request_id": 2, "thread_id": beta_thread}),
+    )
+    .await;
+    assert_eq!(
+        (a["status"].as_u64(), a["code"].as_str()),
+        (Some(404), Some("unknown_thread")),
+        "{a}"
+    );
+    let a = ask(
+        &mut acme_events,
+        json!({"cmd": "inject", "request_id": 3, "to": "b1", "payload_xml": "<Note>x</Note>"}),
+    )
+    .await;
+    assert_eq!(a["status"], 404, "{a}");
+    let a = ask(
+        &mut acme_events,
+        json!({"cmd": "pause", "request_id": 4, "agent": "a2"}),
+    )
+    .await;
+    assert_eq!(a["event"], "ack", "{a}");
+    // The organism's own view is whole.
+    let (_, list) = g.get("/api/v1/agents", Some(&org)).await;
+    assert_eq!(names(&list, "name"), ["a1", "a2", "b1", "b2", "o"]);
 }

@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::auth::{unknown_thread, Seen};
 use super::error::ApiError;
 use crate::config::{choose_type, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
@@ -66,10 +67,12 @@ fn choose(
     }
 }
 
-/// Turns an inject body into the pump's request and injects it as `identity`.
+/// Turns an inject body into the pump's request and injects it as the principal of `seen`
+/// (its name, or `default`): to a listener it sees, and into a thread it sees (or a new one).
 pub fn inject(
     organism: &Organism,
-    identity: &str,
+    seen: &Seen,
+    default: &str,
     body: InjectBody,
 ) -> Result<InjectReceipt, ApiError> {
     if let Some(t) = &body.thread_id {
@@ -83,13 +86,26 @@ pub fn inject(
         }
     }
     let config = organism.config();
-    let listener = config.listener(&body.to).ok_or_else(|| {
-        ApiError::not_found(
-            "unknown_listener",
-            format!("no listener named `{}`", body.to),
-        )
-        .at("to")
-    })?;
+    if let Some(t) = body
+        .thread_id
+        .as_deref()
+        .filter(|_| !seen.scope.everything())
+    {
+        let existing = organism.thread_info(t)?;
+        if existing.is_some_and(|info| !seen.scope.sees_thread(&info.participants)) {
+            return Err(unknown_thread(t).at("thread_id"));
+        }
+    }
+    let listener = config
+        .listener(&body.to)
+        .filter(|_| seen.scope.sees(&body.to))
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "unknown_listener",
+                format!("no listener named `{}`", body.to),
+            )
+            .at("to")
+        })?;
     let payload_xml = match (body.payload, body.payload_xml) {
         (Some(_), Some(_)) | (None, None) => {
             return Err(ApiError::bad_request(
@@ -129,7 +145,7 @@ pub fn inject(
         }
     };
     Ok(organism.inject(InjectRequest {
-        from: identity.to_string(),
+        from: seen.principal.identity(default).to_string(),
         to: body.to,
         payload_xml,
         thread_id: body.thread_id,

@@ -83,12 +83,10 @@ pub fn new_key(
                 .at("name"),
         );
     }
-    if tenant.is_some() {
-        // Until every route and stream filters by tenant, a tenant key would see everything.
-        return Err(ApiError::bad_request(
-            "tenant keys are not available yet: a key acts for the whole organism",
-        )
-        .at("tenant"));
+    if tenant.is_some_and(|t| !crate::config::valid_tenant(t)) {
+        return Err(
+            ApiError::bad_request("a tenant is 1-64 letters, digits, `.`, `_` or `-`").at("tenant"),
+        );
     }
     let now = crate::time::Timestamp::now();
     let expires = match expires {

@@ -27,6 +27,10 @@
 //! (hyper with a header-read timer; `max_connections`, one more answered 503; an idle timeout
 //! on the socket; `TCP_NODELAY`). `metrics.rs`: Prometheus text from live state. `sanitize.rs`:
 //! secret redaction of config. `external.rs`: the external agents' callback endpoint.
+//! `view.rs` and `frame.rs`: the JSON the API shows, mapped from core values. `auth/`: the
+//! `Principal` of each request (`guard`), the policy table, keys, and the `Scope` a tenant's
+//! principal sees, pushed into the history's filters (`within`) and each session's events;
+//! `keys.rs`: the keys API.
 
 pub mod auth;
 mod browser;

@@ -2,12 +2,13 @@
 //! documented with `#[utoipa::path]`, which is also how it is routed, so the OpenAPI document
 //! cannot drift from what is served.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::auth::{unknown_thread, Scope, Seen, VisibleAgent, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::inject::{inject as do_inject, InjectBody};
 use super::sanitize::{listener_view, organism_view, ConfigView};
@@ -155,12 +156,12 @@ pub async fn get_organism_config(State(s): State<ApiState>) -> Json<ConfigView> 
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_agents(
     State(s): State<ApiState>,
+    seen: Seen,
     Params(q): Params<PageQuery>,
 ) -> Json<Paged<Agent>> {
-    Json(Paged::map(
-        q.page().cut(s.inner.organism.agents()),
-        Agent::from,
-    ))
+    let mut agents = s.inner.organism.agents();
+    agents.retain(|a| seen.scope.sees(&a.name));
+    Json(Paged::map(q.page().cut(agents), Agent::from))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}", tag = "agents",
@@ -169,7 +170,7 @@ pub async fn list_agents(
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn get_agent(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
+    VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<Agent>> {
     Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
@@ -180,7 +181,7 @@ pub async fn get_agent(
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn get_agent_config(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
+    VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<ConfigView>> {
     s.inner.organism.agent(&name)?;
     listener_view(&s.inner.organism.config().text, &name)
@@ -199,7 +200,7 @@ pub async fn get_agent_config(
               (status = 404, description = "No such listener or payload type", body = ErrorResponse)))]
 pub async fn get_agent_schema(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
+    VisibleAgent(name): VisibleAgent,
     Params(q): Params<SchemaQuery>,
 ) -> ApiResult<Response> {
     let config = s.inner.organism.config();
@@ -232,6 +233,7 @@ pub async fn get_agent_schema(
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_threads(
     State(s): State<ApiState>,
+    seen: Seen,
     Params(q): Params<ThreadQuery>,
 ) -> ApiResult<Json<Paged<Thread>>> {
     let filter = ThreadFilter {
@@ -239,38 +241,54 @@ pub async fn list_threads(
         agent: q.agent.clone(),
         since: time_param("since", q.since.as_deref())?,
         until: time_param("until", q.until.as_deref())?,
+        within: seen.scope.within(),
     };
     let page = Page::new(q.limit, q.offset);
     let threads = s.inner.organism.query_threads(&filter, page)?;
     Ok(Json(Paged::map(threads, Thread::from)))
 }
 
-fn unknown_thread(id: &str) -> ApiError {
-    ApiError::not_found("unknown_thread", format!("no thread `{id}`"))
-}
-
 #[utoipa::path(get, path = "/api/v1/threads/{id}", tag = "threads",
     params(("id" = String, Path, description = "Thread id")),
     responses((status = 200, description = "The thread with its message history", body = ThreadDetail),
               (status = 404, description = "No such thread", body = ErrorResponse)))]
-pub async fn get_thread(State(s): State<ApiState>, Path(id): Path<String>) -> ApiResult<Response> {
+pub async fn get_thread(State(s): State<ApiState>, t: VisibleThread) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    let thread = organism
-        .thread_info(&id)?
-        .ok_or_else(|| unknown_thread(&id))?;
-    let messages = all_messages(organism, &id)?;
+    let messages = all_messages(organism, &t.id, &t.scope)?;
     Ok(json(&ThreadDetail {
-        thread: thread.into(),
+        thread: t.info.into(),
         messages: Message::all(&messages, &organism.schemas()),
     }))
 }
 
-/// Every message of a thread, in slot order (none for an unknown thread).
-fn all_messages(organism: &crate::Organism, id: &str) -> ApiResult<Vec<MessageRecord>> {
-    Ok(organism
-        .thread_page(id, Page::ALL)?
+/// Every message of a thread that `scope` sees, in slot order (none for an unknown thread).
+fn all_messages(
+    organism: &crate::Organism,
+    id: &str,
+    scope: &Scope,
+) -> ApiResult<Vec<MessageRecord>> {
+    Ok(thread_page(organism, id, scope, Page::ALL)?
         .map(|p| p.items)
         .unwrap_or_default())
+}
+
+/// One page of a thread's messages that `scope` sees: all of them for an organism-wide
+/// principal; a tenant's, with totals to match, through the message filter.
+fn thread_page(
+    organism: &crate::Organism,
+    id: &str,
+    scope: &Scope,
+    page: Page,
+) -> ApiResult<Option<crate::threads::Paged<MessageRecord>>> {
+    if scope.everything() {
+        return Ok(organism.thread_page(id, page)?);
+    }
+    let filter = MessageFilter {
+        thread: Some(id.to_string()),
+        within: scope.within(),
+        ..Default::default()
+    };
+    Ok(Some(organism.query_messages(&filter, page)?))
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
@@ -279,13 +297,12 @@ fn all_messages(organism: &crate::Organism, id: &str) -> ApiResult<Vec<MessageRe
               (status = 404, description = "No such thread", body = ErrorResponse)))]
 pub async fn thread_messages(
     State(s): State<ApiState>,
-    Path(id): Path<String>,
+    t: VisibleThread,
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    let page = organism
-        .thread_page(&id, q.page())?
-        .ok_or_else(|| unknown_thread(&id))?;
+    let page =
+        thread_page(organism, &t.id, &t.scope, q.page())?.ok_or_else(|| unknown_thread(&t.id))?;
     Ok(messages_page(organism, page))
 }
 
@@ -294,6 +311,7 @@ pub async fn thread_messages(
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_messages(
     State(s): State<ApiState>,
+    seen: Seen,
     Params(q): Params<MessageQuery>,
 ) -> ApiResult<Response> {
     let filter = MessageFilter {
@@ -303,6 +321,7 @@ pub async fn list_messages(
         status: q.status.map(Into::into),
         since: time_param("since", q.since.as_deref())?,
         until: time_param("until", q.until.as_deref())?,
+        within: seen.scope.within(),
     };
     let page = Page::new(q.limit, q.offset);
     let organism = &s.inner.organism;
@@ -348,7 +367,7 @@ pub struct InjectResult<'a> {
               (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
 pub async fn inject(
     State(s): State<ApiState>,
-    axum::Extension(who): axum::Extension<super::auth::Principal>,
+    seen: Seen,
     Params(q): Params<InjectQuery>,
     JsonBody(body): JsonBody<InjectBody>,
 ) -> ApiResult<Response> {
@@ -358,7 +377,7 @@ pub async fn inject(
         );
     }
     let organism = &s.inner.organism;
-    let receipt = do_inject(organism, who.identity(REST_IDENTITY), body)?;
+    let receipt = do_inject(organism, &seen, REST_IDENTITY, body)?;
     let Some(wait) = q.wait else {
         return Ok((StatusCode::ACCEPTED, Json(InjectReceipt::from(receipt))).into_response());
     };
@@ -371,7 +390,7 @@ pub async fn inject(
         Ok(Some(status)) => status,
         _ => crate::threads::ThreadStatus::Active,
     };
-    let messages = all_messages(organism, &receipt.thread_id)?;
+    let messages = all_messages(organism, &receipt.thread_id, &seen.scope)?;
     Ok(json(&InjectResult {
         thread_id: receipt.thread_id,
         message_id: receipt.message_id,
@@ -386,7 +405,7 @@ pub async fn inject(
               (status = 404, description = "No such thread", body = ErrorResponse)))]
 pub async fn kill_thread(
     State(s): State<ApiState>,
-    Path(id): Path<String>,
+    VisibleThread { id, .. }: VisibleThread,
 ) -> ApiResult<Json<Thread>> {
     let organism = &s.inner.organism;
     organism.kill_thread(&id)?;
@@ -403,7 +422,7 @@ pub async fn kill_thread(
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn pause_agent(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
+    VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<Agent>> {
     s.inner.organism.pause_listener(&name)?;
     Ok(Json(s.inner.organism.agent(&name)?.into()))
@@ -415,7 +434,7 @@ pub async fn pause_agent(
               (status = 404, description = "No such listener", body = ErrorResponse)))]
 pub async fn resume_agent(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
+    VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<Agent>> {
     s.inner.organism.resume_listener(&name)?;
     Ok(Json(s.inner.organism.agent(&name)?.into()))
@@ -498,7 +517,7 @@ pub async fn reload_organism(
               (status = 422, description = "The new script does not compile or its `init` failed; the old one keeps running", body = ErrorResponse)))]
 pub async fn reload_agent(
     State(s): State<ApiState>,
-    Path(name): Path<String>,
+    VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<Agent>> {
     let organism = s.inner.organism.clone();
     let target = name.clone();

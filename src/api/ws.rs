@@ -20,14 +20,17 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::auth::{command_need, unauthorized, AuthPending, Principal, Refused};
+use super::auth::{
+    command_need, command_organism_wide, unauthorized, unknown_thread, AuthPending, Principal,
+    Refused, Scope, Seen,
+};
 use super::error::{ApiError, Params};
 use super::filter::Filter;
 use super::frame::{event_frame, message_frame};
 use super::inject::{inject, InjectBody};
 use super::rest::reload_blocking;
 use super::{ApiState, Endpoint};
-use crate::events::{Event, RecvError, TryRecvError};
+use crate::events::{Event, EventKind, RecvError, TryRecvError};
 use crate::time::Timestamp;
 
 /// The identity `/ws` injects carry.
@@ -145,6 +148,9 @@ struct Session {
     state: ApiState,
     ep: Endpoint,
     principal: Principal,
+    /// What a tenant's principal sees, with the config it was made from (made again after
+    /// a reload); `None` for an organism-wide principal, which sees everything.
+    tenant_view: Option<(Arc<crate::config::OrganismConfig>, Scope)>,
     filter: Filter,
     tx: mpsc::Sender<Message>,
     queued: Arc<AtomicUsize>,
@@ -239,6 +245,11 @@ impl Session {
         let mut session = Session {
             state: state.clone(),
             ep,
+            tenant_view: principal.tenant.is_some().then(|| {
+                let config = state.inner.organism.config();
+                let scope = principal.scope(&config);
+                (config, scope)
+            }),
             principal,
             filter,
             tx: tx.clone(),
@@ -393,7 +404,56 @@ impl Session {
         }
     }
 
-    fn snapshot(&self, seq: u64) -> Value {
+    /// What the session's principal sees now.
+    fn scope(&mut self) -> Scope {
+        let Some((config, scope)) = &mut self.tenant_view else {
+            return Scope::default();
+        };
+        let now = self.state.inner.organism.config();
+        if !Arc::ptr_eq(config, &now) {
+            *scope = self.principal.scope(&now);
+            *config = now;
+        }
+        scope.clone()
+    }
+
+    /// Whether a tenant's session sees `ev` (every event, for an organism-wide one).
+    fn sees(&mut self, ev: &Event) -> bool {
+        if self.tenant_view.is_none() {
+            return true;
+        }
+        let scope = self.scope();
+        let threads = self.state.inner.organism.threads();
+        let thread = |id: &str| {
+            threads
+                .info(id)
+                .is_some_and(|t| scope.sees_thread(&t.participants))
+        };
+        match &ev.kind {
+            EventKind::AgentState { agent, .. } | EventKind::Log { agent, .. } => scope.sees(agent),
+            EventKind::Message { message } => {
+                scope.sees_message(&message.from, message.to.as_deref())
+            }
+            EventKind::MessageStatus { about: Some(a), .. } => {
+                scope.sees_message(&a.from, a.to.as_deref())
+            }
+            EventKind::MessageStatus { thread_id, .. }
+            | EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
+            EventKind::ThreadCreated { thread: t } => {
+                scope.sees_thread(&t.participants) || thread(&t.id)
+            }
+            EventKind::Error { agent: Some(a), .. } => scope.sees(a),
+            EventKind::Error {
+                thread_id: Some(t), ..
+            } => thread(t),
+            EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
+            EventKind::OrganismState { .. } => true,
+            EventKind::Error { .. } | EventKind::Reload { .. } => false,
+        }
+    }
+
+    fn snapshot(&mut self, seq: u64) -> Value {
+        let scope = self.scope();
         let organism = &self.state.inner.organism;
         let info = super::view::Organism::from(organism.info());
         match self.ep {
@@ -406,6 +466,9 @@ impl Session {
             }),
             Endpoint::Events => {
                 let mut threads = organism.threads().list();
+                threads.retain(|t| scope.sees_thread(&t.participants));
+                let mut agents = organism.agents();
+                agents.retain(|a| scope.sees(&a.name));
                 let mut recent = 0;
                 threads.retain(|t| {
                     t.status == crate::threads::ThreadStatus::Active || {
@@ -418,7 +481,7 @@ impl Session {
                     "seq": seq,
                     "timestamp": Timestamp::now(),
                     "organism": info,
-                    "agents": organism.agents().into_iter().map(super::view::Agent::from).collect::<Vec<_>>(),
+                    "agents": agents.into_iter().map(super::view::Agent::from).collect::<Vec<_>>(),
                     "threads": threads.into_iter().map(super::view::Thread::from).collect::<Vec<_>>(),
                     "filter": self.filter,
                 })
@@ -472,6 +535,9 @@ impl Session {
             return;
         }
         self.seen = ev.seq;
+        if !self.sees(ev) {
+            return;
+        }
         let frame = match self.ep {
             Endpoint::Events if self.filter.passes(ev) => {
                 event_frame(ev, &self.state.inner.organism)
@@ -608,6 +674,17 @@ impl Session {
         if !self.principal.may(need) {
             return Err(fail(super::auth::forbidden(&self.principal, need)));
         }
+        if self.principal.tenant.is_some() && command_organism_wide(&cmd, names_agent) {
+            return Err(fail(super::auth::tenant_forbidden()));
+        }
+        let scope = self.scope();
+        if let Some(Value::String(a)) = map.get("agent") {
+            if !scope.sees(a) {
+                return Err(fail(
+                    crate::pump::ControlError::UnknownListener(a.clone()).into(),
+                ));
+            }
+        }
         let organism = self.state.inner.organism.clone();
         let mut out = Map::new();
         match (cmd.as_str(), self.ep) {
@@ -638,8 +715,11 @@ impl Session {
             ("inject", _) => {
                 let body: InjectBody = serde_json::from_value(Value::Object(map))
                     .map_err(|e| fail(ApiError::bad_request(format!("bad inject: {e}"))))?;
-                let identity = self.principal.identity(WS_IDENTITY).to_string();
-                let receipt = inject(&organism, &identity, body).map_err(fail)?;
+                let seen = Seen {
+                    principal: self.principal.clone(),
+                    scope,
+                };
+                let receipt = inject(&organism, &seen, WS_IDENTITY, body).map_err(fail)?;
                 out.insert("thread_id".into(), json!(receipt.thread_id));
                 out.insert("message_id".into(), json!(receipt.message_id));
             }
@@ -673,6 +753,13 @@ impl Session {
                         ApiError::bad_request("`kill` needs a `thread_id`").at("thread_id"),
                     ));
                 };
+                let visible = organism
+                    .thread_info(t)
+                    .map_err(|e| fail(e.into()))?
+                    .is_some_and(|info| scope.sees_thread(&info.participants));
+                if !visible {
+                    return Err(fail(unknown_thread(t)));
+                }
                 organism.kill_thread(t).map_err(|e| fail(e.into()))?;
                 out.insert("thread_id".into(), json!(t));
             }

@@ -182,11 +182,33 @@ pub(super) fn check_listeners(
             script,
             lua_limits,
             external: external.flatten(),
+            tenant: check_tenant(s, c),
         });
     }
 
     check_agent_types(&built, c);
     built
+}
+
+/// Whether `s` is a tenant's name: 1-64 letters, digits, `.`, `_` or `-` (the rule keys'
+/// names follow too).
+pub fn valid_tenant(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+fn check_tenant(s: &ListenerSection, c: &mut Collector) -> Option<String> {
+    let t = s.tenant.as_deref()?;
+    if !valid_tenant(t) {
+        c.push(
+            Some(s.name.as_str()),
+            Some("tenant"),
+            "must be 1-64 letters, digits, `.`, `_` or `-`",
+        );
+    }
+    Some(t.to_string())
 }
 
 /// The listener's name (form, not reserved) and its description, which it returns.

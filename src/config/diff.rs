@@ -57,7 +57,13 @@ pub fn fingerprint(l: &ListenerConfig) -> String {
     format!(
         "{:?}",
         (
-            (&l.description, l.kind.to_string(), &l.handler, l.agent),
+            (
+                &l.description,
+                l.kind.to_string(),
+                &l.handler,
+                l.agent,
+                &l.tenant
+            ),
             (&l.peers, l.concurrency, l.config.to_string()),
             (
                 &l.script,

@@ -28,6 +28,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use check::valid_tenant;
 use check::{
     check_auth, check_external_callbacks, check_limits, check_listeners, serde_key, variant_key,
 };

@@ -143,6 +143,7 @@ pub(crate) struct ListenerSection {
     pub token_env: Option<String>,
     pub timeout_ms: Option<u64>,
     pub reply_timeout: Option<yaml_serde::Value>,
+    pub tenant: Option<String>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.
@@ -199,6 +200,9 @@ pub struct ListenerConfig {
     pub lua_limits: LuaLimits,
     /// For `external`: where deliveries go and how replies are accepted.
     pub external: Option<ExternalConfig>,
+    /// The tenant it belongs to; `None`: the organism's own. A tenant's credentials see and
+    /// touch only its tenant's listeners.
+    pub tenant: Option<String>,
 }
 
 /// An external agent (SPEC §11.4): the pump POSTs each delivery to `input_url`; replies come

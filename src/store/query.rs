@@ -78,6 +78,22 @@ impl Rows {
                 [V::Integer(id), V::Integer(id)],
             );
         }
+        if let Some(set) = &filter.within {
+            let mut ids = Vec::with_capacity(set.len());
+            for a in set {
+                if let Some(id) = number("SELECT id FROM names WHERE name = ?1", a)? {
+                    ids.push(V::Integer(id));
+                }
+            }
+            if ids.is_empty() {
+                return Ok(None);
+            }
+            let list = in_list(ids.len());
+            matching.and(
+                format!("(m.sender IN ({list}) OR m.receiver IN ({list}))"),
+                ids.iter().chain(ids.iter()).cloned(),
+            );
+        }
         let mut types = None;
         if let Some(p) = &filter.payload_type {
             // Names are few (agents and payload types): match the filter against them all.
@@ -232,7 +248,9 @@ impl Store {
         self.read(|tx| {
             let (total, items) = match Rows::of(tx, filter)? {
                 None => (0, Vec::new()),
-                Some(rows) if filter.thread.is_some() => count_and_page(
+                // A thread's messages through its index; a set of agents (a tenant's view)
+                // row by row, since the blocks' counts are per agent.
+                Some(rows) if filter.thread.is_some() || filter.within.is_some() => count_and_page(
                     tx,
                     Select {
                         from: MESSAGES,
@@ -402,6 +420,15 @@ impl Store {
         }
         if let Some(a) = &filter.agent {
             w.and("EXISTS (SELECT 1 FROM messages m, (SELECT id FROM names WHERE name = ?) a WHERE m.thread = threads.n AND (m.sender = a.id OR m.receiver = a.id))", [V::Text(a.clone())]);
+        }
+        if let Some(set) = &filter.within {
+            w.and(
+                format!(
+                    "EXISTS (SELECT 1 FROM messages m JOIN names a ON (m.sender = a.id OR m.receiver = a.id) WHERE m.thread = threads.n AND a.name IN ({}))",
+                    in_list(set.len())
+                ),
+                set.iter().map(|a| V::Text(a.clone())),
+            );
         }
         if let Some(s) = filter.since {
             w.and("last_activity >= ?", [V::Integer(s.0 as i64)]);

@@ -74,6 +74,8 @@ pub struct MessageFilter {
     pub since: Option<Timestamp>,
     /// Logged before.
     pub until: Option<Timestamp>,
+    /// Only messages whose sender or receiver is one of these (a tenant's listeners).
+    pub within: Option<Vec<String>>,
 }
 
 /// Does a stored payload type (`{ns}Local` or `Local`) match what a client asked for?
@@ -98,6 +100,10 @@ impl MessageFilter {
             && self.status.is_none_or(|s| m.status == s)
             && self.since.is_none_or(|s| m.timestamp >= s)
             && self.until.is_none_or(|u| m.timestamp < u)
+            && self.within.as_ref().is_none_or(|set| {
+                set.iter()
+                    .any(|a| &*m.from == a || m.to.as_deref() == Some(a))
+            })
     }
 }
 
@@ -111,6 +117,8 @@ pub struct ThreadFilter {
     pub since: Option<Timestamp>,
     /// Created before this.
     pub until: Option<Timestamp>,
+    /// Only threads in which one of these took part (a tenant's listeners).
+    pub within: Option<Vec<String>>,
 }
 
 impl ThreadFilter {
@@ -122,6 +130,10 @@ impl ThreadFilter {
                 .is_none_or(|a| t.participants.iter().any(|p| p == a))
             && self.since.is_none_or(|s| t.last_activity >= s)
             && self.until.is_none_or(|u| t.created_at < u)
+            && self
+                .within
+                .as_ref()
+                .is_none_or(|set| t.participants.iter().any(|p| set.contains(p)))
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod key;
 pub mod keys;
 pub mod policy;
+pub mod visible;
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -27,7 +28,8 @@ use crate::config::{AuthMethod, OrganismConfig};
 use crate::store::keys::KeyRow;
 use crate::time::Timestamp;
 pub use keys::KeySource;
-pub use policy::{command_need, route_need, Need, Role};
+pub use policy::{command_need, command_organism_wide, organism_wide, route_need, Need, Role};
+pub use visible::{unknown_thread, Seen, VisibleAgent, VisibleThread};
 
 /// The longest credential read; a longer one is refused unread.
 pub const MAX_CREDENTIAL_BYTES: usize = 4096;
@@ -67,6 +69,53 @@ impl Principal {
     /// Whether it may do what `need` asks.
     pub fn may(&self, need: Role) -> bool {
         self.role >= need
+    }
+
+    /// What it may see of the organism `config` describes now.
+    pub fn scope(&self, config: &OrganismConfig) -> Scope {
+        Scope(self.tenant.as_ref().map(|t| {
+            config
+                .listeners
+                .iter()
+                .filter(|l| l.tenant.as_ref() == Some(t))
+                .map(|l| l.name.as_str().to_string())
+                .collect()
+        }))
+    }
+}
+
+/// What a principal may see: every listener, or its tenant's. Visibility is a filter pushed
+/// down into the queries (`within`) and the streams, so items and totals agree, and what is
+/// not visible answers exactly as what does not exist.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope(Option<Vec<String>>);
+
+impl Scope {
+    /// Sees everything (a credential without a tenant).
+    pub fn everything(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// Whether it sees the listener (or injector identity) `agent`.
+    pub fn sees(&self, agent: &str) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|set| set.iter().any(|a| a == agent))
+    }
+
+    /// Whether it sees a message from `from` to `to`.
+    pub fn sees_message(&self, from: &str, to: Option<&str>) -> bool {
+        self.everything() || self.sees(from) || to.is_some_and(|t| self.sees(t))
+    }
+
+    /// Whether it sees a thread with these participants.
+    pub fn sees_thread(&self, participants: &[String]) -> bool {
+        self.everything() || participants.iter().any(|p| self.sees(p))
+    }
+
+    /// The `within` of the history's filters.
+    pub fn within(&self) -> Option<Vec<String>> {
+        self.0.clone()
     }
 }
 
@@ -258,6 +307,15 @@ pub fn forbidden(p: &Principal, need: Role) -> ApiError {
     )
 }
 
+/// 403: a tenant's credential asked for something about the whole organism.
+pub fn tenant_forbidden() -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        "this is about the whole organism: a tenant's credential may not",
+    )
+}
+
 /// The one middleware: finds the principal of every routed request and refuses what its
 /// role does not allow, before any handler runs.
 pub(super) async fn guard(
@@ -293,6 +351,10 @@ pub(super) async fn guard(
         Ok(p) if !p.may(need) => {
             tracing::info!(principal = ?p.name, %need, path, "API request forbidden");
             forbidden(&p, need).into_response()
+        }
+        Ok(p) if p.tenant.is_some() && organism_wide(request.method(), path) => {
+            tracing::info!(principal = ?p.name, path, "organism-wide request by a tenant");
+            tenant_forbidden().into_response()
         }
         Ok(p) => {
             request.extensions_mut().insert(p);

@@ -110,9 +110,29 @@ pub fn route_need(method: &Method, path: &str) -> Need {
         })
 }
 
+/// Routes about the whole organism, which a tenant's credential may not use whatever its
+/// role: its file, its control, its keys, its metrics.
+const ORGANISM_WIDE: &[(Method, &str)] = &[
+    (Method::GET, "/api/v1/organism/config"),
+    (Method::GET, "/metrics"),
+    (Method::GET, "/api/v1/keys"),
+    (Method::POST, "/api/v1/keys"),
+    (Method::DELETE, "/api/v1/keys/{name}"),
+    (Method::POST, "/api/v1/organism/pause"),
+    (Method::POST, "/api/v1/organism/resume"),
+    (Method::POST, "/api/v1/organism/reload"),
+    (Method::POST, "/api/v1/organism/stop"),
+];
+
+/// Whether a route is about the whole organism (not for a tenant's credential).
+pub fn organism_wide(method: &Method, path: &str) -> bool {
+    ORGANISM_WIDE.iter().any(|(m, p)| m == method && *p == path)
+}
+
 /// The least role a `/ws` command needs. `agent` says whether it names one listener
-/// (`pause`, `resume`, `reload`), which an operator may do, rather than the organism. An
-/// unknown command needs nothing: it is answered as unknown.
+/// (`pause`, `resume`, `reload`), which an operator may do, rather than the organism (which
+/// needs an admin without a tenant, as [`organism_wide`] routes do). An unknown command needs
+/// nothing: it is answered as unknown.
 pub fn command_need(cmd: &str, agent: bool) -> Role {
     match cmd {
         "inject" | "kill" => Role::Operator,
@@ -120,4 +140,9 @@ pub fn command_need(cmd: &str, agent: bool) -> Role {
         "pause" | "resume" | "reload" | "stop" => Role::Admin,
         _ => Role::Viewer,
     }
+}
+
+/// Whether a `/ws` command acts on the whole organism.
+pub fn command_organism_wide(cmd: &str, agent: bool) -> bool {
+    matches!(cmd, "pause" | "resume" | "reload" | "stop") && !agent
 }

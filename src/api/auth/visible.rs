@@ -1,0 +1,87 @@
+//! Extractors that hand a handler only what its principal may see: the principal's
+//! [`Scope`], a listener named in the path ([`VisibleAgent`]), a thread named in the path
+//! ([`VisibleThread`]). What is not visible is refused exactly as what does not exist.
+
+use axum::extract::{FromRequestParts, Path};
+use axum::http::request::Parts;
+
+use super::{Principal, Scope};
+use crate::api::{ApiError, ApiState};
+use crate::pump::ControlError;
+use crate::threads::ThreadInfo;
+
+/// The principal of a request (every routed request has one; see `guard`).
+fn principal(parts: &Parts) -> Principal {
+    parts
+        .extensions
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_else(Principal::implicit)
+}
+
+/// The principal and what it may see now.
+pub struct Seen {
+    pub principal: Principal,
+    pub scope: Scope,
+}
+
+impl FromRequestParts<ApiState> for Seen {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &ApiState) -> Result<Self, ApiError> {
+        let principal = principal(parts);
+        let scope = principal.scope(&s.inner.organism.config());
+        Ok(Seen { principal, scope })
+    }
+}
+
+/// The listener `{name}` of the path, if the principal sees it; else 404 `unknown_listener`,
+/// as for a name that does not exist.
+pub struct VisibleAgent(pub String);
+
+impl FromRequestParts<ApiState> for VisibleAgent {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &ApiState) -> Result<Self, ApiError> {
+        let Path(name) = Path::<String>::from_request_parts(parts, s)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        let seen = Seen::from_request_parts(parts, s).await?;
+        if !seen.scope.sees(&name) {
+            return Err(ControlError::UnknownListener(name).into());
+        }
+        Ok(VisibleAgent(name))
+    }
+}
+
+/// The thread `{id}` of the path, if it exists and the principal sees it (one of its
+/// listeners took part); else 404 `unknown_thread`.
+pub struct VisibleThread {
+    pub id: String,
+    pub info: ThreadInfo,
+    pub scope: Scope,
+}
+
+/// The 404 of a thread that does not exist or is not visible.
+pub fn unknown_thread(id: &str) -> ApiError {
+    ApiError::not_found("unknown_thread", format!("no thread `{id}`"))
+}
+
+impl FromRequestParts<ApiState> for VisibleThread {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, s: &ApiState) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, s)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        let seen = Seen::from_request_parts(parts, s).await?;
+        match s.inner.organism.thread_info(&id)? {
+            Some(info) if seen.scope.sees_thread(&info.participants) => Ok(VisibleThread {
+                id,
+                info,
+                scope: seen.scope,
+            }),
+            _ => Err(unknown_thread(&id)),
+        }
+    }
+}
