@@ -1122,3 +1122,213 @@ async fn a_tenants_credential_sees_and_touches_only_its_tenants_listeners() {
     let (_, list) = g.get("/api/v1/agents", Some(&org)).await;
     assert_eq!(names(&list, "name"), ["a1", "a2", "b1", "b2", "o"]);
 }
+
+mod jwt {
+    use super::*;
+    use base64::Engine;
+    use ed25519_dalek::Signer;
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    fn hs256(secret: &str, claims: Value) -> String {
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    /// A token signed by hand: `header` as given, signed with `sign` over `h.c`.
+    fn signed(header: Value, claims: Value, sign: impl Fn(&[u8]) -> Vec<u8>) -> String {
+        let head = format!(
+            "{}.{}",
+            b64(header.to_string().as_bytes()),
+            b64(claims.to_string().as_bytes())
+        );
+        let sig = sign(head.as_bytes());
+        format!("{head}.{}", b64(&sig))
+    }
+
+    async fn serve(auth: &str) -> (Organism, ApiServer, String, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_organism_with(dir.path(), auth, "memory", TENANTS);
+        let organism = Organism::builder().load(&path).unwrap();
+        let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
+            .await
+            .unwrap();
+        let base = format!("http://{}", server.local_addr());
+        (organism, server, base, dir)
+    }
+
+    async fn status(base: &str, path: &str, token: &str) -> u16 {
+        reqwest::Client::new()
+            .get(format!("{base}{path}"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    #[tokio::test]
+    async fn hs256_tokens_are_checked_for_signature_time_audience_and_algorithm() {
+        // SAFETY: set once, before any thread of this test reads it; the name is this test's.
+        unsafe { std::env::set_var("AGENTSERVER_TEST_JWT_SECRET", "s3cret-of-the-organism") };
+        let (organism, _server, base, _dir) = serve(
+            "{methods: [jwt], jwt: {secret_env: AGENTSERVER_TEST_JWT_SECRET, audience: dash, issuer: idp}}",
+        )
+        .await;
+        let secret = "s3cret-of-the-organism";
+        let good = |extra: Value| {
+            let mut c = json!({"sub": "ada", "role": "operator", "exp": now() + 600, "aud": "dash", "iss": "idp"});
+            for (k, v) in extra.as_object().unwrap() {
+                c[k] = v.clone();
+            }
+            c
+        };
+        let token = hs256(secret, good(json!({})));
+        assert_eq!(status(&base, "/api/v1/agents", &token).await, 200);
+        // An inject carries the token's sub.
+        let r = reqwest::Client::new()
+            .post(format!("{base}/api/v1/inject"))
+            .bearer_auth(&token)
+            .json(&json!({"to": "o", "payload_xml": "<Note>j</Note>"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        let thread = r.json::<Value>().await.unwrap()["thread_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        settle(&organism, &thread).await;
+        assert_eq!(&*messages(&organism, &thread)[0].from, "ada");
+        // A viewer's token may read, not inject.
+        let viewer = hs256(secret, good(json!({"role": "viewer"})));
+        let r = reqwest::Client::new()
+            .post(format!("{base}/api/v1/inject"))
+            .bearer_auth(&viewer)
+            .json(&json!({"to": "o", "payload_xml": "<Note>j</Note>"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 403);
+        // A tenant's token sees its tenant only.
+        let acme = hs256(secret, good(json!({"tenant": "acme"})));
+        assert_eq!(status(&base, "/api/v1/agents/b1", &acme).await, 404);
+        assert_eq!(status(&base, "/api/v1/agents/a1", &acme).await, 200);
+        assert_eq!(status(&base, "/api/v1/organism/config", &acme).await, 403);
+
+        let refused = [
+            ("expired", hs256(secret, good(json!({"exp": now() - 3600})))),
+            ("not yet", hs256(secret, good(json!({"nbf": now() + 3600})))),
+            ("no exp", {
+                let mut c = good(json!({}));
+                c.as_object_mut().unwrap().remove("exp");
+                hs256(secret, c)
+            }),
+            (
+                "another audience",
+                hs256(secret, good(json!({"aud": "elsewhere"}))),
+            ),
+            (
+                "another issuer",
+                hs256(secret, good(json!({"iss": "mallory"}))),
+            ),
+            ("another secret", hs256("not-the-secret", good(json!({})))),
+            ("no role", hs256(secret, good(json!({"role": "root"})))),
+            ("no sub", hs256(secret, good(json!({"sub": ""})))),
+            (
+                "alg none",
+                signed(
+                    json!({"alg": "none", "typ": "JWT"}),
+                    good(json!({})),
+                    |_| Vec::new(),
+                ),
+            ),
+            ("garbage", "a.b.c".to_string()),
+        ];
+        for (what, token) in refused {
+            assert_eq!(status(&base, "/api/v1/agents", &token).await, 401, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn eddsa_tokens_verify_against_the_jwks_and_an_hmac_forgery_with_the_public_key_fails() {
+        let key = ed25519_dalek::SigningKey::from_bytes(&[7u8; 32]);
+        let public = key.verifying_key().to_bytes();
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = json!({"keys": [{"kty": "OKP", "crv": "Ed25519", "x": b64(&public), "kid": "k1", "alg": "EdDSA"}]});
+        std::fs::write(dir.path().join("jwks.json"), jwks.to_string()).unwrap();
+        let path = write_organism_with(
+            dir.path(),
+            "{methods: [jwt], jwt: {jwks_file: jwks.json}}",
+            "memory",
+            TENANTS,
+        );
+        let organism = Organism::builder().load(&path).unwrap();
+        let server = ApiServer::bind(organism, "127.0.0.1:0", ApiOptions::default())
+            .await
+            .unwrap();
+        let base = format!("http://{}", server.local_addr());
+        let claims = json!({"sub": "svc", "role": "viewer", "exp": now() + 600});
+        let eddsa =
+            |header: Value| signed(header, claims.clone(), |m| key.sign(m).to_bytes().to_vec());
+        assert_eq!(
+            status(
+                &base,
+                "/api/v1/agents",
+                &eddsa(json!({"alg": "EdDSA", "kid": "k1"}))
+            )
+            .await,
+            200
+        );
+        assert_eq!(
+            status(&base, "/api/v1/agents", &eddsa(json!({"alg": "EdDSA"}))).await,
+            200
+        );
+        assert_eq!(
+            status(
+                &base,
+                "/api/v1/agents",
+                &eddsa(json!({"alg": "EdDSA", "kid": "other"}))
+            )
+            .await,
+            401
+        );
+        // Another key's signature.
+        let other = ed25519_dalek::SigningKey::from_bytes(&[8u8; 32]);
+        let forged = signed(json!({"alg": "EdDSA"}), claims.clone(), |m| {
+            other.sign(m).to_bytes().to_vec()
+        });
+        assert_eq!(status(&base, "/api/v1/agents", &forged).await, 401);
+        // Algorithm confusion: HS256 with the public key as the secret.
+        let confused = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(&public),
+        )
+        .unwrap();
+        assert_eq!(status(&base, "/api/v1/agents", &confused).await, 401);
+        // A file that is not a JWKS is a clear start-up error.
+        std::fs::write(dir.path().join("jwks.json"), "{\"keys\": 3}").unwrap();
+        let organism = Organism::builder().load(&path).unwrap();
+        let e = ApiServer::bind(organism, "127.0.0.1:0", ApiOptions::default())
+            .await
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("jwks.json") && e.contains("not a JWKS"), "{e}");
+    }
+}

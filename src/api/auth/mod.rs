@@ -10,6 +10,7 @@
 //! `WWW-Authenticate`, no hint whether a key exists, expired or was revoked); the reason
 //! goes to the log.
 
+pub mod jwt;
 pub mod key;
 pub mod keys;
 pub mod policy;
@@ -136,6 +137,7 @@ pub enum Refused {
 /// Checks credentials against the methods the organism allows.
 pub struct Authenticator {
     keys: Option<KeySource>,
+    jwt: Option<jwt::JwtVerifier>,
     public_metrics: bool,
     /// When each key was last used, written to the store every few seconds.
     used: Mutex<HashMap<String, Timestamp>>,
@@ -155,11 +157,13 @@ impl Authenticator {
         } else {
             None
         };
-        if auth.uses(AuthMethod::Jwt) {
-            return Err("auth method `jwt` is not available in this build yet; use `keys`".into());
-        }
+        let jwt = match (&auth.jwt, auth.uses(AuthMethod::Jwt)) {
+            (Some(c), true) => Some(jwt::JwtVerifier::new(c)?),
+            _ => None,
+        };
         Ok(Some(Authenticator {
             keys,
+            jwt,
             public_metrics: auth.public_metrics,
             used: Mutex::default(),
             revoked: tokio::sync::Notify::new(),
@@ -185,8 +189,14 @@ impl Authenticator {
                 token.len()
             )));
         }
+        if !token.starts_with(key::PREFIX) {
+            return match &self.jwt {
+                Some(jwt) if jwt::JwtVerifier::looks_like(token) => jwt.verify(token),
+                _ => Err(Refused::Invalid("neither an API key nor a JWT".into())),
+            };
+        }
         let Some(keys) = &self.keys else {
-            return Err(Refused::Invalid("no method accepts this credential".into()));
+            return Err(Refused::Invalid("an API key, and keys are off".into()));
         };
         let Some(presented) = key::parse(token) else {
             return Err(Refused::Invalid("not an API key (ask_…)".into()));
