@@ -26,6 +26,7 @@
 //!   completed) through the HTTP stack, one request at a time, while the `chain` organism
 //!   carries half of its measured peak from in-process injectors.
 //! - `rest-memory`: the same with `store: memory` (what the store adds to the tail).
+//! - `rest-auth`: `rest` with `auth: {methods: [keys]}`, each request presenting a key.
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
 //! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages (`--millions
@@ -393,11 +394,32 @@ impl OrderCheck {
 
 /// Workload (d): REST latency at half of peak load.
 /// `chain` is the organism: `chain` (store on) or `chain-memory`.
+/// With `auth`, the organism has `auth: {methods: [keys]}` and every measured request
+/// presents an operator key (`rest-auth`).
 async fn rest(
     threads: usize,
     chain: &str,
+    auth: bool,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let (_dir, organism) = start(&organism_yaml(chain))?;
+    let mut yaml = organism_yaml(chain);
+    if auth {
+        yaml = yaml.replacen("listeners:\n", "auth: { methods: [keys] }\nlisteners:\n", 1);
+    }
+    let (dir, organism) = start(&yaml)?;
+    let key = if auth {
+        let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
+        let (key, row) = agentserver::api::keys::new_key(
+            "load",
+            agentserver::api::auth::Role::Operator,
+            None,
+            None,
+        )
+        .map_err(|e| e.body.message)?;
+        agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+        Some(key)
+    } else {
+        None
+    };
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
     let url = format!("http://{}/api/v1/inject", server.local_addr());
 
@@ -436,8 +458,11 @@ async fn rest(
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..samples {
         let started = Instant::now();
-        let r = http
-            .post(&url)
+        let mut request = http.post(&url);
+        if let Some(k) = &key {
+            request = request.bearer_auth(k);
+        }
+        let r = request
             .json(&json!({"to": "a", "payload_xml": payload(i)}))
             .send()
             .await?;
@@ -460,7 +485,11 @@ async fn rest(
     server.shutdown().await;
     let mut lat = Latencies(latencies);
     Ok(json!({
-        "workload": if chain == "chain" { "rest" } else { "rest-memory" },
+        "workload": match (chain, auth) {
+            (_, true) => "rest-auth",
+            ("chain", _) => "rest",
+            _ => "rest-memory",
+        },
         "peak_hops_per_s": peak_hops.round(),
         "background_threads_per_s": per_tick * 1000,
         "background_injected": injected,
@@ -851,9 +880,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", driver.run(rss(millions))?);
             return Ok(());
         }
-        w @ ("rest" | "rest-memory") => {
-            let chain = if w == "rest" { "chain" } else { "chain-memory" };
-            let r = driver.run(rest(threads, chain))?;
+        w @ ("rest" | "rest-memory" | "rest-auth") => {
+            let chain = if w == "rest-memory" {
+                "chain-memory"
+            } else {
+                "chain"
+            };
+            let r = driver.run(rest(threads, chain, w == "rest-auth"))?;
             let label = format!(
                 "{w}: {} samples at {} background threads/s (half of peak {} hops/s)",
                 r["samples"], r["background_threads_per_s"], r["peak_hops_per_s"]
@@ -884,7 +917,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50") => vec![w],
         other => {
             return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all, rest, rest-memory, \
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all, rest, rest-memory, rest-auth, \
                  remote, rss, startup)"
             )
             .into())

@@ -130,19 +130,35 @@ pub fn tail_line(frame: &Value) -> Option<String> {
 /// [`ClientError::Ended`] when the server ends the stream (it stopped, or went away).
 pub async fn tail(
     url: &str,
+    token: Option<&str>,
     filter: &TailFilter,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), ClientError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let ws_url = tail_url(url, filter)?;
-    let (mut socket, _) = tokio_tungstenite::connect_async(ws_url.as_str())
+    let connect_error = |message: String| ClientError::Connect {
+        url: ws_url.clone(),
+        message,
+    };
+    let mut request = ws_url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| connect_error(with_causes(&e)))?;
+    if let Some(t) = token {
+        let value = format!("Bearer {t}")
+            .parse()
+            .map_err(|_| connect_error("the token is not a valid header value".into()))?;
+        request.headers_mut().insert("authorization", value);
+    }
+    let (mut socket, _) = tokio_tungstenite::connect_async(request)
         .await
         .map_err(|e| ClientError::Connect {
             url: ws_url.clone(),
             message: with_causes(&e),
         })?;
     if let Some(globs) = &filter.agent {
-        for glob in unmatched_agent_globs(url, globs).await {
+        for glob in unmatched_agent_globs(url, token, globs).await {
             eprintln!("agentserver tail: {glob}");
         }
     }
@@ -192,8 +208,8 @@ pub async fn tail(
 /// and no injector identity (`api`, `ws`, `cli`, `system`): such a filter shows nothing until
 /// a reload adds a listener it matches. A server whose agents cannot be read (within 5 s)
 /// gets no warning.
-async fn unmatched_agent_globs(url: &str, globs: &str) -> Vec<String> {
-    let read = tokio::time::timeout(std::time::Duration::from_secs(5), agent_names(url));
+async fn unmatched_agent_globs(url: &str, token: Option<&str>, globs: &str) -> Vec<String> {
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), agent_names(url, token));
     let Some(names) = read.await.ok().flatten() else {
         return Vec::new();
     };
@@ -218,13 +234,19 @@ async fn unmatched_agent_globs(url: &str, globs: &str) -> Vec<String> {
 
 /// The names of a server's agents (`GET /api/v1/agents`, every page), or `None` if they
 /// cannot be read.
-async fn agent_names(url: &str) -> Option<Vec<String>> {
+async fn agent_names(url: &str, token: Option<&str>) -> Option<Vec<String>> {
     const PAGE: usize = 1000;
     let base = base(url).ok()?;
     let mut names = Vec::new();
     loop {
         let endpoint = format!("{base}/api/v1/agents?limit={PAGE}&offset={}", names.len());
-        let page: Value = reqwest::get(&endpoint).await.ok()?.json().await.ok()?;
+        let page: Value = authorized(reqwest::Client::new().get(&endpoint), token)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
         let items = page.get("items")?.as_array()?;
         names.extend(
             items
@@ -239,8 +261,12 @@ async fn agent_names(url: &str) -> Option<Vec<String>> {
 }
 
 /// Posts one inject to a running server.
-pub async fn inject(url: &str, body: &InjectBody) -> Result<InjectReceipt, ClientError> {
-    let v = post_inject(url, body, None).await?;
+pub async fn inject(
+    url: &str,
+    token: Option<&str>,
+    body: &InjectBody,
+) -> Result<InjectReceipt, ClientError> {
+    let v = post_inject(url, token, body, None).await?;
     Ok(InjectReceipt {
         thread_id: v["thread_id"].as_str().unwrap_or_default().to_string(),
         message_id: v["message_id"].as_str().unwrap_or_default().to_string(),
@@ -251,14 +277,24 @@ pub async fn inject(url: &str, body: &InjectBody) -> Result<InjectReceipt, Clien
 /// active: the server's answer, `{thread_id, message_id, thread_status, messages}`.
 pub async fn inject_and_wait(
     url: &str,
+    token: Option<&str>,
     body: &InjectBody,
     seconds: u64,
 ) -> Result<Value, ClientError> {
-    post_inject(url, body, Some(seconds)).await
+    post_inject(url, token, body, Some(seconds)).await
+}
+
+/// `request` with `Authorization: Bearer <token>` when there is a token.
+fn authorized(request: reqwest::RequestBuilder, token: Option<&str>) -> reqwest::RequestBuilder {
+    match token {
+        Some(t) => request.bearer_auth(t),
+        None => request,
+    }
 }
 
 async fn post_inject(
     url: &str,
+    token: Option<&str>,
     body: &InjectBody,
     wait: Option<u64>,
 ) -> Result<Value, ClientError> {
@@ -280,8 +316,7 @@ async fn post_inject(
     if let Some(t) = &body.thread_id {
         json.insert("thread_id".into(), Value::String(t.clone()));
     }
-    let response = reqwest::Client::new()
-        .post(&endpoint)
+    let response = authorized(reqwest::Client::new().post(&endpoint), token)
         .json(&json)
         .send()
         .await

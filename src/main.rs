@@ -85,6 +85,9 @@ enum Command {
         /// The server.
         #[arg(long, default_value = DEFAULT_URL)]
         url: String,
+        /// An API key or JWT, for a server with `auth.methods`.
+        #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         /// Only messages from or to agents matching this glob (`shout*`).
         #[arg(long)]
         agent: Option<String>,
@@ -103,6 +106,9 @@ enum Command {
         /// The server.
         #[arg(long, default_value = DEFAULT_URL)]
         url: String,
+        /// An API key or JWT, for a server with `auth.methods`.
+        #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         /// The listener that receives the payload.
         #[arg(long)]
         to: String,
@@ -186,12 +192,14 @@ fn main() -> ExitCode {
         Command::Keys { action } => keys(action),
         Command::Tail {
             url,
+            token,
             agent,
             thread,
             payload_type,
             json,
         } => with_runtime(tail(
             url,
+            token,
             TailFilter {
                 agent,
                 thread,
@@ -201,6 +209,7 @@ fn main() -> ExitCode {
         )),
         Command::Inject {
             url,
+            token,
             to,
             payload,
             thread,
@@ -208,6 +217,7 @@ fn main() -> ExitCode {
             wait,
         } => with_runtime(inject(
             url,
+            token,
             InjectArgs {
                 to,
                 payload,
@@ -219,9 +229,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn tail(url: String, filter: TailFilter, json: bool) -> ExitCode {
+async fn tail(url: String, token: Option<String>, filter: TailFilter, json: bool) -> ExitCode {
     let mut stdout = std::io::stdout();
-    match client::tail(&url, &filter, json, &mut stdout).await {
+    match client::tail(&url, token.as_deref(), &filter, json, &mut stdout).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agentserver tail: {e}");
@@ -238,7 +248,13 @@ struct InjectArgs {
     payload_type: Option<String>,
 }
 
-async fn inject(url: String, args: InjectArgs, wait: Option<u64>) -> ExitCode {
+async fn inject(
+    url: String,
+    token: Option<String>,
+    args: InjectArgs,
+    wait: Option<u64>,
+) -> ExitCode {
+    let token = token.as_deref();
     let InjectArgs {
         to,
         payload,
@@ -271,9 +287,9 @@ async fn inject(url: String, args: InjectArgs, wait: Option<u64>) -> ExitCode {
         thread_id,
     };
     if let Some(seconds) = wait {
-        return inject_and_wait(&url, &body, seconds).await;
+        return inject_and_wait(&url, token, &body, seconds).await;
     }
-    match client::inject(&url, &body).await {
+    match client::inject(&url, token, &body).await {
         Ok(receipt) => {
             let receipt = agentserver::api::view::InjectReceipt::from(receipt);
             println!("{}", serde_json::to_string(&receipt).unwrap_or_default());
@@ -287,8 +303,13 @@ async fn inject(url: String, args: InjectArgs, wait: Option<u64>) -> ExitCode {
 }
 
 /// `inject --wait`: the thread's messages as JSON lines; exit 0 if it completed.
-async fn inject_and_wait(url: &str, body: &InjectBody, seconds: u64) -> ExitCode {
-    let answer = match client::inject_and_wait(url, body, seconds).await {
+async fn inject_and_wait(
+    url: &str,
+    token: Option<&str>,
+    body: &InjectBody,
+    seconds: u64,
+) -> ExitCode {
+    let answer = match client::inject_and_wait(url, token, body, seconds).await {
         Ok(a) => a,
         Err(e) => {
             eprintln!("agentserver inject: {e}");

@@ -67,7 +67,13 @@ async fn guarded() -> Guarded {
 
 async fn guarded_with(listeners: &str) -> Guarded {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_organism_with(dir.path(), "{methods: [keys]}", "keys.db", listeners);
+    // The matrix alone sends dozens of wrong credentials from one address.
+    let path = write_organism_with(
+        dir.path(),
+        "{methods: [keys], failed_auth_per_minute: 100000}",
+        "keys.db",
+        listeners,
+    );
     let config = Organism::builder().load_config(&path).unwrap();
     let keys = [Role::Viewer, Role::Operator, Role::Admin]
         .into_iter()
@@ -1331,4 +1337,128 @@ mod jwt {
             .to_string();
         assert!(e.contains("jwks.json") && e.contains("not a JWKS"), "{e}");
     }
+}
+
+#[tokio::test]
+async fn failed_authentications_and_injects_are_rate_limited_with_retry_after() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_organism(
+        dir.path(),
+        "{methods: [keys], failed_auth_per_minute: 3, inject_per_s: 1, burst: 2}",
+        "keys.db",
+    );
+    let config = Organism::builder().load_config(&path).unwrap();
+    let op = add_key(&config, "op", Role::Operator);
+    let other = add_key(&config, "other", Role::Operator);
+    let organism = Organism::builder().build(config).unwrap();
+    let server = ApiServer::bind(organism, "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("http://{}{p}", server.local_addr());
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        let r = http
+            .get(url("/api/v1/agents"))
+            .bearer_auth("ask_nope")
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+        if r.status() == 429 {
+            let retry: u64 = r.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!((1..=60).contains(&retry), "{retry}");
+            let e: Value = r.json().await.unwrap();
+            assert_eq!(e["error"]["code"], "rate_limited");
+        }
+    }
+    assert_eq!(statuses, [401, 401, 401, 429, 429]);
+    // A good credential from the same address still works.
+    let r = http
+        .get(url("/api/v1/agents"))
+        .bearer_auth(&op)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    let inject = |key: String| {
+        let http = http.clone();
+        let url = url("/api/v1/inject");
+        async move {
+            http.post(url)
+                .bearer_auth(key)
+                .json(&json!({"to": "a", "payload_xml": "<Note>r</Note>"}))
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(inject(op.clone()).await.status().as_u16());
+    }
+    assert_eq!(statuses, [202, 202, 429]);
+    let r = inject(op.clone()).await;
+    assert!(r.headers().contains_key("retry-after"));
+    // Another credential has its own allowance.
+    assert_eq!(inject(other).await.status(), 202);
+
+    for (auth, says) in [
+        ("{methods: [keys], inject_per_s: 0}", "auth.inject_per_s"),
+        ("{methods: [keys], burst: 5}", "needs auth.inject_per_s"),
+    ] {
+        let path = write_organism(dir.path(), auth, "k2.db");
+        let e = Organism::builder()
+            .load_config(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{auth}: {e}");
+    }
+}
+
+// Multi-threaded: the CLI runs to its end on this test's thread while the server answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_presents_its_token_from_the_flag_or_the_environment() {
+    let g = guarded().await;
+    let key = g.key(Role::Operator).to_string();
+    let run = |token: Option<(&str, &str)>| {
+        let mut cmd = common::child::agentserver();
+        cmd.args(["inject", "--url", &g.base, "--to", "a", "<Note>cli</Note>"]);
+        cmd.env_remove("AGENTSERVER_TOKEN");
+        match token {
+            Some(("flag", t)) => {
+                cmd.args(["--token", t]);
+            }
+            Some((_, t)) => {
+                cmd.env("AGENTSERVER_TOKEN", t);
+            }
+            None => {}
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(Some(("flag", &key)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("thread_id"));
+    let out = run(Some(("env", &key)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -66,7 +66,7 @@ pub(super) async fn serve(
     let builder = Arc::new(builder);
     let mut accept_errors = 0u64;
     loop {
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(c) => c,
                 Err(e) => {
@@ -90,7 +90,10 @@ pub(super) async fn serve(
         let service = hyper::service::service_fn({
             let app = app.clone();
             move |req: hyper::Request<hyper::body::Incoming>| {
-                app.clone().oneshot(req.map(axum::body::Body::new))
+                let mut req = req.map(axum::body::Body::new);
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                app.clone().oneshot(req)
             }
         });
         let io = TokioIo::new(Idle::new(stream, limits.idle_timeout));

@@ -190,6 +190,14 @@ impl ApiState {
             .saturating_add(64 * 1024)
     }
 
+    /// Counts an inject against its credential's rate (`auth.inject_per_s`).
+    fn limit_inject(&self, p: &auth::Principal) -> Result<(), ApiError> {
+        match (&self.inner.auth, &p.name) {
+            (Some(a), Some(name)) => a.limits.inject(name),
+            _ => Ok(()),
+        }
+    }
+
     /// Stops the organism (drain within the grace period), then tells the server's owner.
     fn request_stop(&self) {
         let state = self.clone();
@@ -364,6 +372,7 @@ async fn housekeeping(
         }
         ticks += 1;
         if let Some(a) = &auth {
+            a.limits.tidy();
             let a = a.clone();
             let _ = tokio::task::spawn_blocking(move || a.flush_used()).await;
         }

@@ -377,6 +377,7 @@ pub async fn inject(
         );
     }
     let organism = &s.inner.organism;
+    s.limit_inject(&seen.principal)?;
     let receipt = do_inject(organism, &seen, REST_IDENTITY, body)?;
     let Some(wait) = q.wait else {
         return Ok((StatusCode::ACCEPTED, Json(InjectReceipt::from(receipt))).into_response());

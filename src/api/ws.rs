@@ -84,7 +84,8 @@ pub async fn ws_messages(
 /// in its first frame.
 pub enum Who {
     Known(Principal),
-    Pending,
+    /// With the client's address, which its failures count against.
+    Pending(Option<std::net::IpAddr>),
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
@@ -99,7 +100,12 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
             parts.extensions.get::<AuthPending>(),
         ) {
             (Some(p), _) => Ok(Who::Known(p.clone())),
-            (None, Some(_)) => Ok(Who::Pending),
+            (None, Some(_)) => Ok(Who::Pending(
+                parts
+                    .extensions
+                    .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                    .map(|c| c.0.ip()),
+            )),
             (None, None) => Err(unauthorized(&Refused::Missing)),
         }
     }
@@ -187,7 +193,7 @@ impl Session {
         let (mut sink, mut stream) = socket.split();
         let principal = match who {
             Who::Known(p) => p,
-            Who::Pending => match first_frame_auth(&state, &mut stream).await {
+            Who::Pending(from) => match first_frame_auth(&state, &mut stream, from).await {
                 Ok(p) => p,
                 Err(reason) => {
                     let _ = tokio::time::timeout(
@@ -715,6 +721,7 @@ impl Session {
             ("inject", _) => {
                 let body: InjectBody = serde_json::from_value(Value::Object(map))
                     .map_err(|e| fail(ApiError::bad_request(format!("bad inject: {e}"))))?;
+                self.state.limit_inject(&self.principal).map_err(fail)?;
                 let seen = Seen {
                     principal: self.principal.clone(),
                     scope,
@@ -806,7 +813,15 @@ impl Session {
 async fn first_frame_auth(
     state: &ApiState,
     stream: &mut futures_util::stream::SplitStream<WebSocket>,
+    from: Option<std::net::IpAddr>,
 ) -> Result<Principal, &'static str> {
+    let auth = state.inner.auth.clone();
+    let failed = || match (&auth, from) {
+        (Some(a), Some(ip)) if a.limits.failed_auth(ip).is_err() => {
+            "too many failed authentications from this address"
+        }
+        _ => REFUSED,
+    };
     const REFUSED: &str = "unauthorized: send {\"cmd\": \"auth\", \"token\": …} first";
     let Some(auth) = state.inner.auth.clone() else {
         return Ok(Principal::implicit());
@@ -817,9 +832,9 @@ async fn first_frame_auth(
             Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
             Err(_) => {
                 tracing::info!("WebSocket session sent no credential in time");
-                return Err(REFUSED);
+                return Err(failed());
             }
-            _ => return Err(REFUSED),
+            _ => return Err(failed()),
         }
     };
     #[derive(Deserialize)]
@@ -832,16 +847,16 @@ async fn first_frame_auth(
         Ok(f) if f.cmd == "auth" => f.token,
         _ => {
             tracing::info!("WebSocket session's first frame is not an auth command");
-            return Err(REFUSED);
+            return Err(failed());
         }
     };
     match tokio::task::spawn_blocking(move || auth.verify(&token)).await {
         Ok(Ok(p)) => Ok(p),
         Ok(Err(Refused::Invalid(why))) => {
             tracing::info!("WebSocket credential refused: {why}");
-            Err(REFUSED)
+            Err(failed())
         }
-        _ => Err(REFUSED),
+        _ => Err(failed()),
     }
 }
 

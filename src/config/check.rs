@@ -599,11 +599,30 @@ pub(super) fn check_auth(a: AuthSection, base: &Path, c: &mut Collector) -> Auth
         j.jwks_file = j.jwks_file.map(|f| base.join(f));
         j
     });
+    for (key, value) in [
+        ("auth.inject_per_s", a.inject_per_s),
+        ("auth.burst", a.burst),
+        ("auth.failed_auth_per_minute", a.failed_auth_per_minute),
+    ] {
+        if value == Some(0) {
+            c.push(
+                None,
+                Some(key),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
+    }
+    if a.burst.is_some() && a.inject_per_s.is_none() {
+        c.push(None, Some("auth.burst"), "needs auth.inject_per_s");
+    }
     AuthConfig {
         methods,
         public_metrics: a.public_metrics,
         keys_file: a.keys_file.map(|f| base.join(f)),
         jwt,
+        inject_per_s: a.inject_per_s,
+        burst: a.burst,
+        failed_auth_per_minute: a.failed_auth_per_minute,
     }
 }
 

@@ -329,6 +329,11 @@ pub struct AuthConfig {
     /// With `store: memory`: the file the API keys come from (hashes only).
     pub keys_file: Option<PathBuf>,
     pub jwt: Option<JwtConfig>,
+    /// Injects per second per credential (none: unlimited), and the burst above it.
+    pub inject_per_s: Option<u32>,
+    pub burst: Option<u32>,
+    /// Failed authentications per minute per remote address (default 20), then 429.
+    pub failed_auth_per_minute: Option<u32>,
 }
 
 impl AuthConfig {
@@ -374,6 +379,9 @@ pub(crate) struct AuthSection {
     pub public_metrics: bool,
     pub keys_file: Option<String>,
     pub jwt: Option<JwtConfig>,
+    pub inject_per_s: Option<u32>,
+    pub burst: Option<u32>,
+    pub failed_auth_per_minute: Option<u32>,
 }
 
 /// Per-call limits of a Lua listener (`limits:` in its YAML section).

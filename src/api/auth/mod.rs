@@ -13,6 +13,7 @@
 pub mod jwt;
 pub mod key;
 pub mod keys;
+pub mod limits;
 pub mod policy;
 pub mod visible;
 
@@ -143,6 +144,7 @@ pub struct Authenticator {
     used: Mutex<HashMap<String, Timestamp>>,
     /// Woken by every revocation made through the API, so open sessions look again at once.
     pub(super) revoked: tokio::sync::Notify,
+    pub limits: limits::Limits,
 }
 
 impl Authenticator {
@@ -167,6 +169,7 @@ impl Authenticator {
             public_metrics: auth.public_metrics,
             used: Mutex::default(),
             revoked: tokio::sync::Notify::new(),
+            limits: limits::Limits::new(auth),
         }))
     }
 
@@ -348,7 +351,7 @@ pub(super) async fn guard(
                 request.extensions_mut().insert(AuthPending);
                 return next.run(request).await;
             }
-            Err(refused) => return refuse(&state, &request, refused),
+            Err(refused) => return refuse(auth, &request, refused),
             Ok(p) => {
                 request.extensions_mut().insert(p);
                 return next.run(request).await;
@@ -357,7 +360,7 @@ pub(super) async fn guard(
         Need::Role(r) => r,
     };
     match auth.authenticate(request.headers()) {
-        Err(refused) => refuse(&state, &request, refused),
+        Err(refused) => refuse(auth, &request, refused),
         Ok(p) if !p.may(need) => {
             tracing::info!(principal = ?p.name, %need, path, "API request forbidden");
             forbidden(&p, need).into_response()
@@ -373,13 +376,24 @@ pub(super) async fn guard(
     }
 }
 
-fn refuse(_state: &ApiState, request: &Request, refused: Refused) -> Response {
+/// The answer to a refused credential: 401, or 429 once its address failed too often.
+fn refuse(auth: &Authenticator, request: &Request, refused: Refused) -> Response {
     if let Refused::Invalid(why) = &refused {
         tracing::info!(path = %request.uri().path(), "API credential refused: {why}");
     }
+    let from = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    // A wrong credential counts against its address; a missing one guesses nothing.
+    if let (Some(ip), Refused::Invalid(_)) = (from, &refused) {
+        if let Err(limited) = auth.limits.failed_auth(ip) {
+            tracing::info!(%ip, "failed authentications over the limit");
+            return limited.into_response();
+        }
+    }
     unauthorized(&refused).into_response()
 }
-
 /// Writes the access rules into the OpenAPI document: the two ways to present a credential
 /// (`securitySchemes`), and on each operation what it needs (`security`, `x-least-role`,
 /// and its 401 and 403 answers), from the same table [`guard`] enforces. They apply when
