@@ -692,6 +692,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/keys", "post"),
         ("/api/v1/keys", "get"),
         ("/api/v1/keys/{name}", "delete"),
+        ("/api/v1/audit", "get"),
     ];
     for (path, method) in expected {
         assert!(

@@ -170,7 +170,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/agents/{name}/reload",
     ];
     Some(match (method, path) {
-        ("get", "/api/v1/keys") => Role::Admin,
+        ("get", "/api/v1/keys" | "/api/v1/audit") => Role::Admin,
         ("get", _) => Role::Viewer,
         ("post", p) if operator.contains(&p) => Role::Operator,
         ("post" | "delete", _) => Role::Admin,
@@ -242,6 +242,7 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
                 ("get", "/api/v1/organism/config"),
                 ("get", "/metrics"),
                 ("get", "/api/v1/keys"),
+                ("get", "/api/v1/audit"),
                 ("post", "/api/v1/keys"),
                 ("delete", "/api/v1/keys/{name}"),
                 ("post", "/api/v1/organism/pause"),
@@ -682,9 +683,21 @@ async fn without_authentication_a_server_beyond_loopback_is_refused_unless_insec
         insecure_no_auth: true,
         ..ApiOptions::default()
     };
-    assert!(ApiServer::bind(organism, "0.0.0.0:0", insecure)
+    let open = ApiServer::bind(organism, "0.0.0.0:0", insecure)
         .await
-        .is_ok());
+        .unwrap();
+    // Without authentication nothing is audited, and the log says why it is empty.
+    let r = reqwest::get(format!(
+        "http://127.0.0.1:{}/api/v1/audit",
+        open.local_addr().port()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 409);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["error"]["code"],
+        "audit_off"
+    );
     // The binary says the same and exits 1.
     let out = run_to_exit([
         "run".as_ref(),
@@ -1461,4 +1474,126 @@ async fn the_cli_presents_its_token_from_the_flag_or_the_environment() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[tokio::test]
+async fn control_actions_key_changes_and_refused_credentials_are_audited() {
+    let g = guarded().await;
+    let admin = g.key(Role::Admin).to_string();
+    let op = g.key(Role::Operator).to_string();
+    let mut watch = ws_with_header(&g.ws_url("/ws?events=audit"), &admin).await;
+    next_json(&mut watch).await;
+
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/agents/b/pause",
+            Some(&op),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/organism/pause",
+            Some(g.key(Role::Viewer)),
+            None,
+        )
+        .await;
+    assert_eq!(s, 403);
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/keys",
+            Some(&admin),
+            Some(json!({"name": "tmp", "role": "viewer"})),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::DELETE,
+            "/api/v1/keys/tmp",
+            Some(&admin),
+            None,
+        )
+        .await;
+    assert_eq!(s, 200);
+    let (s, _, _) = g
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/agents",
+            Some(
+                "ask_000000000000_0000000000000000000000000000000000000000000000000000000000000000",
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(s, 401);
+    let mut ws = ws_with_header(&g.ws_url("/ws"), &op).await;
+    next_json(&mut ws).await;
+    let a = ask(
+        &mut ws,
+        json!({"cmd": "resume", "request_id": 1, "agent": "b"}),
+    )
+    .await;
+    assert_eq!(a["event"], "ack");
+    // Not audited: reads and injects.
+    assert_eq!(g.inject(&op).await.0, 202);
+
+    let (s, log) = g.get("/api/v1/audit", Some(&admin)).await;
+    assert_eq!(s, 200, "{log}");
+    let entries = log["items"].as_array().unwrap();
+    let actions: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            ("ws resume", "ack"),
+            ("authenticate", "401: no key with id 000000000000"),
+            ("DELETE /api/v1/keys/{name}", "200"),
+            ("POST /api/v1/keys", "201"),
+            ("POST /api/v1/organism/pause", "403"),
+            ("POST /api/v1/agents/{name}/pause", "200"),
+        ],
+        "{log}"
+    );
+    assert_eq!(log["total"], 6);
+    let pause = &entries[5];
+    assert_eq!(
+        (
+            pause["who"].as_str(),
+            pause["role"].as_str(),
+            pause["target"].as_str(),
+            pause["remote"].as_str()
+        ),
+        (
+            Some("key:operator"),
+            Some("operator"),
+            Some("/api/v1/agents/b/pause"),
+            Some("127.0.0.1")
+        )
+    );
+    assert!(pause["timestamp"].is_string());
+    let (_, mine) = g.get("/api/v1/audit?who=key:admin", Some(&admin)).await;
+    assert_eq!(mine["total"], 2, "{mine}");
+    let (_, auth) = g
+        .get("/api/v1/audit?action=authenticate&limit=1", Some(&admin))
+        .await;
+    assert_eq!(
+        (
+            auth["total"].as_u64(),
+            auth["items"].as_array().unwrap().len()
+        ),
+        (Some(1), 1)
+    );
+    let (s, e) = g.get("/api/v1/audit?since=yesterday", Some(&admin)).await;
+    assert_eq!((s, e["error"]["where"].as_str()), (400, Some("since")));
+    // Each entry is an `audit` event too.
+    let frames = read_until(&mut watch, |v| v["action"] == "ws resume").await;
+    assert!(frames.iter().all(|f| f["event"] == "audit"), "{frames:?}");
+    assert_eq!(frames.len(), 6);
 }

@@ -133,6 +133,12 @@ enum Kind<'a> {
         level: &'a str,
         message: &'a str,
     },
+    Audit {
+        who: Option<&'a str>,
+        action: &'a str,
+        target: Option<&'a str>,
+        result: &'a str,
+    },
 }
 
 impl<'a> Kind<'a> {
@@ -212,6 +218,17 @@ impl<'a> Kind<'a> {
                 thread_id: thread_id.as_deref(),
                 level,
                 message,
+            },
+            EventKind::Audit {
+                who,
+                action,
+                target,
+                result,
+            } => Kind::Audit {
+                who: who.as_deref(),
+                action,
+                target: target.as_deref(),
+                result,
             },
         }
     }

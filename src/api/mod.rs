@@ -32,6 +32,7 @@
 //! principal sees, pushed into the history's filters (`within`) and each session's events;
 //! `keys.rs`: the keys API.
 
+mod audit;
 pub mod auth;
 mod browser;
 mod conn;
@@ -190,6 +191,22 @@ impl ApiState {
             .saturating_add(64 * 1024)
     }
 
+    /// Keeps an entry in the audit log (off the async workers); nothing without `auth`.
+    async fn audit(&self, row: crate::store::audit::AuditRow) {
+        let Some(auth) = self.inner.auth.clone() else {
+            return;
+        };
+        let organism = self.inner.organism.clone();
+        let _ =
+            tokio::task::spawn_blocking(move || auth.audit.record(row, organism.events())).await;
+    }
+
+    async fn audit_maybe(&self, row: Option<crate::store::audit::AuditRow>) {
+        if let Some(row) = row {
+            self.audit(row).await;
+        }
+    }
+
     /// Counts an inject against its credential's rate (`auth.inject_per_s`).
     fn limit_inject(&self, p: &auth::Principal) -> Result<(), ApiError> {
         match (&self.inner.auth, &p.name) {
@@ -252,6 +269,7 @@ fn router(
         .routes(routes!(external::external_reply))
         .routes(routes!(keys::create_key, keys::list_keys))
         .routes(routes!(keys::revoke_key))
+        .routes(routes!(audit::list_audit))
         .routes(routes!(rest::openapi))
         .routes(routes!(rest::metrics))
         .routes(routes!(rest::healthz))

@@ -27,7 +27,7 @@ pub const REST_IDENTITY: &str = "api";
 
 type ApiResult<T> = Result<T, ApiError>;
 
-fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
+pub(super) fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
     match value {
         None => Ok(None),
         Some(v) => Timestamp::parse_rfc3339(v).map(Some).ok_or_else(|| {

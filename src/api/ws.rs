@@ -454,7 +454,7 @@ impl Session {
             } => thread(t),
             EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
             EventKind::OrganismState { .. } => true,
-            EventKind::Error { .. } | EventKind::Reload { .. } => false,
+            EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
         }
     }
 
@@ -616,14 +616,37 @@ impl Session {
     }
 
     async fn command(&mut self, raw: &str) {
+        let mut audited = None;
         let reply = match serde_json::from_str::<Value>(raw) {
-            Ok(Value::Object(map)) => self.execute(map).await,
+            Ok(Value::Object(map)) => {
+                audited = audited_command(&map);
+                self.execute(map).await
+            }
             Ok(_) | Err(_) => Err((
                 Value::Null,
                 String::new(),
                 ApiError::bad_request("a command is a JSON object with a `cmd` field"),
             )),
         };
+        if let Some((action, target)) = audited {
+            let p = &self.principal;
+            let result = match &reply {
+                Ok(_) => "ack".to_string(),
+                Err((_, _, e)) => e.status.as_u16().to_string(),
+            };
+            self.state
+                .audit(crate::store::audit::AuditRow {
+                    ts: crate::time::Timestamp::now(),
+                    who: p.name.clone(),
+                    role: Some(p.role.to_string()),
+                    tenant: p.tenant.clone(),
+                    action,
+                    target: Some(target),
+                    result,
+                    remote: None,
+                })
+                .await;
+        }
         // Not the hub's latest: an answer never carries a `seq` ahead of the events this
         // connection has been offered, so a client resuming from the highest `seq` it saw
         // loses nothing.
@@ -858,6 +881,20 @@ async fn first_frame_auth(
         }
         _ => Err(failed()),
     }
+}
+
+/// The audit entry's action and target of a `/ws` control command (`None` for `subscribe`,
+/// `inject` and anything unknown).
+fn audited_command(map: &Map<String, Value>) -> Option<(String, String)> {
+    let cmd = map.get("cmd")?.as_str()?;
+    if !matches!(cmd, "pause" | "resume" | "reload" | "kill" | "stop") {
+        return None;
+    }
+    let named = |k: &str| map.get(k).and_then(Value::as_str).map(str::to_string);
+    let target = named("agent")
+        .or_else(|| named("thread_id"))
+        .unwrap_or_else(|| "organism".into());
+    Some((format!("ws {cmd}"), target))
 }
 
 fn dropped_frame(d: Dropped) -> Message {

@@ -161,6 +161,13 @@ pub enum EventKind {
         /// A successful organism reload: `rev, added, removed, changed, unchanged`.
         diff: Option<crate::config::diff::ReloadReport>,
     },
+    /// An entry of the audit log (a control action, a key change, a refused credential).
+    Audit {
+        who: Option<String>,
+        action: String,
+        target: Option<String>,
+        result: String,
+    },
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -183,6 +190,7 @@ impl EventKind {
             EventKind::OrganismState { .. } => "organism_state",
             EventKind::Log { .. } => "log",
             EventKind::Reload { .. } => "reload",
+            EventKind::Audit { .. } => "audit",
         }
     }
 
@@ -198,7 +206,8 @@ impl EventKind {
             }
             EventKind::AgentState { .. }
             | EventKind::OrganismState { .. }
-            | EventKind::Reload { .. } => None,
+            | EventKind::Reload { .. }
+            | EventKind::Audit { .. } => None,
         }
     }
 
@@ -220,7 +229,7 @@ impl EventKind {
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 9] = [
+pub const EVENT_NAMES: [&str; 10] = [
     "agent_state",
     "message",
     "message_status",
@@ -230,6 +239,7 @@ pub const EVENT_NAMES: [&str; 9] = [
     "organism_state",
     "log",
     "reload",
+    "audit",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,9 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
-use super::open::{migrate, open_connection};
+use super::open::side_connection;
 use super::{err, StoreError};
 use crate::sync::lock;
 use crate::time::Timestamp;
@@ -76,24 +76,9 @@ impl KeyTable {
     /// Opens the keys of the store file at `path`, creating and migrating the file if need
     /// be (as the server would).
     pub fn open(path: &Path) -> Result<KeyTable, StoreError> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                err(
-                    path,
-                    format!("cannot create directory {}: {e}", dir.display()),
-                )
-            })?;
-        }
-        let mut conn = open_connection(
-            path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
-        )?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(|e| err(path, format!("not a usable agentserver store: {e}")))?;
-        migrate(&mut conn, path)?;
         Ok(KeyTable {
             path: path.to_path_buf(),
-            conn: Mutex::new(conn),
+            conn: Mutex::new(side_connection(path)?),
         })
     }
 

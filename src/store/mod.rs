@@ -77,6 +77,7 @@
 //! holds the thread (slots before its `slot_base`, for a thread continued after a restart, from
 //! the store), so it is found before the writer commits it.
 
+pub mod audit;
 mod coalesce;
 pub mod keys;
 mod maintenance;

@@ -206,7 +206,43 @@ CREATE TABLE api_keys (
 );
 CREATE UNIQUE INDEX api_keys_live_name ON api_keys(name) WHERE revoked IS NULL;
 "#,
+    // v6: the audit log (`store::audit`): who did what to which, with what result.
+    r#"
+CREATE TABLE audit (
+    id INTEGER PRIMARY KEY,
+    ts INTEGER NOT NULL,
+    who TEXT,
+    role TEXT,
+    tenant TEXT,
+    action TEXT NOT NULL,
+    target TEXT,
+    result TEXT NOT NULL,
+    remote TEXT
+);
+"#,
 ];
+
+/// A connection of its own to the store file at `path` (created and migrated if need be),
+/// for a table kept beside the log (`keys`, `audit`): no lock of the file is taken, so a
+/// command works on it while a server runs.
+pub(super) fn side_connection(path: &Path) -> Result<Connection, StoreError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            err(
+                path,
+                format!("cannot create directory {}: {e}", dir.display()),
+            )
+        })?;
+    }
+    let mut conn = open_connection(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+    )?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(|e| err(path, format!("not a usable agentserver store: {e}")))?;
+    migrate(&mut conn, path)?;
+    Ok(conn)
+}
 
 /// Brings the file's schema to the newest version, under a write lock so that two processes
 /// opening a new file (a server and `agentserver keys`) do not race.

@@ -10,6 +10,7 @@
 //! `WWW-Authenticate`, no hint whether a key exists, expired or was revoked); the reason
 //! goes to the log.
 
+pub mod audit;
 pub mod jwt;
 pub mod key;
 pub mod keys;
@@ -145,6 +146,7 @@ pub struct Authenticator {
     /// Woken by every revocation made through the API, so open sessions look again at once.
     pub(super) revoked: tokio::sync::Notify,
     pub limits: limits::Limits,
+    pub audit: audit::AuditLog,
 }
 
 impl Authenticator {
@@ -170,6 +172,7 @@ impl Authenticator {
             used: Mutex::default(),
             revoked: tokio::sync::Notify::new(),
             limits: limits::Limits::new(auth),
+            audit: audit::AuditLog::of(config)?,
         }))
     }
 
@@ -337,12 +340,12 @@ pub(super) async fn guard(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(auth) = state.inner.auth.as_deref() else {
+    let Some(auth) = state.inner.auth.clone() else {
         request.extensions_mut().insert(Principal::implicit());
         return next.run(request).await;
     };
-    let path = matched.as_ref().map_or("", |m| m.as_str());
-    let need = match route_need(request.method(), path) {
+    let path = matched.as_ref().map_or("", |m| m.as_str()).to_string();
+    let need = match route_need(request.method(), &path) {
         Need::Open => return next.run(request).await,
         Need::Metrics if auth.public_metrics => return next.run(request).await,
         Need::Metrics => Role::Viewer,
@@ -351,7 +354,11 @@ pub(super) async fn guard(
                 request.extensions_mut().insert(AuthPending);
                 return next.run(request).await;
             }
-            Err(refused) => return refuse(auth, &request, refused),
+            Err(refused) => {
+                let (response, row) = refusal(&auth, &request, refused);
+                state.audit_maybe(row).await;
+                return response;
+            }
             Ok(p) => {
                 request.extensions_mut().insert(p);
                 return next.run(request).await;
@@ -359,41 +366,122 @@ pub(super) async fn guard(
         },
         Need::Role(r) => r,
     };
-    match auth.authenticate(request.headers()) {
-        Err(refused) => refuse(auth, &request, refused),
-        Ok(p) if !p.may(need) => {
-            tracing::info!(principal = ?p.name, %need, path, "API request forbidden");
-            forbidden(&p, need).into_response()
+    let p = match auth.authenticate(request.headers()) {
+        Err(refused) => {
+            let (response, row) = refusal(&auth, &request, refused);
+            state.audit_maybe(row).await;
+            return response;
         }
-        Ok(p) if p.tenant.is_some() && organism_wide(request.method(), path) => {
-            tracing::info!(principal = ?p.name, path, "organism-wide request by a tenant");
-            tenant_forbidden().into_response()
-        }
-        Ok(p) => {
+        Ok(p) => p,
+    };
+    let entry = audited(request.method(), &path).then(|| Entry::of(&p, &request, &path));
+    let refusal = if !p.may(need) {
+        tracing::info!(principal = ?p.name, %need, path, "API request forbidden");
+        Some(forbidden(&p, need))
+    } else if p.tenant.is_some() && organism_wide(request.method(), &path) {
+        tracing::info!(principal = ?p.name, path, "organism-wide request by a tenant");
+        Some(tenant_forbidden())
+    } else {
+        None
+    };
+    let response = match refusal {
+        Some(e) => e.into_response(),
+        None => {
             request.extensions_mut().insert(p);
             next.run(request).await
+        }
+    };
+    if let Some(entry) = entry {
+        state
+            .audit(entry.row(response.status().as_u16().to_string()))
+            .await;
+    }
+    response
+}
+
+/// Whether a request is kept in the audit log: every request that may change something,
+/// but injects (they are in the message log) and the agents' callbacks.
+fn audited(method: &axum::http::Method, path: &str) -> bool {
+    !matches!(*method, axum::http::Method::GET | axum::http::Method::HEAD)
+        && path != "/api/v1/inject"
+        && route_need(method, path) != Need::Open
+}
+
+/// The parts of an audit entry known before the answer.
+struct Entry {
+    who: Option<String>,
+    role: Option<String>,
+    tenant: Option<String>,
+    action: String,
+    target: String,
+    remote: Option<String>,
+}
+
+impl Entry {
+    fn of(p: &Principal, request: &Request, path: &str) -> Entry {
+        Entry {
+            who: p.name.clone(),
+            role: Some(p.role.to_string()),
+            tenant: p.tenant.clone(),
+            action: format!("{} {path}", request.method()),
+            target: request.uri().path().to_string(),
+            remote: remote(request).map(|ip| ip.to_string()),
+        }
+    }
+
+    fn row(self, result: String) -> crate::store::audit::AuditRow {
+        crate::store::audit::AuditRow {
+            ts: Timestamp::now(),
+            who: self.who,
+            role: self.role,
+            tenant: self.tenant,
+            action: self.action,
+            target: Some(self.target),
+            result,
+            remote: self.remote,
         }
     }
 }
 
-/// The answer to a refused credential: 401, or 429 once its address failed too often.
-fn refuse(auth: &Authenticator, request: &Request, refused: Refused) -> Response {
-    if let Refused::Invalid(why) = &refused {
-        tracing::info!(path = %request.uri().path(), "API credential refused: {why}");
-    }
-    let from = request
+fn remote(request: &Request) -> Option<std::net::IpAddr> {
+    request
         .extensions()
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .map(|c| c.0.ip());
-    // A wrong credential counts against its address; a missing one guesses nothing.
-    if let (Some(ip), Refused::Invalid(_)) = (from, &refused) {
+        .map(|c| c.0.ip())
+}
+
+/// The answer to a refused credential: 401, or 429 once its address failed too often; and
+/// the audit entry to keep for a wrong credential (not a missing one), with why it was
+/// refused, while its address is under its limit (so a flood cannot fill the disk).
+fn refusal(
+    auth: &Authenticator,
+    request: &Request,
+    refused: Refused,
+) -> (Response, Option<crate::store::audit::AuditRow>) {
+    let Refused::Invalid(why) = &refused else {
+        return (unauthorized(&refused).into_response(), None);
+    };
+    tracing::info!(path = %request.uri().path(), "API credential refused: {why}");
+    let from = remote(request);
+    if let Some(ip) = from {
         if let Err(limited) = auth.limits.failed_auth(ip) {
             tracing::info!(%ip, "failed authentications over the limit");
-            return limited.into_response();
+            return (limited.into_response(), None);
         }
     }
-    unauthorized(&refused).into_response()
+    let row = crate::store::audit::AuditRow {
+        ts: Timestamp::now(),
+        who: None,
+        role: None,
+        tenant: None,
+        action: "authenticate".into(),
+        target: Some(request.uri().path().to_string()),
+        result: format!("401: {why}"),
+        remote: from.map(|ip| ip.to_string()),
+    };
+    (unauthorized(&refused).into_response(), Some(row))
 }
+
 /// Writes the access rules into the OpenAPI document: the two ways to present a credential
 /// (`securitySchemes`), and on each operation what it needs (`security`, `x-least-role`,
 /// and its 401 and 403 answers), from the same table [`guard`] enforces. They apply when

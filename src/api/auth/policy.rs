@@ -72,6 +72,7 @@ const ROUTES: &[(Method, &str, Need)] = &[
     (Method::GET, "/ws", Need::Stream),
     (Method::GET, "/ws/messages", Need::Stream),
     (Method::GET, "/api/v1/keys", Need::Role(Role::Admin)),
+    (Method::GET, "/api/v1/audit", Need::Role(Role::Admin)),
     (Method::POST, "/api/v1/inject", Need::Role(Role::Operator)),
     (
         Method::POST,
@@ -116,6 +117,7 @@ const ORGANISM_WIDE: &[(Method, &str)] = &[
     (Method::GET, "/api/v1/organism/config"),
     (Method::GET, "/metrics"),
     (Method::GET, "/api/v1/keys"),
+    (Method::GET, "/api/v1/audit"),
     (Method::POST, "/api/v1/keys"),
     (Method::DELETE, "/api/v1/keys/{name}"),
     (Method::POST, "/api/v1/organism/pause"),

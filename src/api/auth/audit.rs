@@ -1,0 +1,84 @@
+//! Where the audit log goes: the store file's `audit` table, or, with `store: memory`, the
+//! last [`MEMORY_ENTRIES`] entries in memory. Each entry is also published as an `audit`
+//! event (organism-wide `/ws` sessions only).
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use crate::config::OrganismConfig;
+use crate::events::{EventHub, EventKind};
+use crate::store::audit::{AuditFilter, AuditRow, AuditTable};
+use crate::store::StoreError;
+use crate::threads::{Page, Paged};
+
+/// Entries kept without a store file.
+pub const MEMORY_ENTRIES: usize = 10_000;
+
+/// Bytes of one text field of an entry, at most.
+const FIELD_BYTES: usize = 512;
+
+pub enum AuditLog {
+    Table(AuditTable),
+    Memory(Mutex<VecDeque<AuditRow>>),
+}
+
+impl AuditLog {
+    pub fn of(config: &OrganismConfig) -> Result<AuditLog, String> {
+        match &config.store {
+            Some(path) => AuditTable::open(path)
+                .map(AuditLog::Table)
+                .map_err(|e| e.to_string()),
+            None => Ok(AuditLog::Memory(Mutex::default())),
+        }
+    }
+
+    /// Keeps `row` (its texts cut to a bound) and publishes it. A failure to write is
+    /// logged: the action it records has happened either way.
+    pub fn record(&self, mut row: AuditRow, events: &EventHub) {
+        let cut = |s: &mut Option<String>| {
+            if let Some(t) = s.take() {
+                *s = Some(crate::clip::clip(t, FIELD_BYTES));
+            }
+        };
+        cut(&mut row.who);
+        cut(&mut row.target);
+        row.result = crate::clip::clip(std::mem::take(&mut row.result), FIELD_BYTES);
+        row.action = crate::clip::clip(std::mem::take(&mut row.action), FIELD_BYTES);
+        events.publish(EventKind::Audit {
+            who: row.who.clone(),
+            action: row.action.clone(),
+            target: row.target.clone(),
+            result: row.result.clone(),
+        });
+        match self {
+            AuditLog::Table(t) => {
+                if let Err(e) = t.add(&row) {
+                    tracing::error!("cannot write the audit log: {e}");
+                }
+            }
+            AuditLog::Memory(m) => {
+                let mut m = crate::sync::lock(m);
+                if m.len() >= MEMORY_ENTRIES {
+                    m.pop_front();
+                }
+                m.push_back(row);
+            }
+        }
+    }
+
+    /// One page, newest first.
+    pub fn page(&self, f: &AuditFilter, page: Page) -> Result<Paged<AuditRow>, StoreError> {
+        match self {
+            AuditLog::Table(t) => t.page(f, page),
+            AuditLog::Memory(m) => {
+                let all: Vec<AuditRow> = crate::sync::lock(m)
+                    .iter()
+                    .rev()
+                    .filter(|r| f.matches(r))
+                    .cloned()
+                    .collect();
+                Ok(page.cut(all))
+            }
+        }
+    }
+}
