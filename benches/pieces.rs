@@ -149,6 +149,26 @@ fn bench(c: &mut Criterion) {
             BatchSize::SmallInput,
         )
     });
+
+    // What checking an API key adds to a request: its row by id (SQLite, primary key) and
+    // the SHA-256 of the secret compared in constant time.
+    let keys = agentserver::store::keys::KeyTable::open(&dir.path().join("keys.db")).expect("keys");
+    let (key, row) = agentserver::api::keys::new_key(
+        "bench",
+        agentserver::api::auth::Role::Operator,
+        None,
+        None,
+    )
+    .expect("key");
+    keys.add(&row).expect("add");
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("api_key_check", |b| {
+        b.iter(|| {
+            let p = agentserver::api::auth::key::parse(&key).expect("parses");
+            let row = keys.find(p.id).expect("reads").expect("found");
+            assert!(agentserver::api::auth::key::matches(p.secret, &row.hash));
+        })
+    });
     g.finish();
 }
 
