@@ -645,7 +645,7 @@ async fn run(
         organism.config().name,
         organism.config().listeners.len()
     );
-    println!("agentserver listening on http://{}", server.local_addr());
+    println!("agentserver listening on {}", server.url());
     tokio::select! {
         _ = shutdown.wait() => {}
         _ = server.stop_requested() => {}

@@ -55,6 +55,7 @@ pub(super) async fn serve(
     app: Router,
     limits: ConnLimits,
     closing: CancellationToken,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> io::Result<()> {
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -96,13 +97,31 @@ pub(super) async fn serve(
                 app.clone().oneshot(req)
             }
         });
-        let io = TokioIo::new(Idle::new(stream, limits.idle_timeout));
-        let conn = builder.serve_connection_with_upgrades(io, service);
-        let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
-            let _ = conn.await;
-            drop(permit);
-        });
+        let io = Idle::new(stream, limits.idle_timeout);
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        match &tls {
+            None => {
+                tokio::spawn(async move {
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+                    let _ = watcher.watch(conn.into_owned()).await;
+                    drop(permit);
+                });
+            }
+            Some(acceptor) => {
+                // The handshake is bounded as the request's headers are.
+                let handshake = acceptor.accept(io);
+                tokio::spawn(async move {
+                    let Ok(Ok(tls)) = tokio::time::timeout(limits.header_timeout, handshake).await
+                    else {
+                        return;
+                    };
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                    let _ = watcher.watch(conn.into_owned()).await;
+                    drop(permit);
+                });
+            }
+        }
     }
     drop(listener);
     graceful.shutdown().await;
@@ -224,4 +243,45 @@ impl AsyncWrite for Idle {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
+}
+
+/// The TLS acceptor of `organism.tls`: the certificate chain and private key read from their
+/// PEM files. An error names the file and what is wrong with it.
+pub(super) fn tls_acceptor(
+    files: &crate::config::TlsFiles,
+) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let shown = |p: &std::path::Path| p.display().to_string();
+    let certs = CertificateDer::pem_file_iter(&files.cert)
+        .map_err(|e| format!("organism.tls.cert {}: {e}", shown(&files.cert)))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("organism.tls.cert {}: {e}", shown(&files.cert)))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "organism.tls.cert {}: no certificate (PEM `BEGIN CERTIFICATE`) in it",
+            shown(&files.cert)
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| {
+        format!(
+            "organism.tls.key {}: no private key in it: {e}",
+            shown(&files.key)
+        )
+    })?;
+    let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("organism.tls: {e}"))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| {
+        format!(
+            "organism.tls: the key {} does not go with the certificate {}: {e}",
+            shown(&files.key),
+            shown(&files.cert)
+        )
+    })?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
 }

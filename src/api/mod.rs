@@ -403,6 +403,8 @@ async fn housekeeping(
 /// A running API server.
 pub struct ApiServer {
     addr: SocketAddr,
+    /// `http`, or `https` with `organism.tls`.
+    scheme: &'static str,
     state: ApiState,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -438,8 +440,13 @@ impl ApiServer {
                  is yours alone) pass --insecure-no-auth"
             )));
         }
+        let tls = match &config.tls {
+            Some(files) => Some(conn::tls_acceptor(files).map_err(std::io::Error::other)?),
+            None => None,
+        };
         drop(config);
-        let base = format!("http://{addr}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let base = format!("{scheme}://{addr}");
         organism.set_callback_url(std::sync::Arc::new(move |agent, thread| {
             external::callback_url(&base, agent, thread)
         }));
@@ -448,13 +455,23 @@ impl ApiServer {
         let (app, state) = router(organism, options, auth.clone());
         let closing = state.inner.closing.clone();
         tokio::spawn(housekeeping(auth, insecure, addr, closing.clone()));
-        let task = tokio::spawn(conn::serve(listener, app, limits, closing));
-        Ok(ApiServer { addr, state, task })
+        let task = tokio::spawn(conn::serve(listener, app, limits, closing, tls));
+        Ok(ApiServer {
+            addr,
+            scheme,
+            state,
+            task,
+        })
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// `http://ADDR`, or `https://ADDR` with `organism.tls`.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// The OpenAPI document this server serves.

@@ -95,6 +95,7 @@ pub fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadPr
     check("organism.scheduling", old.scheduling == new.scheduling);
     check("limits", old.limits == new.limits);
     check("auth", old.auth == new.auth);
+    check("organism.tls", old.tls == new.tls);
     out
 }
 

@@ -35,7 +35,7 @@ use check::{
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
     Limits, ListenerConfig, ListenerKind, ListenerName, LuaLimits, NoType, OrganismConfig,
-    Retention, Scheduling, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+    Retention, Scheduling, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{AuthSection, ListenerSection, OrganismSection};
 
@@ -315,6 +315,10 @@ pub fn load_str(
         return Err(ConfigErrors(c.errors));
     }
     Ok(OrganismConfig {
+        tls: organism.tls.map(|t| TlsFiles {
+            cert: base.join(t.cert),
+            key: base.join(t.key),
+        }),
         allowed_origins: organism.allowed_origins,
         allowed_hosts: organism.allowed_hosts,
         retention,

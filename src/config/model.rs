@@ -52,6 +52,15 @@ pub(crate) struct OrganismSection {
     pub allowed_origins: Vec<String>,
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    pub tls: Option<TlsFiles>,
+}
+
+/// `organism.tls`: the API serves HTTPS and WSS with this certificate chain and key (PEM).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -303,6 +312,8 @@ pub struct OrganismConfig {
     /// Names (`host` or `host:port`) besides IP addresses, `localhost` and the listen host
     /// that the API answers to as `Host`.
     pub allowed_hosts: Vec<String>,
+    /// HTTPS and WSS instead of HTTP and WS (paths resolved against the file's directory).
+    pub tls: Option<TlsFiles>,
     pub limits: Limits,
     pub auth: AuthConfig,
     pub listeners: Vec<ListenerConfig>,
