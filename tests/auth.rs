@@ -1562,6 +1562,10 @@ async fn control_actions_key_changes_and_refused_credentials_are_audited() {
         "{log}"
     );
     assert_eq!(log["total"], 6);
+    assert_eq!(
+        entries[0]["remote"], "127.0.0.1",
+        "a /ws command's address too"
+    );
     let pause = &entries[5];
     assert_eq!(
         (

@@ -80,12 +80,11 @@ pub async fn ws_messages(
     upgrade(ws, state, Endpoint::Messages, who, q)
 }
 
-/// Who opens a session: known from the upgrade request, or still to present a credential
-/// in its first frame.
-pub enum Who {
-    Known(Principal),
-    /// With the client's address, which its failures count against.
-    Pending(Option<std::net::IpAddr>),
+/// Who opens a session: known from the upgrade request, or (`principal: None`) still to
+/// present a credential in its first frame; and from which address.
+pub struct Who {
+    principal: Option<Principal>,
+    remote: Option<std::net::IpAddr>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
@@ -95,17 +94,22 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> Result<Self, ApiError> {
+        let remote = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
         match (
             parts.extensions.get::<Principal>(),
             parts.extensions.get::<AuthPending>(),
         ) {
-            (Some(p), _) => Ok(Who::Known(p.clone())),
-            (None, Some(_)) => Ok(Who::Pending(
-                parts
-                    .extensions
-                    .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-                    .map(|c| c.0.ip()),
-            )),
+            (Some(p), _) => Ok(Who {
+                principal: Some(p.clone()),
+                remote,
+            }),
+            (None, Some(_)) => Ok(Who {
+                principal: None,
+                remote,
+            }),
             (None, None) => Err(unauthorized(&Refused::Missing)),
         }
     }
@@ -154,6 +158,8 @@ struct Session {
     state: ApiState,
     ep: Endpoint,
     principal: Principal,
+    /// The client's address, for the audit log.
+    remote: Option<std::net::IpAddr>,
     /// What a tenant's principal sees, with the config it was made from (made again after
     /// a reload); `None` for an organism-wide principal, which sees everything.
     tenant_view: Option<(Arc<crate::config::OrganismConfig>, Scope)>,
@@ -191,9 +197,10 @@ impl Session {
         let _client = state.client_guard(ep);
         let options = state.inner.options.clone();
         let (mut sink, mut stream) = socket.split();
-        let principal = match who {
-            Who::Known(p) => p,
-            Who::Pending(from) => match first_frame_auth(&state, &mut stream, from).await {
+        let remote = who.remote;
+        let principal = match who.principal {
+            Some(p) => p,
+            None => match first_frame_auth(&state, &mut stream, remote).await {
                 Ok(p) => p,
                 Err(reason) => {
                     let _ = tokio::time::timeout(
@@ -257,6 +264,7 @@ impl Session {
                 (config, scope)
             }),
             principal,
+            remote,
             filter,
             tx: tx.clone(),
             queued,
@@ -643,7 +651,7 @@ impl Session {
                     action,
                     target: Some(target),
                     result,
-                    remote: None,
+                    remote: self.remote.map(|ip| ip.to_string()),
                 })
                 .await;
         }
