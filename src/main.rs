@@ -144,6 +144,12 @@ enum KeysCommand {
         /// Lifetime: 30d, 12h, 15m (none: until revoked).
         #[arg(long)]
         expires: Option<String>,
+        /// The key's own injects per second (over `auth.inject_per_s`).
+        #[arg(long)]
+        inject_per_s: Option<u32>,
+        /// The key's own burst above its rate (needs --inject-per-s).
+        #[arg(long)]
+        burst: Option<u32>,
         /// The store file (overrides `organism.store`).
         #[arg(long)]
         store: Option<String>,
@@ -422,17 +428,20 @@ fn keys(action: KeysCommand) -> ExitCode {
             role,
             tenant,
             expires,
+            inject_per_s,
+            burst,
             ..
         } => {
             let Some(role) = Role::parse(&role) else {
                 eprintln!("agentserver: --role is viewer, operator or admin (got `{role}`)");
                 return ExitCode::from(2);
             };
-            let (key, row) = match agentserver::api::keys::new_key(
+            let (key, row) = match agentserver::api::keys::new_key_with_rate(
                 &name,
                 role,
                 tenant.as_deref(),
                 expires.as_deref(),
+                (inject_per_s, burst),
             ) {
                 Ok(k) => k,
                 Err(e) => {
@@ -486,7 +495,7 @@ fn key_line(k: &agentserver::store::keys::KeyRow) -> String {
     let time =
         |t: Option<agentserver::time::Timestamp>| t.map_or("-".to_string(), |t| t.to_rfc3339());
     format!(
-        "{} id={} role={} tenant={} created={} expires={} last_used={} revoked={}",
+        "{} id={} role={} tenant={} created={} expires={} last_used={} revoked={}{}",
         k.name,
         k.id,
         k.role,
@@ -494,7 +503,11 @@ fn key_line(k: &agentserver::store::keys::KeyRow) -> String {
         k.created.to_rfc3339(),
         time(k.expires),
         time(k.last_used),
-        time(k.revoked)
+        time(k.revoked),
+        match k.inject_per_s {
+            Some(r) => format!(" inject_per_s={r} burst={}", k.burst.unwrap_or(r)),
+            None => String::new(),
+        }
     )
 }
 

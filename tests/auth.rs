@@ -1421,6 +1421,27 @@ async fn failed_authentications_and_injects_are_rate_limited_with_retry_after() 
     // Another credential has its own allowance.
     assert_eq!(inject(other).await.status(), 202);
 
+    // A key with a rate of its own: a burst of 4 over the file's 2.
+    let config = Organism::builder().load_config(&path).unwrap();
+    let (fast, row) = agentserver::api::keys::new_key_with_rate(
+        "fast",
+        Role::Operator,
+        None,
+        None,
+        (Some(1), Some(4)),
+    )
+    .unwrap();
+    KeySource::of(&config).unwrap().add(&row).unwrap();
+    let mut statuses = Vec::new();
+    for _ in 0..5 {
+        statuses.push(inject(fast.clone()).await.status().as_u16());
+    }
+    assert_eq!(statuses, [202, 202, 202, 202, 429]);
+    let e =
+        agentserver::api::keys::new_key_with_rate("x", Role::Viewer, None, None, (None, Some(3)))
+            .unwrap_err();
+    assert_eq!(e.body.location.as_deref(), Some("inject_per_s"));
+
     for (auth, says) in [
         ("{methods: [keys], inject_per_s: 0}", "auth.inject_per_s"),
         ("{methods: [keys], burst: 5}", "needs auth.inject_per_s"),

@@ -25,6 +25,9 @@ pub struct KeyInfo {
     /// When it last authenticated a request (recorded every few seconds).
     pub last_used: Option<Timestamp>,
     pub revoked: Option<Timestamp>,
+    /// Its own inject rate and burst, over `auth.inject_per_s` and `auth.burst`.
+    pub inject_per_s: Option<u32>,
+    pub burst: Option<u32>,
 }
 
 impl KeyInfo {
@@ -38,6 +41,8 @@ impl KeyInfo {
             expires: k.expires.map(Into::into),
             last_used: k.last_used.map(Into::into),
             revoked: k.revoked.map(Into::into),
+            inject_per_s: k.inject_per_s,
+            burst: k.burst,
         }
     }
 }
@@ -62,7 +67,13 @@ pub struct CreateKey {
     pub tenant: Option<String>,
     /// How long it lives: `30d`, `12h`, `15m` (none: until revoked).
     pub expires: Option<String>,
+    /// Its own injects per second (over `auth.inject_per_s`), and burst.
+    pub inject_per_s: Option<u32>,
+    pub burst: Option<u32>,
 }
+
+/// A key's own inject rate: `(per second, burst)`, each at least 1, burst only with a rate.
+pub type KeyRate = (Option<u32>, Option<u32>);
 
 /// Checks a key's name, tenant and lifetime, and makes the row and the key to show once.
 pub fn new_key(
@@ -71,6 +82,27 @@ pub fn new_key(
     tenant: Option<&str>,
     expires: Option<&str>,
 ) -> Result<(String, KeyRow), ApiError> {
+    new_key_with_rate(name, role, tenant, expires, (None, None))
+}
+
+/// [`new_key`], with the key's own inject rate.
+pub fn new_key_with_rate(
+    name: &str,
+    role: Role,
+    tenant: Option<&str>,
+    expires: Option<&str>,
+    (inject_per_s, burst): KeyRate,
+) -> Result<(String, KeyRow), ApiError> {
+    if inject_per_s == Some(0) || burst == Some(0) || (burst.is_some() && inject_per_s.is_none()) {
+        return Err(ApiError::bad_request(
+            "inject_per_s and burst are at least 1, and burst needs inject_per_s",
+        )
+        .at(if inject_per_s == Some(0) || inject_per_s.is_none() {
+            "inject_per_s"
+        } else {
+            "burst"
+        }));
+    }
     let ok_name = |s: &str| {
         !s.is_empty()
             && s.len() <= 64
@@ -120,6 +152,8 @@ pub fn new_key(
             expires,
             last_used: None,
             revoked: None,
+            inject_per_s,
+            burst,
         },
     ))
 }
@@ -160,11 +194,12 @@ pub async fn create_key(
     JsonBody(body): JsonBody<CreateKey>,
 ) -> Result<(StatusCode, Json<NewKey>), ApiError> {
     let keys = table(&s)?;
-    let (key, row) = new_key(
+    let (key, row) = new_key_with_rate(
         &body.name,
         body.role,
         body.tenant.as_deref(),
         body.expires.as_deref(),
+        (body.inject_per_s, body.burst),
     )?;
     keys.add(&row).map_err(|e| match e {
         AddKeyError::NameTaken(_) => {

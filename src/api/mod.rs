@@ -209,9 +209,9 @@ impl ApiState {
 
     /// Counts an inject against its credential's rate (`auth.inject_per_s`).
     fn limit_inject(&self, p: &auth::Principal) -> Result<(), ApiError> {
-        match (&self.inner.auth, &p.name) {
-            (Some(a), Some(name)) => a.limits.inject(name),
-            _ => Ok(()),
+        match &self.inner.auth {
+            Some(a) => a.limits.inject(p),
+            None => Ok(()),
         }
     }
 

@@ -31,6 +31,9 @@ pub struct KeyRow {
     pub expires: Option<Timestamp>,
     pub last_used: Option<Timestamp>,
     pub revoked: Option<Timestamp>,
+    /// The key's own inject rate and burst, over `auth.inject_per_s` and `auth.burst`.
+    pub inject_per_s: Option<u32>,
+    pub burst: Option<u32>,
 }
 
 /// The `api_keys` table of one store file.
@@ -39,7 +42,8 @@ pub struct KeyTable {
     conn: Mutex<Connection>,
 }
 
-const COLUMNS: &str = "id, name, hash, role, tenant, created, expires, last_used, revoked";
+const COLUMNS: &str =
+    "id, name, hash, role, tenant, created, expires, last_used, revoked, inject_per_s, burst";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
     let time = |i: usize| -> rusqlite::Result<Option<Timestamp>> {
@@ -56,6 +60,8 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
         expires: time(6)?,
         last_used: time(7)?,
         revoked: time(8)?,
+        inject_per_s: r.get(9)?,
+        burst: r.get(10)?,
     })
 }
 
@@ -90,8 +96,8 @@ impl KeyTable {
     pub fn add(&self, k: &KeyRow) -> Result<(), AddKeyError> {
         let conn = lock(&self.conn);
         let done = conn.execute(
-            "INSERT INTO api_keys (id, name, hash, role, tenant, created, expires) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            "INSERT INTO api_keys (id, name, hash, role, tenant, created, expires, inject_per_s, burst) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 k.id,
                 k.name,
@@ -99,7 +105,9 @@ impl KeyTable {
                 k.role,
                 k.tenant,
                 ms(k.created),
-                k.expires.map(ms)
+                k.expires.map(ms),
+                k.inject_per_s,
+                k.burst
             ],
         );
         match done {
@@ -176,6 +184,8 @@ mod tests {
             expires: None,
             last_used: None,
             revoked: None,
+            inject_per_s: None,
+            burst: None,
         }
     }
 

@@ -220,6 +220,11 @@ CREATE TABLE audit (
     remote TEXT
 );
 "#,
+    // v7: a key's own inject rate, over `auth.inject_per_s`.
+    r#"
+ALTER TABLE api_keys ADD COLUMN inject_per_s INTEGER;
+ALTER TABLE api_keys ADD COLUMN burst INTEGER;
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

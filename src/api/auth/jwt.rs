@@ -122,6 +122,7 @@ impl JwtVerifier {
             tenant: claims.tenant,
             key_id: None,
             expires: Some(Timestamp(claims.exp.saturating_mul(1000))),
+            inject_rate: None,
         })
     }
 }

@@ -99,6 +99,10 @@ struct FileKey {
     expires: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     revoked: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inject_per_s: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    burst: Option<u32>,
 }
 
 /// `auth.keys_file`, read again when its modification time changes.
@@ -172,6 +176,8 @@ impl KeyFile {
                         .map(|t| time(t, "revoked"))
                         .transpose()?,
                     last_used: None,
+                    inject_per_s: k.inject_per_s,
+                    burst: k.burst,
                     id: k.id,
                     name: k.name,
                     hash: k.hash,
@@ -195,6 +201,8 @@ impl KeyFile {
                 created: k.created.to_rfc3339(),
                 expires: k.expires.map(Timestamp::to_rfc3339),
                 revoked: k.revoked.map(Timestamp::to_rfc3339),
+                inject_per_s: k.inject_per_s,
+                burst: k.burst,
             })
             .collect();
         let text = yaml_serde::to_string(&keys).map_err(|e| self.fail(e))?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::api::ApiError;
 use crate::config::AuthConfig;
@@ -18,9 +18,15 @@ use crate::config::AuthConfig;
 /// Failed authentications a remote address may make per minute when the file says nothing.
 pub const DEFAULT_FAILED_AUTH_PER_MINUTE: u32 = 20;
 
+/// A key's own rate, and its limiter.
+type OwnRate = ((u32, Option<u32>), DefaultDirectRateLimiter);
+
 pub struct Limits {
     failed: DefaultKeyedRateLimiter<IpAddr>,
     inject: Option<DefaultKeyedRateLimiter<String>>,
+    /// Keys with a rate of their own: one limiter each, by key id, with the rate it was made
+    /// for.
+    own: std::sync::Mutex<std::collections::HashMap<String, OwnRate>>,
 }
 
 impl Limits {
@@ -37,6 +43,7 @@ impl Limits {
         Limits {
             failed: RateLimiter::keyed(Quota::per_minute(per_minute)),
             inject,
+            own: Default::default(),
         }
     }
 
@@ -50,17 +57,29 @@ impl Limits {
         })
     }
 
-    /// Counts one inject by `who`; `Err` once it is over `auth.inject_per_s`.
-    pub fn inject(&self, who: &str) -> Result<(), ApiError> {
-        let Some(limiter) = &self.inject else {
-            return Ok(());
-        };
-        limiter.check_key(&who.to_string()).map_err(|n| {
+    /// Counts one inject by `p`; `Err` once it is over its key's own rate, or else over
+    /// `auth.inject_per_s`.
+    pub fn inject(&self, p: &super::Principal) -> Result<(), ApiError> {
+        let over = |n: governor::NotUntil<_>| {
             too_many(
-                "too many injects by this credential (auth.inject_per_s)",
+                "too many injects by this credential (auth.inject_per_s, or the key's own)",
                 n.wait_time_from(DefaultClock::default().now()),
             )
-        })
+        };
+        if let (Some(rate), Some(id)) = (p.inject_rate, &p.key_id) {
+            let mut own = crate::sync::lock(&self.own);
+            let entry = own
+                .entry(id.clone())
+                .or_insert_with(|| (rate, direct(rate)));
+            if entry.0 != rate {
+                *entry = (rate, direct(rate));
+            }
+            return entry.1.check().map_err(over);
+        }
+        let (Some(limiter), Some(name)) = (&self.inject, &p.name) else {
+            return Ok(());
+        };
+        limiter.check_key(name).map_err(over)
     }
 
     /// Forgets keys whose state is that of a fresh one.
@@ -70,6 +89,13 @@ impl Limits {
             l.retain_recent();
         }
     }
+}
+
+/// A limiter of `rate` per second with `burst` (default: the rate).
+fn direct((rate, burst): (u32, Option<u32>)) -> DefaultDirectRateLimiter {
+    let rate = NonZeroU32::new(rate).unwrap_or(NonZeroU32::MIN);
+    let burst = burst.and_then(NonZeroU32::new).unwrap_or(rate);
+    RateLimiter::direct(Quota::per_second(rate).allow_burst(burst))
 }
 
 fn too_many(what: &str, wait: Duration) -> ApiError {

@@ -50,6 +50,8 @@ pub struct Principal {
     pub key_id: Option<String>,
     /// When its credential stops being valid.
     pub expires: Option<Timestamp>,
+    /// Its own inject rate and burst (a key's), over `auth.inject_per_s`.
+    pub inject_rate: Option<(u32, Option<u32>)>,
 }
 
 impl Principal {
@@ -61,6 +63,7 @@ impl Principal {
             tenant: None,
             key_id: None,
             expires: None,
+            inject_rate: None,
         }
     }
 
@@ -264,6 +267,7 @@ fn principal_of(row: &KeyRow) -> Result<Principal, Refused> {
         tenant: row.tenant.clone(),
         key_id: Some(row.id.clone()),
         expires: row.expires,
+        inject_rate: row.inject_per_s.map(|r| (r, row.burst)),
     })
 }
 
