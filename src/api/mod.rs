@@ -10,7 +10,7 @@
 //!
 //! The HTTP/WebSocket API (axum). `mod.rs`: `ApiServer` (bind, serve, `stop_requested`,
 //! `shutdown`), `ApiState`, the router built with `utoipa-axum` so every served route is the
-//! documented one. `rest.rs`: REST handlers. `ws.rs`: `/ws` and `/ws/messages` sessions
+//! documented one. `rest.rs`: REST handlers. `ws/`: `/ws` and `/ws/messages` sessions
 //! (resume, filters, bounded per-client queue, drops, heartbeat, commands; an answer counts
 //! against the client's queue like any frame, and a client that does not read its answers is
 //! closed; an answer's `seq` is the last event offered to the connection, so `seq` never goes

@@ -8,6 +8,12 @@
 //! room. The writer task drains the queue into the socket with a write timeout. Pings go out
 //! every heartbeat; a client silent for two heartbeats is closed.
 
+mod access;
+mod commands;
+
+pub use access::Who;
+use access::{first_frame_auth, CLOSE_UNAUTHORIZED};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,16 +26,16 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::auth::{
-    command_need, command_organism_wide, unauthorized, unknown_thread, AuthPending, Principal,
-    Refused, Scope, Seen,
-};
 use super::error::{ApiError, Params};
 use super::filter::Filter;
 use super::frame::{event_frame, message_frame};
 use super::inject::{inject, InjectBody};
 use super::rest::reload_blocking;
 use super::{ApiState, Endpoint};
+use crate::api::auth::{
+    command_need, command_organism_wide, unauthorized, unknown_thread, AuthPending, Principal,
+    Refused, Scope, Seen,
+};
 use crate::events::{Event, EventKind, RecvError, TryRecvError};
 use crate::time::Timestamp;
 
@@ -79,47 +85,6 @@ pub async fn ws_messages(
 ) -> Result<Response, ApiError> {
     upgrade(ws, state, Endpoint::Messages, who, q)
 }
-
-/// Who opens a session: known from the upgrade request, or (`principal: None`) still to
-/// present a credential in its first frame; and from which address.
-pub struct Who {
-    principal: Option<Principal>,
-    remote: Option<std::net::IpAddr>,
-}
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        _: &S,
-    ) -> Result<Self, ApiError> {
-        let remote = parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|c| c.0.ip());
-        match (
-            parts.extensions.get::<Principal>(),
-            parts.extensions.get::<AuthPending>(),
-        ) {
-            (Some(p), _) => Ok(Who {
-                principal: Some(p.clone()),
-                remote,
-            }),
-            (None, Some(_)) => Ok(Who {
-                principal: None,
-                remote,
-            }),
-            (None, None) => Err(unauthorized(&Refused::Missing)),
-        }
-    }
-}
-
-/// How long a session whose upgrade carried no credential may take to send it.
-pub const AUTH_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Close codes of sessions refused or ended for their credential.
-const CLOSE_UNAUTHORIZED: u16 = 4401;
 
 fn upgrade(
     ws: WebSocketUpgrade,
@@ -418,58 +383,10 @@ impl Session {
         }
     }
 
-    /// What the session's principal sees now.
-    fn scope(&mut self) -> Scope {
-        let Some((config, scope)) = &mut self.tenant_view else {
-            return Scope::default();
-        };
-        let now = self.state.inner.organism.config();
-        if !Arc::ptr_eq(config, &now) {
-            *scope = self.principal.scope(&now);
-            *config = now;
-        }
-        scope.clone()
-    }
-
-    /// Whether a tenant's session sees `ev` (every event, for an organism-wide one).
-    fn sees(&mut self, ev: &Event) -> bool {
-        if self.tenant_view.is_none() {
-            return true;
-        }
-        let scope = self.scope();
-        let threads = self.state.inner.organism.threads();
-        let thread = |id: &str| {
-            threads
-                .info(id)
-                .is_some_and(|t| scope.sees_thread(&t.participants))
-        };
-        match &ev.kind {
-            EventKind::AgentState { agent, .. } | EventKind::Log { agent, .. } => scope.sees(agent),
-            EventKind::Message { message } => {
-                scope.sees_message(&message.from, message.to.as_deref())
-            }
-            EventKind::MessageStatus { about: Some(a), .. } => {
-                scope.sees_message(&a.from, a.to.as_deref())
-            }
-            EventKind::MessageStatus { thread_id, .. }
-            | EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
-            EventKind::ThreadCreated { thread: t } => {
-                scope.sees_thread(&t.participants) || thread(&t.id)
-            }
-            EventKind::Error { agent: Some(a), .. } => scope.sees(a),
-            EventKind::Error {
-                thread_id: Some(t), ..
-            } => thread(t),
-            EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
-            EventKind::OrganismState { .. } => true,
-            EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
-        }
-    }
-
     fn snapshot(&mut self, seq: u64) -> Value {
         let scope = self.scope();
         let organism = &self.state.inner.organism;
-        let info = super::view::Organism::from(organism.info());
+        let info = crate::api::view::Organism::from(organism.info());
         match self.ep {
             Endpoint::Messages => json!({
                 "event": "connected",
@@ -495,35 +412,12 @@ impl Session {
                     "seq": seq,
                     "timestamp": Timestamp::now(),
                     "organism": info,
-                    "agents": agents.into_iter().map(super::view::Agent::from).collect::<Vec<_>>(),
-                    "threads": threads.into_iter().map(super::view::Thread::from).collect::<Vec<_>>(),
+                    "agents": agents.into_iter().map(crate::api::view::Agent::from).collect::<Vec<_>>(),
+                    "threads": threads.into_iter().map(crate::api::view::Thread::from).collect::<Vec<_>>(),
                     "filter": self.filter,
                 })
             }
         }
-    }
-
-    /// Whether the session's credential still holds (looked up off the async workers).
-    async fn still_valid(&self) -> bool {
-        let Some(auth) = self.state.inner.auth.clone() else {
-            return true;
-        };
-        let p = self.principal.clone();
-        tokio::task::spawn_blocking(move || auth.still_valid(&p))
-            .await
-            .unwrap_or(false)
-    }
-
-    fn close_unauthorized(&self) {
-        tracing::info!(
-            endpoint = self.ep.path(),
-            principal = ?self.principal.name,
-            "closing a WebSocket session: its credential was revoked or expired"
-        );
-        let _ = self.tx.try_send(Message::Close(Some(CloseFrame {
-            code: CLOSE_UNAUTHORIZED,
-            reason: Utf8Bytes::from_static("credential revoked or expired"),
-        })));
     }
 
     /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
@@ -622,287 +516,6 @@ impl Session {
             },
         });
     }
-
-    async fn command(&mut self, raw: &str) {
-        let mut audited = None;
-        let reply = match serde_json::from_str::<Value>(raw) {
-            Ok(Value::Object(map)) => {
-                audited = audited_command(&map);
-                self.execute(map).await
-            }
-            Ok(_) | Err(_) => Err((
-                Value::Null,
-                String::new(),
-                ApiError::bad_request("a command is a JSON object with a `cmd` field"),
-            )),
-        };
-        if let Some((action, target)) = audited {
-            let p = &self.principal;
-            let result = match &reply {
-                Ok(_) => "ack".to_string(),
-                Err((_, _, e)) => e.status.as_u16().to_string(),
-            };
-            self.state
-                .audit(crate::store::audit::AuditRow {
-                    ts: crate::time::Timestamp::now(),
-                    who: p.name.clone(),
-                    role: Some(p.role.to_string()),
-                    tenant: p.tenant.clone(),
-                    action,
-                    target: Some(target),
-                    result,
-                    remote: self.remote.map(|ip| ip.to_string()),
-                })
-                .await;
-        }
-        // Not the hub's latest: an answer never carries a `seq` ahead of the events this
-        // connection has been offered, so a client resuming from the highest `seq` it saw
-        // loses nothing.
-        let seq = self.seen;
-        let frame = match reply {
-            Ok((request_id, cmd, mut fields)) => {
-                let mut frame = json!({
-                    "event": "ack",
-                    "seq": seq,
-                    "timestamp": Timestamp::now(),
-                    "request_id": request_id,
-                    "cmd": cmd,
-                });
-                if let Some(obj) = frame.as_object_mut() {
-                    obj.append(&mut fields);
-                }
-                frame
-            }
-            Err((request_id, cmd, e)) => json!({
-                "event": "error",
-                "seq": seq,
-                "timestamp": Timestamp::now(),
-                "request_id": request_id,
-                "cmd": cmd,
-                "status": e.status.as_u16(),
-                "code": e.body.code,
-                "error": e.body.message,
-                "details": e.body.details,
-                "where": e.body.location,
-            }),
-        };
-        self.control(frame);
-    }
-
-    /// Runs one command. Ok: the ack's extra fields. Err: the error, with the request id.
-    async fn execute(
-        &mut self,
-        mut map: Map<String, Value>,
-    ) -> Result<(Value, String, Map<String, Value>), (Value, String, ApiError)> {
-        let request_id = map.remove("request_id").unwrap_or(Value::Null);
-        let cmd = match map.remove("cmd") {
-            Some(Value::String(c)) => c,
-            _ => {
-                return Err((
-                    request_id,
-                    String::new(),
-                    ApiError::bad_request("a command needs a `cmd` string").at("cmd"),
-                ))
-            }
-        };
-        let fail = |e: ApiError| (request_id.clone(), cmd.clone(), e);
-        let names_agent = matches!(map.get("agent"), Some(Value::String(_)));
-        let need = command_need(&cmd, names_agent);
-        if !self.principal.may(need) {
-            return Err(fail(super::auth::forbidden(&self.principal, need)));
-        }
-        if self.principal.tenant.is_some() && command_organism_wide(&cmd, names_agent) {
-            return Err(fail(super::auth::tenant_forbidden()));
-        }
-        let scope = self.scope();
-        if let Some(Value::String(a)) = map.get("agent") {
-            if !scope.sees(a) {
-                return Err(fail(
-                    crate::pump::ControlError::UnknownListener(a.clone()).into(),
-                ));
-            }
-        }
-        let organism = self.state.inner.organism.clone();
-        let mut out = Map::new();
-        match (cmd.as_str(), self.ep) {
-            ("subscribe", _) => {
-                let spec = match map.remove("filter") {
-                    Some(f) if map.is_empty() => f,
-                    Some(_) => {
-                        return Err(fail(ApiError::bad_request(
-                            "give the filter either under `filter` or at the top level, not both",
-                        )))
-                    }
-                    None => Value::Object(map),
-                };
-                let mut filter: Filter = serde_json::from_value(spec)
-                    .map_err(|e| fail(ApiError::bad_request(format!("bad filter: {e}")).at("filter")))?;
-                filter
-                    .prepare(&organism.config().limits)
-                    .map_err(|(m, at)| fail(ApiError::bad_request(m).at(at)))?;
-                self.filter = filter;
-                out.insert("filter".into(), json!(self.filter));
-            }
-            (_, Endpoint::Messages) => {
-                return Err(fail(ApiError::bad_request(format!(
-                    "`{cmd}` is not a command of /ws/messages (only `subscribe`); use /ws"
-                ))
-                .at("cmd")))
-            }
-            ("inject", _) => {
-                let body: InjectBody = serde_json::from_value(Value::Object(map))
-                    .map_err(|e| fail(ApiError::bad_request(format!("bad inject: {e}"))))?;
-                self.state.limit_inject(&self.principal).map_err(fail)?;
-                let seen = Seen {
-                    principal: self.principal.clone(),
-                    scope,
-                };
-                let receipt = inject(&organism, &seen, WS_IDENTITY, body).map_err(fail)?;
-                out.insert("thread_id".into(), json!(receipt.thread_id));
-                out.insert("message_id".into(), json!(receipt.message_id));
-            }
-            ("pause" | "resume", _) => {
-                let pause = cmd == "pause";
-                match map.get("agent") {
-                    None | Some(Value::Null) => {
-                        if pause {
-                            organism.pause()
-                        } else {
-                            organism.resume()
-                        }
-                    }
-                    Some(Value::String(a)) => {
-                        let r = if pause {
-                            organism.pause_listener(a)
-                        } else {
-                            organism.resume_listener(a)
-                        };
-                        r.map_err(|e| fail(e.into()))?;
-                        out.insert("agent".into(), json!(a));
-                    }
-                    Some(_) => {
-                        return Err(fail(ApiError::bad_request("`agent` must be a name").at("agent")))
-                    }
-                }
-            }
-            ("kill", _) => {
-                let Some(Value::String(t)) = map.get("thread_id") else {
-                    return Err(fail(
-                        ApiError::bad_request("`kill` needs a `thread_id`").at("thread_id"),
-                    ));
-                };
-                let visible = organism
-                    .thread_info(t)
-                    .map_err(|e| fail(e.into()))?
-                    .is_some_and(|info| scope.sees_thread(&info.participants));
-                if !visible {
-                    return Err(fail(unknown_thread(t)));
-                }
-                organism.kill_thread(t).map_err(|e| fail(e.into()))?;
-                out.insert("thread_id".into(), json!(t));
-            }
-            ("reload", _) => match map.get("agent") {
-                Some(Value::String(a)) => {
-                    let a = a.clone();
-                    let o = organism.clone();
-                    let r = tokio::task::spawn_blocking(move || o.reload_listener(&a))
-                        .await
-                        .map_err(|e| fail(ApiError::bad_request(e.to_string())))?;
-                    r.map_err(|e| fail(e.into()))?;
-                    out.insert("agent".into(), map.get("agent").cloned().unwrap_or(Value::Null));
-                }
-                None => {
-                    let if_rev = match map.get("if_rev") {
-                        None | Some(Value::Null) => None,
-                        Some(v) => Some(v.as_u64().ok_or_else(|| {
-                            fail(ApiError::bad_request("`if_rev` must be a revision number").at("if_rev"))
-                        })?),
-                    };
-                    let report = reload_blocking(&organism, if_rev).await.map_err(fail)?;
-                    if let Ok(Value::Object(fields)) = serde_json::to_value(report) {
-                        out.extend(fields);
-                    }
-                }
-                Some(_) => {
-                    return Err(fail(ApiError::bad_request("`agent` must be a name").at("agent")))
-                }
-            },
-            ("stop", _) => self.state.request_stop(),
-            (other, _) => {
-                return Err(fail(ApiError::bad_request(format!(
-                    "unknown command `{other}` (known: subscribe, inject, pause, resume, kill, reload, stop)"
-                ))
-                .at("cmd")))
-            }
-        }
-        Ok((request_id, cmd, out))
-    }
-}
-
-/// Waits up to [`AUTH_FRAME_TIMEOUT`] for `{"cmd": "auth", "token": …}` as the session's
-/// first frame. Err: the close reason (the same whatever was wrong; the log has the detail).
-async fn first_frame_auth(
-    state: &ApiState,
-    stream: &mut futures_util::stream::SplitStream<WebSocket>,
-    from: Option<std::net::IpAddr>,
-) -> Result<Principal, &'static str> {
-    let auth = state.inner.auth.clone();
-    let failed = || match (&auth, from) {
-        (Some(a), Some(ip)) if a.limits.failed_auth(ip).is_err() => {
-            "too many failed authentications from this address"
-        }
-        _ => REFUSED,
-    };
-    const REFUSED: &str = "unauthorized: send {\"cmd\": \"auth\", \"token\": …} first";
-    let Some(auth) = state.inner.auth.clone() else {
-        return Ok(Principal::implicit());
-    };
-    let first = loop {
-        match tokio::time::timeout(AUTH_FRAME_TIMEOUT, stream.next()).await {
-            Ok(Some(Ok(Message::Text(t)))) => break t,
-            Ok(Some(Ok(Message::Ping(_) | Message::Pong(_)))) => continue,
-            Err(_) => {
-                tracing::info!("WebSocket session sent no credential in time");
-                return Err(failed());
-            }
-            _ => return Err(failed()),
-        }
-    };
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct AuthFrame {
-        cmd: String,
-        token: String,
-    }
-    let token = match serde_json::from_str::<AuthFrame>(first.as_str()) {
-        Ok(f) if f.cmd == "auth" => f.token,
-        _ => {
-            tracing::info!("WebSocket session's first frame is not an auth command");
-            return Err(failed());
-        }
-    };
-    match tokio::task::spawn_blocking(move || auth.verify(&token)).await {
-        Ok(Ok(p)) => Ok(p),
-        Ok(Err(Refused::Invalid(why))) => {
-            tracing::info!("WebSocket credential refused: {why}");
-            Err(failed())
-        }
-        _ => Err(failed()),
-    }
-}
-
-/// The audit entry's action and target of a `/ws` control command (`None` for `subscribe`,
-/// `inject` and anything unknown).
-fn audited_command(map: &Map<String, Value>) -> Option<(String, String)> {
-    let cmd = map.get("cmd")?.as_str()?;
-    if !matches!(cmd, "pause" | "resume" | "reload" | "kill" | "stop") {
-        return None;
-    }
-    let named = |k: &str| map.get(k).and_then(Value::as_str).map(str::to_string);
-    let target = named("agent")
-        .or_else(|| named("thread_id"))
-        .unwrap_or_else(|| "organism".into());
-    Some((format!("ws {cmd}"), target))
 }
 
 fn dropped_frame(d: Dropped) -> Message {
