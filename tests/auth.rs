@@ -1622,3 +1622,78 @@ async fn control_actions_key_changes_and_refused_credentials_are_audited() {
     assert!(frames.iter().all(|f| f["event"] == "audit"), "{frames:?}");
     assert_eq!(frames.len(), 6);
 }
+
+/// RS256 against a JWKS, with a fixed test key (`tests/fixtures/rsa-test-key.der.b64`, made by
+/// `openssl genrsa -traditional 2048` for this test only; its public half is
+/// `rsa-test-jwks.json`).
+#[tokio::test]
+async fn rs256_tokens_verify_against_the_jwks() {
+    use base64::Engine;
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(
+            std::fs::read_to_string(fixtures.join("rsa-test-key.der.b64"))
+                .unwrap()
+                .trim(),
+        )
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixtures.join("rsa-test-jwks.json"),
+        dir.path().join("jwks.json"),
+    )
+    .unwrap();
+    let path = write_organism_with(
+        dir.path(),
+        "{methods: [jwt], jwt: {jwks_file: jwks.json}}",
+        "memory",
+        TENANTS,
+    );
+    let organism = Organism::builder().load(&path).unwrap();
+    let server = ApiServer::bind(organism, "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 600;
+    let claims = json!({"sub": "rsa-svc", "role": "viewer", "exp": exp});
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    header.kid = Some("r1".into());
+    let token = jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_rsa_der(&der),
+    )
+    .unwrap();
+    let get = |t: String| {
+        let url = format!("http://{}/api/v1/agents", server.local_addr());
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(t)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(get(token.clone()).await, 200);
+    // The same claims as HS256 keyed with the public JWKS text: refused.
+    let jwks = std::fs::read(fixtures.join("rsa-test-jwks.json")).unwrap();
+    let confused = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(&jwks),
+    )
+    .unwrap();
+    assert_eq!(get(confused).await, 401);
+    // A tampered payload: refused.
+    let mut parts: Vec<&str> = token.split('.').collect();
+    let forged = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .encode(json!({"sub": "rsa-svc", "role": "admin", "exp": exp}).to_string());
+    parts[1] = &forged;
+    assert_eq!(get(parts.join(".")).await, 401);
+}
