@@ -34,6 +34,7 @@
 //!   maximum over each million (read every 100 ms).
 //! - `remote`: a running server (`agentserver run …`): REST injects closed-loop, each timed
 //!   until its thread's final `thread_updated` on `/ws`.
+//! - `ws50-auth`: `ws50` with `auth: {methods: [keys]}`, each reader presenting a key.
 //! - `all`: chain, chain-memory, lua, fanout, ws50.
 
 use std::time::{Duration, Instant};
@@ -72,7 +73,12 @@ fn organism_yaml(workload: &str) -> String {
     } else {
         "data.db"
     };
-    let head = format!("organism: {{ name: loadgen, store: {store} }}\nlisteners:\n");
+    let auth = if workload == "ws50-auth" {
+        "auth: { methods: [keys] }\n"
+    } else {
+        ""
+    };
+    let head = format!("organism: {{ name: loadgen, store: {store} }}\n{auth}listeners:\n");
     let body = match workload {
         "lua" => "  - { name: a, description: a, kind: lua, script: fwd.lua, schema: t.xsd, accepts: [Note], concurrency: 2 }
   - { name: b, description: b, kind: lua, script: fwd.lua, schema: t.xsd, accepts: [Note], concurrency: 2 }
@@ -228,17 +234,39 @@ async fn run(
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     // The ceiling first, on a quiet machine (no organism, no store writer yet).
     let ceiling = ceiling(threads)?;
-    let (_dir, organism) = start(&organism_yaml(workload))?;
+    let (dir, organism) = start(&organism_yaml(workload))?;
     // Deliveries per thread: the hops the figure counts.
     let hops = if workload == "fanout" { 1 + 8 } else { 3 };
 
     let mut readers = Vec::new();
     let mut server = None;
-    if workload == "ws50" {
+    if workload.starts_with("ws50") {
+        // `ws50-auth`: every reader presents a viewer's key.
+        let key = if workload == "ws50-auth" {
+            let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
+            let (key, row) = agentserver::api::keys::new_key(
+                "reader",
+                agentserver::api::auth::Role::Viewer,
+                None,
+                None,
+            )
+            .map_err(|e| e.body.message)?;
+            agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+            Some(key)
+        } else {
+            None
+        };
         let s = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
         let url = format!("ws://{}/ws/messages", s.local_addr());
         for _ in 0..50 {
-            let (mut ws, _) = tokio_tungstenite::connect_async(&url).await?;
+            use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+            let mut request = url.as_str().into_client_request()?;
+            if let Some(k) = &key {
+                request
+                    .headers_mut()
+                    .insert("authorization", format!("Bearer {k}").parse()?);
+            }
+            let (mut ws, _) = tokio_tungstenite::connect_async(request).await?;
             readers.push(tokio::spawn(async move {
                 use futures_util::StreamExt;
                 let mut check = OrderCheck::default();
@@ -914,10 +942,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let workloads: Vec<&str> = match args.workload.as_str() {
         "all" => vec!["chain", "chain-memory", "lua", "fanout", "ws50"],
-        w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50") => vec![w],
+        w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50" | "ws50-auth") => vec![w],
         other => {
             return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, all, rest, rest-memory, rest-auth, \
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, \
                  remote, rss, startup)"
             )
             .into())
