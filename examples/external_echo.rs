@@ -51,7 +51,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:8766".to_string());
     let token = std::env::var("ECHO_TOKEN").ok().filter(|t| !t.is_empty());
-    let http = reqwest::Client::new();
+    let http = agentserver::outbound::http_client()
+        .unwrap()
+        .build()
+        .unwrap();
     let app = axum::Router::new().route(
         "/input",
         post(move |Json(delivery): Json<Value>| {

@@ -481,7 +481,10 @@ async fn rest(
         })
     };
 
-    let http = reqwest::Client::new();
+    let http = agentserver::outbound::http_client()
+        .unwrap()
+        .build()
+        .unwrap();
     let samples = (threads / 10).max(100);
     let mut latencies = Vec::with_capacity(samples);
     for i in 0..samples {
@@ -710,7 +713,10 @@ async fn remote(
         })
     };
 
-    let http = reqwest::Client::new();
+    let http = agentserver::outbound::http_client()
+        .unwrap()
+        .build()
+        .unwrap();
     let url = format!("{base}/api/v1/inject");
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();

@@ -1,6 +1,8 @@
 //! Clients of a running server, for the `tail` and `inject` commands (and anyone embedding).
 
 use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
 
 use futures_util::StreamExt;
 use serde_json::Value;
@@ -12,8 +14,10 @@ use crate::InjectReceipt;
 /// What went wrong talking to a server.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("`{0}` is not an http:// URL")]
+    #[error("`{0}` is not an http:// or https:// URL")]
     BadUrl(String),
+    #[error("{0}")]
+    Tls(String),
     #[error("cannot reach {url}: {message}")]
     Connect { url: String, message: String },
     #[error("the server answered {status}: {body}")]
@@ -42,10 +46,57 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
 
 fn base(url: &str) -> Result<&str, ClientError> {
     let trimmed = url.trim_end_matches('/');
-    if trimmed.starts_with("http://") {
+    if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
         Ok(trimmed)
     } else {
         Err(ClientError::BadUrl(url.to_string()))
+    }
+}
+
+/// A running server as a client reaches it: its URL (`http://` or `https://`), the
+/// credential it presents, and the TLS roots it trusts (the system's, plus a `--ca-cert`
+/// file for a server with a private or self-signed certificate).
+pub struct Remote {
+    base: String,
+    token: Option<String>,
+    tls: Arc<tokio_rustls::rustls::ClientConfig>,
+    http: reqwest::Client,
+}
+
+impl Remote {
+    pub fn new(
+        url: &str,
+        token: Option<&str>,
+        ca_cert: Option<&Path>,
+    ) -> Result<Remote, ClientError> {
+        let base = base(url)?.to_string();
+        let extra = match ca_cert {
+            Some(path) => crate::outbound::read_roots(path).map_err(ClientError::Tls)?,
+            None => Vec::new(),
+        };
+        let tls = crate::outbound::tls_config(&extra).map_err(ClientError::Tls)?;
+        let http = crate::outbound::http_client_with(tls.clone())
+            .build()
+            .map_err(|e| ClientError::Tls(with_causes(&e)))?;
+        Ok(Remote {
+            base,
+            token: token.map(str::to_string),
+            tls,
+            http,
+        })
+    }
+
+    /// The server's URL, without a trailing slash.
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    /// `request` with `Authorization: Bearer <token>` when there is a token.
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => request.bearer_auth(t),
+            None => request,
+        }
     }
 }
 
@@ -81,7 +132,8 @@ pub fn tail_url(url: &str, f: &TailFilter) -> Result<String, ClientError> {
     if let Some(p) = &f.payload_type {
         q.push(format!("payload_types={}", encode(p)));
     }
-    let ws = base.replacen("http://", "ws://", 1);
+    // `http://…` → `ws://…`, `https://…` → `wss://…`.
+    let ws = format!("ws{}", &base["http".len()..]);
     Ok(if q.is_empty() {
         format!("{ws}/ws/messages")
     } else {
@@ -129,14 +181,13 @@ pub fn tail_line(frame: &Value) -> Option<String> {
 /// JSON frames with `json`). Notices (`dropped`, `resync_required`) go to stderr. Ends with
 /// [`ClientError::Ended`] when the server ends the stream (it stopped, or went away).
 pub async fn tail(
-    url: &str,
-    token: Option<&str>,
+    remote: &Remote,
     filter: &TailFilter,
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), ClientError> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let ws_url = tail_url(url, filter)?;
+    let ws_url = tail_url(remote.url(), filter)?;
     let connect_error = |message: String| ClientError::Connect {
         url: ws_url.clone(),
         message,
@@ -145,20 +196,22 @@ pub async fn tail(
         .as_str()
         .into_client_request()
         .map_err(|e| connect_error(with_causes(&e)))?;
-    if let Some(t) = token {
+    if let Some(t) = &remote.token {
         let value = format!("Bearer {t}")
             .parse()
             .map_err(|_| connect_error("the token is not a valid header value".into()))?;
         request.headers_mut().insert("authorization", value);
     }
-    let (mut socket, _) = tokio_tungstenite::connect_async(request)
-        .await
-        .map_err(|e| ClientError::Connect {
-            url: ws_url.clone(),
-            message: with_causes(&e),
-        })?;
+    let tls = tokio_tungstenite::Connector::Rustls(remote.tls.clone());
+    let (mut socket, _) =
+        tokio_tungstenite::connect_async_tls_with_config(request, None, false, Some(tls))
+            .await
+            .map_err(|e| ClientError::Connect {
+                url: ws_url.clone(),
+                message: with_causes(&e),
+            })?;
     if let Some(globs) = &filter.agent {
-        for glob in unmatched_agent_globs(url, token, globs).await {
+        for glob in unmatched_agent_globs(remote, globs).await {
             eprintln!("agentserver tail: {glob}");
         }
     }
@@ -208,8 +261,8 @@ pub async fn tail(
 /// and no injector identity (`api`, `ws`, `cli`, `system`): such a filter shows nothing until
 /// a reload adds a listener it matches. A server whose agents cannot be read (within 5 s)
 /// gets no warning.
-async fn unmatched_agent_globs(url: &str, token: Option<&str>, globs: &str) -> Vec<String> {
-    let read = tokio::time::timeout(std::time::Duration::from_secs(5), agent_names(url, token));
+async fn unmatched_agent_globs(remote: &Remote, globs: &str) -> Vec<String> {
+    let read = tokio::time::timeout(std::time::Duration::from_secs(5), agent_names(remote));
     let Some(names) = read.await.ok().flatten() else {
         return Vec::new();
     };
@@ -234,13 +287,17 @@ async fn unmatched_agent_globs(url: &str, token: Option<&str>, globs: &str) -> V
 
 /// The names of a server's agents (`GET /api/v1/agents`, every page), or `None` if they
 /// cannot be read.
-async fn agent_names(url: &str, token: Option<&str>) -> Option<Vec<String>> {
+async fn agent_names(remote: &Remote) -> Option<Vec<String>> {
     const PAGE: usize = 1000;
-    let base = base(url).ok()?;
     let mut names = Vec::new();
     loop {
-        let endpoint = format!("{base}/api/v1/agents?limit={PAGE}&offset={}", names.len());
-        let page: Value = authorized(reqwest::Client::new().get(&endpoint), token)
+        let endpoint = format!(
+            "{}/api/v1/agents?limit={PAGE}&offset={}",
+            remote.url(),
+            names.len()
+        );
+        let page: Value = remote
+            .authorized(remote.http.get(&endpoint))
             .send()
             .await
             .ok()?
@@ -261,12 +318,8 @@ async fn agent_names(url: &str, token: Option<&str>) -> Option<Vec<String>> {
 }
 
 /// Posts one inject to a running server.
-pub async fn inject(
-    url: &str,
-    token: Option<&str>,
-    body: &InjectBody,
-) -> Result<InjectReceipt, ClientError> {
-    let v = post_inject(url, token, body, None).await?;
+pub async fn inject(remote: &Remote, body: &InjectBody) -> Result<InjectReceipt, ClientError> {
+    let v = post_inject(remote, body, None).await?;
     Ok(InjectReceipt {
         thread_id: v["thread_id"].as_str().unwrap_or_default().to_string(),
         message_id: v["message_id"].as_str().unwrap_or_default().to_string(),
@@ -276,31 +329,21 @@ pub async fn inject(
 /// Posts one inject and waits (up to `seconds`, at most 60) for its thread to be no longer
 /// active: the server's answer, `{thread_id, message_id, thread_status, messages}`.
 pub async fn inject_and_wait(
-    url: &str,
-    token: Option<&str>,
+    remote: &Remote,
     body: &InjectBody,
     seconds: u64,
 ) -> Result<Value, ClientError> {
-    post_inject(url, token, body, Some(seconds)).await
-}
-
-/// `request` with `Authorization: Bearer <token>` when there is a token.
-fn authorized(request: reqwest::RequestBuilder, token: Option<&str>) -> reqwest::RequestBuilder {
-    match token {
-        Some(t) => request.bearer_auth(t),
-        None => request,
-    }
+    post_inject(remote, body, Some(seconds)).await
 }
 
 async fn post_inject(
-    url: &str,
-    token: Option<&str>,
+    remote: &Remote,
     body: &InjectBody,
     wait: Option<u64>,
 ) -> Result<Value, ClientError> {
     let endpoint = match wait {
-        Some(w) => format!("{}/api/v1/inject?wait={w}", base(url)?),
-        None => format!("{}/api/v1/inject", base(url)?),
+        Some(w) => format!("{}/api/v1/inject?wait={w}", remote.url()),
+        None => format!("{}/api/v1/inject", remote.url()),
     };
     let mut json = serde_json::Map::new();
     json.insert("to".into(), Value::String(body.to.clone()));
@@ -316,7 +359,8 @@ async fn post_inject(
     if let Some(t) = &body.thread_id {
         json.insert("thread_id".into(), Value::String(t.clone()));
     }
-    let response = authorized(reqwest::Client::new().post(&endpoint), token)
+    let response = remote
+        .authorized(remote.http.post(&endpoint))
         .json(&json)
         .send()
         .await
@@ -351,7 +395,12 @@ mod tests {
             tail_url("http://127.0.0.1:1/", &f).unwrap(),
             "ws://127.0.0.1:1/ws/messages?agents=shout*&payload_types=%7Burn%3Ax%7DA%20b"
         );
+        assert_eq!(
+            tail_url("https://h:8/", &TailFilter::default()).unwrap(),
+            "wss://h:8/ws/messages"
+        );
         assert!(tail_url("ftp://x", &f).is_err());
+        assert!(tail_url("httpx://x", &f).is_err());
         let line = tail_line(&json!({
             "event": "message", "timestamp": "2026-01-15T10:30:01.123Z", "thread_id": "0123456789abcdef",
             "slot_index": 2, "from": "greeter", "to": "shouter", "payload_type": "{urn:x}Shouted",

@@ -62,6 +62,7 @@ pub mod events;
 mod hash;
 pub mod listener;
 pub mod lua;
+pub mod outbound;
 pub mod pump;
 pub mod schema;
 pub mod stats;

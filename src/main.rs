@@ -82,12 +82,8 @@ enum Command {
     },
     /// Stream a running server's messages (`/ws/messages`), one line per message.
     Tail {
-        /// The server.
-        #[arg(long, default_value = DEFAULT_URL)]
-        url: String,
-        /// An API key or JWT, for a server with `auth.methods`.
-        #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
         /// Only messages from or to agents matching this glob (`shout*`).
         #[arg(long)]
         agent: Option<String>,
@@ -103,12 +99,8 @@ enum Command {
     },
     /// Post one message to a running server; prints `{"thread_id", "message_id"}`.
     Inject {
-        /// The server.
-        #[arg(long, default_value = DEFAULT_URL)]
-        url: String,
-        /// An API key or JWT, for a server with `auth.methods`.
-        #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
-        token: Option<String>,
+        #[command(flatten)]
+        server: ServerArgs,
         /// The listener that receives the payload.
         #[arg(long)]
         to: String,
@@ -197,15 +189,13 @@ fn main() -> ExitCode {
         } => with_runtime(run(organism, listen, store, insecure_no_auth)),
         Command::Keys { action } => keys(action),
         Command::Tail {
-            url,
-            token,
+            server,
             agent,
             thread,
             payload_type,
             json,
         } => with_runtime(tail(
-            url,
-            token,
+            server,
             TailFilter {
                 agent,
                 thread,
@@ -214,16 +204,14 @@ fn main() -> ExitCode {
             json,
         )),
         Command::Inject {
-            url,
-            token,
+            server,
             to,
             payload,
             thread,
             payload_type,
             wait,
         } => with_runtime(inject(
-            url,
-            token,
+            server,
             InjectArgs {
                 to,
                 payload,
@@ -235,9 +223,37 @@ fn main() -> ExitCode {
     }
 }
 
-async fn tail(url: String, token: Option<String>, filter: TailFilter, json: bool) -> ExitCode {
+/// How a client command reaches a running server.
+#[derive(clap::Args, Debug)]
+struct ServerArgs {
+    /// The server (`http://…`, or `https://…` for one with `organism.tls`).
+    #[arg(long, default_value = DEFAULT_URL)]
+    url: String,
+    /// An API key or JWT, for a server with `auth.methods`.
+    #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// A PEM file of certificates to trust besides the system's, for an `https://` server
+    /// with a private or self-signed certificate.
+    #[arg(long, env = "AGENTSERVER_CA_CERT", value_name = "PEM")]
+    ca_cert: Option<PathBuf>,
+}
+
+impl ServerArgs {
+    fn remote(&self) -> Result<client::Remote, client::ClientError> {
+        client::Remote::new(&self.url, self.token.as_deref(), self.ca_cert.as_deref())
+    }
+}
+
+async fn tail(server: ServerArgs, filter: TailFilter, json: bool) -> ExitCode {
+    let remote = match server.remote() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentserver tail: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let mut stdout = std::io::stdout();
-    match client::tail(&url, token.as_deref(), &filter, json, &mut stdout).await {
+    match client::tail(&remote, &filter, json, &mut stdout).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agentserver tail: {e}");
@@ -254,13 +270,14 @@ struct InjectArgs {
     payload_type: Option<String>,
 }
 
-async fn inject(
-    url: String,
-    token: Option<String>,
-    args: InjectArgs,
-    wait: Option<u64>,
-) -> ExitCode {
-    let token = token.as_deref();
+async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> ExitCode {
+    let remote = match server.remote() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentserver inject: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let InjectArgs {
         to,
         payload,
@@ -293,9 +310,9 @@ async fn inject(
         thread_id,
     };
     if let Some(seconds) = wait {
-        return inject_and_wait(&url, token, &body, seconds).await;
+        return inject_and_wait(&remote, &body, seconds).await;
     }
-    match client::inject(&url, token, &body).await {
+    match client::inject(&remote, &body).await {
         Ok(receipt) => {
             let receipt = agentserver::api::view::InjectReceipt::from(receipt);
             println!("{}", serde_json::to_string(&receipt).unwrap_or_default());
@@ -309,13 +326,8 @@ async fn inject(
 }
 
 /// `inject --wait`: the thread's messages as JSON lines; exit 0 if it completed.
-async fn inject_and_wait(
-    url: &str,
-    token: Option<&str>,
-    body: &InjectBody,
-    seconds: u64,
-) -> ExitCode {
-    let answer = match client::inject_and_wait(url, token, body, seconds).await {
+async fn inject_and_wait(remote: &client::Remote, body: &InjectBody, seconds: u64) -> ExitCode {
+    let answer = match client::inject_and_wait(remote, body, seconds).await {
         Ok(a) => a,
         Err(e) => {
             eprintln!("agentserver inject: {e}");

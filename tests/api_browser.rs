@@ -51,7 +51,7 @@ async fn send(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> (u16, Value) {
-    let mut r = reqwest::Client::new().request(method, format!("{}{path}", s.base));
+    let mut r = http().request(method, format!("{}{path}", s.base));
     for (k, v) in headers {
         r = r.header(*k, *v);
     }

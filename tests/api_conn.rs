@@ -61,7 +61,7 @@ async fn over_the_connection_cap_clients_get_503_and_the_server_answers_again_af
     assert!(refused.contains("limits.max_connections"), "{refused}");
     drop(held.pop());
     wait_until_async("/healthz answering again", || async {
-        reqwest::get(s.url("/healthz"))
+        http_get(s.url("/healthz"))
             .await
             .is_ok_and(|r| r.status() == 200)
     })
@@ -87,7 +87,7 @@ async fn a_client_slow_to_send_its_headers_is_closed() {
     // Never finishes the headers: the server closes it (hyper may say 408 first).
     let said = read_to_close(&mut c).await;
     assert!(said.is_empty() || said.contains("408"), "{said}");
-    assert_eq!(reqwest::get(s.url("/healthz")).await.unwrap().status(), 200);
+    assert_eq!(http_get(s.url("/healthz")).await.unwrap().status(), 200);
 }
 
 #[tokio::test]

@@ -138,7 +138,7 @@ async fn every_answer_and_frame_of_a_typed_thread_keeps_its_shape() {
     let ws_base = base.replacen("http://", "ws://", 1);
     let mut events = ws_connect(&format!("{ws_base}/ws")).await;
     let mut messages = ws_connect(&format!("{ws_base}/ws/messages")).await;
-    let http = reqwest::Client::new();
+    let http = http();
     let get = |path: String| {
         let http = http.clone();
         let url = format!("{base}{path}");

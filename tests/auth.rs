@@ -88,7 +88,7 @@ async fn guarded_with(listeners: &str) -> Guarded {
         organism,
         server,
         base,
-        http: reqwest::Client::new(),
+        http: http(),
         keys,
         path,
         dir,
@@ -687,7 +687,7 @@ async fn without_authentication_a_server_beyond_loopback_is_refused_unless_insec
         .await
         .unwrap();
     // Without authentication nothing is audited, and the log says why it is empty.
-    let r = reqwest::get(format!(
+    let r = http_get(format!(
         "http://127.0.0.1:{}/api/v1/audit",
         open.local_addr().port()
     ))
@@ -796,7 +796,7 @@ async fn with_a_memory_store_keys_come_from_the_keys_file_and_the_api_says_why_i
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
-    let http = reqwest::Client::new();
+    let http = http();
     let url = |p: &str| format!("http://{}{p}", server.local_addr());
     let r = http
         .get(url("/api/v1/agents"))
@@ -1190,7 +1190,7 @@ mod jwt {
     }
 
     async fn status(base: &str, path: &str, token: &str) -> u16 {
-        reqwest::Client::new()
+        http()
             .get(format!("{base}{path}"))
             .bearer_auth(token)
             .send()
@@ -1219,7 +1219,7 @@ mod jwt {
         let token = hs256(secret, good(json!({})));
         assert_eq!(status(&base, "/api/v1/agents", &token).await, 200);
         // An inject carries the token's sub.
-        let r = reqwest::Client::new()
+        let r = http()
             .post(format!("{base}/api/v1/inject"))
             .bearer_auth(&token)
             .json(&json!({"to": "o", "payload_xml": "<Note>j</Note>"}))
@@ -1235,7 +1235,7 @@ mod jwt {
         assert_eq!(&*messages(&organism, &thread)[0].from, "ada");
         // A viewer's token may read, not inject.
         let viewer = hs256(secret, good(json!({"role": "viewer"})));
-        let r = reqwest::Client::new()
+        let r = http()
             .post(format!("{base}/api/v1/inject"))
             .bearer_auth(&viewer)
             .json(&json!({"to": "o", "payload_xml": "<Note>j</Note>"}))
@@ -1367,7 +1367,7 @@ async fn failed_authentications_and_injects_are_rate_limited_with_retry_after() 
     let server = ApiServer::bind(organism, "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
-    let http = reqwest::Client::new();
+    let http = http();
     let url = |p: &str| format!("http://{}{p}", server.local_addr());
     let mut statuses = Vec::new();
     for _ in 0..5 {
@@ -1670,7 +1670,7 @@ async fn rs256_tokens_verify_against_the_jwks() {
     let get = |t: String| {
         let url = format!("http://{}/api/v1/agents", server.local_addr());
         async move {
-            reqwest::Client::new()
+            http()
                 .get(url)
                 .bearer_auth(t)
                 .send()

@@ -49,7 +49,7 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
 
 fn metrics(url: &str) -> String {
     block_on(async {
-        reqwest::get(format!("{url}/metrics"))
+        http_get(format!("{url}/metrics"))
             .await
             .unwrap()
             .text()
@@ -61,7 +61,10 @@ fn metrics(url: &str) -> String {
 /// `POST /api/v1/organism/stop`; returns the status.
 fn stop(url: &str) -> u16 {
     block_on(async {
-        reqwest::Client::new()
+        agentserver::outbound::http_client()
+            .unwrap()
+            .build()
+            .unwrap()
             .post(format!("{url}/api/v1/organism/stop"))
             .send()
             .await
@@ -319,7 +322,7 @@ fn sighup_reloads_the_organism_file() {
     let text = said();
     assert!(text.contains("added [\"b\"]"), "{text}");
     let agents: serde_json::Value = block_on(async {
-        reqwest::get(format!("{url}/api/v1/agents"))
+        http_get(format!("{url}/api/v1/agents"))
             .await
             .unwrap()
             .json()
@@ -377,4 +380,14 @@ fn inject_wait_prints_the_thread_and_exits_by_its_end() {
     assert_eq!(lines[2]["payload"]["message"], "HELLO, WU!");
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
+}
+
+async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    agentserver::outbound::http_client()
+        .unwrap()
+        .build()
+        .unwrap()
+        .get(url)
+        .send()
+        .await
 }

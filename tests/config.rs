@@ -236,7 +236,7 @@ listeners:
     let errs = load_file(&path, known(&["sink"])).unwrap_err().0;
     for (listener, key, text) in [
         ("a", "input_url", "required"),
-        ("b", "input_url", "must be an http:// URL"),
+        ("b", "input_url", "must be an http:// or https:// URL"),
         ("c", "input_url", "not a URL"),
         (
             "d",

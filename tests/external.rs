@@ -424,6 +424,46 @@ async fn failed_forwards_are_recorded_with_the_cause_and_never_show_credentials(
     assert_eq!(status, 409);
 }
 
+/// An https endpoint with a self-signed certificate (no system trusts it): completes no
+/// handshake, so nothing reaches an HTTP layer.
+async fn untrusted_https() -> std::net::SocketAddr {
+    use tokio_rustls::rustls;
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::try_from(made.signing_key.serialize_der()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![made.cert.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let _ = acceptor.accept(tcp).await;
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_https_agent_is_reached_over_tls_and_an_untrusted_certificate_fails_the_forward() {
+    let addr = untrusted_https().await;
+    let s = served(&format!("https://{addr}/in"), "", "").await;
+    s.inject_into("t-tls").await;
+    settle(&s.organism, "t-tls").await;
+    let m = &messages(&s.organism, "t-tls")[0];
+    assert_eq!(m.status, MessageStatus::Failed);
+    let error = m.error.clone().unwrap();
+    assert!(
+        error.contains("could not connect") && error.to_lowercase().contains("certificate"),
+        "{error}"
+    );
+}
+
 #[tokio::test]
 async fn a_reply_not_received_in_time_fails_the_wait_and_a_late_one_is_refused() {
     let mut agent = agent(Answer::Status(200)).await;

@@ -233,7 +233,7 @@ async fn a_dsl_listener_validates_with_its_generated_xsd_which_the_api_serves() 
     let server = ApiServer::bind(r.organism.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
-    let xsd = reqwest::get(format!(
+    let xsd = http_get(format!(
         "http://{}/api/v1/agents/probe/schema",
         server.local_addr()
     ))
@@ -264,7 +264,7 @@ async fn reload_by_api_swaps_behaviour_keeps_the_old_script_on_error_and_loses_n
     let server = ApiServer::bind(r.organism.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
-    let http = reqwest::Client::new();
+    let http = http();
     let reload = || {
         let url = format!("http://{}/api/v1/agents/svc/reload", server.local_addr());
         let http = http.clone();
@@ -406,7 +406,7 @@ async fn lua_metrics_count_calls_errors_by_kind_and_memory() {
     let server = ApiServer::bind(r.organism.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
-    let text = reqwest::get(format!("http://{}/metrics", server.local_addr()))
+    let text = http_get(format!("http://{}/metrics", server.local_addr()))
         .await
         .unwrap()
         .text()

@@ -78,7 +78,7 @@ async fn rig_with(builder: OrganismBuilder, listeners: &str, files: &[(&str, &st
     Rig {
         organism,
         server,
-        http: reqwest::Client::new(),
+        http: http(),
         dir,
     }
 }

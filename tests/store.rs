@@ -364,7 +364,7 @@ fn a_full_disk_at_run_time_is_said_refuses_injects_and_the_organism_keeps_runnin
     ]);
     let (mut child, url) = child::serve(run, Stdio::piped());
     let rt = runtime();
-    let http = reqwest::Client::new();
+    let http = http();
     rt.block_on(async {
         let mut events = ws_connect(&format!("{}/ws", url.replacen("http", "ws", 1))).await;
         let note = serde_json::json!({"to": "a", "payload_xml": format!("<Note>{}</Note>", "x".repeat(16_000))});
@@ -480,7 +480,7 @@ fn kill_9_under_load_keeps_every_answered_message_and_duplicates_none() {
     };
     let rt = runtime();
     let (mut child, url) = start();
-    let http = reqwest::Client::new();
+    let http = http();
     // Inject as fast as one client can for a while, noting when each 202 came back.
     let answered: Vec<(String, Instant)> = rt.block_on(async {
         let mut answered = Vec::new();

@@ -9,13 +9,14 @@ use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::Organism;
 use common::*;
 use futures_util::StreamExt;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio_rustls::rustls;
 
 /// A self-signed certificate for `localhost` written as `cert.pem` and `key.pem` in `dir`;
 /// its DER, for the client to trust.
 fn certificate(dir: &std::path::Path) -> rustls_pki_types::CertificateDer<'static> {
-    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+    let made = rcgen::generate_simple_self_signed(names).unwrap();
     std::fs::write(dir.join("cert.pem"), made.cert.pem()).unwrap();
     std::fs::write(dir.join("key.pem"), made.signing_key.serialize_pem()).unwrap();
     made.cert.der().clone()
@@ -131,4 +132,95 @@ async fn bad_certificate_files_are_start_up_errors_naming_them() {
             .to_string();
         assert!(e.contains(says) && e.contains("organism.tls"), "{tls}: {e}");
     }
+}
+
+fn cli() -> tokio::process::Command {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentserver"));
+    c.env_remove("AGENTSERVER_TOKEN")
+        .env_remove("AGENTSERVER_CA_CERT")
+        .kill_on_drop(true);
+    c
+}
+
+#[tokio::test]
+async fn the_cli_injects_and_tails_over_https_trusting_a_ca_cert_file() {
+    let dir = tempfile::tempdir().unwrap();
+    certificate(dir.path());
+    let ca = dir.path().join("cert.pem");
+    let o = organism(dir.path(), "{cert: cert.pem, key: key.pem}");
+    let server = ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let url = server.url();
+
+    // Without the certificate trusted, the CLI refuses the server and says why.
+    let out = cli()
+        .args(["inject", "--url", &url, "--to", "a", "<Note>x</Note>"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr).to_lowercase();
+    assert!(said.contains("certificate"), "{said}");
+    assert!(o.threads().list().is_empty(), "nothing was injected");
+
+    // `tail` over wss, with the file given through the environment.
+    let mut tail = cli()
+        .args(["tail", "--json", "--url", &url])
+        .env("AGENTSERVER_CA_CERT", &ca)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(tail.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(WAIT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(first.contains("\"connected\""), "{first}");
+
+    let ca_arg = ca.to_str().unwrap();
+    let out = cli()
+        .args(["inject", "--url", &url, "--ca-cert", ca_arg])
+        .args(["--to", "a", "<Note>over tls</Note>", "--wait=10"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().count(), 3, "a -> b -> c: {stdout}");
+
+    let seen = tokio::time::timeout(WAIT, async {
+        loop {
+            let line = lines.next_line().await.unwrap().unwrap();
+            if line.contains("over tls") && line.contains("\"to\":\"c\"") {
+                return line;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(seen.contains("\"event\":\"message\""), "{seen}");
+
+    // A file that is not a certificate is named.
+    std::fs::write(dir.path().join("junk.pem"), "junk").unwrap();
+    let junk = dir.path().join("junk.pem");
+    let out = cli()
+        .args(["inject", "--url", &url, "--to", "a", "<Note>x</Note>"])
+        .arg("--ca-cert")
+        .arg(&junk)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("junk.pem") && said.contains("no PEM certificate"),
+        "{said}"
+    );
 }

@@ -103,11 +103,12 @@ impl IntoResponse for ApiError {
 
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_failed",
-            e.to_string(),
-        )
+        let code = if e.timed_out {
+            "query_timeout"
+        } else {
+            "store_failed"
+        };
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, code, e.to_string())
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::*;
 
-/// The `external` keys: `input_url` (http), `token_env` (a set variable),
+/// The `external` keys: `input_url` (http or https, trusting the system's roots), `token_env` (a set variable),
 /// `timeout_ms`, `reply_timeout` (seconds, or a duration like `300s`, `5m`).
 pub(super) fn check_external(
     s: &ListenerSection,
@@ -23,13 +23,8 @@ pub(super) fn check_external(
         }
         Some(u) => {
             match reqwest::Url::parse(u) {
-                Ok(url) if url.scheme() == "http" && url.has_host() => {}
-                Ok(url) if url.scheme() == "https" => c.push(
-                    l,
-                    Some("input_url"),
-                    "https is not supported by this build (no TLS stack); use http, e.g. through a local TLS-terminating proxy",
-                ),
-                Ok(_) => c.push(l, Some("input_url"), "must be an http:// URL"),
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+                Ok(_) => c.push(l, Some("input_url"), "must be an http:// or https:// URL"),
                 Err(e) => c.push(l, Some("input_url"), format!("is not a URL: {e}")),
             }
             u.to_string()
@@ -98,7 +93,7 @@ pub(super) fn serde_key(message: &str) -> Option<String> {
 
 pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
     // Each limit, its value and the least it may be.
-    let checks: [(&str, u64, u64); 13] = [
+    let checks: [(&str, u64, u64); 14] = [
         ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
         ("limits.max_depth", l.max_depth as u64, 1),
         (
@@ -132,6 +127,7 @@ pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
             l.max_retained_bytes as u64,
             1024 * 1024,
         ),
+        ("limits.max_query_ms", l.max_query_ms, 1),
     ];
     for (key, value, least) in checks {
         if value < least {

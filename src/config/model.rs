@@ -108,6 +108,9 @@ pub struct Limits {
     /// Bytes of history held in memory: finished threads' messages (three quarters) and
     /// the event ring (a quarter), oldest let go of first. The store keeps everything.
     pub max_retained_bytes: usize,
+    /// How long one read of the store's history (`/messages`, `/threads`, a thread's log)
+    /// may run, in milliseconds; a longer one is stopped and answered 503 `query_timeout`.
+    pub max_query_ms: u64,
 }
 
 impl Default for Limits {
@@ -127,6 +130,7 @@ impl Default for Limits {
             max_filter_entry_bytes: 256,
             max_attributes: 256,
             max_retained_bytes: 256 * 1024 * 1024,
+            max_query_ms: 5_000,
         }
     }
 }

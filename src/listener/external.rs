@@ -36,7 +36,7 @@ impl ExternalHandler {
             .external
             .clone()
             .ok_or_else(|| "an external listener needs `input_url`".to_string())?;
-        let client = reqwest::Client::builder()
+        let client = crate::outbound::http_client()?
             .timeout(config.timeout)
             .connect_timeout(config.timeout.min(Duration::from_secs(5)))
             .build()

@@ -101,6 +101,9 @@ impl OrganismBuilder {
             Some(path) => Some(Arc::new(crate::store::Store::open(path)?)),
             None => None,
         };
+        if let Some(s) = &store {
+            s.set_read_budget(std::time::Duration::from_millis(config.limits.max_query_ms));
+        }
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
         let sink: Option<crate::events::Sink> = store.clone().map(|s| {
             Box::new(move |event: &Arc<crate::events::Event>| s.record_event(event))

@@ -140,6 +140,9 @@ const BLOCK_BITS: u32 = 8;
 pub struct StoreError {
     pub path: String,
     pub message: String,
+    /// A read stopped for running past its budget ([`Store::set_read_budget`]); the store
+    /// itself is fine.
+    pub timed_out: bool,
 }
 
 /// What the store found on opening.
@@ -188,6 +191,8 @@ pub struct Store {
     /// is committed, and the file is free for the next writer, once a `Store` is gone.
     writer: Option<std::thread::JoinHandle<()>>,
     reader: Mutex<Connection>,
+    /// How long one read may run (`limits.max_query_ms`), in milliseconds.
+    read_budget_ms: std::sync::atomic::AtomicU64,
     health: Arc<Health>,
     recovered: Recovered,
     /// `<file>.lock`, locked (`flock`) while this store is open, so a second process (or a
@@ -217,6 +222,7 @@ fn err(path: &Path, message: impl std::fmt::Display) -> StoreError {
     StoreError {
         path: path.display().to_string(),
         message: message.to_string(),
+        timed_out: false,
     }
 }
 

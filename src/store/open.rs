@@ -451,6 +451,9 @@ impl Store {
             tx,
             writer: Some(writer),
             reader: Mutex::new(reader),
+            read_budget_ms: std::sync::atomic::AtomicU64::new(
+                crate::config::Limits::default().max_query_ms,
+            ),
             health,
             recovered: Recovered {
                 last_seq,

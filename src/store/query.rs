@@ -226,15 +226,48 @@ pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageR
 }
 
 impl Store {
+    /// How long one read may run from now on (`limits.max_query_ms`); a read past it is
+    /// stopped by SQLite's progress handler and fails with [`StoreError::timed_out`].
+    pub fn set_read_budget(&self, budget: std::time::Duration) {
+        let ms = u64::try_from(budget.as_millis()).unwrap_or(u64::MAX);
+        self.read_budget_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Runs `f` in one read transaction, within the read budget.
     pub(super) fn read<T>(
         &self,
         f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
     ) -> Result<T, StoreError> {
+        /// SQLite virtual-machine steps between looks at the clock.
+        const STEPS: std::ffi::c_int = 10_000;
+        let budget_ms = self
+            .read_budget_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget_ms);
         let mut conn = crate::sync::lock(&self.reader);
-        let tx = conn.transaction().map_err(|e| err(&self.path, e))?;
-        let out = f(&tx).map_err(|e| err(&self.path, e))?;
-        tx.commit().map_err(|e| err(&self.path, e))?;
-        Ok(out)
+        let timed =
+            conn.progress_handler(STEPS, Some(move || std::time::Instant::now() >= deadline));
+        let run = || -> rusqlite::Result<T> {
+            let tx = conn.transaction()?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        };
+        let out = run();
+        if timed.is_ok() {
+            let _ = conn.progress_handler(STEPS, None::<fn() -> bool>);
+        }
+        out.map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::OperationInterrupted) => StoreError {
+                path: self.path.display().to_string(),
+                message: format!(
+                    "the read took longer than limits.max_query_ms ({budget_ms} ms) and was stopped; narrow it (a thread, agents, since/until) or raise the limit"
+                ),
+                timed_out: true,
+            },
+            _ => err(&self.path, e),
+        })
     }
 
     /// One page of the log (oldest first, in write order), with the exact total, from one

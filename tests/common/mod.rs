@@ -191,7 +191,7 @@ pub async fn serve_with(
         organism,
         server,
         base,
-        http: reqwest::Client::new(),
+        http: http(),
         _dir: dir,
     }
 }
@@ -308,4 +308,17 @@ pub async fn send_json(ws: &mut Ws, v: serde_json::Value) {
     ))
     .await
     .expect("send");
+}
+
+/// A reqwest client the way the crate makes them (`agentserver::outbound`, ring TLS).
+pub fn http() -> reqwest::Client {
+    agentserver::outbound::http_client()
+        .unwrap()
+        .build()
+        .unwrap()
+}
+
+/// `GET url` with [`http`].
+pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http().get(url).send().await
 }

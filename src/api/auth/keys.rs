@@ -126,6 +126,7 @@ impl KeyFile {
         StoreError {
             path: self.path.display().to_string(),
             message: message.to_string(),
+            timed_out: false,
         }
     }
 

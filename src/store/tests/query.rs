@@ -200,3 +200,45 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
     assert_eq!(store.prune(Some(0), None).unwrap(), 696);
     assert_counts_match_rows(&store, &filters, &pages);
 }
+
+#[test]
+fn a_read_past_its_budget_is_stopped_and_says_which_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let mut seq = 0;
+    for t in 0..20u64 {
+        let id = format!("t{t:02}");
+        thread(&store, &id, ThreadStatus::Completed, t);
+        for slot in 0..100u64 {
+            let m = msg(&id, slot, "a", "b", 1000 + seq);
+            store.record(seq, &EventKind::Message { message: m });
+            seq += 1;
+        }
+    }
+    store.flush(seq);
+    // A tenant's view: a set of agents, read row by row.
+    let tenant = MessageFilter {
+        within: Some(vec!["b".to_string()]),
+        ..Default::default()
+    };
+    assert_eq!(
+        store
+            .query_messages(&tenant, Page::default())
+            .unwrap()
+            .total,
+        2000
+    );
+    store.set_read_budget(std::time::Duration::ZERO);
+    let e = store.query_messages(&tenant, Page::default()).unwrap_err();
+    assert!(e.timed_out, "{e}");
+    assert!(e.message.contains("limits.max_query_ms (0 ms)"), "{e}");
+    // The connection is usable again once the budget allows.
+    store.set_read_budget(std::time::Duration::from_secs(5));
+    assert_eq!(
+        store
+            .query_messages(&tenant, Page::default())
+            .unwrap()
+            .total,
+        2000
+    );
+}

@@ -1,0 +1,80 @@
+//! Every connection this crate opens (the CLI's requests and WebSockets, an external agent's
+//! forwards) is built here, with one TLS client configuration: rustls with the `ring`
+//! provider, the system's root certificates, and any extra roots the caller trusts.
+//!
+//! reqwest is built with `rustls-no-provider`, so `reqwest::Client::new()` would panic for
+//! want of a process-wide provider; `clippy.toml` forbids it and [`http_client`] is the way.
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateDer;
+use tokio_rustls::rustls;
+
+/// A TLS client configuration trusting the system's roots and `extra_roots`. A machine
+/// without system roots still gets one (trusting only `extra_roots`): plain `http://` must
+/// keep working there, and `https://` fails at the handshake naming the unknown issuer.
+pub fn tls_config(
+    extra_roots: &[CertificateDer<'static>],
+) -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?;
+    let config = match rustls_platform_verifier::Verifier::new_with_extra_roots(
+        extra_roots.iter().cloned(),
+        provider,
+    ) {
+        Ok(verifier) => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth(),
+        Err(system) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in extra_roots {
+                roots
+                    .add(cert.clone())
+                    .map_err(|e| format!("a trusted certificate is not usable: {e}"))?;
+            }
+            if roots.is_empty() {
+                tracing::debug!("no system root certificates ({system}); https trusts nothing");
+            }
+            builder.with_root_certificates(roots).with_no_client_auth()
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// The configuration trusting the system's roots only, built once (reading the system's
+/// certificates takes milliseconds).
+fn default_tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CONFIG.get_or_init(|| tls_config(&[])).clone()
+}
+
+/// A reqwest client builder with this crate's TLS (system roots): the only way to make a
+/// reqwest client here.
+pub fn http_client() -> Result<reqwest::ClientBuilder, String> {
+    Ok(http_client_with(default_tls_config()?))
+}
+
+/// A reqwest client builder with the given TLS configuration.
+#[allow(clippy::disallowed_methods)] // the one place that builds reqwest clients
+pub fn http_client_with(tls: Arc<rustls::ClientConfig>) -> reqwest::ClientBuilder {
+    reqwest::Client::builder().tls_backend_preconfigured((*tls).clone())
+}
+
+/// The certificates of a PEM file, to trust as roots (`--ca-cert`, `AGENTSERVER_CA_CERT`).
+/// Errors name the file.
+pub fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{shown} is not a PEM certificate file: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("{shown} holds no PEM certificate"));
+    }
+    Ok(certs)
+}
