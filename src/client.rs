@@ -44,6 +44,23 @@ pub fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
+/// Why a connection failed, with what to do about a certificate the client refused.
+fn connect_failure(e: &dyn std::error::Error) -> String {
+    let text = with_causes(e);
+    let hint = if text.contains("UnknownIssuer") {
+        "the server's certificate is not signed by a root this client trusts: pass the PEM file of its CA (or of the certificate itself) with --ca-cert"
+    } else if text.contains("CaUsedAsEndEntity") {
+        "the server presents a CA certificate as its own; it needs a leaf certificate (basicConstraints CA:FALSE), e.g. openssl req -x509 … -addext basicConstraints=critical,CA:FALSE"
+    } else if text.contains("NotValidForName") {
+        "the server's certificate does not name the host in --url"
+    } else if text.contains("certificate") {
+        "the server's certificate was refused; for a private or self-signed certificate, pass its PEM file with --ca-cert"
+    } else {
+        return text;
+    };
+    format!("{text} ({hint})")
+}
+
 fn base(url: &str) -> Result<&str, ClientError> {
     let trimmed = url.trim_end_matches('/');
     if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
@@ -208,7 +225,7 @@ pub async fn tail(
             .await
             .map_err(|e| ClientError::Connect {
                 url: ws_url.clone(),
-                message: with_causes(&e),
+                message: connect_failure(&e),
             })?;
     if let Some(globs) = &filter.agent {
         for glob in unmatched_agent_globs(remote, globs).await {
@@ -366,7 +383,7 @@ async fn post_inject(
         .await
         .map_err(|e| ClientError::Connect {
             url: endpoint.clone(),
-            message: with_causes(&e),
+            message: connect_failure(&e),
         })?;
     let status = response.status().as_u16();
     let text = response.text().await.unwrap_or_default();
@@ -383,6 +400,15 @@ async fn post_inject(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn refused_certificates_say_what_to_do() {
+        let said = |cause: &str| connect_failure(&std::io::Error::other(cause.to_string()));
+        assert!(said("invalid peer certificate: UnknownIssuer").contains("--ca-cert"));
+        assert!(said("invalid peer certificate: Other(CaUsedAsEndEntity)").contains("CA:FALSE"));
+        assert!(said("invalid peer certificate: NotValidForName").contains("does not name"));
+        assert_eq!(said("Connection refused"), "Connection refused");
+    }
 
     #[test]
     fn tail_urls_carry_filters_and_lines_read_well() {

@@ -85,7 +85,10 @@ pub fn log_to_stderr() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // The TLS verifier logs each refused certificate itself; the caller's error says it.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,rustls_platform_verifier=off")
+                }),
         )
         .with_writer(std::io::stderr)
         // Colours for a terminal only: a log file or a supervisor's journal gets plain text.
