@@ -27,6 +27,9 @@
 //!   carries half of its measured peak from in-process injectors.
 //! - `rest-memory`: the same with `store: memory` (what the store adds to the tail).
 //! - `rest-auth`: `rest` with `auth: {methods: [keys]}`, each request presenting a key.
+//! - `rest-pair`: `rest` and `rest-auth` side by side in one process, requests alternating
+//!   between them, each organism at a quarter of peak; their percentiles and ratios.
+//!   `rest-pair-control`: the same with both sides `auth: none` (the method's own bias).
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
 //! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages (`--millions
@@ -420,53 +423,66 @@ impl OrderCheck {
     }
 }
 
-/// Workload (d): REST latency at half of peak load.
-/// `chain` is the organism: `chain` (store on) or `chain-memory`.
-/// With `auth`, the organism has `auth: {methods: [keys]}` and every measured request
-/// presents an operator key (`rest-auth`).
-async fn rest(
-    threads: usize,
-    chain: &str,
-    auth: bool,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let mut yaml = organism_yaml(chain);
-    if auth {
-        yaml = yaml.replacen("listeners:\n", "auth: { methods: [keys] }\nlisteners:\n", 1);
-    }
-    let (dir, organism) = start(&yaml)?;
-    let key = if auth {
-        let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
-        let (key, row) = agentserver::api::keys::new_key(
-            "load",
-            agentserver::api::auth::Role::Operator,
-            None,
-            None,
-        )
-        .map_err(|e| e.body.message)?;
-        agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
-        Some(key)
-    } else {
-        None
-    };
-    let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
-    let url = format!("http://{}/api/v1/inject", server.local_addr());
+/// An organism served over HTTP for the REST workloads, with the key its requests present
+/// (with `auth`).
+struct RestTarget {
+    _dir: tempfile::TempDir,
+    organism: Organism,
+    server: ApiServer,
+    url: String,
+    key: Option<String>,
+}
 
-    // Peak, closed loop; then half of it as background load, paced every millisecond (coarser
-    // bursts would queue the measured request behind a burst).
-    // (`drive` counts the store writer's drain in the peak: a rate it cannot keep up with is
-    // no peak, and half of it would not be half the load.)
-    let (peak_hops, _) = drive(&organism, threads / 2 + 1, 3, None).await?;
-    let per_tick = ((peak_hops / 3.0 / 2.0) / 1000.0).max(1.0) as usize;
-    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let background = {
-        let (o, running) = (organism.clone(), running.clone());
+impl RestTarget {
+    /// `chain` is the organism: `chain` (store on) or `chain-memory`. With `auth`, the
+    /// organism has `auth: {methods: [keys]}` and every request presents an operator key.
+    async fn start(chain: &str, auth: bool) -> Result<RestTarget, Box<dyn std::error::Error>> {
+        let mut yaml = organism_yaml(chain);
+        if auth {
+            yaml = yaml.replacen("listeners:\n", "auth: { methods: [keys] }\nlisteners:\n", 1);
+        }
+        let (dir, organism) = start(&yaml)?;
+        let key = if auth {
+            let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
+            let (key, row) = agentserver::api::keys::new_key(
+                "load",
+                agentserver::api::auth::Role::Operator,
+                None,
+                None,
+            )
+            .map_err(|e| e.body.message)?;
+            agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+            Some(key)
+        } else {
+            None
+        };
+        let server =
+            ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
+        let url = format!("http://{}/api/v1/inject", server.local_addr());
+        Ok(RestTarget {
+            _dir: dir,
+            organism,
+            server,
+            url,
+            key,
+        })
+    }
+
+    /// Background load: `per_ms` injects every millisecond (coarser bursts would queue the
+    /// measured request behind a burst) until `running` is false; (injected, refused).
+    fn background(
+        &self,
+        per_ms: usize,
+        running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> tokio::task::JoinHandle<(usize, usize)> {
+        let o = self.organism.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(1));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let (mut n, mut refused) = (0usize, 0usize);
             while running.load(std::sync::atomic::Ordering::Relaxed) {
                 tick.tick().await;
-                for _ in 0..per_tick {
+                for _ in 0..per_ms {
                     let sent = o.inject(InjectRequest {
                         from: "api".into(),
                         to: "a".into(),
@@ -479,18 +495,17 @@ async fn rest(
             }
             (n, refused)
         })
-    };
+    }
 
-    let http = agentserver::outbound::http_client()
-        .unwrap()
-        .build()
-        .unwrap();
-    let samples = (threads / 10).max(100);
-    let mut latencies = Vec::with_capacity(samples);
-    for i in 0..samples {
+    /// One measured request: POST inject → 202 → its thread completed.
+    async fn one(
+        &self,
+        http: &reqwest::Client,
+        i: usize,
+    ) -> Result<Duration, Box<dyn std::error::Error>> {
         let started = Instant::now();
-        let mut request = http.post(&url);
-        if let Some(k) = &key {
+        let mut request = http.post(&self.url);
+        if let Some(k) = &self.key {
             request = request.bearer_auth(k);
         }
         let r = request
@@ -500,20 +515,50 @@ async fn rest(
         if r.status().as_u16() != 202 {
             let status = r.status();
             let body = r.text().await.unwrap_or_default();
-            return Err(format!("inject answered {status} at half of peak load: {body}").into());
+            return Err(format!("inject answered {status} under load: {body}").into());
         }
         let receipt: serde_json::Value = r.json().await?;
         let thread = receipt["thread_id"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        organism.wait_thread(&thread).await;
-        latencies.push(started.elapsed());
+        self.organism.wait_thread(&thread).await;
+        Ok(started.elapsed())
+    }
+
+    async fn stop(self) {
+        self.organism.stop().await;
+        self.server.shutdown().await;
+    }
+}
+
+/// Workload (d): REST latency at half of peak load.
+/// `chain` is the organism: `chain` (store on) or `chain-memory`.
+/// With `auth`, the organism has `auth: {methods: [keys]}` and every measured request
+/// presents an operator key (`rest-auth`).
+async fn rest(
+    threads: usize,
+    chain: &str,
+    auth: bool,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let target = RestTarget::start(chain, auth).await?;
+    // Peak, closed loop; then half of it as background load.
+    // (`drive` counts the store writer's drain in the peak: a rate it cannot keep up with is
+    // no peak, and half of it would not be half the load.)
+    let (peak_hops, _) = drive(&target.organism, threads / 2 + 1, 3, None).await?;
+    let per_tick = ((peak_hops / 3.0 / 2.0) / 1000.0).max(1.0) as usize;
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let background = target.background(per_tick, running.clone());
+
+    let http = agentserver::outbound::http_client()?.build()?;
+    let samples = (threads / 10).max(100);
+    let mut latencies = Vec::with_capacity(samples);
+    for i in 0..samples {
+        latencies.push(target.one(&http, i).await?);
     }
     running.store(false, std::sync::atomic::Ordering::Relaxed);
     let (injected, refused) = background.await?;
-    organism.stop().await;
-    server.shutdown().await;
+    target.stop().await;
     let mut lat = Latencies(latencies);
     Ok(json!({
         "workload": match (chain, auth) {
@@ -527,6 +572,71 @@ async fn rest(
         "background_refused": refused,
         "samples": samples,
         "latency_ms": {"p50": lat.ms(0.5), "p90": lat.ms(0.9), "p99": lat.ms(0.99), "max": lat.ms(1.0)},
+    }))
+}
+
+/// Workload `rest-pair`: `rest` (`auth: none`) and `rest-auth` (keys) side by side in one
+/// process, measured request by request in alternation (none, keys, keys, none, …), each
+/// organism carrying a quarter of the first one's peak as background load, so both see the
+/// same moment of this machine. Reports each side's percentiles and their ratio.
+/// With `control`, both sides are `auth: none` (`rest-pair-control`): how far apart the
+/// method puts two identical servers.
+async fn rest_pair(
+    threads: usize,
+    control: bool,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let none = RestTarget::start("chain", false).await?;
+    let keys = RestTarget::start("chain", !control).await?;
+    let (peak_hops, _) = drive(&none.organism, threads / 2 + 1, 3, None).await?;
+    let per_tick = ((peak_hops / 3.0 / 4.0) / 1000.0).max(1.0) as usize;
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let backgrounds = [
+        none.background(per_tick, running.clone()),
+        keys.background(per_tick, running.clone()),
+    ];
+    let http = agentserver::outbound::http_client()?.build()?;
+    let samples = (threads / 10).max(100);
+    let (mut a, mut b) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    for i in 0..samples {
+        if i % 2 == 0 {
+            a.push(none.one(&http, i).await?);
+            b.push(keys.one(&http, i).await?);
+        } else {
+            b.push(keys.one(&http, i).await?);
+            a.push(none.one(&http, i).await?);
+        }
+    }
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    let mut refused = 0;
+    for bg in backgrounds {
+        refused += bg.await?.1;
+    }
+    none.stop().await;
+    keys.stop().await;
+    // Each request with a key over the request without one measured beside it.
+    let mut pairs: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| b.as_secs_f64() / a.as_secs_f64().max(1e-9))
+        .collect();
+    pairs.sort_by(f64::total_cmp);
+    let paired_median = pairs.get(pairs.len() / 2).copied().unwrap_or(0.0);
+    let (mut a, mut b) = (Latencies(a), Latencies(b));
+    let ratio = |q: f64, a: &mut Latencies, b: &mut Latencies| b.ms(q) / a.ms(q);
+    Ok(json!({
+        "workload": if control { "rest-pair-control" } else { "rest-pair" },
+        "peak_hops_per_s": peak_hops.round(),
+        "background_threads_per_s_each": per_tick * 1000,
+        "background_refused": refused,
+        "samples_each": samples,
+        "none_ms": {"p50": a.ms(0.5), "p90": a.ms(0.9), "p99": a.ms(0.99)},
+        "keys_ms": {"p50": b.ms(0.5), "p90": b.ms(0.9), "p99": b.ms(0.99)},
+        "keys_over_none": {
+            "paired_median": paired_median,
+            "p50": ratio(0.5, &mut a, &mut b),
+            "p90": ratio(0.9, &mut a, &mut b),
+            "p99": ratio(0.99, &mut a, &mut b),
+        },
     }))
 }
 
@@ -928,6 +1038,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             print_latency(&label, &r);
             return Ok(());
         }
+        w @ ("rest-pair" | "rest-pair-control") => {
+            println!(
+                "{}",
+                driver.run(rest_pair(threads, w == "rest-pair-control"))?
+            );
+            return Ok(());
+        }
         "remote" => {
             let url = args
                 .url
@@ -951,7 +1068,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50" | "ws50-auth") => vec![w],
         other => {
             return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, \
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, rest-pair, rest-pair-control, \
                  remote, rss, startup)"
             )
             .into())

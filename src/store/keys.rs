@@ -1,8 +1,12 @@
 //! The API keys of an organism, in its store file (`api_keys`, schema v5): each key's id,
 //! name, role, tenant, times, and the hash of its secret (never the secret). A [`KeyTable`]
 //! has its own connection and takes no lock of the file, so `agentserver keys` changes the
-//! keys of a running server (SQLite's own locking orders the writes; the server reads the
-//! table on every lookup, so it sees a new or revoked key at once).
+//! keys of a running server (SQLite's own locking orders the writes).
+//!
+//! Lookups are served from a cache of the rows found, checked on every lookup against a
+//! stamp file beside the store (`<store>.keys-stamp`), which every change of a key (here or
+//! in another process) replaces after its commit: one `stat` per request instead of a read
+//! of a file the store's writer is busy with, and a revoked key is still refused at once.
 //!
 //! What a key is, how its secret is made and checked, is the API's (`api::auth`); this is
 //! only where keys are kept.
@@ -40,7 +44,21 @@ pub struct KeyRow {
 pub struct KeyTable {
     path: PathBuf,
     conn: Mutex<Connection>,
+    cache: Mutex<Cache>,
 }
+
+/// Rows found, valid while the stamp file is the one they were read under.
+#[derive(Default)]
+struct Cache {
+    stamp: Option<Stamp>,
+    rows: std::collections::HashMap<String, KeyRow>,
+}
+
+/// Which stamp file is in place: a new one (a new inode, by rename) on every change.
+type Stamp = (u64, Option<std::time::SystemTime>);
+
+/// Rows the cache holds at most; it starts again empty when full.
+const MAX_CACHED_KEYS: usize = 4096;
 
 const COLUMNS: &str =
     "id, name, hash, role, tenant, created, expires, last_used, revoked, inject_per_s, burst";
@@ -85,9 +103,41 @@ impl KeyTable {
         Ok(KeyTable {
             path: path.to_path_buf(),
             conn: Mutex::new(side_connection(path)?),
+            cache: Mutex::default(),
         })
     }
 
+    fn stamp_path(&self) -> PathBuf {
+        let mut p = self.path.clone().into_os_string();
+        p.push(".keys-stamp");
+        PathBuf::from(p)
+    }
+
+    fn stamp(&self) -> Option<Stamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(self.stamp_path()).ok()?;
+        Some((m.ino(), m.modified().ok()))
+    }
+
+    /// Tells every reader of this store's keys (this process's and others') that a key
+    /// changed: a new stamp file, by rename, after the change was committed.
+    fn signal(&self) -> Result<(), StoreError> {
+        crate::sync::lock(&self.cache).rows.clear();
+        let stamp = self.stamp_path();
+        let mut tmp = stamp.clone().into_os_string();
+        tmp.push(format!(".{}", std::process::id()));
+        let written = std::fs::write(&tmp, Timestamp::now().0.to_string())
+            .and_then(|()| std::fs::rename(&tmp, &stamp));
+        written.map_err(|e| {
+            err(
+                &self.path,
+                format!(
+                    "the key changed, but {} cannot be written to tell a running server: {e}; restart it",
+                    stamp.display()
+                ),
+            )
+        })
+    }
     fn fail(&self, e: rusqlite::Error) -> StoreError {
         err(&self.path, e)
     }
@@ -111,7 +161,10 @@ impl KeyTable {
             ],
         );
         match done {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                drop(conn);
+                Ok(self.signal()?)
+            }
             Err(rusqlite::Error::SqliteFailure(f, _))
                 if f.code == rusqlite::ErrorCode::ConstraintViolation =>
             {
@@ -121,12 +174,37 @@ impl KeyTable {
         }
     }
 
-    /// The key with public id `id`, revoked or not.
+    /// The key with public id `id`, revoked or not (its `last_used` as of this table's last
+    /// `touch`; another process's touches are in [`KeyTable::list`]).
     pub fn find(&self, id: &str) -> Result<Option<KeyRow>, StoreError> {
-        let conn = lock(&self.conn);
-        conn.prepare_cached(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = ?1"))
-            .and_then(|mut st| st.query_row([id], row).optional())
-            .map_err(|e| self.fail(e))
+        let stamp = self.stamp();
+        {
+            let mut cache = lock(&self.cache);
+            if cache.stamp != stamp {
+                cache.rows.clear();
+                cache.stamp = stamp;
+            }
+            if let Some(r) = cache.rows.get(id) {
+                return Ok(Some(r.clone()));
+            }
+        }
+        let found = {
+            let conn = lock(&self.conn);
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = ?1"))
+                .and_then(|mut st| st.query_row([id], row).optional())
+                .map_err(|e| self.fail(e))?
+        };
+        if let Some(r) = &found {
+            let mut cache = lock(&self.cache);
+            // Kept only under the stamp it was read after: a change since then is seen.
+            if cache.stamp == stamp {
+                if cache.rows.len() >= MAX_CACHED_KEYS {
+                    cache.rows.clear();
+                }
+                cache.rows.insert(id.to_string(), r.clone());
+            }
+        }
+        Ok(found)
     }
 
     /// Every key, revoked ones included, oldest first.
@@ -142,13 +220,19 @@ impl KeyTable {
     /// Revokes the live key named `name_or_id` (its name, or its public id). `None` when no
     /// live key has that name or id.
     pub fn revoke(&self, name_or_id: &str, at: Timestamp) -> Result<Option<KeyRow>, StoreError> {
-        let conn = lock(&self.conn);
-        conn.prepare(&format!(
-            "UPDATE api_keys SET revoked = ?2 WHERE (name = ?1 OR id = ?1) AND revoked IS NULL \
-             RETURNING {COLUMNS}"
-        ))
-        .and_then(|mut st| st.query_row(params![name_or_id, ms(at)], row).optional())
-        .map_err(|e| self.fail(e))
+        let revoked = {
+            let conn = lock(&self.conn);
+            conn.prepare(&format!(
+                "UPDATE api_keys SET revoked = ?2 WHERE (name = ?1 OR id = ?1) AND revoked IS NULL \
+                 RETURNING {COLUMNS}"
+            ))
+            .and_then(|mut st| st.query_row(params![name_or_id, ms(at)], row).optional())
+            .map_err(|e| self.fail(e))?
+        };
+        if revoked.is_some() {
+            self.signal()?;
+        }
+        Ok(revoked)
     }
 
     /// Records when keys were last used.
@@ -165,7 +249,10 @@ impl KeyTable {
                 st.execute(params![id, ms(*t)]).map_err(|e| self.fail(e))?;
             }
         }
-        tx.commit().map_err(|e| self.fail(e))
+        tx.commit().map_err(|e| self.fail(e))?;
+        // This process's lookups read the new times again (every few seconds at most).
+        lock(&self.cache).rows.clear();
+        Ok(())
     }
 }
 
@@ -223,5 +310,29 @@ mod tests {
         let store = crate::store::Store::open(&path).unwrap();
         drop(store);
         assert_eq!(KeyTable::open(&path).unwrap().list().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_change_made_through_another_table_is_seen_by_the_next_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.db");
+        let server = KeyTable::open(&path).unwrap();
+        let cli = KeyTable::open(&path).unwrap();
+        assert_eq!(server.find("a1").unwrap(), None);
+        cli.add(&key("a1", "ci")).unwrap();
+        assert!(server.find("a1").unwrap().is_some(), "a new key is found");
+        // Cached now; a revocation elsewhere replaces the stamp, and the next lookup reads.
+        assert_eq!(server.find("a1").unwrap().unwrap().revoked, None);
+        cli.revoke("ci", Timestamp(9)).unwrap().unwrap();
+        assert_eq!(
+            server.find("a1").unwrap().unwrap().revoked,
+            Some(Timestamp(9))
+        );
+        // And through itself.
+        server.add(&key("b1", "deploy")).unwrap();
+        assert!(server.find("b1").unwrap().is_some());
+        server.revoke("b1", Timestamp(10)).unwrap().unwrap();
+        assert!(cli.find("b1").unwrap().unwrap().revoked.is_some());
+        assert!(server.find("b1").unwrap().unwrap().revoked.is_some());
     }
 }
