@@ -437,16 +437,23 @@ struct BudgetGuard<'a> {
 
 impl<'a> BudgetGuard<'a> {
     fn arm(budget: &'a Budget, cpu: Duration) -> Self {
-        budget.tripped.store(false, Ordering::Relaxed);
-        budget.cancelled.store(false, Ordering::Relaxed);
-        if let Ok(mut d) = budget.deadline.lock() {
-            *d = Some(Instant::now() + cpu);
-        }
-        BudgetGuard { budget }
+        let guard = BudgetGuard { budget };
+        guard.set(cpu);
+        guard
     }
 
+    /// A new budget from now. (Not by assigning a new guard: the old one's `Drop` would
+    /// run after the new one was armed, and disarm it.)
     fn rearm(&mut self, cpu: Duration) {
-        *self = BudgetGuard::arm(self.budget, cpu);
+        self.set(cpu);
+    }
+
+    fn set(&self, cpu: Duration) {
+        self.budget.tripped.store(false, Ordering::Relaxed);
+        self.budget.cancelled.store(false, Ordering::Relaxed);
+        if let Ok(mut d) = self.budget.deadline.lock() {
+            *d = Some(Instant::now() + cpu);
+        }
     }
 }
 

@@ -146,3 +146,26 @@ async fn a_replaced_pool_answers_its_queued_calls_then_its_sandbox_threads_end()
     })
     .await;
 }
+
+#[test]
+fn init_and_the_top_level_are_bounded_by_the_cpu_limit() {
+    let limits = crate::config::LuaLimits {
+        cpu_ms: 50,
+        memory_mb: 16,
+    };
+    for (script, says) in [
+        (
+            "function init(c) while true do end end\nfunction handle(p, m) end",
+            "init failed",
+        ),
+        (
+            "while true do end\nfunction handle(p, m) end",
+            "top level failed",
+        ),
+    ] {
+        let e = sandbox::Sandbox::new("l", script, &serde_json::json!({}), limits)
+            .err()
+            .unwrap_or_else(|| panic!("{script} built"));
+        assert!(e.contains(says) && e.contains("cpu"), "{script}: {e}");
+    }
+}
