@@ -59,7 +59,7 @@ pub mod client;
 pub mod clip;
 pub mod config;
 pub mod events;
-mod hash;
+pub(crate) mod hash;
 pub mod listener;
 pub mod lua;
 pub mod outbound;

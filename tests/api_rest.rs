@@ -693,6 +693,13 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/keys", "get"),
         ("/api/v1/keys/{name}", "delete"),
         ("/api/v1/audit", "get"),
+        ("/api/v1/agents", "post"),
+        ("/api/v1/agents/{name}", "delete"),
+        ("/api/v1/agents/{name}/scripts", "post"),
+        ("/api/v1/agents/{name}/scripts", "get"),
+        ("/api/v1/agents/{name}/scripts/{version}", "get"),
+        ("/api/v1/agents/{name}/deployments", "post"),
+        ("/api/v1/agents/{name}/deployments", "get"),
     ];
     for (path, method) in expected {
         assert!(

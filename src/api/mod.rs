@@ -32,6 +32,7 @@
 //! principal sees, pushed into the history's filters (`within`) and each session's events;
 //! `keys.rs`: the keys API.
 
+mod agents;
 mod audit;
 pub mod auth;
 mod browser;
@@ -267,6 +268,11 @@ fn router(
         .routes(routes!(rest::reload_agent))
         .routes(routes!(rest::stop_organism))
         .routes(routes!(external::external_reply))
+        .routes(routes!(agents::create_agent))
+        .routes(routes!(agents::delete_agent))
+        .routes(routes!(agents::upload_script, agents::list_scripts))
+        .routes(routes!(agents::get_script))
+        .routes(routes!(agents::deploy, agents::list_deployments))
         .routes(routes!(keys::create_key, keys::list_keys))
         .routes(routes!(keys::revoke_key))
         .routes(routes!(audit::list_audit))

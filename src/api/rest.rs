@@ -148,7 +148,7 @@ pub async fn get_organism(State(s): State<ApiState>) -> Json<Organism> {
 #[utoipa::path(get, path = "/api/v1/organism/config", tag = "organism",
     responses((status = 200, description = "The organism file, sanitized: secret values never appear", body = ConfigView)))]
 pub async fn get_organism_config(State(s): State<ApiState>) -> Json<ConfigView> {
-    Json(organism_view(&s.inner.organism.config().text))
+    Json(organism_view(&s.inner.organism.config()))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents", tag = "agents", params(PageQuery),
@@ -184,7 +184,7 @@ pub async fn get_agent_config(
     VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<ConfigView>> {
     s.inner.organism.agent(&name)?;
-    listener_view(&s.inner.organism.config().text, &name)
+    listener_view(&s.inner.organism.config(), &name)
         .map(Json)
         .ok_or_else(|| {
             ApiError::not_found(

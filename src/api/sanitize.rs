@@ -8,7 +8,9 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::config::layer::LayerListener;
 use crate::config::secret::{is_credential_value, is_secret_key};
+use crate::config::OrganismConfig;
 
 /// What replaces a secret value.
 pub const REDACTED: &str = "[redacted]";
@@ -58,14 +60,19 @@ fn parse(text: &str) -> Value {
     yaml_serde::from_str(text).unwrap_or(Value::Null)
 }
 
-/// The whole organism file, sanitized.
-pub fn organism_view(text: &str) -> ConfigView {
-    ConfigView::of(parse(text))
+/// The effective organism, sanitized: the file, with the agents created through the API
+/// among its listeners, each listener with its `origin` (`file`, or `{api: {version}}`; an
+/// API agent's script is at `/api/v1/agents/{name}/scripts/{version}`).
+pub fn organism_view(config: &OrganismConfig) -> ConfigView {
+    ConfigView::of(effective(&config.text, &config.layer))
 }
 
-/// One listener's section of the organism file, sanitized.
-pub fn listener_view(text: &str, name: &str) -> Option<ConfigView> {
-    let all = parse(text);
+/// One listener's section of the effective organism, sanitized.
+pub fn listener_view(config: &OrganismConfig, name: &str) -> Option<ConfigView> {
+    section(effective(&config.text, &config.layer), name)
+}
+
+fn section(all: Value, name: &str) -> Option<ConfigView> {
     let section = all
         .get("listeners")?
         .as_array()?
@@ -75,6 +82,34 @@ pub fn listener_view(text: &str, name: &str) -> Option<ConfigView> {
     Some(ConfigView::of(section))
 }
 
+fn effective(text: &str, layer: &[LayerListener]) -> Value {
+    let mut all = parse(text);
+    if let Some(listeners) = all.get_mut("listeners").and_then(Value::as_array_mut) {
+        for l in listeners.iter_mut().filter_map(Value::as_object_mut) {
+            l.insert("origin".into(), "file".into());
+        }
+        for a in layer {
+            let mut item = a.item.clone();
+            if let Some(m) = item.as_object_mut() {
+                // Paths of this server's own copies of the version's texts.
+                m.remove("script");
+                if m.contains_key("fields") {
+                    m.remove("schema");
+                }
+                if m.contains_key("schema") {
+                    m.insert("schema".into(), "(the version's xsd)".into());
+                }
+                m.insert(
+                    "origin".into(),
+                    serde_json::json!({"api": {"version": a.version}}),
+                );
+            }
+            listeners.push(item);
+        }
+    }
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,7 +117,7 @@ mod tests {
     #[test]
     fn secrets_are_redacted_wherever_they_are_and_env_names_are_kept() {
         let yaml = "organism: {name: x}\nlisteners:\n  - name: a\n    token_env: A_TOKEN\n    input_url: http://me:pw123@h:1/in?key=k-456\n    config:\n      api_key: sk-123\n      nested: [{password: hunter2, user: bob}]\n      Authorization: Bearer abc\n      passphrase: pp-1\n      access_key: ak-2\n      pwd: pw-3\n      header: Bearer tok-4\n";
-        let view = organism_view(yaml);
+        let view = ConfigView::of(effective(yaml, &[]));
         let text = view.yaml.clone();
         for secret in [
             "sk-123",
@@ -99,8 +134,8 @@ mod tests {
             assert!(!view.config.to_string().contains(secret));
         }
         assert!(text.contains("A_TOKEN") && text.contains("bob"), "{text}");
-        let one = listener_view(yaml, "a").unwrap();
+        let one = section(effective(yaml, &[]), "a").unwrap();
         assert_eq!(one.config["config"]["api_key"], REDACTED);
-        assert!(listener_view(yaml, "nope").is_none());
+        assert!(section(effective(yaml, &[]), "nope").is_none());
     }
 }

@@ -179,6 +179,8 @@ pub(super) fn check_listeners(
             lua_limits,
             external: external.flatten(),
             tenant: check_tenant(s, c),
+            shared: s.shared,
+            origin: ListenerOrigin::File,
         });
     }
 

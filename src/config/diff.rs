@@ -62,7 +62,8 @@ pub fn fingerprint(l: &ListenerConfig) -> String {
                 l.kind.to_string(),
                 &l.handler,
                 l.agent,
-                &l.tenant
+                &l.tenant,
+                l.shared
             ),
             (&l.peers, l.concurrency, l.config.to_string()),
             (

@@ -20,6 +20,7 @@
 
 mod check;
 pub mod diff;
+pub mod layer;
 mod model;
 pub mod secret;
 
@@ -34,8 +35,9 @@ use check::{
 };
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
-    Limits, ListenerConfig, ListenerKind, ListenerName, LuaLimits, NoType, OrganismConfig,
-    Retention, Scheduling, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+    Limits, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NoType,
+    OrganismConfig, Retention, Scheduling, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS,
+    DEFAULT_REPLY_TIMEOUT,
 };
 use model::{AuthSection, ListenerSection, OrganismSection};
 
@@ -112,6 +114,16 @@ pub struct Known<'a> {
 
 /// Loads and validates an organism file.
 pub fn load_file(path: &Path, known: Known<'_>) -> Result<OrganismConfig, ConfigErrors> {
+    load_file_layered(path, known, &[])
+}
+
+/// Loads and validates an organism file with the listeners the API created laid over the
+/// file's (`layer`), each checked exactly as a listener of the file is.
+pub fn load_file_layered(
+    path: &Path,
+    known: Known<'_>,
+    layer: &[layer::LayerListener],
+) -> Result<OrganismConfig, ConfigErrors> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
             file: path.display().to_string(),
@@ -122,7 +134,7 @@ pub fn load_file(path: &Path, known: Known<'_>) -> Result<OrganismConfig, Config
         }])
     })?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut config = load_str(&text, &path.display().to_string(), &base, known)?;
+    let mut config = load_str_layered(&text, &path.display().to_string(), &base, known, layer)?;
     config.source = Some(path.to_path_buf());
     Ok(config)
 }
@@ -134,6 +146,17 @@ pub fn load_str(
     file: &str,
     base: &Path,
     known: Known<'_>,
+) -> Result<OrganismConfig, ConfigErrors> {
+    load_str_layered(text, file, base, known, &[])
+}
+
+/// [`load_str`] with the API's listeners laid over the file's ([`load_file_layered`]).
+pub fn load_str_layered(
+    text: &str,
+    file: &str,
+    base: &Path,
+    known: Known<'_>,
+    layer: &[layer::LayerListener],
 ) -> Result<OrganismConfig, ConfigErrors> {
     let mut c = Collector {
         file: file.to_string(),
@@ -237,7 +260,9 @@ pub fn load_str(
         }
     }
 
-    let listeners = check_listeners(&sections, &written_names, base, known, &mut c);
+    layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
+    let mut listeners = check_listeners(&sections, &written_names, base, known, &mut c);
+    layer::mark_and_check(layer, &mut listeners, &mut c);
     let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
     check_external_callbacks(&auth, &listeners, &mut c);
 
@@ -333,6 +358,7 @@ pub fn load_str(
         listeners,
         source: None,
         text: text.to_string(),
+        layer: layer.to_vec(),
     })
 }
 

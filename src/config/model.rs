@@ -157,6 +157,8 @@ pub(crate) struct ListenerSection {
     pub timeout_ms: Option<u64>,
     pub reply_timeout: Option<yaml_serde::Value>,
     pub tenant: Option<String>,
+    #[serde(default)]
+    pub shared: bool,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.
@@ -216,6 +218,20 @@ pub struct ListenerConfig {
     /// The tenant it belongs to; `None`: the organism's own. A tenant's credentials see and
     /// touch only its tenant's listeners.
     pub tenant: Option<String>,
+    /// Whether agents that tenants create through the API may name it as a peer.
+    pub shared: bool,
+    /// Where it is defined: the organism file, or the API (with its live script version).
+    pub origin: ListenerOrigin,
+}
+
+/// Where a listener is defined.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListenerOrigin {
+    /// The organism file.
+    #[default]
+    File,
+    /// Created through the API (`POST /api/v1/agents`), running this script version.
+    Api { version: u64 },
 }
 
 /// An external agent (SPEC §11.4): the pump POSTs each delivery to `input_url`; replies come
@@ -325,6 +341,8 @@ pub struct OrganismConfig {
     pub source: Option<PathBuf>,
     /// The YAML text it was read from (unsanitized: the API serves a redacted copy).
     pub text: String,
+    /// The listeners the API created, laid over the file's (their items as loaded).
+    pub layer: Vec<super::layer::LayerListener>,
 }
 
 impl OrganismConfig {

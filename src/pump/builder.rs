@@ -36,13 +36,23 @@ pub(crate) fn load_config(
     path: &Path,
     registry: &HandlerRegistry,
 ) -> Result<OrganismConfig, config::ConfigErrors> {
+    load_config_layered(path, registry, &[])
+}
+
+/// [`load_config`] with the API's agents laid over the file's listeners.
+pub(crate) fn load_config_layered(
+    path: &Path,
+    registry: &HandlerRegistry,
+    layer: &[config::layer::LayerListener],
+) -> Result<OrganismConfig, config::ConfigErrors> {
     let handlers = registry.names();
-    config::load_file(
+    config::load_file_layered(
         path,
         config::Known {
             handlers: &handlers,
             check_script: crate::lua::check_syntax,
         },
+        layer,
     )
 }
 
@@ -87,14 +97,31 @@ impl OrganismBuilder {
         load_config(path, &self.registry)
     }
 
-    /// Loads `path` and builds the organism. Must run inside a tokio runtime.
+    /// Loads `path`, with the agents created through the API (kept in its store) over its
+    /// listeners, and builds the organism. Must run inside a tokio runtime.
     pub fn load(self, path: &Path) -> Result<Organism, BuildError> {
-        let config = self.load_config(path)?;
-        self.build(config)
+        let mut config = self.load_config(path)?;
+        self.overrides.apply(&mut config);
+        let agents = super::agents::ApiAgents::for_config(&config)?;
+        let layer = agents.layer(None)?;
+        if !layer.is_empty() {
+            config = load_config_layered(path, &self.registry, &layer)?;
+        }
+        self.build_with(config, agents)
     }
 
     /// Builds the organism from a validated config. Must run inside a tokio runtime.
     pub fn build(self, mut config: OrganismConfig) -> Result<Organism, BuildError> {
+        self.overrides.apply(&mut config);
+        let agents = super::agents::ApiAgents::for_config(&config)?;
+        self.build_with(config, agents)
+    }
+
+    fn build_with(
+        self,
+        mut config: OrganismConfig,
+        agents: super::agents::ApiAgents,
+    ) -> Result<Organism, BuildError> {
         self.overrides.apply(&mut config);
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| BuildError::NoRuntime)?;
         let store = match &config.store {
@@ -167,6 +194,7 @@ impl OrganismBuilder {
                 reloads_ok: AtomicU64::new(0),
                 reloads_failed: AtomicU64::new(0),
                 config_rev: AtomicU64::new(1),
+                agents,
             },
             external: Externals {
                 waits: Default::default(),

@@ -27,6 +27,7 @@
 //! checks, then all payloads validated before any is routed as the agent's output.
 
 mod admit;
+pub mod agents;
 mod background;
 mod builder;
 mod control;
@@ -57,7 +58,7 @@ use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError,
 
 pub use crate::store::RETENTION_INTERVAL;
 use admit::{Admission, Admitted};
-pub(crate) use builder::load_config;
+pub(crate) use builder::load_config_layered;
 pub use builder::{OrganismBuilder, Overrides};
 use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
@@ -361,6 +362,8 @@ struct Reloading {
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
     config_rev: AtomicU64,
+    /// The agents created through the API: the layer every reload lays over the file.
+    agents: agents::ApiAgents,
 }
 
 /// External agents: the replies they owe (written when a delivery is forwarded, taken by

@@ -46,7 +46,7 @@ pub enum ReloadError {
 }
 
 /// A new organism built beside the running one, not yet in service.
-struct Prepared {
+pub(super) struct Prepared {
     config: OrganismConfig,
     /// New listeners (added or changed), by name.
     built: HashMap<String, Arc<Listener>>,
@@ -80,17 +80,24 @@ impl Shared {
         }
     }
 
-    /// Steps 1 and 2: load, check, diff, build. Nothing running is touched.
-    fn prepare(&self, current: &Topology, path: &Path) -> Result<Prepared, Vec<ReloadProblem>> {
-        let mut config = super::load_config(path, &self.reloading.registry).map_err(|e| {
-            e.0.into_iter()
-                .map(|c| ReloadProblem {
-                    listener: c.listener,
-                    key: c.key,
-                    message: c.message,
-                })
-                .collect::<Vec<_>>()
-        })?;
+    /// Steps 1 and 2: load (the file, with `layer`, the API's agents, over it), check,
+    /// diff, build. Nothing running is touched.
+    pub(super) fn prepare(
+        &self,
+        current: &Topology,
+        path: &Path,
+        layer: &[crate::config::layer::LayerListener],
+    ) -> Result<Prepared, Vec<ReloadProblem>> {
+        let mut config = super::load_config_layered(path, &self.reloading.registry, layer)
+            .map_err(|e| {
+                e.0.into_iter()
+                    .map(|c| ReloadProblem {
+                        listener: c.listener,
+                        key: c.key,
+                        message: c.message,
+                    })
+                    .collect::<Vec<_>>()
+            })?;
         self.reloading.overrides.apply(&mut config);
         let problems = needs_restart(&current.config, &config);
         if !problems.is_empty() {
@@ -143,7 +150,7 @@ impl Shared {
     }
 
     /// Steps 3 and 4: swap, then hand over from retired listeners.
-    fn apply(self: &Arc<Self>, current: &Topology, prepared: Prepared) -> ReloadReport {
+    pub(super) fn apply(self: &Arc<Self>, current: &Topology, prepared: Prepared) -> ReloadReport {
         let Prepared {
             config,
             built,
@@ -322,7 +329,14 @@ impl Organism {
         }
         let current = s.topo();
         let path = current.config.source.clone().ok_or(ReloadError::NoSource)?;
-        match s.prepare(&current, &path) {
+        let layer = s.reloading.agents.layer(None).map_err(|e| {
+            ReloadError::Refused(vec![ReloadProblem {
+                listener: None,
+                key: None,
+                message: format!("the agents created through the API cannot be read: {e}"),
+            }])
+        })?;
+        match s.prepare(&current, &path, &layer) {
             Err(problems) => {
                 s.reloading.config_stale.store(true, Ordering::SeqCst);
                 s.reloading.reloads_failed.fetch_add(1, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use rusqlite::{params, params_from_iter, Connection};
 
 use super::open::side_connection;
-use super::{err, StoreError};
+use super::{err, ms, StoreError};
 use crate::sync::lock;
 use crate::threads::{Page, Paged};
 use crate::time::Timestamp;
@@ -61,10 +61,6 @@ impl AuditFilter {
 pub struct AuditTable {
     path: PathBuf,
     conn: Mutex<Connection>,
-}
-
-fn ms(t: Timestamp) -> i64 {
-    i64::try_from(t.0).unwrap_or(i64::MAX)
 }
 
 impl AuditTable {

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::open::side_connection;
-use super::{err, StoreError};
+use super::{err, ms, StoreError};
 use crate::sync::lock;
 use crate::time::Timestamp;
 
@@ -81,10 +81,6 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
         inject_per_s: r.get(9)?,
         burst: r.get(10)?,
     })
-}
-
-fn ms(t: Timestamp) -> i64 {
-    i64::try_from(t.0).unwrap_or(i64::MAX)
 }
 
 /// Why a key could not be added.

@@ -77,6 +77,7 @@
 //! holds the thread (slots before its `slot_base`, for a thread continued after a restart, from
 //! the store), so it is found before the writer commits it.
 
+pub mod agents;
 pub mod audit;
 mod coalesce;
 pub mod keys;
@@ -216,6 +217,11 @@ impl Drop for Store {
             }
         }
     }
+}
+
+/// A time as the side tables keep it: milliseconds since the epoch.
+fn ms(t: crate::time::Timestamp) -> i64 {
+    i64::try_from(t.0).unwrap_or(i64::MAX)
 }
 
 fn err(path: &Path, message: impl std::fmt::Display) -> StoreError {

@@ -225,6 +225,41 @@ CREATE TABLE audit (
 ALTER TABLE api_keys ADD COLUMN inject_per_s INTEGER;
 ALTER TABLE api_keys ADD COLUMN burst INTEGER;
 "#,
+    // v8: agents created through the API (`store::agents`), their script versions (kept
+    // as uploaded, never changed) and their deployments.
+    r#"
+CREATE TABLE api_agents (
+    name TEXT PRIMARY KEY,
+    tenant TEXT,
+    definition TEXT NOT NULL,
+    live_version INTEGER NOT NULL,
+    author TEXT,
+    created INTEGER NOT NULL
+);
+CREATE TABLE agent_versions (
+    agent TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    author TEXT,
+    created INTEGER NOT NULL,
+    message TEXT,
+    script TEXT NOT NULL,
+    fields TEXT,
+    xsd TEXT,
+    config TEXT,
+    PRIMARY KEY (agent, version)
+);
+CREATE TABLE agent_deployments (
+    id INTEGER PRIMARY KEY,
+    agent TEXT NOT NULL,
+    action TEXT NOT NULL,
+    version INTEGER,
+    from_version INTEGER,
+    author TEXT,
+    ts INTEGER NOT NULL
+);
+CREATE INDEX agent_deployments_agent ON agent_deployments(agent, id);
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

@@ -2,7 +2,6 @@
 //! 256-bit secret from the operating system's random source, both hex. Only the SHA-256 of
 //! the secret is kept; a presented key is checked by comparing hashes in constant time.
 
-use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 /// Every key starts with this.
@@ -26,19 +25,11 @@ pub fn parse(token: &str) -> Option<Presented<'_>> {
     (hex(id, ID_BYTES) && hex(secret, SECRET_BYTES)).then_some(Presented { id, secret })
 }
 
-fn to_hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
-}
+use crate::hash::to_hex;
 
 /// The hash kept for `secret`.
 pub fn hash(secret: &str) -> String {
-    to_hex(&Sha256::digest(secret.to_ascii_lowercase().as_bytes()))
+    crate::hash::sha256_hex(secret.to_ascii_lowercase().as_bytes())
 }
 
 /// Whether `secret` is the one `kept` is the hash of, compared in constant time.

@@ -94,6 +94,22 @@ const ROUTES: &[(Method, &str, Need)] = &[
         "/api/v1/agents/{name}/reload",
         Need::Role(Role::Operator),
     ),
+    (Method::POST, "/api/v1/agents", Need::Role(Role::Operator)),
+    (
+        Method::DELETE,
+        "/api/v1/agents/{name}",
+        Need::Role(Role::Operator),
+    ),
+    (
+        Method::POST,
+        "/api/v1/agents/{name}/scripts",
+        Need::Role(Role::Operator),
+    ),
+    (
+        Method::POST,
+        "/api/v1/agents/{name}/deployments",
+        Need::Role(Role::Operator),
+    ),
 ];
 
 /// The least a request to `path` (the route's template, such as `/api/v1/threads/{id}`)

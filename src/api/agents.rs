@@ -1,0 +1,455 @@
+//! Agents created through the API (`/api/v1/agents`, `…/scripts`, `…/deployments`): a
+//! tenant writes a Lua handler, uploads versions, deploys one and rolls back, on the live
+//! organism. The pump does the work (`pump::agents`); this is the HTTP edge: bodies, the
+//! caller's tenant, and the answers.
+//!
+//! A tenant's credential creates agents of its tenant only, and sees only its tenant's; an
+//! organism-wide credential may create an agent for any tenant (`tenant` in the body).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::auth::visible::Seen;
+use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::view::{ReloadReport, Timestamp};
+use super::ApiState;
+
+type ApiResult<T> = Result<T, ApiError>;
+use crate::pump::agents::{AgentChange, AgentError, NewAgent, NewVersion};
+use crate::store::agents::{DeploymentRow, VersionRow};
+
+/// `POST /api/v1/agents`: a Lua listener's fields, as the organism file takes them, with
+/// the script's text in `script`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateAgent {
+    pub name: String,
+    pub description: String,
+    /// Only `lua` (the default) can be created through the API.
+    pub kind: Option<String>,
+    /// The Lua source of version 1.
+    pub script: String,
+    /// A note on version 1.
+    pub message: Option<String>,
+    /// The payload types as the DSL (`fields:` of the file); or `xsd`.
+    #[schema(value_type = Option<Object>)]
+    pub fields: Option<serde_json::Value>,
+    /// An XSD text; or `fields`.
+    pub xsd: Option<String>,
+    pub accepts: Option<Vec<String>>,
+    #[serde(default)]
+    pub agent: bool,
+    /// Listeners it may send to: its tenant's, or listeners marked `shared: true`.
+    pub peers: Option<Vec<String>>,
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+    /// `{cpu_ms, memory_mb}` per call.
+    #[schema(value_type = Option<Object>)]
+    pub limits: Option<serde_json::Value>,
+    pub concurrency: Option<usize>,
+    /// The tenant it belongs to; a tenant's credential may only name its own (the default).
+    pub tenant: Option<String>,
+}
+
+/// `POST /api/v1/agents/{name}/scripts`: a new version.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UploadScript {
+    pub script: String,
+    pub message: Option<String>,
+    /// New payload types (DSL), else the live version's.
+    #[schema(value_type = Option<Object>)]
+    pub fields: Option<serde_json::Value>,
+    /// A new XSD, else the live version's.
+    pub xsd: Option<String>,
+    /// A new `config` block, else the live version's.
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+}
+
+/// `POST /api/v1/agents/{name}/deployments`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Deploy {
+    pub version: u64,
+    /// Only if the running config is this revision (409 otherwise).
+    pub if_rev: Option<u64>,
+}
+
+/// A script version as listed (`GET …/scripts`), without its source.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ScriptVersion {
+    pub version: u64,
+    pub sha256: String,
+    pub author: Option<String>,
+    pub created: Timestamp,
+    pub message: Option<String>,
+    /// Whether it is the one running.
+    pub live: bool,
+    pub bytes: usize,
+}
+
+impl ScriptVersion {
+    fn of(v: &VersionRow, live: u64) -> Self {
+        ScriptVersion {
+            version: v.version,
+            sha256: v.sha256.clone(),
+            author: v.author.clone(),
+            created: v.created.into(),
+            message: v.message.clone(),
+            live: v.version == live,
+            bytes: v.script.len(),
+        }
+    }
+}
+
+/// One version with its source (`GET …/scripts/{version}`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ScriptSource {
+    #[serde(flatten)]
+    pub version: ScriptVersion,
+    pub script: String,
+    #[schema(value_type = Option<Object>)]
+    pub fields: Option<serde_json::Value>,
+    pub xsd: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+}
+
+/// An entry of an agent's deployment history.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Deployment {
+    /// `create`, `deploy`, `rollback` or `delete`.
+    pub action: String,
+    pub version: Option<u64>,
+    pub from_version: Option<u64>,
+    pub author: Option<String>,
+    pub time: Timestamp,
+}
+
+impl From<&DeploymentRow> for Deployment {
+    fn from(d: &DeploymentRow) -> Self {
+        Deployment {
+            action: d.action.clone(),
+            version: d.version,
+            from_version: d.from_version,
+            author: d.author.clone(),
+            time: d.ts.into(),
+        }
+    }
+}
+
+/// What a create, deploy or delete did.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AgentChanged {
+    pub agent: String,
+    /// The version now live (none after a delete).
+    pub version: Option<u64>,
+    /// The version live before (none for a create).
+    pub from_version: Option<u64>,
+    pub reload: ReloadReport,
+}
+
+/// A list of one agent's things, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Listed<T> {
+    pub items: Vec<T>,
+    pub total: usize,
+}
+
+fn error(e: AgentError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        AgentError::NotFound(_) => ApiError::not_found("unknown_agent", message),
+        AgentError::NoVersion { .. } => ApiError::not_found("unknown_version", message),
+        AgentError::FileListener(_) => {
+            ApiError::new(StatusCode::CONFLICT, "file_listener", message)
+        }
+        AgentError::Exists(_) => ApiError::new(StatusCode::CONFLICT, "agent_exists", message),
+        AgentError::Bad(_) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_agent", message)
+        }
+        AgentError::Invalid(problems) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_agent",
+            "refused: the running organism is unchanged",
+        )
+        .details(problems.iter().map(|p| p.to_string()).collect()),
+        AgentError::RevMismatch { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "rev_mismatch", message).at("if_rev")
+        }
+        AgentError::NoSource => ApiError::new(StatusCode::CONFLICT, "not_reloadable", message),
+        AgentError::Stopping => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message),
+        AgentError::Store(e) => e.into(),
+    }
+}
+
+/// Keeps only the problems about `agent` for a tenant's credential: the rest are about the
+/// operator's file, which a tenant may not read.
+fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
+    match e {
+        AgentError::Invalid(problems) if !seen.scope.everything() => {
+            let (mine, others): (Vec<_>, Vec<_>) = problems
+                .into_iter()
+                .partition(|p| p.listener.as_deref() == Some(agent));
+            let mut shown = mine;
+            if !others.is_empty() {
+                shown.push(crate::config::diff::ReloadProblem {
+                    listener: None,
+                    key: None,
+                    message: "the organism's own configuration does not load at the moment; \
+                              an operator must fix it"
+                        .into(),
+                });
+            }
+            AgentError::Invalid(shown)
+        }
+        other => other,
+    }
+}
+
+/// Runs a change of the organism off the async workers (building sandboxes runs `init`).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+) -> Result<Result<T, AgentError>, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+/// The API agent `name` as the caller may see it: 404 when it is not an API agent, or not
+/// the caller's tenant's.
+fn visible_agent(
+    s: &ApiState,
+    seen: &Seen,
+    name: &str,
+) -> Result<crate::store::agents::AgentRow, ApiError> {
+    let organism = &s.inner.organism;
+    match organism.created_agent(name)? {
+        Some(a) if seen.scope.sees(name) => Ok(a),
+        None if seen.scope.sees(name) && organism.config().listener(name).is_some() => {
+            Err(error(AgentError::FileListener(name.to_string())))
+        }
+        _ => Err(error(AgentError::NotFound(name.to_string()))),
+    }
+}
+
+fn changed(name: &str, c: &AgentChange) -> AgentChanged {
+    AgentChanged {
+        agent: name.to_string(),
+        version: c.version,
+        from_version: c.from_version,
+        reload: ReloadReport::from(&c.report),
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/agents", tag = "agents", request_body = CreateAgent,
+    responses((status = 201, description = "Created and live at version 1", body = AgentChanged),
+              (status = 400, description = "A body that is not a Lua listener, or a tenant not the caller's", body = ErrorResponse),
+              (status = 409, description = "A listener of that name exists, or the organism has no file", body = ErrorResponse),
+              (status = 422, description = "The agent does not load (its script, `init`, schema, peers or limits), one reason per line in `details`; nothing changed", body = ErrorResponse)))]
+pub async fn create_agent(
+    State(s): State<ApiState>,
+    seen: Seen,
+    JsonBody(body): JsonBody<CreateAgent>,
+) -> ApiResult<(StatusCode, Json<AgentChanged>)> {
+    if body.kind.as_deref().is_some_and(|k| k != "lua") {
+        return Err(
+            ApiError::bad_request("only `lua` agents can be created through the API").at("kind"),
+        );
+    }
+    let tenant = match (&seen.principal.tenant, body.tenant) {
+        (Some(mine), Some(asked)) if *mine != asked => {
+            return Err(ApiError::bad_request(
+                "a tenant's credential creates agents of its own tenant only",
+            )
+            .at("tenant"))
+        }
+        (Some(mine), _) => Some(mine.clone()),
+        (None, asked) => asked,
+    };
+    let mut definition = serde_json::Map::new();
+    definition.insert("description".into(), body.description.into());
+    let optional = [
+        ("accepts", body.accepts.map(serde_json::Value::from)),
+        ("peers", body.peers.map(serde_json::Value::from)),
+        ("limits", body.limits),
+        ("concurrency", body.concurrency.map(serde_json::Value::from)),
+    ];
+    for (key, value) in optional {
+        if let Some(v) = value {
+            definition.insert(key.into(), v);
+        }
+    }
+    if body.agent {
+        definition.insert("agent".into(), true.into());
+    }
+    let name = body.name;
+    let new = NewAgent {
+        name: name.clone(),
+        tenant,
+        definition: serde_json::Value::Object(definition),
+        version: NewVersion {
+            script: body.script,
+            message: body.message,
+            fields: body.fields,
+            xsd: body.xsd,
+            config: body.config,
+        },
+    };
+    let organism = s.inner.organism.clone();
+    let author = seen.principal.name.clone();
+    let done = blocking(move || organism.create_agent(new, author)).await?;
+    let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
+    Ok((StatusCode::CREATED, Json(changed(&name, &change))))
+}
+
+#[utoipa::path(delete, path = "/api/v1/agents/{name}", tag = "agents",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 200, description = "Removed as a reload removes a listener: calls in flight finish, its queued messages become undeliverable", body = AgentChanged),
+              (status = 404, description = "No such agent", body = ErrorResponse),
+              (status = 409, description = "A listener of the organism file: change the file", body = ErrorResponse)))]
+pub async fn delete_agent(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(name): Path<String>,
+) -> ApiResult<Json<AgentChanged>> {
+    visible_agent(&s, &seen, &name)?;
+    let organism = s.inner.organism.clone();
+    let author = seen.principal.name.clone();
+    let target = name.clone();
+    let done = blocking(move || organism.delete_agent(&target, author)).await?;
+    let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
+    Ok(Json(changed(&name, &change)))
+}
+
+#[utoipa::path(post, path = "/api/v1/agents/{name}/scripts", tag = "agents", request_body = UploadScript,
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 201, description = "Kept (not live until deployed): it compiled, its `init` ran, its schema compiled", body = ScriptVersion),
+              (status = 404, description = "No such agent", body = ErrorResponse),
+              (status = 409, description = "A listener of the organism file", body = ErrorResponse),
+              (status = 422, description = "It does not load, one reason per line in `details` (Lua errors with their line)", body = ErrorResponse)))]
+pub async fn upload_script(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<UploadScript>,
+) -> ApiResult<(StatusCode, Json<ScriptVersion>)> {
+    let agent = visible_agent(&s, &seen, &name)?;
+    let organism = s.inner.organism.clone();
+    let author = seen.principal.name.clone();
+    let target = name.clone();
+    let new = NewVersion {
+        script: body.script,
+        message: body.message,
+        fields: body.fields,
+        xsd: body.xsd,
+        config: body.config,
+    };
+    let done = blocking(move || organism.upload_version(&target, new, author)).await?;
+    let v = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
+    Ok((
+        StatusCode::CREATED,
+        Json(ScriptVersion::of(&v, agent.live_version)),
+    ))
+}
+
+#[utoipa::path(get, path = "/api/v1/agents/{name}/scripts", tag = "agents",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 200, description = "Its versions, newest first, the live one marked", body = Listed<ScriptVersion>),
+              (status = 404, description = "No such agent", body = ErrorResponse)))]
+pub async fn list_scripts(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Listed<ScriptVersion>>> {
+    let agent = visible_agent(&s, &seen, &name)?;
+    let items: Vec<ScriptVersion> = s
+        .inner
+        .organism
+        .agent_versions(&name)?
+        .iter()
+        .map(|v| ScriptVersion::of(v, agent.live_version))
+        .collect();
+    Ok(Json(Listed {
+        total: items.len(),
+        items,
+    }))
+}
+
+#[utoipa::path(get, path = "/api/v1/agents/{name}/scripts/{version}", tag = "agents",
+    params(("name" = String, Path, description = "Agent name"), ("version" = u64, Path, description = "Version")),
+    responses((status = 200, description = "The version with its source", body = ScriptSource),
+              (status = 404, description = "No such agent or version", body = ErrorResponse)))]
+pub async fn get_script(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path((name, version)): Path<(String, u64)>,
+) -> ApiResult<Json<ScriptSource>> {
+    let agent = visible_agent(&s, &seen, &name)?;
+    let v = s
+        .inner
+        .organism
+        .agent_version(&name, version)?
+        .ok_or_else(|| {
+            error(AgentError::NoVersion {
+                agent: name.clone(),
+                version,
+            })
+        })?;
+    Ok(Json(ScriptSource {
+        version: ScriptVersion::of(&v, agent.live_version),
+        script: v.script,
+        fields: v.fields,
+        xsd: v.xsd,
+        config: v.config,
+    }))
+}
+
+#[utoipa::path(post, path = "/api/v1/agents/{name}/deployments", tag = "agents", request_body = Deploy,
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 201, description = "That version is live: new messages go to it, calls in flight finish on the old one", body = AgentChanged),
+              (status = 404, description = "No such agent or version", body = ErrorResponse),
+              (status = 409, description = "`if_rev` is not the running revision, or a file listener", body = ErrorResponse),
+              (status = 422, description = "It does not load any more (the organism changed around it); nothing changed", body = ErrorResponse)))]
+pub async fn deploy(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<Deploy>,
+) -> ApiResult<(StatusCode, Json<AgentChanged>)> {
+    visible_agent(&s, &seen, &name)?;
+    let organism = s.inner.organism.clone();
+    let author = seen.principal.name.clone();
+    let target = name.clone();
+    let done =
+        blocking(move || organism.deploy_version(&target, body.version, body.if_rev, author))
+            .await?;
+    let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
+    Ok((StatusCode::CREATED, Json(changed(&name, &change))))
+}
+
+#[utoipa::path(get, path = "/api/v1/agents/{name}/deployments", tag = "agents",
+    params(("name" = String, Path, description = "Agent name")),
+    responses((status = 200, description = "What was made live, when and by whom, newest first", body = Listed<Deployment>),
+              (status = 404, description = "No such agent", body = ErrorResponse)))]
+pub async fn list_deployments(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(name): Path<String>,
+) -> ApiResult<Json<Listed<Deployment>>> {
+    visible_agent(&s, &seen, &name)?;
+    let items: Vec<Deployment> = s
+        .inner
+        .organism
+        .agent_deployments(&name)?
+        .iter()
+        .map(Deployment::from)
+        .collect();
+    Ok(Json(Listed {
+        total: items.len(),
+        items,
+    }))
+}

@@ -1,0 +1,115 @@
+//! The listeners created through the API (`POST /api/v1/agents`), laid over the organism
+//! file's: each is a listener item as the file would hold it (its `script` the path of its
+//! live version's text), checked by the same code as the file's, plus the rules that hold
+//! only for them: no name the file defines too, and a tenant's agent talks only to its own
+//! tenant's listeners or to those the operator marked `shared: true`.
+
+use super::model::{ListenerConfig, ListenerOrigin, ListenerSection};
+use super::Collector;
+
+/// One listener the API created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerListener {
+    /// Its definition as a listener item of the organism file (JSON).
+    pub item: serde_json::Value,
+    /// The script version it runs.
+    pub version: u64,
+}
+
+impl LayerListener {
+    pub fn name(&self) -> &str {
+        self.item
+            .get("name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+    }
+}
+
+/// Appends the layer's items to the file's listener sections; a name the file defines too
+/// is an error naming both.
+pub(super) fn lay_over(
+    layer: &[LayerListener],
+    sections: &mut Vec<ListenerSection>,
+    written_names: &mut Vec<String>,
+    c: &mut Collector,
+) {
+    for l in layer {
+        let name = l.name().to_string();
+        if written_names.contains(&name) {
+            c.push(
+                Some(&name),
+                Some("name"),
+                format!(
+                    "is defined in the organism file and was created through the API (version {}); \
+                     rename the file's listener, or delete the API's (DELETE /api/v1/agents/{name})",
+                    l.version
+                ),
+            );
+            continue;
+        }
+        written_names.push(name.clone());
+        let item = match yaml_serde::to_value(&l.item) {
+            Ok(v) => v,
+            Err(e) => {
+                c.push(Some(&name), None, format!("not a listener definition: {e}"));
+                continue;
+            }
+        };
+        for (path, key) in super::secret::literals(&item) {
+            c.push(
+                Some(&name),
+                Some(&path),
+                format!("holds a secret; an agent created through the API may not (`{key}`)"),
+            );
+        }
+        match yaml_serde::from_value::<ListenerSection>(item) {
+            Ok(s) => sections.push(s),
+            Err(e) => c.push(Some(&name), None, e.to_string()),
+        }
+    }
+}
+
+/// Marks the layer's listeners with their origin and checks what holds only for them.
+pub(super) fn mark_and_check(
+    layer: &[LayerListener],
+    listeners: &mut [ListenerConfig],
+    c: &mut Collector,
+) {
+    let tenant_of = |name: &str| {
+        listeners
+            .iter()
+            .find(|l| l.name.as_str() == name)
+            .map(|l| (l.tenant.clone(), l.shared))
+    };
+    let mut problems = Vec::new();
+    for l in layer {
+        let Some((tenant, _)) = tenant_of(l.name()) else {
+            continue;
+        };
+        let Some(me) = listeners.iter().find(|x| x.name.as_str() == l.name()) else {
+            continue;
+        };
+        for peer in me.peers.iter().flatten() {
+            let Some((peer_tenant, shared)) = tenant_of(peer.as_str()) else {
+                continue;
+            };
+            if tenant.is_some() && peer_tenant != tenant && !shared {
+                problems.push((
+                    l.name().to_string(),
+                    format!(
+                        "`{peer}` is not an agent of tenant `{}` and is not marked `shared: true`",
+                        tenant.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+    }
+    for (name, message) in problems {
+        c.push(Some(&name), Some("peers"), message);
+    }
+    for l in layer {
+        if let Some(x) = listeners.iter_mut().find(|x| x.name.as_str() == l.name()) {
+            x.origin = ListenerOrigin::Api { version: l.version };
+        }
+    }
+}

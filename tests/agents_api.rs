@@ -1,0 +1,645 @@
+//! Agents created through the API (`/api/v1/agents`, scripts, deployments) against a real
+//! server on 127.0.0.1:0 with a real SQLite store: create, upload, deploy and roll back while
+//! traffic flows; every refusal leaves the organism running; restarts keep everything.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use agentserver::api::auth::Role;
+use agentserver::api::{ApiOptions, ApiServer};
+use agentserver::threads::ThreadStatus;
+use agentserver::{InjectRequest, Organism};
+use common::*;
+use serde_json::{json, Value};
+
+const REPLY_XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+  <xs:element name="Reply"><xs:complexType><xs:sequence>
+    <xs:element name="text" type="xs:string"/>
+    <xs:element name="version" type="xs:int"/>
+  </xs:sequence></xs:complexType></xs:element>
+</xs:schema>"#;
+
+/// The file's listeners: a shared collector of replies, and a native chain.
+const FILE_LISTENERS: &str = "  - {name: collector, description: keeps replies, kind: native, handler: sink, schema: reply.xsd, shared: true}
+  - {name: a, description: first, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {to: b}}
+  - {name: b, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}";
+
+fn write_files(dir: &Path, auth: &str, extra: &str) -> PathBuf {
+    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
+    std::fs::write(dir.join("reply.xsd"), REPLY_XSD).unwrap();
+    let path = dir.join("o.yaml");
+    std::fs::write(
+        &path,
+        format!("organism:\n  name: uploads\n  store: o.db\n{auth}listeners:\n{FILE_LISTENERS}\n{extra}"),
+    )
+    .unwrap();
+    path
+}
+
+/// A script that answers each `Ask` with its text and its version number.
+fn script(version: u32) -> String {
+    format!(
+        "function handle(p, meta)\n  return {{ to = \"collector\", payload = {{ text = p.text, version = {version} }} }}\nend\n"
+    )
+}
+
+fn echo_body(name: &str) -> Value {
+    json!({
+        "name": name,
+        "description": "answers with its version",
+        "fields": {"Ask": {"text": "string"}},
+        "accepts": ["Ask"],
+        "peers": ["collector"],
+        "script": script(1),
+        "message": "first",
+    })
+}
+
+struct Server {
+    organism: Organism,
+    server: ApiServer,
+    http: reqwest::Client,
+    base: String,
+    keys: Vec<(&'static str, String)>,
+}
+
+impl Server {
+    async fn start(path: &Path) -> Server {
+        let organism = Organism::builder().load(path).unwrap();
+        let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
+            .await
+            .unwrap();
+        let base = format!("http://{}", server.local_addr());
+        Server {
+            organism,
+            server,
+            http: http(),
+            base,
+            keys: Vec::new(),
+        }
+    }
+
+    async fn stop(self) {
+        self.organism.stop().await;
+        self.server.shutdown().await;
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>, as_: &str) -> (u16, Value) {
+        let url = format!("{}{path}", self.base);
+        let mut r = match method {
+            "GET" => self.http.get(&url),
+            "DELETE" => self.http.delete(&url),
+            _ => self.http.post(&url),
+        };
+        if let Some((_, k)) = self.keys.iter().find(|(n, _)| *n == as_) {
+            r = r.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call("POST", path, Some(body), "").await
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call("GET", path, None, "").await
+    }
+
+    /// Injects an `Ask` to `agent`, waits for its thread, and returns the version that
+    /// answered.
+    async fn ask(&self, agent: &str, text: &str) -> i64 {
+        let r = self
+            .organism
+            .inject(InjectRequest {
+                from: "api".into(),
+                to: agent.into(),
+                payload_xml: format!("<Ask><text>{text}</text></Ask>"),
+                thread_id: None,
+            })
+            .unwrap();
+        assert_eq!(
+            settle(&self.organism, &r.thread_id).await,
+            ThreadStatus::Completed
+        );
+        answered_by(&self.organism, &r.thread_id)
+    }
+}
+
+/// The version in the one `Reply` of a thread.
+fn answered_by(o: &Organism, thread: &str) -> i64 {
+    let log = messages(o, thread);
+    let replies: Vec<_> = log
+        .iter()
+        .filter(|m| m.payload_type.as_deref() == Some("Reply"))
+        .collect();
+    assert_eq!(replies.len(), 1, "one reply: {log:?}");
+    let xml = &*replies[0].payload_xml;
+    let v = xml
+        .split("<version>")
+        .nth(1)
+        .and_then(|r| r.split('<').next())
+        .unwrap();
+    v.parse().unwrap()
+}
+
+/// Traffic still flows through the file's own listeners.
+async fn still_running(s: &Server) {
+    let r = inject(&s.organism, "a", "<Note>alive</Note>", None);
+    assert_eq!(
+        settle(&s.organism, &r.thread_id).await,
+        ThreadStatus::Completed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_deploy_and_roll_back_under_load_lose_and_duplicate_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+
+    let (st, created) = s.post("/api/v1/agents", echo_body("echo")).await;
+    assert_eq!(st, 201, "{created}");
+    assert_eq!(created["version"], 1);
+    assert_eq!(created["reload"]["added"], json!(["echo"]));
+    assert_eq!(s.ask("echo", "hello").await, 1);
+
+    // Load: injects as fast as one task makes them, through every change below.
+    let threads = Arc::new(Mutex::new(Vec::new()));
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let load = {
+        let (o, threads, running) = (s.organism.clone(), threads.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while running.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = o.inject(InjectRequest {
+                    from: "api".into(),
+                    to: "echo".into(),
+                    payload_xml: format!("<Ask><text>load {n}</text></Ask>"),
+                    thread_id: None,
+                });
+                threads.lock().unwrap().push(r.expect("accepted").thread_id);
+                n += 1;
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+
+    let (st, v2) = s
+        .post(
+            "/api/v1/agents/echo/scripts",
+            json!({"script": script(2), "message": "second"}),
+        )
+        .await;
+    assert_eq!(st, 201, "{v2}");
+    assert_eq!(
+        (v2["version"].as_u64(), v2["live"].as_bool()),
+        (Some(2), Some(false))
+    );
+    assert_eq!(s.ask("echo", "still one").await, 1, "uploaded is not live");
+
+    for (to, expect_from) in [(2, 1), (1, 2), (2, 1)] {
+        let (st, d) = s
+            .post("/api/v1/agents/echo/deployments", json!({"version": to}))
+            .await;
+        assert_eq!(st, 201, "{d}");
+        assert_eq!(
+            (d["version"].as_u64(), d["from_version"].as_u64()),
+            (Some(to), Some(expect_from))
+        );
+        assert_eq!(d["reload"]["changed"], json!(["echo"]));
+        assert_eq!(s.ask("echo", "after").await, to as i64, "live at once");
+    }
+    running.store(false, std::sync::atomic::Ordering::Relaxed);
+    load.await.unwrap();
+
+    let all = threads.lock().unwrap().clone();
+    assert!(all.len() > 10, "the load ran: {}", all.len());
+    for t in &all {
+        assert_eq!(settle(&s.organism, t).await, ThreadStatus::Completed, "{t}");
+        let v = answered_by(&s.organism, t);
+        assert!(v == 1 || v == 2, "{t} answered by {v}");
+    }
+
+    let (_, list) = s.get("/api/v1/agents/echo/scripts").await;
+    assert_eq!(list["total"], 2);
+    assert_eq!(list["items"][0]["version"], 2);
+    assert_eq!(list["items"][0]["live"], true);
+    assert_eq!(list["items"][1]["message"], "first");
+    let (_, source) = s.get("/api/v1/agents/echo/scripts/1").await;
+    assert_eq!(source["script"], script(1));
+    assert_eq!(source["sha256"].as_str().unwrap().len(), 64);
+    let (_, history) = s.get("/api/v1/agents/echo/deployments").await;
+    let actions: Vec<&str> = history["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["deploy", "rollback", "deploy", "create"]);
+
+    // The effective organism shows where each listener comes from.
+    let (_, config) = s.get("/api/v1/organism/config").await;
+    let listeners = config["config"]["listeners"].as_array().unwrap();
+    let origin = |n: &str| {
+        listeners
+            .iter()
+            .find(|l| l["name"] == n)
+            .map(|l| l["origin"].clone())
+            .unwrap()
+    };
+    assert_eq!(origin("collector"), json!("file"));
+    assert_eq!(origin("echo"), json!({"api": {"version": 2}}));
+    let (st, one) = s.get("/api/v1/agents/echo/config").await;
+    assert_eq!(st, 200);
+    assert!(
+        one["config"].get("script").is_none(),
+        "no server path: {one}"
+    );
+
+    // Deleting it is a removal by reload.
+    let (st, gone) = s.call("DELETE", "/api/v1/agents/echo", None, "").await;
+    assert_eq!(st, 200, "{gone}");
+    assert_eq!(gone["reload"]["removed"], json!(["echo"]));
+    assert_eq!(s.get("/api/v1/agents/echo").await.0, 404);
+    assert_eq!(s.get("/api/v1/agents/echo/scripts").await.0, 404);
+    still_running(&s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_uploads_get_clear_answers_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    assert_eq!(s.post("/api/v1/agents", echo_body("echo")).await.0, 201);
+    let rev = s.get("/api/v1/organism").await.1["config_rev"].clone();
+
+    let with_script = |text: &str| {
+        let mut b = echo_body("bad");
+        b["script"] = json!(text);
+        b
+    };
+    let big = format!("-- {}\n{}", "x".repeat(300 * 1024), script(1));
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (
+            with_script("function handle(p, meta)\n  return {to = }\nend\n"),
+            422,
+            "script v1:2",
+        ),
+        (
+            with_script("function init(c) error('boom at init') end\nfunction handle(p, m) end\n"),
+            422,
+            "boom at init",
+        ),
+        (
+            {
+                let mut b = with_script(
+                    "function init(c) while true do end end\nfunction handle(p, m) end\n",
+                );
+                b["limits"] = json!({"cpu_ms": 50, "memory_mb": 16});
+                b
+            },
+            422,
+            "init",
+        ),
+        (with_script(&big), 422, "at most"),
+        (with_script("\u{1b}LuaQ\u{0}bytecode"), 422, "bytecode"),
+        (echo_body("a"), 409, "exists"),
+        (
+            {
+                let mut b = echo_body("bad");
+                b["kind"] = json!("native");
+                b
+            },
+            400,
+            "lua",
+        ),
+        (
+            {
+                let mut b = echo_body("bad");
+                b["surprise"] = json!(1);
+                b
+            },
+            400,
+            "surprise",
+        ),
+        (
+            {
+                let mut b = echo_body("bad");
+                b["peers"] = json!(["nobody"]);
+                b
+            },
+            422,
+            "nobody",
+        ),
+    ];
+    for (body, status, says) in cases {
+        let (st, e) = s.post("/api/v1/agents", body).await;
+        assert_eq!(st, status, "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+        assert!(
+            s.get("/api/v1/agents/bad").await.0 == 404,
+            "nothing was created"
+        );
+        still_running(&s).await;
+    }
+
+    // Versions: a bad upload, a version that does not exist, a stale revision, a file
+    // listener.
+    let (st, e) = s
+        .post(
+            "/api/v1/agents/echo/scripts",
+            json!({"script": "function handle(\n"}),
+        )
+        .await;
+    assert_eq!(st, 422, "{e}");
+    assert!(e.to_string().contains("script v2"), "{e}");
+    let (st, e) = s
+        .post("/api/v1/agents/echo/deployments", json!({"version": 7}))
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (404, Some("unknown_version"))
+    );
+    let (st, e) = s
+        .post(
+            "/api/v1/agents/echo/deployments",
+            json!({"version": 1, "if_rev": 999}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("rev_mismatch"))
+    );
+    let (st, e) = s
+        .post("/api/v1/agents/a/scripts", json!({"script": script(1)}))
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("file_listener"))
+    );
+    let (st, e) = s.call("DELETE", "/api/v1/agents/b", None, "").await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("file_listener"))
+    );
+    let (st, _) = s
+        .post(
+            "/api/v1/agents/nobody/scripts",
+            json!({"script": script(1)}),
+        )
+        .await;
+    assert_eq!(st, 404);
+
+    assert_eq!(
+        s.get("/api/v1/organism").await.1["config_rev"],
+        rev,
+        "no change ran"
+    );
+    let (_, list) = s.get("/api/v1/agents/echo/scripts").await;
+    assert_eq!(list["total"], 1, "refused versions are not kept");
+    assert_eq!(s.ask("echo", "fine").await, 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shared() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "auth: {methods: [keys]}\n", "");
+    let config = Organism::builder().load_config(&path).unwrap();
+    let mut keys = Vec::new();
+    for (label, role, tenant) in [
+        ("viewer", Role::Viewer, None),
+        ("acme", Role::Operator, Some("acme")),
+        ("beta", Role::Operator, Some("beta")),
+        ("admin", Role::Admin, None),
+    ] {
+        let (key, row) = agentserver::api::keys::new_key(label, role, tenant, None).unwrap();
+        agentserver::api::auth::KeySource::of(&config)
+            .unwrap()
+            .add(&row)
+            .unwrap();
+        keys.push((label, key));
+    }
+    let mut s = Server::start(&path).await;
+    s.keys = keys;
+
+    let (st, _) = s
+        .call("POST", "/api/v1/agents", Some(echo_body("x")), "viewer")
+        .await;
+    assert_eq!(st, 403, "a viewer uploads nothing");
+    let (st, made) = s
+        .call(
+            "POST",
+            "/api/v1/agents",
+            Some(echo_body("acme-echo")),
+            "acme",
+        )
+        .await;
+    assert_eq!(st, 201, "{made}");
+    let (_, agent) = s
+        .call("GET", "/api/v1/agents/acme-echo/config", None, "acme")
+        .await;
+    assert_eq!(agent["config"]["tenant"], "acme", "{agent}");
+    // Another tenant: as if it did not exist.
+    for (method, p) in [
+        ("GET", "/api/v1/agents/acme-echo/scripts"),
+        ("GET", "/api/v1/agents/acme-echo/deployments"),
+        ("DELETE", "/api/v1/agents/acme-echo"),
+    ] {
+        let (st, _) = s.call(method, p, None, "beta").await;
+        assert_eq!(st, 404, "{method} {p}");
+    }
+    let (st, _) = s
+        .call(
+            "POST",
+            "/api/v1/agents/acme-echo/scripts",
+            Some(json!({"script": script(2)})),
+            "beta",
+        )
+        .await;
+    assert_eq!(st, 404);
+    // Naming another tenant, or talking to another tenant's agent.
+    let mut other = echo_body("beta-echo");
+    other["tenant"] = json!("acme");
+    let (st, e) = s.call("POST", "/api/v1/agents", Some(other), "beta").await;
+    assert_eq!(st, 400, "{e}");
+    let mut nosy = echo_body("beta-echo");
+    nosy["peers"] = json!(["acme-echo", "collector"]);
+    let (st, e) = s.call("POST", "/api/v1/agents", Some(nosy), "beta").await;
+    assert_eq!(st, 422, "{e}");
+    assert!(
+        e.to_string().contains("not an agent of tenant `beta`"),
+        "{e}"
+    );
+    // Peers the file did not mark shared are off limits too.
+    let mut file_peer = echo_body("beta-echo");
+    file_peer["peers"] = json!(["b"]);
+    let (st, e) = s
+        .call("POST", "/api/v1/agents", Some(file_peer), "beta")
+        .await;
+    assert_eq!(st, 422, "{e}");
+    // The organism-wide admin sees and changes every tenant's agents.
+    let (st, _) = s
+        .call("GET", "/api/v1/agents/acme-echo/scripts", None, "admin")
+        .await;
+    assert_eq!(st, 200);
+    // Every change is in the audit log with who made it.
+    let (_, audit) = s
+        .call("GET", "/api/v1/audit?action=POST", None, "admin")
+        .await;
+    assert!(
+        audit["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["who"] == "key:acme"
+                && e["target"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("/api/v1/agents")),
+        "{audit}"
+    );
+    let (_, history) = s
+        .call("GET", "/api/v1/agents/acme-echo/deployments", None, "acme")
+        .await;
+    assert_eq!(history["items"][0]["author"], "key:acme");
+    still_running(&s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn agents_versions_and_the_live_version_survive_a_restart_and_file_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    assert_eq!(s.post("/api/v1/agents", echo_body("echo")).await.0, 201);
+    let (st, _) = s
+        .post("/api/v1/agents/echo/scripts", json!({"script": script(2)}))
+        .await;
+    assert_eq!(st, 201);
+    assert_eq!(
+        s.post("/api/v1/agents/echo/deployments", json!({"version": 2}))
+            .await
+            .0,
+        201
+    );
+    // A reload of the file keeps the API's agents.
+    let report = s.organism.reload(None).unwrap();
+    assert!(report.unchanged.contains(&"echo".to_string()), "{report:?}");
+    assert_eq!(s.ask("echo", "after reload").await, 2);
+    s.stop().await;
+
+    let s = Server::start(&path).await;
+    assert_eq!(s.ask("echo", "after restart").await, 2);
+    let (_, list) = s.get("/api/v1/agents/echo/scripts").await;
+    assert_eq!(list["total"], 2);
+    // The file now defines a listener of the same name: the reload names both.
+    write_files(
+        dir.path(),
+        "",
+        "  - {name: echo, description: from the file, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}\n",
+    );
+    let e = s.organism.reload(None).unwrap_err().to_string();
+    assert!(
+        e.contains("defined in the organism file and was created through the API (version 2)"),
+        "{e}"
+    );
+    assert_eq!(
+        s.ask("echo", "still").await,
+        2,
+        "the running organism is unchanged"
+    );
+    s.stop().await;
+}
+
+#[test]
+fn an_agent_survives_kill_9_of_the_server() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let start = || {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
+            .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(out).lines();
+        let url = loop {
+            let line = lines.next().expect("a line").unwrap();
+            if let Some(u) = line.strip_prefix("agentserver listening on ") {
+                break u.to_string();
+            }
+        };
+        (child, url)
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut child, url) = start();
+    let http = http_blocking_free(&rt);
+    let (st, body) = rt.block_on(async {
+        let r = http
+            .post(format!("{url}/api/v1/agents"))
+            .json(&echo_body("echo"))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    assert_eq!(st, 201, "{body}");
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+
+    let (mut child, url) = start();
+    let list: Value = rt.block_on(async {
+        http.get(format!("{url}/api/v1/agents/echo/scripts"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    assert_eq!(list["items"][0]["live"], true, "{list}");
+    assert_eq!(list["items"][0]["version"], 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+fn http_blocking_free(rt: &tokio::runtime::Runtime) -> reqwest::Client {
+    let _guard = rt.enter();
+    http()
+}
+
+#[tokio::test]
+async fn with_a_memory_store_agents_live_for_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("store: o.db", "store: memory");
+    std::fs::write(&path, text).unwrap();
+    let s = Server::start(&path).await;
+    assert_eq!(s.post("/api/v1/agents", echo_body("echo")).await.0, 201);
+    assert_eq!(s.ask("echo", "in memory").await, 1);
+    s.stop().await;
+    let s = Server::start(&path).await;
+    assert_eq!(
+        s.get("/api/v1/agents/echo").await.0,
+        404,
+        "gone with the process"
+    );
+    s.stop().await;
+}
