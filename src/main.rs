@@ -16,7 +16,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use agentserver::api::{ApiOptions, ApiServer, InjectBody};
-use agentserver::client::{self, TailFilter};
+use agentserver::client::{self, ServerArgs, TailFilter};
 use agentserver::config;
 use agentserver::threads::ThreadStatus;
 use agentserver::{InjectRequest, Organism};
@@ -117,6 +117,26 @@ enum Command {
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, require_equals = true, default_missing_value = "30")]
         wait: Option<u64>,
     },
+    /// Create and delete Lua agents on a running server (see README "For tenants").
+    Agents {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Print the server's JSON answers.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        action: client::agents::AgentsCommand,
+    },
+    /// Upload, list, deploy and roll back an agent's script versions on a running server.
+    Scripts {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Print the server's JSON answers.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        action: client::agents::ScriptsCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -162,8 +182,6 @@ enum KeysCommand {
     },
 }
 
-const DEFAULT_URL: &str = "http://127.0.0.1:8765";
-
 fn main() -> ExitCode {
     // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
     if !unsafe { agentserver::schema::use_mimalloc_for_libxml2() } {
@@ -188,6 +206,20 @@ fn main() -> ExitCode {
             insecure_no_auth,
         } => with_runtime(run(organism, listen, store, insecure_no_auth)),
         Command::Keys { action } => keys(action),
+        Command::Agents {
+            server,
+            json,
+            action,
+        } => with_runtime(agent_command("agents", server, async move |r| {
+            client::agents::agents(r, action, json).await
+        })),
+        Command::Scripts {
+            server,
+            json,
+            action,
+        } => with_runtime(agent_command("scripts", server, async move |r| {
+            client::agents::scripts(r, action, json).await
+        })),
         Command::Tail {
             server,
             agent,
@@ -223,24 +255,31 @@ fn main() -> ExitCode {
     }
 }
 
-/// How a client command reaches a running server.
-#[derive(clap::Args, Debug)]
-struct ServerArgs {
-    /// The server (`http://…`, or `https://…` for one with `organism.tls`).
-    #[arg(long, default_value = DEFAULT_URL)]
-    url: String,
-    /// An API key or JWT, for a server with `auth.methods`.
-    #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// A PEM file of certificates to trust besides the system's, for an `https://` server
-    /// with a private or self-signed certificate.
-    #[arg(long, env = "AGENTSERVER_CA_CERT", value_name = "PEM")]
-    ca_cert: Option<PathBuf>,
-}
-
-impl ServerArgs {
-    fn remote(&self) -> Result<client::Remote, client::ClientError> {
-        client::Remote::new(&self.url, self.token.as_deref(), self.ca_cert.as_deref())
+/// `agents …` / `scripts …`: prints what the command returns, or says why it failed (exit
+/// 1 for the server's refusal or an unreachable server, 2 for a file that cannot be read).
+async fn agent_command(
+    what: &str,
+    server: ServerArgs,
+    run: impl AsyncFnOnce(&client::Remote) -> Result<String, client::agents::Failed>,
+) -> ExitCode {
+    let remote = match server.remote() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentserver {what}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match run(&remote).await {
+        Ok(text) => {
+            if !text.is_empty() {
+                println!("{text}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("agentserver {what}: {}", f.message);
+            ExitCode::from(f.code)
+        }
     }
 }
 

@@ -643,3 +643,103 @@ async fn with_a_memory_store_agents_live_for_the_process() {
     );
     s.stop().await;
 }
+
+/// `agentserver agents|scripts …` against a server, as a handler author runs them.
+async fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .args(&args[..1])
+        .args(["--url", url])
+        .args(&args[1..])
+        .env_remove("AGENTSERVER_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn the_cli_creates_pushes_deploys_and_rolls_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    let d = dir.path();
+    let mut spec = echo_body("echo");
+    spec.as_object_mut().unwrap().remove("script");
+    std::fs::write(d.join("echo.json"), spec.to_string()).unwrap();
+    std::fs::write(d.join("v1.lua"), script(1)).unwrap();
+    std::fs::write(d.join("v2.lua"), script(2)).unwrap();
+    std::fs::write(d.join("bad.lua"), "function handle(\n").unwrap();
+    let p = |f: &str| d.join(f).display().to_string();
+    let url = &s.base;
+
+    let (code, out, err) = cli(
+        url,
+        &[
+            "agents",
+            "create",
+            &p("echo.json"),
+            "--script",
+            &p("v1.lua"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("echo: created, v1 live"), "{out}");
+    let (code, out, _) = cli(
+        url,
+        &["scripts", "push", "echo", &p("v2.lua"), "-m", "louder"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("v2 kept") && out.contains("scripts deploy echo 2"),
+        "{out}"
+    );
+    let (code, out, _) = cli(url, &["scripts", "deploy", "echo", "2"]).await;
+    assert_eq!(
+        (code, out.trim_end().ends_with(|c: char| c.is_ascii_digit())),
+        (0, true),
+        "{out}"
+    );
+    assert!(out.contains("v2 live (was v1)"), "{out}");
+    assert_eq!(s.ask("echo", "cli").await, 2);
+    let (_, out, _) = cli(url, &["scripts", "list", "echo"]).await;
+    let first = out.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with("v2") && first.contains("live") && first.contains("louder"),
+        "{out}"
+    );
+    let (code, out, _) = cli(url, &["scripts", "rollback", "echo"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("v1 live (was v2)"), "{out}");
+    assert_eq!(s.ask("echo", "rolled back").await, 1);
+    let (_, out, _) = cli(url, &["scripts", "history", "echo"]).await;
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let (_, out, _) = cli(url, &["scripts", "show", "echo", "1"]).await;
+    assert_eq!(out, script(1));
+    let (code, out, _) = cli(url, &["scripts", "--json", "list", "echo"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["total"], 2);
+
+    // Refusals: the server's reasons, exit 1; a file that cannot be read, exit 2.
+    let (code, _, err) = cli(url, &["scripts", "push", "echo", &p("bad.lua")]).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("422 invalid_agent") && err.contains("script v3"),
+        "{err}"
+    );
+    let (code, _, err) = cli(url, &["scripts", "push", "echo", &p("missing.lua")]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("missing.lua"), "{err}");
+    let (code, _, err) = cli(url, &["agents", "delete", "collector"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("409 file_listener"), "{err}");
+    let (code, out, _) = cli(url, &["agents", "delete", "echo"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("echo: deleted (was v1)"), "{out}");
+    s.stop().await;
+}

@@ -168,11 +168,15 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/agents/{name}/pause",
         "/api/v1/agents/{name}/resume",
         "/api/v1/agents/{name}/reload",
+        "/api/v1/agents",
+        "/api/v1/agents/{name}/scripts",
+        "/api/v1/agents/{name}/deployments",
     ];
     Some(match (method, path) {
         ("get", "/api/v1/keys" | "/api/v1/audit") => Role::Admin,
         ("get", _) => Role::Viewer,
         ("post", p) if operator.contains(&p) => Role::Operator,
+        ("delete", "/api/v1/agents/{name}") => Role::Operator,
         ("post" | "delete", _) => Role::Admin,
         other => panic!("no expectation for {other:?}: add it to this table"),
     })

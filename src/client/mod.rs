@@ -1,7 +1,10 @@
-//! Clients of a running server, for the `tail` and `inject` commands (and anyone embedding).
+//! Clients of a running server, for the `tail` and `inject` commands, `agents` and
+//! `scripts` (`agents.rs`), and anyone embedding.
+
+pub mod agents;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
@@ -108,12 +111,73 @@ impl Remote {
         &self.base
     }
 
+    /// One request to `path` (`/api/v1/…`) with a JSON body, if any; the JSON answer of a
+    /// 2xx, else [`ClientError::Refused`] with the server's answer.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, ClientError> {
+        let endpoint = format!("{}{path}", self.base);
+        let request = match method {
+            "GET" => self.http.get(&endpoint),
+            "DELETE" => self.http.delete(&endpoint),
+            _ => self.http.post(&endpoint),
+        };
+        let request = match body {
+            Some(b) => request.json(&b),
+            None => request,
+        };
+        let response = self
+            .authorized(request)
+            .send()
+            .await
+            .map_err(|e| ClientError::Connect {
+                url: endpoint.clone(),
+                message: connect_failure(&e),
+            })?;
+        let status = response.status().as_u16();
+        let text = response.text().await.unwrap_or_default();
+        if !(200..300).contains(&status) {
+            return Err(ClientError::Refused { status, body: text });
+        }
+        serde_json::from_str(&text).map_err(|e| ClientError::Refused {
+            status,
+            body: format!("{text} ({e})"),
+        })
+    }
+
     /// `request` with `Authorization: Bearer <token>` when there is a token.
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.token {
             Some(t) => request.bearer_auth(t),
             None => request,
         }
+    }
+}
+
+/// How a client command reaches a running server (`--url`, `--token`, `--ca-cert`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The server (`http://…`, or `https://…` for one with `organism.tls`).
+    #[arg(long, default_value = DEFAULT_URL)]
+    pub url: String,
+    /// An API key or JWT, for a server with `auth.methods`.
+    #[arg(long, env = "AGENTSERVER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A PEM file of certificates to trust besides the system's, for an `https://` server
+    /// with a private or self-signed certificate.
+    #[arg(long, env = "AGENTSERVER_CA_CERT", value_name = "PEM")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// Where the client commands look for a server by default.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8765";
+
+impl ServerArgs {
+    pub fn remote(&self) -> Result<Remote, ClientError> {
+        Remote::new(&self.url, self.token.as_deref(), self.ca_cert.as_deref())
     }
 }
 

@@ -1,0 +1,298 @@
+//! `agentserver agents …` and `agentserver scripts …`: the API's agents, script versions and
+//! deployments from the command line, for handler authors (README "For tenants"). Each
+//! command is one request (two for `rollback`) and prints a line or two for people; `--json`
+//! prints the server's answer instead.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::{ClientError, Remote};
+
+#[derive(clap::Subcommand, Debug)]
+pub enum AgentsCommand {
+    /// Create a Lua agent from a JSON file of its fields (`name`, `description`, `fields`
+    /// or `xsd`, `accepts`, `peers`, `config`, `limits`, …); `--script` gives its Lua.
+    Create {
+        spec: PathBuf,
+        /// The script of version 1 (else `script` in the JSON file).
+        #[arg(long)]
+        script: Option<PathBuf>,
+    },
+    /// Remove an agent created through the API.
+    Delete { name: String },
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ScriptsCommand {
+    /// Upload a new version of an agent's script (kept, not live until deployed).
+    Push {
+        name: String,
+        script: PathBuf,
+        /// A note on the version.
+        #[arg(long, short)]
+        message: Option<String>,
+        /// New payload types: a JSON file of the DSL `fields`.
+        #[arg(long)]
+        fields: Option<PathBuf>,
+        /// A new `config` block: a JSON file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// List an agent's versions, newest first; the live one is marked.
+    List { name: String },
+    /// Print one version's script.
+    Show { name: String, version: u64 },
+    /// Make a version live.
+    Deploy {
+        name: String,
+        version: u64,
+        /// Only if the running config is this revision.
+        #[arg(long)]
+        if_rev: Option<u64>,
+    },
+    /// Make the newest version older than the live one live again.
+    Rollback { name: String },
+    /// The agent's deployment history, newest first.
+    History { name: String },
+}
+
+/// Why a command failed, and its exit code: 2 for what the user gave (a file that cannot be
+/// read), 1 for what the server said or could not be reached.
+pub struct Failed {
+    pub code: u8,
+    pub message: String,
+}
+
+impl From<ClientError> for Failed {
+    fn from(e: ClientError) -> Self {
+        let message = match &e {
+            ClientError::Refused { status, body } => refusal(*status, body),
+            _ => e.to_string(),
+        };
+        Failed { code: 1, message }
+    }
+}
+
+/// The server's error JSON as lines: `refused (422 invalid_agent): message`, then each
+/// detail.
+fn refusal(status: u16, body: &str) -> String {
+    let Ok(v) = serde_json::from_str::<Value>(body) else {
+        return format!("the server answered {status}: {body}");
+    };
+    let e = &v["error"];
+    let mut text = format!(
+        "refused ({status} {}): {}",
+        e["code"].as_str().unwrap_or("?"),
+        e["message"].as_str().unwrap_or(body)
+    );
+    for d in e["details"].as_array().into_iter().flatten() {
+        text.push_str("\n  ");
+        text.push_str(d.as_str().unwrap_or_default());
+    }
+    text
+}
+
+fn read(path: &Path) -> Result<String, Failed> {
+    std::fs::read_to_string(path).map_err(|e| Failed {
+        code: 2,
+        message: format!("cannot read {}: {e}", path.display()),
+    })
+}
+
+fn read_json(path: &Path) -> Result<Value, Failed> {
+    serde_json::from_str(&read(path)?).map_err(|e| Failed {
+        code: 2,
+        message: format!("{} is not JSON: {e}", path.display()),
+    })
+}
+
+/// `v3` and what happened to the live version, for people.
+fn change_line(v: &Value) -> String {
+    let agent = v["agent"].as_str().unwrap_or("?");
+    let rev = &v["reload"]["rev"];
+    match (v["version"].as_u64(), v["from_version"].as_u64()) {
+        (Some(to), Some(from)) => format!("{agent}: v{to} live (was v{from}); config rev {rev}"),
+        (Some(to), None) => format!("{agent}: created, v{to} live; config rev {rev}"),
+        (None, Some(from)) => format!("{agent}: deleted (was v{from}); config rev {rev}"),
+        (None, None) => format!("{agent}: config rev {rev}"),
+    }
+}
+
+fn version_line(v: &Value) -> String {
+    format!(
+        "v{:<4} {:<5} {}  {:<16} {}  {}",
+        v["version"],
+        if v["live"] == true { "live" } else { "" },
+        v["created"].as_str().unwrap_or(""),
+        v["author"].as_str().unwrap_or("-"),
+        v["sha256"].as_str().unwrap_or("").get(..12).unwrap_or(""),
+        v["message"].as_str().unwrap_or("")
+    )
+}
+
+fn path_part(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Runs one `agents` command; what to print.
+pub async fn agents(remote: &Remote, cmd: AgentsCommand, json: bool) -> Result<String, Failed> {
+    let answer = match cmd {
+        AgentsCommand::Create { spec, script } => {
+            let mut body = read_json(&spec)?;
+            if let Some(s) = script {
+                body["script"] = Value::String(read(&s)?);
+            }
+            remote.call("POST", "/api/v1/agents", Some(body)).await?
+        }
+        AgentsCommand::Delete { name } => {
+            let path = format!("/api/v1/agents/{}", path_part(&name));
+            remote.call("DELETE", &path, None).await?
+        }
+    };
+    Ok(if json {
+        answer.to_string()
+    } else {
+        change_line(&answer)
+    })
+}
+
+/// Runs one `scripts` command; what to print.
+pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result<String, Failed> {
+    let base = |name: &str| format!("/api/v1/agents/{}", path_part(name));
+    match cmd {
+        ScriptsCommand::Push {
+            name,
+            script,
+            message,
+            fields,
+            config,
+        } => {
+            let mut body = json!({"script": read(&script)?});
+            if let Some(m) = message {
+                body["message"] = m.into();
+            }
+            if let Some(f) = fields {
+                body["fields"] = read_json(&f)?;
+            }
+            if let Some(c) = config {
+                body["config"] = read_json(&c)?;
+            }
+            let v = remote
+                .call("POST", &format!("{}/scripts", base(&name)), Some(body))
+                .await?;
+            Ok(if json {
+                v.to_string()
+            } else {
+                format!(
+                    "{name}: v{} kept (sha256 {}), not live; to deploy it: agentserver scripts deploy {name} {}",
+                    v["version"],
+                    v["sha256"].as_str().unwrap_or("").get(..12).unwrap_or(""),
+                    v["version"]
+                )
+            })
+        }
+        ScriptsCommand::List { name } => {
+            let v = remote
+                .call("GET", &format!("{}/scripts", base(&name)), None)
+                .await?;
+            Ok(if json {
+                v.to_string()
+            } else {
+                let lines: Vec<String> = v["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(version_line)
+                    .collect();
+                lines.join("\n")
+            })
+        }
+        ScriptsCommand::Show { name, version } => {
+            let v = remote
+                .call("GET", &format!("{}/scripts/{version}", base(&name)), None)
+                .await?;
+            Ok(if json {
+                v.to_string()
+            } else {
+                v["script"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .trim_end()
+                    .to_string()
+            })
+        }
+        ScriptsCommand::Deploy {
+            name,
+            version,
+            if_rev,
+        } => {
+            let body = json!({"version": version, "if_rev": if_rev});
+            let v = remote
+                .call("POST", &format!("{}/deployments", base(&name)), Some(body))
+                .await?;
+            Ok(if json { v.to_string() } else { change_line(&v) })
+        }
+        ScriptsCommand::Rollback { name } => {
+            let list = remote
+                .call("GET", &format!("{}/scripts", base(&name)), None)
+                .await?;
+            let items = list["items"].as_array().cloned().unwrap_or_default();
+            let live = items
+                .iter()
+                .find(|v| v["live"] == true)
+                .and_then(|v| v["version"].as_u64());
+            let previous = items
+                .iter()
+                .filter_map(|v| v["version"].as_u64())
+                .filter(|v| live.is_some_and(|l| *v < l))
+                .max()
+                .ok_or_else(|| Failed {
+                    code: 1,
+                    message: format!(
+                        "{name} has no version older than the live one (v{}) to roll back to",
+                        live.unwrap_or(0)
+                    ),
+                })?;
+            let body = json!({"version": previous});
+            let v = remote
+                .call("POST", &format!("{}/deployments", base(&name)), Some(body))
+                .await?;
+            Ok(if json { v.to_string() } else { change_line(&v) })
+        }
+        ScriptsCommand::History { name } => {
+            let v = remote
+                .call("GET", &format!("{}/deployments", base(&name)), None)
+                .await?;
+            Ok(if json {
+                v.to_string()
+            } else {
+                let lines: Vec<String> = v["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        format!(
+                            "{}  {:<8} {} -> {}  {}",
+                            d["time"].as_str().unwrap_or(""),
+                            d["action"].as_str().unwrap_or(""),
+                            d["from_version"]
+                                .as_u64()
+                                .map_or("-".into(), |v| format!("v{v}")),
+                            d["version"]
+                                .as_u64()
+                                .map_or("-".into(), |v| format!("v{v}")),
+                            d["author"].as_str().unwrap_or("-")
+                        )
+                    })
+                    .collect();
+                lines.join("\n")
+            })
+        }
+    }
+}
