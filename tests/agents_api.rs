@@ -435,6 +435,16 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
     let mut s = Server::start(&path).await;
     s.keys = keys;
 
+    // Each tenant watches /ws: it sees its own agents' `deployment` events only.
+    let ws_url = format!("{}/ws", s.base.replacen("http", "ws", 1));
+    let mut watch = Vec::new();
+    for who in ["acme", "beta"] {
+        let mut ws = ws_connect(&ws_url).await;
+        let token = s.keys.iter().find(|(n, _)| *n == who).unwrap().1.clone();
+        send_json(&mut ws, json!({"cmd": "auth", "token": token})).await;
+        assert_eq!(next_json(&mut ws).await["event"], "connected");
+        watch.push(ws);
+    }
     let (st, _) = s
         .call("POST", "/api/v1/agents", Some(echo_body("x")), "viewer")
         .await;
@@ -448,6 +458,43 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
         )
         .await;
     assert_eq!(st, 201, "{made}");
+    let seen = read_until(&mut watch[0], |v| v["event"] == "deployment").await;
+    let d = seen.last().unwrap();
+    assert_eq!(
+        (
+            d["agent"].as_str(),
+            d["action"].as_str(),
+            d["version"].as_u64()
+        ),
+        (Some("acme-echo"), Some("create"), Some(1)),
+        "{d}"
+    );
+    assert_eq!(
+        (d["ok"].as_bool(), d["author"].as_str()),
+        (Some(true), Some("key:acme"))
+    );
+    // A refused upload is announced too, with the reason.
+    let bad = json!({"script": "function handle(\n"});
+    let (st, _) = s
+        .call(
+            "POST",
+            "/api/v1/agents/acme-echo/scripts",
+            Some(bad),
+            "acme",
+        )
+        .await;
+    assert_eq!(st, 422);
+    let seen = read_until(&mut watch[0], |v| v["event"] == "deployment").await;
+    let d = seen.last().unwrap();
+    assert_eq!(
+        (d["action"].as_str(), d["ok"].as_bool()),
+        (Some("upload"), Some(false)),
+        "{d}"
+    );
+    assert!(
+        d["error"].as_str().unwrap_or("").contains("script v2"),
+        "{d}"
+    );
     let (_, agent) = s
         .call("GET", "/api/v1/agents/acme-echo/config", None, "acme")
         .await;
@@ -515,6 +562,9 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
         .call("GET", "/api/v1/agents/acme-echo/deployments", None, "acme")
         .await;
     assert_eq!(history["items"][0]["author"], "key:acme");
+    // Beta's session saw none of acme's events: its first `deployment` is its own refusal.
+    let seen = read_until(&mut watch[1], |v| v["event"] == "deployment").await;
+    assert!(seen.iter().all(|v| v["agent"] != "acme-echo"), "{seen:?}");
     still_running(&s).await;
     s.stop().await;
 }

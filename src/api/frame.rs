@@ -139,6 +139,16 @@ enum Kind<'a> {
         target: Option<&'a str>,
         result: &'a str,
     },
+    Deployment {
+        agent: &'a str,
+        tenant: Option<&'a str>,
+        action: &'a str,
+        version: Option<u64>,
+        from_version: Option<u64>,
+        author: Option<&'a str>,
+        ok: bool,
+        error: Option<&'a str>,
+    },
 }
 
 impl<'a> Kind<'a> {
@@ -229,6 +239,25 @@ impl<'a> Kind<'a> {
                 action,
                 target: target.as_deref(),
                 result,
+            },
+            EventKind::Deployment {
+                agent,
+                tenant,
+                action,
+                version,
+                from_version,
+                author,
+                ok,
+                error,
+            } => Kind::Deployment {
+                agent,
+                tenant: tenant.as_deref(),
+                action,
+                version: *version,
+                from_version: *from_version,
+                author: author.as_deref(),
+                ok: *ok,
+                error: error.as_deref(),
             },
         }
     }

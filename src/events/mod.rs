@@ -168,6 +168,18 @@ pub enum EventKind {
         target: Option<String>,
         result: String,
     },
+    /// A change of an agent created through the API: `create`, `upload`, `deploy`,
+    /// `rollback` or `delete`, who asked, the versions, and whether it was done.
+    Deployment {
+        agent: String,
+        tenant: Option<String>,
+        action: String,
+        version: Option<u64>,
+        from_version: Option<u64>,
+        author: Option<String>,
+        ok: bool,
+        error: Option<String>,
+    },
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -191,6 +203,7 @@ impl EventKind {
             EventKind::Log { .. } => "log",
             EventKind::Reload { .. } => "reload",
             EventKind::Audit { .. } => "audit",
+            EventKind::Deployment { .. } => "deployment",
         }
     }
 
@@ -207,7 +220,8 @@ impl EventKind {
             EventKind::AgentState { .. }
             | EventKind::OrganismState { .. }
             | EventKind::Reload { .. }
-            | EventKind::Audit { .. } => None,
+            | EventKind::Audit { .. }
+            | EventKind::Deployment { .. } => None,
         }
     }
 
@@ -223,13 +237,14 @@ impl EventKind {
             EventKind::Error { agent, .. } => agent.as_deref().into_iter().collect(),
             EventKind::Log { agent, .. } => vec![agent.as_str()],
             EventKind::Reload { agent, .. } => agent.as_deref().into_iter().collect(),
+            EventKind::Deployment { agent, .. } => vec![agent.as_str()],
             _ => Vec::new(),
         }
     }
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 10] = [
+pub const EVENT_NAMES: [&str; 11] = [
     "agent_state",
     "message",
     "message_status",
@@ -240,6 +255,7 @@ pub const EVENT_NAMES: [&str; 10] = [
     "log",
     "reload",
     "audit",
+    "deployment",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -327,6 +327,30 @@ impl super::Organism {
         self.api_agents().table.deployments(name)
     }
 
+    /// Publishes the `deployment` event of a change (done or refused) and passes its result on.
+    fn announce<T>(
+        &self,
+        c: Announced<'_>,
+        result: Result<T, AgentError>,
+    ) -> Result<T, AgentError> {
+        self.shared
+            .events
+            .publish(crate::events::EventKind::Deployment {
+                agent: c.agent.to_string(),
+                tenant: c.tenant.clone(),
+                action: c.action.to_string(),
+                version: c.version,
+                from_version: c.from_version,
+                author: c.author.clone(),
+                ok: result.is_ok(),
+                error: result
+                    .as_ref()
+                    .err()
+                    .map(|e| self.shared.clip_error(e.to_string())),
+            });
+        result
+    }
+
     /// The agent `name` as the API created it; a file listener, or nothing, is an error.
     fn api_agent(&self, name: &str) -> Result<AgentRow, AgentError> {
         match self.api_agents().table.agent(name)? {
@@ -354,23 +378,34 @@ impl super::Organism {
             author: author.clone(),
             created: Timestamp::now(),
         };
-        self.change_layer(None, |current| {
-            if current.listener(&new.name).is_some() || agents.table.agent(&new.name)?.is_some() {
-                return Err(AgentError::Exists(new.name.clone()));
-            }
-            let mut version = agents.version_row(&new.name, &new.version, None, &author)?;
-            version.version = 1;
-            let layer = agents.layer(Some((&new.name, Some((&row, &version)))))?;
-            let keep = move || agents.table.create(&row, &version);
-            Ok((layer, Box::new(keep) as Keep<'_>, Some(1), None))
-        })
-        .map_err(|e| match e {
-            AgentError::Invalid(p) => {
-                agents.forget_files(&new.name, 1);
-                agents.refused(&new.name, 1, p)
-            }
-            other => other,
-        })
+        let done = self
+            .change_layer(None, |current| {
+                if current.listener(&new.name).is_some() || agents.table.agent(&new.name)?.is_some()
+                {
+                    return Err(AgentError::Exists(new.name.clone()));
+                }
+                let mut version = agents.version_row(&new.name, &new.version, None, &author)?;
+                version.version = 1;
+                let layer = agents.layer(Some((&new.name, Some((&row, &version)))))?;
+                let keep = move || agents.table.create(&row, &version);
+                Ok((layer, Box::new(keep) as Keep<'_>, Some(1), None))
+            })
+            .map_err(|e| match e {
+                AgentError::Invalid(p) => {
+                    agents.forget_files(&new.name, 1);
+                    agents.refused(&new.name, 1, p)
+                }
+                other => other,
+            });
+        let announced = Announced {
+            agent: &new.name,
+            tenant: &new.tenant,
+            action: "create",
+            version: Some(1),
+            from_version: None,
+            author: &author,
+        };
+        self.announce(announced, done)
     }
 
     /// Keeps a new version of an API agent after building it beside the running organism
@@ -385,17 +420,31 @@ impl super::Organism {
         let agents = self.api_agents();
         let agent = self.api_agent(name)?;
         let live = agents.table.version(name, agent.live_version)?;
-        let version = agents.version_row(name, &new, live.as_ref(), &author)?;
-        let layer = agents.layer(Some((name, Some((&agent, &version)))))?;
-        let checked = self
-            .check_layer(&layer)
+        let mut announced = Announced {
+            agent: name,
+            tenant: &agent.tenant,
+            action: "upload",
+            version: None,
+            from_version: None,
+            author: &author,
+        };
+        let version = match agents.version_row(name, &new, live.as_ref(), &author) {
+            Ok(v) => v,
+            Err(e) => return self.announce(announced, Err(e)),
+        };
+        announced.version = Some(version.version);
+        let checked = agents
+            .layer(Some((name, Some((&agent, &version)))))
+            .map_err(AgentError::from)
+            .and_then(|layer| self.check_layer(&layer))
             .and_then(|()| Ok(agents.table.add_version(&version)?));
         if let Err(e) = checked {
             agents.forget_files(name, version.version);
-            return Err(match e {
+            let e = match e {
                 AgentError::Invalid(p) => agents.refused(name, version.version, p),
                 other => other,
-            });
+            };
+            return self.announce(announced, Err(e));
         }
         if let Err(e) = agents
             .table
@@ -403,7 +452,7 @@ impl super::Organism {
         {
             tracing::warn!(agent = name, error = %e, "cannot forget old versions");
         }
-        Ok(version)
+        self.announce(announced, Ok(version))
     }
 
     /// Makes `version` of an API agent live: new messages go to it at once, calls in flight
@@ -431,18 +480,27 @@ impl super::Organism {
             "deploy"
         };
         let from = agent.live_version;
-        self.change_layer(if_rev, |_| {
+        let done = self.change_layer(if_rev, |_| {
             let mut live = agent.clone();
             live.live_version = version;
             let layer = agents.layer(Some((name, Some((&live, &row)))))?;
-            let keep = move || {
+            let keep = || {
                 agents
                     .table
                     .deploy(name, version, action, &author, Timestamp::now())
                     .map(|_| ())
             };
             Ok((layer, Box::new(keep) as Keep<'_>, Some(version), Some(from)))
-        })
+        });
+        let announced = Announced {
+            agent: name,
+            tenant: &agent.tenant,
+            action,
+            version: Some(version),
+            from_version: Some(from),
+            author: &author,
+        };
+        self.announce(announced, done)
     }
 
     /// Removes an API agent as a reload removes a listener: calls in flight finish, queued
@@ -454,16 +512,25 @@ impl super::Organism {
     ) -> Result<AgentChange, AgentError> {
         let agents = self.api_agents();
         let agent = self.api_agent(name)?;
-        self.change_layer(None, |_| {
+        let done = self.change_layer(None, |_| {
             let layer = agents.layer(Some((name, None)))?;
-            let keep = move || agents.table.delete(name, &author, Timestamp::now());
+            let keep = || agents.table.delete(name, &author, Timestamp::now());
             Ok((
                 layer,
                 Box::new(keep) as Keep<'_>,
                 None,
                 Some(agent.live_version),
             ))
-        })
+        });
+        let announced = Announced {
+            agent: name,
+            tenant: &agent.tenant,
+            action: "delete",
+            version: None,
+            from_version: Some(agent.live_version),
+            author: &author,
+        };
+        self.announce(announced, done)
     }
 
     /// Prepares the organism with `layer` beside the running one and throws it away.
@@ -524,6 +591,16 @@ impl super::Organism {
             from_version,
         })
     }
+}
+
+/// What a `deployment` event says a change was.
+struct Announced<'a> {
+    agent: &'a str,
+    tenant: &'a Option<String>,
+    action: &'a str,
+    version: Option<u64>,
+    from_version: Option<u64>,
+    author: &'a Option<String>,
 }
 
 /// How a planned change is kept in the store, once it has been prepared.

@@ -88,6 +88,9 @@ impl Session {
                 thread_id: Some(t), ..
             } => thread(t),
             EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
+            EventKind::Deployment { tenant, .. } => {
+                tenant.is_some() && *tenant == self.principal.tenant
+            }
             EventKind::OrganismState { .. } => true,
             EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
         }
