@@ -174,7 +174,8 @@ async fn upload_deploy_and_roll_back_under_load_lose_and_duplicate_nothing() {
     assert_eq!(created["reload"]["added"], json!(["echo"]));
     assert_eq!(s.ask("echo", "hello").await, 1);
 
-    // Load: injects as fast as one task makes them, through every change below.
+    // Load through every change below: injects as fast as one task makes them, at most 16
+    // threads in flight (a backlog would only make the checks below wait behind it).
     let threads = Arc::new(Mutex::new(Vec::new()));
     let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let load = {
@@ -188,9 +189,13 @@ async fn upload_deploy_and_roll_back_under_load_lose_and_duplicate_nothing() {
                     payload_xml: format!("<Ask><text>load {n}</text></Ask>"),
                     thread_id: None,
                 });
-                threads.lock().unwrap().push(r.expect("accepted").thread_id);
+                let id = r.expect("accepted").thread_id;
+                threads.lock().unwrap().push(id);
                 n += 1;
-                tokio::task::yield_now().await;
+                if n >= 16 {
+                    let oldest = threads.lock().unwrap()[n - 16].clone();
+                    o.wait_thread(&oldest).await;
+                }
             }
         })
     };
