@@ -798,3 +798,112 @@ async fn the_cli_creates_pushes_deploys_and_rolls_back() {
     assert!(out.contains("echo: deleted (was v1)"), "{out}");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn each_tenant_quota_is_enforced_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let quotas = "tenants:\n  default: {max_agents: 1}\n  acme: {max_agents: 2, cpu_ms_max: 200, max_concurrency: 2, max_script_bytes: 2000, max_versions: 2}\n";
+    // A quota that is not one is a config error naming it.
+    let wrong = write_files(dir.path(), "tenants:\n  acme: {max_agent: 2}\n", "");
+    let e = Organism::builder()
+        .load_config(&wrong)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tenants") && e.contains("max_agent"), "{e}");
+    let path = write_files(dir.path(), quotas, "");
+    let s = Server::start(&path).await;
+    let of = |tenant: &str, name: &str, extra: Value| {
+        let mut b = echo_body(name);
+        b["tenant"] = json!(tenant);
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let refusals = [
+        (
+            of(
+                "acme",
+                "x",
+                json!({"limits": {"cpu_ms": 500, "memory_mb": 16}}),
+            ),
+            "tenants.acme.cpu_ms_max (200)",
+        ),
+        (
+            of("acme", "x", json!({"concurrency": 3})),
+            "tenants.acme.max_concurrency (2)",
+        ),
+        (
+            of(
+                "acme",
+                "x",
+                json!({"script": format!("-- {}\n{}", "x".repeat(2100), script(1))}),
+            ),
+            "tenants.acme.max_script_bytes is 2000",
+        ),
+    ];
+    for (body, says) in refusals {
+        let (st, e) = s.post("/api/v1/agents", body).await;
+        assert_eq!(st, 422, "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    assert_eq!(
+        s.post("/api/v1/agents", of("acme", "a1", json!({})))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        s.post("/api/v1/agents", of("acme", "a2", json!({})))
+            .await
+            .0,
+        201
+    );
+    let (st, e) = s.post("/api/v1/agents", of("acme", "a3", json!({}))).await;
+    assert_eq!(st, 422);
+    assert!(e.to_string().contains("tenants.acme.max_agents"), "{e}");
+    assert_eq!(
+        s.post("/api/v1/agents", of("beta", "b1", json!({})))
+            .await
+            .0,
+        201
+    );
+    let (st, e) = s.post("/api/v1/agents", of("beta", "b2", json!({}))).await;
+    assert_eq!(st, 422);
+    assert!(e.to_string().contains("tenants.default.max_agents"), "{e}");
+
+    // max_versions: the newest two are kept, and always the live one.
+    for v in [2, 3] {
+        let (st, _) = s
+            .post("/api/v1/agents/a1/scripts", json!({"script": script(v)}))
+            .await;
+        assert_eq!(st, 201);
+    }
+    let versions = |list: Value| -> Vec<u64> {
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["version"].as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        versions(s.get("/api/v1/agents/a1/scripts").await.1),
+        [3, 2, 1]
+    );
+    assert_eq!(
+        s.post("/api/v1/agents/a1/deployments", json!({"version": 3}))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(
+        s.post("/api/v1/agents/a1/scripts", json!({"script": script(4)}))
+            .await
+            .0,
+        201
+    );
+    assert_eq!(versions(s.get("/api/v1/agents/a1/scripts").await.1), [4, 3]);
+    still_running(&s).await;
+    s.stop().await;
+}

@@ -104,6 +104,7 @@ pub fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadPr
 /// settings a reload may change (the rest need a restart) and the listeners' order.
 pub fn same_settings(old: &OrganismConfig, new: &OrganismConfig) -> bool {
     old.retention == new.retention
+        && old.tenants == new.tenants
         && old.allowed_origins == new.allowed_origins
         && old.allowed_hosts == new.allowed_hosts
         && old

@@ -4,8 +4,86 @@
 //! only for them: no name the file defines too, and a tenant's agent talks only to its own
 //! tenant's listeners or to those the operator marked `shared: true`.
 
-use super::model::{ListenerConfig, ListenerOrigin, ListenerSection};
+use super::model::{ListenerConfig, ListenerOrigin, ListenerSection, Tenants};
 use super::Collector;
+
+/// Each tenant's agents against its quotas (`tenants:`): their number, their scripts' size,
+/// their per-call limits and concurrency. Each breach names the quota and its value.
+fn check_quotas(
+    layer: &[LayerListener],
+    listeners: &[ListenerConfig],
+    tenants: &Tenants,
+    c: &mut Collector,
+) {
+    let mut counts: std::collections::HashMap<&str, usize> = Default::default();
+    for l in layer {
+        let Some(me) = listeners.iter().find(|x| x.name.as_str() == l.name()) else {
+            continue;
+        };
+        let Some(tenant) = me.tenant.as_deref() else {
+            continue;
+        };
+        let (q, key) = tenants.of(tenant);
+        let name = l.name();
+        let n = counts.entry(tenant).or_default();
+        *n += 1;
+        if *n > q.max_agents {
+            c.push(
+                Some(name),
+                None,
+                format!(
+                    "tenant `{tenant}` may have {} agents ({key}.max_agents)",
+                    q.max_agents
+                ),
+            );
+        }
+        let bytes = me
+            .script
+            .as_ref()
+            .and_then(|p| std::fs::metadata(p).ok())
+            .map_or(0, |m| m.len() as usize);
+        if bytes > q.max_script_bytes {
+            c.push(
+                Some(name),
+                Some("script"),
+                format!(
+                    "is {bytes} bytes; {key}.max_script_bytes is {}",
+                    q.max_script_bytes
+                ),
+            );
+        }
+        if me.lua_limits.cpu_ms > q.cpu_ms_max {
+            c.push(
+                Some(name),
+                Some("limits"),
+                format!(
+                    "cpu_ms {} is over {key}.cpu_ms_max ({})",
+                    me.lua_limits.cpu_ms, q.cpu_ms_max
+                ),
+            );
+        }
+        if me.lua_limits.memory_mb > q.memory_mb_max {
+            c.push(
+                Some(name),
+                Some("limits"),
+                format!(
+                    "memory_mb {} is over {key}.memory_mb_max ({})",
+                    me.lua_limits.memory_mb, q.memory_mb_max
+                ),
+            );
+        }
+        if me.concurrency > q.max_concurrency {
+            c.push(
+                Some(name),
+                Some("concurrency"),
+                format!(
+                    "{} is over {key}.max_concurrency ({})",
+                    me.concurrency, q.max_concurrency
+                ),
+            );
+        }
+    }
+}
 
 /// One listener the API created.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,8 +151,10 @@ pub(super) fn lay_over(
 pub(super) fn mark_and_check(
     layer: &[LayerListener],
     listeners: &mut [ListenerConfig],
+    tenants: &Tenants,
     c: &mut Collector,
 ) {
+    check_quotas(layer, listeners, tenants, c);
     let tenant_of = |name: &str| {
         listeners
             .iter()

@@ -36,8 +36,8 @@ use check::{
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
     Limits, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NoType,
-    OrganismConfig, Retention, Scheduling, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS,
-    DEFAULT_REPLY_TIMEOUT,
+    OrganismConfig, Retention, Scheduling, TenantQuotas, Tenants, TlsFiles,
+    DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{AuthSection, ListenerSection, OrganismSection};
 
@@ -112,6 +112,39 @@ pub struct Known<'a> {
     pub check_script: fn(&str, &str) -> Result<(), String>,
 }
 
+/// `tenants:`: a map of tenant name → quotas, `default` for every tenant not named.
+fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
+    let Some(v) = v else {
+        return Tenants::default();
+    };
+    let entries: std::collections::BTreeMap<String, model::TenantSection> =
+        match yaml_serde::from_value(v.clone()) {
+            Ok(e) => e,
+            Err(e) => {
+                c.push(None, Some("tenants"), e.to_string());
+                return Tenants::default();
+            }
+        };
+    let default = entries
+        .get("default")
+        .map_or(TenantQuotas::default(), |d| d.over(TenantQuotas::default()));
+    let mut each = std::collections::BTreeMap::new();
+    for (name, section) in entries {
+        if name == "default" {
+            continue;
+        }
+        if !valid_tenant(&name) {
+            c.push(
+                None,
+                Some(&format!("tenants.{name}")),
+                "a tenant is 1-64 letters, digits, `.`, `_` or `-`",
+            );
+        }
+        each.insert(name, section.over(default));
+    }
+    Tenants { default, each }
+}
+
 /// Loads and validates an organism file.
 pub fn load_file(path: &Path, known: Known<'_>) -> Result<OrganismConfig, ConfigErrors> {
     load_file_layered(path, known, &[])
@@ -180,11 +213,11 @@ pub fn load_str_layered(
     };
     for key in map.keys() {
         let k = key.as_str().unwrap_or("");
-        if !["organism", "limits", "auth", "listeners"].contains(&k) {
+        if !["organism", "limits", "auth", "tenants", "listeners"].contains(&k) {
             c.push(
                 None,
                 Some(k),
-                "unknown key (expected `organism`, `limits`, `auth`, `listeners`)",
+                "unknown key (expected `organism`, `limits`, `auth`, `tenants`, `listeners`)",
             );
         }
     }
@@ -260,9 +293,10 @@ pub fn load_str_layered(
         }
     }
 
+    let tenants = tenants(map.get("tenants"), &mut c);
     layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
     let mut listeners = check_listeners(&sections, &written_names, base, known, &mut c);
-    layer::mark_and_check(layer, &mut listeners, &mut c);
+    layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
     let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
     check_external_callbacks(&auth, &listeners, &mut c);
 
@@ -359,6 +393,7 @@ pub fn load_str_layered(
         source: None,
         text: text.to_string(),
         layer: layer.to_vec(),
+        tenants,
     })
 }
 

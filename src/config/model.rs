@@ -343,6 +343,74 @@ pub struct OrganismConfig {
     pub text: String,
     /// The listeners the API created, laid over the file's (their items as loaded).
     pub layer: Vec<super::layer::LayerListener>,
+    /// What each tenant's agents created through the API may use (`tenants:`).
+    pub tenants: Tenants,
+}
+
+/// The ceilings of one tenant's agents created through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TenantQuotas {
+    pub max_agents: usize,
+    pub max_script_bytes: usize,
+    pub max_versions: u64,
+    pub cpu_ms_max: u64,
+    pub memory_mb_max: usize,
+    pub max_concurrency: usize,
+}
+
+impl Default for TenantQuotas {
+    fn default() -> Self {
+        TenantQuotas {
+            max_agents: 20,
+            max_script_bytes: 256 * 1024,
+            max_versions: 100,
+            cpu_ms_max: 1000,
+            memory_mb_max: 64,
+            max_concurrency: 4,
+        }
+    }
+}
+
+/// One entry of `tenants:` as written: each key optional, falling back to `default`'s.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TenantSection {
+    pub max_agents: Option<usize>,
+    pub max_script_bytes: Option<usize>,
+    pub max_versions: Option<u64>,
+    pub cpu_ms_max: Option<u64>,
+    pub memory_mb_max: Option<usize>,
+    pub max_concurrency: Option<usize>,
+}
+
+impl TenantSection {
+    pub fn over(self, base: TenantQuotas) -> TenantQuotas {
+        TenantQuotas {
+            max_agents: self.max_agents.unwrap_or(base.max_agents),
+            max_script_bytes: self.max_script_bytes.unwrap_or(base.max_script_bytes),
+            max_versions: self.max_versions.unwrap_or(base.max_versions),
+            cpu_ms_max: self.cpu_ms_max.unwrap_or(base.cpu_ms_max),
+            memory_mb_max: self.memory_mb_max.unwrap_or(base.memory_mb_max),
+            max_concurrency: self.max_concurrency.unwrap_or(base.max_concurrency),
+        }
+    }
+}
+
+/// `tenants:`: quotas by tenant, and the `default` entry for tenants not named.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tenants {
+    pub default: TenantQuotas,
+    pub each: std::collections::BTreeMap<String, TenantQuotas>,
+}
+
+impl Tenants {
+    /// The quotas of `tenant`, and the key they are written under (for messages).
+    pub fn of(&self, tenant: &str) -> (TenantQuotas, String) {
+        match self.each.get(tenant) {
+            Some(q) => (*q, format!("tenants.{tenant}")),
+            None => (self.default, "tenants.default".to_string()),
+        }
+    }
 }
 
 impl OrganismConfig {

@@ -25,7 +25,8 @@ use crate::time::Timestamp;
 pub const MAX_SCRIPT_BYTES: usize = 256 * 1024;
 /// The longest XSD text a version may carry.
 pub const MAX_XSD_BYTES: usize = 256 * 1024;
-/// Versions kept per agent; older ones (never the live one) are forgotten.
+/// Versions kept per agent at most (a tenant's `max_versions` may keep fewer); older ones
+/// (never the live one) are forgotten.
 pub const MAX_VERSIONS: u64 = 100;
 
 /// The API's agents of one organism: their table, and where their live texts are written.
@@ -446,10 +447,15 @@ impl super::Organism {
             };
             return self.announce(announced, Err(e));
         }
-        if let Err(e) = agents
-            .table
-            .prune_versions(name, MAX_VERSIONS, agent.live_version)
-        {
+        let keep = agent.tenant.as_deref().map_or(MAX_VERSIONS, |t| {
+            self.config()
+                .tenants
+                .of(t)
+                .0
+                .max_versions
+                .clamp(1, MAX_VERSIONS)
+        });
+        if let Err(e) = agents.table.prune_versions(name, keep, agent.live_version) {
             tracing::warn!(agent = name, error = %e, "cannot forget old versions");
         }
         self.announce(announced, Ok(version))
