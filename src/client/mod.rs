@@ -422,9 +422,9 @@ async fn post_inject(
     body: &InjectBody,
     wait: Option<u64>,
 ) -> Result<Value, ClientError> {
-    let endpoint = match wait {
-        Some(w) => format!("{}/api/v1/inject?wait={w}", remote.url()),
-        None => format!("{}/api/v1/inject", remote.url()),
+    let path = match wait {
+        Some(w) => format!("/api/v1/inject?wait={w}"),
+        None => "/api/v1/inject".to_string(),
     };
     let mut json = serde_json::Map::new();
     json.insert("to".into(), Value::String(body.to.clone()));
@@ -440,24 +440,7 @@ async fn post_inject(
     if let Some(t) = &body.thread_id {
         json.insert("thread_id".into(), Value::String(t.clone()));
     }
-    let response = remote
-        .authorized(remote.http.post(&endpoint))
-        .json(&json)
-        .send()
-        .await
-        .map_err(|e| ClientError::Connect {
-            url: endpoint.clone(),
-            message: connect_failure(&e),
-        })?;
-    let status = response.status().as_u16();
-    let text = response.text().await.unwrap_or_default();
-    if status != 202 && status != 200 {
-        return Err(ClientError::Refused { status, body: text });
-    }
-    serde_json::from_str(&text).map_err(|e| ClientError::Refused {
-        status,
-        body: format!("{text} ({e})"),
-    })
+    remote.call("POST", &path, Some(Value::Object(json))).await
 }
 
 #[cfg(test)]

@@ -184,39 +184,50 @@ impl AgentTable {
         .map_err(|e| self.fail(e))
     }
 
+    /// Runs `f` in one write transaction, the write lock taken up front: a deferred
+    /// transaction that read first cannot upgrade once the store's writer committed in
+    /// between (SQLITE_BUSY, no busy wait).
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = lock(&self.conn);
+        let run = || {
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        };
+        run().map_err(|e| self.fail(e))
+    }
+
     /// A new agent with its first version, live, in one transaction.
     pub fn create(&self, a: &AgentRow, v: &VersionRow) -> Result<(), StoreError> {
-        let mut conn = lock(&self.conn);
-        // The write lock up front: a deferred transaction that read first cannot upgrade
-        // once the store's writer committed in between (SQLITE_BUSY, no busy wait).
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| self.fail(e))?;
-        tx.execute(
-            "INSERT INTO api_agents (name, tenant, definition, live_version, author, created) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                a.name,
-                a.tenant,
-                a.definition.to_string(),
-                to_i64(a.live_version),
-                a.author,
-                ms(a.created)
-            ],
-        )
-        .map_err(|e| self.fail(e))?;
-        insert_version(&tx, v).map_err(|e| self.fail(e))?;
-        insert_deployment(
-            &tx,
-            &a.name,
-            "create",
-            Some(v.version),
-            None,
-            &a.author,
-            a.created,
-        )
-        .map_err(|e| self.fail(e))?;
-        tx.commit().map_err(|e| self.fail(e))
+        self.write(|tx| {
+            tx.execute(
+                "INSERT INTO api_agents (name, tenant, definition, live_version, author, created) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    a.name,
+                    a.tenant,
+                    a.definition.to_string(),
+                    to_i64(a.live_version),
+                    a.author,
+                    ms(a.created)
+                ],
+            )?;
+            insert_version(tx, v)?;
+            insert_deployment(
+                tx,
+                &a.name,
+                "create",
+                Some(v.version),
+                None,
+                &a.author,
+                a.created,
+            )?;
+            Ok(())
+        })
     }
 
     /// Keeps a new version (not live).
@@ -247,30 +258,15 @@ impl AgentTable {
         author: &Option<String>,
         at: Timestamp,
     ) -> Result<Option<u64>, StoreError> {
-        let mut conn = lock(&self.conn);
-        // The write lock up front: a deferred transaction that read first cannot upgrade
-        // once the store's writer committed in between (SQLITE_BUSY, no busy wait).
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| self.fail(e))?;
-        let from: Option<i64> = tx
-            .query_row(
-                "SELECT live_version FROM api_agents WHERE name = ?1",
-                [agent],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.fail(e))?;
-        tx.execute(
-            "UPDATE api_agents SET live_version = ?2 WHERE name = ?1",
-            params![agent, to_i64(version)],
-        )
-        .map_err(|e| self.fail(e))?;
-        let from = from.map(|f| f.max(0) as u64);
-        insert_deployment(&tx, agent, action, Some(version), from, author, at)
-            .map_err(|e| self.fail(e))?;
-        tx.commit().map_err(|e| self.fail(e))?;
-        Ok(from)
+        self.write(|tx| {
+            let from = live_version(tx, agent)?;
+            tx.execute(
+                "UPDATE api_agents SET live_version = ?2 WHERE name = ?1",
+                params![agent, to_i64(version)],
+            )?;
+            insert_deployment(tx, agent, action, Some(version), from, author, at)?;
+            Ok(from)
+        })
     }
 
     /// Removes an agent and its versions; its history keeps a `delete` entry.
@@ -280,28 +276,13 @@ impl AgentTable {
         author: &Option<String>,
         at: Timestamp,
     ) -> Result<(), StoreError> {
-        let mut conn = lock(&self.conn);
-        // The write lock up front: a deferred transaction that read first cannot upgrade
-        // once the store's writer committed in between (SQLITE_BUSY, no busy wait).
-        let tx = conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| self.fail(e))?;
-        let from: Option<i64> = tx
-            .query_row(
-                "SELECT live_version FROM api_agents WHERE name = ?1",
-                [agent],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.fail(e))?;
-        tx.execute("DELETE FROM api_agents WHERE name = ?1", [agent])
-            .map_err(|e| self.fail(e))?;
-        tx.execute("DELETE FROM agent_versions WHERE agent = ?1", [agent])
-            .map_err(|e| self.fail(e))?;
-        let from = from.map(|f| f.max(0) as u64);
-        insert_deployment(&tx, agent, "delete", None, from, author, at)
-            .map_err(|e| self.fail(e))?;
-        tx.commit().map_err(|e| self.fail(e))
+        self.write(|tx| {
+            let from = live_version(tx, agent)?;
+            tx.execute("DELETE FROM api_agents WHERE name = ?1", [agent])?;
+            tx.execute("DELETE FROM agent_versions WHERE agent = ?1", [agent])?;
+            insert_deployment(tx, agent, "delete", None, from, author, at)?;
+            Ok(())
+        })
     }
 
     /// An agent's deployment history, newest first.
@@ -327,6 +308,16 @@ impl AgentTable {
         })
         .map_err(|e| self.fail(e))
     }
+}
+
+fn live_version(tx: &Connection, agent: &str) -> rusqlite::Result<Option<u64>> {
+    tx.query_row(
+        "SELECT live_version FROM api_agents WHERE name = ?1",
+        [agent],
+        |r| r.get::<_, i64>(0),
+    )
+    .optional()
+    .map(|v| v.map(|v| v.max(0) as u64))
 }
 
 fn insert_version(conn: &Connection, v: &VersionRow) -> rusqlite::Result<usize> {
