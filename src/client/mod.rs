@@ -2,6 +2,7 @@
 //! `scripts` (`agents.rs`), and anyone embedding.
 
 pub mod agents;
+pub mod keys;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
