@@ -907,3 +907,90 @@ async fn each_tenant_quota_is_enforced_and_named() {
     still_running(&s).await;
     s.stop().await;
 }
+
+#[tokio::test]
+async fn test_vectors_run_a_version_apart_from_the_live_organism() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    assert_eq!(s.post("/api/v1/agents", echo_body("echo")).await.0, 201);
+    let threads_before = s.organism.threads().list().len();
+    let good = json!({"cases": [
+        {"payload": {"text": "hi"},
+         "expect": {"status": "completed", "outputs": [{"to": "collector", "type": "Reply", "payload": {"text": "hi", "version": 1}}]}},
+        {"payload": "<Ask><text>xml</text></Ask>", "expect": {"outputs": [{"payload": {"text": "nope", "version": 1}}]}},
+        {"payload": "<Ask><nope/></Ask>", "expect": {"status": "failed"}},
+    ]});
+    let (st, r) = s.post("/api/v1/agents/echo/scripts/1/test", good).await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(
+        (r["passed"].as_u64(), r["failed"].as_u64()),
+        (Some(2), Some(1)),
+        "{r}"
+    );
+    assert_eq!(r["cases"][0]["outputs"][0]["to"], json!(["collector"]));
+    assert!(
+        r["cases"][1]["mismatches"][0]
+            .as_str()
+            .unwrap()
+            .contains("payload"),
+        "{r}"
+    );
+    assert!(
+        r["cases"][2]["error"].as_str().unwrap().contains("payload"),
+        "{r}"
+    );
+    assert_eq!(r["cases"][2]["pass"], true, "a failure that was expected");
+
+    // Versions that fail, loop, or send where they may not: each case says so; the live
+    // version keeps answering and nothing reached the organism.
+    let versions = [
+        ("function handle(p, m) error('kaboom') end\n", "kaboom"),
+        ("function handle(p, m) while true do end end\n", "cpu"),
+        (
+            "function handle(p, m) return { to = \"b\", payload = \"<Note>x</Note>\" } end\n",
+            "undeliverable",
+        ),
+    ];
+    for (n, (text, says)) in versions.iter().enumerate() {
+        let (st, v) = s
+            .post("/api/v1/agents/echo/scripts", json!({"script": text}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let path = format!("/api/v1/agents/echo/scripts/{}/test", v["version"]);
+        let (st, r) = s
+            .post(&path, json!({"cases": [{"payload": {"text": "hi"}}]}))
+            .await;
+        assert_eq!(st, 200, "{r}");
+        let case = &r["cases"][0];
+        assert_eq!(
+            (case["pass"].as_bool(), case["status"].as_str()),
+            (Some(false), Some("failed")),
+            "{n}: {r}"
+        );
+        assert!(r.to_string().contains(says), "{says}: {r}");
+        assert_eq!(s.ask("echo", "live").await, 1);
+    }
+    assert_eq!(
+        s.organism.threads().list().len(),
+        threads_before + versions.len(),
+        "only the live checks made threads"
+    );
+
+    for bad in [
+        json!({"cases": []}),
+        json!({"cases": vec![json!({"payload": "<Ask><text>x</text></Ask>"}); 51]}),
+    ] {
+        let (st, e) = s.post("/api/v1/agents/echo/scripts/1/test", bad).await;
+        assert_eq!(st, 400, "{e}");
+    }
+    let (st, _) = s
+        .post(
+            "/api/v1/agents/echo/scripts/99/test",
+            json!({"cases": [{"payload": "<Ask><text>x</text></Ask>"}]}),
+        )
+        .await;
+    assert_eq!(st, 404);
+    still_running(&s).await;
+    s.stop().await;
+}

@@ -700,6 +700,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/agents/{name}/scripts/{version}", "get"),
         ("/api/v1/agents/{name}/deployments", "post"),
         ("/api/v1/agents/{name}/deployments", "get"),
+        ("/api/v1/agents/{name}/scripts/{version}/test", "post"),
     ];
     for (path, method) in expected {
         assert!(

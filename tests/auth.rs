@@ -171,6 +171,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/agents",
         "/api/v1/agents/{name}/scripts",
         "/api/v1/agents/{name}/deployments",
+        "/api/v1/agents/{name}/scripts/{version}/test",
     ];
     Some(match (method, path) {
         ("get", "/api/v1/keys" | "/api/v1/audit") => Role::Admin,

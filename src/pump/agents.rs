@@ -620,3 +620,225 @@ pub fn agents_dir(store: &Path) -> PathBuf {
     dir.push(".agents");
     PathBuf::from(dir)
 }
+
+/// Cases one test request may run.
+pub const MAX_TEST_CASES: usize = 50;
+/// How long one test request may run its cases; the rest are reported as not run.
+pub const TEST_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A version of an agent built to be tried, apart from the running organism: its own
+/// sandboxes (their logs go nowhere), the real schema gate on what it receives and on what
+/// it sends, and the running topology's routing to say where each output would go. Nothing
+/// is delivered, logged or stored.
+pub struct Tester {
+    organism: super::Organism,
+    name: String,
+    listener: crate::config::ListenerConfig,
+    config: std::sync::Arc<crate::config::OrganismConfig>,
+    handler: std::sync::Arc<dyn crate::listener::Handler>,
+}
+
+/// What one case did.
+#[derive(Debug, Clone)]
+pub struct CaseOutcome {
+    pub outputs: Vec<TestOutput>,
+    /// Why the payload was refused, or the handler failed.
+    pub error: Option<String>,
+    /// Wall time of the handler call.
+    pub elapsed_ms: f64,
+}
+
+/// One output of a case: where the organism would deliver it, its type, its text, and why
+/// it would be refused, if it would.
+#[derive(Debug, Clone)]
+pub struct TestOutput {
+    pub to: Vec<String>,
+    pub payload_type: Option<String>,
+    pub payload_xml: String,
+    /// As JSON, typed by the first receiver's schema (untyped without one).
+    pub payload: serde_json::Value,
+    pub error: Option<String>,
+}
+
+impl super::Organism {
+    /// Builds version `version` of the API agent `name` to be tried (compiled, `init` run):
+    /// blocking, as a reload's build is.
+    pub fn prepare_test(&self, name: &str, version: u64) -> Result<Tester, AgentError> {
+        let agents = self.api_agents();
+        let agent = self.api_agent(name)?;
+        let row = agents
+            .table
+            .version(name, version)?
+            .ok_or_else(|| AgentError::NoVersion {
+                agent: name.to_string(),
+                version,
+            })?;
+        let mut tried = agent.clone();
+        tried.live_version = version;
+        let layer = agents.layer(Some((name, Some((&tried, &row)))))?;
+        let path = self.config().source.clone().ok_or(AgentError::NoSource)?;
+        let config = super::load_config_layered(&path, &self.shared.reloading.registry, &layer)
+            .map_err(|e| {
+                AgentError::Invalid(
+                    e.0.into_iter()
+                        .map(|c| ReloadProblem {
+                            listener: c.listener,
+                            key: c.key,
+                            message: c.message,
+                        })
+                        .collect(),
+                )
+            })?;
+        let listener = config
+            .listener(name)
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(name.to_string()))?;
+        let handler = crate::lua::LuaHandler::build_with(
+            &listener,
+            self.shared.limits.max_message_bytes,
+            crate::lua::OutputTargets::of(&config),
+            std::sync::Arc::new(crate::events::EventHub::new(16)),
+            None,
+        )
+        .map_err(|message| {
+            AgentError::Invalid(vec![ReloadProblem {
+                listener: Some(name.to_string()),
+                key: None,
+                message,
+            }])
+        })?;
+        Ok(Tester {
+            organism: self.clone(),
+            name: name.to_string(),
+            listener,
+            config: std::sync::Arc::new(config),
+            handler: std::sync::Arc::new(handler),
+        })
+    }
+}
+
+impl Tester {
+    /// Runs one case: `payload` is XML text, or a JSON object written as the payload type
+    /// the agent accepts (`payload_type` when it accepts several).
+    pub async fn run(
+        &self,
+        payload: &serde_json::Value,
+        payload_type: Option<&str>,
+    ) -> CaseOutcome {
+        let refused = |error: String| CaseOutcome {
+            outputs: Vec::new(),
+            error: Some(error),
+            elapsed_ms: 0.0,
+        };
+        let xml = match payload {
+            serde_json::Value::String(xml) => xml.clone(),
+            json => match crate::config::choose_type(&self.listener.accepts, payload_type) {
+                Err(_) => {
+                    return refused(format!(
+                        "`{}` does not accept payload type `{}` (say which with `payload_type`)",
+                        self.name,
+                        payload_type.unwrap_or("?")
+                    ))
+                }
+                Ok((ty, schema)) => match schema.json_to_payload(ty.local_name(), json) {
+                    Ok(xml) => xml,
+                    Err(e) => {
+                        return refused(format!(
+                            "payload cannot be written as `{ty}` at {}: {}",
+                            e.path, e.message
+                        ))
+                    }
+                },
+            },
+        };
+        let limits = &self.organism.shared.xml_limits;
+        let normalized = match crate::xml::normalize_payload(&xml, limits) {
+            Ok(p) => p,
+            Err(e) => return refused(format!("payload: {e}")),
+        };
+        let ty = normalized.payload_type.clone();
+        let Some(schema) = self.listener.schema_for(&ty) else {
+            return refused(format!(
+                "`{}` does not accept payload type `{ty}`",
+                self.name
+            ));
+        };
+        let payload = match schema.validate(normalized) {
+            Ok(p) => p,
+            Err(e) => return refused(format!("payload: {e}")),
+        };
+        let delivery = crate::listener::Delivery {
+            meta: crate::listener::Meta {
+                thread_id: std::sync::Arc::from("test"),
+                message_id: std::sync::Arc::from("test-case"),
+                from: std::sync::Arc::from(TEST_SENDER),
+                own_name: self.listener.name.clone(),
+                payload_type: ty,
+            },
+            payload,
+        };
+        let started = std::time::Instant::now();
+        let result = self.handler.handle(delivery).await;
+        let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+        match result {
+            Err(e) => CaseOutcome {
+                outputs: Vec::new(),
+                error: Some(e.0),
+                elapsed_ms,
+            },
+            Ok(outputs) => CaseOutcome {
+                outputs: outputs.into_iter().map(|o| self.output(o)).collect(),
+                error: None,
+                elapsed_ms,
+            },
+        }
+    }
+
+    /// Where an output would go and whether its receivers would take it: the organism's
+    /// routing (as of now) and each receiver's schema in the tried config.
+    fn output(&self, o: crate::listener::Output) -> TestOutput {
+        let limits = &self.organism.shared.xml_limits;
+        let mut out = TestOutput {
+            to: o.to.iter().cloned().collect(),
+            payload_type: None,
+            payload: crate::xml::xml_to_json(&o.payload),
+            payload_xml: o.payload,
+            error: None,
+        };
+        let normalized = match crate::xml::normalize_payload(&out.payload_xml, limits) {
+            Ok(p) => p,
+            Err(e) => {
+                out.error = Some(format!("not acceptable XML: {e}"));
+                return out;
+            }
+        };
+        let ty = normalized.payload_type.clone();
+        out.payload_type = Some(ty.to_string());
+        let receivers =
+            match self
+                .organism
+                .route_preview(&self.name, TEST_SENDER, o.to.as_deref(), &ty)
+            {
+                Ok(r) => r,
+                Err(reason) => {
+                    out.error = Some(format!("undeliverable: {reason}"));
+                    return out;
+                }
+            };
+        out.to = receivers.iter().map(|r| r.to_string()).collect();
+        for r in &receivers {
+            let Some(schema) = self.config.listener(r).and_then(|l| l.schema_for(&ty)) else {
+                continue; // a reply to the sender ends there
+            };
+            out.payload = schema.payload_to_json(&out.payload_xml);
+            if let Err(e) = schema.validate(normalized.clone()) {
+                out.error = Some(format!("`{r}` would refuse it: {e}"));
+                break;
+            }
+        }
+        out
+    }
+}
+
+/// The sender of every test case, and so the target of a reply.
+pub const TEST_SENDER: &str = "test";

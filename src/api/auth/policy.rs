@@ -110,6 +110,11 @@ const ROUTES: &[(Method, &str, Need)] = &[
         "/api/v1/agents/{name}/deployments",
         Need::Role(Role::Operator),
     ),
+    (
+        Method::POST,
+        "/api/v1/agents/{name}/scripts/{version}/test",
+        Need::Role(Role::Operator),
+    ),
 ];
 
 /// The least a request to `path` (the route's template, such as `/api/v1/threads/{id}`)
