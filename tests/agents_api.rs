@@ -994,3 +994,96 @@ async fn test_vectors_run_a_version_apart_from_the_live_organism() {
     still_running(&s).await;
     s.stop().await;
 }
+
+#[tokio::test]
+async fn kept_cases_gate_a_deploy_and_a_dry_run_keeps_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    assert_eq!(s.post("/api/v1/agents", echo_body("echo")).await.0, 201);
+    let expects_v2 = json!([{"payload": {"text": "t"},
+        "expect": {"outputs": [{"to": "collector", "payload": {"text": "t", "version": 2}}]}}]);
+
+    // A dry run: checked and tried, nothing kept.
+    let (st, r) = s
+        .post(
+            "/api/v1/agents/echo/scripts?dry_run=true",
+            json!({"script": script(3), "cases": expects_v2}),
+        )
+        .await;
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(
+        (
+            r["tests"]["failed"].as_u64(),
+            r["version"]["version"].as_u64()
+        ),
+        (Some(1), Some(2)),
+        "{r}"
+    );
+    assert_eq!(
+        s.get("/api/v1/agents/echo/scripts").await.1["total"],
+        1,
+        "nothing kept"
+    );
+
+    // Kept with cases that fail: the deploy is refused, unless forced.
+    let (st, v) = s
+        .post(
+            "/api/v1/agents/echo/scripts",
+            json!({"script": script(3), "cases": expects_v2}),
+        )
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let (st, e) = s
+        .post("/api/v1/agents/echo/deployments", json!({"version": 2}))
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (422, Some("tests_failed")),
+        "{e}"
+    );
+    assert!(
+        e["error"]["details"][0]
+            .as_str()
+            .unwrap()
+            .contains("version"),
+        "{e}"
+    );
+    assert_eq!(s.ask("echo", "still v1").await, 1);
+    let (st, _) = s
+        .post(
+            "/api/v1/agents/echo/deployments",
+            json!({"version": 2, "force": true}),
+        )
+        .await;
+    assert_eq!(st, 201);
+    assert_eq!(s.ask("echo", "forced").await, 3);
+
+    // Kept with cases that pass: deployed.
+    let (st, _) = s
+        .post(
+            "/api/v1/agents/echo/scripts",
+            json!({"script": script(2), "cases": expects_v2}),
+        )
+        .await;
+    assert_eq!(st, 201);
+    let (st, d) = s
+        .post("/api/v1/agents/echo/deployments", json!({"version": 3}))
+        .await;
+    assert_eq!(st, 201, "{d}");
+    assert_eq!(s.ask("echo", "tested").await, 2);
+
+    // Malformed cases are a 400 naming them.
+    let (st, e) = s
+        .post(
+            "/api/v1/agents/echo/scripts",
+            json!({"script": script(2), "cases": [{"payload": 1, "surprise": 2}]}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["where"].as_str()),
+        (400, Some("cases")),
+        "{e}"
+    );
+    s.stop().await;
+}

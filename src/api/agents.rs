@@ -12,7 +12,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::auth::visible::Seen;
-use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::view::{ReloadReport, Timestamp};
 use super::ApiState;
 
@@ -51,6 +51,9 @@ pub struct CreateAgent {
     pub concurrency: Option<usize>,
     /// The tenant it belongs to; a tenant's credential may only name its own (the default).
     pub tenant: Option<String>,
+    /// Test cases kept with version 1 (as `…/test` takes them).
+    #[schema(value_type = Option<Vec<TestCase>>)]
+    pub cases: Option<serde_json::Value>,
 }
 
 /// `POST /api/v1/agents/{name}/scripts`: a new version.
@@ -67,6 +70,25 @@ pub struct UploadScript {
     /// A new `config` block, else the live version's.
     #[schema(value_type = Option<Object>)]
     pub config: Option<serde_json::Value>,
+    /// Test cases kept with the version (as `…/test` takes them); a deploy runs them first.
+    #[schema(value_type = Option<Vec<TestCase>>)]
+    pub cases: Option<serde_json::Value>,
+}
+
+/// `?dry_run=true`: check the version and run its cases, keep nothing.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UploadQuery {
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// A dry run's answer: the version as it would be kept, and its cases' verdicts.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DryRun {
+    pub version: ScriptVersion,
+    pub tests: Option<TestReport>,
 }
 
 /// `POST /api/v1/agents/{name}/deployments`.
@@ -76,6 +98,9 @@ pub struct Deploy {
     pub version: u64,
     /// Only if the running config is this revision (409 otherwise).
     pub if_rev: Option<u64>,
+    /// Deploy even if the version's kept test cases fail.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// A script version as listed (`GET …/scripts`), without its source.
@@ -297,6 +322,7 @@ pub async fn create_agent(
             fields: body.fields,
             xsd: body.xsd,
             config: body.config,
+            cases: checked_cases(body.cases)?,
         },
     };
     let organism = s.inner.organism.clone();
@@ -326,8 +352,9 @@ pub async fn delete_agent(
 }
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/scripts", tag = "agents", request_body = UploadScript,
-    params(("name" = String, Path, description = "Agent name")),
+    params(("name" = String, Path, description = "Agent name"), UploadQuery),
     responses((status = 201, description = "Kept (not live until deployed): it compiled, its `init` ran, its schema compiled", body = ScriptVersion),
+              (status = 200, description = "`dry_run=true`: the version as it would be kept and its cases' verdicts; nothing kept", body = DryRun),
               (status = 404, description = "No such agent", body = ErrorResponse),
               (status = 409, description = "A listener of the organism file", body = ErrorResponse),
               (status = 422, description = "It does not load, one reason per line in `details` (Lua errors with their line)", body = ErrorResponse)))]
@@ -335,8 +362,10 @@ pub async fn upload_script(
     State(s): State<ApiState>,
     seen: Seen,
     Path(name): Path<String>,
+    Params(q): Params<UploadQuery>,
     JsonBody(body): JsonBody<UploadScript>,
-) -> ApiResult<(StatusCode, Json<ScriptVersion>)> {
+) -> ApiResult<axum::response::Response> {
+    use axum::response::IntoResponse;
     let agent = visible_agent(&s, &seen, &name)?;
     let organism = s.inner.organism.clone();
     let author = seen.principal.name.clone();
@@ -347,13 +376,65 @@ pub async fn upload_script(
         fields: body.fields,
         xsd: body.xsd,
         config: body.config,
+        cases: checked_cases(body.cases)?,
     };
+    if q.dry_run {
+        let done = blocking(move || organism.preview_version(&target, new, author)).await?;
+        let (v, tester) = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
+        let tests = match cases_of(&v)? {
+            Some(cases) => Some(run_cases(&tester, &cases).await),
+            None => None,
+        };
+        let answer = DryRun {
+            version: ScriptVersion::of(&v, agent.live_version),
+            tests,
+        };
+        return Ok(Json(answer).into_response());
+    }
     let done = blocking(move || organism.upload_version(&target, new, author)).await?;
     let v = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
     Ok((
         StatusCode::CREATED,
         Json(ScriptVersion::of(&v, agent.live_version)),
-    ))
+    )
+        .into_response())
+}
+
+/// Cases as a request gives them, checked for shape and number; kept as given.
+fn checked_cases(cases: Option<serde_json::Value>) -> ApiResult<Option<serde_json::Value>> {
+    let Some(v) = cases else {
+        return Ok(None);
+    };
+    let parsed: Vec<TestCase> = serde_json::from_value(v.clone())
+        .map_err(|e| ApiError::bad_request(format!("cases: {e}")).at("cases"))?;
+    check_count(parsed.len())?;
+    Ok(Some(v))
+}
+
+fn check_count(n: usize) -> ApiResult<()> {
+    use crate::pump::agents::MAX_TEST_CASES;
+    if n == 0 || n > MAX_TEST_CASES {
+        return Err(
+            ApiError::bad_request(format!("give 1 to {MAX_TEST_CASES} cases (got {n})"))
+                .at("cases"),
+        );
+    }
+    Ok(())
+}
+
+/// The cases kept with a version, if any.
+fn cases_of(v: &VersionRow) -> ApiResult<Option<Vec<TestCase>>> {
+    v.cases
+        .clone()
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                format!("kept cases unreadable: {e}"),
+            )
+        })
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/scripts", tag = "agents",
@@ -413,7 +494,7 @@ pub async fn get_script(
     responses((status = 201, description = "That version is live: new messages go to it, calls in flight finish on the old one", body = AgentChanged),
               (status = 404, description = "No such agent or version", body = ErrorResponse),
               (status = 409, description = "`if_rev` is not the running revision, or a file listener", body = ErrorResponse),
-              (status = 422, description = "It does not load any more (the organism changed around it); nothing changed", body = ErrorResponse)))]
+              (status = 422, description = "It does not load any more (the organism changed around it), or a test case kept with it failed (`tests_failed`, each in `details`; `force: true` deploys anyway); nothing changed", body = ErrorResponse)))]
 pub async fn deploy(
     State(s): State<ApiState>,
     seen: Seen,
@@ -421,6 +502,41 @@ pub async fn deploy(
     JsonBody(body): JsonBody<Deploy>,
 ) -> ApiResult<(StatusCode, Json<AgentChanged>)> {
     visible_agent(&s, &seen, &name)?;
+    let kept = s.inner.organism.agent_version(&name, body.version)?;
+    let cases = match &kept {
+        Some(v) if !body.force => cases_of(v)?,
+        _ => None,
+    };
+    if let Some(cases) = cases {
+        let organism = s.inner.organism.clone();
+        let (target, version) = (name.clone(), body.version);
+        let tester = blocking(move || organism.prepare_test(&target, version))
+            .await?
+            .map_err(|e| error(for_caller(e, &seen, &name)))?;
+        let report = run_cases(&tester, &cases).await;
+        if report.failed > 0 {
+            let details = report
+                .cases
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| !c.pass)
+                .map(|(i, c)| {
+                    let why: Vec<String> = c.error.iter().chain(&c.mismatches).cloned().collect();
+                    format!("case {i}: {}", why.join("; "))
+                })
+                .collect();
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "tests_failed",
+                format!(
+                    "{} of the version's {} test cases failed; nothing changed (deploy with `force: true` to deploy anyway)",
+                    report.failed,
+                    report.cases.len()
+                ),
+            )
+            .details(details));
+        }
+    }
     let organism = s.inner.organism.clone();
     let author = seen.principal.name.clone();
     let target = name.clone();
@@ -596,25 +712,25 @@ pub async fn test_script(
     Path((name, version)): Path<(String, u64)>,
     JsonBody(body): JsonBody<TestRequest>,
 ) -> ApiResult<Json<TestReport>> {
-    use crate::pump::agents::{MAX_TEST_CASES, TEST_BUDGET};
     visible_agent(&s, &seen, &name)?;
-    if body.cases.is_empty() || body.cases.len() > MAX_TEST_CASES {
-        return Err(ApiError::bad_request(format!(
-            "give 1 to {MAX_TEST_CASES} cases (got {})",
-            body.cases.len()
-        ))
-        .at("cases"));
-    }
+    check_count(body.cases.len())?;
     let organism = s.inner.organism.clone();
     let target = name.clone();
     let tester = blocking(move || organism.prepare_test(&target, version))
         .await?
         .map_err(|e| error(for_caller(e, &seen, &name)))?;
+    Ok(Json(run_cases(&tester, &body.cases).await))
+}
+
+/// Runs `cases` through `tester`, within [`crate::pump::agents::TEST_BUDGET`] (cases past
+/// it are `not_run`).
+async fn run_cases(tester: &crate::pump::agents::Tester, cases: &[TestCase]) -> TestReport {
+    use crate::pump::agents::TEST_BUDGET;
     let started = std::time::Instant::now();
-    let mut cases = Vec::new();
-    for case in &body.cases {
+    let mut results = Vec::new();
+    for case in cases {
         if started.elapsed() > TEST_BUDGET {
-            cases.push(CaseResult {
+            results.push(CaseResult {
                 pass: false,
                 status: "not_run".into(),
                 outputs: Vec::new(),
@@ -644,7 +760,7 @@ pub async fn test_script(
         let ok = outcome.error.is_none() && outputs.iter().all(|o| o.error.is_none());
         let status = if ok { "completed" } else { "failed" };
         let mismatches = judge(case.expect.as_ref(), status, &outputs);
-        cases.push(CaseResult {
+        results.push(CaseResult {
             pass: mismatches.is_empty() && (ok || case.expect.is_some()),
             status: status.into(),
             outputs,
@@ -653,10 +769,10 @@ pub async fn test_script(
             elapsed_ms: outcome.elapsed_ms,
         });
     }
-    let passed = cases.iter().filter(|c| c.pass).count();
-    Ok(Json(TestReport {
-        failed: cases.len() - passed,
+    let passed = results.iter().filter(|c| c.pass).count();
+    TestReport {
+        failed: results.len() - passed,
         passed,
-        cases,
-    }))
+        cases: results,
+    }
 }

@@ -89,6 +89,8 @@ pub struct NewVersion {
     pub fields: Option<serde_json::Value>,
     pub xsd: Option<String>,
     pub config: Option<serde_json::Value>,
+    /// Test cases to keep with it (JSON, as the test route takes them).
+    pub cases: Option<serde_json::Value>,
 }
 
 /// What a change did: the reload's report, and the versions involved.
@@ -291,6 +293,7 @@ impl ApiAgents {
                 .config
                 .clone()
                 .or_else(|| base.and_then(|b| b.config.clone())),
+            cases: v.cases.clone(),
         })
     }
 }
@@ -673,9 +676,36 @@ impl super::Organism {
                 agent: name.to_string(),
                 version,
             })?;
+        self.tester_for(&agent, &row)
+    }
+
+    /// A version about to be uploaded, checked (as an upload is) and built to be tried, but
+    /// not kept (`?dry_run=true`); its texts' copies are removed once it is built.
+    pub fn preview_version(
+        &self,
+        name: &str,
+        new: NewVersion,
+        author: Option<String>,
+    ) -> Result<(VersionRow, Tester), AgentError> {
+        let agents = self.api_agents();
+        let agent = self.api_agent(name)?;
+        let live = agents.table.version(name, agent.live_version)?;
+        let version = agents.version_row(name, &new, live.as_ref(), &author)?;
+        let tester = self.tester_for(&agent, &version);
+        agents.forget_files(name, version.version);
+        match tester {
+            Ok(t) => Ok((version, t)),
+            Err(AgentError::Invalid(p)) => Err(agents.refused(name, version.version, p)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn tester_for(&self, agent: &AgentRow, row: &VersionRow) -> Result<Tester, AgentError> {
+        let agents = self.api_agents();
+        let name = agent.name.as_str();
         let mut tried = agent.clone();
-        tried.live_version = version;
-        let layer = agents.layer(Some((name, Some((&tried, &row)))))?;
+        tried.live_version = row.version;
+        let layer = agents.layer(Some((name, Some((&tried, row)))))?;
         let path = self.config().source.clone().ok_or(AgentError::NoSource)?;
         let config = super::load_config_layered(&path, &self.shared.reloading.registry, &layer)
             .map_err(|e| {

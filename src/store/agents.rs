@@ -42,6 +42,8 @@ pub struct VersionRow {
     pub xsd: Option<String>,
     /// The `config` block (JSON), when the version sets it.
     pub config: Option<serde_json::Value>,
+    /// Test cases kept with it (JSON), which a deploy runs first.
+    pub cases: Option<serde_json::Value>,
 }
 
 /// One entry of an agent's deployment history.
@@ -83,7 +85,7 @@ fn agent_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentRow> {
 
 const AGENT_COLUMNS: &str = "name, tenant, definition, live_version, author, created";
 const VERSION_COLUMNS: &str =
-    "agent, version, sha256, author, created, message, script, fields, xsd, config";
+    "agent, version, sha256, author, created, message, script, fields, xsd, config, cases";
 
 fn version_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<VersionRow> {
     Ok(VersionRow {
@@ -97,6 +99,7 @@ fn version_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<VersionRow> {
         fields: json(r.get(7)?),
         xsd: r.get(8)?,
         config: json(r.get(9)?),
+        cases: json(r.get(10)?),
     })
 }
 
@@ -322,7 +325,7 @@ fn live_version(tx: &Connection, agent: &str) -> rusqlite::Result<Option<u64>> {
 
 fn insert_version(conn: &Connection, v: &VersionRow) -> rusqlite::Result<usize> {
     conn.execute(
-        &format!("INSERT INTO agent_versions ({VERSION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"),
+        &format!("INSERT INTO agent_versions ({VERSION_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
         params![
             v.agent,
             to_i64(v.version),
@@ -334,6 +337,7 @@ fn insert_version(conn: &Connection, v: &VersionRow) -> rusqlite::Result<usize> 
             v.fields.as_ref().map(|f| f.to_string()),
             v.xsd,
             v.config.as_ref().map(|c| c.to_string()),
+            v.cases.as_ref().map(|c| c.to_string()),
         ],
     )
 }
@@ -377,6 +381,7 @@ mod tests {
             fields: Some(serde_json::json!({"Note": {"text": "string"}})),
             xsd: None,
             config: None,
+            cases: None,
         }
     }
 

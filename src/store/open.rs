@@ -260,6 +260,10 @@ CREATE TABLE agent_deployments (
 );
 CREATE INDEX agent_deployments_agent ON agent_deployments(agent, id);
 "#,
+    // v9: test cases kept with a script version.
+    r#"
+ALTER TABLE agent_versions ADD COLUMN cases TEXT;
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),
