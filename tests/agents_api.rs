@@ -780,6 +780,41 @@ async fn the_cli_creates_pushes_deploys_and_rolls_back() {
     assert_eq!(code, 0);
     assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["total"], 2);
 
+    // Test vectors: a passing list exits 0, a failing one 1 with what did not match.
+    let case = |v: u32| json!([{"payload": {"text": "t"}, "expect": {"outputs": [{"payload": {"text": "t", "version": v}}]}}]);
+    std::fs::write(d.join("pass.json"), case(2).to_string()).unwrap();
+    std::fs::write(d.join("fail.json"), case(9).to_string()).unwrap();
+    let (code, out, _) = cli(url, &["scripts", "test", "echo", "2", &p("pass.json")]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("case 0: pass completed") && out.contains("1 passed, 0 failed"),
+        "{out}"
+    );
+    let (code, _, err) = cli(url, &["scripts", "test", "echo", "2", &p("fail.json")]).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("case 0: FAIL") && err.contains("outputs[0].payload"),
+        "{err}"
+    );
+    let (code, out, _) = cli(
+        url,
+        &[
+            "scripts",
+            "push",
+            "echo",
+            &p("v2.lua"),
+            "--cases",
+            &p("pass.json"),
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("would be kept") && out.contains("1 passed"),
+        "{out}"
+    );
+
     // Refusals: the server's reasons, exit 1; a file that cannot be read, exit 2.
     let (code, _, err) = cli(url, &["scripts", "push", "echo", &p("bad.lua")]).await;
     assert_eq!(code, 1);

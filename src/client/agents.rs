@@ -38,6 +38,20 @@ pub enum ScriptsCommand {
         /// A new `config` block: a JSON file.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Test cases to keep with the version (a JSON list, as `scripts test` takes);
+        /// a deploy runs them first.
+        #[arg(long)]
+        cases: Option<PathBuf>,
+        /// Check the version and run its cases; keep nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Run test cases (a JSON list of `{payload, payload_type?, expect?}`) through a
+    /// version, apart from the running organism; exit 1 if any fails.
+    Test {
+        name: String,
+        version: u64,
+        cases: PathBuf,
     },
     /// List an agent's versions, newest first; the live one is marked.
     List { name: String },
@@ -50,6 +64,9 @@ pub enum ScriptsCommand {
         /// Only if the running config is this revision.
         #[arg(long)]
         if_rev: Option<u64>,
+        /// Deploy even if the version's kept test cases fail.
+        #[arg(long)]
+        force: bool,
     },
     /// Make the newest version older than the live one live again.
     Rollback { name: String },
@@ -119,6 +136,28 @@ fn change_line(v: &Value) -> String {
     }
 }
 
+/// A test report, one line per case and a total: `case 0 pass completed 1.2 ms`, then what
+/// did not match.
+fn report_text(r: &Value) -> String {
+    let mut lines = Vec::new();
+    for (i, c) in r["cases"].as_array().into_iter().flatten().enumerate() {
+        lines.push(format!(
+            "case {i}: {} {} ({:.1} ms)",
+            if c["pass"] == true { "pass" } else { "FAIL" },
+            c["status"].as_str().unwrap_or("?"),
+            c["elapsed_ms"].as_f64().unwrap_or(0.0)
+        ));
+        if let Some(e) = c["error"].as_str() {
+            lines.push(format!("  error: {e}"));
+        }
+        for m in c["mismatches"].as_array().into_iter().flatten() {
+            lines.push(format!("  {}", m.as_str().unwrap_or_default()));
+        }
+    }
+    lines.push(format!("{} passed, {} failed", r["passed"], r["failed"]));
+    lines.join("\n")
+}
+
 fn version_line(v: &Value) -> String {
     format!(
         "v{:<4} {:<5} {}  {:<16} {}  {}",
@@ -172,8 +211,13 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             message,
             fields,
             config,
+            cases,
+            dry_run,
         } => {
             let mut body = json!({"script": read(&script)?});
+            if let Some(c) = cases {
+                body["cases"] = read_json(&c)?;
+            }
             if let Some(m) = message {
                 body["message"] = m.into();
             }
@@ -182,6 +226,39 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             }
             if let Some(c) = config {
                 body["config"] = read_json(&c)?;
+            }
+            if dry_run {
+                let v = remote
+                    .call(
+                        "POST",
+                        &format!("{}/scripts?dry_run=true", base(&name)),
+                        Some(body),
+                    )
+                    .await?;
+                let report = &v["tests"];
+                if json {
+                    return Ok(v.to_string());
+                }
+                let mut text = format!(
+                    "{name}: v{} would be kept (sha256 {}); nothing was kept",
+                    v["version"]["version"],
+                    v["version"]["sha256"]
+                        .as_str()
+                        .unwrap_or("")
+                        .get(..12)
+                        .unwrap_or("")
+                );
+                if !report.is_null() {
+                    text.push('\n');
+                    text.push_str(&report_text(report));
+                    if report["failed"].as_u64().unwrap_or(0) > 0 {
+                        return Err(Failed {
+                            code: 1,
+                            message: text,
+                        });
+                    }
+                }
+                return Ok(text);
             }
             let v = remote
                 .call("POST", &format!("{}/scripts", base(&name)), Some(body))
@@ -227,12 +304,30 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
                     .to_string()
             })
         }
+        ScriptsCommand::Test {
+            name,
+            version,
+            cases,
+        } => {
+            let body = json!({"cases": read_json(&cases)?});
+            let path = format!("{}/scripts/{version}/test", base(&name));
+            let v = remote.call("POST", &path, Some(body)).await?;
+            let text = if json { v.to_string() } else { report_text(&v) };
+            if v["failed"].as_u64().unwrap_or(0) > 0 {
+                return Err(Failed {
+                    code: 1,
+                    message: text,
+                });
+            }
+            Ok(text)
+        }
         ScriptsCommand::Deploy {
             name,
             version,
             if_rev,
+            force,
         } => {
-            let body = json!({"version": version, "if_rev": if_rev});
+            let body = json!({"version": version, "if_rev": if_rev, "force": force});
             let v = remote
                 .call("POST", &format!("{}/deployments", base(&name)), Some(body))
                 .await?;
