@@ -1122,3 +1122,55 @@ async fn kept_cases_gate_a_deploy_and_a_dry_run_keeps_nothing() {
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_tenants_inject_rate_holds_for_all_its_credentials_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(
+        dir.path(),
+        "auth: {methods: [keys]}\ntenants:\n  acme: {inject_per_s: 2}\n",
+        "",
+    );
+    let config = Organism::builder().load_config(&path).unwrap();
+    let mut keys = Vec::new();
+    for (label, tenant) in [
+        ("acme-1", Some("acme")),
+        ("acme-2", Some("acme")),
+        ("beta", Some("beta")),
+    ] {
+        let (key, row) =
+            agentserver::api::keys::new_key(label, Role::Operator, tenant, None).unwrap();
+        agentserver::api::auth::KeySource::of(&config)
+            .unwrap()
+            .add(&row)
+            .unwrap();
+        keys.push((label, key));
+    }
+    let mut s = Server::start(&path).await;
+    s.keys = keys;
+    for (tenant, name) in [("acme", "acme-echo"), ("beta", "beta-echo")] {
+        let mut b = echo_body(name);
+        b["tenant"] = json!(tenant);
+        let who = if tenant == "acme" { "acme-1" } else { "beta" };
+        assert_eq!(s.call("POST", "/api/v1/agents", Some(b), who).await.0, 201);
+    }
+    let ask = |to: &str| json!({"to": to, "payload": {"text": "x"}});
+    // A burst of two for the tenant, whichever of its keys asks; the third is refused.
+    let (st1, _) = s
+        .call("POST", "/api/v1/inject", Some(ask("acme-echo")), "acme-1")
+        .await;
+    let (st2, _) = s
+        .call("POST", "/api/v1/inject", Some(ask("acme-echo")), "acme-2")
+        .await;
+    let (st3, e) = s
+        .call("POST", "/api/v1/inject", Some(ask("acme-echo")), "acme-1")
+        .await;
+    assert_eq!((st1, st2, st3), (202, 202, 429), "{e}");
+    assert!(e.to_string().contains("tenant `acme`"), "{e}");
+    // Another tenant is not held back by it.
+    let (st, _) = s
+        .call("POST", "/api/v1/inject", Some(ask("beta-echo")), "beta")
+        .await;
+    assert_eq!(st, 202);
+    s.stop().await;
+}

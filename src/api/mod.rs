@@ -208,12 +208,17 @@ impl ApiState {
         }
     }
 
-    /// Counts an inject against its credential's rate (`auth.inject_per_s`).
+    /// Counts an inject against its tenant's rate (`tenants.<t>.inject_per_s`) and its
+    /// credential's (`auth.inject_per_s`, or the key's own).
     fn limit_inject(&self, p: &auth::Principal) -> Result<(), ApiError> {
-        match &self.inner.auth {
-            Some(a) => a.limits.inject(p),
-            None => Ok(()),
-        }
+        let Some(a) = &self.inner.auth else {
+            return Ok(());
+        };
+        let tenant_rate = p
+            .tenant
+            .as_deref()
+            .and_then(|t| self.inner.organism.config().tenants.of(t).0.inject_per_s);
+        a.limits.inject(p, tenant_rate)
     }
 
     /// Stops the organism (drain within the grace period), then tells the server's owner.

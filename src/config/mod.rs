@@ -140,6 +140,13 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
                 "a tenant is 1-64 letters, digits, `.`, `_` or `-`",
             );
         }
+        if section.inject_per_s == Some(0) {
+            c.push(
+                None,
+                Some(&format!("tenants.{name}.inject_per_s")),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
         each.insert(name, section.over(default));
     }
     Tenants { default, each }

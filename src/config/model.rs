@@ -356,6 +356,8 @@ pub struct TenantQuotas {
     pub cpu_ms_max: u64,
     pub memory_mb_max: usize,
     pub max_concurrency: usize,
+    /// Injects per second by all the tenant's credentials together (none: no such limit).
+    pub inject_per_s: Option<u32>,
 }
 
 impl Default for TenantQuotas {
@@ -367,6 +369,7 @@ impl Default for TenantQuotas {
             cpu_ms_max: 1000,
             memory_mb_max: 64,
             max_concurrency: 4,
+            inject_per_s: None,
         }
     }
 }
@@ -381,6 +384,7 @@ pub(crate) struct TenantSection {
     pub cpu_ms_max: Option<u64>,
     pub memory_mb_max: Option<usize>,
     pub max_concurrency: Option<usize>,
+    pub inject_per_s: Option<u32>,
 }
 
 impl TenantSection {
@@ -392,6 +396,7 @@ impl TenantSection {
             cpu_ms_max: self.cpu_ms_max.unwrap_or(base.cpu_ms_max),
             memory_mb_max: self.memory_mb_max.unwrap_or(base.memory_mb_max),
             max_concurrency: self.max_concurrency.unwrap_or(base.max_concurrency),
+            inject_per_s: self.inject_per_s.or(base.inject_per_s),
         }
     }
 }

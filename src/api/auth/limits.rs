@@ -27,6 +27,8 @@ pub struct Limits {
     /// Keys with a rate of their own: one limiter each, by key id, with the rate it was made
     /// for.
     own: std::sync::Mutex<std::collections::HashMap<String, OwnRate>>,
+    /// Tenants with a rate (`tenants.<t>.inject_per_s`), shared by all their credentials.
+    tenants: std::sync::Mutex<std::collections::HashMap<String, OwnRate>>,
 }
 
 impl Limits {
@@ -44,6 +46,7 @@ impl Limits {
             failed: RateLimiter::keyed(Quota::per_minute(per_minute)),
             inject,
             own: Default::default(),
+            tenants: Default::default(),
         }
     }
 
@@ -57,9 +60,29 @@ impl Limits {
         })
     }
 
-    /// Counts one inject by `p`; `Err` once it is over its key's own rate, or else over
-    /// `auth.inject_per_s`.
-    pub fn inject(&self, p: &super::Principal) -> Result<(), ApiError> {
+    /// Counts one inject by `p`; `Err` once it is over its tenant's rate (`tenant_rate`,
+    /// from `tenants.<t>.inject_per_s`, all the tenant's credentials together), its key's
+    /// own rate, or else `auth.inject_per_s`.
+    pub fn inject(&self, p: &super::Principal, tenant_rate: Option<u32>) -> Result<(), ApiError> {
+        if let (Some(rate), Some(tenant)) = (tenant_rate, &p.tenant) {
+            let mut tenants = crate::sync::lock(&self.tenants);
+            let rate = (rate, None);
+            let entry = tenants
+                .entry(tenant.clone())
+                .or_insert_with(|| (rate, direct(rate)));
+            if entry.0 != rate {
+                *entry = (rate, direct(rate));
+            }
+            entry.1.check().map_err(|n| {
+                too_many(
+                    &format!(
+                        "too many injects by tenant `{tenant}` (its inject_per_s is {})",
+                        rate.0
+                    ),
+                    n.wait_time_from(DefaultClock::default().now()),
+                )
+            })?;
+        }
         let over = |n: governor::NotUntil<_>| {
             too_many(
                 "too many injects by this credential (auth.inject_per_s, or the key's own)",
