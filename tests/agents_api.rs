@@ -1174,3 +1174,54 @@ async fn a_tenants_inject_rate_holds_for_all_its_credentials_together() {
     assert_eq!(st, 202);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn hostile_scripts_uploaded_as_versions_fail_their_cases_cleanly_or_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    let mut body = echo_body("echo");
+    body["limits"] = json!({"cpu_ms": 50, "memory_mb": 8});
+    assert_eq!(s.post("/api/v1/agents", body).await.0, 201);
+    // Each either is refused at upload (422) or fails its case with a reason.
+    let hostile = [
+        "function handle(p, m) local s = string.rep('x', 1e9) end",
+        "function handle(p, m) local t = {} for i = 1, 1e8 do t[i] = {i} end end",
+        "function handle(p, m) local function f() return f() + 1 end return f() end",
+        "function handle(p, m) local s = string.rep('a', 150000) return { xml = tostring(s:find('^.-.-b')) } end",
+        "function handle(p, m) for i = 1, 10 do pcall(function() while true do end end) end return nil end",
+        "function handle(p, m) load('return 1')() end",
+        "function handle(p, m) getmetatable('').__index.upper = function() return 'pwned' end end",
+        "function handle(p, m) return { to = 'collector', payload = string.rep('x', 2000000) } end",
+        "function handle(p, m) error(string.rep('E', 1000000)) end",
+        "local x = os.execute\nfunction handle(p, m) return x('true') end",
+        "function init(c) error(string.rep('E', 1000000)) end\nfunction handle(p, m) end",
+        "error(string.rep('T', 1000000))\nfunction handle(p, m) end",
+    ];
+    for script in hostile {
+        let (st, v) = s
+            .post("/api/v1/agents/echo/scripts", json!({"script": script}))
+            .await;
+        if st == 422 {
+            assert!(
+                v.to_string().len() < 64 * 1024,
+                "refusals stay bounded: {script}"
+            );
+            continue;
+        }
+        assert_eq!(st, 201, "{script}: {v}");
+        let path = format!("/api/v1/agents/echo/scripts/{}/test", v["version"]);
+        let (st, r) = s
+            .post(&path, json!({"cases": [{"payload": {"text": "x"}}]}))
+            .await;
+        assert_eq!(st, 200, "{script}: {r}");
+        assert_eq!(r["cases"][0]["status"], "failed", "{script}: {r}");
+        assert!(
+            r.to_string().len() < 64 * 1024,
+            "answers stay bounded: {script}"
+        );
+        assert_eq!(s.ask("echo", "alive").await, 1, "after {script}");
+    }
+    still_running(&s).await;
+    s.stop().await;
+}

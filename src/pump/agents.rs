@@ -714,7 +714,7 @@ impl super::Organism {
                         .map(|c| ReloadProblem {
                             listener: c.listener,
                             key: c.key,
-                            message: c.message,
+                            message: self.shared.clip_error(c.message),
                         })
                         .collect(),
                 )
@@ -734,7 +734,7 @@ impl super::Organism {
             AgentError::Invalid(vec![ReloadProblem {
                 listener: Some(name.to_string()),
                 key: None,
-                message,
+                message: self.shared.clip_error(message),
             }])
         })?;
         Ok(Tester {
@@ -750,7 +750,23 @@ impl super::Organism {
 impl Tester {
     /// Runs one case: `payload` is XML text, or a JSON object written as the payload type
     /// the agent accepts (`payload_type` when it accepts several).
+    /// Every text it answers is bounded: errors by `limits.max_error_bytes`, an output
+    /// that is not acceptable XML (too large, say) shown cut to the same bound.
     pub async fn run(
+        &self,
+        payload: &serde_json::Value,
+        payload_type: Option<&str>,
+    ) -> CaseOutcome {
+        let mut outcome = self.run_unbounded(payload, payload_type).await;
+        let shared = &self.organism.shared;
+        outcome.error = outcome.error.map(|e| shared.clip_error(e));
+        for o in &mut outcome.outputs {
+            o.error = o.error.take().map(|e| shared.clip_error(e));
+        }
+        outcome
+    }
+
+    async fn run_unbounded(
         &self,
         payload: &serde_json::Value,
         payload_type: Option<&str>,
@@ -831,7 +847,7 @@ impl Tester {
         let mut out = TestOutput {
             to: o.to.iter().cloned().collect(),
             payload_type: None,
-            payload: crate::xml::xml_to_json(&o.payload),
+            payload: serde_json::Value::Null,
             payload_xml: o.payload,
             error: None,
         };
@@ -839,11 +855,14 @@ impl Tester {
             Ok(p) => p,
             Err(e) => {
                 out.error = Some(format!("not acceptable XML: {e}"));
+                let bound = self.organism.shared.limits.max_error_bytes;
+                out.payload_xml = crate::clip::clip(std::mem::take(&mut out.payload_xml), bound);
                 return out;
             }
         };
         let ty = normalized.payload_type.clone();
         out.payload_type = Some(ty.to_string());
+        out.payload = crate::xml::xml_to_json(&out.payload_xml);
         let receivers =
             match self
                 .organism

@@ -35,7 +35,8 @@ impl Organism {
         let l = self.listener(name)?;
         let result = match l.handler.reload() {
             None => return Err(ControlError::NotReloadable(name.to_string())),
-            Some(r) => r,
+            // A script's own error text is cut like every error kept or answered.
+            Some(r) => r.map_err(|e| self.shared.clip_error(e)),
         };
         self.shared.events.publish(EventKind::Reload {
             agent: Some(name.to_string()),

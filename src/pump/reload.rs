@@ -94,7 +94,7 @@ impl Shared {
                     .map(|c| ReloadProblem {
                         listener: c.listener,
                         key: c.key,
-                        message: c.message,
+                        message: self.clip_error(c.message),
                     })
                     .collect::<Vec<_>>()
             })?;
@@ -126,10 +126,12 @@ impl Shared {
                     };
                     built.insert(name, Arc::new(listener));
                 }
+                // A script's own error text (an `init` that raises a megabyte) is cut
+                // like every error the organism keeps or answers.
                 Err(message) => problems.push(ReloadProblem {
                     listener: Some(name),
                     key: None,
-                    message,
+                    message: self.clip_error(message),
                 }),
             }
         }
