@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::visible::Seen;
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
-use super::view::{ReloadReport, Timestamp};
+use super::rest::PageQuery;
+use super::view::{Paged, ReloadReport, Timestamp};
 use super::ApiState;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -175,13 +176,6 @@ pub struct AgentChanged {
     /// The version live before (none for a create).
     pub from_version: Option<u64>,
     pub reload: ReloadReport,
-}
-
-/// A list of one agent's things, newest first.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Listed<T> {
-    pub items: Vec<T>,
-    pub total: usize,
 }
 
 fn error(e: AgentError) -> ApiError {
@@ -438,26 +432,20 @@ fn cases_of(v: &VersionRow) -> ApiResult<Option<Vec<TestCase>>> {
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/scripts", tag = "agents",
-    params(("name" = String, Path, description = "Agent name")),
-    responses((status = 200, description = "Its versions, newest first, the live one marked", body = Listed<ScriptVersion>),
+    params(("name" = String, Path, description = "Agent name"), PageQuery),
+    responses((status = 200, description = "Its versions, newest first, the live one marked", body = Paged<ScriptVersion>),
               (status = 404, description = "No such agent", body = ErrorResponse)))]
 pub async fn list_scripts(
     State(s): State<ApiState>,
     seen: Seen,
     Path(name): Path<String>,
-) -> ApiResult<Json<Listed<ScriptVersion>>> {
+    Params(q): Params<PageQuery>,
+) -> ApiResult<Json<Paged<ScriptVersion>>> {
     let agent = visible_agent(&s, &seen, &name)?;
-    let items: Vec<ScriptVersion> = s
-        .inner
-        .organism
-        .agent_versions(&name)?
-        .iter()
-        .map(|v| ScriptVersion::of(v, agent.live_version))
-        .collect();
-    Ok(Json(Listed {
-        total: items.len(),
-        items,
-    }))
+    let all = s.inner.organism.agent_versions(&name)?;
+    Ok(Json(Paged::map(q.page().cut(all), |v| {
+        ScriptVersion::of(&v, agent.live_version)
+    })))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/scripts/{version}", tag = "agents",
@@ -548,26 +536,20 @@ pub async fn deploy(
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/deployments", tag = "agents",
-    params(("name" = String, Path, description = "Agent name")),
-    responses((status = 200, description = "What was made live, when and by whom, newest first", body = Listed<Deployment>),
+    params(("name" = String, Path, description = "Agent name"), PageQuery),
+    responses((status = 200, description = "What was made live, when and by whom, newest first", body = Paged<Deployment>),
               (status = 404, description = "No such agent", body = ErrorResponse)))]
 pub async fn list_deployments(
     State(s): State<ApiState>,
     seen: Seen,
     Path(name): Path<String>,
-) -> ApiResult<Json<Listed<Deployment>>> {
+    Params(q): Params<PageQuery>,
+) -> ApiResult<Json<Paged<Deployment>>> {
     visible_agent(&s, &seen, &name)?;
-    let items: Vec<Deployment> = s
-        .inner
-        .organism
-        .agent_deployments(&name)?
-        .iter()
-        .map(Deployment::from)
-        .collect();
-    Ok(Json(Listed {
-        total: items.len(),
-        items,
-    }))
+    let all = s.inner.organism.agent_deployments(&name)?;
+    Ok(Json(Paged::map(q.page().cut(all), |d| {
+        Deployment::from(&d)
+    })))
 }
 
 /// `POST /api/v1/agents/{name}/scripts/{version}/test`.

@@ -55,7 +55,7 @@ pub struct PageQuery {
 }
 
 impl PageQuery {
-    fn page(&self) -> Page {
+    pub(super) fn page(&self) -> Page {
         Page::new(self.limit, self.offset)
     }
 }

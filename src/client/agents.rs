@@ -276,7 +276,7 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
         }
         ScriptsCommand::List { name } => {
             let v = remote
-                .call("GET", &format!("{}/scripts", base(&name)), None)
+                .call("GET", &format!("{}/scripts?limit=1000", base(&name)), None)
                 .await?;
             Ok(if json {
                 v.to_string()
@@ -335,7 +335,7 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
         }
         ScriptsCommand::Rollback { name } => {
             let list = remote
-                .call("GET", &format!("{}/scripts", base(&name)), None)
+                .call("GET", &format!("{}/scripts?limit=1000", base(&name)), None)
                 .await?;
             let items = list["items"].as_array().cloned().unwrap_or_default();
             let live = items
@@ -362,7 +362,11 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
         }
         ScriptsCommand::History { name } => {
             let v = remote
-                .call("GET", &format!("{}/deployments", base(&name)), None)
+                .call(
+                    "GET",
+                    &format!("{}/deployments?limit=1000", base(&name)),
+                    None,
+                )
                 .await?;
             Ok(if json {
                 v.to_string()
