@@ -158,6 +158,17 @@ fn report_text(r: &Value) -> String {
     lines.join("\n")
 }
 
+/// One line per item of a page (`{items, …}`).
+fn item_lines(page: &Value, line: impl Fn(&Value) -> String) -> String {
+    let lines: Vec<String> = page["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(line)
+        .collect();
+    lines.join("\n")
+}
+
 fn version_line(v: &Value) -> String {
     format!(
         "v{:<4} {:<5} {}  {:<16} {}  {}",
@@ -281,13 +292,7 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             Ok(if json {
                 v.to_string()
             } else {
-                let lines: Vec<String> = v["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(version_line)
-                    .collect();
-                lines.join("\n")
+                item_lines(&v, version_line)
             })
         }
         ScriptsCommand::Show { name, version } => {
@@ -371,26 +376,20 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             Ok(if json {
                 v.to_string()
             } else {
-                let lines: Vec<String> = v["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|d| {
-                        format!(
-                            "{}  {:<8} {} -> {}  {}",
-                            d["time"].as_str().unwrap_or(""),
-                            d["action"].as_str().unwrap_or(""),
-                            d["from_version"]
-                                .as_u64()
-                                .map_or("-".into(), |v| format!("v{v}")),
-                            d["version"]
-                                .as_u64()
-                                .map_or("-".into(), |v| format!("v{v}")),
-                            d["author"].as_str().unwrap_or("-")
-                        )
-                    })
-                    .collect();
-                lines.join("\n")
+                item_lines(&v, |d| {
+                    format!(
+                        "{}  {:<8} {} -> {}  {}",
+                        d["time"].as_str().unwrap_or(""),
+                        d["action"].as_str().unwrap_or(""),
+                        d["from_version"]
+                            .as_u64()
+                            .map_or("-".into(), |v| format!("v{v}")),
+                        d["version"]
+                            .as_u64()
+                            .map_or("-".into(), |v| format!("v{v}")),
+                        d["author"].as_str().unwrap_or("-")
+                    )
+                })
             })
         }
     }

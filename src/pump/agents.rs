@@ -355,6 +355,24 @@ impl super::Organism {
         result
     }
 
+    /// The API agent `name` and its version `version`.
+    fn api_agent_version(
+        &self,
+        name: &str,
+        version: u64,
+    ) -> Result<(AgentRow, VersionRow), AgentError> {
+        let agent = self.api_agent(name)?;
+        let row = self
+            .api_agents()
+            .table
+            .version(name, version)?
+            .ok_or_else(|| AgentError::NoVersion {
+                agent: name.to_string(),
+                version,
+            })?;
+        Ok((agent, row))
+    }
+
     /// The agent `name` as the API created it; a file listener, or nothing, is an error.
     fn api_agent(&self, name: &str) -> Result<AgentRow, AgentError> {
         match self.api_agents().table.agent(name)? {
@@ -475,14 +493,7 @@ impl super::Organism {
         author: Option<String>,
     ) -> Result<AgentChange, AgentError> {
         let agents = self.api_agents();
-        let agent = self.api_agent(name)?;
-        let row = agents
-            .table
-            .version(name, version)?
-            .ok_or_else(|| AgentError::NoVersion {
-                agent: name.to_string(),
-                version,
-            })?;
+        let (agent, row) = self.api_agent_version(name, version)?;
         let action = if version < agent.live_version {
             "rollback"
         } else {
@@ -667,15 +678,7 @@ impl super::Organism {
     /// Builds version `version` of the API agent `name` to be tried (compiled, `init` run):
     /// blocking, as a reload's build is.
     pub fn prepare_test(&self, name: &str, version: u64) -> Result<Tester, AgentError> {
-        let agents = self.api_agents();
-        let agent = self.api_agent(name)?;
-        let row = agents
-            .table
-            .version(name, version)?
-            .ok_or_else(|| AgentError::NoVersion {
-                agent: name.to_string(),
-                version,
-            })?;
+        let (agent, row) = self.api_agent_version(name, version)?;
         self.tester_for(&agent, &row)
     }
 
