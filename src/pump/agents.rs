@@ -70,6 +70,19 @@ pub enum AgentError {
     Store(#[from] StoreError),
 }
 
+impl From<super::ReloadError> for AgentError {
+    fn from(e: super::ReloadError) -> Self {
+        match e {
+            super::ReloadError::RevMismatch { expected, actual } => {
+                AgentError::RevMismatch { expected, actual }
+            }
+            super::ReloadError::NoSource => AgentError::NoSource,
+            super::ReloadError::Stopping => AgentError::Stopping,
+            super::ReloadError::Refused(problems) => AgentError::Invalid(problems),
+        }
+    }
+}
+
 /// A new agent: its listener fields (as the file would hold them, without `script`,
 /// `fields`, `schema` and `config`) and its first version.
 #[derive(Debug, Clone)]
@@ -556,10 +569,8 @@ impl super::Organism {
     /// Prepares the organism with `layer` beside the running one and throws it away.
     fn check_layer(&self, layer: &[LayerListener]) -> Result<(), AgentError> {
         let s = &self.shared;
-        let _one_at_a_time = crate::sync::lock(&s.reloading.reload_lock);
-        let current = s.topo();
-        let path = current.config.source.clone().ok_or(AgentError::NoSource)?;
-        s.prepare(&current, &path, layer)
+        let turn = s.turn(None)?;
+        s.prepare(&turn.current, &turn.path, layer)
             .map(drop)
             .map_err(AgentError::Invalid)
     }
@@ -573,38 +584,14 @@ impl super::Organism {
         plan: impl FnOnce(&crate::config::OrganismConfig) -> Result<Plan<'a>, AgentError>,
     ) -> Result<AgentChange, AgentError> {
         let s = &self.shared;
-        let _one_at_a_time = crate::sync::lock(&s.reloading.reload_lock);
-        if s.life.status.load(std::sync::atomic::Ordering::SeqCst) != super::STATUS_RUNNING {
-            return Err(AgentError::Stopping);
-        }
-        let rev = s
-            .reloading
-            .config_rev
-            .load(std::sync::atomic::Ordering::SeqCst);
-        if let Some(expected) = if_rev.filter(|r| *r != rev) {
-            return Err(AgentError::RevMismatch {
-                expected,
-                actual: rev,
-            });
-        }
-        let current = s.topo();
-        let path = current.config.source.clone().ok_or(AgentError::NoSource)?;
-        let (layer, keep, version, from_version) = plan(&current.config)?;
+        let turn = s.turn(if_rev)?;
+        let (layer, keep, version, from_version) = plan(&turn.current.config)?;
         let prepared = s
-            .prepare(&current, &path, &layer)
+            .prepare(&turn.current, &turn.path, &layer)
             .map_err(AgentError::Invalid)?;
         keep()?;
-        let report = s.apply(&current, prepared);
-        s.reloading
-            .reloads_ok
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        s.events.publish(crate::events::EventKind::Reload {
-            agent: None,
-            ok: true,
-            error: None,
-            problems: Vec::new(),
-            diff: Some(report.clone()),
-        });
+        let report = s.apply(&turn.current, prepared);
+        s.reloaded(&report);
         Ok(AgentChange {
             report,
             version,
@@ -711,17 +698,7 @@ impl super::Organism {
         let layer = agents.layer(Some((name, Some((&tried, row)))))?;
         let path = self.config().source.clone().ok_or(AgentError::NoSource)?;
         let config = super::load_config_layered(&path, &self.shared.reloading.registry, &layer)
-            .map_err(|e| {
-                AgentError::Invalid(
-                    e.0.into_iter()
-                        .map(|c| ReloadProblem {
-                            listener: c.listener,
-                            key: c.key,
-                            message: self.shared.clip_error(c.message),
-                        })
-                        .collect(),
-                )
-            })?;
+            .map_err(|e| AgentError::Invalid(self.shared.problems_of(e)))?;
         let listener = config
             .listener(name)
             .cloned()

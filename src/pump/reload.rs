@@ -53,7 +53,63 @@ pub(super) struct Prepared {
     report: ReloadReport,
 }
 
+/// A change of the running organism under way: the reload lock held, the organism running,
+/// the revision checked, and the topology and file it starts from.
+pub(super) struct Turn<'a> {
+    _one_at_a_time: std::sync::MutexGuard<'a, ()>,
+    pub current: Arc<Topology>,
+    pub path: PathBuf,
+    pub rev: u64,
+}
+
 impl Shared {
+    /// Starts a change (a reload, or a change to the API's agents): one at a time, only while
+    /// running, only from revision `if_rev` when given, only for an organism with a file.
+    pub(super) fn turn(&self, if_rev: Option<u64>) -> Result<Turn<'_>, ReloadError> {
+        let lock = crate::sync::lock(&self.reloading.reload_lock);
+        if self.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
+            return Err(ReloadError::Stopping);
+        }
+        let rev = self.reloading.config_rev.load(Ordering::SeqCst);
+        if let Some(expected) = if_rev.filter(|r| *r != rev) {
+            return Err(ReloadError::RevMismatch {
+                expected,
+                actual: rev,
+            });
+        }
+        let current = self.topo();
+        let path = current.config.source.clone().ok_or(ReloadError::NoSource)?;
+        Ok(Turn {
+            _one_at_a_time: lock,
+            current,
+            path,
+            rev,
+        })
+    }
+
+    /// Counts a reload that succeeded and publishes its `reload` event.
+    pub(super) fn reloaded(&self, report: &ReloadReport) {
+        self.reloading.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        self.events.publish(EventKind::Reload {
+            agent: None,
+            ok: true,
+            error: None,
+            problems: Vec::new(),
+            diff: Some(report.clone()),
+        });
+    }
+
+    /// A config's errors as a reload's problems, each cut to `limits.max_error_bytes`.
+    pub(super) fn problems_of(&self, e: config::ConfigErrors) -> Vec<ReloadProblem> {
+        e.0.into_iter()
+            .map(|c| ReloadProblem {
+                listener: c.listener,
+                key: c.key,
+                message: self.clip_error(c.message),
+            })
+            .collect()
+    }
+
     /// Builds a handler for one listener, of whatever kind; `previous` is the handler it
     /// succeeds, if any (its counters carry on).
     pub(crate) fn build_handler(
@@ -89,15 +145,7 @@ impl Shared {
         layer: &[crate::config::layer::LayerListener],
     ) -> Result<Prepared, Vec<ReloadProblem>> {
         let mut config = super::load_config_layered(path, &self.reloading.registry, layer)
-            .map_err(|e| {
-                e.0.into_iter()
-                    .map(|c| ReloadProblem {
-                        listener: c.listener,
-                        key: c.key,
-                        message: self.clip_error(c.message),
-                    })
-                    .collect::<Vec<_>>()
-            })?;
+            .map_err(|e| self.problems_of(e))?;
         self.reloading.overrides.apply(&mut config);
         let problems = needs_restart(&current.config, &config);
         if !problems.is_empty() {
@@ -318,19 +366,8 @@ impl Organism {
         only_if_changed: bool,
     ) -> Result<Option<ReloadReport>, ReloadError> {
         let s = &self.shared;
-        let _one_at_a_time = crate::sync::lock(&s.reloading.reload_lock);
-        if s.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
-            return Err(ReloadError::Stopping);
-        }
-        let rev = s.reloading.config_rev.load(Ordering::SeqCst);
-        if let Some(expected) = if_rev.filter(|r| *r != rev) {
-            return Err(ReloadError::RevMismatch {
-                expected,
-                actual: rev,
-            });
-        }
-        let current = s.topo();
-        let path = current.config.source.clone().ok_or(ReloadError::NoSource)?;
+        let turn = s.turn(if_rev)?;
+        let (current, path, rev) = (&*turn.current, turn.path.as_path(), turn.rev);
         let layer = s.reloading.agents.layer(None).map_err(|e| {
             ReloadError::Refused(vec![ReloadProblem {
                 listener: None,
@@ -338,7 +375,7 @@ impl Organism {
                 message: format!("the agents created through the API cannot be read: {e}"),
             }])
         })?;
-        match s.prepare(&current, &path, &layer) {
+        match s.prepare(current, path, &layer) {
             Err(problems) => {
                 s.reloading.config_stale.store(true, Ordering::SeqCst);
                 s.reloading.reloads_failed.fetch_add(1, Ordering::Relaxed);
@@ -369,16 +406,9 @@ impl Organism {
                     report.rev = rev;
                     report
                 } else {
-                    s.apply(&current, prepared)
+                    s.apply(current, prepared)
                 };
-                s.reloading.reloads_ok.fetch_add(1, Ordering::Relaxed);
-                s.events.publish(EventKind::Reload {
-                    agent: None,
-                    ok: true,
-                    error: None,
-                    problems: Vec::new(),
-                    diff: Some(report.clone()),
-                });
+                s.reloaded(&report);
                 Ok(Some(report))
             }
         }
