@@ -617,9 +617,7 @@ type Plan<'a> = (Vec<LayerListener>, Keep<'a>, Option<u64>, Option<u64>);
 
 /// Where the live texts of a store file's API agents are written: `<store>.agents/`.
 pub fn agents_dir(store: &Path) -> PathBuf {
-    let mut dir = store.to_path_buf().into_os_string();
-    dir.push(".agents");
-    PathBuf::from(dir)
+    crate::store::beside(store, ".agents")
 }
 
 /// Cases one test request may run.

@@ -43,6 +43,8 @@ pub struct KeyRow {
 /// The `api_keys` table of one store file.
 pub struct KeyTable {
     path: PathBuf,
+    /// `<store>.keys-stamp`.
+    stamp: PathBuf,
     conn: Mutex<Connection>,
     cache: Mutex<Cache>,
 }
@@ -98,20 +100,15 @@ impl KeyTable {
     pub fn open(path: &Path) -> Result<KeyTable, StoreError> {
         Ok(KeyTable {
             path: path.to_path_buf(),
+            stamp: super::beside(path, ".keys-stamp"),
             conn: Mutex::new(side_connection(path)?),
             cache: Mutex::default(),
         })
     }
 
-    fn stamp_path(&self) -> PathBuf {
-        let mut p = self.path.clone().into_os_string();
-        p.push(".keys-stamp");
-        PathBuf::from(p)
-    }
-
     fn stamp(&self) -> Option<Stamp> {
         use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(self.stamp_path()).ok()?;
+        let m = std::fs::metadata(&self.stamp).ok()?;
         Some((m.ino(), m.modified().ok()))
     }
 
@@ -119,11 +116,10 @@ impl KeyTable {
     /// changed: a new stamp file, by rename, after the change was committed.
     fn signal(&self) -> Result<(), StoreError> {
         crate::sync::lock(&self.cache).rows.clear();
-        let stamp = self.stamp_path();
-        let mut tmp = stamp.clone().into_os_string();
-        tmp.push(format!(".{}", std::process::id()));
+        let stamp = &self.stamp;
+        let tmp = super::beside(stamp, &format!(".{}", std::process::id()));
         let written = std::fs::write(&tmp, Timestamp::now().0.to_string())
-            .and_then(|()| std::fs::rename(&tmp, &stamp));
+            .and_then(|()| std::fs::rename(&tmp, stamp));
         written.map_err(|e| {
             err(
                 &self.path,

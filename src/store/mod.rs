@@ -219,6 +219,13 @@ impl Drop for Store {
     }
 }
 
+/// A file beside the store file `path`: its name with `suffix` appended (`x.db.lock`).
+pub fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
 /// A time as the side tables keep it: milliseconds since the epoch.
 fn ms(t: crate::time::Timestamp) -> i64 {
     i64::try_from(t.0).unwrap_or(i64::MAX)

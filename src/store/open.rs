@@ -322,9 +322,7 @@ pub(super) fn migrate(conn: &mut Connection, path: &Path) -> Result<(), StoreErr
 /// file, not the database itself: closing any descriptor of the database would let go of
 /// SQLite's own locks on it.
 pub(super) fn lock_file(path: &Path) -> Result<std::fs::File, StoreError> {
-    let mut name = path.as_os_str().to_owned();
-    name.push(".lock");
-    let lock_path = PathBuf::from(name);
+    let lock_path = super::beside(path, ".lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
