@@ -845,6 +845,19 @@ async fn each_tenant_quota_is_enforced_and_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("tenants") && e.contains("max_agent"), "{e}");
+    let zero = write_files(
+        dir.path(),
+        "tenants:\n  default: {max_active_threads: 0}\n",
+        "",
+    );
+    let e = Organism::builder()
+        .load_config(&zero)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("tenants.default.max_active_threads") && e.contains("at least 1"),
+        "{e}"
+    );
     let path = write_files(dir.path(), quotas, "");
     let s = Server::start(&path).await;
     let of = |tenant: &str, name: &str, extra: Value| {
@@ -1223,5 +1236,49 @@ async fn hostile_scripts_uploaded_as_versions_fail_their_cases_cleanly_or_are_re
         assert_eq!(s.ask("echo", "alive").await, 1, "after {script}");
     }
     still_running(&s).await;
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_tenants_active_threads_are_bounded_and_freed_as_they_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(
+        dir.path(),
+        "tenants:\n  acme: {max_active_threads: 2}\n",
+        "",
+    );
+    let s = Server::start(&path).await;
+    let mut b = echo_body("acme-echo");
+    b["tenant"] = json!("acme");
+    assert_eq!(s.post("/api/v1/agents", b).await.0, 201);
+    assert_eq!(s.post("/api/v1/agents", echo_body("ops-echo")).await.0, 201);
+    // Paused, the agent holds its threads active.
+    s.organism.pause_listener("acme-echo").unwrap();
+    let ask = |to: &str| json!({"to": to, "payload": {"text": "x"}});
+    let mut threads = Vec::new();
+    for _ in 0..2 {
+        let (st, r) = s.post("/api/v1/inject", ask("acme-echo")).await;
+        assert_eq!(st, 202, "{r}");
+        threads.push(r["thread_id"].as_str().unwrap().to_string());
+    }
+    let (st, e) = s.post("/api/v1/inject", ask("acme-echo")).await;
+    assert_eq!(st, 429, "{e}");
+    assert_eq!(e["error"]["code"], "too_many_threads");
+    assert_eq!(
+        e["error"]["message"],
+        "tenant `acme` has 2 active threads, its limit (tenants.acme.max_active_threads)"
+    );
+    // Continuing one of its active threads opens none; listeners of no tenant are not
+    // counted.
+    let mut cont = ask("acme-echo");
+    cont["thread_id"] = json!(threads[0]);
+    assert_eq!(s.post("/api/v1/inject", cont).await.0, 202);
+    assert_eq!(s.post("/api/v1/inject", ask("ops-echo")).await.0, 202);
+    // Once they finish, the tenant may open more.
+    s.organism.resume_listener("acme-echo").unwrap();
+    for t in &threads {
+        assert_eq!(settle(&s.organism, t).await, ThreadStatus::Completed);
+    }
+    assert_eq!(s.post("/api/v1/inject", ask("acme-echo")).await.0, 202);
     s.stop().await;
 }

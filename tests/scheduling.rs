@@ -83,6 +83,41 @@ async fn a_busy_thread_does_not_starve_another() {
 }
 
 #[tokio::test]
+async fn a_tenant_with_many_threads_does_not_starve_another_tenant() {
+    // One handler at a time, organism-wide: acme's agent has eleven threads waiting for it
+    // when beta's one message arrives. Threads alone would take turns (beta's last);
+    // tenants take turns first.
+    let valve = Valve::closed();
+    let (o, _d) = organism_with(
+        Organism::builder().handler("valve", valve.clone()),
+        "  max_concurrent_handlers: 1",
+        "breadth-first",
+        "  - { name: a, description: acme's, kind: native, handler: valve, schema: t.xsd, tenant: acme, concurrency: 16 }
+  - { name: b, description: beta's, kind: native, handler: valve, schema: t.xsd, tenant: beta }",
+    );
+    inject(&o, "a", &ping(0), Some("acme-0"));
+    until(&o, || agent_state(&o, "a").0 == AgentState::Processing).await;
+    for n in 1..12 {
+        inject(&o, "a", &ping(n), Some(&format!("acme-{n}")));
+    }
+    inject(&o, "b", &ping(100), Some("beta"));
+    // Every job taken from its queue is waiting for the one permit.
+    until(&o, || {
+        agent_state(&o, "a").1 == 0 && agent_state(&o, "b").1 == 0
+    })
+    .await;
+    valve.open(100);
+    for n in 0..12 {
+        settle(&o, &format!("acme-{n}")).await;
+    }
+    settle(&o, "beta").await;
+    let order: Vec<String> = valve.log.entries().into_iter().map(|e| e.1).collect();
+    // The first call took its permit without waiting; of those that waited, acme (earliest)
+    // was served first, then beta.
+    assert_eq!(order.iter().position(|t| t == "beta"), Some(2), "{order:?}");
+}
+
+#[tokio::test]
 async fn kill_drops_queued_work_and_cancels_the_running_handler() {
     let valve = Valve::closed();
     let (o, _d) = held_organism(&valve);

@@ -155,6 +155,9 @@ impl From<InjectError> for ApiError {
             InjectError::Thread(ThreadError::NotFound(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_thread")
             }
+            InjectError::Thread(ThreadError::TooManyActive { .. }) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_threads")
+            }
             InjectError::NoTarget => (StatusCode::BAD_REQUEST, "no_target"),
             InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
             InjectError::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed"),

@@ -130,6 +130,20 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
         .map_or(TenantQuotas::default(), |d| d.over(TenantQuotas::default()));
     let mut each = std::collections::BTreeMap::new();
     for (name, section) in entries {
+        if section.inject_per_s == Some(0) {
+            c.push(
+                None,
+                Some(&format!("tenants.{name}.inject_per_s")),
+                "must be at least 1 (leave it out for no limit)",
+            );
+        }
+        if section.max_active_threads == Some(0) {
+            c.push(
+                None,
+                Some(&format!("tenants.{name}.max_active_threads")),
+                "must be at least 1",
+            );
+        }
         if name == "default" {
             continue;
         }
@@ -138,13 +152,6 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
                 None,
                 Some(&format!("tenants.{name}")),
                 "a tenant is 1-64 letters, digits, `.`, `_` or `-`",
-            );
-        }
-        if section.inject_per_s == Some(0) {
-            c.push(
-                None,
-                Some(&format!("tenants.{name}.inject_per_s")),
-                "must be at least 1 (leave it out for no limit)",
             );
         }
         each.insert(name, section.over(default));

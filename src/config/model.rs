@@ -358,6 +358,9 @@ pub struct TenantQuotas {
     pub max_concurrency: usize,
     /// Injects per second by all the tenant's credentials together (none: no such limit).
     pub inject_per_s: Option<u32>,
+    /// Threads opened by an inject to one of the tenant's listeners that may be active at
+    /// once (another inject that would open or revive one is refused).
+    pub max_active_threads: usize,
 }
 
 impl Default for TenantQuotas {
@@ -370,6 +373,7 @@ impl Default for TenantQuotas {
             memory_mb_max: 64,
             max_concurrency: 4,
             inject_per_s: None,
+            max_active_threads: 1000,
         }
     }
 }
@@ -385,6 +389,7 @@ pub(crate) struct TenantSection {
     pub memory_mb_max: Option<usize>,
     pub max_concurrency: Option<usize>,
     pub inject_per_s: Option<u32>,
+    pub max_active_threads: Option<usize>,
 }
 
 impl TenantSection {
@@ -397,6 +402,7 @@ impl TenantSection {
             memory_mb_max: self.memory_mb_max.unwrap_or(base.memory_mb_max),
             max_concurrency: self.max_concurrency.unwrap_or(base.max_concurrency),
             inject_per_s: self.inject_per_s.or(base.inject_per_s),
+            max_active_threads: self.max_active_threads.unwrap_or(base.max_active_threads),
         }
     }
 }

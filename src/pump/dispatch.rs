@@ -421,7 +421,14 @@ impl Shared {
     async fn run_job(self: &Arc<Self>, listener: &Arc<Listener>, job: Job) -> Option<bool> {
         let record = job.record;
         let thread = record.thread_id.clone();
-        let permit = self.gate.acquire(&thread, record.slot_index).await;
+        let permit = self
+            .gate
+            .acquire(
+                listener.config.tenant.as_deref(),
+                &thread,
+                record.slot_index,
+            )
+            .await;
         let cancel = self.threads.cancel_token(&thread);
         let mut failed = None;
 

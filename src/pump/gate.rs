@@ -2,9 +2,11 @@
 //!
 //! Uncontended, a permit is one atomic compare-and-swap: no lock. Only when every permit is
 //! taken does a caller queue under a mutex; a released permit then goes to the waiter chosen by
-//! policy: threads in turn (round robin, so one busy thread cannot starve the others), and
-//! within the chosen thread the oldest message (`breadth-first`) or the newest
-//! (`depth-first`) by slot index.
+//! policy: tenants in turn (the one served longest ago first, so a tenant with many threads
+//! or agents cannot starve another; listeners of no tenant are one more), then that tenant's
+//! threads in turn (round robin, so one busy thread cannot starve the others), and within the
+//! chosen thread the oldest message (`breadth-first`) or the newest (`depth-first`) by slot
+//! index.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 use crate::config::Scheduling;
+use crate::hash::SeededMap;
 
 pub(crate) struct Gate {
     max: usize,
@@ -21,14 +24,22 @@ pub(crate) struct Gate {
     queue: Mutex<Waiters>,
 }
 
+/// Tenants remembered when they have nothing waiting, at most (beyond it, they are
+/// forgotten, and rank as never served when they come back).
+const REMEMBERED_TENANTS: usize = 256;
+
 #[derive(Default)]
 struct Waiters {
     list: Vec<Waiter>,
     arrivals: u64,
     last_thread: Option<Arc<str>>,
+    /// Permits handed over, ever, and the count when each tenant was last served.
+    turns: u64,
+    served: SeededMap<Option<Arc<str>>, u64>,
 }
 
 struct Waiter {
+    tenant: Option<Arc<str>>,
     thread: Arc<str>,
     slot: u64,
     arrival: u64,
@@ -73,7 +84,13 @@ impl Gate {
             .is_ok()
     }
 
-    pub(crate) async fn acquire(&self, thread: &Arc<str>, slot: u64) -> Permit<'_> {
+    /// A permit for a call of a listener of `tenant` in `thread`, on message `slot`.
+    pub(crate) async fn acquire(
+        &self,
+        tenant: Option<&str>,
+        thread: &Arc<str>,
+        slot: u64,
+    ) -> Permit<'_> {
         if self.try_take() {
             return Permit { gate: self };
         }
@@ -83,6 +100,7 @@ impl Gate {
             q.arrivals += 1;
             let arrival = q.arrivals;
             q.list.push(Waiter {
+                tenant: tenant.map(Arc::from),
                 thread: thread.clone(),
                 slot,
                 arrival,
@@ -106,6 +124,13 @@ impl Gate {
             let waiter = q.list.swap_remove(index);
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             q.last_thread = Some(waiter.thread.clone());
+            q.turns += 1;
+            let turn = q.turns;
+            q.served.insert(waiter.tenant.clone(), turn);
+            if q.served.len() > REMEMBERED_TENANTS {
+                let list = &q.list;
+                q.served.retain(|t, _| list.iter().any(|w| &w.tenant == t));
+            }
             if waiter.tx.send(()).is_err() {
                 // The waiter went away (its task was cancelled): return the permit.
                 self.running.fetch_sub(1, Ordering::SeqCst);
@@ -114,10 +139,17 @@ impl Gate {
     }
 
     fn choose(&self, q: &Waiters) -> usize {
-        // Threads in order of their earliest waiter; take the first that is not the thread
-        // served last, so threads alternate.
+        // The tenant served longest ago (never: first), ties to the earliest waiter.
+        let tenant = q
+            .list
+            .iter()
+            .min_by_key(|w| (q.served.get(&w.tenant).copied().unwrap_or(0), w.arrival))
+            .map(|w| w.tenant.clone());
+        let mine = |w: &&Waiter| Some(&w.tenant) == tenant.as_ref();
+        // Its threads in order of their earliest waiter; take the first that is not the
+        // thread served last, so threads alternate.
         let mut threads: Vec<(&Arc<str>, u64)> = Vec::new();
-        for w in &q.list {
+        for w in q.list.iter().filter(mine) {
             match threads.iter_mut().find(|(t, _)| *t == &w.thread) {
                 Some(entry) => entry.1 = entry.1.min(w.arrival),
                 None => threads.push((&w.thread, w.arrival)),
@@ -131,7 +163,7 @@ impl Gate {
             .map(|(t, _)| (*t).clone());
         let mut best: Option<(usize, u64)> = None;
         for (i, w) in q.list.iter().enumerate() {
-            if Some(&w.thread) != thread.as_ref() {
+            if Some(&w.thread) != thread.as_ref() || !mine(&w) {
                 continue;
             }
             let better = match best {

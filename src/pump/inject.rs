@@ -89,7 +89,22 @@ impl Organism {
                 max: s.limits.max_pending_messages,
             });
         }
-        let opened = s.threads.open(thread_id)?;
+        // A thread injected to a tenant's listener counts against the tenant's
+        // `max_active_threads`.
+        let key;
+        let quota = match listener.config.tenant.as_deref() {
+            Some(owner) => {
+                let (q, section) = topo.config.tenants.of(owner);
+                key = format!("{section}.max_active_threads");
+                Some(Quota {
+                    owner,
+                    max: q.max_active_threads,
+                    key: &key,
+                })
+            }
+            None => None,
+        };
+        let opened = s.threads.open(thread_id, quota)?;
         if let Some(info) = opened.created {
             s.events.publish(EventKind::ThreadCreated { thread: info });
         }

@@ -51,7 +51,7 @@ use crate::events::{AgentState, EventHub, EventKind, OrganismStatus, DEFAULT_CAP
 use crate::listener::{Handler, HandlerRegistry};
 use crate::schema::ValidationError;
 use crate::threads::{
-    MessageRecord, MessageStatus, NewMessage, ThreadError, ThreadRegistry, ThreadStatus,
+    MessageRecord, MessageStatus, NewMessage, Quota, ThreadError, ThreadRegistry, ThreadStatus,
 };
 use crate::time::Timestamp;
 use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};

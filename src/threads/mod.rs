@@ -96,6 +96,21 @@ pub enum ThreadError {
     NotFound(String),
     #[error("thread {id} exceeded its budget of {max} messages")]
     BudgetExceeded { id: String, max: u64 },
+    #[error("tenant `{owner}` has {max} active threads, its limit ({quota})")]
+    TooManyActive {
+        owner: String,
+        max: usize,
+        quota: String,
+    },
+}
+
+/// Whom a thread opened by an inject counts against (a tenant whose listener it was
+/// injected to), and how many of its threads may be active at once.
+pub struct Quota<'a> {
+    pub owner: &'a str,
+    pub max: usize,
+    /// The setting the limit comes from, for the error (`tenants.acme.max_active_threads`).
+    pub key: &'a str,
 }
 
 /// A status change the pump should publish.
@@ -119,6 +134,8 @@ struct Entry {
     slot_base: u64,
     messages: Vec<MessageRecord>,
     cancel: CancellationToken,
+    /// Whose active threads it counts among ([`Quota`]), while active.
+    owner: Option<Arc<str>>,
 }
 
 impl Entry {
@@ -221,6 +238,9 @@ pub struct NewMessage {
 
 pub struct ThreadRegistry {
     shards: Vec<Mutex<Shard>>,
+    /// Active threads by owner. Locked only by threads with an owner, inside their shard's
+    /// lock, where one changes between active and not.
+    owned: Mutex<SeededMap<Arc<str>, usize>>,
     hasher: crate::hash::SeededState,
     max_messages: u64,
     retain_finished: usize,
@@ -243,6 +263,7 @@ impl ThreadRegistry {
     pub fn new(max_messages_per_thread: u64, retain_finished: usize, retain_bytes: usize) -> Self {
         ThreadRegistry {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            owned: Mutex::default(),
             hasher: Default::default(),
             max_messages: max_messages_per_thread,
             retain_finished,
@@ -254,8 +275,14 @@ impl ThreadRegistry {
         &self.shards[(self.hasher.hash_one(id) as usize) % SHARDS]
     }
 
-    /// Opens a new thread (`requested` = None: a uuid v7) or continues an existing one.
-    pub fn open(&self, requested: Option<&str>) -> Result<Opened, ThreadError> {
+    /// Opens a new thread (`requested` = None: a uuid v7) or continues an existing one. With
+    /// a quota, a new thread counts against its owner, and neither a new one nor a finished
+    /// one of that owner becomes active while the owner has `max` active already.
+    pub fn open(
+        &self,
+        requested: Option<&str>,
+        quota: Option<Quota<'_>>,
+    ) -> Result<Opened, ThreadError> {
         let id: Arc<str> = match requested {
             Some(r) if !valid_thread_id(r) => return Err(ThreadError::InvalidId),
             Some(r) => Arc::from(r),
@@ -271,6 +298,8 @@ impl ThreadRegistry {
                     reactivated: None,
                 }),
                 _ => {
+                    let quota = quota.filter(|q| e.owner.as_deref() == Some(q.owner));
+                    self.activate(e.owner.as_ref(), quota.as_ref())?;
                     e.status = ThreadStatus::Active;
                     let change = e.change(&id);
                     Ok(Opened {
@@ -281,8 +310,11 @@ impl ThreadRegistry {
                 }
             };
         }
+        let owner = quota.as_ref().map(|q| Arc::<str>::from(q.owner));
+        self.activate(owner.as_ref(), quota.as_ref())?;
         let now = Timestamp::now();
         let entry = Entry {
+            owner,
             status: ThreadStatus::Active,
             participants: Vec::new(),
             created_at: now,
@@ -329,6 +361,7 @@ impl ThreadRegistry {
             slot_base: info.message_count,
             messages: Vec::new(),
             cancel,
+            owner: None,
         };
         shard.threads.insert(id.clone(), entry);
         if info.status != ThreadStatus::Active {
@@ -455,7 +488,11 @@ impl ThreadRegistry {
         match shard.threads.get_mut(thread) {
             Some(e) if e.status != ThreadStatus::Killed => {
                 e.outstanding += 1;
-                e.status = ThreadStatus::Active;
+                if e.status != ThreadStatus::Active {
+                    // Work owed is never refused: counted, not checked.
+                    let _ = self.activate(e.owner.as_ref(), None);
+                    e.status = ThreadStatus::Active;
+                }
                 true
             }
             _ => false,
@@ -470,6 +507,7 @@ impl ThreadRegistry {
         let e = shard.threads.get_mut(thread)?;
         e.outstanding = e.outstanding.saturating_sub(1);
         if e.settle() {
+            self.deactivate(e.owner.as_ref());
             let change = e.change(thread);
             self.note_finished(shard, thread);
             return Some(change);
@@ -483,11 +521,53 @@ impl ThreadRegistry {
         let shard = &mut *shard;
         let e = shard.threads.get_mut(thread)?;
         if e.settle() {
+            self.deactivate(e.owner.as_ref());
             let change = e.change(thread);
             self.note_finished(shard, thread);
             return Some(change);
         }
         None
+    }
+
+    /// A thread of `owner` becomes active: counted, and refused past `quota` if given.
+    fn activate(
+        &self,
+        owner: Option<&Arc<str>>,
+        quota: Option<&Quota<'_>>,
+    ) -> Result<(), ThreadError> {
+        let Some(owner) = owner else {
+            return Ok(());
+        };
+        let mut owned = lock(&self.owned);
+        let n = owned.entry(owner.clone()).or_default();
+        if let Some(q) = quota.filter(|q| *n >= q.max) {
+            return Err(ThreadError::TooManyActive {
+                owner: owner.to_string(),
+                max: q.max,
+                quota: q.key.to_string(),
+            });
+        }
+        *n += 1;
+        Ok(())
+    }
+
+    /// A thread of `owner` stops being active.
+    fn deactivate(&self, owner: Option<&Arc<str>>) {
+        let Some(owner) = owner else {
+            return;
+        };
+        let mut owned = lock(&self.owned);
+        if let Some(n) = owned.get_mut(owner) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                owned.remove(owner);
+            }
+        }
+    }
+
+    /// Active threads that count against `owner`.
+    pub fn active_owned(&self, owner: &str) -> usize {
+        lock(&self.owned).get(owner).copied().unwrap_or(0)
     }
 
     fn note_finished(&self, shard: &mut Shard, thread: &str) {
@@ -527,6 +607,9 @@ impl ThreadRegistry {
             .ok_or_else(|| ThreadError::NotFound(thread.to_string()))?;
         if e.status == ThreadStatus::Killed {
             return Ok(None);
+        }
+        if e.status == ThreadStatus::Active {
+            self.deactivate(e.owner.as_ref());
         }
         e.status = ThreadStatus::Killed;
         e.cancel.cancel();
@@ -660,12 +743,12 @@ mod tests {
     #[test]
     fn thread_completes_when_quiescent_and_errors_after_a_failure() {
         let r = ThreadRegistry::new(10, 100, usize::MAX);
-        let t = r.open(None).unwrap().id;
+        let t = r.open(None, None).unwrap().id;
         r.append(&t, msg(MessageStatus::Pending)).unwrap();
         let done = r.finish_one(&t).unwrap();
         assert_eq!(done.status, ThreadStatus::Completed);
 
-        let again = r.open(Some(&t)).unwrap();
+        let again = r.open(Some(&t), None).unwrap();
         assert!(again.reactivated.is_some());
         r.append(&t, msg(MessageStatus::Pending)).unwrap();
         r.set_message_status(&t, 1, MessageStatus::Failed, Some("boom".into()));
@@ -676,20 +759,65 @@ mod tests {
     #[test]
     fn invalid_and_killed_threads_are_refused() {
         let r = ThreadRegistry::new(10, 100, usize::MAX);
-        assert_eq!(r.open(Some("bad id!")).err(), Some(ThreadError::InvalidId));
-        let t = r.open(Some("t-1")).unwrap().id;
+        assert_eq!(
+            r.open(Some("bad id!"), None).err(),
+            Some(ThreadError::InvalidId)
+        );
+        let t = r.open(Some("t-1"), None).unwrap().id;
         r.kill(&t).unwrap();
-        assert!(matches!(r.open(Some("t-1")), Err(ThreadError::Killed(_))));
+        assert!(matches!(
+            r.open(Some("t-1"), None),
+            Err(ThreadError::Killed(_))
+        ));
     }
 
     #[test]
     fn budget_is_enforced_per_thread() {
         let r = ThreadRegistry::new(2, 100, usize::MAX);
-        let t = r.open(None).unwrap().id;
+        let t = r.open(None, None).unwrap().id;
         r.append(&t, msg(MessageStatus::Pending)).unwrap();
         r.append(&t, msg(MessageStatus::Pending)).unwrap();
         let over = r.append(&t, msg(MessageStatus::Pending)).unwrap();
         assert_eq!(over.status, MessageStatus::Failed);
         assert!(r.info(&t).unwrap().error.unwrap().contains("budget of 2"));
+    }
+
+    #[test]
+    fn an_owner_has_at_most_its_quota_of_active_threads() {
+        let r = ThreadRegistry::new(10, 100, usize::MAX);
+        let q = || {
+            Some(Quota {
+                owner: "acme",
+                max: 2,
+                key: "tenants.acme.max_active_threads",
+            })
+        };
+        let a = r.open(None, q()).unwrap().id;
+        let b = r.open(None, q()).unwrap().id;
+        let refused = r.open(None, q()).err().unwrap();
+        assert_eq!(
+            refused.to_string(),
+            "tenant `acme` has 2 active threads, its limit (tenants.acme.max_active_threads)"
+        );
+        // Others are not counted against it; continuing an active thread opens nothing.
+        r.open(None, None).unwrap();
+        r.open(Some(&a), q()).unwrap();
+        assert_eq!(r.active_owned("acme"), 2);
+
+        // A thread that finishes or is killed frees its place.
+        r.append(&a, msg(MessageStatus::Pending)).unwrap();
+        r.finish_one(&a).unwrap();
+        r.kill(&b).unwrap();
+        assert_eq!(r.active_owned("acme"), 0);
+        let c = r.open(None, q()).unwrap().id;
+        // Reviving a finished thread of the owner counts and is checked.
+        r.open(Some(&a), q()).unwrap();
+        assert!(r.open(None, q()).is_err());
+        r.settle(&c);
+        assert_eq!(r.active_owned("acme"), 1);
+        // Work owed (an external agent's reply) revives without the check.
+        r.hold(&c);
+        r.hold(&c);
+        assert_eq!(r.active_owned("acme"), 2);
     }
 }

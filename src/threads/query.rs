@@ -206,8 +206,8 @@ mod tests {
     #[test]
     fn filters_and_pages_are_exact() {
         let r = ThreadRegistry::new(100, 100, usize::MAX);
-        let a = r.open(Some("a")).unwrap().id;
-        let b = r.open(Some("b")).unwrap().id;
+        let a = r.open(Some("a"), None).unwrap().id;
+        let b = r.open(Some("b"), None).unwrap().id;
         append(&r, &a, "api", "greeter", "Greeting");
         append(&r, &a, "greeter", "shouter", "{urn:x}Shouted");
         append(&r, &b, "api", "shouter", "{urn:x}Shouted");
