@@ -1,7 +1,28 @@
-//! Wall-clock timestamps as the API shows them: RFC 3339, UTC, milliseconds.
+//! Wall-clock timestamps as the API shows them: RFC 3339, UTC, milliseconds; a thread's CPU
+//! time.
 
 use serde::{Serialize, Serializer};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// CPU time the calling OS thread has used so far (zero where it cannot be read).
+pub fn thread_cpu_time() -> Duration {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec we own and reads nothing of ours.
+        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
+        if ok {
+            return Duration::new(
+                ts.tv_sec.max(0) as u64,
+                ts.tv_nsec.clamp(0, 999_999_999) as u32,
+            );
+        }
+    }
+    Duration::ZERO
+}
 
 /// Milliseconds since the Unix epoch; serializes as `2026-01-15T10:30:01.123Z`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -54,5 +75,23 @@ mod tests {
             Some(super::Timestamp(1_705_314_601_123))
         );
         assert_eq!(super::Timestamp::parse_rfc3339("yesterday"), None);
+    }
+
+    #[test]
+    fn a_threads_cpu_time_grows_with_its_work_only() {
+        use std::time::{Duration, Instant};
+        let before = super::thread_cpu_time();
+        let started = Instant::now();
+        let mut x = 0u64;
+        while super::thread_cpu_time() - before < Duration::from_millis(10) {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the clock does not move"
+            );
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        // A new thread has used next to nothing: the clock is the thread's, not the process's.
+        let other = std::thread::spawn(super::thread_cpu_time).join().unwrap();
+        assert!(other < Duration::from_millis(10), "{other:?}");
     }
 }

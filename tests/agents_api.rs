@@ -1025,6 +1025,35 @@ async fn test_vectors_run_a_version_apart_from_the_live_organism() {
         "only the live checks made threads"
     );
 
+    // Each case says what it cost: CPU time on its sandbox's thread, and the most memory its
+    // state held (here a 4 MB string kept while it loops).
+    let heavy = "function handle(p, m)\n  local t = string.rep('x', 4000000)\n  local n = 0\n  for i = 1, 300000 do n = n + (i % 7) end\n  return { to = 'collector', payload = { text = tostring(#t + n), version = 9 } }\nend\n";
+    let (st, v) = s
+        .post("/api/v1/agents/echo/scripts", json!({"script": heavy}))
+        .await;
+    assert_eq!(st, 201, "{v}");
+    let path = format!("/api/v1/agents/echo/scripts/{}/test", v["version"]);
+    let (_, r) = s
+        .post(
+            &path,
+            json!({"cases": [{"payload": {"text": "hi"}}, {"payload": "<Nope/>"}]}),
+        )
+        .await;
+    let case = &r["cases"][0];
+    assert_eq!(case["status"], "completed", "{r}");
+    let cpu = case["cpu_ms"].as_f64().unwrap();
+    assert!(
+        cpu > 0.0 && cpu <= case["elapsed_ms"].as_f64().unwrap() + 1.0,
+        "{r}"
+    );
+    assert!(case["memory_bytes"].as_u64().unwrap() > 4_000_000, "{r}");
+    // A payload refused before the handler ran cost nothing there.
+    assert_eq!(
+        (&r["cases"][1]["cpu_ms"], &r["cases"][1]["memory_bytes"]),
+        (&Value::Null, &Value::Null),
+        "{r}"
+    );
+
     for bad in [
         json!({"cases": []}),
         json!({"cases": vec![json!({"payload": "<Ask><text>x</text></Ask>"}); 51]}),

@@ -621,6 +621,12 @@ pub struct CaseResult {
     pub mismatches: Vec<String>,
     /// Wall time of the handler call.
     pub elapsed_ms: f64,
+    /// CPU time of the call on its sandbox's thread (null if the handler did not run).
+    pub cpu_ms: Option<f64>,
+    /// The most memory the sandbox's Lua state held during the call, the script's own
+    /// globals included (sampled as the CPU budget is checked, and at the end; null if the
+    /// handler did not run).
+    pub memory_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -722,6 +728,8 @@ async fn run_cases(tester: &crate::pump::agents::Tester, cases: &[TestCase]) -> 
                 )),
                 mismatches: Vec::new(),
                 elapsed_ms: 0.0,
+                cpu_ms: None,
+                memory_bytes: None,
             });
             continue;
         }
@@ -749,6 +757,8 @@ async fn run_cases(tester: &crate::pump::agents::Tester, cases: &[TestCase]) -> 
             error: outcome.error,
             mismatches,
             elapsed_ms: outcome.elapsed_ms,
+            cpu_ms: outcome.cost.map(|c| c.cpu.as_secs_f64() * 1e3),
+            memory_bytes: outcome.cost.map(|c| c.memory_bytes as u64),
         });
     }
     let passed = results.iter().filter(|c| c.pass).count();

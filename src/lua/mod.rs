@@ -50,7 +50,7 @@ use crate::schema::Schema;
 use crate::stats::Histogram;
 use crate::xml::PayloadType;
 
-pub use sandbox::{check_syntax, json_shape, lua_shape, FailKind};
+pub use sandbox::{check_syntax, json_shape, lua_shape, Cost, FailKind};
 use sandbox::{CallError, LogLine, Sandbox};
 
 pub use crate::config::LuaLimits;
@@ -155,7 +155,16 @@ struct Job {
     cancel: Arc<AtomicBool>,
     /// Set by the caller when the watchdog gave up: the thread retires after this call.
     abandoned: Arc<AtomicBool>,
-    reply: tokio::sync::oneshot::Sender<(Result<Json, CallError>, Vec<LogLine>, usize)>,
+    reply: tokio::sync::oneshot::Sender<Answer>,
+}
+
+/// A sandbox's answer to one call.
+struct Answer {
+    result: Result<Json, CallError>,
+    logs: Vec<LogLine>,
+    /// What the state holds after the call.
+    memory: usize,
+    cost: Cost,
 }
 
 /// The calls waiting for one pool's sandboxes. Every sandbox thread takes from it, and a call
@@ -294,10 +303,14 @@ fn serve(
         let Some(job) = queue.take() else {
             return; // the pool was replaced or dropped
         };
-        let (result, logs) = sandbox.call(&job.payload, &job.meta, job.cancel.clone());
-        let memory = sandbox.used_memory();
+        let (result, logs, cost) = sandbox.call(&job.payload, &job.meta, job.cancel.clone());
         let rebuild = matches!(&result, Err(e) if e.kind.rebuilds());
-        let _ = job.reply.send((result, logs, memory));
+        let _ = job.reply.send(Answer {
+            result,
+            logs,
+            memory: sandbox.used_memory(),
+            cost,
+        });
         if job.abandoned.load(Ordering::Relaxed) {
             return; // a replacement already runs
         }
@@ -537,8 +550,13 @@ impl Drop for CancelOnDrop {
     }
 }
 
-impl Handler for LuaHandler {
-    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+impl LuaHandler {
+    /// One call, as [`Handler::handle`], with what it cost (none if no sandbox answered).
+    pub fn call(
+        &self,
+        delivery: Delivery,
+    ) -> impl std::future::Future<Output = (crate::listener::HandlerResult, Option<Cost>)> + Send + 'static
+    {
         // The JSON view, typed by the schema that validated the payload.
         let payload = match self
             .0
@@ -571,12 +589,11 @@ impl Handler for LuaHandler {
             reply,
         };
         let sent = pool.queue.push(job);
-        Box::pin(async move {
+        async move {
             let _cancel_on_drop = CancelOnDrop(cancel);
             if !sent {
-                return Err(HandlerError(
-                    "lua: no sandbox is running for this listener".into(),
-                ));
+                let e = "lua: no sandbox is running for this listener";
+                return (Err(HandlerError(e.into())), None);
             }
             let started = Instant::now();
             h.stats.calls.fetch_add(1, Ordering::Relaxed);
@@ -586,7 +603,7 @@ impl Handler for LuaHandler {
                 h.stats.errors[kind as usize].fetch_add(1, Ordering::Relaxed);
                 Err(HandlerError(format!("lua {}: {message}", kind.as_str())))
             };
-            match outcome {
+            let result = match outcome {
                 Err(_) => {
                     abandoned.store(true, Ordering::Relaxed);
                     if let Err(e) = pool.spawn_sandbox() {
@@ -604,19 +621,28 @@ impl Handler for LuaHandler {
                     FailKind::Runtime,
                     "the sandbox ended during the call".into(),
                 ),
-                Ok(Ok((result, logs, memory))) => {
-                    h.stats.memory.store(memory, Ordering::Relaxed);
-                    h.publish_logs(&thread, logs);
-                    match result {
+                Ok(Ok(answer)) => {
+                    h.stats.memory.store(answer.memory, Ordering::Relaxed);
+                    h.publish_logs(&thread, answer.logs);
+                    let result = match answer.result {
                         Err(e) => fail(e.kind, e.message),
                         Ok(value) => match h.outputs(value, &sender) {
                             Ok(outputs) => Ok(outputs),
                             Err(e) => fail(FailKind::Output, e),
                         },
-                    }
+                    };
+                    return (result, Some(answer.cost));
                 }
-            }
-        })
+            };
+            (result, None)
+        }
+    }
+}
+
+impl Handler for LuaHandler {
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        let call = self.call(delivery);
+        Box::pin(async move { call.await.0 })
     }
 
     fn reload(&self) -> Option<Result<(), String>> {

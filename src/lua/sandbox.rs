@@ -3,7 +3,7 @@
 //! A sandbox lives on one OS thread and never leaves it.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,6 +86,17 @@ struct Budget {
     cancel: Mutex<Option<Arc<AtomicBool>>>,
     tripped: AtomicBool,
     cancelled: AtomicBool,
+    /// The most memory the state was seen to use during the call (sampled with the clock).
+    peak: AtomicUsize,
+}
+
+/// What one call cost: the sandbox thread's CPU time, and the most memory the state held
+/// (sampled when the CPU budget is checked, and at the end of the call, before any
+/// collection).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub cpu: Duration,
+    pub memory_bytes: usize,
 }
 
 pub struct Sandbox {
@@ -173,6 +184,7 @@ impl Sandbox {
             cancel: Mutex::new(None),
             tripped: AtomicBool::new(false),
             cancelled: AtomicBool::new(false),
+            peak: AtomicUsize::new(0),
         });
         let logs = Arc::new(Mutex::new(Vec::new()));
         let setup = (|| -> mlua::Result<()> {
@@ -258,12 +270,13 @@ impl Sandbox {
         {
             let budget = budget.clone();
             let counter = Cell::new(0u32);
-            lua.set_interrupt(move |_| {
+            lua.set_interrupt(move |lua| {
                 let n = counter.get().wrapping_add(1);
                 counter.set(n);
                 if !n.is_multiple_of(CLOCK_EVERY) && !budget.tripped.load(Ordering::Relaxed) {
                     return Ok(VmState::Continue);
                 }
+                budget.peak.fetch_max(lua.used_memory(), Ordering::Relaxed);
                 let cancelled = match budget.cancel.lock() {
                     Ok(g) => g.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)),
                     Err(_) => false,
@@ -349,13 +362,18 @@ impl Sandbox {
     }
 
     /// Calls `handle(payload, meta)` under the budget. `payload` is the JSON view of the
-    /// payload; the result is the raw return value converted to JSON, plus log lines.
+    /// payload; the result is the raw return value converted to JSON, plus log lines and what
+    /// the call cost.
     pub fn call(
         &self,
         payload: &Json,
         meta: &Json,
         cancel: Arc<AtomicBool>,
-    ) -> (Result<Json, CallError>, Vec<LogLine>) {
+    ) -> (Result<Json, CallError>, Vec<LogLine>, Cost) {
+        let cpu_before = crate::time::thread_cpu_time();
+        self.budget
+            .peak
+            .store(self.lua.used_memory(), Ordering::Relaxed);
         if let Ok(mut l) = self.logs.lock() {
             l.clear();
         }
@@ -382,6 +400,14 @@ impl Sandbox {
         let tripped = self.budget.tripped.load(Ordering::Relaxed);
         let cancelled = self.budget.cancelled.load(Ordering::Relaxed);
         drop(guard);
+        let cost = Cost {
+            cpu: crate::time::thread_cpu_time().saturating_sub(cpu_before),
+            memory_bytes: self
+                .budget
+                .peak
+                .load(Ordering::Relaxed)
+                .max(self.lua.used_memory()),
+        };
         if let Ok(mut c) = self.budget.cancel.lock() {
             *c = None;
         }
@@ -401,7 +427,7 @@ impl Sandbox {
             Ok(v) => Ok(json_shape(v)),
             Err(e) => Err(classify(&e, &self.limits)),
         };
-        (result, logs)
+        (result, logs, cost)
     }
 }
 

@@ -634,7 +634,7 @@ pub struct Tester {
     name: String,
     listener: crate::config::ListenerConfig,
     config: std::sync::Arc<crate::config::OrganismConfig>,
-    handler: std::sync::Arc<dyn crate::listener::Handler>,
+    handler: crate::lua::LuaHandler,
 }
 
 /// What one case did.
@@ -645,6 +645,8 @@ pub struct CaseOutcome {
     pub error: Option<String>,
     /// Wall time of the handler call.
     pub elapsed_ms: f64,
+    /// What the call cost in its sandbox (none if the handler did not run).
+    pub cost: Option<crate::lua::Cost>,
 }
 
 /// One output of a case: where the organism would deliver it, its type, its text, and why
@@ -720,7 +722,7 @@ impl super::Organism {
             name: name.to_string(),
             listener,
             config: std::sync::Arc::new(config),
-            handler: std::sync::Arc::new(handler),
+            handler,
         })
     }
 }
@@ -753,6 +755,7 @@ impl Tester {
             outputs: Vec::new(),
             error: Some(error),
             elapsed_ms: 0.0,
+            cost: None,
         };
         let xml = match payload {
             serde_json::Value::String(xml) => xml.clone(),
@@ -802,18 +805,20 @@ impl Tester {
             payload,
         };
         let started = std::time::Instant::now();
-        let result = self.handler.handle(delivery).await;
+        let (result, cost) = self.handler.call(delivery).await;
         let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         match result {
             Err(e) => CaseOutcome {
                 outputs: Vec::new(),
                 error: Some(e.0),
                 elapsed_ms,
+                cost,
             },
             Ok(outputs) => CaseOutcome {
                 outputs: outputs.into_iter().map(|o| self.output(o)).collect(),
                 error: None,
                 elapsed_ms,
+                cost,
             },
         }
     }
