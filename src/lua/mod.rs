@@ -155,6 +155,8 @@ struct Job {
     cancel: Arc<AtomicBool>,
     /// Set by the caller when the watchdog gave up: the thread retires after this call.
     abandoned: Arc<AtomicBool>,
+    /// Read the thread's CPU clock around the call ([`LuaHandler::measured`]).
+    clock: bool,
     reply: tokio::sync::oneshot::Sender<Answer>,
 }
 
@@ -303,7 +305,8 @@ fn serve(
         let Some(job) = queue.take() else {
             return; // the pool was replaced or dropped
         };
-        let (result, logs, cost) = sandbox.call(&job.payload, &job.meta, job.cancel.clone());
+        let (result, logs, cost) =
+            sandbox.call(&job.payload, &job.meta, job.cancel.clone(), job.clock);
         let rebuild = matches!(&result, Err(e) if e.kind.rebuilds());
         let _ = job.reply.send(Answer {
             result,
@@ -551,10 +554,20 @@ impl Drop for CancelOnDrop {
 }
 
 impl LuaHandler {
-    /// One call, as [`Handler::handle`], with what it cost (none if no sandbox answered).
-    pub fn call(
+    /// One call, as [`Handler::handle`], with what it cost, CPU time included (none if no
+    /// sandbox answered): for trying a handler, not for traffic.
+    pub fn measured(
         &self,
         delivery: Delivery,
+    ) -> impl std::future::Future<Output = (crate::listener::HandlerResult, Option<Cost>)> + Send + 'static
+    {
+        self.call(delivery, true)
+    }
+
+    fn call(
+        &self,
+        delivery: Delivery,
+        clock: bool,
     ) -> impl std::future::Future<Output = (crate::listener::HandlerResult, Option<Cost>)> + Send + 'static
     {
         // The JSON view, typed by the schema that validated the payload.
@@ -586,6 +599,7 @@ impl LuaHandler {
             meta,
             cancel: cancel.clone(),
             abandoned: abandoned.clone(),
+            clock,
             reply,
         };
         let sent = pool.queue.push(job);
@@ -641,7 +655,7 @@ impl LuaHandler {
 
 impl Handler for LuaHandler {
     fn handle(&self, delivery: Delivery) -> HandlerFuture {
-        let call = self.call(delivery);
+        let call = self.call(delivery, false);
         Box::pin(async move { call.await.0 })
     }
 

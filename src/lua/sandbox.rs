@@ -363,14 +363,16 @@ impl Sandbox {
 
     /// Calls `handle(payload, meta)` under the budget. `payload` is the JSON view of the
     /// payload; the result is the raw return value converted to JSON, plus log lines and what
-    /// the call cost.
+    /// the call cost (its CPU time only if `clock`: reading the thread's clock is a system
+    /// call, too dear for every call).
     pub fn call(
         &self,
         payload: &Json,
         meta: &Json,
         cancel: Arc<AtomicBool>,
+        clock: bool,
     ) -> (Result<Json, CallError>, Vec<LogLine>, Cost) {
-        let cpu_before = crate::time::thread_cpu_time();
+        let cpu_before = clock.then(crate::time::thread_cpu_time);
         self.budget
             .peak
             .store(self.lua.used_memory(), Ordering::Relaxed);
@@ -401,7 +403,9 @@ impl Sandbox {
         let cancelled = self.budget.cancelled.load(Ordering::Relaxed);
         drop(guard);
         let cost = Cost {
-            cpu: crate::time::thread_cpu_time().saturating_sub(cpu_before),
+            cpu: cpu_before.map_or(Duration::ZERO, |before| {
+                crate::time::thread_cpu_time().saturating_sub(before)
+            }),
             memory_bytes: self
                 .budget
                 .peak

@@ -805,7 +805,7 @@ impl Tester {
             payload,
         };
         let started = std::time::Instant::now();
-        let (result, cost) = self.handler.call(delivery).await;
+        let (result, cost) = self.handler.measured(delivery).await;
         let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
         match result {
             Err(e) => CaseOutcome {
