@@ -38,6 +38,12 @@
 //! - `remote`: a running server (`agentserver run …`): REST injects closed-loop, each timed
 //!   until its thread's final `thread_updated` on `/ws`.
 //! - `ws50-auth`: `ws50` with `auth: {methods: [keys]}`, each reader presenting a key.
+//! - `tenants`: two tenants' Lua agents on one organism (store on, keys). Tenant beta's
+//!   requests are measured one at a time (as `rest`) in rounds that alternate what tenant
+//!   acme does meanwhile: nothing, inject at its `inject_per_s` (500), at four times it
+//!   (most refused, 429), or send as many `GET /healthz` (the floor: what that many of the
+//!   cheapest requests cost this machine); beta's percentiles in each and their ratios to
+//!   the quiet rounds.
 //! - `all`: chain, chain-memory, lua, fanout, ws50.
 
 use std::time::{Duration, Instant};
@@ -59,6 +65,8 @@ const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
   </xs:sequence></xs:complexType></xs:element>
 </xs:schema>"#;
 const FORWARD_LUA: &str = "function handle(p, m) return { to = m.own_name == 'a' and 'b' or 'c', type = 'Note', payload = p } end";
+/// Forwards to the listener its config names (`tenants`).
+const TO_LUA: &str = "local to\nfunction init(c) to = c.to end\nfunction handle(p, m) return { to = to, type = 'Note', payload = p } end\n";
 /// Threads in flight at once (closed loop).
 const WINDOW: usize = 256;
 
@@ -110,6 +118,7 @@ fn start(yaml: &str) -> Result<(tempfile::TempDir, Organism), Box<dyn std::error
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("t.xsd"), XSD)?;
     std::fs::write(dir.path().join("fwd.lua"), FORWARD_LUA)?;
+    std::fs::write(dir.path().join("to.lua"), TO_LUA)?;
     let path = dir.path().join("o.yaml");
     std::fs::write(&path, yaml)?;
     let organism = Organism::builder().load(&path)?;
@@ -640,6 +649,149 @@ async fn rest_pair(
     }))
 }
 
+/// What tenant acme does during a round of `tenants`.
+#[derive(Clone, Copy, PartialEq)]
+enum Acme {
+    Quiet,
+    AtLimit,
+    OverLimit,
+    /// As many requests as `OverLimit`, to `/healthz`: what sending and answering that many
+    /// of the cheapest requests costs this machine.
+    Floor,
+}
+
+/// Workload `tenants` (see the module's docs): rounds of `round_s` seconds, the three kinds
+/// in turn, four times over (long enough for acme's burst to be spent and its rate to hold).
+async fn tenants(round_s: f64) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const LIMIT: usize = 500;
+    let mut yaml = format!(
+        "organism: {{ name: loadgen, store: data.db }}\nauth: {{ methods: [keys] }}\ntenants:\n  acme: {{ inject_per_s: {LIMIT} }}\nlisteners:\n"
+    );
+    for t in ["acme", "beta"] {
+        yaml += &format!("  - {{ name: {t}-a, description: a, kind: lua, script: to.lua, schema: t.xsd, accepts: [Note], concurrency: 2, tenant: {t}, config: {{ to: {t}-c }} }}\n  - {{ name: {t}-c, description: c, kind: native, handler: sink, schema: t.xsd, accepts: [Note], concurrency: 2, tenant: {t} }}\n");
+    }
+    let (dir, organism) = start(&yaml)?;
+    let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
+    let mut keys = Vec::new();
+    for t in ["acme", "beta"] {
+        let role = agentserver::api::auth::Role::Operator;
+        let (key, row) =
+            agentserver::api::keys::new_key(t, role, Some(t), None).map_err(|e| e.body.message)?;
+        agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+        keys.push(key);
+    }
+    let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
+    let url = format!("http://{}/api/v1/inject", server.local_addr());
+    let http = agentserver::outbound::http_client()?.build()?;
+    let noise_http = agentserver::outbound::http_client()?.build()?;
+    let modes = [Acme::Quiet, Acme::AtLimit, Acme::OverLimit, Acme::Floor];
+    let names = ["quiet", "at_limit", "over_limit", "healthz_floor"];
+    let mut measured: [Vec<Duration>; 4] = Default::default();
+    let mut acme_counts = [(0usize, 0usize, 0f64); 4];
+    let health = url.replace("/api/v1/inject", "/healthz");
+    for round in 0..modes.len() * 4 {
+        let m = round % modes.len();
+        let running = Arc::new(AtomicBool::new(true));
+        let (accepted, refused) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let rate = match modes[m] {
+            Acme::Quiet => 0,
+            Acme::AtLimit => LIMIT,
+            Acme::OverLimit | Acme::Floor => 4 * LIMIT,
+        };
+        let floor = modes[m] == Acme::Floor;
+        // acme: `rate` requests a second, sent every 2 ms, up to 64 in flight.
+        let noise = {
+            let (running, accepted, refused) = (running.clone(), accepted.clone(), refused.clone());
+            let (http, key) = (noise_http.clone(), keys[0].clone());
+            let url = if floor { health.clone() } else { url.clone() };
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(2));
+                let in_flight = Arc::new(tokio::sync::Semaphore::new(64));
+                let mut owed = 0.0;
+                let mut n = 0;
+                while rate > 0 && running.load(Ordering::Relaxed) {
+                    tick.tick().await;
+                    owed += rate as f64 * 0.002;
+                    while owed >= 1.0 {
+                        owed -= 1.0;
+                        n += 1;
+                        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+                            continue;
+                        };
+                        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+                        let (accepted, refused) = (accepted.clone(), refused.clone());
+                        let body = json!({"to": "acme-a", "payload_xml": payload(n)});
+                        tokio::spawn(async move {
+                            let r = if floor {
+                                http.get(&url).send().await
+                            } else {
+                                http.post(&url).bearer_auth(key).json(&body).send().await
+                            };
+                            match r.map(|r| r.status().as_u16()) {
+                                Ok(200 | 202) => accepted.fetch_add(1, Ordering::Relaxed),
+                                _ => refused.fetch_add(1, Ordering::Relaxed),
+                            };
+                            drop(permit);
+                        });
+                    }
+                }
+            })
+        };
+        let started = Instant::now();
+        let mut i = 0;
+        while started.elapsed().as_secs_f64() < round_s {
+            i += 1;
+            let t0 = Instant::now();
+            let r = http
+                .post(&url)
+                .bearer_auth(&keys[1])
+                .json(&json!({"to": "beta-a", "payload_xml": payload(i)}))
+                .send()
+                .await?;
+            if r.status().as_u16() != 202 {
+                return Err(format!("beta's inject answered {}", r.status()).into());
+            }
+            let receipt: serde_json::Value = r.json().await?;
+            organism
+                .wait_thread(receipt["thread_id"].as_str().unwrap_or_default())
+                .await;
+            measured[m].push(t0.elapsed());
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        running.store(false, Ordering::Relaxed);
+        noise.await?;
+        let c = &mut acme_counts[m];
+        c.0 += accepted.load(Ordering::Relaxed);
+        c.1 += refused.load(Ordering::Relaxed);
+        c.2 += seconds;
+    }
+    organism.stop().await;
+    server.shutdown().await;
+    let mut lat: Vec<Latencies> = measured.into_iter().map(Latencies).collect();
+    let quiet = [0.5, 0.9, 0.99].map(|q| lat[0].ms(q));
+    let mut out = serde_json::Map::new();
+    out.insert("workload".into(), json!("tenants"));
+    out.insert("acme_inject_per_s".into(), json!(LIMIT));
+    out.insert("round_s".into(), json!(round_s));
+    for (m, name) in names.iter().enumerate() {
+        let here = [0.5, 0.9, 0.99].map(|q| lat[m].ms(q));
+        let (acc, refu, secs) = acme_counts[m];
+        out.insert(
+            (*name).into(),
+            json!({
+                "beta_samples": lat[m].0.len(),
+                "beta_ms": {"p50": here[0], "p90": here[1], "p99": here[2]},
+                "beta_over_quiet": {"p50": here[0] / quiet[0], "p90": here[1] / quiet[1], "p99": here[2] / quiet[2]},
+                "acme_accepted_per_s": (acc as f64 / secs.max(1e-9)).round(),
+                "acme_refused_per_s": (refu as f64 / secs.max(1e-9)).round(),
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(out))
+}
+
 /// Start-up to ready: load, check, compile, start every listener, bind and serve the API.
 async fn startup() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("organisms/hello-world.yaml");
@@ -1038,6 +1190,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             print_latency(&label, &r);
             return Ok(());
         }
+        "tenants" => {
+            println!("{}", driver.run(tenants(3.0))?);
+            return Ok(());
+        }
         w @ ("rest-pair" | "rest-pair-control") => {
             println!(
                 "{}",
@@ -1068,7 +1224,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50" | "ws50-auth") => vec![w],
         other => {
             return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, rest-pair, rest-pair-control, \
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, rest-pair, rest-pair-control, tenants, \
                  remote, rss, startup)"
             )
             .into())
