@@ -1311,3 +1311,88 @@ async fn a_tenants_active_threads_are_bounded_and_freed_as_they_finish() {
     assert_eq!(s.post("/api/v1/inject", ask("acme-echo")).await.0, 202);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_lua_listener_of_the_file_has_its_scripts_as_versions_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let flua = "  - {name: flua, description: from the file, kind: lua, script: flua.lua, fields: {Ask: {text: string}}, accepts: [Ask], peers: [collector]}\n";
+    std::fs::write(dir.path().join("flua.lua"), script(1)).unwrap();
+    let path = write_files(dir.path(), "", flua);
+    let s = Server::start(&path).await;
+    let versions = |v: &Value| -> Vec<(u64, bool)> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| (i["version"].as_u64().unwrap(), i["live"] == true))
+            .collect()
+    };
+    // Its first load is version 1, live.
+    let (st, list) = s.get("/api/v1/agents/flua/scripts").await;
+    assert_eq!(st, 200, "{list}");
+    assert_eq!(versions(&list), [(1, true)]);
+    let (_, v1) = s.get("/api/v1/agents/flua/scripts/1").await;
+    assert_eq!(v1["script"], script(1));
+    assert!(v1["message"].as_str().unwrap().contains("flua.lua"), "{v1}");
+
+    // A reload that changed it, by the organism or by the listener's own reload, is the
+    // next; one that did not change it is none.
+    std::fs::write(dir.path().join("flua.lua"), script(2)).unwrap();
+    s.organism.reload(None).unwrap();
+    assert_eq!(s.ask("flua", "x").await, 2);
+    s.organism.reload(None).unwrap();
+    std::fs::write(dir.path().join("flua.lua"), script(3)).unwrap();
+    s.organism.reload_listener("flua").unwrap();
+    assert_eq!(s.ask("flua", "x").await, 3);
+    let (_, list) = s.get("/api/v1/agents/flua/scripts").await;
+    assert_eq!(versions(&list), [(3, true), (2, false), (1, false)]);
+    let (_, history) = s.get("/api/v1/agents/flua/deployments").await;
+    let seen: Vec<(String, Value, Value)> = history["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["action"].as_str().unwrap().to_string(),
+                d["version"].clone(),
+                d["from_version"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("file".to_string(), json!(3), json!(2)),
+            ("file".to_string(), json!(2), json!(1)),
+            ("file".to_string(), json!(1), Value::Null),
+        ]
+    );
+    // Its versions are read, not made: the file is its source.
+    let (st, e) = s
+        .post("/api/v1/agents/flua/deployments", json!({"version": 1}))
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("file_listener"))
+    );
+    let (st, e) = s
+        .post("/api/v1/agents/flua/scripts", json!({"script": script(4)}))
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("file_listener"))
+    );
+    // A listener that is not Lua has no scripts.
+    let (st, e) = s.get("/api/v1/agents/a/scripts").await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (409, Some("file_listener"))
+    );
+    s.stop().await;
+
+    // A restart with the same script keeps the history as it was.
+    let s = Server::start(&path).await;
+    let (_, list) = s.get("/api/v1/agents/flua/scripts").await;
+    assert_eq!(versions(&list), [(3, true), (2, false), (1, false)]);
+    s.stop().await;
+}

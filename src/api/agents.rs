@@ -147,7 +147,8 @@ pub struct ScriptSource {
 /// An entry of an agent's deployment history.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Deployment {
-    /// `create`, `deploy`, `rollback` or `delete`.
+    /// `create`, `deploy`, `rollback` or `delete`; for a Lua listener of the file, `file`:
+    /// its script as a load of the file (at start, or a reload) found it.
     pub action: String,
     pub version: Option<u64>,
     pub from_version: Option<u64>,
@@ -239,19 +240,52 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The API agent `name` as the caller may see it: 404 when it is not an API agent, or not
-/// the caller's tenant's.
+/// the caller's tenant's; 409 for a listener of the file.
 fn visible_agent(
     s: &ApiState,
     seen: &Seen,
     name: &str,
 ) -> Result<crate::store::agents::AgentRow, ApiError> {
-    let organism = &s.inner.organism;
-    match organism.created_agent(name)? {
-        Some(a) if seen.scope.sees(name) => Ok(a),
-        None if seen.scope.sees(name) && organism.config().listener(name).is_some() => {
-            Err(error(AgentError::FileListener(name.to_string())))
+    match with_history(s, seen, name)? {
+        History::Api(a) => Ok(a),
+        History::File(_) => Err(error(AgentError::FileListener(name.to_string()))),
+    }
+}
+
+/// Whose script history is read: an API agent, or a Lua listener of the file (its script
+/// as each load found it, the newest live).
+enum History {
+    Api(crate::store::agents::AgentRow),
+    /// Its live version: the newest kept (0 if none is, as with a failing store).
+    File(u64),
+}
+
+impl History {
+    fn live(&self) -> u64 {
+        match self {
+            History::Api(a) => a.live_version,
+            History::File(v) => *v,
         }
-        _ => Err(error(AgentError::NotFound(name.to_string()))),
+    }
+}
+
+/// The history of `name` as the caller may see it: 404 when it is no agent or not the
+/// caller's tenant's; 409 for a listener of the file that is not Lua.
+fn with_history(s: &ApiState, seen: &Seen, name: &str) -> Result<History, ApiError> {
+    let organism = &s.inner.organism;
+    if !seen.scope.sees(name) {
+        return Err(error(AgentError::NotFound(name.to_string())));
+    }
+    if let Some(a) = organism.created_agent(name)? {
+        return Ok(History::Api(a));
+    }
+    match organism.config().listener(name).map(|l| l.kind) {
+        Some(crate::config::ListenerKind::Lua) => {
+            let newest = organism.agent_versions(name)?.first().map(|v| v.version);
+            Ok(History::File(newest.unwrap_or(0)))
+        }
+        Some(_) => Err(error(AgentError::FileListener(name.to_string()))),
+        None => Err(error(AgentError::NotFound(name.to_string()))),
     }
 }
 
@@ -433,31 +467,33 @@ fn cases_of(v: &VersionRow) -> ApiResult<Option<Vec<TestCase>>> {
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/scripts", tag = "agents",
     params(("name" = String, Path, description = "Agent name"), PageQuery),
-    responses((status = 200, description = "Its versions, newest first, the live one marked", body = Paged<ScriptVersion>),
-              (status = 404, description = "No such agent", body = ErrorResponse)))]
+    responses((status = 200, description = "Its versions, newest first, the live one marked (a Lua listener of the file: its script as each load found it)", body = Paged<ScriptVersion>),
+              (status = 404, description = "No such agent", body = ErrorResponse),
+              (status = 409, description = "A listener of the file that is not Lua", body = ErrorResponse)))]
 pub async fn list_scripts(
     State(s): State<ApiState>,
     seen: Seen,
     Path(name): Path<String>,
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Json<Paged<ScriptVersion>>> {
-    let agent = visible_agent(&s, &seen, &name)?;
+    let live = with_history(&s, &seen, &name)?.live();
     let all = s.inner.organism.agent_versions(&name)?;
     Ok(Json(Paged::map(q.page().cut(all), |v| {
-        ScriptVersion::of(&v, agent.live_version)
+        ScriptVersion::of(&v, live)
     })))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/scripts/{version}", tag = "agents",
     params(("name" = String, Path, description = "Agent name"), ("version" = u64, Path, description = "Version")),
     responses((status = 200, description = "The version with its source", body = ScriptSource),
-              (status = 404, description = "No such agent or version", body = ErrorResponse)))]
+              (status = 404, description = "No such agent or version", body = ErrorResponse),
+              (status = 409, description = "A listener of the file that is not Lua", body = ErrorResponse)))]
 pub async fn get_script(
     State(s): State<ApiState>,
     seen: Seen,
     Path((name, version)): Path<(String, u64)>,
 ) -> ApiResult<Json<ScriptSource>> {
-    let agent = visible_agent(&s, &seen, &name)?;
+    let live = with_history(&s, &seen, &name)?.live();
     let v = s
         .inner
         .organism
@@ -469,7 +505,7 @@ pub async fn get_script(
             })
         })?;
     Ok(Json(ScriptSource {
-        version: ScriptVersion::of(&v, agent.live_version),
+        version: ScriptVersion::of(&v, live),
         script: v.script,
         fields: v.fields,
         xsd: v.xsd,
@@ -538,14 +574,15 @@ pub async fn deploy(
 #[utoipa::path(get, path = "/api/v1/agents/{name}/deployments", tag = "agents",
     params(("name" = String, Path, description = "Agent name"), PageQuery),
     responses((status = 200, description = "What was made live, when and by whom, newest first", body = Paged<Deployment>),
-              (status = 404, description = "No such agent", body = ErrorResponse)))]
+              (status = 404, description = "No such agent", body = ErrorResponse),
+              (status = 409, description = "A listener of the file that is not Lua", body = ErrorResponse)))]
 pub async fn list_deployments(
     State(s): State<ApiState>,
     seen: Seen,
     Path(name): Path<String>,
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Json<Paged<Deployment>>> {
-    visible_agent(&s, &seen, &name)?;
+    with_history(&s, &seen, &name)?;
     let all = s.inner.organism.agent_deployments(&name)?;
     Ok(Json(Paged::map(q.page().cut(all), |d| {
         Deployment::from(&d)

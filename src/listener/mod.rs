@@ -81,6 +81,12 @@ pub trait Handler: Send + Sync + 'static {
         None
     }
 
+    /// The text of the code it runs now (a Lua script), kept as a version of a file
+    /// listener's history. `None`: this kind has no such text.
+    fn script(&self) -> Option<String> {
+        None
+    }
+
     /// True for handlers whose answer comes later, by callback (external agents): after a
     /// successful call the pump records a wait for the reply instead of finishing.
     fn awaits_reply(&self) -> bool {

@@ -663,6 +663,10 @@ impl Handler for LuaHandler {
         Some(self.0.reload_script())
     }
 
+    fn script(&self) -> Option<String> {
+        Some(self.0.current().spec.source.clone())
+    }
+
     fn carried_stats(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         Some(self.0.stats.clone())
     }

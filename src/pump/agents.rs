@@ -25,9 +25,7 @@ use crate::time::Timestamp;
 pub const MAX_SCRIPT_BYTES: usize = 256 * 1024;
 /// The longest XSD text a version may carry.
 pub const MAX_XSD_BYTES: usize = 256 * 1024;
-/// Versions kept per agent at most (a tenant's `max_versions` may keep fewer); older ones
-/// (never the live one) are forgotten.
-pub const MAX_VERSIONS: u64 = 100;
+pub use crate::store::agents::MAX_VERSIONS;
 
 /// The API's agents of one organism: their table, and where their live texts are written.
 pub(crate) struct ApiAgents {
@@ -308,6 +306,48 @@ impl ApiAgents {
                 .or_else(|| base.and_then(|b| b.config.clone())),
             cases: v.cases.clone(),
         })
+    }
+}
+
+impl super::Shared {
+    /// Keeps the script each Lua listener of the file (or only `only`) runs now as its
+    /// newest version when it is not that already: its first load, or a reload that changed
+    /// it. Each new one is a `deployment` event (`file`). A store that cannot keep it is
+    /// logged; the listener runs either way.
+    pub(super) fn note_file_scripts(&self, only: Option<&str>) {
+        let topo = self.topo();
+        let file_lua = topo.order.iter().filter(|l| {
+            l.config.origin == crate::config::ListenerOrigin::File
+                && l.config.kind == crate::config::ListenerKind::Lua
+                && only.is_none_or(|n| l.config.name.as_str() == n)
+        });
+        for l in file_lua {
+            let Some(script) = l.handler.script() else {
+                continue;
+            };
+            let name = l.config.name.as_str();
+            let path = l.config.script.as_ref().map(|p| p.display().to_string());
+            let message = format!("loaded from {}", path.as_deref().unwrap_or("?"));
+            let table = &self.reloading.agents.table;
+            match table.note_file_script(name, &script, &message, Timestamp::now()) {
+                Ok(Some((version, from_version))) => {
+                    self.events.publish(crate::events::EventKind::Deployment {
+                        agent: name.to_string(),
+                        tenant: l.config.tenant.clone(),
+                        action: "file".into(),
+                        version: Some(version),
+                        from_version,
+                        author: None,
+                        ok: true,
+                        error: None,
+                    });
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::error!(listener = name, error = %e, "cannot keep the script's version")
+                }
+            }
+        }
     }
 }
 

@@ -38,6 +38,9 @@ impl Organism {
             // A script's own error text is cut like every error kept or answered.
             Some(r) => r.map_err(|e| self.shared.clip_error(e)),
         };
+        if result.is_ok() {
+            self.shared.note_file_scripts(Some(name));
+        }
         self.shared.events.publish(EventKind::Reload {
             agent: Some(name.to_string()),
             ok: result.is_ok(),

@@ -90,6 +90,7 @@ impl Shared {
     /// Counts a reload that succeeded and publishes its `reload` event.
     pub(super) fn reloaded(&self, report: &ReloadReport) {
         self.reloading.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        self.note_file_scripts(None);
         self.events.publish(EventKind::Reload {
             agent: None,
             ok: true,

@@ -83,6 +83,10 @@ fn agent_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AgentRow> {
     })
 }
 
+/// Versions kept per agent at most (a tenant's `max_versions` may keep fewer); older ones
+/// (never the live one) are forgotten.
+pub const MAX_VERSIONS: u64 = 100;
+
 const AGENT_COLUMNS: &str = "name, tenant, definition, live_version, author, created";
 const VERSION_COLUMNS: &str =
     "agent, version, sha256, author, created, message, script, fields, xsd, config, cases";
@@ -204,9 +208,11 @@ impl AgentTable {
         run().map_err(|e| self.fail(e))
     }
 
-    /// A new agent with its first version, live, in one transaction.
+    /// A new agent with its first version, live, in one transaction. Versions kept under its
+    /// name before (a file listener's of that name, since removed from the file) go.
     pub fn create(&self, a: &AgentRow, v: &VersionRow) -> Result<(), StoreError> {
         self.write(|tx| {
+            tx.execute("DELETE FROM agent_versions WHERE agent = ?1", [&a.name])?;
             tx.execute(
                 "INSERT INTO api_agents (name, tenant, definition, live_version, author, created) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -230,6 +236,56 @@ impl AgentTable {
                 a.created,
             )?;
             Ok(())
+        })
+    }
+
+    /// Keeps the script a listener of the file runs now as its newest version, unless it is
+    /// that already (by SHA-256), with a `file` entry in its history; the version kept and
+    /// the one it follows. A file listener's newest version is its live one.
+    pub fn note_file_script(
+        &self,
+        agent: &str,
+        script: &str,
+        message: &str,
+        at: Timestamp,
+    ) -> Result<Option<(u64, Option<u64>)>, StoreError> {
+        let sha256 = crate::hash::sha256_hex(script.as_bytes());
+        self.write(|tx| {
+            let newest: Option<(i64, String)> = tx
+                .query_row(
+                    "SELECT version, sha256 FROM agent_versions WHERE agent = ?1 \
+                     ORDER BY version DESC LIMIT 1",
+                    [agent],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            if newest.as_ref().is_some_and(|(_, sha)| *sha == sha256) {
+                return Ok(None);
+            }
+            let from = newest.map(|(v, _)| v.max(0) as u64);
+            let version = from.map_or(1, |v| v + 1);
+            insert_version(
+                tx,
+                &VersionRow {
+                    agent: agent.to_string(),
+                    version,
+                    sha256,
+                    author: None,
+                    created: at,
+                    message: Some(message.to_string()),
+                    script: script.to_string(),
+                    fields: None,
+                    xsd: None,
+                    config: None,
+                    cases: None,
+                },
+            )?;
+            insert_deployment(tx, agent, "file", Some(version), from, &None, at)?;
+            tx.execute(
+                "DELETE FROM agent_versions WHERE agent = ?1 AND version <= ?2",
+                params![agent, to_i64(version.saturating_sub(MAX_VERSIONS))],
+            )?;
+            Ok(Some((version, from)))
         })
     }
 
