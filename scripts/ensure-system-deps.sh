@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the build needs (libxml2 headers, pkg-config, libclang for
-# bindgen) when they are missing. Safe to run again: it does nothing when all are present.
+# bindgen) when they are missing, and with `--browser` Chromium too (the dashboard's tests
+# drive it headless). Safe to run again: it does nothing when all are present.
 set -euo pipefail
 
 missing=()
@@ -9,6 +10,9 @@ if ! pkg-config --exists libxml-2.0 2>/dev/null; then missing+=(libxml2-dev); fi
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 \
    || ! ls /usr/lib/llvm-*/include/clang-c >/dev/null 2>&1; then
   missing+=(libclang-dev)
+fi
+if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
+  missing+=(chromium)
 fi
 
 if [ ${#missing[@]} -eq 0 ]; then

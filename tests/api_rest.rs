@@ -701,6 +701,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/agents/{name}/deployments", "post"),
         ("/api/v1/agents/{name}/deployments", "get"),
         ("/api/v1/agents/{name}/scripts/{version}/test", "post"),
+        ("/api/v1/me", "get"),
     ];
     for (path, method) in expected {
         assert!(

@@ -37,6 +37,7 @@ mod audit;
 pub mod auth;
 mod browser;
 mod conn;
+mod dashboard;
 mod error;
 mod external;
 mod filter;
@@ -254,6 +255,7 @@ fn router(
 ) -> (Router, ApiState) {
     let (routes, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(rest::get_organism))
+        .routes(routes!(rest::me))
         .routes(routes!(rest::get_organism_config))
         .routes(routes!(rest::list_agents))
         .routes(routes!(rest::get_agent))
@@ -308,11 +310,14 @@ fn router(
         }),
     };
     let limit = state.frame_limit();
-    let app = routes
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::guard,
-        ))
+    let mut app = routes.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        auth::guard,
+    ));
+    if state.inner.organism.config().dashboard {
+        app = app.merge(dashboard::routes());
+    }
+    let app = app
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))

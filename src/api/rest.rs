@@ -139,6 +139,31 @@ pub struct Health {
     pub status: String,
 }
 
+/// Who the request's credential is (`GET /api/v1/me`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Me {
+    /// `key:NAME`, or a token's `sub`; null without authentication.
+    pub name: Option<String>,
+    /// `viewer`, `operator` or `admin` (`admin` without authentication).
+    pub role: String,
+    /// The tenant it acts for; null for the whole organism.
+    pub tenant: Option<String>,
+    /// Whether the server asks for a credential at all.
+    pub auth: bool,
+}
+
+#[utoipa::path(get, path = "/api/v1/me", tag = "organism",
+    responses((status = 200, description = "Who the credential is: what a client shows and which controls it offers", body = Me)))]
+pub async fn me(State(s): State<ApiState>, seen: Seen) -> Json<Me> {
+    let p = seen.principal;
+    Json(Me {
+        name: p.name,
+        role: p.role.to_string(),
+        tenant: p.tenant,
+        auth: s.inner.auth.is_some(),
+    })
+}
+
 #[utoipa::path(get, path = "/api/v1/organism", tag = "organism",
     responses((status = 200, description = "The organism and its counters", body = Organism)))]
 pub async fn get_organism(State(s): State<ApiState>) -> Json<Organism> {

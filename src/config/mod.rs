@@ -394,6 +394,7 @@ pub fn load_str_layered(
         }),
         allowed_origins: organism.allowed_origins,
         allowed_hosts: organism.allowed_hosts,
+        dashboard: organism.dashboard.unwrap_or(true),
         retention,
         listen: organism
             .listen

@@ -53,6 +53,8 @@ pub(crate) struct OrganismSection {
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
     pub tls: Option<TlsFiles>,
+    /// Serve the dashboard at `/` (default true).
+    pub dashboard: Option<bool>,
 }
 
 /// `organism.tls`: the API serves HTTPS and WSS with this certificate chain and key (PEM).
@@ -334,6 +336,9 @@ pub struct OrganismConfig {
     pub allowed_hosts: Vec<String>,
     /// HTTPS and WSS instead of HTTP and WS (paths resolved against the file's directory).
     pub tls: Option<TlsFiles>,
+    /// The API serves the dashboard at `/` (`organism.dashboard`, default true; read at
+    /// start).
+    pub dashboard: bool,
     pub limits: Limits,
     pub auth: AuthConfig,
     pub listeners: Vec<ListenerConfig>,

@@ -1,0 +1,773 @@
+// The agentserver dashboard: a client of the public API (REST under /api/v1, events on
+// /ws) and nothing else. No build step; cytoscape draws the topology.
+'use strict';
+
+const API = '/api/v1';
+const ROLES = ['viewer', 'operator', 'admin'];
+const MAX_ROWS = 500;
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  token: sessionStorage.getItem('agentserver-token') || '',
+  me: null,
+  organism: null,
+  agents: new Map(),
+  lastSeq: 0,
+  dropped: 0,
+  frozen: false,
+  frozenCount: 0,
+  ws: null,
+  retry: 0,
+  selected: null,
+  thread: null,
+  threadPage: 0,
+  messageTotal: 0,
+  loadedOlder: 0,
+  graph: null,
+};
+
+// ---- REST -------------------------------------------------------------------------------
+
+async function api(method, path, body) {
+  const headers = {};
+  if (state.token) headers.Authorization = 'Bearer ' + state.token;
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  const r = await fetch(API + path, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch (_) { data = text; }
+  if (r.status === 401) { signedOut('Your credential was refused; sign in again.'); }
+  if (!r.ok) {
+    const e = new Error((data && data.error && data.error.message) || r.statusText);
+    e.status = r.status;
+    e.body = data && data.error;
+    throw e;
+  }
+  return data;
+}
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === 'class') e.className = v;
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) e.setAttribute(k, v === true ? '' : v);
+  }
+  for (const c of children.flat()) {
+    if (c !== undefined && c !== null) e.append(c instanceof Node ? c : String(c));
+  }
+  return e;
+}
+
+function notice(text) {
+  const n = $('notice');
+  n.textContent = text || '';
+  n.hidden = !text;
+}
+
+function time(ts) {
+  return ts ? new Date(ts).toLocaleTimeString() : '';
+}
+
+// ---- Signing in ---------------------------------------------------------------------------
+
+function signedOut(why) {
+  state.token = '';
+  sessionStorage.removeItem('agentserver-token');
+  reset();
+  $('app').hidden = true;
+  $('login').hidden = false;
+  $('login-error').textContent = why || '';
+}
+
+/// Forgets everything a credential was shown: the stream, what it said, the views.
+function reset() {
+  const ws = state.ws;
+  state.ws = null;
+  if (ws) ws.close();
+  state.lastSeq = 0;
+  state.dropped = 0;
+  state.selected = null;
+  state.thread = null;
+  state.agents = new Map();
+  if (state.graph) { state.graph.destroy(); state.graph = null; }
+  $('messages').tBodies[0].replaceChildren();
+  $('agent-list').replaceChildren();
+  $('thread-list').replaceChildren();
+  $('thread').hidden = true;
+  $('agent-panel').hidden = true;
+  $('organism-events').replaceChildren();
+  $('who-text').textContent = '';
+  setConnection('signed out');
+}
+
+async function start() {
+  try {
+    state.me = await api('GET', '/me');
+  } catch (e) {
+    if (e.status === 401) return; // signedOut has shown the form
+    notice('Cannot reach the server: ' + e.message);
+    setTimeout(start, 2000);
+    return;
+  }
+  $('login').hidden = true;
+  $('app').hidden = false;
+  const m = state.me;
+  $('who-text').textContent = m.auth
+    ? `${m.name} · ${m.role}${m.tenant ? ' · tenant ' + m.tenant : ''}`
+    : 'no authentication · admin';
+  $('sign-out').hidden = !m.auth;
+  applyRole();
+  await refreshOrganism();
+  connect();
+}
+
+/// Hides what the role may not do: [data-need] is the least role; organism-wide controls
+/// are not a tenant's.
+function applyRole() {
+  const have = ROLES.indexOf(state.me.role);
+  for (const e of document.querySelectorAll('[data-need]')) {
+    const need = ROLES.indexOf(e.dataset.need);
+    e.hidden = have < need || (e.hasAttribute('data-organism-wide') && !!state.me.tenant);
+  }
+}
+
+$('login-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  state.token = $('token').value.trim();
+  $('token').value = '';
+  sessionStorage.setItem('agentserver-token', state.token);
+  start();
+});
+$('sign-out').addEventListener('click', () => signedOut(''));
+
+// ---- The organism -------------------------------------------------------------------------
+
+async function refreshOrganism() {
+  try {
+    state.organism = await api('GET', '/organism');
+  } catch (e) {
+    return;
+  }
+  showOrganism();
+}
+
+function showOrganism() {
+  const o = state.organism;
+  if (!o) return;
+  $('organism-name').textContent = o.name;
+  document.title = o.name + ' · agentserver';
+  $('organism-status').textContent = o.status;
+  $('organism-status').className = 'status-' + o.status;
+  $('organism-uptime').textContent = Math.round(o.uptime_seconds) + ' s';
+  $('organism-messages').textContent = o.total_messages;
+  $('organism-threads').textContent = o.active_threads;
+  $('organism-rev').textContent = o.config_rev;
+}
+
+for (const b of document.querySelectorAll('[data-organism]')) {
+  b.addEventListener('click', async () => {
+    const act = b.dataset.organism;
+    if (act === 'stop' && !confirm('Stop the organism? The server drains and exits.')) return;
+    if (act === 'reload' && !confirm('Reload the organism file?')) return;
+    try {
+      const r = await api('POST', '/organism/' + act);
+      if (act === 'reload') showReload(r, null);
+      await refreshOrganism();
+    } catch (e) {
+      if (act === 'reload') showReload(null, e);
+      else notice(`${act} refused: ${e.message}`);
+    }
+  });
+}
+
+function showReload(r, e) {
+  const out = $('reload-result');
+  out.replaceChildren();
+  if (e) {
+    out.append(el('p', { class: 'bad' }, 'Reload refused: ' + e.message));
+    const details = (e.body && e.body.details) || [];
+    out.append(el('ul', {}, details.map((d) => el('li', {}, d))));
+  } else if (r) {
+    for (const k of ['added', 'removed', 'changed', 'unchanged']) {
+      out.append(el('p', {}, `${k}: ${(r[k] || []).join(', ') || 'none'}`));
+    }
+  }
+  selectTab('organism');
+}
+
+// ---- Agents and the topology --------------------------------------------------------------
+
+const INJECTORS = '(injectors)';
+
+function setAgents(list) {
+  state.agents = new Map(list.map((a) => [a.name, a]));
+  renderAgents();
+  renderGraph();
+  fillInjectTargets();
+}
+
+function renderAgents() {
+  const ul = $('agent-list');
+  ul.replaceChildren();
+  for (const a of state.agents.values()) {
+    ul.append(el('li', {},
+      el('button', { type: 'button', class: 'agent state-' + a.state, 'data-agent': a.name,
+        onclick: () => selectAgent(a.name) },
+        el('span', { class: 'name' }, a.name), ' ',
+        el('span', { class: 'kind' }, a.kind), ' ',
+        el('span', { class: 'state' }, a.state), ' ',
+        el('span', { class: 'queue', title: 'queue depth' }, 'queue ' + a.queue_depth))));
+  }
+}
+
+function renderGraph() {
+  if (typeof cytoscape === 'undefined') return;
+  const nodes = [{ data: { id: INJECTORS, label: 'injectors', kind: 'source' } }];
+  const edges = [];
+  for (const a of state.agents.values()) {
+    nodes.push({ data: { id: a.name, label: a.name + (a.queue_depth ? ` (${a.queue_depth})` : ''),
+      kind: a.kind, state: a.state } });
+    for (const p of a.peers || []) {
+      if (state.agents.has(p)) edges.push({ data: { id: a.name + '→' + p, source: a.name, target: p } });
+    }
+    edges.push({ data: { id: INJECTORS + '→' + a.name, source: INJECTORS, target: a.name, injector: 1 } });
+  }
+  if (!state.graph) {
+    state.graph = cytoscape({
+      container: $('graph'),
+      elements: { nodes, edges },
+      style: [
+        { selector: 'node', style: { label: 'data(label)', 'background-color': '#8aa', 'font-size': 11,
+          'text-valign': 'bottom', 'text-margin-y': 4, width: 26, height: 26 } },
+        { selector: 'node[kind="lua"]', style: { shape: 'round-rectangle' } },
+        { selector: 'node[kind="external"]', style: { shape: 'diamond' } },
+        { selector: 'node[kind="source"]', style: { shape: 'triangle', 'background-color': '#999' } },
+        { selector: 'node[state="processing"]', style: { 'background-color': '#3a7' } },
+        { selector: 'node[state="waiting"]', style: { 'background-color': '#db3' } },
+        { selector: 'node[state="paused"]', style: { 'background-color': '#77c' } },
+        { selector: 'node[state="error"]', style: { 'background-color': '#d33' } },
+        { selector: 'node:selected', style: { 'border-width': 3, 'border-color': '#036' } },
+        { selector: 'edge', style: { width: 1.5, 'line-color': '#bbb', 'target-arrow-shape': 'triangle',
+          'target-arrow-color': '#bbb', 'curve-style': 'bezier', 'font-size': 9 } },
+        { selector: 'edge[injector]', style: { 'line-style': 'dashed' } },
+        { selector: 'edge.flow', style: { 'line-color': '#3a7', 'target-arrow-color': '#3a7', width: 3,
+          label: 'data(flow)' } },
+        { selector: 'edge.refused', style: { 'line-color': '#d33', 'target-arrow-color': '#d33', width: 3 } },
+      ],
+      layout: { name: 'breadthfirst', roots: [INJECTORS], directed: true, spacingFactor: 1.1 },
+    });
+    state.graph.on('tap', 'node', (ev) => {
+      const id = ev.target.id();
+      if (id !== INJECTORS) selectAgent(id);
+    });
+    return;
+  }
+  // A change of topology (a reload): keep what stayed, add and remove, lay out again.
+  const g = state.graph;
+  const want = new Set([...nodes, ...edges].map((e) => e.data.id));
+  g.elements().filter((e) => !want.has(e.id())).remove();
+  let added = false;
+  for (const e of [...nodes, ...edges]) {
+    const have = g.getElementById(e.data.id);
+    if (have.empty()) { g.add(e); added = true; } else have.data(e.data);
+  }
+  if (added) g.layout({ name: 'breadthfirst', roots: [INJECTORS], directed: true, spacingFactor: 1.1,
+    animate: true, animationDuration: 400 }).run();
+}
+
+function flow(from, to, label, refused) {
+  if (!state.graph) return;
+  const id = (state.agents.has(from) ? from : INJECTORS) + '→' + to;
+  let e = state.graph.getElementById(id);
+  if (e.empty() && state.agents.has(from) && state.agents.has(to)) {
+    e = state.graph.add({ data: { id, source: from, target: to } });
+  }
+  if (e.empty()) return;
+  e.data('flow', label || '');
+  e.addClass(refused ? 'refused' : 'flow');
+  setTimeout(() => e.removeClass('flow refused'), 600);
+}
+
+function updateAgent(name, fields) {
+  const a = state.agents.get(name);
+  if (!a) return;
+  Object.assign(a, fields);
+  const b = document.querySelector(`#agent-list [data-agent="${CSS.escape(name)}"]`);
+  if (b) {
+    b.className = 'agent state-' + a.state;
+    b.querySelector('.state').textContent = a.state;
+    b.querySelector('.queue').textContent = 'queue ' + a.queue_depth;
+  }
+  if (state.graph) {
+    const n = state.graph.getElementById(name);
+    n.data('state', a.state);
+    n.data('label', a.name + (a.queue_depth ? ` (${a.queue_depth})` : ''));
+  }
+  if (state.selected === name) showAgentFacts(a);
+}
+
+async function selectAgent(name) {
+  state.selected = name;
+  $('agent-panel').hidden = false;
+  $('agent-title').textContent = name;
+  $('agent-result').textContent = '';
+  if (state.graph) {
+    state.graph.$(':selected').unselect();
+    state.graph.getElementById(name).select();
+  }
+  try {
+    const a = await api('GET', '/agents/' + encodeURIComponent(name));
+    state.agents.set(name, a);
+    showAgentFacts(a);
+  } catch (e) { $('agent-result').textContent = e.message; }
+  api('GET', `/agents/${encodeURIComponent(name)}/config`)
+    .then((c) => { $('agent-config').textContent = c.yaml; })
+    .catch((e) => { $('agent-config').textContent = e.message; });
+  schemaOf(name)
+    .then((x) => { $('agent-schema').textContent = x; })
+    .catch((e) => { $('agent-schema').textContent = e.message; });
+}
+
+function showAgentFacts(a) {
+  const facts = [
+    ['description', a.description], ['kind', a.kind], ['state', a.state],
+    ['accepts', (a.accepts || []).join(', ')], ['peers', (a.peers || []).join(', ')],
+    ['queue', a.queue_depth], ['handled', a.handled], ['errors', a.errors],
+    ['mean handler ms', a.mean_handler_ms], ['p99 handler ms', a.p99_handler_ms],
+  ];
+  $('agent-facts').replaceChildren(...facts.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '')]));
+}
+
+for (const b of document.querySelectorAll('[data-agent-act]')) {
+  b.addEventListener('click', async () => {
+    const name = state.selected;
+    if (!name) return;
+    try {
+      await api('POST', `/agents/${encodeURIComponent(name)}/${b.dataset.agentAct}`);
+      $('agent-result').textContent = `${b.dataset.agentAct}: done`;
+    } catch (e) {
+      $('agent-result').textContent = `${b.dataset.agentAct} refused: ${e.message}`;
+    }
+  });
+}
+
+async function schemaOf(name) {
+  const headers = state.token ? { Authorization: 'Bearer ' + state.token } : {};
+  const r = await fetch(`${API}/agents/${encodeURIComponent(name)}/schema`, { headers });
+  if (!r.ok) throw new Error('schema: ' + r.status);
+  return r.text();
+}
+
+// ---- The event stream -----------------------------------------------------------------------
+
+function connect() {
+  const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
+  const since = state.lastSeq ? '?since=' + state.lastSeq : '';
+  const ws = new WebSocket(`${proto}//${location.host}/ws${since}`);
+  state.ws = ws;
+  setConnection(state.lastSeq ? 'resuming' : 'connecting');
+  ws.onopen = () => {
+    if (state.me.auth) ws.send(JSON.stringify({ cmd: 'auth', token: state.token }));
+    // Its answer says the session is up (a resume sends no snapshot, and perhaps no event).
+    ws.send(JSON.stringify({ cmd: 'subscribe', request_id: 'hello' }));
+  };
+  ws.onmessage = (m) => {
+    let f;
+    try { f = JSON.parse(m.data); } catch (_) { return; }
+    onFrame(f);
+  };
+  ws.onclose = (ev) => {
+    if (state.ws !== ws) return;
+    if (ev.code === 4401) { signedOut(`Your credential ended; sign in again (${ev.reason}).`); return; }
+    setConnection('reconnecting');
+    state.retry = Math.min(state.retry + 1, 6);
+    setTimeout(connect, 250 * 2 ** state.retry);
+  };
+}
+
+function setConnection(s) {
+  $('connection-state').textContent = s;
+  $('connection').className = 'conn-' + s;
+}
+
+function onFrame(f) {
+  if (typeof f.seq === 'number' && f.seq > state.lastSeq) state.lastSeq = f.seq;
+  $('last-seq').textContent = state.lastSeq;
+  switch (f.event) {
+    case 'connected':
+      state.retry = 0;
+      setConnection('live');
+      if (f.organism) { state.organism = f.organism; showOrganism(); }
+      if (f.agents) setAgents(f.agents);
+      else api('GET', '/agents?limit=1000').then((p) => setAgents(p.items)).catch(() => {});
+      if (f.threads && !$('view-threads').hidden) loadThreads();
+      break;
+    case 'ack':
+      if (f.request_id === 'hello') { state.retry = 0; setConnection('live'); }
+      break;
+    case 'resync_required':
+      setConnection('resyncing');
+      break;
+    case 'dropped':
+      state.dropped += f.count || 0;
+      $('dropped').textContent = state.dropped;
+      break;
+    case 'agent_state':
+      updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });
+      break;
+    case 'message':
+      onMessage(f.message);
+      break;
+    case 'message_status':
+      onStatus(f);
+      break;
+    case 'thread_created':
+    case 'thread_updated':
+      if (state.thread && (f.thread_id === state.thread || (f.thread && f.thread.id === state.thread))) {
+        openThread(state.thread);
+      }
+      break;
+    case 'organism_state':
+      if (state.organism) { state.organism.status = f.status; showOrganism(); }
+      break;
+    case 'reload':
+      organismEvent(f.ok ? `reload ${f.agent || 'organism'}: ok` : `reload ${f.agent || 'organism'} failed: ${f.error || ''}`);
+      if (f.ok && !f.agent) {
+        api('GET', '/agents?limit=1000').then((p) => setAgents(p.items)).catch(() => {});
+        refreshOrganism();
+      }
+      break;
+    case 'deployment':
+      organismEvent(`${f.action} ${f.agent} v${f.version ?? ''}${f.ok ? '' : ' refused: ' + (f.error || '')}`);
+      break;
+    case 'error':
+      organismEvent(`error${f.agent ? ' at ' + f.agent : ''}: ${f.error}`);
+      break;
+    default:
+      break;
+  }
+}
+
+function organismEvent(text) {
+  const ol = $('organism-events');
+  ol.prepend(el('li', {}, `${new Date().toLocaleTimeString()} ${text}`));
+  while (ol.children.length > 200) ol.lastChild.remove();
+}
+
+// ---- The message log ------------------------------------------------------------------------
+
+function globToRegExp(g) {
+  return new RegExp('^' + g.replace(/[.+^${}()|[\]\\]/g, '\\$&').replace(/\*/g, '.*').replace(/\?/g, '.') + '$');
+}
+
+function messageFilter() {
+  const f = new FormData($('message-filters'));
+  const agents = String(f.get('agents') || '').split(',').map((s) => s.trim()).filter(Boolean).map(globToRegExp);
+  return {
+    agents,
+    thread: String(f.get('thread') || '').trim(),
+    type: String(f.get('type') || '').trim(),
+    status: String(f.get('status') || ''),
+  };
+}
+
+function matches(m, f) {
+  if (f.agents.length && !f.agents.some((r) => r.test(m.from) || (m.to && r.test(m.to)))) return false;
+  if (f.thread && m.thread_id !== f.thread) return false;
+  if (f.type && !(m.payload_type === f.type || (m.payload_type || '').endsWith('}' + f.type))) return false;
+  if (f.status && m.status !== f.status) return false;
+  return true;
+}
+
+function messageRow(m) {
+  const type = (m.payload_type || '').replace(/^\{[^}]*\}/, '');
+  return el('tr', { 'data-id': m.id, class: 'status-' + m.status },
+    el('td', {}, time(m.timestamp)),
+    el('td', {}, m.from), el('td', {}, m.to || ''), el('td', {}, type),
+    el('td', { class: 'status' }, m.status),
+    el('td', {}, el('button', { type: 'button', class: 'link', onclick: () => openThread(m.thread_id) }, m.thread_id)));
+}
+
+function onMessage(m) {
+  const refused = ['rejected', 'undeliverable', 'failed'].includes(m.status);
+  if (m.to) flow(m.from, m.to, (m.payload_type || '').replace(/^\{[^}]*\}/, ''), refused);
+  if (state.thread === m.thread_id) openThread(m.thread_id);
+  if (!matches(m, messageFilter())) return;
+  if (state.frozen) {
+    state.frozenCount += 1;
+    $('frozen-count').textContent = `${state.frozenCount} new while frozen`;
+    return;
+  }
+  const body = $('messages').tBodies[0];
+  if (body.querySelector(`tr[data-id="${CSS.escape(m.id)}"]`)) return;
+  body.prepend(messageRow(m));
+  while (body.rows.length > MAX_ROWS) body.lastChild.remove();
+}
+
+function onStatus(f) {
+  if (['rejected', 'undeliverable', 'failed'].includes(f.status) && f.to) flow(f.from, f.to, '', true);
+  const row = $('messages').querySelector(`tr[data-id="${CSS.escape(f.id)}"]`);
+  if (row) {
+    row.className = 'status-' + f.status;
+    row.querySelector('.status').textContent = f.status;
+  }
+  if (state.thread === f.thread_id) openThread(f.thread_id);
+}
+
+$('freeze').addEventListener('click', () => {
+  state.frozen = !state.frozen;
+  $('freeze').textContent = state.frozen ? 'Resume' : 'Freeze';
+  if (!state.frozen) { state.frozenCount = 0; $('frozen-count').textContent = ''; }
+});
+
+$('message-filters').addEventListener('change', () => {
+  $('messages').tBodies[0].replaceChildren();
+  state.loadedOlder = 0;
+  loadOlder();
+});
+$('message-filters').addEventListener('submit', (ev) => ev.preventDefault());
+
+async function loadOlder() {
+  const f = new FormData($('message-filters'));
+  const q = new URLSearchParams();
+  const agents = String(f.get('agents') || '').trim();
+  if (agents && !/[*?,]/.test(agents)) q.set('agent', agents);
+  for (const [k, name] of [['thread', 'thread'], ['type', 'payload_type'], ['status', 'status']]) {
+    const v = String(f.get(k) || '').trim();
+    if (v) q.set(name, v);
+  }
+  try {
+    q.set('limit', '1');
+    const head = await api('GET', '/messages?' + q);
+    const total = head.total;
+    const shown = $('messages').tBodies[0].rows.length;
+    const limit = 100;
+    const offset = Math.max(0, total - shown - limit);
+    q.set('limit', String(Math.min(limit, Math.max(0, total - shown))));
+    q.set('offset', String(offset));
+    const page = await api('GET', '/messages?' + q);
+    const body = $('messages').tBodies[0];
+    const filter = messageFilter();
+    for (const m of page.items.slice().reverse()) {
+      if (!body.querySelector(`tr[data-id="${CSS.escape(m.id)}"]`) && matches(m, filter)) body.append(messageRow(m));
+    }
+  } catch (e) {
+    notice('Older messages: ' + e.message);
+  }
+}
+$('older').addEventListener('click', loadOlder);
+
+// ---- Threads --------------------------------------------------------------------------------
+
+const PAGE = 25;
+
+async function loadThreads() {
+  const f = new FormData($('thread-filters'));
+  const id = String(f.get('id') || '').trim();
+  if (id) { openThread(id); return; }
+  const q = new URLSearchParams({ limit: String(PAGE), offset: String(state.threadPage * PAGE) });
+  const status = String(f.get('status') || '');
+  const agent = String(f.get('agent') || '').trim();
+  if (status) q.set('status', status);
+  if (agent) q.set('agent', agent);
+  try {
+    const page = await api('GET', '/threads?' + q);
+    $('thread-list').replaceChildren(...page.items.map((t) => el('li', {},
+      el('button', { type: 'button', class: 'link thread-' + t.status, 'data-thread': t.id,
+        onclick: () => openThread(t.id) }, t.id),
+      ` ${t.status} · ${t.message_count} messages · ${(t.participants || []).join(', ')}`)));
+    const last = Math.max(0, Math.ceil(page.total / PAGE) - 1);
+    $('threads-page').textContent = `page ${state.threadPage + 1} of ${last + 1} (${page.total} threads)`;
+  } catch (e) {
+    notice('Threads: ' + e.message);
+  }
+}
+
+$('thread-filters').addEventListener('submit', (ev) => { ev.preventDefault(); state.threadPage = 0; loadThreads(); });
+$('threads-prev').addEventListener('click', () => { state.threadPage = Math.max(0, state.threadPage - 1); loadThreads(); });
+$('threads-next').addEventListener('click', () => { state.threadPage += 1; loadThreads(); });
+
+let threadTimer = null;
+function openThread(id) {
+  // Many events for one thread come at once: draw it once for them.
+  state.thread = id;
+  if (threadTimer) return;
+  threadTimer = setTimeout(() => { threadTimer = null; drawThread(state.thread); }, 100);
+}
+
+async function drawThread(id) {
+  selectTab('threads');
+  let t;
+  try {
+    t = await api('GET', '/threads/' + encodeURIComponent(id));
+  } catch (e) {
+    $('thread').hidden = false;
+    $('thread-title').textContent = 'Thread ' + id;
+    $('thread-facts').textContent = e.message;
+    $('thread-tree').replaceChildren();
+    $('thread-timeline').replaceChildren();
+    return;
+  }
+  $('thread').hidden = false;
+  $('thread-title').textContent = 'Thread ' + t.id;
+  $('thread-facts').textContent = `${t.status} · ${t.message_count} messages${t.error ? ' · ' + t.error : ''}`;
+  $('thread-kill').disabled = t.status !== 'active';
+  const msgs = t.messages || [];
+  const children = new Map();
+  for (const m of msgs) {
+    const p = m.parent_id || '';
+    if (!children.has(p)) children.set(p, []);
+    children.get(p).push(m);
+  }
+  const ids = new Set(msgs.map((m) => m.id));
+  const branch = (m) => el('li', {}, messageText(m),
+    children.has(m.id) ? el('ul', {}, children.get(m.id).map(branch)) : null);
+  const roots = msgs.filter((m) => !m.parent_id || !ids.has(m.parent_id));
+  $('thread-tree').replaceChildren(...roots.map(branch));
+  $('thread-timeline').replaceChildren(...msgs.map((m) => el('li', {}, `${time(m.timestamp)} `, messageText(m))));
+}
+
+function messageText(m) {
+  const type = (m.payload_type || '').replace(/^\{[^}]*\}/, '');
+  return el('details', { class: 'status-' + m.status },
+    el('summary', {}, `${m.from} → ${m.to || '—'} ${type} [${m.status}]${m.error ? ' ' + m.error : ''}`),
+    el('pre', { 'aria-label': 'payload as JSON' }, JSON.stringify(m.payload, null, 2)),
+    el('pre', { 'aria-label': 'payload as XML' }, m.payload_xml || ''));
+}
+
+$('thread-kill').addEventListener('click', async () => {
+  if (!state.thread || !confirm('Kill this thread?')) return;
+  try { await api('POST', `/threads/${encodeURIComponent(state.thread)}/kill`); openThread(state.thread); }
+  catch (e) { notice('Kill refused: ' + e.message); }
+});
+
+// ---- Inject ---------------------------------------------------------------------------------
+
+function fillInjectTargets() {
+  const sel = $('inject-to');
+  const keep = sel.value;
+  sel.replaceChildren(...[...state.agents.values()].map((a) => el('option', { value: a.name }, a.name)));
+  if (state.agents.has(keep)) sel.value = keep;
+  injectTypes();
+}
+
+/// The schema's leaf elements of `type` (the accepted root), read with the browser's own
+/// XML parser: name, XSD type, optional, repeated.
+function fieldsOf(xsd, type) {
+  const doc = new DOMParser().parseFromString(xsd, 'application/xml');
+  const XS = 'http://www.w3.org/2001/XMLSchema';
+  const top = [...doc.getElementsByTagNameNS(XS, 'element')].find((e) => e.getAttribute('name') === type &&
+    e.parentNode === doc.documentElement);
+  if (!top) return [];
+  return [...top.getElementsByTagNameNS(XS, 'element')].filter((e) => e.getAttribute('name')).map((e) => ({
+    name: e.getAttribute('name'),
+    type: (e.getAttribute('type') || 'string').replace(/^.*:/, ''),
+    optional: e.getAttribute('minOccurs') === '0',
+    repeated: (e.getAttribute('maxOccurs') || '1') !== '1',
+  }));
+}
+
+async function injectTypes() {
+  const name = $('inject-to').value;
+  const a = state.agents.get(name);
+  const types = (a && a.accepts) || [];
+  const sel = $('inject-type');
+  sel.replaceChildren(...types.map((t) => el('option', { value: t }, t.replace(/^\{[^}]*\}/, ''))));
+  await injectFields();
+}
+
+async function injectFields() {
+  const box = $('inject-fields');
+  box.replaceChildren(el('legend', {}, 'Fields'));
+  const name = $('inject-to').value;
+  const type = ($('inject-type').value || '').replace(/^\{[^}]*\}/, '');
+  if (!name || !type) return;
+  let xsd = '';
+  try { xsd = await schemaOf(name); } catch (_) { return; }
+  for (const f of fieldsOf(xsd, type)) {
+    const input = el('input', {
+      name: f.name, 'data-field': f.name, 'data-repeated': f.repeated ? '1' : undefined,
+      type: /int|long|short|decimal|double|float/.test(f.type) ? 'number' : 'text',
+      step: /decimal|double|float/.test(f.type) ? 'any' : undefined,
+      required: !f.optional && !f.repeated,
+      placeholder: f.repeated ? 'values separated by commas' : f.type,
+    });
+    box.append(el('label', { 'data-label': f.name },
+      `${f.name}${f.optional ? ' (optional)' : ''}${f.repeated ? ' (repeated)' : ''} `, input,
+      el('span', { class: 'field-error', role: 'alert' })));
+  }
+}
+$('inject-to').addEventListener('change', injectTypes);
+$('inject-type').addEventListener('change', injectFields);
+
+$('inject-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  const out = $('inject-result');
+  out.replaceChildren();
+  for (const s of document.querySelectorAll('.field-error')) s.textContent = '';
+  const body = { to: $('inject-to').value };
+  const xml = $('inject-xml').value.trim();
+  if ($('inject-raw').open && xml) {
+    body.payload_xml = xml;
+  } else {
+    const payload = {};
+    for (const i of $('inject-fields').querySelectorAll('input[data-field]')) {
+      const v = i.value.trim();
+      if (!v) continue;
+      if (i.dataset.repeated) payload[i.dataset.field] = v.split(',').map((s) => s.trim());
+      else payload[i.dataset.field] = i.type === 'number' ? Number(v) : v;
+    }
+    body.payload = payload;
+    if ($('inject-type').value) body.payload_type = $('inject-type').value;
+  }
+  const thread = $('inject-thread').value.trim();
+  if (thread) body.thread_id = thread;
+  try {
+    const r = await api('POST', '/inject', body);
+    out.append(el('p', {}, 'Injected: thread ', el('button', { type: 'button', class: 'link',
+      onclick: () => openThread(r.thread_id) }, r.thread_id)));
+    openThread(r.thread_id);
+  } catch (e) {
+    out.append(el('p', { class: 'bad' }, `${e.status}: ${e.message}`));
+    const details = (e.body && e.body.details) || [];
+    out.append(el('ul', { class: 'validator' }, details.map((d) => el('li', {}, d))));
+    // Each validator message beside the field it names.
+    for (const d of details) {
+      for (const s of document.querySelectorAll('#inject-fields [data-label]')) {
+        if (d.includes(`'${s.dataset.label}'`) || d.includes(`<${s.dataset.label}>`) || d.includes(`{${s.dataset.label}}`)) {
+          s.querySelector('.field-error').textContent = d;
+        }
+      }
+    }
+  }
+});
+
+// ---- Tabs -----------------------------------------------------------------------------------
+
+function selectTab(name) {
+  for (const t of document.querySelectorAll('[role="tab"]')) {
+    const on = t.id === 'tab-' + name;
+    t.setAttribute('aria-selected', on ? 'true' : 'false');
+    $(t.getAttribute('aria-controls')).hidden = !on;
+  }
+  if (name === 'threads' && !$('thread-list').children.length) loadThreads();
+}
+
+for (const t of document.querySelectorAll('[role="tab"]')) {
+  t.addEventListener('click', () => selectTab(t.id.replace('tab-', '')));
+  t.addEventListener('keydown', (ev) => {
+    const tabs = [...document.querySelectorAll('[role="tab"]')].filter((x) => !x.hidden);
+    const i = tabs.indexOf(t);
+    if (ev.key === 'ArrowRight' || ev.key === 'ArrowLeft') {
+      const next = tabs[(i + (ev.key === 'ArrowRight' ? 1 : tabs.length - 1)) % tabs.length];
+      next.focus();
+      selectTab(next.id.replace('tab-', ''));
+    }
+  });
+}
+
+setInterval(() => { if (!$('app').hidden) refreshOrganism(); }, 5000);
+start();

@@ -1,0 +1,213 @@
+//! Headless Chromium for the dashboard's tests, driven over the DevTools protocol on a real
+//! WebSocket: open a page, evaluate JavaScript in it, wait for a condition, take a
+//! screenshot. `scripts/test` installs Chromium when it is missing.
+
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio_tungstenite::tungstenite::Message;
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+pub struct Chromium {
+    child: tokio::process::Child,
+    socket: Socket,
+    next: u64,
+    _profile: tempfile::TempDir,
+}
+
+/// How long a condition may take to hold.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+impl Chromium {
+    /// Starts a headless Chromium (a fresh profile, no network of its own) and attaches to
+    /// its first page.
+    pub async fn launch() -> Chromium {
+        let profile = tempfile::tempdir().unwrap();
+        let binary = ["chromium", "chromium-browser", "google-chrome"]
+            .into_iter()
+            .find(|b| {
+                std::process::Command::new("sh")
+                    .args(["-c", &format!("command -v {b}")])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .expect("Chromium is not installed: `bash scripts/test` installs it");
+        let mut child = tokio::process::Command::new(binary)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--window-size=1400,900",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stderr(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let browser = tokio::time::timeout(PATIENCE, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(url) = line.strip_prefix("DevTools listening on ") {
+                    return url.trim().to_string();
+                }
+            }
+            panic!("Chromium ended before it listened");
+        })
+        .await
+        .expect("Chromium did not start");
+        // Keep reading its stderr so that it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let port = browser
+            .trim_start_matches("ws://127.0.0.1:")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string();
+        let targets: Value = super::common::http()
+            .get(format!("http://127.0.0.1:{port}/json/list"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let page = targets
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["type"] == "page")
+            .expect("a page")["webSocketDebuggerUrl"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (socket, _) = tokio_tungstenite::connect_async(page).await.unwrap();
+        let mut c = Chromium {
+            child,
+            socket,
+            next: 0,
+            _profile: profile,
+        };
+        c.call("Page.enable", json!({})).await;
+        c.call("Runtime.enable", json!({})).await;
+        c
+    }
+
+    /// One DevTools command; its result.
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        let text = json!({"id": id, "method": method, "params": params}).to_string();
+        self.socket.send(Message::text(text)).await.unwrap();
+        let answer = tokio::time::timeout(PATIENCE, async {
+            loop {
+                let m = self.socket.next().await.expect("DevTools closed").unwrap();
+                let Message::Text(t) = m else { continue };
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["id"] == id {
+                    return v;
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{method}: no answer"));
+        assert!(answer.get("error").is_none(), "{method}: {answer}");
+        answer["result"].clone()
+    }
+
+    pub async fn goto(&mut self, url: &str) {
+        self.call("Page.navigate", json!({"url": url})).await;
+        self.wait("document.readyState === 'complete'", "the page loads")
+            .await;
+    }
+
+    /// Evaluates `js` in the page (awaiting a promise); its value.
+    pub async fn eval(&mut self, js: &str) -> Value {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": js, "awaitPromise": true, "returnByValue": true}),
+            )
+            .await;
+        if let Some(e) = r.get("exceptionDetails") {
+            panic!("`{js}` threw: {e}");
+        }
+        r["result"]["value"].clone()
+    }
+
+    /// Waits until `js` is true in the page.
+    pub async fn wait(&mut self, js: &str, what: &str) {
+        let started = Instant::now();
+        loop {
+            if self.eval(&format!("!!({js})")).await == json!(true) {
+                return;
+            }
+            if started.elapsed() > PATIENCE {
+                let body = self.eval("document.body.innerText").await;
+                panic!("waited {PATIENCE:?} for {what} (`{js}`); the page shows:\n{body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The text of the element `selector` selects.
+    pub async fn text(&mut self, selector: &str) -> String {
+        let js = format!(
+            "(document.querySelector({}) || {{}}).innerText || ''",
+            json!(selector)
+        );
+        self.eval(&js)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    pub async fn click(&mut self, selector: &str) {
+        let js = format!("document.querySelector({}).click()", json!(selector));
+        self.eval(&js).await;
+    }
+
+    /// Sets a form control's value as a user typing it would (an `input` and a `change`
+    /// event).
+    pub async fn fill(&mut self, selector: &str, value: &str) {
+        let js = format!(
+            "(() => {{ const e = document.querySelector({}); e.value = {}; \
+             e.dispatchEvent(new Event('input', {{bubbles: true}})); \
+             e.dispatchEvent(new Event('change', {{bubbles: true}})); }})()",
+            json!(selector),
+            json!(value)
+        );
+        self.eval(&js).await;
+    }
+
+    /// A PNG of the page as it is now.
+    pub async fn screenshot(&mut self, path: &std::path::Path) {
+        use base64::Engine;
+        let r = self
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(r["data"].as_str().unwrap())
+            .unwrap();
+        std::fs::write(path, png).unwrap();
+    }
+}
+
+impl Drop for Chromium {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}

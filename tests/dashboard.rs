@@ -1,0 +1,362 @@
+//! The dashboard in a real headless Chromium against a real server on 127.0.0.1:0: what it
+//! shows comes from the public API, its controls act through it, and it hides what the
+//! credential's role may not do.
+
+#[path = "browser/mod.rs"]
+mod browser;
+mod common;
+
+use agentserver::api::auth::Role;
+use agentserver::api::{ApiOptions, ApiServer};
+use agentserver::events::AgentState;
+use agentserver::Organism;
+use browser::Chromium;
+use common::*;
+use serde_json::json;
+
+const LISTENERS: &str = "  - { name: a, description: forwards pings, kind: native, handler: forward, schema: t.xsd, accepts: [Ping], peers: [b], config: { to: b } }
+  - { name: b, description: keeps pings, kind: native, handler: sink, schema: t.xsd, accepts: [Ping] }";
+
+async fn serve(o: &Organism) -> (ApiServer, String) {
+    let server = ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
+        .await
+        .unwrap();
+    let base = format!("http://{}", server.local_addr());
+    (server, base)
+}
+
+fn state_of(o: &Organism, name: &str) -> AgentState {
+    o.agents()
+        .into_iter()
+        .find(|a| a.name == name)
+        .unwrap()
+        .state
+}
+
+/// Rows of the message log that belong to `thread`.
+fn rows_of(thread: &str) -> String {
+    format!(
+        "[...document.querySelectorAll('#messages tbody tr')].filter(r => r.innerText.includes({})).length",
+        json!(thread)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
+    let (o, _d) = organism(Organism::builder(), LISTENERS);
+    let (server, base) = serve(&o).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    c.wait(
+        "$('connection-state').textContent === 'live'",
+        "the stream to be live",
+    )
+    .await;
+    assert_eq!(c.text("#who-text").await, "no authentication · admin");
+    // Every listener as text beside the canvas, and on the canvas with its edge.
+    assert_eq!(
+        c.eval(
+            "[...document.querySelectorAll('#agent-list [data-agent]')].map(b => b.dataset.agent)"
+        )
+        .await,
+        json!(["a", "b"])
+    );
+    assert_eq!(c.eval("state.graph.nodes().length").await, json!(3));
+    assert_eq!(
+        c.eval("state.graph.getElementById('a→b').empty()").await,
+        json!(false)
+    );
+
+    // What happens elsewhere shows as it happens, with each message's final status.
+    let r = inject(&o, "a", &ping(7), None);
+    settle(&o, &r.thread_id).await;
+    c.wait(
+        &format!("{} === 2", rows_of(&r.thread_id)),
+        "the thread's two messages",
+    )
+    .await;
+    c.wait(
+        "[...document.querySelectorAll('#messages tbody .status')].every(s => s.textContent === 'delivered')",
+        "their final status",
+    )
+    .await;
+
+    // Inject from a form made from the receiver's schema; the new thread opens.
+    c.click("#tab-inject").await;
+    c.fill("#inject-to", "a").await;
+    let n = "#inject-fields input[data-field=\"n\"]";
+    c.wait(
+        &format!("document.querySelector({})", json!(n)),
+        "the field n",
+    )
+    .await;
+    c.fill(n, "42").await;
+    c.eval("$('inject-form').requestSubmit()").await;
+    c.wait(
+        "$('thread-timeline').querySelectorAll('li').length === 2",
+        "the new thread, opened, with both its messages",
+    )
+    .await;
+    let thread = c.eval("state.thread").await;
+    let messages = o.threads().messages(thread.as_str().unwrap()).unwrap();
+    assert!(
+        messages[0].payload_xml.contains("<n>42</n>"),
+        "{messages:?}"
+    );
+    assert!(c
+        .text("#thread-tree")
+        .await
+        .contains("api → a Ping [delivered]"));
+
+    // A payload the schema refuses: the validator's words, shown.
+    c.click("#tab-inject").await;
+    c.eval("$('inject-raw').open = true").await;
+    c.fill("#inject-xml", "<Ping><n>x</n></Ping>").await;
+    c.eval("$('inject-form').requestSubmit()").await;
+    c.wait(
+        "$('inject-result').innerText.includes('422') && $('inject-result').querySelectorAll('.validator li').length > 0",
+        "the 422 and its validator messages",
+    )
+    .await;
+
+    // An agent's panel pauses and resumes it.
+    c.click("#agent-list [data-agent=\"b\"]").await;
+    c.wait(
+        "$('agent-facts').innerText.includes('keeps pings')",
+        "b's panel",
+    )
+    .await;
+    c.click("[data-agent-act=\"pause\"]").await;
+    c.wait(
+        "document.querySelector('#agent-list [data-agent=\"b\"] .state').textContent === 'paused'",
+        "b shown paused",
+    )
+    .await;
+    assert_eq!(state_of(&o, "b"), AgentState::Paused);
+    c.click("[data-agent-act=\"resume\"]").await;
+    c.wait(
+        "document.querySelector('#agent-list [data-agent=\"b\"] .state').textContent === 'idle'",
+        "b shown idle",
+    )
+    .await;
+
+    // The organism's reload, confirmed, and its result.
+    c.eval("window.confirm = () => true").await;
+    c.click("[data-organism=\"reload\"]").await;
+    c.wait(
+        "$('reload-result').innerText.includes('unchanged: a, b')",
+        "the reload's result",
+    )
+    .await;
+
+    // The stream drops; what happened meanwhile comes with the resume (?since=), once.
+    c.eval("state.ws.close()").await;
+    let gap = inject(&o, "a", &ping(9), Some("gap"));
+    settle(&o, &gap.thread_id).await;
+    c.click("#tab-messages").await;
+    c.wait(
+        &format!("{} === 2", rows_of("gap")),
+        "the messages sent while it was away",
+    )
+    .await;
+    c.wait("$('connection-state').textContent === 'live'", "live again")
+        .await;
+    assert_eq!(c.eval(&rows_of("gap")).await, json!(2));
+
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    c.screenshot(&shot).await;
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}
+
+/// An organism with keys and a tenant's listener; a key for each of `who`.
+fn with_keys(dir: &std::path::Path, who: &[(&str, Role, Option<&str>)]) -> (Organism, Vec<String>) {
+    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.join("o.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "organism: {{ name: keyed, store: o.db }}\nauth: {{ methods: [keys] }}\nlisteners:\n{LISTENERS}\n  - {{ name: acme-a, description: acme's, kind: native, handler: sink, schema: t.xsd, accepts: [Ping], tenant: acme }}\n"
+        ),
+    )
+    .unwrap();
+    let config = Organism::builder().load_config(&path).unwrap();
+    let mut keys = Vec::new();
+    for (name, role, tenant) in who {
+        let (key, row) = agentserver::api::keys::new_key(name, *role, *tenant, None).unwrap();
+        agentserver::api::auth::KeySource::of(&config)
+            .unwrap()
+            .add(&row)
+            .unwrap();
+        keys.push(key);
+    }
+    (Organism::builder().load(&path).unwrap(), keys)
+}
+
+async fn sign_in(c: &mut Chromium, token: &str) {
+    c.wait("!$('login').hidden", "the sign-in form").await;
+    c.fill("#token", token).await;
+    c.eval("$('login-form').requestSubmit()").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, keys) = with_keys(
+        dir.path(),
+        &[
+            ("watcher", Role::Viewer, None),
+            ("acme-op", Role::Operator, Some("acme")),
+        ],
+    );
+    let (server, base) = serve(&o).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+
+    // A wrong key is refused and asked for again.
+    sign_in(&mut c, "ask_not-a-key").await;
+    c.wait("$('login-error').textContent.length > 0", "the refusal")
+        .await;
+    assert_eq!(c.eval("$('app').hidden").await, json!(true));
+
+    // A viewer sees everything and may change nothing.
+    sign_in(&mut c, &keys[0]).await;
+    c.wait(
+        "$('connection-state').textContent === 'live'",
+        "the stream (its first frame authenticates it)",
+    )
+    .await;
+    assert_eq!(c.text("#who-text").await, "key:watcher · viewer");
+    for hidden in [
+        "organism-controls",
+        "agent-controls",
+        "tab-inject",
+        "thread-kill",
+    ] {
+        assert_eq!(
+            c.eval(&format!("$('{hidden}').hidden")).await,
+            json!(true),
+            "{hidden}"
+        );
+    }
+    assert_eq!(
+        c.eval("document.querySelectorAll('#agent-list [data-agent]').length")
+            .await,
+        json!(3)
+    );
+    // The key is the tab's: never in the address.
+    assert!(!c
+        .eval("location.href")
+        .await
+        .as_str()
+        .unwrap()
+        .contains("ask_"));
+    assert_eq!(
+        c.eval("sessionStorage.getItem('agentserver-token')").await,
+        json!(keys[0])
+    );
+
+    // A tenant's operator sees its own agents, may inject, and not control the organism.
+    c.click("#sign-out").await;
+    sign_in(&mut c, &keys[1]).await;
+    c.wait(
+        "$('who-text').textContent.includes('acme-op') && $('connection-state').textContent === 'live'",
+        "the tenant's stream",
+    )
+    .await;
+    assert_eq!(
+        c.text("#who-text").await,
+        "key:acme-op · operator · tenant acme"
+    );
+    c.wait(
+        "[...document.querySelectorAll('#agent-list [data-agent]')].map(b => b.dataset.agent).join() === 'acme-a'",
+        "only the tenant's agent",
+    )
+    .await;
+    assert_eq!(c.eval("$('organism-controls').hidden").await, json!(true));
+    assert_eq!(c.eval("$('tab-inject').hidden").await, json!(false));
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn its_files_are_served_with_their_headers_and_can_be_turned_off() {
+    let (o, _d) = organism(Organism::builder(), LISTENERS);
+    let (server, base) = serve(&o).await;
+    let http = http();
+    let page = http.get(format!("{base}/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let h = page.headers().clone();
+    assert_eq!(h["content-type"], "text/html; charset=utf-8");
+    assert_eq!(h["cache-control"], "no-cache");
+    assert_eq!(h["x-content-type-options"], "nosniff");
+    let csp = h["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    // Unchanged since the copy a browser holds: 304, no body.
+    let again = http
+        .get(format!("{base}/"))
+        .header("if-none-match", h["etag"].clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    let lib = http
+        .get(format!("{base}/dashboard/vendor/cytoscape-3.34.4.min.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(lib.status(), 200);
+    assert_eq!(lib.headers()["cache-control"], "public, max-age=86400");
+    assert_eq!(
+        lib.headers()["content-type"],
+        "text/javascript; charset=utf-8"
+    );
+    let missing = http
+        .get(format!("{base}/dashboard/nope.js"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let body: serde_json::Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found");
+    let escape = http
+        .get(format!("{base}/dashboard/..%2F..%2FCargo.toml"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(escape.status(), 404);
+    o.stop().await;
+    server.shutdown().await;
+
+    // `organism.dashboard: false`: no page; the API as before.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!("organism: {{ name: plain, store: memory, dashboard: false }}\nlisteners:\n{LISTENERS}\n"),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let (server, base) = serve(&o).await;
+    assert_eq!(
+        http.get(format!("{base}/")).send().await.unwrap().status(),
+        404
+    );
+    assert_eq!(
+        http.get(format!("{base}/api/v1/organism"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    o.stop().await;
+    server.shutdown().await;
+}
