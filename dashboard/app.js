@@ -15,7 +15,8 @@ const state = {
   lastSeq: 0,
   dropped: 0,
   frozen: false,
-  frozenCount: 0,
+  /// What came while the view was frozen, shown when it resumes (at most MAX_ROWS).
+  held: [],
   ws: null,
   retry: 0,
   selected: null,
@@ -381,8 +382,12 @@ function connect() {
   };
   ws.onclose = (ev) => {
     if (state.ws !== ws) return;
-    if (ev.code === 4401) { signedOut(`Your credential ended; sign in again (${ev.reason}).`); return; }
     setConnection('reconnecting');
+    if (ev.code === 4401) {
+      // Refused: signed out if the credential is (api() sees the 401), else try again (a
+      // first frame that came too late on a busy machine, say).
+      api('GET', '/me').catch(() => {});
+    }
     state.retry = Math.min(state.retry + 1, 6);
     setTimeout(connect, 250 * 2 ** state.retry);
   };
@@ -497,8 +502,9 @@ function onMessage(m) {
   if (state.thread === m.thread_id) openThread(m.thread_id);
   if (!matches(m, messageFilter())) return;
   if (state.frozen) {
-    state.frozenCount += 1;
-    $('frozen-count').textContent = `${state.frozenCount} new while frozen`;
+    state.held.push(m);
+    if (state.held.length > MAX_ROWS) state.held.shift();
+    $('frozen-count').textContent = `${state.held.length} new while frozen`;
     return;
   }
   const body = $('messages').tBodies[0];
@@ -514,13 +520,19 @@ function onStatus(f) {
     row.className = 'status-' + f.status;
     row.querySelector('.status').textContent = f.status;
   }
+  for (const m of state.held) if (m.id === f.id) m.status = f.status;
   if (state.thread === f.thread_id) openThread(f.thread_id);
 }
 
 $('freeze').addEventListener('click', () => {
   state.frozen = !state.frozen;
   $('freeze').textContent = state.frozen ? 'Resume' : 'Freeze';
-  if (!state.frozen) { state.frozenCount = 0; $('frozen-count').textContent = ''; }
+  if (!state.frozen) {
+    const held = state.held;
+    state.held = [];
+    $('frozen-count').textContent = '';
+    for (const m of held) onMessage(m);
+  }
 });
 
 $('message-filters').addEventListener('change', () => {

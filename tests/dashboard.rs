@@ -360,3 +360,120 @@ async fn its_files_are_served_with_their_headers_and_can_be_turned_off() {
     o.stop().await;
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it() {
+    let (o, d) = organism(Organism::builder(), LISTENERS);
+    let (server, base) = serve(&o).await;
+    for n in 0..30 {
+        let r = inject(&o, "a", &ping(n), Some(&format!("t{n:02}")));
+        settle(&o, &r.thread_id).await;
+    }
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    c.wait("$('connection-state').textContent === 'live'", "live")
+        .await;
+
+    // 30 threads: two pages of 25, newest first.
+    c.click("#tab-threads").await;
+    c.wait("$('thread-list').children.length === 25", "the first page")
+        .await;
+    assert_eq!(c.text("#threads-page").await, "page 1 of 2 (30 threads)");
+    assert!(c.text("#thread-list li").await.starts_with("t29 completed"));
+    c.click("#threads-next").await;
+    c.wait("$('thread-list').children.length === 5", "the second page")
+        .await;
+    // By id.
+    c.fill("#thread-filters [name=id]", "t07").await;
+    c.eval("$('thread-filters').requestSubmit()").await;
+    c.wait(
+        "$('thread-title').textContent === 'Thread t07'",
+        "t07 opened",
+    )
+    .await;
+    assert!(c
+        .text("#thread-facts")
+        .await
+        .starts_with("completed · 2 messages"));
+    assert!(c
+        .text("#thread-tree")
+        .await
+        .contains("a → b Ping [delivered]"));
+
+    // A thread held at a paused agent, killed from its page.
+    o.pause_listener("b").unwrap();
+    let held = inject(&o, "a", &ping(99), Some("held"));
+    c.fill("#thread-filters [name=id]", "held").await;
+    c.eval("$('thread-filters').requestSubmit()").await;
+    c.wait(
+        "$('thread-title').textContent === 'Thread held' && !$('thread-kill').disabled",
+        "the active thread",
+    )
+    .await;
+    c.eval("window.confirm = () => true").await;
+    c.click("#thread-kill").await;
+    c.wait(
+        "$('thread-facts').textContent.startsWith('killed')",
+        "killed",
+    )
+    .await;
+    assert_eq!(
+        o.threads().status(&held.thread_id),
+        Some(agentserver::threads::ThreadStatus::Killed)
+    );
+    o.resume_listener("b").unwrap();
+
+    // Frozen, the log counts what comes instead of showing it.
+    c.click("#tab-messages").await;
+    c.click("#freeze").await;
+    let r = inject(&o, "a", &ping(100), Some("while-frozen"));
+    settle(&o, &r.thread_id).await;
+    c.wait(
+        "$('frozen-count').textContent === '2 new while frozen'",
+        "the count",
+    )
+    .await;
+    assert_eq!(c.eval(&rows_of("while-frozen")).await, json!(0));
+    // Resumed, it shows them.
+    c.click("#freeze").await;
+    assert_eq!(c.eval(&rows_of("while-frozen")).await, json!(2));
+    // A filter reads the log's pages from /messages.
+    c.fill("#message-filters [name=thread]", "t03").await;
+    c.wait(
+        "$('messages').tBodies[0].rows.length === 2 && $('messages').innerText.includes('t03')",
+        "t03's messages only",
+    )
+    .await;
+    c.fill("#message-filters [name=thread]", "").await;
+
+    // A reload that adds a listener: it appears, on the canvas and in the list.
+    let yaml = std::fs::read_to_string(d.path().join("organism.yaml")).unwrap()
+        + "  - { name: c, description: new, kind: native, handler: sink, schema: t.xsd, accepts: [Ping] }\n";
+    std::fs::write(d.path().join("organism.yaml"), yaml).unwrap();
+    o.reload(None).unwrap();
+    c.wait(
+        "document.querySelectorAll('#agent-list [data-agent]').length === 3 && !state.graph.getElementById('c').empty()",
+        "the new listener",
+    )
+    .await;
+
+    // The server restarts (a new organism, its events counted from the start again): the
+    // dashboard resyncs onto it.
+    let addr = server.local_addr();
+    o.stop().await;
+    server.shutdown().await;
+    c.wait("$('connection-state').textContent !== 'live'", "the drop")
+        .await;
+    let (o2, _d2) = organism(Organism::builder(), LISTENERS);
+    let server = ApiServer::bind(o2.clone(), &addr.to_string(), ApiOptions::default())
+        .await
+        .unwrap();
+    c.wait(
+        "$('connection-state').textContent === 'live' && document.querySelectorAll('#agent-list [data-agent]').length === 2",
+        "live on the new server, its agents shown",
+    )
+    .await;
+    drop(c);
+    o2.stop().await;
+    server.shutdown().await;
+}

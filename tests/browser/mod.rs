@@ -13,6 +13,9 @@ type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 pub struct Chromium {
+    /// One browser at a time in a test binary: several starting at once on two cores made
+    /// each slow enough to miss the server's deadlines.
+    _turn: tokio::sync::MutexGuard<'static, ()>,
     child: tokio::process::Child,
     socket: Socket,
     next: u64,
@@ -26,6 +29,8 @@ impl Chromium {
     /// Starts a headless Chromium (a fresh profile, no network of its own) and attaches to
     /// its first page.
     pub async fn launch() -> Chromium {
+        static TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let turn = TURN.lock().await;
         let profile = tempfile::tempdir().unwrap();
         let binary = ["chromium", "chromium-browser", "google-chrome"]
             .into_iter()
@@ -95,6 +100,7 @@ impl Chromium {
             .to_string();
         let (socket, _) = tokio_tungstenite::connect_async(page).await.unwrap();
         let mut c = Chromium {
+            _turn: turn,
             child,
             socket,
             next: 0,
