@@ -251,6 +251,8 @@ function renderGraph() {
         { selector: 'node[state="paused"]', style: { 'background-color': '#77c' } },
         { selector: 'node[state="error"]', style: { 'background-color': '#d33' } },
         { selector: 'node:selected', style: { 'border-width': 3, 'border-color': '#036' } },
+        { selector: 'node.added', style: { 'border-width': 4, 'border-color': '#3a7' } },
+        { selector: 'node.changed', style: { 'border-width': 4, 'border-color': '#e90' } },
         { selector: 'edge', style: { width: 1.5, 'line-color': '#bbb', 'target-arrow-shape': 'triangle',
           'target-arrow-color': '#bbb', 'curve-style': 'bezier', 'font-size': 9 } },
         { selector: 'edge[injector]', style: { 'line-style': 'dashed' } },
@@ -269,7 +271,9 @@ function renderGraph() {
   // A change of topology (a reload): keep what stayed, add and remove, lay out again.
   const g = state.graph;
   const want = new Set([...nodes, ...edges].map((e) => e.data.id));
-  g.elements().filter((e) => !want.has(e.id())).remove();
+  g.elements().filter((e) => !want.has(e.id())).forEach((e) => {
+    e.animate({ style: { opacity: 0 } }, { duration: 400, complete: () => e.remove() });
+  });
   let added = false;
   for (const e of [...nodes, ...edges]) {
     const have = g.getElementById(e.data.id);
@@ -441,7 +445,16 @@ function onFrame(f) {
     case 'reload':
       organismEvent(f.ok ? `reload ${f.agent || 'organism'}: ok` : `reload ${f.agent || 'organism'} failed: ${f.error || ''}`);
       if (f.ok && !f.agent) {
-        api('GET', '/agents?limit=1000').then((p) => setAgents(p.items)).catch(() => {});
+        api('GET', '/agents?limit=1000').then((p) => {
+          setAgents(p.items);
+          // What the reload added or changed stands out for a moment.
+          for (const [names, cls] of [[f.added, 'added'], [f.changed, 'changed']]) {
+            for (const n of names || []) {
+              const node = state.graph && state.graph.getElementById(n);
+              if (node && !node.empty()) { node.addClass(cls); setTimeout(() => node.removeClass(cls), 2000); }
+            }
+          }
+        }).catch(() => {});
         refreshOrganism();
       }
       break;
@@ -493,7 +506,7 @@ function messageRow(m) {
     el('td', {}, time(m.timestamp)),
     el('td', {}, m.from), el('td', {}, m.to || ''), el('td', {}, type),
     el('td', { class: 'status' }, m.status),
-    el('td', {}, el('button', { type: 'button', class: 'link', onclick: () => openThread(m.thread_id) }, m.thread_id)));
+    el('td', {}, el('button', { type: 'button', class: 'link', onclick: () => openThread(m.thread_id, m.id) }, m.thread_id)));
 }
 
 function onMessage(m) {
@@ -603,8 +616,10 @@ $('threads-prev').addEventListener('click', () => { state.threadPage = Math.max(
 $('threads-next').addEventListener('click', () => { state.threadPage += 1; loadThreads(); });
 
 let threadTimer = null;
-function openThread(id) {
+function openThread(id, message) {
   // Many events for one thread come at once: draw it once for them.
+  if (id !== state.thread) state.focus = null;
+  if (message) state.focus = message;
   state.thread = id;
   if (threadTimer) return;
   threadTimer = setTimeout(() => { threadTimer = null; drawThread(state.thread); }, 100);
@@ -644,7 +659,7 @@ async function drawThread(id) {
 
 function messageText(m) {
   const type = (m.payload_type || '').replace(/^\{[^}]*\}/, '');
-  return el('details', { class: 'status-' + m.status },
+  return el('details', { class: 'status-' + m.status, 'data-message': m.id, open: state.focus === m.id },
     el('summary', {}, `${m.from} → ${m.to || '—'} ${type} [${m.status}]${m.error ? ' ' + m.error : ''}`),
     el('pre', { 'aria-label': 'payload as JSON' }, JSON.stringify(m.payload, null, 2)),
     el('pre', { 'aria-label': 'payload as XML' }, m.payload_xml || ''));

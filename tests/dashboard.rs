@@ -81,6 +81,19 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     )
     .await;
 
+    // A row opens its thread, with that message open in it.
+    c.click("#messages tbody tr:last-child button").await;
+    c.wait(
+        &format!("$('thread-title').textContent === 'Thread {}'", r.thread_id),
+        "the row's thread",
+    )
+    .await;
+    c.wait(
+        "document.querySelectorAll('#thread-tree details[open]').length === 1",
+        "its message open",
+    )
+    .await;
+
     // Inject from a form made from the receiver's schema; the new thread opens.
     c.click("#tab-inject").await;
     c.fill("#inject-to", "a").await;
@@ -93,7 +106,10 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     c.fill(n, "42").await;
     c.eval("$('inject-form').requestSubmit()").await;
     c.wait(
-        "$('thread-timeline').querySelectorAll('li').length === 2",
+        &format!(
+            "state.thread !== '{}' && $('thread-timeline').querySelectorAll('li').length === 2",
+            r.thread_id
+        ),
         "the new thread, opened, with both its messages",
     )
     .await;
@@ -325,6 +341,14 @@ async fn its_files_are_served_with_their_headers_and_can_be_turned_off() {
     assert_eq!(missing.status(), 404);
     let body: serde_json::Value = missing.json().await.unwrap();
     assert_eq!(body["error"]["code"], "not_found");
+    // A page whose name was re-pointed at this server (DNS rebinding) gets nothing.
+    let rebound = http
+        .get(format!("{base}/"))
+        .header("host", "evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status(), 421);
     let escape = http
         .get(format!("{base}/dashboard/..%2F..%2FCargo.toml"))
         .send()
