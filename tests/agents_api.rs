@@ -1027,7 +1027,7 @@ async fn test_vectors_run_a_version_apart_from_the_live_organism() {
 
     // Each case says what it cost: CPU time on its sandbox's thread, and the most memory its
     // state held (here a 4 MB string kept while it loops).
-    let heavy = "function handle(p, m)\n  local t = string.rep('x', 4000000)\n  local n = 0\n  for i = 1, 300000 do n = n + (i % 7) end\n  return { to = 'collector', payload = { text = tostring(#t + n), version = 9 } }\nend\n";
+    let heavy = "function handle(p, m)\n  local t = string.rep('x', 4000000)\n  local n = 0\n  for i = 1, 20000 do n = n + (i % 7) end\n  return { to = 'collector', payload = { text = tostring(#t + n), version = 9 } }\nend\n";
     let (st, v) = s
         .post("/api/v1/agents/echo/scripts", json!({"script": heavy}))
         .await;
