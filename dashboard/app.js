@@ -12,6 +12,8 @@ const state = {
   me: null,
   organism: null,
   agents: new Map(),
+  /// Injector name → the agents it sent to.
+  sources: new Map(),
   lastSeq: 0,
   dropped: 0,
   frozen: false,
@@ -93,6 +95,7 @@ function reset() {
   state.selected = null;
   state.thread = null;
   state.agents = new Map();
+  state.sources = new Map();
   if (state.graph) { state.graph.destroy(); state.graph = null; }
   $('messages').tBodies[0].replaceChildren();
   $('agent-list').replaceChildren();
@@ -201,7 +204,10 @@ function showReload(r, e) {
 
 // ---- Agents and the topology --------------------------------------------------------------
 
+/// Injectors (`api`, `ws`, `cli`, `key:NAME`, a token's subject) are source nodes, drawn
+/// once they have sent something: `src:` + their name. Until then one node stands for them.
 const INJECTORS = '(injectors)';
+const source = (who) => 'src:' + who;
 
 function setAgents(list) {
   state.agents = new Map(list.map((a) => [a.name, a]));
@@ -226,15 +232,24 @@ function renderAgents() {
 
 function renderGraph() {
   if (typeof cytoscape === 'undefined') return;
-  const nodes = [{ data: { id: INJECTORS, label: 'injectors', kind: 'source' } }];
+  const nodes = [];
   const edges = [];
+  if (!state.sources.size) nodes.push({ data: { id: INJECTORS, label: 'injectors', kind: 'source' } });
+  for (const who of state.sources.keys()) nodes.push({ data: { id: source(who), label: who, kind: 'source' } });
+  for (const [who, targets] of state.sources) {
+    for (const t of targets) {
+      if (state.agents.has(t)) edges.push({ data: { id: source(who) + '→' + t, source: source(who), target: t, injector: 1 } });
+    }
+  }
   for (const a of state.agents.values()) {
     nodes.push({ data: { id: a.name, label: a.name + (a.queue_depth ? ` (${a.queue_depth})` : ''),
       kind: a.kind, state: a.state } });
     for (const p of a.peers || []) {
       if (state.agents.has(p)) edges.push({ data: { id: a.name + '→' + p, source: a.name, target: p } });
     }
-    edges.push({ data: { id: INJECTORS + '→' + a.name, source: INJECTORS, target: a.name, injector: 1 } });
+    if (!state.sources.size) {
+      edges.push({ data: { id: INJECTORS + '→' + a.name, source: INJECTORS, target: a.name, injector: 1 } });
+    }
   }
   if (!state.graph) {
     state.graph = cytoscape({
@@ -245,7 +260,8 @@ function renderGraph() {
           'text-valign': 'bottom', 'text-margin-y': 4, width: 26, height: 26 } },
         { selector: 'node[kind="lua"]', style: { shape: 'round-rectangle' } },
         { selector: 'node[kind="external"]', style: { shape: 'diamond' } },
-        { selector: 'node[kind="source"]', style: { shape: 'triangle', 'background-color': '#999' } },
+        { selector: 'node[kind="source"]', style: { shape: 'triangle', 'background-color': '#999',
+          'text-valign': 'top', 'text-margin-y': -4 } },
         { selector: 'node[state="processing"]', style: { 'background-color': '#3a7' } },
         { selector: 'node[state="waiting"]', style: { 'background-color': '#db3' } },
         { selector: 'node[state="paused"]', style: { 'background-color': '#77c' } },
@@ -257,14 +273,16 @@ function renderGraph() {
           'target-arrow-color': '#bbb', 'curve-style': 'bezier', 'font-size': 9 } },
         { selector: 'edge[injector]', style: { 'line-style': 'dashed' } },
         { selector: 'edge.flow', style: { 'line-color': '#3a7', 'target-arrow-color': '#3a7', width: 3,
-          label: 'data(flow)' } },
+          label: 'data(flow)', 'text-background-color': '#fff', 'text-background-opacity': 0.9,
+          'text-background-padding': 2 } },
         { selector: 'edge.refused', style: { 'line-color': '#d33', 'target-arrow-color': '#d33', width: 3 } },
       ],
-      layout: { name: 'breadthfirst', roots: [INJECTORS], directed: true, spacingFactor: 1.1 },
+      layout: layout(false),
+      maxZoom: 1.4,
     });
     state.graph.on('tap', 'node', (ev) => {
       const id = ev.target.id();
-      if (id !== INJECTORS) selectAgent(id);
+      if (state.agents.has(id)) selectAgent(id);
     });
     return;
   }
@@ -272,6 +290,7 @@ function renderGraph() {
   const g = state.graph;
   const want = new Set([...nodes, ...edges].map((e) => e.data.id));
   g.elements().filter((e) => !want.has(e.id())).forEach((e) => {
+    e.data('leaving', 1);
     e.animate({ style: { opacity: 0 } }, { duration: 400, complete: () => e.remove() });
   });
   let added = false;
@@ -279,13 +298,28 @@ function renderGraph() {
     const have = g.getElementById(e.data.id);
     if (have.empty()) { g.add(e); added = true; } else have.data(e.data);
   }
-  if (added) g.layout({ name: 'breadthfirst', roots: [INJECTORS], directed: true, spacingFactor: 1.1,
-    animate: true, animationDuration: 400 }).run();
+  // Laid out without what is fading away.
+  if (added) g.elements('[^leaving]').layout(layout(true)).run();
+}
+
+function layout(animate) {
+  const roots = state.graph ? state.graph.nodes('[kind="source"][^leaving]').map((n) => n.id()) : [];
+  return { name: 'breadthfirst', roots: roots.length ? roots : undefined, directed: true,
+    spacingFactor: 1.75, padding: 30, fit: true, animate, animationDuration: 400 };
 }
 
 function flow(from, to, label, refused) {
   if (!state.graph) return;
-  const id = (state.agents.has(from) ? from : INJECTORS) + '→' + to;
+  if (!state.agents.has(from) && state.agents.has(to)) {
+    // An injector: its own node, and its edge, the first time it is seen.
+    const targets = state.sources.get(from) || new Set();
+    if (!targets.has(to)) {
+      targets.add(to);
+      state.sources.set(from, targets);
+      renderGraph();
+    }
+  }
+  const id = (state.agents.has(from) ? from : source(from)) + '→' + to;
   let e = state.graph.getElementById(id);
   if (e.empty() && state.agents.has(from) && state.agents.has(to)) {
     e = state.graph.add({ data: { id, source: from, target: to } });

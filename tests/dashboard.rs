@@ -81,6 +81,13 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     )
     .await;
 
+    // The injector is a node of its own now, with its edge.
+    c.wait(
+        "!state.graph.getElementById('src:api→a').empty()",
+        "the injector `api` and its edge",
+    )
+    .await;
+
     // A row opens its thread, with that message open in it.
     c.click("#messages tbody tr:last-child button").await;
     c.wait(
