@@ -33,7 +33,8 @@ const state = {
 
 async function api(method, path, body) {
   const headers = {};
-  if (state.token) headers.Authorization = 'Bearer ' + state.token;
+  const token = state.token;
+  if (token) headers.Authorization = 'Bearer ' + token;
   if (body !== undefined) headers['Content-Type'] = 'application/json';
   const r = await fetch(API + path, {
     method, headers, body: body === undefined ? undefined : JSON.stringify(body),
@@ -41,7 +42,10 @@ async function api(method, path, body) {
   const text = await r.text();
   let data = null;
   try { data = text ? JSON.parse(text) : null; } catch (_) { data = text; }
-  if (r.status === 401) { signedOut('Your credential was refused; sign in again.'); }
+  // Refused: signed out, unless another credential was given meanwhile.
+  if (r.status === 401 && token === state.token) {
+    signedOut(token ? 'Your credential was refused; sign in again.' : '');
+  }
   if (!r.ok) {
     const e = new Error((data && data.error && data.error.message) || r.statusText);
     e.status = r.status;
@@ -108,14 +112,18 @@ function reset() {
 }
 
 async function start() {
+  const token = state.token;
+  let me;
   try {
-    state.me = await api('GET', '/me');
+    me = await api('GET', '/me');
   } catch (e) {
     if (e.status === 401) return; // signedOut has shown the form
     notice('Cannot reach the server: ' + e.message);
     setTimeout(start, 2000);
     return;
   }
+  if (token !== state.token) return; // another sign-in began meanwhile
+  state.me = me;
   $('login').hidden = true;
   $('app').hidden = false;
   const m = state.me;
@@ -308,17 +316,19 @@ function layout(animate) {
     spacingFactor: 1.75, padding: 30, fit: true, animate, animationDuration: 400 };
 }
 
+/// An injector gets its own node, and its edge, the first time it is seen sending.
+function noteSource(from, to) {
+  if (state.agents.has(from) || !state.agents.has(to)) return;
+  const targets = state.sources.get(from) || new Set();
+  if (targets.has(to)) return;
+  targets.add(to);
+  state.sources.set(from, targets);
+  renderGraph();
+}
+
 function flow(from, to, label, refused) {
   if (!state.graph) return;
-  if (!state.agents.has(from) && state.agents.has(to)) {
-    // An injector: its own node, and its edge, the first time it is seen.
-    const targets = state.sources.get(from) || new Set();
-    if (!targets.has(to)) {
-      targets.add(to);
-      state.sources.set(from, targets);
-      renderGraph();
-    }
-  }
+  noteSource(from, to);
   const id = (state.agents.has(from) ? from : source(from)) + '→' + to;
   let e = state.graph.getElementById(id);
   if (e.empty() && state.agents.has(from) && state.agents.has(to)) {
@@ -447,6 +457,8 @@ function onFrame(f) {
       if (f.agents) setAgents(f.agents);
       else api('GET', '/agents?limit=1000').then((p) => setAgents(p.items)).catch(() => {});
       if (f.threads && !$('view-threads').hidden) loadThreads();
+      // The log opens on the latest page of what came before.
+      if (!$('messages').tBodies[0].rows.length) loadOlder();
       break;
     case 'ack':
       if (f.request_id === 'hello') { state.retry = 0; setConnection('live'); }
@@ -611,6 +623,7 @@ async function loadOlder() {
     const body = $('messages').tBodies[0];
     const filter = messageFilter();
     for (const m of page.items.slice().reverse()) {
+      if (m.to) noteSource(m.from, m.to);
       if (!body.querySelector(`tr[data-id="${CSS.escape(m.id)}"]`) && matches(m, filter)) body.append(messageRow(m));
     }
   } catch (e) {

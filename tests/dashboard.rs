@@ -220,6 +220,7 @@ fn with_keys(dir: &std::path::Path, who: &[(&str, Role, Option<&str>)]) -> (Orga
 
 async fn sign_in(c: &mut Chromium, token: &str) {
     c.wait("!$('login').hidden", "the sign-in form").await;
+    c.eval("$('login-error').textContent = ''").await;
     c.fill("#token", token).await;
     c.eval("$('login-form').requestSubmit()").await;
 }
@@ -238,6 +239,9 @@ async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_u
     let mut c = Chromium::launch().await;
     c.goto(&format!("{base}/")).await;
 
+    // Asked for a key, without a word of blame before one was given.
+    c.wait("!$('login').hidden", "the sign-in form").await;
+    assert_eq!(c.text("#login-error").await, "");
     // A wrong key is refused and asked for again.
     sign_in(&mut c, "ask_not-a-key").await;
     c.wait("$('login-error').textContent.length > 0", "the refusal")
