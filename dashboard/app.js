@@ -12,6 +12,13 @@ const state = {
   me: null,
   organism: null,
   agents: new Map(),
+  inbox: [],
+  drawing: false,
+  /// Rows to add to the log at the next draw, newest last; rows shown, by message id.
+  pendingRows: [],
+  rows: new Map(),
+  flows: 0,
+  flowsThisFrame: 0,
   /// Injector name → the agents it sent to.
   sources: new Map(),
   lastSeq: 0,
@@ -102,6 +109,9 @@ function reset() {
   state.sources = new Map();
   if (state.graph) { state.graph.destroy(); state.graph = null; }
   $('messages').tBodies[0].replaceChildren();
+  state.rows.clear();
+  state.pendingRows = [];
+  state.inbox = [];
   $('agent-list').replaceChildren();
   $('thread-list').replaceChildren();
   $('thread').hidden = true;
@@ -326,9 +336,15 @@ function noteSource(from, to) {
   renderGraph();
 }
 
+/// At most this many edges light up in one frame; the rest are counted, not drawn.
+const FLOWS_PER_FRAME = 30;
+
 function flow(from, to, label, refused) {
   if (!state.graph) return;
   noteSource(from, to);
+  state.flows += 1;
+  if (state.flowsThisFrame >= FLOWS_PER_FRAME) return;
+  state.flowsThisFrame += 1;
   const id = (state.agents.has(from) ? from : source(from)) + '→' + to;
   let e = state.graph.getElementById(id);
   if (e.empty() && state.agents.has(from) && state.agents.has(to)) {
@@ -426,7 +442,7 @@ function connect() {
   ws.onmessage = (m) => {
     let f;
     try { f = JSON.parse(m.data); } catch (_) { return; }
-    onFrame(f);
+    receive(f);
   };
   ws.onclose = (ev) => {
     if (state.ws !== ws) return;
@@ -446,9 +462,45 @@ function setConnection(s) {
   $('connection').className = 'conn-' + s;
 }
 
-function onFrame(f) {
+/// Frames wait for the next animation frame and are drawn together: however fast they
+/// come, the page changes once a frame. The inbox is bounded: past INBOX frames (a hidden
+/// tab draws nothing), the oldest messages are dropped and counted, never the rest.
+const INBOX = 5000;
+function receive(f) {
   if (typeof f.seq === 'number' && f.seq > state.lastSeq) state.lastSeq = f.seq;
+  state.inbox.push(f);
+  if (state.inbox.length > INBOX) {
+    const i = state.inbox.findIndex((x) => x.event === 'message' || x.event === 'message_status');
+    state.inbox.splice(i < 0 ? 0 : i, 1);
+    state.dropped += 1;
+  }
+  if (!state.drawing) {
+    state.drawing = true;
+    requestAnimationFrame(draw);
+    // A hidden tab gets no animation frames: draw at least every second.
+    setTimeout(draw, 1000);
+  }
+}
+
+function draw() {
+  if (!state.drawing) return;
+  state.drawing = false;
+  const frames = state.inbox;
+  state.inbox = [];
+  state.flowsThisFrame = 0;
+  // The newest state of each agent wins within a frame.
+  const states = new Map();
+  for (const f of frames) {
+    if (f.event === 'agent_state') states.set(f.agent, f);
+    else onFrame(f);
+  }
+  for (const f of states.values()) updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });
+  flushRows();
   $('last-seq').textContent = state.lastSeq;
+  $('dropped').textContent = state.dropped;
+}
+
+function onFrame(f) {
   switch (f.event) {
     case 'connected':
       state.retry = 0;
@@ -468,7 +520,6 @@ function onFrame(f) {
       break;
     case 'dropped':
       state.dropped += f.count || 0;
-      $('dropped').textContent = state.dropped;
       break;
     case 'agent_state':
       updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });
@@ -566,15 +617,35 @@ function onMessage(m) {
     $('frozen-count').textContent = `${state.held.length} new while frozen`;
     return;
   }
+  if (state.rows.has(m.id)) return;
+  state.pendingRows.push(m);
+  if (state.pendingRows.length > MAX_ROWS) state.pendingRows.shift();
+}
+
+/// Adds the rows that came since the last draw at once, newest first, and keeps MAX_ROWS.
+function flushRows() {
+  if (!state.pendingRows.length) return;
   const body = $('messages').tBodies[0];
-  if (body.querySelector(`tr[data-id="${CSS.escape(m.id)}"]`)) return;
-  body.prepend(messageRow(m));
-  while (body.rows.length > MAX_ROWS) body.lastChild.remove();
+  const batch = document.createDocumentFragment();
+  for (const m of state.pendingRows.reverse()) {
+    if (state.rows.has(m.id)) continue;
+    const row = messageRow(m);
+    state.rows.set(m.id, row);
+    batch.append(row);
+  }
+  state.pendingRows = [];
+  body.prepend(batch);
+  while (body.rows.length > MAX_ROWS) {
+    state.rows.delete(body.lastChild.dataset.id);
+    body.lastChild.remove();
+  }
 }
 
 function onStatus(f) {
   if (['rejected', 'undeliverable', 'failed'].includes(f.status) && f.to) flow(f.from, f.to, '', true);
-  const row = $('messages').querySelector(`tr[data-id="${CSS.escape(f.id)}"]`);
+  const row = state.rows.get(f.id);
+  const waiting = state.pendingRows.find((m) => m.id === f.id);
+  if (waiting) waiting.status = f.status;
   if (row) {
     row.className = 'status-' + f.status;
     row.querySelector('.status').textContent = f.status;
@@ -591,11 +662,14 @@ $('freeze').addEventListener('click', () => {
     state.held = [];
     $('frozen-count').textContent = '';
     for (const m of held) onMessage(m);
+    flushRows();
   }
 });
 
 $('message-filters').addEventListener('change', () => {
   $('messages').tBodies[0].replaceChildren();
+  state.rows.clear();
+  state.pendingRows = [];
   state.loadedOlder = 0;
   loadOlder();
 });
@@ -624,7 +698,11 @@ async function loadOlder() {
     const filter = messageFilter();
     for (const m of page.items.slice().reverse()) {
       if (m.to) noteSource(m.from, m.to);
-      if (!body.querySelector(`tr[data-id="${CSS.escape(m.id)}"]`) && matches(m, filter)) body.append(messageRow(m));
+      if (!state.rows.has(m.id) && matches(m, filter) && body.rows.length < MAX_ROWS) {
+        const row = messageRow(m);
+        state.rows.set(m.id, row);
+        body.append(row);
+      }
     }
   } catch (e) {
     notice('Older messages: ' + e.message);
@@ -843,5 +921,12 @@ for (const t of document.querySelectorAll('[role="tab"]')) {
   });
 }
 
-setInterval(() => { if (!$('app').hidden) refreshOrganism(); }, 5000);
+// Counters and queue depths are not events: read every 2 s while the page is shown.
+setInterval(() => {
+  if ($('app').hidden || document.hidden) return;
+  refreshOrganism();
+  api('GET', '/agents?limit=1000').then((p) => {
+    for (const a of p.items) updateAgent(a.name, a);
+  }).catch(() => {});
+}, 2000);
 start();

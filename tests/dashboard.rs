@@ -156,7 +156,26 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     )
     .await;
     assert_eq!(state_of(&o, "b"), AgentState::Paused);
+    // Its queue grows while it is paused, and drains when it resumes.
+    let held: Vec<_> = (0..3)
+        .map(|n| inject(&o, "a", &ping(n), None).thread_id)
+        .collect();
+    c.wait(
+        "document.querySelector('#agent-list [data-agent=\"b\"] .queue').textContent === 'queue 3'",
+        "b's queue of 3",
+    )
+    .await;
     c.click("[data-agent-act=\"resume\"]").await;
+    for t in &held {
+        settle(&o, t).await;
+    }
+    c.wait(
+        "document.querySelector('#agent-list [data-agent=\"b\"] .queue').textContent === 'queue 0'",
+        "b's queue drained",
+    )
+    .await;
+    // Every message lit its edge (or was counted when too many came at once).
+    assert!(c.eval("state.flows").await.as_u64().unwrap() >= 10);
     c.wait(
         "document.querySelector('#agent-list [data-agent=\"b\"] .state').textContent === 'idle'",
         "b shown idle",
@@ -471,7 +490,11 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
     assert_eq!(c.eval(&rows_of("while-frozen")).await, json!(0));
     // Resumed, it shows them.
     c.click("#freeze").await;
-    assert_eq!(c.eval(&rows_of("while-frozen")).await, json!(2));
+    c.wait(
+        &format!("{} === 2", rows_of("while-frozen")),
+        "the held rows",
+    )
+    .await;
     // A filter reads the log's pages from /messages.
     c.fill("#message-filters [name=thread]", "t03").await;
     c.wait(
@@ -491,6 +514,22 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
         "the new listener",
     )
     .await;
+
+    // A reload that cannot load: its problems are shown, the topology stays.
+    let broken = std::fs::read_to_string(d.path().join("organism.yaml")).unwrap()
+        + "  - { name: d, description: broken, kind: native, handler: no-such-handler, schema: t.xsd }\n";
+    std::fs::write(d.path().join("organism.yaml"), broken).unwrap();
+    c.click("[data-organism=\"reload\"]").await;
+    c.wait(
+        "$('reload-result').innerText.includes('Reload refused') && $('reload-result').innerText.includes('no-such-handler')",
+        "the reload's problems",
+    )
+    .await;
+    assert_eq!(
+        c.eval("document.querySelectorAll('#agent-list [data-agent]').length")
+            .await,
+        json!(3)
+    );
 
     // The server restarts (a new organism, its events counted from the start again): the
     // dashboard resyncs onto it.
