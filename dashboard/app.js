@@ -23,6 +23,7 @@ const state = {
   sources: new Map(),
   lastSeq: 0,
   dropped: 0,
+  folded: 0,
   frozen: false,
   /// What came while the view was frozen, shown when it resumes (at most MAX_ROWS).
   held: [],
@@ -103,6 +104,7 @@ function reset() {
   if (ws) ws.close();
   state.lastSeq = 0;
   state.dropped = 0;
+  state.folded = 0;
   state.selected = null;
   state.thread = null;
   state.agents = new Map();
@@ -437,7 +439,8 @@ function connect() {
   ws.onopen = () => {
     if (state.me.auth) ws.send(JSON.stringify({ cmd: 'auth', token: state.token }));
     // Its answer says the session is up (a resume sends no snapshot, and perhaps no event).
-    ws.send(JSON.stringify({ cmd: 'subscribe', request_id: 'hello' }));
+    // Agent states at most every 100 ms, messages past 500 a second folded (counted).
+    ws.send(JSON.stringify({ cmd: 'subscribe', request_id: 'hello', coalesce_ms: 100, max_messages_per_s: 500 }));
   };
   ws.onmessage = (m) => {
     let f;
@@ -492,12 +495,14 @@ function draw() {
   const states = new Map();
   for (const f of frames) {
     if (f.event === 'agent_state') states.set(f.agent, f);
+    else if (f.event === 'agent_states') for (const a of f.states || []) states.set(a.agent, a);
     else onFrame(f);
   }
   for (const f of states.values()) updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });
   flushRows();
   $('last-seq').textContent = state.lastSeq;
   $('dropped').textContent = state.dropped;
+  $('folded').textContent = state.folded;
 }
 
 function onFrame(f) {
@@ -520,6 +525,9 @@ function onFrame(f) {
       break;
     case 'dropped':
       state.dropped += f.count || 0;
+      break;
+    case 'folded':
+      state.folded += f.count || 0;
       break;
     case 'agent_state':
       updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });

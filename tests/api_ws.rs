@@ -736,3 +736,110 @@ async fn ws_messages_shows_each_status_change_of_a_message() {
     assert_eq!(st["slot_index"], m["slot_index"]);
     assert!(st["seq"].as_u64().unwrap() > m["seq"].as_u64().unwrap());
 }
+
+#[tokio::test]
+async fn a_client_may_take_agent_states_coalesced_and_messages_folded_past_a_rate() {
+    let s = chain().await;
+    // Out of range: the upgrade is refused, naming the option.
+    match tokio_tungstenite::connect_async(s.ws_url("/ws?coalesce_ms=1")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 400);
+            let body = String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).to_string();
+            assert!(
+                body.contains("coalesce_ms is 1; it must be 10 to 60000"),
+                "{body}"
+            );
+        }
+        other => panic!("an interval out of range connected: {other:?}"),
+    }
+
+    let mut plain = ws_connect(&s.ws_url("/ws")).await;
+    let mut folded = ws_connect(&s.ws_url("/ws?coalesce_ms=50&max_messages_per_s=3")).await;
+    next_json(&mut plain).await;
+    let hello = next_json(&mut folded).await;
+    let mut last = hello["seq"].as_u64().unwrap();
+    let started = std::time::Instant::now();
+    let mut threads = Vec::new();
+    for i in 0..10 {
+        threads.push(s.inject_note("a", &format!("n{i}")).await);
+    }
+    // The reference: every message event, as a client that folds nothing sees them.
+    let last_thread = threads.last().unwrap().clone();
+    let all = read_until(&mut plain, thread_done(&last_thread)).await;
+    let is_message = |f: &Value| f["event"] == "message" || f["event"] == "message_status";
+    let expected = all.iter().filter(|f| is_message(f)).count() as u64;
+    assert!(expected >= 30, "{expected}");
+
+    // The folded client: what it was sent and what it was told it was not, until they add
+    // up to every message event.
+    let (mut sent, mut told, mut states, mut coalesced) = (0u64, 0u64, 0, 0);
+    let deadline = std::time::Instant::now() + WAIT;
+    while sent + told < expected {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sent {sent} + told {told} of {expected}"
+        );
+        let f = next_json(&mut folded).await;
+        let seq = f["seq"].as_u64().unwrap();
+        assert!(seq >= last, "seq went back from {last} to {seq}: {f}");
+        last = seq;
+        assert_ne!(
+            f["event"], "agent_state",
+            "coalesced states come as agent_states: {f}"
+        );
+        if is_message(&f) {
+            sent += 1;
+        }
+        if f["event"] == "folded" {
+            assert_eq!(f["kind"], "message");
+            assert!(f["from_seq"].as_u64() <= f["to_seq"].as_u64());
+            told += f["count"].as_u64().unwrap();
+        }
+        if f["event"] == "agent_states" {
+            states += 1;
+            coalesced += f["replaced"].as_u64().unwrap();
+            for a in f["states"].as_array().unwrap() {
+                assert!(
+                    a["agent"].is_string() && a["state"].is_string() && a["seq"].is_u64(),
+                    "{f}"
+                );
+            }
+        }
+    }
+    assert_eq!(sent + told, expected);
+    assert!(
+        told > 0,
+        "ten threads in well under a few seconds pass 3 a second"
+    );
+    let seconds = started.elapsed().as_secs() + 1;
+    assert!(sent <= 3 * seconds, "{sent} message frames in {seconds} s");
+    assert!(
+        states > 0 && coalesced > 0,
+        "{states} agent_states frames, {coalesced} replaced"
+    );
+
+    // A subscription may turn it off: every message event again.
+    send_json(
+        &mut folded,
+        json!({"cmd": "subscribe", "request_id": "all"}),
+    )
+    .await;
+    read_until(&mut folded, |v| v["request_id"] == "all").await;
+    let t = s.inject_note("a", "after").await;
+    let frames = read_until(&mut folded, thread_done(&t)).await;
+    assert_eq!(frames.iter().filter(|f| f["event"] == "message").count(), 3);
+    send_json(
+        &mut folded,
+        json!({"cmd": "subscribe", "request_id": "bad", "max_messages_per_s": 0}),
+    )
+    .await;
+    let e = read_until(&mut folded, |v| v["request_id"] == "bad")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        (e["event"].as_str(), e["where"].as_str()),
+        (Some("error"), Some("max_messages_per_s")),
+        "{e}"
+    );
+}

@@ -32,6 +32,11 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|c| *c == '*')
 }
 
+/// The range of `coalesce_ms`: at least a frame of a 100 Hz display, at most a minute.
+pub const COALESCE_MS: (u64, u64) = (10, 60_000);
+/// The range of `max_messages_per_s`.
+pub const MESSAGES_PER_S: (u64, u64) = (1, 1_000_000);
+
 /// A subscription filter. Deserialized from a `subscribe` command (fields at the top level or
 /// under `filter`) or from the connection's query string.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -45,6 +50,14 @@ pub struct Filter {
     pub events: Vec<String>,
     #[serde(default)]
     pub payload_types: Vec<String>,
+    /// `/ws`: each agent's `agent_state` events are held and only its latest sent, every
+    /// this many milliseconds, in one `agent_states` frame ([`COALESCE_MS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coalesce_ms: Option<u64>,
+    /// `/ws`: `message` and `message_status` events past this many in a second are not
+    /// sent; each such run is told by a `folded` frame ([`MESSAGES_PER_S`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_messages_per_s: Option<u64>,
     /// `agents` compiled ([`Filter::prepare`]): one automaton for every glob, so matching a
     /// name costs time linear in the name, however many globs there are.
     #[serde(skip)]
@@ -133,6 +146,18 @@ impl Filter {
             }
         }
         self.check().map_err(|m| (m, "events"))?;
+        for (at, value, (low, high)) in [
+            ("coalesce_ms", self.coalesce_ms, COALESCE_MS),
+            (
+                "max_messages_per_s",
+                self.max_messages_per_s,
+                MESSAGES_PER_S,
+            ),
+        ] {
+            if let Some(v) = value.filter(|v| !(low..=high).contains(v)) {
+                return Err((format!("{at} is {v}; it must be {low} to {high}"), at));
+            }
+        }
         self.compiled = AgentGlobs(compile_globs(&self.agents).map_err(|m| (m, "agents"))?);
         Ok(())
     }
@@ -172,6 +197,8 @@ impl Filter {
             agents: split(agents),
             events: split(events),
             payload_types: split(payload_types),
+            coalesce_ms: None,
+            max_messages_per_s: None,
             compiled: AgentGlobs::default(),
         }
     }

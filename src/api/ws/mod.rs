@@ -60,6 +60,12 @@ pub struct WsQuery {
     pub events: Option<String>,
     /// Payload types, comma-separated.
     pub payload_types: Option<String>,
+    /// `/ws`: send each agent's latest `agent_state` only, every this many milliseconds
+    /// (10 to 60000), in one `agent_states` frame.
+    pub coalesce_ms: Option<u64>,
+    /// `/ws`: `message` and `message_status` events past this many a second are not sent;
+    /// `folded` frames count them.
+    pub max_messages_per_s: Option<u64>,
 }
 
 #[utoipa::path(get, path = "/ws", tag = "streams", params(WsQuery),
@@ -99,6 +105,8 @@ fn upgrade(
         q.events.as_deref(),
         q.payload_types.as_deref(),
     );
+    filter.coalesce_ms = q.coalesce_ms;
+    filter.max_messages_per_s = q.max_messages_per_s;
     filter
         .prepare(&state.inner.organism.config().limits)
         .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
@@ -119,6 +127,37 @@ struct Dropped {
     to_seq: u64,
 }
 
+impl Dropped {
+    fn add(this: Option<Dropped>, count: u64, from_seq: u64, to_seq: u64) -> Dropped {
+        match this {
+            None => Dropped {
+                count,
+                from_seq,
+                to_seq,
+            },
+            Some(d) => Dropped {
+                count: d.count + count,
+                from_seq: d.from_seq,
+                to_seq,
+            },
+        }
+    }
+}
+
+/// What a `/ws` session holds back when its client asked for fewer frames
+/// (`coalesce_ms`, `max_messages_per_s`), until the next flush.
+#[derive(Default)]
+struct Folding {
+    /// Each agent's latest state: its `seq`, state and thread.
+    states: crate::hash::SeededMap<String, (u64, crate::events::AgentState, Option<String>)>,
+    /// States replaced by a later one of the same agent before a flush.
+    replaced: u64,
+    /// The current second of message traffic: when it began, and how many were sent in it.
+    window: Option<(Instant, u64)>,
+    /// Message events not sent, not yet told.
+    folded: Option<Dropped>,
+}
+
 struct Session {
     state: ApiState,
     ep: Endpoint,
@@ -134,6 +173,7 @@ struct Session {
     /// The last event `seq` this session has looked at.
     seen: u64,
     dropped: Option<Dropped>,
+    folding: Folding,
     /// Set when a control frame (an answer) found the client's queue full: the client sends
     /// commands but does not read, and is closed.
     overflow: bool,
@@ -235,6 +275,7 @@ impl Session {
             queued,
             seen: sub.seq,
             dropped: None,
+            folding: Folding::default(),
             overflow: false,
         };
         if let Some(oldest) = sub.resync_from {
@@ -285,7 +326,18 @@ impl Session {
         let watched = auth.is_some()
             && (session.principal.key_id.is_some() || session.principal.expires.is_some());
         let mut recheck = tokio::time::interval(Duration::from_secs(1));
+        // What folding holds back goes out this often (a subscription may change it).
+        let mut flush_every = session.flush_every();
+        let mut flush = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
+        flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            if session.flush_every() != flush_every {
+                // A new subscription: what the old one held back goes out first.
+                session.flush_folded();
+                flush_every = session.flush_every();
+                flush = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
+                flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            }
             let revoked = async {
                 match &auth {
                     Some(a) if watched => a.revoked.notified().await,
@@ -338,6 +390,7 @@ impl Session {
                         permit.send(frame);
                     }
                 }
+                _ = flush.tick(), if flush_every.is_some() => session.flush_folded(),
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > options.heartbeat * 2 {
                         tracing::info!(endpoint = ep.path(), "closing a WebSocket client that stopped answering");
@@ -460,6 +513,9 @@ impl Session {
             }
         };
         let Some(frame) = frame else { return };
+        if self.fold(ev) {
+            return;
+        }
         if let Some(d) = self.dropped {
             // Report the gap first; if even that does not fit, this one joins it.
             if self.try_queue(dropped_frame(d)) {
@@ -476,6 +532,101 @@ impl Session {
         }
         if !self.try_queue(Message::Text(frame.clone())) {
             self.drop_one(ev.seq);
+        }
+    }
+
+    /// How often held-back frames go out: the coalescing interval, or every second for the
+    /// message rate alone; `None` when the client folds nothing.
+    fn flush_every(&self) -> Option<Duration> {
+        match (self.filter.coalesce_ms, self.filter.max_messages_per_s) {
+            (Some(ms), _) => Some(Duration::from_millis(ms)),
+            (None, Some(_)) => Some(Duration::from_secs(1)),
+            (None, None) => None,
+        }
+    }
+
+    /// Holds back an event the client asked to fold (true), or lets it go (false).
+    fn fold(&mut self, ev: &Event) -> bool {
+        if self.ep != Endpoint::Events {
+            return false;
+        }
+        match &ev.kind {
+            EventKind::AgentState {
+                agent,
+                state,
+                current_thread,
+            } if self.filter.coalesce_ms.is_some() => {
+                let held = (ev.seq, *state, current_thread.clone());
+                if self.folding.states.insert(agent.clone(), held).is_some() {
+                    self.folding.replaced += 1;
+                }
+                true
+            }
+            EventKind::Message { .. } | EventKind::MessageStatus { .. } => {
+                let Some(rate) = self.filter.max_messages_per_s else {
+                    return false;
+                };
+                let now = Instant::now();
+                let (start, sent) = match self.folding.window {
+                    Some((start, sent)) if now.duration_since(start) < Duration::from_secs(1) => {
+                        (start, sent)
+                    }
+                    _ => (now, 0),
+                };
+                if sent < rate {
+                    self.folding.window = Some((start, sent + 1));
+                    return false;
+                }
+                self.folding.window = Some((start, sent));
+                self.folding.folded = Some(Dropped::add(self.folding.folded, 1, ev.seq, ev.seq));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Sends what folding held back: the agents' latest states in one `agent_states` frame,
+    /// and a `folded` frame counting the message events not sent. Both carry the `seq` of
+    /// the last event offered, as answers do, so `seq` never goes back.
+    fn flush_folded(&mut self) {
+        if !self.folding.states.is_empty() {
+            let mut states: Vec<_> = self.folding.states.drain().collect();
+            states.sort_by_key(|(_, (seq, _, _))| *seq);
+            let states: Vec<Value> = states
+                .into_iter()
+                .map(|(agent, (seq, state, thread))| {
+                    json!({
+                        "agent": agent,
+                        "state": crate::api::view::AgentState::from(state),
+                        "current_thread": thread,
+                        "seq": seq,
+                    })
+                })
+                .collect();
+            let frame = text(&json!({
+                "event": "agent_states",
+                "seq": self.seen,
+                "timestamp": Timestamp::now(),
+                "states": states,
+                "replaced": std::mem::take(&mut self.folding.replaced),
+            }));
+            if !self.try_queue(frame) {
+                self.drop_one(self.seen);
+            }
+        }
+        if let Some(f) = self.folding.folded.take() {
+            let frame = text(&json!({
+                "event": "folded",
+                "seq": self.seen,
+                "timestamp": Timestamp::now(),
+                "kind": "message",
+                "count": f.count,
+                "from_seq": f.from_seq,
+                "to_seq": f.to_seq,
+            }));
+            if !self.try_queue(frame) {
+                self.folding.folded = Some(f);
+            }
         }
     }
 
@@ -503,18 +654,7 @@ impl Session {
 
     fn note_dropped(&mut self, count: u64, from_seq: u64, to_seq: u64) {
         self.state.count_dropped(self.ep, count);
-        self.dropped = Some(match self.dropped {
-            None => Dropped {
-                count,
-                from_seq,
-                to_seq,
-            },
-            Some(d) => Dropped {
-                count: d.count + count,
-                from_seq: d.from_seq,
-                to_seq,
-            },
-        });
+        self.dropped = Some(Dropped::add(self.dropped, count, from_seq, to_seq));
     }
 }
 
