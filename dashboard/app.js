@@ -14,8 +14,12 @@ const state = {
   agents: new Map(),
   inbox: [],
   drawing: false,
-  /// Rows to add to the log at the next draw, newest last; rows shown, by message id.
+  /// Messages to add to the log at the next draw, newest last.
   pendingRows: [],
+  /// The log: its messages newest first (at most MAX_ROWS), by id, and the rows drawn now
+  /// (only those in view: the list is virtual).
+  log: [],
+  logById: new Map(),
   rows: new Map(),
   flows: 0,
   flowsThisFrame: 0,
@@ -82,8 +86,9 @@ function notice(text) {
   n.hidden = !text;
 }
 
+const CLOCK = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
 function time(ts) {
-  return ts ? new Date(ts).toLocaleTimeString() : '';
+  return ts ? CLOCK.format(new Date(ts)) : '';
 }
 
 // ---- Signing in ---------------------------------------------------------------------------
@@ -110,9 +115,7 @@ function reset() {
   state.agents = new Map();
   state.sources = new Map();
   if (state.graph) { state.graph.destroy(); state.graph = null; }
-  $('messages').tBodies[0].replaceChildren();
-  state.rows.clear();
-  state.pendingRows = [];
+  clearLog();
   state.inbox = [];
   $('agent-list').replaceChildren();
   $('thread-list').replaceChildren();
@@ -251,6 +254,7 @@ function renderAgents() {
 }
 
 function renderGraph() {
+  state.graphStale = false;
   if (typeof cytoscape === 'undefined') return;
   const nodes = [];
   const edges = [];
@@ -274,9 +278,13 @@ function renderGraph() {
   if (!state.graph) {
     state.graph = cytoscape({
       container: $('graph'),
+      // Cheaper frames for large organisms: one pixel per pixel, a texture while panning.
+      pixelRatio: 1,
+      textureOnViewport: true,
       elements: { nodes, edges },
       style: [
         { selector: 'node', style: { label: 'data(label)', 'background-color': '#8aa', 'font-size': 11,
+          'min-zoomed-font-size': 7,
           'text-valign': 'bottom', 'text-margin-y': 4, width: 26, height: 26 } },
         { selector: 'node[kind="lua"]', style: { shape: 'round-rectangle' } },
         { selector: 'node[kind="external"]', style: { shape: 'diamond' } },
@@ -290,7 +298,7 @@ function renderGraph() {
         { selector: 'node.added', style: { 'border-width': 4, 'border-color': '#3a7' } },
         { selector: 'node.changed', style: { 'border-width': 4, 'border-color': '#e90' } },
         { selector: 'edge', style: { width: 1.5, 'line-color': '#bbb', 'target-arrow-shape': 'triangle',
-          'target-arrow-color': '#bbb', 'curve-style': 'bezier', 'font-size': 9 } },
+          'target-arrow-color': '#bbb', 'curve-style': 'bezier', 'font-size': 9, 'min-zoomed-font-size': 7 } },
         { selector: 'edge[injector]', style: { 'line-style': 'dashed' } },
         { selector: 'edge.flow', style: { 'line-color': '#3a7', 'target-arrow-color': '#3a7', width: 3,
           label: 'data(flow)', 'text-background-color': '#fff', 'text-background-opacity': 0.9,
@@ -313,13 +321,30 @@ function renderGraph() {
     e.data('leaving', 1);
     e.animate({ style: { opacity: 0 } }, { duration: 400, complete: () => e.remove() });
   });
-  let added = false;
-  for (const e of [...nodes, ...edges]) {
-    const have = g.getElementById(e.data.id);
-    if (have.empty()) { g.add(e); added = true; } else have.data(e.data);
+  let addedAgents = false;
+  const newSources = [];
+  g.batch(() => {
+    for (const e of [...nodes, ...edges]) {
+      const have = g.getElementById(e.data.id);
+      if (!have.empty()) { have.data(e.data); continue; }
+      const added = g.add(e);
+      if (e.data.kind === 'source') newSources.push(added);
+      else if (!e.data.source) addedAgents = true;
+    }
+  });
+  if (addedAgents) {
+    // Laid out again without what is fading away (animated while the graph is small).
+    const live = g.elements('[^leaving]');
+    live.layout(layout(live.nodes().length <= 60)).run();
+  } else {
+    // Only new injectors: each placed above what it sent to; the rest does not move.
+    for (const n of newSources) {
+      const targets = n.outgoers('node');
+      if (targets.empty()) continue;
+      const box = targets.boundingBox();
+      n.position({ x: (box.x1 + box.x2) / 2, y: box.y1 - 60 });
+    }
   }
-  // Laid out without what is fading away.
-  if (added) g.elements('[^leaving]').layout(layout(true)).run();
 }
 
 function layout(animate) {
@@ -335,7 +360,8 @@ function noteSource(from, to) {
   if (targets.has(to)) return;
   targets.add(to);
   state.sources.set(from, targets);
-  renderGraph();
+  // Drawn with the frame: many new sources at once are one layout.
+  state.graphStale = true;
 }
 
 /// At most this many edges light up in one frame; the rest are counted, not drawn.
@@ -345,7 +371,9 @@ function flow(from, to, label, refused) {
   if (!state.graph) return;
   noteSource(from, to);
   state.flows += 1;
-  if (state.flowsThisFrame >= FLOWS_PER_FRAME) return;
+  // A large organism lights fewer a frame: each one redraws the canvas.
+  const limit = state.agents.size > 50 ? FLOWS_PER_FRAME / 3 : FLOWS_PER_FRAME;
+  if (state.flowsThisFrame >= limit) return;
   state.flowsThisFrame += 1;
   const id = (state.agents.has(from) ? from : source(from)) + '→' + to;
   let e = state.graph.getElementById(id);
@@ -361,7 +389,12 @@ function flow(from, to, label, refused) {
 function updateAgent(name, fields) {
   const a = state.agents.get(name);
   if (!a) return;
+  const before = [a.state, a.queue_depth];
   Object.assign(a, fields);
+  if (before[0] === a.state && before[1] === a.queue_depth) {
+    if (state.selected === name) showAgentFacts(a);
+    return;
+  }
   const b = document.querySelector(`#agent-list [data-agent="${CSS.escape(name)}"]`);
   if (b) {
     b.className = 'agent state-' + a.state;
@@ -493,12 +526,17 @@ function draw() {
   state.flowsThisFrame = 0;
   // The newest state of each agent wins within a frame.
   const states = new Map();
-  for (const f of frames) {
-    if (f.event === 'agent_state') states.set(f.agent, f);
-    else if (f.event === 'agent_states') for (const a of f.states || []) states.set(a.agent, a);
-    else onFrame(f);
-  }
-  for (const f of states.values()) updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });
+  // The canvas redraws once for all the frame's changes.
+  const batch = (fn) => (state.graph ? state.graph.batch(fn) : fn());
+  batch(() => {
+    for (const f of frames) {
+      if (f.event === 'agent_state') states.set(f.agent, f);
+      else if (f.event === 'agent_states') for (const a of f.states || []) states.set(a.agent, a);
+      else onFrame(f);
+    }
+    for (const f of states.values()) updateAgent(f.agent, { state: f.state, current_thread: f.current_thread });
+  });
+  if (state.graphStale) renderGraph();
   flushRows();
   $('last-seq').textContent = state.lastSeq;
   $('dropped').textContent = state.dropped;
@@ -515,7 +553,7 @@ function onFrame(f) {
       else api('GET', '/agents?limit=1000').then((p) => setAgents(p.items)).catch(() => {});
       if (f.threads && !$('view-threads').hidden) loadThreads();
       // The log opens on the latest page of what came before.
-      if (!$('messages').tBodies[0].rows.length) loadOlder();
+      if (!state.log.length) loadOlder();
       break;
     case 'ack':
       if (f.request_id === 'hello') { state.retry = 0; setConnection('live'); }
@@ -625,35 +663,85 @@ function onMessage(m) {
     $('frozen-count').textContent = `${state.held.length} new while frozen`;
     return;
   }
-  if (state.rows.has(m.id)) return;
+  if (state.logById.has(m.id)) return;
   state.pendingRows.push(m);
   if (state.pendingRows.length > MAX_ROWS) state.pendingRows.shift();
 }
 
-/// Adds the rows that came since the last draw at once, newest first, and keeps MAX_ROWS.
+/// Height of one row of the log (app.css), which the virtual list counts in.
+const ROW_PX = 22;
+
+function clearLog() {
+  state.log = [];
+  state.logById.clear();
+  state.rows.clear();
+  state.pendingRows = [];
+  $('messages').tBodies[0].replaceChildren();
+}
+
+/// Adds the messages that came since the last draw at once, newest first, keeps MAX_ROWS,
+/// and draws the rows in view. A reader scrolled down keeps their place.
 function flushRows() {
   if (!state.pendingRows.length) return;
-  const body = $('messages').tBodies[0];
-  const batch = document.createDocumentFragment();
+  const fresh = [];
   for (const m of state.pendingRows.reverse()) {
-    if (state.rows.has(m.id)) continue;
-    const row = messageRow(m);
-    state.rows.set(m.id, row);
-    batch.append(row);
+    if (state.logById.has(m.id)) continue;
+    state.logById.set(m.id, m);
+    fresh.push(m);
   }
   state.pendingRows = [];
-  body.prepend(batch);
-  while (body.rows.length > MAX_ROWS) {
-    state.rows.delete(body.lastChild.dataset.id);
-    body.lastChild.remove();
-  }
+  state.log = fresh.concat(state.log);
+  for (const m of state.log.splice(MAX_ROWS)) state.logById.delete(m.id);
+  const box = $('log');
+  if (box.scrollTop > 0) box.scrollTop += fresh.length * ROW_PX;
+  renderLog();
 }
+
+/// Older messages go below what is shown.
+function appendLog(messages) {
+  for (const m of messages) {
+    if (state.logById.has(m.id) || state.log.length >= MAX_ROWS) continue;
+    state.logById.set(m.id, m);
+    state.log.push(m);
+  }
+  renderLog();
+}
+
+/// Draws the rows in view (and a screenful either side) between two spacers as tall as the
+/// rows they stand for.
+function renderLog() {
+  const box = $('log');
+  const first = Math.max(0, Math.floor(box.scrollTop / ROW_PX) - 20);
+  const last = Math.min(state.log.length, first + Math.ceil(box.clientHeight / ROW_PX) + 40);
+  const spacer = (n) => {
+    const tr = el('tr', { class: 'spacer', 'aria-hidden': 'true' });
+    tr.style.height = n * ROW_PX + 'px';
+    return tr;
+  };
+  const rows = document.createDocumentFragment();
+  state.rows.clear();
+  if (first > 0) rows.append(spacer(first));
+  for (let i = first; i < last; i++) {
+    const row = messageRow(state.log[i]);
+    state.rows.set(state.log[i].id, row);
+    rows.append(row);
+  }
+  if (last < state.log.length) rows.append(spacer(state.log.length - last));
+  $('messages').tBodies[0].replaceChildren(rows);
+}
+
+let logScroll = false;
+$('log').addEventListener('scroll', () => {
+  if (logScroll) return;
+  logScroll = true;
+  requestAnimationFrame(() => { logScroll = false; renderLog(); });
+});
 
 function onStatus(f) {
   if (['rejected', 'undeliverable', 'failed'].includes(f.status) && f.to) flow(f.from, f.to, '', true);
   const row = state.rows.get(f.id);
-  const waiting = state.pendingRows.find((m) => m.id === f.id);
-  if (waiting) waiting.status = f.status;
+  const logged = state.logById.get(f.id) || state.pendingRows.find((m) => m.id === f.id);
+  if (logged) logged.status = f.status;
   if (row) {
     row.className = 'status-' + f.status;
     row.querySelector('.status').textContent = f.status;
@@ -675,10 +763,7 @@ $('freeze').addEventListener('click', () => {
 });
 
 $('message-filters').addEventListener('change', () => {
-  $('messages').tBodies[0].replaceChildren();
-  state.rows.clear();
-  state.pendingRows = [];
-  state.loadedOlder = 0;
+  clearLog();
   loadOlder();
 });
 $('message-filters').addEventListener('submit', (ev) => ev.preventDefault());
@@ -696,22 +781,17 @@ async function loadOlder() {
     q.set('limit', '1');
     const head = await api('GET', '/messages?' + q);
     const total = head.total;
-    const shown = $('messages').tBodies[0].rows.length;
+    const shown = state.log.length;
     const limit = 100;
     const offset = Math.max(0, total - shown - limit);
     q.set('limit', String(Math.min(limit, Math.max(0, total - shown))));
     q.set('offset', String(offset));
     const page = await api('GET', '/messages?' + q);
-    const body = $('messages').tBodies[0];
     const filter = messageFilter();
-    for (const m of page.items.slice().reverse()) {
-      if (m.to) noteSource(m.from, m.to);
-      if (!state.rows.has(m.id) && matches(m, filter) && body.rows.length < MAX_ROWS) {
-        const row = messageRow(m);
-        state.rows.set(m.id, row);
-        body.append(row);
-      }
-    }
+    const older = page.items.slice().reverse();
+    for (const m of older) if (m.to) noteSource(m.from, m.to);
+    appendLog(older.filter((m) => matches(m, filter)));
+    if (state.graphStale) renderGraph();
   } catch (e) {
     notice('Older messages: ' + e.message);
   }
@@ -934,7 +1014,8 @@ setInterval(() => {
   if ($('app').hidden || document.hidden) return;
   refreshOrganism();
   api('GET', '/agents?limit=1000').then((p) => {
-    for (const a of p.items) updateAgent(a.name, a);
+    const apply = () => { for (const a of p.items) updateAgent(a.name, a); };
+    if (state.graph) state.graph.batch(apply); else apply();
   }).catch(() => {});
 }, 2000);
 start();

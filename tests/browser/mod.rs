@@ -4,6 +4,9 @@
 
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)]
+pub mod swarm;
+
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -81,7 +84,10 @@ impl Chromium {
             .next()
             .unwrap()
             .to_string();
-        let targets: Value = super::common::http()
+        let targets: Value = agentserver::outbound::http_client()
+            .unwrap()
+            .build()
+            .unwrap()
             .get(format!("http://127.0.0.1:{port}/json/list"))
             .send()
             .await
