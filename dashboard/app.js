@@ -381,7 +381,8 @@ function flow(from, to, label, refused) {
     e = state.graph.add({ data: { id, source: from, target: to } });
   }
   if (e.empty()) return;
-  e.data('flow', label || '');
+  // A large organism's lit edges carry no label: text is the dearest thing to draw.
+  e.data('flow', state.agents.size > 50 ? '' : label || '');
   e.addClass(refused ? 'refused' : 'flow');
   setTimeout(() => e.removeClass('flow refused'), 600);
 }
@@ -707,12 +708,12 @@ function appendLog(messages) {
   renderLog();
 }
 
-/// Draws the rows in view (and a screenful either side) between two spacers as tall as the
-/// rows they stand for.
+/// Draws the rows in view (and a few either side) between two spacers as tall as the rows
+/// they stand for.
 function renderLog() {
   const box = $('log');
-  const first = Math.max(0, Math.floor(box.scrollTop / ROW_PX) - 20);
-  const last = Math.min(state.log.length, first + Math.ceil(box.clientHeight / ROW_PX) + 40);
+  const first = Math.max(0, Math.floor(box.scrollTop / ROW_PX) - 5);
+  const last = Math.min(state.log.length, first + Math.ceil(box.clientHeight / ROW_PX) + 10);
   const spacer = (n) => {
     const tr = el('tr', { class: 'spacer', 'aria-hidden': 'true' });
     tr.style.height = n * ROW_PX + 'px';
