@@ -265,13 +265,18 @@ function renderGraph() {
       if (state.agents.has(t)) edges.push({ data: { id: source(who) + '→' + t, source: source(who), target: t, injector: 1 } });
     }
   }
+  // Until an injector has sent something, one node stands for them, pointing at the
+  // entry points: the agents no peer names (all of them if every one is named).
+  const named = new Set();
+  for (const a of state.agents.values()) for (const p of a.peers || []) if (p !== a.name) named.add(p);
+  const entries = [...state.agents.keys()].filter((n) => !named.has(n));
   for (const a of state.agents.values()) {
     nodes.push({ data: { id: a.name, label: a.name + (a.queue_depth ? ` (${a.queue_depth})` : ''),
       kind: a.kind, state: a.state } });
     for (const p of a.peers || []) {
       if (state.agents.has(p)) edges.push({ data: { id: a.name + '→' + p, source: a.name, target: p } });
     }
-    if (!state.sources.size) {
+    if (!state.sources.size && (entries.length === 0 || entries.includes(a.name))) {
       edges.push({ data: { id: INJECTORS + '→' + a.name, source: INJECTORS, target: a.name, injector: 1 } });
     }
   }
@@ -332,6 +337,12 @@ function renderGraph() {
       else if (!e.data.source) addedAgents = true;
     }
   });
+  // The first injector takes the stand-in's place (which pointed at the entry points, as
+  // injectors do): no new layout, which for a large graph is the dearest thing there is.
+  const standIn = g.getElementById(INJECTORS);
+  if (!standIn.empty() && !want.has(INJECTORS) && newSources.length) {
+    newSources.shift().position(standIn.position());
+  }
   if (addedAgents) {
     // Laid out again without what is fading away (animated while the graph is small).
     const live = g.elements('[^leaving]');
@@ -349,8 +360,12 @@ function renderGraph() {
 
 function layout(animate) {
   const roots = state.graph ? state.graph.nodes('[kind="source"][^leaving]').map((n) => n.id()) : [];
+  // A fixed box: by default a layout fills the current view, which a zoomed-out graph has
+  // made larger, so each layout would spread wider than the last.
+  const box = $('graph');
   return { name: 'breadthfirst', roots: roots.length ? roots : undefined, directed: true,
-    spacingFactor: 1.75, padding: 30, fit: true, animate, animationDuration: 400 };
+    spacingFactor: 1.75, padding: 30, fit: true, animate, animationDuration: 400,
+    boundingBox: { x1: 0, y1: 0, w: box.clientWidth || 600, h: box.clientHeight || 400 } };
 }
 
 /// An injector gets its own node, and its edge, the first time it is seen sending.

@@ -25,6 +25,13 @@ async fn serve(o: &Organism) -> (ApiServer, String) {
     (server, base)
 }
 
+/// Keeps what the page looks like at the end of a test, as `target/tmp/<name>.png`.
+async fn keep_screenshot(c: &mut Chromium, name: &str) {
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"));
+    c.screenshot(&shot).await;
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+}
+
 fn state_of(o: &Organism, name: &str) -> AgentState {
     o.agents()
         .into_iter()
@@ -206,9 +213,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         .await;
     assert_eq!(c.eval(&rows_of("gap")).await, json!(2));
 
-    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
-    c.screenshot(&shot).await;
-    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000);
+    keep_screenshot(&mut c, "dashboard").await;
     drop(c);
     o.stop().await;
     server.shutdown().await;
@@ -324,6 +329,7 @@ async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_u
     .await;
     assert_eq!(c.eval("$('organism-controls').hidden").await, json!(true));
     assert_eq!(c.eval("$('tab-inject').hidden").await, json!(false));
+    keep_screenshot(&mut c, "dashboard-tenant").await;
     drop(c);
     o.stop().await;
     server.shutdown().await;
@@ -548,6 +554,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
         "live on the new server, its agents shown",
     )
     .await;
+    keep_screenshot(&mut c, "dashboard-restarted").await;
     drop(c);
     o2.stop().await;
     server.shutdown().await;
@@ -579,8 +586,7 @@ async fn two_hundred_listeners_under_a_thousand_messages_a_second_stay_bounded()
     assert!(report["rows"].as_u64().unwrap() <= 500, "{report}");
     assert_eq!(report["agents"], 200, "{report}");
     assert!(report["frames"].as_u64().unwrap() > 10, "{report}");
-    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-200.png");
-    c.screenshot(&shot).await;
+    keep_screenshot(&mut c, "dashboard-200").await;
     drop(c);
     o.stop().await;
     server.shutdown().await;
