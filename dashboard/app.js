@@ -322,7 +322,10 @@ function renderGraph() {
   // A change of topology (a reload): keep what stayed, add and remove, lay out again.
   const g = state.graph;
   const want = new Set([...nodes, ...edges].map((e) => e.data.id));
+  const standInGone = !g.getElementById(INJECTORS).empty() && !want.has(INJECTORS);
   g.elements().filter((e) => !want.has(e.id())).forEach((e) => {
+    // The stand-in leaves at once: the injector that replaces it takes its place.
+    if (e.id() === INJECTORS || e.data('source') === INJECTORS) return;
     e.data('leaving', 1);
     e.animate({ style: { opacity: 0 } }, { duration: 400, complete: () => e.remove() });
   });
@@ -340,8 +343,9 @@ function renderGraph() {
   // The first injector takes the stand-in's place (which pointed at the entry points, as
   // injectors do): no new layout, which for a large graph is the dearest thing there is.
   const standIn = g.getElementById(INJECTORS);
-  if (!standIn.empty() && !want.has(INJECTORS) && newSources.length) {
-    newSources.shift().position(standIn.position());
+  if (standInGone) {
+    if (newSources.length) newSources.shift().position(standIn.position());
+    standIn.remove();
   }
   if (addedAgents) {
     // Laid out again without what is fading away (animated while the graph is small).
@@ -364,7 +368,7 @@ function layout(animate) {
   // made larger, so each layout would spread wider than the last.
   const box = $('graph');
   return { name: 'breadthfirst', roots: roots.length ? roots : undefined, directed: true,
-    spacingFactor: 1.75, padding: 30, fit: true, animate, animationDuration: 400,
+    spacingFactor: 1, padding: 30, fit: true, animate, animationDuration: 400,
     boundingBox: { x1: 0, y1: 0, w: box.clientWidth || 600, h: box.clientHeight || 400 } };
 }
 
