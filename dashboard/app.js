@@ -914,20 +914,57 @@ function fillInjectTargets() {
   injectTypes();
 }
 
-/// The schema's leaf elements of `type` (the accepted root), read with the browser's own
-/// XML parser: name, XSD type, optional, repeated.
+/// The elements of `type` (an accepted root) as a tree, read with the browser's own XML
+/// parser: each with its name, its XSD type, whether it is optional or repeated, and its own
+/// elements when it has some (an inline or named complex type).
 function fieldsOf(xsd, type) {
   const doc = new DOMParser().parseFromString(xsd, 'application/xml');
   const XS = 'http://www.w3.org/2001/XMLSchema';
-  const top = [...doc.getElementsByTagNameNS(XS, 'element')].find((e) => e.getAttribute('name') === type &&
-    e.parentNode === doc.documentElement);
+  const kids = (node, tag) => [...node.children].filter((c) => c.namespaceURI === XS && c.localName === tag);
+  const named = new Map(kids(doc.documentElement, 'complexType').map((t) => [t.getAttribute('name'), t]));
+  const top = kids(doc.documentElement, 'element').find((e) => e.getAttribute('name') === type);
+  // The element declarations of a complex type, through its sequence, all or choice.
+  const elementsOf = (complex, depth) => {
+    if (!complex || depth > 8) return [];
+    const groups = ['sequence', 'all', 'choice'].flatMap((g) => kids(complex, g));
+    return groups.flatMap((g) => kids(g, 'element')).map((e) => field(e, depth + 1));
+  };
+  const field = (e, depth) => {
+    const t = (e.getAttribute('type') || '').replace(/^.*:/, '');
+    const inline = kids(e, 'complexType')[0];
+    const complex = inline || named.get(t);
+    return {
+      name: e.getAttribute('name') || e.getAttribute('ref') || '?',
+      type: t || 'string',
+      optional: e.getAttribute('minOccurs') === '0',
+      repeated: (e.getAttribute('maxOccurs') || '1') !== '1',
+      children: complex ? elementsOf(complex, depth) : null,
+    };
+  };
   if (!top) return [];
-  return [...top.getElementsByTagNameNS(XS, 'element')].filter((e) => e.getAttribute('name')).map((e) => ({
-    name: e.getAttribute('name'),
-    type: (e.getAttribute('type') || 'string').replace(/^.*:/, ''),
-    optional: e.getAttribute('minOccurs') === '0',
-    repeated: (e.getAttribute('maxOccurs') || '1') !== '1',
-  }));
+  return elementsOf(kids(top, 'complexType')[0] || named.get((top.getAttribute('type') || '').replace(/^.*:/, '')), 0);
+}
+
+/// One form control per leaf element (its path in `data-path`), a fieldset per element
+/// with elements of its own.
+function fieldControls(fields, prefix) {
+  return fields.map((f) => {
+    const path = prefix ? prefix + '.' + f.name : f.name;
+    const note = `${f.optional ? ' (optional)' : ''}${f.repeated ? ' (repeated)' : ''}`;
+    if (f.children) {
+      return el('fieldset', { 'data-group': path }, el('legend', {}, f.name + note),
+        fieldControls(f.children, path));
+    }
+    const input = el('input', {
+      name: path, 'data-path': path, 'data-repeated': f.repeated ? '1' : undefined,
+      type: /int|long|short|decimal|double|float/.test(f.type) ? 'number' : 'text',
+      step: /decimal|double|float/.test(f.type) ? 'any' : undefined,
+      required: !f.optional && !f.repeated,
+      placeholder: f.repeated ? 'values separated by commas' : f.type,
+    });
+    return el('label', { 'data-label': f.name }, `${f.name}${note} `, input,
+      el('span', { class: 'field-error', role: 'alert' }));
+  });
 }
 
 async function injectTypes() {
@@ -947,18 +984,7 @@ async function injectFields() {
   if (!name || !type) return;
   let xsd = '';
   try { xsd = await schemaOf(name); } catch (_) { return; }
-  for (const f of fieldsOf(xsd, type)) {
-    const input = el('input', {
-      name: f.name, 'data-field': f.name, 'data-repeated': f.repeated ? '1' : undefined,
-      type: /int|long|short|decimal|double|float/.test(f.type) ? 'number' : 'text',
-      step: /decimal|double|float/.test(f.type) ? 'any' : undefined,
-      required: !f.optional && !f.repeated,
-      placeholder: f.repeated ? 'values separated by commas' : f.type,
-    });
-    box.append(el('label', { 'data-label': f.name },
-      `${f.name}${f.optional ? ' (optional)' : ''}${f.repeated ? ' (repeated)' : ''} `, input,
-      el('span', { class: 'field-error', role: 'alert' })));
-  }
+  box.append(...fieldControls(fieldsOf(xsd, type), ''));
 }
 $('inject-to').addEventListener('change', injectTypes);
 $('inject-type').addEventListener('change', injectFields);
@@ -973,12 +999,16 @@ $('inject-form').addEventListener('submit', async (ev) => {
   if ($('inject-raw').open && xml) {
     body.payload_xml = xml;
   } else {
+    // Nested elements are nested objects, repeated ones arrays.
     const payload = {};
-    for (const i of $('inject-fields').querySelectorAll('input[data-field]')) {
+    for (const i of $('inject-fields').querySelectorAll('input[data-path]')) {
       const v = i.value.trim();
       if (!v) continue;
-      if (i.dataset.repeated) payload[i.dataset.field] = v.split(',').map((s) => s.trim());
-      else payload[i.dataset.field] = i.type === 'number' ? Number(v) : v;
+      const keys = i.dataset.path.split('.');
+      let at = payload;
+      for (const k of keys.slice(0, -1)) at = at[k] = at[k] || {};
+      const value = (x) => (i.type === 'number' ? Number(x) : x);
+      at[keys[keys.length - 1]] = i.dataset.repeated ? v.split(',').map((x) => value(x.trim())) : value(v);
     }
     body.payload = payload;
     if ($('inject-type').value) body.payload_type = $('inject-type').value;

@@ -112,7 +112,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     // Inject from a form made from the receiver's schema; the new thread opens.
     c.click("#tab-inject").await;
     c.fill("#inject-to", "a").await;
-    let n = "#inject-fields input[data-field=\"n\"]";
+    let n = "#inject-fields input[data-path=\"n\"]";
     c.wait(
         &format!("document.querySelector({})", json!(n)),
         "the field n",
@@ -587,6 +587,68 @@ async fn two_hundred_listeners_under_a_thousand_messages_a_second_stay_bounded()
     assert_eq!(report["agents"], 200, "{report}");
     assert!(report["frames"].as_u64().unwrap() > 10, "{report}");
     keep_screenshot(&mut c, "dashboard-200").await;
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inject_form_follows_nested_optional_and_repeated_elements() {
+    let (o, d) = organism(Organism::builder(), LISTENERS);
+    std::fs::write(
+        d.path().join("order.xsd"),
+        r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+  <xs:complexType name="Customer"><xs:sequence>
+    <xs:element name="name" type="xs:string"/>
+    <xs:element name="email" type="xs:string" minOccurs="0"/>
+  </xs:sequence></xs:complexType>
+  <xs:element name="Order"><xs:complexType><xs:sequence>
+    <xs:element name="customer" type="Customer"/>
+    <xs:element name="item" type="xs:string" maxOccurs="unbounded"/>
+    <xs:element name="qty" type="xs:int"/>
+  </xs:sequence></xs:complexType></xs:element>
+</xs:schema>"#,
+    )
+    .unwrap();
+    let yaml = std::fs::read_to_string(d.path().join("organism.yaml")).unwrap()
+        + "  - { name: orders, description: takes orders, kind: native, handler: sink, schema: order.xsd, accepts: [Order] }\n";
+    std::fs::write(d.path().join("organism.yaml"), yaml).unwrap();
+    o.reload(None).unwrap();
+    let (server, base) = serve(&o).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    c.wait("$('connection-state').textContent === 'live'", "live")
+        .await;
+    c.click("#tab-inject").await;
+    c.fill("#inject-to", "orders").await;
+    c.wait(
+        "document.querySelector('#inject-fields input[data-path=\"customer.name\"]')",
+        "the nested fields",
+    )
+    .await;
+    assert_eq!(
+        c.eval("[...document.querySelectorAll('#inject-fields [data-path]')].map(i => i.dataset.path + (i.required ? '!' : '') + (i.dataset.repeated ? '*' : ''))")
+            .await,
+        json!(["customer.name!", "customer.email", "item*", "qty!"])
+    );
+    c.fill("#inject-fields input[data-path=\"customer.name\"]", "Ada")
+        .await;
+    c.fill("#inject-fields input[data-path=\"item\"]", "tea, cake")
+        .await;
+    c.fill("#inject-fields input[data-path=\"qty\"]", "2").await;
+    c.eval("$('inject-form').requestSubmit()").await;
+    c.wait(
+        "state.thread && $('thread-timeline').children.length === 1",
+        "the order's thread",
+    )
+    .await;
+    let thread = c.eval("state.thread").await;
+    let m = &o.threads().messages(thread.as_str().unwrap()).unwrap()[0];
+    assert_eq!(
+        m.payload_xml.as_str(),
+        "<Order><customer><name>Ada</name></customer><item>tea</item><item>cake</item><qty>2</qty></Order>"
+    );
+    keep_screenshot(&mut c, "dashboard-inject").await;
     drop(c);
     o.stop().await;
     server.shutdown().await;
