@@ -373,8 +373,12 @@ function layout(animate) {
 }
 
 /// An injector gets its own node, and its edge, the first time it is seen sending.
+/// Injectors drawn one by one, at most; the rest share the node `others`.
+const MAX_SOURCES = 40;
+
 function noteSource(from, to) {
   if (state.agents.has(from) || !state.agents.has(to)) return;
+  if (!state.sources.has(from) && state.sources.size >= MAX_SOURCES) from = 'others';
   const targets = state.sources.get(from) || new Set();
   if (targets.has(to)) return;
   targets.add(to);
@@ -394,7 +398,8 @@ function flow(from, to, label, refused) {
   const limit = state.agents.size > 50 ? FLOWS_PER_FRAME / 3 : FLOWS_PER_FRAME;
   if (state.flowsThisFrame >= limit) return;
   state.flowsThisFrame += 1;
-  const id = (state.agents.has(from) ? from : source(from)) + '→' + to;
+  const who = state.agents.has(from) || state.sources.has(from) ? from : 'others';
+  const id = (state.agents.has(who) ? who : source(who)) + '→' + to;
   let e = state.graph.getElementById(id);
   if (e.empty() && state.agents.has(from) && state.agents.has(to)) {
     e = state.graph.add({ data: { id, source: from, target: to } });
