@@ -82,7 +82,7 @@ const CLOCK_EVERY: u32 = 64;
 
 /// The interrupt's view of the call in progress.
 struct Budget {
-    deadline: Mutex<Option<Instant>>,
+    deadline: Mutex<Option<Deadline>>,
     cancel: Mutex<Option<Arc<AtomicBool>>>,
     tripped: AtomicBool,
     cancelled: AtomicBool,
@@ -288,7 +288,7 @@ impl Sandbox {
                     ));
                 }
                 let over = match budget.deadline.lock() {
-                    Ok(g) => g.is_some_and(|d| Instant::now() >= d),
+                    Ok(mut g) => g.as_mut().is_some_and(Deadline::passed),
                     Err(_) => false,
                 };
                 if over || budget.tripped.load(Ordering::Relaxed) {
@@ -460,6 +460,57 @@ fn classify(e: &mlua::Error, limits: &LuaLimits) -> CallError {
     }
 }
 
+/// When a call's CPU budget is spent: when the sandbox's thread has used `budget` of CPU
+/// since the call began (its own clock: time the machine gives to others does not count),
+/// or, where no thread clock can be read, when `budget` of wall time has passed.
+///
+/// The thread's clock is a system call (about a microsecond here); the wall clock is not,
+/// and a thread cannot use more CPU than time passes. So a call reads the thread's clock at
+/// its first check (a call too short to reach one reads it never), then only once the wall
+/// clock says the budget could be spent; if it is not (the thread was kept waiting), the
+/// next look is put off by what remains.
+#[derive(Clone, Copy)]
+struct Deadline {
+    budget: Duration,
+    /// The thread's CPU time at the first check (`None` until then, or without a clock).
+    start: Option<Duration>,
+    /// Not spent before this instant.
+    look: Instant,
+}
+
+impl Deadline {
+    /// `budget` from now.
+    fn after(budget: Duration) -> Deadline {
+        Deadline {
+            budget,
+            start: None,
+            look: Instant::now() + budget,
+        }
+    }
+
+    fn passed(&mut self) -> bool {
+        let Some(start) = self.start else {
+            let now = crate::time::thread_cpu_time();
+            if now.is_zero() {
+                // No thread clock: wall time it is.
+                return Instant::now() >= self.look;
+            }
+            self.start = Some(now);
+            return false;
+        };
+        let now = Instant::now();
+        if now < self.look {
+            return false;
+        }
+        let used = crate::time::thread_cpu_time().saturating_sub(start);
+        if used >= self.budget {
+            return true;
+        }
+        self.look = now + (self.budget - used);
+        false
+    }
+}
+
 /// Arms the CPU deadline for one call; disarms it when dropped.
 struct BudgetGuard<'a> {
     budget: &'a Budget,
@@ -482,7 +533,7 @@ impl<'a> BudgetGuard<'a> {
         self.budget.tripped.store(false, Ordering::Relaxed);
         self.budget.cancelled.store(false, Ordering::Relaxed);
         if let Ok(mut d) = self.budget.deadline.lock() {
-            *d = Some(Instant::now() + cpu);
+            *d = Some(Deadline::after(cpu));
         }
     }
 }
@@ -592,5 +643,28 @@ pub fn json_shape(v: Json) -> Json {
         }
         Json::Array(items) => Json::Array(items.into_iter().map(json_shape).collect()),
         other => other,
+    }
+}
+
+#[cfg(test)]
+mod deadline_tests {
+    use super::Deadline;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_cpu_budget_is_spent_by_work_not_by_waiting() {
+        let mut d = Deadline::after(Duration::from_millis(20));
+        assert!(!d.passed(), "the first check reads the clock");
+        assert!(d.start.is_some());
+        // Time off the CPU (a busy machine's other work, here a sleep) spends none of it.
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!d.passed());
+        let started = Instant::now();
+        let mut x = 0u64;
+        while !d.passed() {
+            assert!(started.elapsed() < Duration::from_secs(60), "never spent");
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
     }
 }
