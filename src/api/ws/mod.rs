@@ -501,6 +501,10 @@ impl Session {
         }
         let frame = match self.ep {
             Endpoint::Events if self.filter.passes(ev) => {
+                // Held back before it is written out: a folded event costs no rendering.
+                if self.fold(ev) {
+                    return;
+                }
                 event_frame(ev, &self.state.inner.organism)
             }
             Endpoint::Events => None,
@@ -513,17 +517,10 @@ impl Session {
             }
         };
         let Some(frame) = frame else { return };
-        if self.fold(ev) {
+        if !self.gap_told() {
+            // Even the gap's notice does not fit: this one joins the gap.
+            self.drop_one(ev.seq);
             return;
-        }
-        if let Some(d) = self.dropped {
-            // Report the gap first; if even that does not fit, this one joins it.
-            if self.try_queue(dropped_frame(d)) {
-                self.dropped = None;
-            } else {
-                self.drop_one(ev.seq);
-                return;
-            }
         }
         let budget = self.state.inner.options.client_queue_bytes;
         if self.queued.load(Ordering::Relaxed) + frame.len() > budget {
@@ -545,11 +542,22 @@ impl Session {
         }
     }
 
-    /// Holds back an event the client asked to fold (true), or lets it go (false).
-    fn fold(&mut self, ev: &Event) -> bool {
-        if self.ep != Endpoint::Events {
+    /// Sends the notice of frames dropped, if any is owed, before anything later (its `seq`
+    /// is its gap's end, so nothing sent after the gap may go first). False if it is owed
+    /// and does not fit.
+    fn gap_told(&mut self) -> bool {
+        let Some(d) = self.dropped else {
+            return true;
+        };
+        if !self.try_queue(dropped_frame(d)) {
             return false;
         }
+        self.dropped = None;
+        true
+    }
+
+    /// `/ws`: holds back an event the client asked to fold (true), or lets it go (false).
+    fn fold(&mut self, ev: &Event) -> bool {
         match &ev.kind {
             EventKind::AgentState {
                 agent,
@@ -589,6 +597,11 @@ impl Session {
     /// and a `folded` frame counting the message events not sent. Both carry the `seq` of
     /// the last event offered, as answers do, so `seq` never goes back.
     fn flush_folded(&mut self) {
+        let nothing = self.folding.states.is_empty() && self.folding.folded.is_none();
+        if nothing || !self.gap_told() {
+            // Held on until the gap's notice has gone out.
+            return;
+        }
         if !self.folding.states.is_empty() {
             let mut states: Vec<_> = self.folding.states.drain().collect();
             states.sort_by_key(|(_, (seq, _, _))| *seq);
