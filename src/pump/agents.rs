@@ -310,16 +310,16 @@ impl ApiAgents {
 }
 
 impl super::Shared {
-    /// Keeps the script each Lua listener of the file (or only `only`) runs now as its
-    /// newest version when it is not that already: its first load, or a reload that changed
-    /// it. Each new one is a `deployment` event (`file`). A store that cannot keep it is
-    /// logged; the listener runs either way.
-    pub(super) fn note_file_scripts(&self, only: Option<&str>) {
+    /// Keeps the script each Lua listener of the file that `built` names (every one at
+    /// start; those a reload added or changed) runs now as its newest version when it is not
+    /// that already. Each new one is a `deployment` event (`file`). A store that cannot keep
+    /// it is logged; the listener runs either way.
+    pub(super) fn note_file_scripts(&self, built: impl Fn(&str) -> bool) {
         let topo = self.topo();
         let file_lua = topo.order.iter().filter(|l| {
             l.config.origin == crate::config::ListenerOrigin::File
                 && l.config.kind == crate::config::ListenerKind::Lua
-                && only.is_none_or(|n| l.config.name.as_str() == n)
+                && built(l.config.name.as_str())
         });
         for l in file_lua {
             let Some(script) = l.handler.script() else {

@@ -223,7 +223,7 @@ impl OrganismBuilder {
         }));
         let organism = Organism { shared };
         organism.report_interrupted(&recovered);
-        organism.shared.note_file_scripts(None);
+        organism.shared.note_file_scripts(|_| true);
         if let Some(store) = &organism.shared.store {
             let maintenance = store.start_maintenance(
                 &organism.shared.life.runtime,

@@ -39,7 +39,7 @@ impl Organism {
             Some(r) => r.map_err(|e| self.shared.clip_error(e)),
         };
         if result.is_ok() {
-            self.shared.note_file_scripts(Some(name));
+            self.shared.note_file_scripts(|n| n == name);
         }
         self.shared.events.publish(EventKind::Reload {
             agent: Some(name.to_string()),

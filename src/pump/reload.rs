@@ -90,7 +90,8 @@ impl Shared {
     /// Counts a reload that succeeded and publishes its `reload` event.
     pub(super) fn reloaded(&self, report: &ReloadReport) {
         self.reloading.reloads_ok.fetch_add(1, Ordering::Relaxed);
-        self.note_file_scripts(None);
+        // Only a listener built again can run a script it did not run before.
+        self.note_file_scripts(|n| report.added.iter().chain(&report.changed).any(|b| b == n));
         self.events.publish(EventKind::Reload {
             agent: None,
             ok: true,
