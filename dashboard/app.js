@@ -36,9 +36,11 @@ const state = {
   selected: null,
   thread: null,
   threadPage: 0,
-  messageTotal: 0,
-  loadedOlder: 0,
+  /// The message opened within the thread shown.
+  focus: null,
   graph: null,
+  /// The graph has changed since it was last drawn (drawn once per frame).
+  graphStale: false,
 };
 
 // ---- REST -------------------------------------------------------------------------------
@@ -87,6 +89,11 @@ function notice(text) {
 }
 
 const CLOCK = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+/// `{namespace}Local` as `Local`.
+function local(type) {
+  return (type || '').replace(/^\{[^}]*\}/, '');
+}
+
 function time(ts) {
   return ts ? CLOCK.format(new Date(ts)) : '';
 }
@@ -230,6 +237,11 @@ function showReload(r, e) {
 /// Injectors (`api`, `ws`, `cli`, `key:NAME`, a token's subject) are source nodes, drawn
 /// once they have sent something: `src:` + their name. Until then one node stands for them.
 const INJECTORS = '(injectors)';
+
+/// Every agent the credential sees (the API's largest page).
+async function allAgents() {
+  return (await api('GET', '/agents?limit=1000')).items;
+}
 const source = (who) => 'src:' + who;
 
 function setAgents(list) {
@@ -575,7 +587,7 @@ function onFrame(f) {
       setConnection('live');
       if (f.organism) { state.organism = f.organism; showOrganism(); }
       if (f.agents) setAgents(f.agents);
-      else api('GET', '/agents?limit=1000').then((p) => setAgents(p.items)).catch(() => {});
+      else allAgents().then(setAgents).catch(() => {});
       if (f.threads && !$('view-threads').hidden) loadThreads();
       // The log opens on the latest page of what came before.
       if (!state.log.length) loadOlder();
@@ -613,8 +625,8 @@ function onFrame(f) {
     case 'reload':
       organismEvent(f.ok ? `reload ${f.agent || 'organism'}: ok` : `reload ${f.agent || 'organism'} failed: ${f.error || ''}`);
       if (f.ok && !f.agent) {
-        api('GET', '/agents?limit=1000').then((p) => {
-          setAgents(p.items);
+        allAgents().then((agents) => {
+          setAgents(agents);
           // What the reload added or changed stands out for a moment.
           for (const [names, cls] of [[f.added, 'added'], [f.changed, 'changed']]) {
             for (const n of names || []) {
@@ -669,7 +681,7 @@ function matches(m, f) {
 }
 
 function messageRow(m) {
-  const type = (m.payload_type || '').replace(/^\{[^}]*\}/, '');
+  const type = local(m.payload_type);
   return el('tr', { 'data-id': m.id, class: 'status-' + m.status },
     el('td', {}, time(m.timestamp)),
     el('td', {}, m.from), el('td', {}, m.to || ''), el('td', {}, type),
@@ -679,7 +691,7 @@ function messageRow(m) {
 
 function onMessage(m) {
   const refused = ['rejected', 'undeliverable', 'failed'].includes(m.status);
-  if (m.to) flow(m.from, m.to, (m.payload_type || '').replace(/^\{[^}]*\}/, ''), refused);
+  if (m.to) flow(m.from, m.to, local(m.payload_type), refused);
   if (state.thread === m.thread_id) openThread(m.thread_id);
   if (!matches(m, messageFilter())) return;
   if (state.frozen) {
@@ -896,7 +908,7 @@ async function drawThread(id) {
 }
 
 function messageText(m) {
-  const type = (m.payload_type || '').replace(/^\{[^}]*\}/, '');
+  const type = local(m.payload_type);
   return el('details', { class: 'status-' + m.status, 'data-message': m.id, open: state.focus === m.id },
     el('summary', {}, `${m.from} → ${m.to || '—'} ${type} [${m.status}]${m.error ? ' ' + m.error : ''}`),
     el('pre', { 'aria-label': 'payload as JSON' }, JSON.stringify(m.payload, null, 2)),
@@ -925,6 +937,8 @@ function fillInjectTargets() {
 function fieldsOf(xsd, type) {
   const doc = new DOMParser().parseFromString(xsd, 'application/xml');
   const XS = 'http://www.w3.org/2001/XMLSchema';
+  // A declaration's `type` without its namespace prefix (`xs:int` is `int`).
+  const typeOf = (e) => (e.getAttribute('type') || '').replace(/^.*:/, '');
   const kids = (node, tag) => [...node.children].filter((c) => c.namespaceURI === XS && c.localName === tag);
   const named = new Map(kids(doc.documentElement, 'complexType').map((t) => [t.getAttribute('name'), t]));
   const top = kids(doc.documentElement, 'element').find((e) => e.getAttribute('name') === type);
@@ -935,7 +949,7 @@ function fieldsOf(xsd, type) {
     return groups.flatMap((g) => kids(g, 'element')).map((e) => field(e, depth + 1));
   };
   const field = (e, depth) => {
-    const t = (e.getAttribute('type') || '').replace(/^.*:/, '');
+    const t = typeOf(e);
     const inline = kids(e, 'complexType')[0];
     const complex = inline || named.get(t);
     return {
@@ -947,7 +961,7 @@ function fieldsOf(xsd, type) {
     };
   };
   if (!top) return [];
-  return elementsOf(kids(top, 'complexType')[0] || named.get((top.getAttribute('type') || '').replace(/^.*:/, '')), 0);
+  return elementsOf(kids(top, 'complexType')[0] || named.get(typeOf(top)), 0);
 }
 
 /// One form control per leaf element (its path in `data-path`), a fieldset per element
@@ -977,7 +991,7 @@ async function injectTypes() {
   const a = state.agents.get(name);
   const types = (a && a.accepts) || [];
   const sel = $('inject-type');
-  sel.replaceChildren(...types.map((t) => el('option', { value: t }, t.replace(/^\{[^}]*\}/, ''))));
+  sel.replaceChildren(...types.map((t) => el('option', { value: t }, local(t))));
   await injectFields();
 }
 
@@ -985,7 +999,7 @@ async function injectFields() {
   const box = $('inject-fields');
   box.replaceChildren(el('legend', {}, 'Fields'));
   const name = $('inject-to').value;
-  const type = ($('inject-type').value || '').replace(/^\{[^}]*\}/, '');
+  const type = local($('inject-type').value);
   if (!name || !type) return;
   let xsd = '';
   try { xsd = await schemaOf(name); } catch (_) { return; }
@@ -1068,8 +1082,8 @@ for (const t of document.querySelectorAll('[role="tab"]')) {
 setInterval(() => {
   if ($('app').hidden || document.hidden) return;
   refreshOrganism();
-  api('GET', '/agents?limit=1000').then((p) => {
-    const apply = () => { for (const a of p.items) updateAgent(a.name, a); };
+  allAgents().then((agents) => {
+    const apply = () => { for (const a of agents) updateAgent(a.name, a); };
     if (state.graph) state.graph.batch(apply); else apply();
   }).catch(() => {});
 }, 2000);
