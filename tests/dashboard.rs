@@ -25,6 +25,22 @@ async fn serve(o: &Organism) -> (ApiServer, String) {
     (server, base)
 }
 
+/// Adds a listener (a YAML item) to the organism file in `dir`, for the next reload.
+fn add_to_file(dir: &std::path::Path, item: &str) {
+    let path = dir.join("organism.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap() + item + "\n";
+    std::fs::write(path, yaml).unwrap();
+}
+
+/// Waits until the page's stream is live.
+async fn until_live(c: &mut Chromium) {
+    c.wait(
+        "$('connection-state').textContent === 'live'",
+        "the stream to be live",
+    )
+    .await;
+}
+
 /// Keeps what the page looks like at the end of a test, as `target/tmp/<name>.png`.
 async fn keep_screenshot(c: &mut Chromium, name: &str) {
     let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.png"));
@@ -54,11 +70,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     let (server, base) = serve(&o).await;
     let mut c = Chromium::launch().await;
     c.goto(&format!("{base}/")).await;
-    c.wait(
-        "$('connection-state').textContent === 'live'",
-        "the stream to be live",
-    )
-    .await;
+    until_live(&mut c).await;
     assert_eq!(c.text("#who-text").await, "no authentication · admin");
     // Every listener as text beside the canvas, and on the canvas with its edge.
     assert_eq!(
@@ -119,7 +131,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     )
     .await;
     c.fill(n, "42").await;
-    c.eval("$('inject-form').requestSubmit()").await;
+    c.submit("#inject-form").await;
     c.wait(
         &format!(
             "state.thread !== '{}' && $('thread-timeline').querySelectorAll('li').length === 2",
@@ -143,7 +155,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     c.click("#tab-inject").await;
     c.eval("$('inject-raw').open = true").await;
     c.fill("#inject-xml", "<Ping><n>x</n></Ping>").await;
-    c.eval("$('inject-form').requestSubmit()").await;
+    c.submit("#inject-form").await;
     c.wait(
         "$('inject-result').innerText.includes('422') && $('inject-result').querySelectorAll('.validator li').length > 0",
         "the 422 and its validator messages",
@@ -209,8 +221,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "the messages sent while it was away",
     )
     .await;
-    c.wait("$('connection-state').textContent === 'live'", "live again")
-        .await;
+    until_live(&mut c).await;
     assert_eq!(c.eval(&rows_of("gap")).await, json!(2));
 
     keep_screenshot(&mut c, "dashboard").await;
@@ -247,7 +258,7 @@ async fn sign_in(c: &mut Chromium, token: &str) {
     c.wait("!$('login').hidden", "the sign-in form").await;
     c.eval("$('login-error').textContent = ''").await;
     c.fill("#token", token).await;
-    c.eval("$('login-form').requestSubmit()").await;
+    c.submit("#login-form").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,11 +286,7 @@ async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_u
 
     // A viewer sees everything and may change nothing.
     sign_in(&mut c, &keys[0]).await;
-    c.wait(
-        "$('connection-state').textContent === 'live'",
-        "the stream (its first frame authenticates it)",
-    )
-    .await;
+    until_live(&mut c).await;
     assert_eq!(c.text("#who-text").await, "key:watcher · viewer");
     for hidden in [
         "organism-controls",
@@ -432,8 +439,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
     }
     let mut c = Chromium::launch().await;
     c.goto(&format!("{base}/")).await;
-    c.wait("$('connection-state').textContent === 'live'", "live")
-        .await;
+    until_live(&mut c).await;
 
     // 30 threads: two pages of 25, newest first.
     c.click("#tab-threads").await;
@@ -446,7 +452,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
         .await;
     // By id.
     c.fill("#thread-filters [name=id]", "t07").await;
-    c.eval("$('thread-filters').requestSubmit()").await;
+    c.submit("#thread-filters").await;
     c.wait(
         "$('thread-title').textContent === 'Thread t07'",
         "t07 opened",
@@ -465,7 +471,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
     o.pause_listener("b").unwrap();
     let held = inject(&o, "a", &ping(99), Some("held"));
     c.fill("#thread-filters [name=id]", "held").await;
-    c.eval("$('thread-filters').requestSubmit()").await;
+    c.submit("#thread-filters").await;
     c.wait(
         "$('thread-title').textContent === 'Thread held' && !$('thread-kill').disabled",
         "the active thread",
@@ -512,9 +518,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
     c.fill("#message-filters [name=thread]", "").await;
 
     // A reload that adds a listener: it appears, on the canvas and in the list.
-    let yaml = std::fs::read_to_string(d.path().join("organism.yaml")).unwrap()
-        + "  - { name: c, description: new, kind: native, handler: sink, schema: t.xsd, accepts: [Ping] }\n";
-    std::fs::write(d.path().join("organism.yaml"), yaml).unwrap();
+    add_to_file(d.path(), "  - { name: c, description: new, kind: native, handler: sink, schema: t.xsd, accepts: [Ping] }");
     o.reload(None).unwrap();
     c.wait(
         "document.querySelectorAll('#agent-list [data-agent]').length === 3 && !state.graph.getElementById('c').empty()",
@@ -523,9 +527,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
     .await;
 
     // A reload that cannot load: its problems are shown, the topology stays.
-    let broken = std::fs::read_to_string(d.path().join("organism.yaml")).unwrap()
-        + "  - { name: d, description: broken, kind: native, handler: no-such-handler, schema: t.xsd }\n";
-    std::fs::write(d.path().join("organism.yaml"), broken).unwrap();
+    add_to_file(d.path(), "  - { name: d, description: broken, kind: native, handler: no-such-handler, schema: t.xsd }");
     c.click("[data-organism=\"reload\"]").await;
     c.wait(
         "$('reload-result').innerText.includes('Reload refused') && $('reload-result').innerText.includes('no-such-handler')",
@@ -610,15 +612,12 @@ async fn the_inject_form_follows_nested_optional_and_repeated_elements() {
 </xs:schema>"#,
     )
     .unwrap();
-    let yaml = std::fs::read_to_string(d.path().join("organism.yaml")).unwrap()
-        + "  - { name: orders, description: takes orders, kind: native, handler: sink, schema: order.xsd, accepts: [Order] }\n";
-    std::fs::write(d.path().join("organism.yaml"), yaml).unwrap();
+    add_to_file(d.path(), "  - { name: orders, description: takes orders, kind: native, handler: sink, schema: order.xsd, accepts: [Order] }");
     o.reload(None).unwrap();
     let (server, base) = serve(&o).await;
     let mut c = Chromium::launch().await;
     c.goto(&format!("{base}/")).await;
-    c.wait("$('connection-state').textContent === 'live'", "live")
-        .await;
+    until_live(&mut c).await;
     c.click("#tab-inject").await;
     c.fill("#inject-to", "orders").await;
     c.wait(
@@ -636,7 +635,7 @@ async fn the_inject_form_follows_nested_optional_and_repeated_elements() {
     c.fill("#inject-fields input[data-path=\"item\"]", "tea, cake")
         .await;
     c.fill("#inject-fields input[data-path=\"qty\"]", "2").await;
-    c.eval("$('inject-form').requestSubmit()").await;
+    c.submit("#inject-form").await;
     c.wait(
         "state.thread && $('thread-timeline').children.length === 1",
         "the order's thread",

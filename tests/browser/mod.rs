@@ -192,6 +192,15 @@ impl Chromium {
         self.eval(&js).await;
     }
 
+    /// Submits a form as its submit button would (its `submit` handler runs).
+    pub async fn submit(&mut self, selector: &str) {
+        let js = format!(
+            "document.querySelector({}).requestSubmit()",
+            json!(selector)
+        );
+        self.eval(&js).await;
+    }
+
     /// Sets a form control's value as a user typing it would (an `input` and a `change`
     /// event).
     pub async fn fill(&mut self, selector: &str, value: &str) {
