@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the build needs (libxml2 headers, pkg-config, libclang for
-# bindgen) when they are missing, and with `--browser` Chromium too (the dashboard's tests
-# drive it headless). Safe to run again: it does nothing when all are present.
+# bindgen) when they are missing; with `--browser` Chromium too (the dashboard's tests drive it
+# headless), with `--nats` nats-server (the scale-out tests run a real one, with JetStream).
+# Safe to run again: it does nothing when all are present.
 set -euo pipefail
 
 missing=()
@@ -11,9 +12,13 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so
    || ! ls /usr/lib/llvm-*/include/clang-c >/dev/null 2>&1; then
   missing+=(libclang-dev)
 fi
-if [ "${1:-}" = "--browser" ] && ! command -v chromium >/dev/null 2>&1; then
-  missing+=(chromium)
-fi
+for flag in "$@"; do
+  case "$flag" in
+    --browser) command -v chromium >/dev/null 2>&1 || missing+=(chromium) ;;
+    --nats) command -v nats-server >/dev/null 2>&1 || missing+=(nats-server) ;;
+    *) echo "ensure-system-deps.sh: unknown flag $flag (known: --browser, --nats)" >&2; exit 2 ;;
+  esac
+done
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0

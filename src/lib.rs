@@ -62,6 +62,7 @@ pub mod events;
 pub(crate) mod hash;
 pub mod listener;
 pub mod lua;
+pub mod nats;
 pub mod outbound;
 pub mod pump;
 pub mod schema;

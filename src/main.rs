@@ -74,6 +74,25 @@ enum Command {
         #[arg(long)]
         insecure_no_auth: bool,
     },
+    /// Run the handlers of listeners placed on workers (`placement: workers`) for the
+    /// organism's pump, through NATS (`organism.nats`); run as many as you like, on any
+    /// machine with the same organism file. Stops on Ctrl-C or SIGTERM after answering the
+    /// deliveries under way.
+    Worker {
+        organism: PathBuf,
+        /// The listeners to serve, comma-separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        listeners: Vec<String>,
+        /// The NATS server (replaces `organism.nats.url`).
+        #[arg(long)]
+        nats: Option<String>,
+        /// Deliveries of each listener run at once here (default: its `concurrency`).
+        #[arg(long)]
+        concurrency: Option<usize>,
+        /// This worker's name in logs and results (default `worker-PID`).
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Create, list and revoke the organism's API keys (in its store file, or in
     /// `auth.keys_file` with `store: memory`); works while the server runs.
     Keys {
@@ -163,6 +182,19 @@ fn main() -> ExitCode {
             insecure_no_auth,
         } => with_runtime(run(organism, listen, store, insecure_no_auth)),
         Command::Keys { action } => client::keys::run(action, load),
+        Command::Worker {
+            organism,
+            listeners,
+            nats,
+            concurrency,
+            name,
+        } => with_runtime(worker(agentserver::pump::worker::WorkerOptions {
+            organism,
+            listeners,
+            nats_url: nats,
+            concurrency,
+            name,
+        })),
         Command::Agents {
             server,
             json,
@@ -624,6 +656,24 @@ fn reload_on_sighup(organism: &Organism) {
     }
     #[cfg(not(unix))]
     let _ = organism;
+}
+
+async fn worker(options: agentserver::pump::worker::WorkerOptions) -> ExitCode {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let signal = ShutdownSignal::install();
+    let on_signal = stop.clone();
+    tokio::spawn(async move {
+        signal.wait().await;
+        on_signal.cancel();
+    });
+    let registry = agentserver::listener::HandlerRegistry::default();
+    match agentserver::pump::worker::run_worker(options, registry, stop).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("agentserver worker: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM. Installed before the ready lines are printed, so a signal sent

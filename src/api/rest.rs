@@ -609,6 +609,18 @@ pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
             format!("store: {e}"),
         ));
     }
+    let unserved = s.inner.organism.unserved_listeners();
+    if !unserved.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!(
+                "no worker serves {} (start `agentserver worker --listeners {}`)",
+                unserved.join(", "),
+                unserved.join(",")
+            ),
+        ));
+    }
     match s.inner.organism.status() {
         OrganismStatus::Running | OrganismStatus::Paused => Ok(Json(Health {
             status: "ready".into(),

@@ -178,6 +178,7 @@ pub(super) fn check_listeners(
             script,
             lua_limits,
             external: external.flatten(),
+            placement: check_placement(s, c),
             tenant: check_tenant(s, c),
             shared: s.shared,
             origin: ListenerOrigin::File,
@@ -207,6 +208,20 @@ fn check_tenant(s: &ListenerSection, c: &mut Collector) -> Option<String> {
         );
     }
     Some(t.to_string())
+}
+
+/// `placement: workers` is for handlers the worker binary can run (Lua and native); an
+/// external agent is already remote.
+fn check_placement(s: &ListenerSection, c: &mut Collector) -> Placement {
+    if s.placement == Placement::Workers && s.kind == ListenerKind::External {
+        c.push(
+            Some(s.name.as_str()),
+            Some("placement"),
+            "an external agent already runs elsewhere: `placement: workers` is for `lua` and \
+             `native` listeners",
+        );
+    }
+    s.placement
 }
 
 /// The listener's name (form, not reserved) and its description, which it returns.
@@ -643,4 +658,128 @@ pub(super) fn check_external_callbacks(
             );
         }
     }
+}
+
+/// Default `organism.nats.ack_wait_ms`.
+pub const DEFAULT_NATS_ACK_WAIT_MS: u64 = 5_000;
+/// Default `organism.nats.deliver_timeout_ms`.
+pub const DEFAULT_NATS_DELIVER_TIMEOUT_MS: u64 = 60_000;
+/// Default `organism.nats.max_deliver`.
+pub const DEFAULT_NATS_MAX_DELIVER: u32 = 5;
+
+/// `organism.nats`, checked: a `nats://` URL, a prefix fit for stream names, its credential
+/// read from the environment; and that every placed listener has it.
+pub(super) fn check_nats(
+    section: Option<NatsSection>,
+    organism_name: &str,
+    listeners: &[ListenerConfig],
+    c: &mut Collector,
+) -> Option<NatsConfig> {
+    let placed: Vec<&str> = listeners
+        .iter()
+        .filter(|l| l.placement == Placement::Workers)
+        .map(|l| l.name.as_str())
+        .collect();
+    let Some(s) = section else {
+        for name in placed {
+            c.push(
+                Some(name),
+                Some("placement"),
+                "`placement: workers` needs `organism.nats` (the NATS server workers reach \
+                 the pump through)",
+            );
+        }
+        return None;
+    };
+    let key = Some("organism.nats.url");
+    if s.url.trim().is_empty() {
+        c.push(None, key, "must not be empty: a URL like nats://127.0.0.1:4222");
+    }
+    for url in s.url.split(',') {
+        match reqwest::Url::parse(url.trim()) {
+            Ok(u) if matches!(u.scheme(), "nats" | "tls") && u.has_host() => {
+                if u.password().is_some() || !u.username().is_empty() {
+                    c.push(
+                        None,
+                        key,
+                        "holds a credential; name an environment variable in \
+                         `credentials_env` instead",
+                    );
+                }
+            }
+            _ => c.push(
+                None,
+                key,
+                format!("`{}` is not a URL like nats://127.0.0.1:4222", url.trim()),
+            ),
+        }
+    }
+    let prefix = s.stream_prefix.unwrap_or_else(|| {
+        let name: String = organism_name
+            .chars()
+            .map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' { ch } else { '_' })
+            .collect();
+        format!("agentserver_{name}")
+    });
+    if prefix.is_empty()
+        || prefix.len() > 64
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        c.push(
+            None,
+            Some("organism.nats.stream_prefix"),
+            "must be 1-64 letters, digits, `_` or `-` (it begins stream names and subjects)",
+        );
+    }
+    let credentials = match s.credentials_env.as_deref() {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Some(v),
+            _ => {
+                c.push(
+                    None,
+                    Some("organism.nats.credentials_env"),
+                    format!(
+                        "environment variable `{var}` is not set (it holds the NATS \
+                         credential: user:password or a token)"
+                    ),
+                );
+                None
+            }
+        },
+    };
+    let ms = |key: &str, v: Option<u64>, default: u64, c: &mut Collector| {
+        let v = v.unwrap_or(default);
+        if v == 0 {
+            c.push(None, Some(key), "must be at least 1");
+        }
+        std::time::Duration::from_millis(v.max(1))
+    };
+    let ack_wait = ms(
+        "organism.nats.ack_wait_ms",
+        s.ack_wait_ms,
+        DEFAULT_NATS_ACK_WAIT_MS,
+        c,
+    );
+    let deliver_timeout = ms(
+        "organism.nats.deliver_timeout_ms",
+        s.deliver_timeout_ms,
+        DEFAULT_NATS_DELIVER_TIMEOUT_MS,
+        c,
+    );
+    let max_deliver = s.max_deliver.unwrap_or(DEFAULT_NATS_MAX_DELIVER);
+    if max_deliver == 0 {
+        c.push(None, Some("organism.nats.max_deliver"), "must be at least 1");
+    }
+    Some(NatsConfig {
+        url: s.url,
+        stream_prefix: prefix,
+        credentials_env: s.credentials_env,
+        credentials,
+        ack_wait,
+        deliver_timeout,
+        max_deliver: max_deliver.max(1),
+    })
 }

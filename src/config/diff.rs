@@ -63,7 +63,8 @@ pub fn fingerprint(l: &ListenerConfig) -> String {
                 &l.handler,
                 l.agent,
                 &l.tenant,
-                l.shared
+                l.shared,
+                l.placement
             ),
             (&l.peers, l.concurrency, l.config.to_string()),
             (
@@ -97,6 +98,7 @@ pub fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadPr
     check("limits", old.limits == new.limits);
     check("auth", old.auth == new.auth);
     check("organism.tls", old.tls == new.tls);
+    check("organism.nats", old.nats == new.nats);
     out
 }
 

@@ -31,15 +31,17 @@ use std::sync::Arc;
 
 pub use check::valid_tenant;
 use check::{
-    check_auth, check_external_callbacks, check_limits, check_listeners, serde_key, variant_key,
+    check_auth, check_external_callbacks, check_limits, check_listeners, check_nats, serde_key,
+    variant_key,
 };
+pub use check::{DEFAULT_NATS_ACK_WAIT_MS, DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER};
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
-    Limits, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NoType,
-    OrganismConfig, Retention, Scheduling, TenantQuotas, Tenants, TlsFiles,
+    Limits, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NatsConfig,
+    NoType, OrganismConfig, Placement, Retention, Scheduling, TenantQuotas, Tenants, TlsFiles,
     DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
-use model::{AuthSection, ListenerSection, OrganismSection};
+use model::{AuthSection, ListenerSection, NatsSection, OrganismSection};
 
 use crate::schema::Schema;
 use crate::xml::PayloadType;
@@ -384,10 +386,12 @@ pub fn load_str_layered(
             );
         }
     }
+    let nats = check_nats(organism.nats, &organism.name, &listeners, &mut c);
     if !c.errors.is_empty() {
         return Err(ConfigErrors(c.errors));
     }
     Ok(OrganismConfig {
+        nats,
         tls: organism.tls.map(|t| TlsFiles {
             cert: base.join(t.cert),
             key: base.join(t.key),

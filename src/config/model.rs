@@ -55,6 +55,68 @@ pub(crate) struct OrganismSection {
     pub tls: Option<TlsFiles>,
     /// Serve the dashboard at `/` (default true).
     pub dashboard: Option<bool>,
+    pub nats: Option<NatsSection>,
+}
+
+/// `organism.nats` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct NatsSection {
+    pub url: String,
+    pub stream_prefix: Option<String>,
+    pub credentials_env: Option<String>,
+    pub ack_wait_ms: Option<u64>,
+    pub deliver_timeout_ms: Option<u64>,
+    pub max_deliver: Option<u32>,
+}
+
+/// `organism.nats`: the NATS JetStream server that carries deliveries to workers
+/// (`placement: workers`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct NatsConfig {
+    /// `nats://host:port` (or several, comma-separated).
+    pub url: String,
+    /// The names' prefix: streams `<prefix>_work` and `<prefix>_results`, subjects
+    /// `<prefix>.work.<listener>` and `<prefix>.results`.
+    pub stream_prefix: String,
+    /// The environment variable holding the credential (`user:password` or a token).
+    pub credentials_env: Option<String>,
+    /// Its value, read when the config is loaded. Never shown (`Debug` hides it).
+    pub credentials: Option<String>,
+    /// A delivery a worker took and neither answered nor reported progress on within this
+    /// goes to another worker (a worker reports progress every third of it while it runs).
+    pub ack_wait: std::time::Duration,
+    /// How long a delivery to workers is awaited, from when it is published, before it
+    /// fails (no worker running, or none answered).
+    pub deliver_timeout: std::time::Duration,
+    /// A delivery is handed to workers at most this many times (each worker that took it
+    /// died or hung).
+    pub max_deliver: u32,
+}
+
+impl fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field("url", &self.url)
+            .field("stream_prefix", &self.stream_prefix)
+            .field("credentials_env", &self.credentials_env)
+            .field("credentials", &self.credentials.as_ref().map(|_| "<hidden>"))
+            .field("ack_wait", &self.ack_wait)
+            .field("deliver_timeout", &self.deliver_timeout)
+            .field("max_deliver", &self.max_deliver)
+            .finish()
+    }
+}
+
+/// Where a listener's handler runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// In the pump's process.
+    #[default]
+    Local,
+    /// In `agentserver worker` processes, reached through NATS JetStream.
+    Workers,
 }
 
 /// `organism.tls`: the API serves HTTPS and WSS with this certificate chain and key (PEM).
@@ -161,6 +223,8 @@ pub(crate) struct ListenerSection {
     pub tenant: Option<String>,
     #[serde(default)]
     pub shared: bool,
+    #[serde(default)]
+    pub placement: Placement,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.
@@ -217,6 +281,8 @@ pub struct ListenerConfig {
     pub lua_limits: LuaLimits,
     /// For `external`: where deliveries go and how replies are accepted.
     pub external: Option<ExternalConfig>,
+    /// Where its handler runs: in this process, or on workers (through `organism.nats`).
+    pub placement: Placement,
     /// The tenant it belongs to; `None`: the organism's own. A tenant's credentials see and
     /// touch only its tenant's listeners.
     pub tenant: Option<String>,
@@ -336,6 +402,8 @@ pub struct OrganismConfig {
     pub allowed_hosts: Vec<String>,
     /// HTTPS and WSS instead of HTTP and WS (paths resolved against the file's directory).
     pub tls: Option<TlsFiles>,
+    /// `organism.nats`: set when listeners are placed on workers.
+    pub nats: Option<NatsConfig>,
     /// The API serves the dashboard at `/` (`organism.dashboard`, default true; read at
     /// start).
     pub dashboard: bool,

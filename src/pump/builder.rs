@@ -148,7 +148,13 @@ impl OrganismBuilder {
         let scheduling = config.scheduling;
         let lua_targets = crate::lua::OutputTargets::of(&config);
         let config = Arc::new(config);
+        let stopped = tokio_util::sync::CancellationToken::new();
+        let placed = config
+            .nats
+            .as_ref()
+            .map(|n| crate::nats::Placed::start(n, &config.name, stopped.clone()));
         let shared = Arc::new(Shared {
+            placed,
             // Listeners are built below, by the same code a reload uses.
             topology: std::sync::RwLock::new(Arc::new(Topology {
                 config: config.clone(),
@@ -172,7 +178,7 @@ impl OrganismBuilder {
             life: Lifecycle {
                 status: AtomicU8::new(STATUS_RUNNING),
                 paused: AtomicBool::new(false),
-                stopped: Default::default(),
+                stopped,
                 background: Default::default(),
                 maintenance: Default::default(),
                 runtime,

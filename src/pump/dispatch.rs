@@ -529,7 +529,7 @@ impl From<Result<HandlerResult, Box<dyn std::any::Any + Send>>> for Outcome {
     }
 }
 
-fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+pub(crate) fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         s.to_string()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -38,6 +38,7 @@ mod history;
 mod inject;
 mod reload;
 mod route;
+pub mod worker;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -309,6 +310,8 @@ pub(crate) struct Shared {
     load: Load,
     reloading: Reloading,
     external: Externals,
+    /// The link to workers, with `organism.nats` (fixed for the process).
+    placed: Option<Arc<crate::nats::Placed>>,
     /// [`Organism::wait_thread`] callers, woken when their thread stops being active.
     thread_waiters: std::sync::Mutex<
         crate::hash::SeededMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>,
@@ -528,6 +531,21 @@ impl Organism {
     }
 
     /// Every listener with its live state, in config order.
+    /// The listeners placed on workers that no worker has announced itself for lately
+    /// (empty without `organism.nats`).
+    pub fn unserved_listeners(&self) -> Vec<String> {
+        let Some(placed) = &self.shared.placed else {
+            return Vec::new();
+        };
+        let topo = self.shared.topo();
+        placed.unserved(
+            topo.order
+                .iter()
+                .filter(|l| l.config.placement == config::Placement::Workers)
+                .map(|l| l.name()),
+        )
+    }
+
     pub fn agents(&self) -> Vec<AgentInfo> {
         self.shared
             .topo()

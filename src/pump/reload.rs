@@ -112,30 +112,31 @@ impl Shared {
             .collect()
     }
 
-    /// Builds a handler for one listener, of whatever kind; `previous` is the handler it
-    /// succeeds, if any (its counters carry on).
+    /// Builds a handler for one listener, of whatever kind and placement; `previous` is
+    /// the handler it succeeds, if any (its counters carry on).
     pub(crate) fn build_handler(
         &self,
         lc: &ListenerConfig,
         previous: Option<&Arc<dyn Handler>>,
     ) -> Result<Arc<dyn Handler>, String> {
-        match lc.kind {
-            config::ListenerKind::Lua => crate::lua::LuaHandler::build_with(
-                lc,
-                self.limits.max_message_bytes,
-                self.reloading.lua_targets.clone(),
-                self.events.clone(),
-                previous
-                    .and_then(|h| h.carried_stats())
-                    .and_then(|s| s.downcast::<crate::lua::LuaStats>().ok()),
-            )
-            .map(|h| Arc::new(h) as Arc<dyn Handler>),
-            config::ListenerKind::External => {
-                crate::listener::ExternalHandler::new(lc, self.external.callbacks.clone())
-                    .map(|h| Arc::new(h) as Arc<dyn Handler>)
-            }
-            config::ListenerKind::Native => self.reloading.registry.build(lc),
+        if lc.placement == config::Placement::Workers {
+            let placed = self
+                .placed
+                .as_ref()
+                .ok_or("`placement: workers` needs `organism.nats`")?;
+            return Ok(Arc::new(crate::nats::PlacedHandler::new(placed.clone(), lc)));
         }
+        local_handler(
+            lc,
+            &HandlerParts {
+                registry: &self.reloading.registry,
+                max_message_bytes: self.limits.max_message_bytes,
+                lua_targets: &self.reloading.lua_targets,
+                events: &self.events,
+                callbacks: &self.external.callbacks,
+            },
+            previous,
+        )
     }
 
     /// Steps 1 and 2: load (the file, with `layer`, the API's agents, over it), check,
@@ -502,4 +503,39 @@ fn stamps(paths: &[PathBuf]) -> Vec<Stamp> {
             (p.clone(), meta)
         })
         .collect()
+}
+
+/// What building a handler in this process takes: the pump's, or a worker's own.
+pub(crate) struct HandlerParts<'a> {
+    pub registry: &'a crate::listener::HandlerRegistry,
+    pub max_message_bytes: usize,
+    pub lua_targets: &'a Arc<crate::lua::OutputTargets>,
+    pub events: &'a Arc<crate::events::EventHub>,
+    pub callbacks: &'a Arc<std::sync::OnceLock<crate::listener::CallbackUrl>>,
+}
+
+/// Builds the handler that runs a listener in this process, whatever its placement (a
+/// worker runs placed listeners this way).
+pub(crate) fn local_handler(
+    lc: &ListenerConfig,
+    parts: &HandlerParts<'_>,
+    previous: Option<&Arc<dyn Handler>>,
+) -> Result<Arc<dyn Handler>, String> {
+    match lc.kind {
+        config::ListenerKind::Lua => crate::lua::LuaHandler::build_with(
+            lc,
+            parts.max_message_bytes,
+            parts.lua_targets.clone(),
+            parts.events.clone(),
+            previous
+                .and_then(|h| h.carried_stats())
+                .and_then(|s| s.downcast::<crate::lua::LuaStats>().ok()),
+        )
+        .map(|h| Arc::new(h) as Arc<dyn Handler>),
+        config::ListenerKind::External => {
+            crate::listener::ExternalHandler::new(lc, parts.callbacks.clone())
+                .map(|h| Arc::new(h) as Arc<dyn Handler>)
+        }
+        config::ListenerKind::Native => parts.registry.build(lc),
+    }
 }

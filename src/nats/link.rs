@@ -1,0 +1,212 @@
+//! The connection to NATS and the two streams, shared by the pump and by workers.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::NatsConfig;
+
+/// The most the work stream holds, in bytes: beyond it a publish is refused (and retried
+/// until the delivery's timeout), never an older delivery dropped.
+pub const WORK_STREAM_MAX_BYTES: i64 = 1 << 30;
+/// The most the results stream holds, in bytes (as above).
+pub const RESULTS_STREAM_MAX_BYTES: i64 = 256 << 20;
+/// JetStream's window for dropping a second message with the same `Nats-Msg-Id`.
+pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// Every stream, subject and consumer name, from `organism.nats.stream_prefix`.
+#[derive(Debug, Clone)]
+pub struct Names {
+    prefix: String,
+}
+
+impl Names {
+    pub fn new(prefix: &str) -> Names {
+        Names {
+            prefix: prefix.to_string(),
+        }
+    }
+
+    pub fn work_stream(&self) -> String {
+        format!("{}_work", self.prefix)
+    }
+
+    pub fn results_stream(&self) -> String {
+        format!("{}_results", self.prefix)
+    }
+
+    pub fn work_subject(&self, listener: &str) -> String {
+        format!("{}.work.{listener}", self.prefix)
+    }
+
+    pub fn results_subject(&self) -> String {
+        format!("{}.results", self.prefix)
+    }
+
+    pub fn alive_subject(&self, listener: &str) -> String {
+        format!("{}.alive.{listener}", self.prefix)
+    }
+
+    /// Every listener's announcements.
+    pub fn alive_all(&self) -> String {
+        format!("{}.alive.>", self.prefix)
+    }
+
+    /// The listener named in an announcement's subject.
+    pub fn alive_listener<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".alive.")
+    }
+
+    /// The durable consumer every worker of `listener` shares. Consumer names allow fewer
+    /// characters than listener names, so a name with others is hashed.
+    pub fn work_consumer(&self, listener: &str) -> String {
+        if listener
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        {
+            format!("work-{listener}")
+        } else {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(listener.as_bytes());
+            let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+            format!("work-h{hex}")
+        }
+    }
+
+    /// The pump's consumer of results.
+    pub fn results_consumer(&self) -> &'static str {
+        "pump"
+    }
+}
+
+/// The two streams, once they exist on the server.
+#[derive(Clone)]
+pub struct Streams {
+    pub work: stream::Stream,
+    pub results: stream::Stream,
+}
+
+/// A connection to NATS (reconnecting by itself) and, once the server answers, the streams.
+/// Everything that needs the streams waits for them with a deadline, so a NATS server that
+/// is down holds up only the placed listeners.
+#[derive(Clone)]
+pub struct Link {
+    pub names: Names,
+    pub client: async_nats::Client,
+    pub jetstream: jetstream::Context,
+    streams: watch::Receiver<Option<Streams>>,
+    shown_url: String,
+}
+
+impl Link {
+    /// Connects (in the background: this returns at once, whether or not the server is up)
+    /// and sets the streams up as soon as it answers. Must run inside a tokio runtime.
+    pub async fn connect(config: &NatsConfig, client_name: &str) -> Result<Link, String> {
+        let mut options = async_nats::ConnectOptions::new()
+            .name(client_name)
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            .reconnect_delay_callback(|attempts| {
+                Duration::from_millis((attempts as u64 * 100).min(1_000))
+            });
+        if let Some(credential) = &config.credentials {
+            options = match credential.split_once(':') {
+                Some((user, password)) => {
+                    options.user_and_password(user.to_string(), password.to_string())
+                }
+                None => options.token(credential.clone()),
+            };
+        }
+        let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
+        let client = options
+            .connect(urls.as_slice())
+            .await
+            .map_err(|e| format!("cannot use NATS at {}: {e}", config.url))?;
+        let jetstream = jetstream::new(client.clone());
+        let names = Names::new(&config.stream_prefix);
+        let (tx, rx) = watch::channel(None);
+        let js = jetstream.clone();
+        let n = names.clone();
+        let url = config.url.clone();
+        tokio::spawn(async move {
+            let mut told = false;
+            loop {
+                match ensure_streams(&js, &n).await {
+                    Ok(streams) => {
+                        let _ = tx.send(Some(streams));
+                        if told {
+                            tracing::info!(url = %url, "NATS JetStream answers; placed listeners resume");
+                        }
+                        return;
+                    }
+                    Err(e) => {
+                        if !told {
+                            tracing::warn!(url = %url, error = %e, "NATS JetStream does not answer yet; placed listeners wait");
+                            told = true;
+                        }
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                }
+            }
+        });
+        Ok(Link {
+            names,
+            client,
+            jetstream,
+            streams: rx,
+            shown_url: config.url.clone(),
+        })
+    }
+
+    /// The streams, once set up; `None` if that has not happened by `deadline`.
+    pub async fn streams(&self, deadline: Instant) -> Option<Streams> {
+        let mut rx = self.streams.clone();
+        let found = match tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await {
+            Ok(Ok(s)) => s.clone(),
+            _ => None,
+        };
+        found
+    }
+
+    /// The server's URL as configured (it holds no credential: the config refuses one).
+    pub fn url(&self) -> &str {
+        &self.shown_url
+    }
+}
+
+async fn ensure_streams(js: &jetstream::Context, names: &Names) -> Result<Streams, String> {
+    let work = js
+        .get_or_create_stream(stream::Config {
+            name: names.work_stream(),
+            subjects: vec![format!("{}.>", names.work_subject("").trim_end_matches('.'))],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_bytes: WORK_STREAM_MAX_BYTES,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {}: {e}", names.work_stream()))?;
+    let results = js
+        .get_or_create_stream(stream::Config {
+            name: names.results_stream(),
+            subjects: vec![names.results_subject()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            max_bytes: RESULTS_STREAM_MAX_BYTES,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {}: {e}", names.results_stream()))?;
+    Ok(Streams { work, results })
+}

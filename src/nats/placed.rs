@@ -1,0 +1,453 @@
+//! The pump's side: [`Placed`] (the link, the deliveries awaiting an answer, the workers
+//! seen) and [`PlacedHandler`], a placed listener's handler.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use futures_util::StreamExt;
+use subtle::ConstantTimeEq;
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::link::{Link, Streams};
+use super::wire::{listener_version, WorkItem, WorkResult};
+use super::ALIVE_WITHIN;
+use crate::config::{ListenerConfig, NatsConfig};
+use crate::listener::{
+    Delivery, Handler, HandlerError, HandlerFuture, HandlerMetric, HandlerResult, Output,
+};
+
+/// Listeners remembered as announced by workers, at most (announcements for more, which
+/// only a misbehaving client sends, are ignored).
+const MAX_ANNOUNCED: usize = 4096;
+
+/// A warning about refused results is logged at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+struct Open {
+    nonce: String,
+    tx: oneshot::Sender<WorkResult>,
+}
+
+#[derive(Clone)]
+struct Ready {
+    link: Link,
+    streams: Streams,
+}
+
+/// The organism's link to its workers: one per organism with `organism.nats`.
+pub struct Placed {
+    pub names: super::Names,
+    url: String,
+    deliver_timeout: Duration,
+    ready: watch::Receiver<Option<Ready>>,
+    /// Deliveries awaiting an answer, by message id.
+    open: Mutex<HashMap<String, Open>>,
+    /// When a worker last announced itself, by listener.
+    alive: Mutex<HashMap<String, Instant>>,
+    /// Results refused: not the expected shape, or a nonce that does not match.
+    refused: AtomicU64,
+    /// Results for no open delivery: duplicates, or answers after the timeout.
+    late: AtomicU64,
+    warned: Mutex<Option<Instant>>,
+    stop: CancellationToken,
+}
+
+impl Placed {
+    /// Starts connecting (in the background) and returns at once. Must run inside a tokio
+    /// runtime; `stop` ends its tasks.
+    pub fn start(config: &NatsConfig, organism: &str, stop: CancellationToken) -> Arc<Placed> {
+        let (tx, rx) = watch::channel(None);
+        let placed = Arc::new(Placed {
+            names: super::Names::new(&config.stream_prefix),
+            url: config.url.clone(),
+            deliver_timeout: config.deliver_timeout,
+            ready: rx,
+            open: Mutex::default(),
+            alive: Mutex::default(),
+            refused: AtomicU64::new(0),
+            late: AtomicU64::new(0),
+            warned: Mutex::new(None),
+            stop,
+        });
+        let config = config.clone();
+        let name = format!("agentserver pump {organism}");
+        let p = placed.clone();
+        tokio::spawn(async move {
+            let link = match Link::connect(&config, &name).await {
+                Ok(link) => link,
+                Err(e) => {
+                    tracing::error!(error = %e, "placed listeners cannot run");
+                    return;
+                }
+            };
+            let streams = tokio::select! {
+                _ = p.stop.cancelled() => return,
+                s = link.streams(Instant::now() + Duration::from_secs(86_400 * 365)) => s,
+            };
+            let Some(streams) = streams else { return };
+            let ready = Ready { link, streams };
+            let _ = tx.send(Some(ready.clone()));
+            tokio::spawn(p.clone().watch_workers(ready.link.clone()));
+            p.take_results(ready).await;
+        });
+        placed
+    }
+
+    async fn ready(&self, deadline: Instant) -> Option<Ready> {
+        let mut rx = self.ready.clone();
+        let found = match tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await {
+            Ok(Ok(r)) => r.clone(),
+            _ => None,
+        };
+        found
+    }
+
+    /// Of `listeners`, those no worker has announced itself for lately.
+    pub fn unserved<'a>(&self, listeners: impl Iterator<Item = &'a str>) -> Vec<String> {
+        let alive = crate::sync::lock(&self.alive);
+        listeners
+            .filter(|l| alive.get(*l).is_none_or(|t| t.elapsed() > ALIVE_WITHIN))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Results refused (malformed, or a nonce that does not match) and results for no open
+    /// delivery (duplicates, late answers).
+    pub fn result_counts(&self) -> (u64, u64) {
+        (
+            self.refused.load(Ordering::Relaxed),
+            self.late.load(Ordering::Relaxed),
+        )
+    }
+
+    async fn watch_workers(self: Arc<Self>, link: Link) {
+        let mut sub = loop {
+            match link.client.subscribe(link.names.alive_all()).await {
+                Ok(s) => break s,
+                Err(_) => {
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    }
+                }
+            }
+        };
+        loop {
+            let msg = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                m = sub.next() => m,
+            };
+            let Some(msg) = msg else { return };
+            if let Some(listener) = link.names.alive_listener(msg.subject.as_str()) {
+                let mut alive = crate::sync::lock(&self.alive);
+                if alive.len() < MAX_ANNOUNCED || alive.contains_key(listener) {
+                    alive.insert(listener.to_string(), Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Takes every result from the results stream, for as long as the organism runs.
+    async fn take_results(self: Arc<Self>, ready: Ready) {
+        let name = ready.link.names.results_consumer();
+        loop {
+            let consumer = ready
+                .streams
+                .results
+                .get_or_create_consumer(
+                    name,
+                    pull::Config {
+                        durable_name: Some(name.to_string()),
+                        ack_policy: AckPolicy::Explicit,
+                        ack_wait: Duration::from_secs(30),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            let messages = match consumer {
+                Ok(c) => c.messages().await.ok(),
+                Err(_) => None,
+            };
+            let Some(mut messages) = messages else {
+                tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    n = messages.next() => n,
+                };
+                match next {
+                    Some(Ok(msg)) => {
+                        self.accept(&msg.payload);
+                        let _ = msg.ack().await;
+                    }
+                    // Missed heartbeats while the server is away: the stream carries on.
+                    Some(Err(e)) => tracing::debug!(error = %e, "results stream"),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Hands a result to the delivery it answers, if it is open and the nonce matches.
+    fn accept(&self, bytes: &[u8]) {
+        let result: WorkResult = match serde_json::from_slice(bytes) {
+            Ok(r) => r,
+            Err(e) => {
+                self.refuse(format_args!("a result that is not a worker's answer ({e})"));
+                return;
+            }
+        };
+        let mut open = crate::sync::lock(&self.open);
+        let matches = match open.get(&result.message_id) {
+            None => {
+                drop(open);
+                self.late.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Some(o) => bool::from(o.nonce.as_bytes().ct_eq(result.nonce.as_bytes())),
+        };
+        if !matches {
+            drop(open);
+            self.refuse(format_args!(
+                "a result for message {} with the wrong nonce (not from a worker it was \
+                 delivered to)",
+                crate::clip::clip(result.message_id.clone(), 80)
+            ));
+            return;
+        }
+        if let Some(o) = open.remove(&result.message_id) {
+            let _ = o.tx.send(result);
+        }
+    }
+
+    fn refuse(&self, what: std::fmt::Arguments<'_>) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut warned = crate::sync::lock(&self.warned);
+        if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            *warned = Some(Instant::now());
+            tracing::warn!(refused_total = n, "refused {what}");
+        }
+    }
+
+    /// Publishes one item, retrying (NATS away, stream full) until `deadline`; returns its
+    /// sequence in the work stream.
+    async fn publish(
+        &self,
+        subject: String,
+        item: &WorkItem,
+        deadline: Instant,
+    ) -> Result<(Ready, u64), HandlerError> {
+        let body: bytes::Bytes = serde_json::to_vec(item)
+            .map_err(|e| HandlerError(format!("cannot write the delivery: {e}")))?
+            .into();
+        let mut last = String::from("it did not answer");
+        loop {
+            let Some(ready) = self.ready(deadline).await else {
+                return Err(HandlerError(format!(
+                    "NATS at {} is not reachable (JetStream not set up within {} ms)",
+                    self.url,
+                    self.deliver_timeout.as_millis()
+                )));
+            };
+            let message = async_nats::jetstream::message::PublishMessage::build()
+                .payload(body.clone())
+                .message_id(&item.message_id);
+            let sent = tokio::time::timeout_at(deadline, async {
+                ready
+                    .link
+                    .jetstream
+                    .send_publish(subject.clone(), message)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            match sent {
+                Ok(Ok(ack)) => return Ok((ready, ack.sequence)),
+                Ok(Err(e)) => last = e,
+                Err(_) => {}
+            }
+            if Instant::now() + Duration::from_millis(200) >= deadline {
+                return Err(HandlerError(format!(
+                    "cannot hand the delivery to workers through NATS at {} within {} ms: {last}",
+                    self.url,
+                    self.deliver_timeout.as_millis()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Removes its delivery from the open ones when the call ends, however it ends (answered,
+/// timed out, the thread killed), and takes an unanswered one back out of the work stream.
+struct Opened {
+    placed: Arc<Placed>,
+    message_id: String,
+    published: Option<(Ready, u64)>,
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        let was_open = crate::sync::lock(&self.placed.open)
+            .remove(&self.message_id)
+            .is_some();
+        if let (true, Some((ready, seq))) = (was_open, self.published.take()) {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = ready.streams.work.delete_message(seq).await;
+                });
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    delivered: AtomicU64,
+    answered: AtomicU64,
+    unanswered: AtomicU64,
+}
+
+/// The handler of a listener placed on workers.
+pub struct PlacedHandler {
+    placed: Arc<Placed>,
+    listener: String,
+    subject: String,
+    version: String,
+    counts: Arc<Counts>,
+}
+
+impl PlacedHandler {
+    pub fn new(placed: Arc<Placed>, listener: &ListenerConfig) -> PlacedHandler {
+        PlacedHandler {
+            listener: listener.name.to_string(),
+            subject: placed.names.work_subject(listener.name.as_str()),
+            version: listener_version(listener),
+            counts: Arc::default(),
+            placed,
+        }
+    }
+
+    async fn call(
+        placed: Arc<Placed>,
+        item: WorkItem,
+        subject: String,
+        counts: Arc<Counts>,
+    ) -> HandlerResult {
+        let deadline = Instant::now() + placed.deliver_timeout;
+        let (tx, rx) = oneshot::channel();
+        crate::sync::lock(&placed.open).insert(
+            item.message_id.clone(),
+            Open {
+                nonce: item.nonce.clone(),
+                tx,
+            },
+        );
+        let mut opened = Opened {
+            placed: placed.clone(),
+            message_id: item.message_id.clone(),
+            published: None,
+        };
+        opened.published = Some(placed.publish(subject, &item, deadline).await?);
+        counts.delivered.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout_at(deadline, rx).await {
+            Ok(Ok(result)) => {
+                counts.answered.fetch_add(1, Ordering::Relaxed);
+                match result.error {
+                    Some(e) => Err(HandlerError(format!(
+                        "on worker {}: {e}",
+                        crate::clip::clip(result.worker.clone(), 120)
+                    ))),
+                    None => Ok(result
+                        .outputs
+                        .into_iter()
+                        .map(|o| Output {
+                            payload: o.payload,
+                            to: o.to,
+                        })
+                        .collect()),
+                }
+            }
+            Ok(Err(_)) => Err(HandlerError("the organism stopped".into())),
+            Err(_) => {
+                counts.unanswered.fetch_add(1, Ordering::Relaxed);
+                let seen = placed.unserved(std::iter::once(item.listener.as_str()));
+                Err(HandlerError(format!(
+                    "no worker answered within {} ms ({})",
+                    placed.deliver_timeout.as_millis(),
+                    if seen.is_empty() {
+                        "workers of it are running: they are busy or failing"
+                    } else {
+                        "no worker of it is running: start `agentserver worker`"
+                    }
+                )))
+            }
+        }
+    }
+}
+
+/// 128 random bits, as hex.
+fn nonce() -> Result<String, HandlerError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| HandlerError(format!("no randomness: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+impl Handler for PlacedHandler {
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        let nonce = match nonce() {
+            Ok(n) => n,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let item = WorkItem {
+            message_id: delivery.meta.message_id.to_string(),
+            thread_id: delivery.meta.thread_id.to_string(),
+            from: delivery.meta.from.to_string(),
+            listener: self.listener.clone(),
+            payload_xml: delivery.payload.xml().to_string(),
+            nonce,
+            version: self.version.clone(),
+        };
+        let subject = self.subject.clone();
+        Box::pin(Self::call(
+            self.placed.clone(),
+            item,
+            subject,
+            self.counts.clone(),
+        ))
+    }
+
+    fn metrics(&self) -> Vec<HandlerMetric> {
+        let c = |name, help, v: &AtomicU64| {
+            HandlerMetric::counter(name, help, Vec::new(), v.load(Ordering::Relaxed) as f64)
+        };
+        vec![
+            c(
+                "agentserver_worker_deliveries_total",
+                "Deliveries handed to workers through NATS.",
+                &self.counts.delivered,
+            ),
+            c(
+                "agentserver_worker_answers_total",
+                "Deliveries a worker answered.",
+                &self.counts.answered,
+            ),
+            c(
+                "agentserver_worker_unanswered_total",
+                "Deliveries no worker answered within organism.nats.deliver_timeout_ms.",
+                &self.counts.unanswered,
+            ),
+        ]
+    }
+}

@@ -1,0 +1,418 @@
+//! `agentserver worker`: runs the handlers of listeners placed on workers, for a pump, through
+//! NATS JetStream (see [`crate::nats`] for the protocol and its guarantees).
+//!
+//! A worker loads the same organism file as the pump and builds only the listeners it is
+//! told to serve, with the same handler code, sandboxes and limits as in-process. Every
+//! delivery's payload is validated again here against the worker's own copy of the
+//! listener's schema before its handler sees it. Outputs go back as raw text: the pump reads,
+//! routes and validates them.
+//!
+//! Each listener has `concurrency` slots (or `--concurrency`); each slot pulls one delivery
+//! at a time from the listener's durable consumer, which every worker of it shares, so the
+//! work spreads over the workers that have a free slot.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
+use async_nats::jetstream::AckKind;
+use futures_util::{FutureExt, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+use super::reload::{local_handler, HandlerParts};
+use crate::config::{ListenerConfig, OrganismConfig, Placement};
+use crate::listener::{Delivery, Handler, HandlerRegistry, Meta};
+use crate::nats::{listener_version, Link, WorkItem, WorkOutput, WorkResult, ALIVE_EVERY};
+use crate::xml::{normalize_payload, XmlLimits};
+
+/// What `agentserver worker` was asked to do.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    pub organism: PathBuf,
+    /// The listeners to serve (each `placement: workers` in the file).
+    pub listeners: Vec<String>,
+    /// Replaces `organism.nats.url`.
+    pub nats_url: Option<String>,
+    /// Deliveries of each listener run at once in this process; default: its `concurrency`.
+    pub concurrency: Option<usize>,
+    /// This worker's name in results and logs; default `worker-<pid>`.
+    pub name: Option<String>,
+}
+
+/// One listener as this worker runs it.
+struct Served {
+    config: ListenerConfig,
+    handler: Arc<dyn Handler>,
+    version: String,
+}
+
+struct Worker {
+    path: PathBuf,
+    name: String,
+    registry: HandlerRegistry,
+    xml_limits: XmlLimits,
+    link: Link,
+    ack_wait: Duration,
+    served: std::sync::RwLock<HashMap<String, Arc<Served>>>,
+    /// One reload of the file at a time.
+    reloading: tokio::sync::Mutex<()>,
+    stop: CancellationToken,
+}
+
+fn load(path: &std::path::Path, registry: &HandlerRegistry) -> Result<OrganismConfig, String> {
+    super::builder::load_config(path, registry).map_err(|errors| {
+        let lines: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+        format!("{}: {}", path.display(), lines.join("; "))
+    })
+}
+
+/// Builds `names`' handlers from `config`, each checked to be placed on workers.
+fn build(
+    config: &OrganismConfig,
+    names: &[String],
+    registry: &HandlerRegistry,
+) -> Result<HashMap<String, Arc<Served>>, String> {
+    let lua_targets = crate::lua::OutputTargets::of(config);
+    let events = Arc::new(crate::events::EventHub::new(1024));
+    let callbacks = Arc::default();
+    let parts = HandlerParts {
+        registry,
+        max_message_bytes: config.limits.max_message_bytes,
+        lua_targets: &lua_targets,
+        events: &events,
+        callbacks: &callbacks,
+    };
+    let mut served = HashMap::new();
+    for name in names {
+        let lc = config
+            .listeners
+            .iter()
+            .find(|l| l.name.as_str() == name)
+            .ok_or_else(|| format!("the organism has no listener `{name}`"))?;
+        if lc.placement != Placement::Workers {
+            return Err(format!(
+                "listener `{name}` is not placed on workers (give it `placement: workers`)"
+            ));
+        }
+        let handler = local_handler(lc, &parts, None)
+            .map_err(|e| format!("listener `{name}`: {e}"))?;
+        served.insert(
+            name.clone(),
+            Arc::new(Served {
+                version: listener_version(lc),
+                config: lc.clone(),
+                handler,
+            }),
+        );
+    }
+    Ok(served)
+}
+
+/// Runs until `stop` is cancelled: deliveries under way finish and are answered first.
+/// Fails at once if the file, the listeners or the NATS URL are wrong.
+pub async fn run_worker(
+    options: WorkerOptions,
+    registry: HandlerRegistry,
+    stop: CancellationToken,
+) -> Result<(), String> {
+    if options.listeners.is_empty() {
+        return Err("name the listeners to serve: --listeners NAME,…".into());
+    }
+    let config = load(&options.organism, &registry)?;
+    let mut nats = config.nats.clone().ok_or_else(|| {
+        format!(
+            "{}: no `organism.nats`: a worker reaches its pump through NATS",
+            options.organism.display()
+        )
+    })?;
+    if let Some(url) = options.nats_url {
+        nats.url = url;
+    }
+    let served = build(&config, &options.listeners, &registry)?;
+    let name = options
+        .name
+        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let link = Link::connect(&nats, &format!("agentserver {name}")).await?;
+    tracing::info!(worker = %name, url = %link.url(), listeners = ?options.listeners, "worker started");
+    let worker = Arc::new(Worker {
+        path: options.organism,
+        name,
+        registry,
+        xml_limits: XmlLimits {
+            max_bytes: config.limits.max_message_bytes,
+            max_depth: config.limits.max_depth,
+            max_attributes: config.limits.max_attributes,
+        },
+        link,
+        ack_wait: nats.ack_wait,
+        served: std::sync::RwLock::new(served),
+        reloading: tokio::sync::Mutex::new(()),
+        stop,
+    });
+    let streams = tokio::select! {
+        _ = worker.stop.cancelled() => return Ok(()),
+        s = worker.link.streams(tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)) => s,
+    };
+    let Some(streams) = streams else {
+        return Ok(());
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    for listener in &options.listeners {
+        let Some(served) = worker.get(listener) else {
+            continue;
+        };
+        let consumer: PullConsumer = loop {
+            let durable = worker.link.names.work_consumer(listener);
+            let made = streams
+                .work
+                .get_or_create_consumer(
+                    &durable,
+                    pull::Config {
+                        durable_name: Some(durable.clone()),
+                        filter_subject: worker.link.names.work_subject(listener),
+                        ack_policy: AckPolicy::Explicit,
+                        ack_wait: nats.ack_wait,
+                        max_deliver: i64::from(nats.max_deliver),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            match made {
+                Ok(c) => break c,
+                Err(e) => {
+                    tracing::warn!(listener = %listener, error = %e, "cannot set up the work consumer; retrying");
+                    tokio::select! {
+                        _ = worker.stop.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        };
+        tasks.spawn(worker.clone().announce(listener.clone()));
+        let slots = options
+            .concurrency
+            .unwrap_or(served.config.concurrency)
+            .max(1);
+        for _ in 0..slots {
+            tasks.spawn(worker.clone().slot(consumer.clone()));
+        }
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+impl Worker {
+    fn get(&self, listener: &str) -> Option<Arc<Served>> {
+        self.served
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(listener)
+            .cloned()
+    }
+
+    /// Tells pumps this worker serves `listener`, every [`ALIVE_EVERY`].
+    async fn announce(self: Arc<Self>, listener: String) {
+        let subject = self.link.names.alive_subject(&listener);
+        loop {
+            let _ = self
+                .link
+                .client
+                .publish(subject.clone(), self.name.clone().into())
+                .await;
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(ALIVE_EVERY) => {}
+            }
+        }
+    }
+
+    /// Pulls and runs one delivery at a time until stopped.
+    async fn slot(self: Arc<Self>, consumer: PullConsumer) {
+        while !self.stop.is_cancelled() {
+            let batch = consumer
+                .batch()
+                .max_messages(1)
+                .expires(Duration::from_secs(5))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(_) => {
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = self.stop.cancelled() => return,
+                    n = batch.next() => n,
+                };
+                match next {
+                    Some(Ok(msg)) => self.run(msg).await,
+                    Some(Err(_)) => {}
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Runs one delivery and answers it; acks it only once the answer is in the results
+    /// stream (a worker that dies before leaves it to another).
+    async fn run(&self, msg: async_nats::jetstream::Message) {
+        let item: WorkItem = match serde_json::from_slice(&msg.payload) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(error = %e, "a work item that is not the pump's; dropped");
+                let _ = msg.ack_with(AckKind::Term).await;
+                return;
+            }
+        };
+        let progress = async {
+            let every = (self.ack_wait / 3).max(Duration::from_millis(100));
+            loop {
+                tokio::time::sleep(every).await;
+                let _ = msg.ack_with(AckKind::Progress).await;
+            }
+        };
+        let answer = async {
+            let result = self.answer(&item).await;
+            self.publish(&result).await
+        };
+        let published = tokio::select! {
+            p = answer => p,
+            () = progress => false,
+        };
+        if published {
+            let _ = msg.ack().await;
+        }
+    }
+
+    /// The result of running `item` here: outputs, or why there are none.
+    async fn answer(&self, item: &WorkItem) -> WorkResult {
+        let mut result = WorkResult {
+            message_id: item.message_id.clone(),
+            nonce: item.nonce.clone(),
+            worker: self.name.clone(),
+            outputs: Vec::new(),
+            error: None,
+        };
+        match self.call(item).await {
+            Ok(outputs) => {
+                result.outputs = outputs
+                    .into_iter()
+                    .map(|o| WorkOutput {
+                        payload: o.payload,
+                        to: o.to,
+                    })
+                    .collect()
+            }
+            Err(e) => result.error = Some(e),
+        }
+        result
+    }
+
+    async fn call(&self, item: &WorkItem) -> Result<Vec<crate::listener::Output>, String> {
+        let served = self.current(&item.listener, &item.version).await?;
+        let normalized = normalize_payload(&item.payload_xml, &self.xml_limits)
+            .map_err(|e| format!("the delivered payload is not readable here: {e}"))?;
+        let payload_type = normalized.payload_type.clone();
+        let schema = served
+            .config
+            .accepts
+            .iter()
+            .find(|(t, _)| *t == payload_type)
+            .map(|(_, s)| s.clone())
+            .ok_or_else(|| format!("`{}` does not accept `{payload_type}` here", item.listener))?;
+        let payload = schema
+            .validate(normalized)
+            .map_err(|e| format!("the delivered payload is not valid here: {e}"))?;
+        let delivery = Delivery {
+            meta: Meta {
+                thread_id: item.thread_id.as_str().into(),
+                message_id: item.message_id.as_str().into(),
+                from: item.from.as_str().into(),
+                own_name: served.config.name.clone(),
+                payload_type,
+            },
+            payload,
+        };
+        let handler = served.handler.clone();
+        let call = std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(delivery)))
+            .map_err(|p| format!("handler panicked: {}", super::dispatch::panic_text(&p)))?;
+        match AssertUnwindSafe(call).catch_unwind().await {
+            Ok(Ok(outputs)) => Ok(outputs),
+            Ok(Err(e)) => Err(e.0),
+            Err(p) => Err(format!("handler panicked: {}", super::dispatch::panic_text(&p))),
+        }
+    }
+
+    /// The listener as the pump runs it (`version`): what this worker has, or, when that
+    /// differs, what its file holds now.
+    async fn current(&self, listener: &str, version: &str) -> Result<Arc<Served>, String> {
+        let served = self
+            .get(listener)
+            .ok_or_else(|| format!("this worker does not serve `{listener}`"))?;
+        if served.version == version {
+            return Ok(served);
+        }
+        let _one = self.reloading.lock().await;
+        if let Some(s) = self.get(listener).filter(|s| s.version == version) {
+            return Ok(s);
+        }
+        let names = vec![listener.to_string()];
+        let rebuilt = load(&self.path, &self.registry)
+            .and_then(|config| build(&config, &names, &self.registry))?;
+        let Some(fresh) = rebuilt.get(listener).cloned() else {
+            return Err(format!("this worker does not serve `{listener}`"));
+        };
+        self.served
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(listener.to_string(), fresh.clone());
+        if fresh.version != version {
+            return Err(format!(
+                "this worker's `{listener}` (version {}) differs from the pump's (version \
+                 {version}): give workers the same organism file and scripts as the pump",
+                fresh.version
+            ));
+        }
+        tracing::info!(listener = %listener, version = %version, "reloaded from the organism file");
+        Ok(fresh)
+    }
+
+    /// Publishes a result, retrying while NATS is away; false if stopped first.
+    async fn publish(&self, result: &WorkResult) -> bool {
+        let body: bytes::Bytes = match serde_json::to_vec(result) {
+            Ok(b) => b.into(),
+            Err(_) => return false,
+        };
+        let subject = self.link.names.results_subject();
+        loop {
+            let message = async_nats::jetstream::message::PublishMessage::build()
+                .payload(body.clone())
+                .message_id(&result.message_id);
+            let sent = async {
+                self.link
+                    .jetstream
+                    .send_publish(subject.clone(), message)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match sent.await {
+                Ok(_) => return true,
+                Err(e) => tracing::debug!(error = %e, "result not yet published; retrying"),
+            }
+            tokio::select! {
+                _ = self.stop.cancelled() => return false,
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    }
+}
