@@ -193,7 +193,7 @@ fn main() -> ExitCode {
             listeners,
             nats_url: nats,
             concurrency,
-            name,
+            name: name.unwrap_or_else(|| format!("worker-{}", std::process::id())),
         })),
         Command::Agents {
             server,
@@ -667,8 +667,12 @@ async fn worker(options: agentserver::pump::worker::WorkerOptions) -> ExitCode {
         on_signal.cancel();
     });
     let registry = agentserver::listener::HandlerRegistry::default();
+    let name = options.name.clone();
     match agentserver::pump::worker::run_worker(options, registry, stop).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(answered) => {
+            eprintln!("agentserver worker {name}: stopped; answered {answered} deliveries");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("agentserver worker: {e}");
             ExitCode::FAILURE

@@ -693,7 +693,11 @@ pub(super) fn check_nats(
     };
     let key = Some("organism.nats.url");
     if s.url.trim().is_empty() {
-        c.push(None, key, "must not be empty: a URL like nats://127.0.0.1:4222");
+        c.push(
+            None,
+            key,
+            "must not be empty: a URL like nats://127.0.0.1:4222",
+        );
     }
     for url in s.url.split(',') {
         match reqwest::Url::parse(url.trim()) {
@@ -717,7 +721,13 @@ pub(super) fn check_nats(
     let prefix = s.stream_prefix.unwrap_or_else(|| {
         let name: String = organism_name
             .chars()
-            .map(|ch| if ch.is_ascii_alphanumeric() || ch == '-' { ch } else { '_' })
+            .map(|ch| {
+                if ch.is_ascii_alphanumeric() || ch == '-' {
+                    ch
+                } else {
+                    '_'
+                }
+            })
             .collect();
         format!("agentserver_{name}")
     });
@@ -771,7 +781,11 @@ pub(super) fn check_nats(
     );
     let max_deliver = s.max_deliver.unwrap_or(DEFAULT_NATS_MAX_DELIVER);
     if max_deliver == 0 {
-        c.push(None, Some("organism.nats.max_deliver"), "must be at least 1");
+        c.push(
+            None,
+            Some("organism.nats.max_deliver"),
+            "must be at least 1",
+        );
     }
     Some(NatsConfig {
         url: s.url,

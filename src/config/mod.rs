@@ -34,7 +34,9 @@ use check::{
     check_auth, check_external_callbacks, check_limits, check_listeners, check_nats, serde_key,
     variant_key,
 };
-pub use check::{DEFAULT_NATS_ACK_WAIT_MS, DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER};
+pub use check::{
+    DEFAULT_NATS_ACK_WAIT_MS, DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER,
+};
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
     Limits, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NatsConfig,

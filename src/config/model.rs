@@ -100,7 +100,10 @@ impl fmt::Debug for NatsConfig {
             .field("url", &self.url)
             .field("stream_prefix", &self.stream_prefix)
             .field("credentials_env", &self.credentials_env)
-            .field("credentials", &self.credentials.as_ref().map(|_| "<hidden>"))
+            .field(
+                "credentials",
+                &self.credentials.as_ref().map(|_| "<hidden>"),
+            )
             .field("ack_wait", &self.ack_wait)
             .field("deliver_timeout", &self.deliver_timeout)
             .field("max_deliver", &self.max_deliver)

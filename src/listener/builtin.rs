@@ -121,3 +121,42 @@ impl Handler for Template {
         Box::pin(async move { result })
     }
 }
+
+/// The longest `delay` wait, in milliseconds.
+pub const MAX_DELAY_MS: u64 = 60_000;
+
+/// Waits `config.ms` milliseconds (at most [`MAX_DELAY_MS`]), then sends the payload on to
+/// `config.to`, or back to the sender without one: a stand-in for an agent that waits on a
+/// slow service, for demos, tests and load runs.
+pub struct Delay {
+    wait: std::time::Duration,
+    to: Option<String>,
+}
+
+impl Delay {
+    pub fn from_config(config: &Value) -> Result<Self, String> {
+        let ms = config
+            .get("ms")
+            .and_then(Value::as_u64)
+            .filter(|ms| *ms <= MAX_DELAY_MS)
+            .ok_or_else(|| {
+                format!("the delay handler needs `config.ms`, 0 to {MAX_DELAY_MS} milliseconds")
+            })?;
+        Ok(Delay {
+            wait: std::time::Duration::from_millis(ms),
+            to: config.get("to").and_then(Value::as_str).map(str::to_string),
+        })
+    }
+}
+
+impl Handler for Delay {
+    fn handle(&self, d: Delivery) -> HandlerFuture {
+        let to = self.to.clone().unwrap_or_else(|| d.meta.from.to_string());
+        let out = Output::to(to, d.payload.xml());
+        let wait = self.wait;
+        Box::pin(async move {
+            tokio::time::sleep(wait).await;
+            Ok(vec![out])
+        })
+    }
+}

@@ -1,5 +1,5 @@
 //! What a listener runs: the [`Handler`] trait, the factory registry an embedding program adds
-//! to, and the native built-ins (`sink`, `echo`, `forward`, `template`).
+//! to, and the native built-ins (`sink`, `echo`, `forward`, `template`, `delay`).
 //!
 //! Handlers are untrusted: they receive a [`ValidatedPayload`] and return [`Output`]s as plain
 //! XML text, which the pump reads and validates again like any input. A handler cannot name its
@@ -17,7 +17,7 @@ use crate::config::{ListenerConfig, ListenerName};
 use crate::schema::ValidatedPayload;
 use crate::xml::PayloadType;
 
-pub use builtin::{Echo, Forward, Sink, Template};
+pub use builtin::{Delay, Echo, Forward, Sink, Template, MAX_DELAY_MS};
 pub use external::{CallbackUrl, ExternalHandler};
 
 /// What a handler knows about the message it handles.
@@ -180,6 +180,9 @@ impl Default for HandlerRegistry {
         r.register("echo", |_| Ok(Arc::new(Echo) as Arc<dyn Handler>));
         r.register("forward", |c| {
             Forward::from_config(&c.config).map(|f| Arc::new(f) as Arc<dyn Handler>)
+        });
+        r.register("delay", |c| {
+            Delay::from_config(&c.config).map(|d| Arc::new(d) as Arc<dyn Handler>)
         });
         r.register("template", |c| {
             Template::from_config(&c.config).map(|t| Arc::new(t) as Arc<dyn Handler>)

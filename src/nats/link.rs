@@ -185,7 +185,10 @@ async fn ensure_streams(js: &jetstream::Context, names: &Names) -> Result<Stream
     let work = js
         .get_or_create_stream(stream::Config {
             name: names.work_stream(),
-            subjects: vec![format!("{}.>", names.work_subject("").trim_end_matches('.'))],
+            subjects: vec![format!(
+                "{}.>",
+                names.work_subject("").trim_end_matches('.')
+            )],
             retention: stream::RetentionPolicy::WorkQueue,
             storage: stream::StorageType::File,
             max_bytes: WORK_STREAM_MAX_BYTES,

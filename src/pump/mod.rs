@@ -546,6 +546,15 @@ impl Organism {
         )
     }
 
+    /// Workers' results refused (malformed, or a nonce that does not match: not from the
+    /// worker the delivery went to) and results for no open delivery (duplicates, late).
+    pub fn worker_results(&self) -> (u64, u64) {
+        self.shared
+            .placed
+            .as_ref()
+            .map_or((0, 0), |p| p.result_counts())
+    }
+
     pub fn agents(&self) -> Vec<AgentInfo> {
         self.shared
             .topo()

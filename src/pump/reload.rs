@@ -124,7 +124,10 @@ impl Shared {
                 .placed
                 .as_ref()
                 .ok_or("`placement: workers` needs `organism.nats`")?;
-            return Ok(Arc::new(crate::nats::PlacedHandler::new(placed.clone(), lc)));
+            return Ok(Arc::new(crate::nats::PlacedHandler::new(
+                placed.clone(),
+                lc,
+            )));
         }
         local_handler(
             lc,

@@ -38,8 +38,8 @@ pub struct WorkerOptions {
     pub nats_url: Option<String>,
     /// Deliveries of each listener run at once in this process; default: its `concurrency`.
     pub concurrency: Option<usize>,
-    /// This worker's name in results and logs; default `worker-<pid>`.
-    pub name: Option<String>,
+    /// This worker's name in results and logs.
+    pub name: String,
 }
 
 /// One listener as this worker runs it.
@@ -60,6 +60,8 @@ struct Worker {
     /// One reload of the file at a time.
     reloading: tokio::sync::Mutex<()>,
     stop: CancellationToken,
+    /// Deliveries answered (their results published and the deliveries acked).
+    answered: std::sync::atomic::AtomicU64,
 }
 
 fn load(path: &std::path::Path, registry: &HandlerRegistry) -> Result<OrganismConfig, String> {
@@ -97,8 +99,8 @@ fn build(
                 "listener `{name}` is not placed on workers (give it `placement: workers`)"
             ));
         }
-        let handler = local_handler(lc, &parts, None)
-            .map_err(|e| format!("listener `{name}`: {e}"))?;
+        let handler =
+            local_handler(lc, &parts, None).map_err(|e| format!("listener `{name}`: {e}"))?;
         served.insert(
             name.clone(),
             Arc::new(Served {
@@ -112,12 +114,13 @@ fn build(
 }
 
 /// Runs until `stop` is cancelled: deliveries under way finish and are answered first.
-/// Fails at once if the file, the listeners or the NATS URL are wrong.
+/// Fails at once if the file, the listeners or the NATS URL are wrong. Returns how many
+/// deliveries it answered.
 pub async fn run_worker(
     options: WorkerOptions,
     registry: HandlerRegistry,
     stop: CancellationToken,
-) -> Result<(), String> {
+) -> Result<u64, String> {
     if options.listeners.is_empty() {
         return Err("name the listeners to serve: --listeners NAME,…".into());
     }
@@ -132,9 +135,7 @@ pub async fn run_worker(
         nats.url = url;
     }
     let served = build(&config, &options.listeners, &registry)?;
-    let name = options
-        .name
-        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let name = options.name;
     let link = Link::connect(&nats, &format!("agentserver {name}")).await?;
     tracing::info!(worker = %name, url = %link.url(), listeners = ?options.listeners, "worker started");
     let worker = Arc::new(Worker {
@@ -151,13 +152,14 @@ pub async fn run_worker(
         served: std::sync::RwLock::new(served),
         reloading: tokio::sync::Mutex::new(()),
         stop,
+        answered: Default::default(),
     });
     let streams = tokio::select! {
-        _ = worker.stop.cancelled() => return Ok(()),
+        _ = worker.stop.cancelled() => return Ok(0),
         s = worker.link.streams(tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)) => s,
     };
     let Some(streams) = streams else {
-        return Ok(());
+        return Ok(0);
     };
     let mut tasks = tokio::task::JoinSet::new();
     for listener in &options.listeners {
@@ -185,7 +187,7 @@ pub async fn run_worker(
                 Err(e) => {
                     tracing::warn!(listener = %listener, error = %e, "cannot set up the work consumer; retrying");
                     tokio::select! {
-                        _ = worker.stop.cancelled() => return Ok(()),
+                        _ = worker.stop.cancelled() => return Ok(0),
                         _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     }
                 }
@@ -201,7 +203,7 @@ pub async fn run_worker(
         }
     }
     while tasks.join_next().await.is_some() {}
-    Ok(())
+    Ok(worker.answered.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 impl Worker {
@@ -289,6 +291,8 @@ impl Worker {
         };
         if published {
             let _ = msg.ack().await;
+            self.answered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -347,7 +351,10 @@ impl Worker {
         match AssertUnwindSafe(call).catch_unwind().await {
             Ok(Ok(outputs)) => Ok(outputs),
             Ok(Err(e)) => Err(e.0),
-            Err(p) => Err(format!("handler panicked: {}", super::dispatch::panic_text(&p))),
+            Err(p) => Err(format!(
+                "handler panicked: {}",
+                super::dispatch::panic_text(&p)
+            )),
         }
     }
 

@@ -1,0 +1,433 @@
+//! Listeners placed on workers (`placement: workers`): a real `nats-server` with JetStream on a
+//! loopback port, the pump in this process, and real `agentserver worker` processes.
+//!
+//! `relay` (the `delay` built-in) runs on workers and sends each note on to `collector` (a
+//! sink, in-process), so the collector's log is what the workers' outputs became.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+
+use agentserver::threads::{MessageStatus, ThreadStatus};
+use agentserver::Organism;
+use common::child::{agentserver, Running};
+use common::*;
+use futures_util::StreamExt;
+
+/// A `nats-server -js` on a loopback port, with its store in a temp dir; restartable on the
+/// same port and store.
+struct Nats {
+    port: u16,
+    dir: tempfile::TempDir,
+    process: Option<Running>,
+}
+
+fn nats_binary() -> PathBuf {
+    [
+        "/usr/sbin/nats-server",
+        "/usr/bin/nats-server",
+        "/usr/local/bin/nats-server",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+    .unwrap_or_else(|| PathBuf::from("nats-server"))
+}
+
+impl Nats {
+    fn start() -> Nats {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut nats = Nats {
+            port,
+            dir: tempfile::tempdir().unwrap(),
+            process: None,
+        };
+        nats.up();
+        nats
+    }
+
+    fn up(&mut self) {
+        let process = Running::spawn(
+            Command::new(nats_binary())
+                .args([
+                    "-js",
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-sd",
+                ])
+                .arg(self.dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null()),
+        );
+        self.process = Some(process);
+        let port = self.port;
+        wait_until("nats-server to listen", || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+
+    fn down(&mut self) {
+        if let Some(mut p) = self.process.take() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+}
+
+/// Writes the organism: `relay` on workers (waits `delay_ms`, then on to `collector`).
+fn organism_file(dir: &Path, nats: &Nats, delay_ms: u64, nats_extra: &str) -> PathBuf {
+    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
+    let prefix = format!("t{}", nats.port);
+    let yaml = format!(
+        "organism:
+  name: workers
+  store: memory
+  nats: {{url: {url}, stream_prefix: {prefix}, ack_wait_ms: 1000{nats_extra}}}
+listeners:
+  - {{name: relay, description: on workers, kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {{ms: {delay_ms}, to: collector}}, peers: [collector], concurrency: 8, placement: workers}}
+  - {{name: collector, description: keeps notes, kind: native, handler: sink, schema: t.xsd, accepts: [Note], concurrency: 8}}
+",
+        url = nats.url()
+    );
+    let path = dir.join("o.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// A worker process serving `relay`; its stderr lines arrive on the receiver.
+fn worker(path: &Path, name: &str) -> (Running, mpsc::Receiver<String>) {
+    let mut child = Running::spawn(
+        agentserver()
+            .args(["worker"])
+            .arg(path)
+            .args(["--listeners", "relay", "--name", name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// Stops a worker with SIGTERM; how many deliveries it says it answered.
+fn stop_worker(mut child: Running, lines: mpsc::Receiver<String>) -> u64 {
+    let pid = child.id() as i32;
+    // SAFETY: a plain kill(2) of our own child.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    assert_eq!(child::wait_exit(&mut child), Some(0), "the worker exits 0");
+    let all: Vec<String> = lines.try_iter().collect();
+    all.iter()
+        .find_map(|l| l.split("answered ").nth(1)?.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no count in the worker's stderr: {all:?}"))
+}
+
+use common::child;
+
+/// Every note sent to the collector and not refused, as (thread, text), in order.
+fn collected(o: &Organism, threads: &[String]) -> Vec<(String, String)> {
+    threads
+        .iter()
+        .flat_map(|t| {
+            messages(o, t)
+                .into_iter()
+                .filter(|m| {
+                    to_of(m) == "collector"
+                        && matches!(m.status, MessageStatus::Delivered | MessageStatus::Pending)
+                })
+                .map(|m| (t.clone(), m.payload_xml.to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn note(text: &str) -> String {
+    format!("<Note>{text}</Note>")
+}
+
+/// Injects `per_thread` notes into each of `threads` new threads, one after another in each.
+fn inject_all(o: &Organism, threads: usize, per_thread: usize) -> Vec<String> {
+    let mut ids: Vec<String> = Vec::new();
+    for t in 0..threads {
+        let first = inject(o, "relay", &note(&format!("t{t}-0")), None);
+        ids.push(first.thread_id.to_string());
+        for i in 1..per_thread {
+            inject(o, "relay", &note(&format!("t{t}-{i}")), Some(&ids[t]));
+        }
+    }
+    ids
+}
+
+async fn settle_all(o: &Organism, threads: &[String]) {
+    for t in threads {
+        let status = tokio::time::timeout(std::time::Duration::from_secs(60), o.wait_thread(t))
+            .await
+            .expect("the thread settles")
+            .expect("the thread exists");
+        assert_eq!(
+            status,
+            ThreadStatus::Completed,
+            "thread {t}: {:?}",
+            messages(o, t)
+        );
+    }
+}
+
+/// Each thread's notes reached the collector once each, in the order they were injected.
+fn assert_once_in_order(o: &Organism, threads: &[String], per_thread: usize) {
+    let got = collected(o, threads);
+    assert_eq!(got.len(), threads.len() * per_thread, "{got:?}");
+    for (t, id) in threads.iter().enumerate() {
+        let texts: Vec<String> = got
+            .iter()
+            .filter(|(thread, _)| thread == id)
+            .map(|(_, x)| x.clone())
+            .collect();
+        let expected: Vec<String> = (0..per_thread)
+            .map(|i| note(&format!("t{t}-{i}")))
+            .collect();
+        assert_eq!(texts, expected, "thread {t}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_workers_share_a_listener_and_keep_each_threads_order() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 20, "");
+    let o = Organism::builder().load(&path).unwrap();
+    assert_eq!(o.unserved_listeners(), vec!["relay".to_string()]);
+    let (a, a_lines) = worker(&path, "a");
+    let (b, b_lines) = worker(&path, "b");
+    wait_until_async("both workers to announce themselves", || async {
+        o.unserved_listeners().is_empty()
+    })
+    .await;
+
+    let threads = inject_all(&o, 8, 6);
+    settle_all(&o, &threads).await;
+    assert_once_in_order(&o, &threads, 6);
+    // The pump sets `from`: the outputs are relay's, whichever worker ran it.
+    for t in &threads {
+        for m in messages(&o, t).iter().filter(|m| to_of(m) == "collector") {
+            assert_eq!(&*m.from, "relay");
+        }
+    }
+    let (na, nb) = (stop_worker(a, a_lines), stop_worker(b, b_lines));
+    assert_eq!(na + nb, 48, "each delivery answered once");
+    assert!(
+        na > 0 && nb > 0,
+        "both workers took deliveries: {na} and {nb}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_mid_call_loses_nothing_and_duplicates_nothing() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 200, "");
+    let o = Organism::builder().load(&path).unwrap();
+    let (mut a, _a_lines) = worker(&path, "a");
+    wait_until_async("worker a", || async { o.unserved_listeners().is_empty() }).await;
+
+    let threads = inject_all(&o, 6, 4);
+    // Worker a alone holds deliveries mid-call: kill it without a chance to answer.
+    wait_until_async("a first delivery to be answered", || async {
+        !collected(&o, &threads).is_empty()
+    })
+    .await;
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let (b, b_lines) = worker(&path, "b");
+    settle_all(&o, &threads).await;
+    assert_once_in_order(&o, &threads, 4);
+    let failed: Vec<_> = threads
+        .iter()
+        .flat_map(|t| with_status(&messages(&o, t), MessageStatus::Failed))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    assert!(stop_worker(b, b_lines) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_stopped_and_restarted_mid_load_loses_nothing() {
+    let mut nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 20, ", deliver_timeout_ms: 60000");
+    let o = Organism::builder().load(&path).unwrap();
+    let (w, w_lines) = worker(&path, "w");
+    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+
+    let threads = inject_all(&o, 6, 5);
+    wait_until_async("some notes through", || async {
+        !collected(&o, &threads).is_empty()
+    })
+    .await;
+    nats.down();
+    // The rest of the organism keeps running while NATS is away.
+    let local = inject(&o, "collector", &note("local"), None);
+    assert_eq!(settle(&o, &local.thread_id).await, ThreadStatus::Completed);
+    nats.up();
+    settle_all(&o, &threads).await;
+    assert_once_in_order(&o, &threads, 5);
+    stop_worker(w, w_lines);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_no_worker_a_delivery_fails_with_the_reason() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 800");
+    let o = Organism::builder().load(&path).unwrap();
+    let r = inject(&o, "relay", &note("alone"), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
+    let failed = with_status(&messages(&o, &r.thread_id), MessageStatus::Failed);
+    let error = failed[0].error.as_deref().unwrap_or_default().to_string();
+    assert!(
+        error.contains("no worker answered within 800 ms")
+            && error.contains("no worker of it is running"),
+        "{error}"
+    );
+    assert_eq!(o.unserved_listeners(), vec!["relay".to_string()]);
+}
+
+/// A client of NATS that is not the worker the delivery went to answers it: with the wrong
+/// nonce it is refused; the real answer (taken from the work queue like a worker) is
+/// accepted, and its invalid output is refused by the pump's gate like any handler's.
+#[tokio::test(flavor = "multi_thread")]
+async fn forged_and_invalid_results_are_refused() {
+    use async_nats::jetstream::{self, consumer::pull};
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
+    let o = Organism::builder().load(&path).unwrap();
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = jetstream::new(client);
+    let prefix = format!("t{}", nats.port);
+    let r = inject(&o, "relay", &note("forge me"), None);
+
+    // The pump sets the stream up once NATS answers.
+    let stream = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(s) = js.get_stream(format!("{prefix}_work")).await {
+                break s;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the work stream in time");
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .get_or_create_consumer(
+            "work-relay",
+            pull::Config {
+                durable_name: Some("work-relay".into()),
+                filter_subject: format!("{prefix}.work.relay"),
+                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut batch = consumer
+        .batch()
+        .max_messages(1)
+        .expires(std::time::Duration::from_secs(10))
+        .messages()
+        .await
+        .unwrap();
+    let msg = batch.next().await.unwrap().unwrap();
+    let item: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap();
+    assert_eq!(item["thread_id"], r.thread_id.to_string());
+    let answer = |nonce: &str, payload: &str, id: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "message_id": item["message_id"],
+            "nonce": nonce,
+            "worker": "rogue",
+            "outputs": [{"payload": payload, "to": "collector"}],
+        }))
+        .map(|body| (body, id.to_string()))
+        .unwrap()
+    };
+    let publish = |(body, id): (Vec<u8>, String)| {
+        let js = js.clone();
+        let subject = format!("{prefix}.results");
+        async move {
+            js.send_publish(
+                subject,
+                jetstream::message::PublishMessage::build()
+                    .payload(body.into())
+                    .message_id(id),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        }
+    };
+    // A wrong nonce: refused, the delivery still open.
+    publish(answer(
+        "00112233445566778899aabbccddeeff",
+        "<Note>forged</Note>",
+        "f1",
+    ))
+    .await;
+    wait_until_async("the forged result to be refused", || async {
+        o.worker_results().0 == 1
+    })
+    .await;
+    assert_eq!(
+        o.threads().status(&r.thread_id).unwrap(),
+        ThreadStatus::Active
+    );
+    // The right nonce, but an output no schema accepts: the gate refuses it.
+    let nonce = item["nonce"].as_str().unwrap().to_string();
+    publish(answer(&nonce, "<Shout>not a note</Shout>", "r1")).await;
+    msg.ack().await.unwrap();
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
+    let ms = messages(&o, &r.thread_id);
+    let through = collected(&o, std::slice::from_ref(&r.thread_id.to_string()));
+    assert!(through.is_empty(), "{through:?} {ms:?}");
+    let error = ms
+        .iter()
+        .find_map(|m| m.error.as_deref())
+        .unwrap_or_default()
+        .to_string();
+    assert!(error.contains("Shout"), "{ms:?}");
+}
+
+#[test]
+fn a_worker_for_a_listener_not_placed_on_workers_refuses_to_start() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    let out = child::run_to_exit([
+        "worker".as_ref(),
+        path.as_os_str(),
+        "--listeners".as_ref(),
+        "collector".as_ref(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("listener `collector` is not placed on workers"),
+        "{stderr}"
+    );
+}
