@@ -44,7 +44,9 @@ impl Drop for Nats {
 }
 
 fn nats() -> Result<Nats, BoxError> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let dir = tempfile::tempdir()?;
     let bin = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
         .iter()
@@ -234,7 +236,10 @@ async fn scale(kind: &str, rounds: usize) -> Result<(), BoxError> {
     let nats = nats()?;
     let dir = tempfile::tempdir()?;
     let (handler, slots) = match kind {
-        "io" => ("kind: native, handler: delay, config: {ms: 10, to: collector}", 32),
+        "io" => (
+            "kind: native, handler: delay, config: {ms: 10, to: collector}",
+            32,
+        ),
         "cpu" => ("kind: lua, script: busy.lua", 2),
         other => return Err(format!("unknown workload `{other}` (io or cpu)").into()),
     };
@@ -269,7 +274,9 @@ async fn scale(kind: &str, rounds: usize) -> Result<(), BoxError> {
 
 fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     match args.first().map(String::as_str) {
         Some("hop") => {
             let rounds = args.get(1).map_or(Ok(5), |r| r.parse())?;

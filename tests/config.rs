@@ -406,3 +406,29 @@ listeners:
         errs[0]
     );
 }
+
+#[test]
+fn every_example_organism_validates() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            // external-echo.yaml names its callback token's variable.
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
+                .arg("validate")
+                .arg(&path)
+                .env("ECHO_TOKEN", "example")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 4, "{seen} example organisms");
+}

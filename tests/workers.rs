@@ -431,3 +431,65 @@ fn a_worker_for_a_listener_not_placed_on_workers_refuses_to_start() {
         "{stderr}"
     );
 }
+
+/// Messages in the work stream now.
+async fn queued(js: &async_nats::jetstream::Context, prefix: &str) -> u64 {
+    match js.get_stream(format!("{prefix}_work")).await {
+        Ok(mut s) => s.info().await.map_or(u64::MAX, |i| i.state.messages),
+        Err(_) => u64::MAX,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killing_a_thread_takes_its_delivery_back_from_the_workers_queue() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
+    let o = Organism::builder().load(&path).unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let prefix = format!("t{}", nats.port);
+    let r = inject(&o, "relay", &note("doomed"), None);
+    wait_until_async("the delivery queued for workers", || async {
+        queued(&js, &prefix).await == 1
+    })
+    .await;
+    o.kill_thread(&r.thread_id).unwrap();
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Killed);
+    wait_until_async("the delivery taken back", || async {
+        queued(&js, &prefix).await == 0
+    })
+    .await;
+}
+
+/// A worker whose file differs from the pump's refuses the delivery, saying so; once its
+/// file matches, it reloads it and runs the next.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_reloads_its_file_to_run_the_pumps_version() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    let o = Organism::builder().load(&path).unwrap();
+    let pumps = std::fs::read_to_string(&path).unwrap();
+    let workers_file = dir.path().join("worker.yaml");
+    std::fs::write(&workers_file, pumps.replace("ms: 0,", "ms: 1,")).unwrap();
+    let (w, w_lines) = worker(&workers_file, "w");
+    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+
+    let r = inject(&o, "relay", &note("v?"), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
+    let error = messages(&o, &r.thread_id)
+        .iter()
+        .find_map(|m| m.error.clone())
+        .unwrap_or_default();
+    assert!(
+        error.contains("on worker w: this worker's `relay`")
+            && error.contains("differs from the pump's"),
+        "{error}"
+    );
+
+    std::fs::write(&workers_file, &pumps).unwrap();
+    let r = inject(&o, "relay", &note("v!"), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
+    assert_eq!(collected(&o, &[r.thread_id.to_string()]).len(), 1);
+    stop_worker(w, w_lines);
+}
