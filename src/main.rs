@@ -93,6 +93,34 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Serve `/ws/messages` from an organism's mirrored events in NATS, without touching its
+    /// pump; run as many as observers need. Prints `agentserver listening on http://ADDR`.
+    Gateway {
+        #[command(flatten)]
+        stream: agentserver::client::nats::StreamArgs,
+        /// Address to serve on, `HOST:PORT` or a port alone.
+        #[arg(long, default_value = "127.0.0.1:8770")]
+        listen: String,
+        /// Events held for `?since=` and slow clients.
+        #[arg(long, default_value_t = agentserver::api::gateway::DEFAULT_RETAIN)]
+        retain: usize,
+        /// Serve beyond loopback (a gateway checks no credentials: every client sees every
+        /// message).
+        #[arg(long)]
+        insecure_no_auth: bool,
+    },
+    /// Rebuild a store file from an organism's mirrored events in NATS (the recovery path
+    /// when the pump's machine is lost). Writes a new file; prints what it wrote.
+    Restore {
+        #[command(flatten)]
+        stream: agentserver::client::nats::StreamArgs,
+        /// Read the events from NATS (the only source there is).
+        #[arg(long = "from-nats", required = true)]
+        from_nats: bool,
+        /// The store file to write (must not exist).
+        #[arg(long)]
+        store: PathBuf,
+    },
     /// Create, list and revoke the organism's API keys (in its store file, or in
     /// `auth.keys_file` with `store: memory`); works while the server runs.
     Keys {
@@ -182,6 +210,18 @@ fn main() -> ExitCode {
             insecure_no_auth,
         } => with_runtime(run(organism, listen, store, insecure_no_auth)),
         Command::Keys { action } => client::keys::run(action, load),
+        Command::Gateway {
+            stream,
+            listen,
+            retain,
+            insecure_no_auth,
+        } => with_runtime(gateway(
+            stream,
+            listen_address(listen),
+            retain,
+            insecure_no_auth,
+        )),
+        Command::Restore { stream, store, .. } => with_runtime(restore(stream, store)),
         Command::Worker {
             organism,
             listeners,
@@ -571,6 +611,11 @@ async fn run(
             return ExitCode::FAILURE;
         }
     };
+    let mirror_stop = tokio_util::sync::CancellationToken::new();
+    let mirror = tokio::spawn(agentserver::api::mirror_events(
+        organism.clone(),
+        mirror_stop.clone(),
+    ));
     println!(
         "agentserver running organism {} ({} listeners); Ctrl-C stops it",
         organism.config().name,
@@ -590,6 +635,10 @@ async fn run(
         );
     }
     server.shutdown().await;
+    mirror_stop.cancel();
+    if let Ok(Err(e)) = mirror.await {
+        eprintln!("agentserver: events were not mirrored: {e}");
+    }
     match report.uncommitted {
         None => ExitCode::SUCCESS,
         // Never a silent loss: the exit status says it too.
@@ -656,6 +705,54 @@ fn reload_on_sighup(organism: &Organism) {
     }
     #[cfg(not(unix))]
     let _ = organism;
+}
+
+async fn gateway(
+    stream: agentserver::client::nats::StreamArgs,
+    listen: String,
+    retain: usize,
+    insecure: bool,
+) -> ExitCode {
+    let signal = ShutdownSignal::install();
+    let gateway =
+        match agentserver::api::gateway::Gateway::bind(stream.config(), &listen, retain, insecure)
+            .await
+        {
+            Ok(g) => g,
+            Err(e) => {
+                eprintln!("agentserver gateway: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+    println!("agentserver listening on http://{}", gateway.local_addr());
+    signal.wait().await;
+    gateway.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+async fn restore(stream: agentserver::client::nats::StreamArgs, store: PathBuf) -> ExitCode {
+    match agentserver::client::nats::restore(&stream, &store).await {
+        Ok(r) => {
+            println!(
+                "{}: restored {} events ({} messages), seq {} to {}{}",
+                store.display(),
+                r.events,
+                r.messages,
+                r.first_seq,
+                r.last_seq,
+                if r.missing > 0 {
+                    format!("; {} events missing from the stream", r.missing)
+                } else {
+                    String::new()
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("agentserver restore: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn worker(options: agentserver::pump::worker::WorkerOptions) -> ExitCode {

@@ -62,6 +62,14 @@ impl Serialize for Timestamp {
     }
 }
 
+impl<'de> serde::Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        Timestamp::parse_rfc3339(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("`{text}` is not an RFC 3339 time")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

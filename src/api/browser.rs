@@ -24,9 +24,27 @@ use crate::config::OrganismConfig;
 /// sends cross-site without asking first.
 const BODY_TYPES: [&str; 3] = ["application/json", "application/xml", "text/xml"];
 
+/// What a server answers besides its own address and loopback names: its listen address
+/// and the organism's `allowed_hosts` and `allowed_origins`.
+pub(super) struct Allowed<'a> {
+    pub listen: &'a str,
+    pub hosts: &'a [String],
+    pub origins: &'a [String],
+}
+
+impl<'a> Allowed<'a> {
+    pub fn of(config: &'a OrganismConfig) -> Allowed<'a> {
+        Allowed {
+            listen: &config.listen,
+            hosts: &config.allowed_hosts,
+            origins: &config.allowed_origins,
+        }
+    }
+}
+
 /// Checks one request's headers; the error is the answer.
 pub(super) fn check(
-    config: &OrganismConfig,
+    config: &Allowed<'_>,
     method: &Method,
     headers: &HeaderMap,
 ) -> Result<(), ApiError> {
@@ -90,25 +108,25 @@ fn host_name(authority: &str) -> String {
         .to_ascii_lowercase()
 }
 
-fn host_allowed(config: &OrganismConfig, host: &str) -> bool {
+fn host_allowed(config: &Allowed<'_>, host: &str) -> bool {
     let name = host_name(host);
     if name.parse::<std::net::IpAddr>().is_ok()
         || name == "localhost"
         || name.ends_with(".localhost")
-        || name == host_name(&config.listen)
+        || name == host_name(config.listen)
     {
         return true;
     }
-    config.allowed_hosts.iter().any(|allowed| {
+    config.hosts.iter().any(|allowed| {
         let allowed = allowed.to_ascii_lowercase();
         allowed == host.to_ascii_lowercase() || allowed == name
     })
 }
 
-fn origin_allowed(config: &OrganismConfig, origin: &str, host: Option<&str>) -> bool {
+fn origin_allowed(config: &Allowed<'_>, origin: &str, host: Option<&str>) -> bool {
     let origin = origin.trim_end_matches('/');
     if config
-        .allowed_origins
+        .origins
         .iter()
         .any(|o| o.trim_end_matches('/').eq_ignore_ascii_case(origin))
     {

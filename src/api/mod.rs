@@ -42,6 +42,7 @@ mod error;
 mod external;
 mod filter;
 mod frame;
+pub mod gateway;
 mod inject;
 pub mod keys;
 mod metrics;
@@ -360,7 +361,11 @@ async fn browser_guard(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let config = state.inner.organism.config();
-    if let Err(e) = browser::check(&config, request.method(), request.headers()) {
+    if let Err(e) = browser::check(
+        &browser::Allowed::of(&config),
+        request.method(),
+        request.headers(),
+    ) {
         return e.into_response();
     }
     drop(config);
@@ -522,4 +527,30 @@ impl ApiServer {
         };
         let _ = tokio::time::timeout_at(deadline, sessions_closed).await;
     }
+}
+
+/// Mirrors the organism's events to NATS JetStream (with `organism.nats`, unless
+/// `mirror_events: false`), each with its `/ws/messages` frame as this API renders it, so a
+/// gateway serves the same frames; runs until `stop` is cancelled, then sends what the
+/// organism published before that. Returns at once without `organism.nats`.
+pub async fn mirror_events(
+    organism: Organism,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<(), String> {
+    let config = organism.config();
+    let Some(nats) = config.nats.clone().filter(|n| n.mirror_events) else {
+        return Ok(());
+    };
+    let link =
+        crate::nats::Link::connect(&nats, &format!("agentserver mirror {}", config.name)).await?;
+    drop(config);
+    let hub = organism.event_hub();
+    crate::nats::mirror::mirror(
+        link,
+        hub,
+        move |ev| frame::message_frame(ev, &organism).map(|f| f.as_str().to_string()),
+        stop,
+    )
+    .await;
+    Ok(())
 }

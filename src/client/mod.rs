@@ -3,6 +3,7 @@
 
 pub mod agents;
 pub mod keys;
+pub mod nats;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -666,6 +666,10 @@ pub const DEFAULT_NATS_ACK_WAIT_MS: u64 = 5_000;
 pub const DEFAULT_NATS_DELIVER_TIMEOUT_MS: u64 = 60_000;
 /// Default `organism.nats.max_deliver`.
 pub const DEFAULT_NATS_MAX_DELIVER: u32 = 5;
+/// Default `organism.nats.events_max_bytes` (1 GiB).
+pub const DEFAULT_EVENTS_MAX_BYTES: u64 = 1 << 30;
+/// Default `organism.nats.events_max_age` (7 days).
+pub const DEFAULT_EVENTS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 
 /// `organism.nats`, checked: a `nats://` URL, a prefix fit for stream names, its credential
 /// read from the environment; and that every placed listener has it.
@@ -718,19 +722,9 @@ pub(super) fn check_nats(
             ),
         }
     }
-    let prefix = s.stream_prefix.unwrap_or_else(|| {
-        let name: String = organism_name
-            .chars()
-            .map(|ch| {
-                if ch.is_ascii_alphanumeric() || ch == '-' {
-                    ch
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        format!("agentserver_{name}")
-    });
+    let prefix = s
+        .stream_prefix
+        .unwrap_or_else(|| NatsConfig::default_prefix(organism_name));
     if prefix.is_empty()
         || prefix.len() > 64
         || !prefix
@@ -787,7 +781,29 @@ pub(super) fn check_nats(
             "must be at least 1",
         );
     }
+    let events_max_age = match s.events_max_age.as_deref() {
+        None => DEFAULT_EVENTS_MAX_AGE,
+        Some(text) => super::parse_age(text).unwrap_or_else(|| {
+            c.push(
+                None,
+                Some("organism.nats.events_max_age"),
+                format!("`{text}` is not a duration like 7d, 12h or 30m"),
+            );
+            DEFAULT_EVENTS_MAX_AGE
+        }),
+    };
+    let events_max_bytes = s.events_max_bytes.unwrap_or(DEFAULT_EVENTS_MAX_BYTES);
+    if events_max_bytes < 1 << 20 {
+        c.push(
+            None,
+            Some("organism.nats.events_max_bytes"),
+            "must be at least 1048576 (1 MiB)",
+        );
+    }
     Some(NatsConfig {
+        mirror_events: s.mirror_events.unwrap_or(true),
+        events_max_bytes,
+        events_max_age,
         url: s.url,
         stream_prefix: prefix,
         credentials_env: s.credentials_env,

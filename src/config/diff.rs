@@ -5,7 +5,7 @@
 use super::{ListenerConfig, OrganismConfig};
 
 /// What a reload changed. Also the body of the `reload` event.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReloadReport {
     /// The config revision now running.
     pub rev: u64,
@@ -16,7 +16,7 @@ pub struct ReloadReport {
 }
 
 /// One reason a reload was refused: the listener and key it is about, when it is about one.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReloadProblem {
     pub listener: Option<String>,
     pub key: Option<String>,

@@ -35,7 +35,8 @@ use check::{
     variant_key,
 };
 pub use check::{
-    DEFAULT_NATS_ACK_WAIT_MS, DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER,
+    DEFAULT_EVENTS_MAX_AGE, DEFAULT_EVENTS_MAX_BYTES, DEFAULT_NATS_ACK_WAIT_MS,
+    DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER,
 };
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,

@@ -68,6 +68,9 @@ pub(crate) struct NatsSection {
     pub ack_wait_ms: Option<u64>,
     pub deliver_timeout_ms: Option<u64>,
     pub max_deliver: Option<u32>,
+    pub mirror_events: Option<bool>,
+    pub events_max_bytes: Option<u64>,
+    pub events_max_age: Option<String>,
 }
 
 /// `organism.nats`: the NATS JetStream server that carries deliveries to workers
@@ -92,6 +95,48 @@ pub struct NatsConfig {
     /// A delivery is handed to workers at most this many times (each worker that took it
     /// died or hung).
     pub max_deliver: u32,
+    /// `agentserver run` mirrors every event to the stream `<prefix>_events`.
+    pub mirror_events: bool,
+    /// The events stream keeps at most this many bytes (the oldest go first)...
+    pub events_max_bytes: u64,
+    /// ...and nothing older than this.
+    pub events_max_age: std::time::Duration,
+}
+
+impl NatsConfig {
+    /// `agentserver_<name>`, with every character but letters, digits and `-` as `_`.
+    pub fn default_prefix(organism: &str) -> String {
+        let name: String = organism
+            .chars()
+            .map(|ch| {
+                if ch.is_ascii_alphanumeric() || ch == '-' {
+                    ch
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("agentserver_{name}")
+    }
+
+    /// The settings of a client of the streams (a gateway, restore): the server, the
+    /// prefix, the credential; the rest as the defaults.
+    pub fn client(url: &str, stream_prefix: &str, credentials: Option<String>) -> NatsConfig {
+        NatsConfig {
+            url: url.to_string(),
+            stream_prefix: stream_prefix.to_string(),
+            credentials_env: None,
+            credentials,
+            ack_wait: std::time::Duration::from_millis(super::DEFAULT_NATS_ACK_WAIT_MS),
+            deliver_timeout: std::time::Duration::from_millis(
+                super::DEFAULT_NATS_DELIVER_TIMEOUT_MS,
+            ),
+            max_deliver: super::DEFAULT_NATS_MAX_DELIVER,
+            mirror_events: true,
+            events_max_bytes: super::DEFAULT_EVENTS_MAX_BYTES,
+            events_max_age: super::DEFAULT_EVENTS_MAX_AGE,
+        }
+    }
 }
 
 impl fmt::Debug for NatsConfig {
@@ -107,6 +152,9 @@ impl fmt::Debug for NatsConfig {
             .field("ack_wait", &self.ack_wait)
             .field("deliver_timeout", &self.deliver_timeout)
             .field("max_deliver", &self.max_deliver)
+            .field("mirror_events", &self.mirror_events)
+            .field("events_max_bytes", &self.events_max_bytes)
+            .field("events_max_age", &self.events_max_age)
             .finish()
     }
 }

@@ -304,9 +304,33 @@ impl EventHub {
 
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
     pub fn publish(&self, kind: EventKind) -> u64 {
+        let seq = self.ring.head.fetch_add(1, Ordering::AcqRel) + 1;
+        self.place(Arc::new(Event::new(seq, kind)));
+        seq
+    }
+
+    /// Publishes an event numbered elsewhere (another process's hub, read back from its
+    /// mirror), keeping its `seq`: for a hub with this one publisher only. An event at or
+    /// before the last one is ignored (`false`); one past a gap makes receivers behind the
+    /// gap lag, as if the ring had come round.
+    pub fn publish_numbered(&self, event: Event) -> bool {
         let ring = &*self.ring;
-        let seq = ring.head.fetch_add(1, Ordering::AcqRel) + 1;
-        let event = Arc::new(Event::new(seq, kind));
+        let head = ring.head.load(Ordering::Acquire);
+        if event.seq <= head {
+            return false;
+        }
+        if event.seq > head + 1 {
+            ring.floor.fetch_max(event.seq, Ordering::AcqRel);
+        }
+        ring.head.store(event.seq, Ordering::Release);
+        self.place(Arc::new(event));
+        true
+    }
+
+    /// Puts `event` in its slot, wakes receivers, feeds the sink, trims to the budget.
+    fn place(&self, event: Arc<Event>) {
+        let ring = &*self.ring;
+        let seq = event.seq;
         let weight = event.weight();
         let retired = {
             let mut slot = crate::sync::write(ring.slot(seq));
@@ -339,7 +363,6 @@ impl EventHub {
         if ring.bytes.load(Ordering::Relaxed) > ring.byte_budget.load(Ordering::Relaxed) {
             ring.trim(seq);
         }
-        seq
     }
 
     /// A receiver of every event published after this call.

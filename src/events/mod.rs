@@ -53,6 +53,26 @@ impl Event {
         }
     }
 
+    /// Event `seq` of another process, as it was stamped there, with its `/ws/messages`
+    /// frame as that process rendered it (`T` is the renderer's type), so that it is not
+    /// rendered again here.
+    pub fn numbered<T: Any + Send + Sync>(
+        seq: u64,
+        timestamp: Timestamp,
+        kind: EventKind,
+        message_frame: T,
+    ) -> Self {
+        let event = Event {
+            seq,
+            timestamp,
+            kind,
+            frame: OnceLock::new(),
+            message_frame: OnceLock::new(),
+        };
+        let _ = event.message_frame.set(Box::new(message_frame));
+        event
+    }
+
     /// The event's frame for the main stream: rendered by `render` for the first client that
     /// asks, then shared by every client. There is one renderer (the API's); `None` only if a
     /// caller asks for another type than the one rendered.
@@ -94,7 +114,7 @@ impl Event {
 }
 
 /// The message a `message_status` event is about.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct StatusAbout {
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
@@ -114,8 +134,10 @@ impl StatusAbout {
 }
 
 /// What happened. The API writes each as a frame (`api::frame`), in the seed API's shapes
-/// (`001_…txt`) with our additions.
-#[derive(Debug, Clone)]
+/// (`001_…txt`) with our additions. Its serde form (`{"message": {…}}`, snake case) is what
+/// the event mirror (`nats::mirror`) carries.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EventKind {
     AgentState {
         agent: String,
@@ -258,7 +280,8 @@ pub const EVENT_NAMES: [&str; 11] = [
     "deployment",
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum AgentState {
     Idle,
     Processing,
@@ -269,7 +292,8 @@ pub enum AgentState {
     Paused,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OrganismStatus {
     Running,
     Paused,

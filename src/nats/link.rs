@@ -45,6 +45,14 @@ impl Names {
         format!("{}.results", self.prefix)
     }
 
+    pub fn events_stream(&self) -> String {
+        format!("{}_events", self.prefix)
+    }
+
+    pub fn events_subject(&self) -> String {
+        format!("{}.events", self.prefix)
+    }
+
     pub fn alive_subject(&self, listener: &str) -> String {
         format!("{}.alive.{listener}", self.prefix)
     }
@@ -88,6 +96,7 @@ impl Names {
 pub struct Streams {
     pub work: stream::Stream,
     pub results: stream::Stream,
+    pub events: stream::Stream,
 }
 
 /// A connection to NATS (reconnecting by itself) and, once the server answers, the streams.
@@ -132,10 +141,11 @@ impl Link {
         let js = jetstream.clone();
         let n = names.clone();
         let url = config.url.clone();
+        let limits = (config.events_max_bytes, config.events_max_age);
         tokio::spawn(async move {
             let mut told = false;
             loop {
-                match ensure_streams(&js, &n).await {
+                match ensure_streams(&js, &n, limits).await {
                     Ok(streams) => {
                         let _ = tx.send(Some(streams));
                         if told {
@@ -181,7 +191,11 @@ impl Link {
     }
 }
 
-async fn ensure_streams(js: &jetstream::Context, names: &Names) -> Result<Streams, String> {
+async fn ensure_streams(
+    js: &jetstream::Context,
+    names: &Names,
+    (events_max_bytes, events_max_age): (u64, Duration),
+) -> Result<Streams, String> {
     let work = js
         .get_or_create_stream(stream::Config {
             name: names.work_stream(),
@@ -211,5 +225,23 @@ async fn ensure_streams(js: &jetstream::Context, names: &Names) -> Result<Stream
         })
         .await
         .map_err(|e| format!("stream {}: {e}", names.results_stream()))?;
-    Ok(Streams { work, results })
+    let events = js
+        .get_or_create_stream(stream::Config {
+            name: names.events_stream(),
+            subjects: vec![names.events_subject()],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_bytes: i64::try_from(events_max_bytes).unwrap_or(i64::MAX),
+            max_age: events_max_age,
+            discard: stream::DiscardPolicy::Old,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {}: {e}", names.events_stream()))?;
+    Ok(Streams {
+        work,
+        results,
+        events,
+    })
 }

@@ -26,6 +26,7 @@
 //! a placed listener none has announced itself for lately ([`Placed::unserved`]).
 
 mod link;
+pub mod mirror;
 mod placed;
 mod wire;
 

@@ -485,6 +485,11 @@ impl Organism {
         PayloadSchemas(self.shared.topo())
     }
 
+    /// The event hub, shared: for an observer that outlives a borrow (the event mirror).
+    pub fn event_hub(&self) -> Arc<EventHub> {
+        self.shared.events.clone()
+    }
+
     pub fn events(&self) -> &EventHub {
         &self.shared.events
     }

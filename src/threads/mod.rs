@@ -52,7 +52,7 @@ pub enum MessageStatus {
 }
 
 /// One message in the log (SPEC §9 message object).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct MessageRecord {
     pub id: Arc<str>,
     pub thread_id: Arc<str>,
@@ -75,7 +75,7 @@ impl MessageRecord {
 }
 
 /// A thread: its status, participants and counters (the API's `Thread`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ThreadInfo {
     pub id: String,
     pub status: ThreadStatus,

@@ -1,0 +1,305 @@
+//! `agentserver gateway`: the message stream (`/ws/messages`) served from an organism's
+//! mirrored events (`nats::mirror`), so any number of gateways on any number of machines
+//! serve observers without touching the pump.
+//!
+//! One ordered consumer per gateway feeds a local [`EventHub`] with the pump's own `seq`s
+//! and the frames the pump rendered, so every client of this gateway shares one copy of each
+//! event, and `?since=` resumes exactly as at the pump within what the gateway retains
+//! (`--retain`, loaded from the stream at start); before that, `resync_required` names the
+//! oldest `seq` it holds. Filters are the pump's (`api::filter`). A client that does not
+//! keep up lags behind the hub and is told what it lost (`dropped`), as at the pump.
+//!
+//! The gateway has no credentials of its own: it serves every message to every client, so
+//! it refuses to listen beyond loopback unless told `--insecure-no-auth` (put it behind
+//! your own access control).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::error::ApiError;
+use super::filter::Filter;
+use super::ws::WsQuery;
+use crate::config::{Limits, NatsConfig};
+use crate::events::{Event, EventHub, RecvError};
+use crate::nats::mirror::{read, ReadFrom};
+use crate::nats::Link;
+use crate::time::Timestamp;
+
+/// Events a gateway holds for `?since=` and for clients that fall behind, by default.
+pub const DEFAULT_RETAIN: usize = 65_536;
+
+/// A frame not taken by its client in this long closes the client.
+const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How often a client is pinged; one silent for two of these is closed.
+const HEARTBEAT: Duration = Duration::from_secs(20);
+
+#[derive(Clone)]
+struct Gate {
+    hub: watch::Receiver<Option<Arc<EventHub>>>,
+    limits: Limits,
+    listen: String,
+    closing: CancellationToken,
+}
+
+/// A running gateway.
+pub struct Gateway {
+    addr: SocketAddr,
+    closing: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Gateway {
+    /// Connects to NATS (in the background), starts reading the events stream and serves
+    /// on `listen`. Refuses an address beyond loopback unless `insecure`.
+    pub async fn bind(
+        nats: NatsConfig,
+        listen: &str,
+        retain: usize,
+        insecure: bool,
+    ) -> Result<Gateway, String> {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        if !addr.ip().is_loopback() && !insecure {
+            return Err(format!(
+                "{addr} is beyond this machine, and a gateway serves every message to anyone \
+                 who connects: listen on 127.0.0.1 behind your own access control, or pass \
+                 --insecure-no-auth"
+            ));
+        }
+        let link = Link::connect(&nats, "agentserver gateway").await?;
+        let closing = CancellationToken::new();
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(feed(link, retain.max(1), tx, closing.clone()));
+        let limits = Limits::default();
+        let gate = Gate {
+            hub: rx,
+            limits,
+            listen: addr.to_string(),
+            closing: closing.clone(),
+        };
+        let app = Router::new()
+            .route("/healthz", get(healthz))
+            .route("/ws/messages", get(ws_messages))
+            .fallback(|| async {
+                ApiError::not_found("no_route", "a gateway serves /ws/messages and /healthz")
+            })
+            .layer(axum::middleware::from_fn_with_state(gate.clone(), browser))
+            .with_state(gate);
+        let task = tokio::spawn(super::conn::serve(
+            listener,
+            app,
+            super::conn::ConnLimits::of(&limits),
+            closing.clone(),
+            None,
+        ));
+        Ok(Gateway {
+            addr,
+            closing,
+            task,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Closes every client and stops reading.
+    pub async fn shutdown(self) {
+        self.closing.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Reads the stream into the hub (made at the first event, numbered from it), for as long
+/// as the gateway runs.
+async fn feed(
+    link: Link,
+    retain: usize,
+    tx: watch::Sender<Option<Arc<EventHub>>>,
+    closing: CancellationToken,
+) {
+    let mut hub: Option<Arc<EventHub>> = None;
+    loop {
+        let from = match &hub {
+            None => ReadFrom::Last(retain as u64),
+            Some(h) => ReadFrom::After(h.last_seq()),
+        };
+        let read = read(&link, from, false, closing.clone(), |ev| {
+            let h = hub.get_or_insert_with(|| {
+                let h = Arc::new(EventHub::with_sink(retain, ev.seq.saturating_sub(1), None));
+                let _ = tx.send(Some(h.clone()));
+                h
+            });
+            let frame: Option<Utf8Bytes> = ev
+                .message_frame
+                .map(|raw| Utf8Bytes::from(raw.get().to_string()));
+            h.publish_numbered(Event::numbered(ev.seq, ev.timestamp, ev.kind, frame));
+        })
+        .await;
+        if closing.is_cancelled() {
+            return;
+        }
+        if let Err(e) = read {
+            tracing::warn!(error = %e, "reading the events stream; trying again");
+        }
+        tokio::select! {
+            _ = closing.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+async fn browser(
+    State(gate): State<Gate>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let allowed = super::browser::Allowed {
+        listen: &gate.listen,
+        hosts: &[],
+        origins: &[],
+    };
+    if let Err(e) = super::browser::check(&allowed, request.method(), request.headers()) {
+        return e.into_response();
+    }
+    next.run(request).await
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn ws_messages(
+    ws: WebSocketUpgrade,
+    State(gate): State<Gate>,
+    Query(q): Query<WsQuery>,
+) -> Result<Response, ApiError> {
+    let mut filter = Filter::from_query(
+        q.threads.as_deref(),
+        q.agents.as_deref(),
+        None,
+        q.payload_types.as_deref(),
+    );
+    filter
+        .prepare(&gate.limits)
+        .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
+    Ok(ws.on_upgrade(move |socket| session(socket, gate, filter, q.since)))
+}
+
+type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+
+/// Sends one frame; false if the client did not take it within [`SEND_TIMEOUT`].
+async fn send(sink: &mut Sink, msg: Message) -> bool {
+    matches!(
+        tokio::time::timeout(SEND_TIMEOUT, sink.send(msg)).await,
+        Ok(Ok(()))
+    )
+}
+
+fn text(value: serde_json::Value) -> Message {
+    Message::Text(Utf8Bytes::from(value.to_string()))
+}
+
+async fn session(socket: WebSocket, gate: Gate, filter: Filter, since: Option<u64>) {
+    let (mut sink, mut incoming) = socket.split();
+    let mut hub_rx = gate.hub.clone();
+    let hub = tokio::select! {
+        _ = gate.closing.cancelled() => return,
+        h = hub_rx.wait_for(Option::is_some) => match h {
+            Ok(h) => h.clone(),
+            Err(_) => return,
+        },
+    };
+    let Some(hub) = hub else { return };
+    let sub = hub.subscribe_since(since);
+    if let Some(oldest) = sub.resync_from {
+        let frame = text(json!({
+            "event": "resync_required",
+            "seq": sub.seq,
+            "timestamp": Timestamp::now(),
+            "since": since,
+            "oldest_seq": oldest,
+        }));
+        if !send(&mut sink, frame).await {
+            return;
+        }
+    }
+    let frame_of = |ev: &Event| -> Option<Message> {
+        if !filter.passes_message(ev) {
+            return None;
+        }
+        let frame = ev.message_frame::<Option<Utf8Bytes>>(|_| None)?;
+        frame.clone().map(Message::Text)
+    };
+    for ev in &sub.replay {
+        if let Some(m) = frame_of(ev) {
+            if !send(&mut sink, m).await {
+                return;
+            }
+        }
+    }
+    let mut live = sub.live;
+    let mut seen = sub.replay.last().map_or(sub.seq, |e| e.seq);
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.tick().await;
+    let mut last_heard = tokio::time::Instant::now();
+    loop {
+        let out = tokio::select! {
+            _ = gate.closing.cancelled() => {
+                let _ = send(&mut sink, Message::Close(Some(CloseFrame {
+                    code: axum::extract::ws::close_code::AWAY,
+                    reason: Utf8Bytes::from_static("gateway stopping"),
+                }))).await;
+                return;
+            }
+            m = incoming.next() => match m {
+                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(_)) => { last_heard = tokio::time::Instant::now(); continue }
+            },
+            _ = heartbeat.tick() => {
+                if last_heard.elapsed() > HEARTBEAT * 2 {
+                    return;
+                }
+                Some(Message::Ping(Default::default()))
+            }
+            r = live.recv() => match r {
+                Ok(ev) => {
+                    seen = ev.seq;
+                    frame_of(&ev)
+                }
+                Err(RecvError::Lagged(n)) => {
+                    let (from, to) = (seen + 1, seen + n);
+                    seen = to;
+                    Some(text(json!({
+                        "event": "dropped",
+                        "seq": to,
+                        "timestamp": Timestamp::now(),
+                        "count": n,
+                        "from_seq": from,
+                        "to_seq": to,
+                    })))
+                }
+                Err(RecvError::Closed) => return,
+            },
+        };
+        if let Some(m) = out {
+            if !send(&mut sink, m).await {
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,341 @@
+//! The event stream mirrored to JetStream (`<prefix>_events`, subject `<prefix>.events`):
+//! every event the pump publishes, in `seq` order, each a JSON [`MirroredEvent`] with its
+//! `seq` as its `Nats-Msg-Id` (so a re-sent event is dropped) and in the header
+//! `Agentserver-Seq`. Limits retention, by bytes and age (`organism.nats.events_max_bytes`,
+//! `events_max_age`), the oldest first.
+//!
+//! [`mirror`] is an observer of the hub like a WebSocket session: it never slows the pump.
+//! It sends asynchronously with a window of unacknowledged publishes; when NATS fails or
+//! goes away it starts again from the last event the stream holds (the hub replays what it
+//! still retains). Events the hub let go of before they could be sent (NATS away longer than
+//! the ring holds) are a gap in the stream, logged with their count.
+//!
+//! [`read`] is the other side (the gateway, restore): events from a point of the stream on,
+//! in order.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use futures_util::stream::FuturesOrdered;
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
+
+use super::link::Link;
+use crate::events::{Event, EventHub, EventKind, RecvError};
+use crate::time::Timestamp;
+
+/// The header carrying an event's `seq`.
+pub const SEQ_HEADER: &str = "Agentserver-Seq";
+
+/// Publishes awaiting JetStream's acknowledgement, at most.
+const WINDOW: usize = 256;
+
+/// One mirrored event as read back.
+#[derive(Debug, Deserialize)]
+pub struct MirroredEvent {
+    pub seq: u64,
+    pub timestamp: Timestamp,
+    pub kind: EventKind,
+    /// The `/ws/messages` frame the pump rendered (typed by its schemas), for message and
+    /// message status events.
+    #[serde(default)]
+    pub message_frame: Option<Box<RawValue>>,
+}
+
+/// The body of one mirrored event: its `seq`, time, kind and `/ws/messages` frame (already
+/// JSON, written as it is).
+fn body(ev: &Event, message_frame: Option<&str>) -> Option<bytes::Bytes> {
+    let kind = serde_json::to_string(&ev.kind).ok()?;
+    let timestamp = serde_json::to_string(&ev.timestamp).ok()?;
+    Some(
+        format!(
+            "{{\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"message_frame\":{}}}",
+            ev.seq,
+            message_frame.unwrap_or("null")
+        )
+        .into(),
+    )
+}
+
+/// What is published for `ev`: its body, its `seq` as `Nats-Msg-Id` and in [`SEQ_HEADER`].
+fn publication(
+    ev: &Event,
+    message_frame: &impl Fn(&Event) -> Option<String>,
+) -> Option<jetstream::message::PublishMessage> {
+    let body = body(ev, message_frame(ev).as_deref())?;
+    let seq = ev.seq.to_string();
+    Some(
+        jetstream::message::PublishMessage::build()
+            .payload(body)
+            .message_id(&seq)
+            .header(SEQ_HEADER, seq.as_str()),
+    )
+}
+
+/// The `seq` of the last event the stream holds (0 when empty).
+async fn last_mirrored(events: &stream::Stream) -> Result<u64, String> {
+    let mut events = events.clone();
+    let state = events
+        .info()
+        .await
+        .map_err(|e| e.to_string())?
+        .state
+        .clone();
+    if state.messages == 0 {
+        return Ok(0);
+    }
+    let last = events
+        .get_raw_message(state.last_sequence)
+        .await
+        .map_err(|e| e.to_string())?;
+    let parsed: MirroredEvent = serde_json::from_slice(&last.payload).map_err(|e| e.to_string())?;
+    Ok(parsed.seq)
+}
+
+/// Mirrors `hub`'s events to the stream until `stop`; `message_frame` renders an event's
+/// `/ws/messages` frame (the API's renderer).
+pub async fn mirror(
+    link: Link,
+    hub: Arc<EventHub>,
+    message_frame: impl Fn(&Event) -> Option<String> + Send + 'static,
+    stop: CancellationToken,
+) {
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    let subject = link.names.events_subject();
+    loop {
+        let streams = tokio::select! {
+            _ = stop.cancelled() => return,
+            s = link.streams(far) => s,
+        };
+        let Some(streams) = streams else { return };
+        let last = match last_mirrored(&streams.events).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(error = %e, "events stream not readable yet");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                }
+            }
+        };
+        if last > hub.last_seq() {
+            tracing::error!(
+                stream = %link.names.events_stream(),
+                stream_seq = last,
+                organism_seq = hub.last_seq(),
+                "not mirroring events: the stream holds later events than this organism has \
+                 published (a memory store restarted); give the organism a store, or delete \
+                 the stream"
+            );
+            stop.cancelled().await;
+            return;
+        }
+        let sub = hub.subscribe_since(Some(last));
+        if let Some(oldest) = sub.resync_from {
+            tracing::warn!(
+                lost = oldest.saturating_sub(last + 1),
+                from_seq = last + 1,
+                "events the organism no longer holds were not mirrored"
+            );
+        }
+        let mut pending = FuturesOrdered::new();
+        let mut replay = sub.replay.into_iter();
+        let mut live = sub.live;
+        let failed = loop {
+            let ev = match replay.next() {
+                Some(ev) => ev,
+                None => {
+                    let next = tokio::select! {
+                        _ = stop.cancelled() => {
+                            drain(&link, &subject, &mut live, &message_frame, pending).await;
+                            return;
+                        }
+                        Some(done) = pending.next(), if !pending.is_empty() => {
+                            if done { continue } else { break true }
+                        }
+                        r = live.recv() => r,
+                    };
+                    match next {
+                        Ok(ev) => ev,
+                        Err(RecvError::Lagged(n)) => {
+                            tracing::warn!(
+                                lost = n,
+                                "the event mirror fell behind; events lost from the stream"
+                            );
+                            continue;
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            };
+            let Some(message) = publication(&ev, &message_frame) else {
+                continue;
+            };
+            match link.jetstream.send_publish(subject.clone(), message).await {
+                Ok(ack) => pending.push_back(async move { ack.await.is_ok() }),
+                Err(_) => break true,
+            }
+            while pending.len() >= WINDOW {
+                match pending.next().await {
+                    Some(true) => {}
+                    _ => break,
+                }
+            }
+        };
+        if failed {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            }
+        }
+    }
+}
+
+/// At stop: sends what the hub published before it, and waits (a few seconds at most) for
+/// the stream to take it all.
+async fn drain<F: Future<Output = bool>>(
+    link: &Link,
+    subject: &str,
+    live: &mut crate::events::Receiver,
+    message_frame: &impl Fn(&Event) -> Option<String>,
+    mut pending: FuturesOrdered<F>,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut acks = FuturesOrdered::new();
+    while let Ok(ev) = live.try_recv() {
+        let Some(message) = publication(&ev, message_frame) else {
+            continue;
+        };
+        match link
+            .jetstream
+            .send_publish(subject.to_string(), message)
+            .await
+        {
+            Ok(ack) => acks.push_back(async move { ack.await.is_ok() }),
+            Err(_) => break,
+        }
+    }
+    let _ = tokio::time::timeout_at(deadline, async {
+        while pending.next().await.is_some() {}
+        while acks.next().await.is_some() {}
+    })
+    .await;
+}
+
+/// Where a [`read`] starts.
+#[derive(Debug, Clone, Copy)]
+pub enum ReadFrom {
+    /// The oldest event the stream holds.
+    Oldest,
+    /// At most this many events before the newest.
+    Last(u64),
+    /// The first event after this `seq`.
+    After(u64),
+}
+
+/// The stream sequence of the first event after `seq` (found by bisection: the stream holds
+/// events in `seq` order); one past the last if there is none.
+async fn stream_seq_after(events: &stream::Stream, first: u64, last: u64, seq: u64) -> u64 {
+    let (mut lo, mut hi) = (first, last + 1);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        let at = match events.get_raw_message(mid).await {
+            Ok(m) => serde_json::from_slice::<MirroredEvent>(&m.payload)
+                .map(|e| e.seq)
+                .unwrap_or(0),
+            Err(_) => 0,
+        };
+        if at > seq {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// The stream's events from `from` on, in order, until `stop`. With `until_caught_up`, ends
+/// once it has read what the stream held when it began.
+pub async fn read(
+    link: &Link,
+    from: ReadFrom,
+    until_caught_up: bool,
+    stop: CancellationToken,
+    mut each: impl FnMut(MirroredEvent),
+) -> Result<(), String> {
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    let streams = tokio::select! {
+        _ = stop.cancelled() => return Ok(()),
+        s = link.streams(far) => s,
+    };
+    let Some(mut streams) = streams else {
+        return Ok(());
+    };
+    let info = streams
+        .events
+        .info()
+        .await
+        .map_err(|e| format!("stream {}: {e}", link.names.events_stream()))?;
+    let state = info.state.clone();
+    if until_caught_up && state.messages == 0 {
+        return Ok(());
+    }
+    let deliver_policy = match from {
+        ReadFrom::Oldest => consumer::DeliverPolicy::All,
+        ReadFrom::Last(n) => consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: state
+                .last_sequence
+                .saturating_sub(n.saturating_sub(1))
+                .max(state.first_sequence),
+        },
+        ReadFrom::After(seq) => consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: stream_seq_after(
+                &streams.events,
+                state.first_sequence,
+                state.last_sequence,
+                seq,
+            )
+            .await,
+        },
+    };
+    let consumer = streams
+        .events
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {}: {e}", link.names.events_stream()))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| format!("stream {}: {e}", link.names.events_stream()))?;
+    loop {
+        let next = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            n = messages.next() => n,
+        };
+        let msg = match next {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "events stream");
+                continue;
+            }
+            None => return Ok(()),
+        };
+        let stream_seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        match serde_json::from_slice::<MirroredEvent>(&msg.payload) {
+            Ok(ev) => each(ev),
+            Err(e) => {
+                tracing::warn!(error = %e, stream_seq, "an event in the stream that is not the pump's; skipped")
+            }
+        }
+        if until_caught_up && stream_seq >= state.last_sequence {
+            return Ok(());
+        }
+    }
+}
