@@ -5,6 +5,7 @@
 //! ```text
 //! cargo build --release && cargo run --release --example workers_load -- hop [ROUNDS]
 //! cargo run --release --example workers_load -- scale io|cpu [ROUNDS]
+//! cargo run --release --example workers_load -- gateway [ROUNDS] [READERS]
 //! ```
 //!
 //! `hop`: one message at a time through `relay` (forward to a sink), in-process and placed on
@@ -12,6 +13,10 @@
 //! `scale io`: `relay` waits 10 ms (`delay`); `scale cpu`: `relay` is a Lua loop of about
 //! several ms of CPU. Each round runs 1, 2 and 4 worker processes in turn (A B C A B C …) under a
 //! closed loop of 256 threads, and counts the messages through per second.
+//! `gateway`: the pump (a → b → c, in-process, its events mirrored to NATS) under a closed
+//! loop, in rounds that alternate no observers and READERS (default 500) `/ws/messages`
+//! clients of an `agentserver gateway` process (the clients in another process of this
+//! example); the pump's hops per second in each.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -272,6 +277,152 @@ async fn scale(kind: &str, rounds: usize) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Messages through the chain a → b → c per second (3 a thread) under a closed loop.
+async fn chain_rate(o: &Organism, seconds: f64) -> Result<f64, BoxError> {
+    let done = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for k in 0..WINDOW {
+        let (o, done) = (o.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = k as u64 * 1_000_000;
+            while Instant::now() < until {
+                if one(&o, "a", i).await.is_ok() {
+                    done.fetch_add(3, Ordering::Relaxed);
+                }
+                i += 1;
+            }
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        t.await?;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Lines of a child's stdout, on a channel.
+fn lines_of(child: &mut Child) -> Result<std::sync::mpsc::Receiver<String>, BoxError> {
+    use std::io::BufRead;
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    Ok(rx)
+}
+
+async fn gateway(rounds: usize, readers: usize) -> Result<(), BoxError> {
+    let nats = nats()?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("t.xsd"), XSD)?;
+    let yaml = format!(
+        "organism:
+  name: gateway-load
+  store: memory
+  nats: {{url: {}, stream_prefix: gwload}}
+limits: {{max_pending_messages: 100000}}
+listeners:
+  - {{name: a, description: a, kind: native, handler: forward, config: {{to: b}}, schema: t.xsd, accepts: [Note], concurrency: 2}}
+  - {{name: b, description: b, kind: native, handler: forward, config: {{to: c}}, schema: t.xsd, accepts: [Note], concurrency: 2}}
+  - {{name: c, description: c, kind: native, handler: sink, schema: t.xsd, accepts: [Note], concurrency: 2}}
+",
+        nats.url
+    );
+    let path = dir.path().join("o.yaml");
+    std::fs::write(&path, yaml)?;
+    let o = Organism::builder().load(&path)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mirror = tokio::spawn(agentserver::api::mirror_events(o.clone(), stop.clone()));
+    let mut gw = Workers(vec![Command::new(binary()?)
+        .args(["gateway", "--nats", &nats.url, "--stream-prefix", "gwload"])
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?]);
+    let gw_lines = lines_of(&mut gw.0[0])?;
+    let url = loop {
+        let line = gw_lines.recv_timeout(Duration::from_secs(20))?;
+        if let Some(u) = line.strip_prefix("agentserver listening on http://") {
+            break format!("ws://{u}/ws/messages");
+        }
+    };
+    chain_rate(&o, 1.0).await?;
+    let (mut alone, mut observed, mut delivered) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        alone.push(chain_rate(&o, 4.0).await?);
+        let mut r = Workers(vec![Command::new(std::env::current_exe()?)
+            .args(["readers", &url, &readers.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?]);
+        let lines = lines_of(&mut r.0[0])?;
+        loop {
+            if lines.recv_timeout(Duration::from_secs(60))? == "connected" {
+                break;
+            }
+        }
+        let before = lines
+            .try_iter()
+            .filter_map(|l| l.parse::<u64>().ok())
+            .last()
+            .unwrap_or(0);
+        observed.push(chain_rate(&o, 4.0).await?);
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let after = lines
+            .try_iter()
+            .filter_map(|l| l.parse::<u64>().ok())
+            .last()
+            .unwrap_or(0);
+        delivered.push(after.saturating_sub(before));
+        drop(r);
+    }
+    stop.cancel();
+    let _ = mirror.await;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (a, b) = (median(&mut alone.clone()), median(&mut observed.clone()));
+    println!(
+        "{}",
+        serde_json::json!({
+            "workload": "gateway", "rounds": rounds, "readers": readers,
+            "pump_hops_per_s_alone": alone, "pump_hops_per_s_observed": observed,
+            "median_ratio": b / a,
+            "frames_delivered_to_readers_per_round": delivered,
+        })
+    );
+    Ok(())
+}
+
+/// `readers URL N`: N WebSocket clients of URL; prints `connected`, then the frames they
+/// received in all, every half second.
+async fn readers(url: &str, n: usize) -> Result<(), BoxError> {
+    use futures_util::StreamExt;
+    let frames = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
+        clients.push(ws);
+    }
+    println!("connected");
+    for mut ws in clients {
+        let frames = frames.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(_)) = ws.next().await {
+                frames.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        println!("{}", frames.load(Ordering::Relaxed));
+    }
+}
+
 fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -287,6 +438,19 @@ fn main() -> Result<(), BoxError> {
             let rounds = args.get(2).map_or(Ok(3), |r| r.parse())?;
             rt.block_on(scale(kind, rounds))
         }
-        _ => Err("usage: workers_load hop [ROUNDS] | scale io|cpu [ROUNDS]".into()),
+        Some("gateway") => {
+            let rounds = args.get(1).map_or(Ok(3), |r| r.parse())?;
+            let readers = args.get(2).map_or(Ok(500), |r| r.parse())?;
+            rt.block_on(gateway(rounds, readers))
+        }
+        Some("readers") => {
+            let url = args.get(1).ok_or("readers URL N")?;
+            let n = args.get(2).map_or(Ok(500), |r| r.parse())?;
+            rt.block_on(readers(url, n))
+        }
+        _ => Err(
+            "usage: workers_load hop [ROUNDS] | scale io|cpu [ROUNDS] | gateway [ROUNDS] [READERS]"
+                .into(),
+        ),
     }
 }

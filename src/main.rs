@@ -104,7 +104,11 @@ enum Command {
         /// Events held for `?since=` and slow clients.
         #[arg(long, default_value_t = agentserver::api::gateway::DEFAULT_RETAIN)]
         retain: usize,
-        /// Serve beyond loopback (a gateway checks no credentials: every client sees every
+        /// The organism's file: check credentials as its `auth` says (keys, JWT) and show
+        /// tenants only their own messages.
+        #[arg(long, value_name = "ORGANISM.yaml")]
+        auth_from: Option<PathBuf>,
+        /// Without --auth-from, serve beyond loopback anyway (every client sees every
         /// message).
         #[arg(long)]
         insecure_no_auth: bool,
@@ -214,13 +218,21 @@ fn main() -> ExitCode {
             stream,
             listen,
             retain,
+            auth_from,
             insecure_no_auth,
-        } => with_runtime(gateway(
-            stream,
-            listen_address(listen),
-            retain,
-            insecure_no_auth,
-        )),
+        } => {
+            let auth_from = match auth_from.as_deref().map(load).transpose() {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            with_runtime(gateway(
+                stream,
+                listen_address(listen),
+                retain,
+                auth_from,
+                insecure_no_auth,
+            ))
+        }
         Command::Restore { stream, store, .. } => with_runtime(restore(stream, store)),
         Command::Worker {
             organism,
@@ -711,19 +723,25 @@ async fn gateway(
     stream: agentserver::client::nats::StreamArgs,
     listen: String,
     retain: usize,
+    auth_from: Option<config::OrganismConfig>,
     insecure: bool,
 ) -> ExitCode {
     let signal = ShutdownSignal::install();
-    let gateway =
-        match agentserver::api::gateway::Gateway::bind(stream.config(), &listen, retain, insecure)
-            .await
-        {
-            Ok(g) => g,
-            Err(e) => {
-                eprintln!("agentserver gateway: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+    let bound = agentserver::api::gateway::Gateway::bind(
+        stream.config(),
+        &listen,
+        retain,
+        auth_from,
+        insecure,
+    )
+    .await;
+    let gateway = match bound {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("agentserver gateway: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     println!("agentserver listening on http://{}", gateway.local_addr());
     signal.wait().await;
     gateway.shutdown().await;

@@ -9,9 +9,11 @@
 //! oldest `seq` it holds. Filters are the pump's (`api::filter`). A client that does not
 //! keep up lags behind the hub and is told what it lost (`dropped`), as at the pump.
 //!
-//! The gateway has no credentials of its own: it serves every message to every client, so
-//! it refuses to listen beyond loopback unless told `--insecure-no-auth` (put it behind
-//! your own access control).
+//! With the organism's file (`--auth-from`), a gateway checks credentials as the pump does
+//! (`Authorization: Bearer …` on the upgrade: keys from the file's store or `keys_file`,
+//! JWTs), shows a tenant's credential only its tenant's messages, and closes a session
+//! whose credential is revoked or expires (4401). Without it, it serves every message to
+//! every client, so it refuses to listen beyond loopback unless told `--insecure-no-auth`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,10 +29,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Authenticator, Principal, Scope};
 use super::error::ApiError;
 use super::filter::Filter;
 use super::ws::WsQuery;
-use crate::config::{Limits, NatsConfig};
+use crate::config::{Limits, NatsConfig, OrganismConfig};
 use crate::events::{Event, EventHub, RecvError};
 use crate::nats::mirror::{read, ReadFrom};
 use crate::nats::Link;
@@ -45,13 +48,27 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a client is pinged; one silent for two of these is closed.
 const HEARTBEAT: Duration = Duration::from_secs(20);
 
+/// A credential closed mid-stream gets this close code, as at the pump.
+const CLOSE_UNAUTHORIZED: u16 = 4401;
+
+/// Who may connect: the organism's authenticator and the config its tenants' scopes come
+/// from.
+struct Access {
+    auth: Authenticator,
+    config: OrganismConfig,
+}
+
 #[derive(Clone)]
 struct Gate {
-    hub: watch::Receiver<Option<Arc<EventHub>>>,
+    access: Option<Arc<Access>>,
+    hub: watch::Receiver<Option<Fed>>,
     limits: Limits,
     listen: String,
     closing: CancellationToken,
 }
+
+/// The local hub, once the first event is read, and the `seq` before that event.
+type Fed = (Arc<EventHub>, u64);
 
 /// A running gateway.
 pub struct Gateway {
@@ -62,21 +79,31 @@ pub struct Gateway {
 
 impl Gateway {
     /// Connects to NATS (in the background), starts reading the events stream and serves
-    /// on `listen`. Refuses an address beyond loopback unless `insecure`.
+    /// on `listen`, checking credentials as `auth_from`'s organism does. Without
+    /// `auth_from` (or with no `auth.methods` in it), refuses an address beyond loopback
+    /// unless `insecure`.
     pub async fn bind(
         nats: NatsConfig,
         listen: &str,
         retain: usize,
+        auth_from: Option<OrganismConfig>,
         insecure: bool,
     ) -> Result<Gateway, String> {
+        let access = match auth_from {
+            None => None,
+            Some(config) => Authenticator::new(&config)
+                .map_err(|e| format!("auth: {e}"))?
+                .map(|auth| Arc::new(Access { auth, config })),
+        };
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        if !addr.ip().is_loopback() && !insecure {
+        if !addr.ip().is_loopback() && !insecure && access.is_none() {
             return Err(format!(
                 "{addr} is beyond this machine, and a gateway serves every message to anyone \
-                 who connects: listen on 127.0.0.1 behind your own access control, or pass \
+                 who connects: give it the organism's file with auth.methods (--auth-from), \
+                 listen on 127.0.0.1 behind your own access control, or pass \
                  --insecure-no-auth"
             ));
         }
@@ -86,6 +113,7 @@ impl Gateway {
         tokio::spawn(feed(link, retain.max(1), tx, closing.clone()));
         let limits = Limits::default();
         let gate = Gate {
+            access,
             hub: rx,
             limits,
             listen: addr.to_string(),
@@ -129,7 +157,7 @@ impl Gateway {
 async fn feed(
     link: Link,
     retain: usize,
-    tx: watch::Sender<Option<Arc<EventHub>>>,
+    tx: watch::Sender<Option<Fed>>,
     closing: CancellationToken,
 ) {
     let mut hub: Option<Arc<EventHub>> = None;
@@ -140,8 +168,9 @@ async fn feed(
         };
         let read = read(&link, from, false, closing.clone(), |ev| {
             let h = hub.get_or_insert_with(|| {
-                let h = Arc::new(EventHub::with_sink(retain, ev.seq.saturating_sub(1), None));
-                let _ = tx.send(Some(h.clone()));
+                let before = ev.seq.saturating_sub(1);
+                let h = Arc::new(EventHub::with_sink(retain, before, None));
+                let _ = tx.send(Some((h.clone(), before)));
                 h
             });
             let frame: Option<Utf8Bytes> = ev
@@ -186,8 +215,20 @@ async fn healthz() -> Json<serde_json::Value> {
 async fn ws_messages(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
+    headers: axum::http::HeaderMap,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
+    let who = match &gate.access {
+        None => None,
+        Some(a) => {
+            let principal = a
+                .auth
+                .authenticate(&headers)
+                .map_err(|r| super::auth::unauthorized(&r))?;
+            let scope = principal.scope(&a.config);
+            Some((principal, scope))
+        }
+    };
     let mut filter = Filter::from_query(
         q.threads.as_deref(),
         q.agents.as_deref(),
@@ -197,7 +238,7 @@ async fn ws_messages(
     filter
         .prepare(&gate.limits)
         .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
-    Ok(ws.on_upgrade(move |socket| session(socket, gate, filter, q.since)))
+    Ok(ws.on_upgrade(move |socket| session(socket, gate, who, filter, q.since)))
 }
 
 type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
@@ -214,17 +255,42 @@ fn text(value: serde_json::Value) -> Message {
     Message::Text(Utf8Bytes::from(value.to_string()))
 }
 
-async fn session(socket: WebSocket, gate: Gate, filter: Filter, since: Option<u64>) {
+/// Whether a principal of `scope` sees `ev` (a tenant's: messages from or to its agents).
+fn sees(scope: &Scope, ev: &Event) -> bool {
+    match &ev.kind {
+        crate::events::EventKind::Message { message } => {
+            scope.sees_message(&message.from, message.to.as_deref())
+        }
+        crate::events::EventKind::MessageStatus {
+            about: Some(about), ..
+        } => scope.sees_message(&about.from, about.to.as_deref()),
+        _ => scope.everything(),
+    }
+}
+
+async fn session(
+    socket: WebSocket,
+    gate: Gate,
+    who: Option<(Principal, Scope)>,
+    filter: Filter,
+    since: Option<u64>,
+) {
     let (mut sink, mut incoming) = socket.split();
     let mut hub_rx = gate.hub.clone();
-    let hub = tokio::select! {
+    // A client that came before the first event gets everything from it on.
+    let came_first = hub_rx.borrow().is_none();
+    let fed = tokio::select! {
         _ = gate.closing.cancelled() => return,
         h = hub_rx.wait_for(Option::is_some) => match h {
             Ok(h) => h.clone(),
             Err(_) => return,
         },
     };
-    let Some(hub) = hub else { return };
+    let Some((hub, before)) = fed else { return };
+    let since = match since {
+        None if came_first => Some(before),
+        other => other,
+    };
     let sub = hub.subscribe_since(since);
     if let Some(oldest) = sub.resync_from {
         let frame = text(json!({
@@ -239,7 +305,7 @@ async fn session(socket: WebSocket, gate: Gate, filter: Filter, since: Option<u6
         }
     }
     let frame_of = |ev: &Event| -> Option<Message> {
-        if !filter.passes_message(ev) {
+        if !filter.passes_message(ev) || who.as_ref().is_some_and(|(_, s)| !sees(s, ev)) {
             return None;
         }
         let frame = ev.message_frame::<Option<Utf8Bytes>>(|_| None)?;
@@ -256,6 +322,11 @@ async fn session(socket: WebSocket, gate: Gate, filter: Filter, since: Option<u6
     let mut seen = sub.replay.last().map_or(sub.seq, |e| e.seq);
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
+    // A credential that can end (a key, an expiring token) is looked at again every second.
+    let watched = who
+        .as_ref()
+        .is_some_and(|(p, _)| p.key_id.is_some() || p.expires.is_some());
+    let mut recheck = tokio::time::interval(Duration::from_secs(1));
     let mut last_heard = tokio::time::Instant::now();
     loop {
         let out = tokio::select! {
@@ -270,6 +341,20 @@ async fn session(socket: WebSocket, gate: Gate, filter: Filter, since: Option<u6
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
                 Some(Ok(_)) => { last_heard = tokio::time::Instant::now(); continue }
             },
+            _ = recheck.tick(), if watched => {
+                let valid = match (&gate.access, &who) {
+                    (Some(a), Some((p, _))) => a.auth.still_valid(p),
+                    _ => true,
+                };
+                if valid {
+                    continue;
+                }
+                let _ = send(&mut sink, Message::Close(Some(CloseFrame {
+                    code: CLOSE_UNAUTHORIZED,
+                    reason: Utf8Bytes::from_static("credential revoked or expired"),
+                }))).await;
+                return;
+            }
             _ = heartbeat.tick() => {
                 if last_heard.elapsed() > HEARTBEAT * 2 {
                     return;

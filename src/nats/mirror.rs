@@ -284,13 +284,15 @@ pub async fn read(
     if until_caught_up && state.messages == 0 {
         return Ok(());
     }
+    // An empty stream's first and last sequence are 0; its next message will be 1.
     let deliver_policy = match from {
         ReadFrom::Oldest => consumer::DeliverPolicy::All,
         ReadFrom::Last(n) => consumer::DeliverPolicy::ByStartSequence {
             start_sequence: state
                 .last_sequence
                 .saturating_sub(n.saturating_sub(1))
-                .max(state.first_sequence),
+                .max(state.first_sequence)
+                .max(1),
         },
         ReadFrom::After(seq) => consumer::DeliverPolicy::ByStartSequence {
             start_sequence: stream_seq_after(
@@ -299,7 +301,8 @@ pub async fn read(
                 state.last_sequence,
                 seq,
             )
-            .await,
+            .await
+            .max(1),
         },
     };
     let consumer = streams
