@@ -16,7 +16,9 @@
 //! `gateway`: the pump (a → b → c, in-process, its events mirrored to NATS) under a closed
 //! loop, in rounds that alternate no observers and READERS (default 500) `/ws/messages`
 //! clients of an `agentserver gateway` process (the clients in another process of this
-//! example); the pump's hops per second in each.
+//! example); the pump's hops per second in each. With `PIN=1` in the environment the
+//! pump's process keeps to CPU 0 and NATS, the gateway and the readers to CPU 1 (a stand-in
+//! for observers on other machines: run the example itself under `taskset -c 0`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -34,6 +36,17 @@ const BUSY_LUA: &str = "function handle(p, m)\n  local x = 0\n  for i = 1, 40000
 const WINDOW: usize = 256;
 
 type BoxError = Box<dyn std::error::Error>;
+
+/// `program`, on CPU 1 only when `PIN=1` (see the module's doc).
+fn spawned(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    if std::env::var("PIN").is_ok_and(|v| v == "1") {
+        let mut c = Command::new("taskset");
+        c.args(["-c", "1"]).arg(program);
+        c
+    } else {
+        Command::new(program)
+    }
+}
 
 struct Nats {
     child: Child,
@@ -58,7 +71,7 @@ fn nats() -> Result<Nats, BoxError> {
         .find(|p| Path::new(p).exists())
         .copied()
         .unwrap_or("nats-server");
-    let child = Command::new(bin)
+    let child = spawned(bin)
         .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
         .arg(dir.path())
         .stdout(Stdio::null())
@@ -336,7 +349,7 @@ listeners:
     let o = Organism::builder().load(&path)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let mirror = tokio::spawn(agentserver::api::mirror_events(o.clone(), stop.clone()));
-    let mut gw = Workers(vec![Command::new(binary()?)
+    let mut gw = Workers(vec![spawned(binary()?)
         .args(["gateway", "--nats", &nats.url, "--stream-prefix", "gwload"])
         .args(["--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
@@ -353,7 +366,7 @@ listeners:
     let (mut alone, mut observed, mut delivered) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         alone.push(chain_rate(&o, 4.0).await?);
-        let mut r = Workers(vec![Command::new(std::env::current_exe()?)
+        let mut r = Workers(vec![spawned(std::env::current_exe()?)
             .args(["readers", &url, &readers.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -42,6 +42,10 @@ use crate::time::Timestamp;
 /// Events a gateway holds for `?since=` and for clients that fall behind, by default.
 pub const DEFAULT_RETAIN: usize = 65_536;
 
+/// The most the retained events may weigh ([`crate::events::Event::weight`]); past it the
+/// oldest go first, as at the pump.
+pub const RETAINED_BYTES: usize = 256 << 20;
+
 /// A frame not taken by its client in this long closes the client.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -170,6 +174,7 @@ async fn feed(
             let h = hub.get_or_insert_with(|| {
                 let before = ev.seq.saturating_sub(1);
                 let h = Arc::new(EventHub::with_sink(retain, before, None));
+                h.set_byte_budget(RETAINED_BYTES);
                 let _ = tx.send(Some((h.clone(), before)));
                 h
             });
