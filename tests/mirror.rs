@@ -152,6 +152,38 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     assert_eq!(tail(&pump_frames), tail(&gateway_frames));
     assert!(tail(&pump_frames).len() >= 40, "{}", pump_frames.len());
 
+    // `/ws` too: the same event frames (after the pump's `connected` snapshot), and a
+    // command is refused as read-only.
+    let events = "/ws?agents=b&events=message,message_status,agent_state";
+    let mut ws_pump = ws_connect(&format!("ws://{}{events}", server.local_addr())).await;
+    let mut ws_gateway = ws_connect(&format!("{gw}{events}")).await;
+    assert_eq!(next_json(&mut ws_pump).await["event"], "connected");
+    let more = inject(&o, "a", "<Note>for /ws</Note>", None)
+        .thread_id
+        .to_string();
+    let a = frames_until_done(&mut ws_pump, &more).await;
+    let b = frames_until_done(&mut ws_gateway, &more).await;
+    assert_eq!(
+        a.iter()
+            .filter(|f| f["seq"].as_u64() >= b[0]["seq"].as_u64())
+            .collect::<Vec<_>>(),
+        b.iter()
+            .filter(|f| f["seq"].as_u64() >= a[0]["seq"].as_u64())
+            .collect::<Vec<_>>()
+    );
+    assert!(a.iter().any(|f| f["event"] == "agent_state"), "{a:?}");
+    send_json(
+        &mut ws_gateway,
+        serde_json::json!({"cmd": "stop", "request_id": "r1"}),
+    )
+    .await;
+    let refused = next_json(&mut ws_gateway).await;
+    assert_eq!(
+        (&refused["event"], &refused["code"], &refused["request_id"]),
+        (&"error".into(), &"read_only".into(), &"r1".into())
+    );
+    let last = more;
+
     // ...and resumes with `since` exactly as the pump does.
     let since = pump_frames[7]["seq"].as_u64().unwrap();
     let mut resumed = ws_connect(&format!("{gw}{filter}&since={since}")).await;
@@ -164,6 +196,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     let b = frames_until_done(&mut resumed_at_pump, &last).await;
     assert_eq!(a, b);
     assert_eq!(a[0]["seq"], pump_frames[8]["seq"]);
+    assert_eq!(a.last().unwrap()["thread_id"], *last);
 
     // Resuming from before what the gateway holds: resync_required, as at the pump.
     let mut too_old = ws_connect(&format!("{gw}{filter}&since=999999999")).await;
@@ -172,6 +205,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
 
     // Restore: the pump's store and one rebuilt from the stream hold the same log.
     drop((at_pump, at_gateway, resumed, resumed_at_pump, too_old));
+    drop((ws_pump, ws_gateway));
     server.shutdown().await;
     o.stop().await;
     stop_mirror.cancel();
@@ -194,7 +228,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
         "{stdout} {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("(33 messages)"), "{stdout}");
+    assert!(stdout.contains("(36 messages)"), "{stdout}");
     let page = Page {
         limit: 1000,
         offset: 0,
@@ -207,7 +241,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
         .unwrap()
         .query_messages(&MessageFilter::default(), page)
         .unwrap();
-    assert_eq!(original.total, 33);
+    assert_eq!(original.total, 36);
     assert_eq!(rebuilt.total, original.total);
     let key = |m: &agentserver::threads::MessageRecord| {
         (m.id.to_string(), m.status, m.payload_xml.to_string())

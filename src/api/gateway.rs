@@ -1,6 +1,8 @@
-//! `agentserver gateway`: the message stream (`/ws/messages`) served from an organism's
-//! mirrored events (`nats::mirror`), so any number of gateways on any number of machines
-//! serve observers without touching the pump.
+//! `agentserver gateway`: the event and message streams (`/ws`, `/ws/messages`) served from
+//! an organism's mirrored events (`nats::mirror`), so any number of gateways on any number
+//! of machines serve observers without touching the pump. Read-only: `/ws` has no
+//! `connected` snapshot (a gateway has no organism to describe) and answers every command
+//! with an error frame; folding (`coalesce_ms`, `max_messages_per_s`) is the pump's alone.
 //!
 //! One ordered consumer per gateway feeds a local [`EventHub`] with the pump's own `seq`s
 //! and the frames the pump rendered, so every client of this gateway shares one copy of each
@@ -45,6 +47,9 @@ pub const DEFAULT_RETAIN: usize = 65_536;
 /// The most the retained events may weigh ([`crate::events::Event::weight`]); past it the
 /// oldest go first, as at the pump.
 pub const RETAINED_BYTES: usize = 256 << 20;
+
+/// The largest frame a client may send (every command is refused anyway).
+const MAX_COMMAND_BYTES: usize = 64 << 10;
 
 /// A frame not taken by its client in this long closes the client.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -126,8 +131,12 @@ impl Gateway {
         let app = Router::new()
             .route("/healthz", get(healthz))
             .route("/ws/messages", get(ws_messages))
+            .route("/ws", get(ws_events))
             .fallback(|| async {
-                ApiError::not_found("no_route", "a gateway serves /ws/messages and /healthz")
+                ApiError::not_found(
+                    "no_route",
+                    "a gateway serves /ws, /ws/messages and /healthz",
+                )
             })
             .layer(axum::middleware::from_fn_with_state(gate.clone(), browser))
             .with_state(gate);
@@ -178,10 +187,20 @@ async fn feed(
                 let _ = tx.send(Some((h.clone(), before)));
                 h
             });
-            let frame: Option<Utf8Bytes> = ev
-                .message_frame
+            let message_frame: Option<Utf8Bytes> = ev
+                .message_frame()
                 .map(|raw| Utf8Bytes::from(raw.get().to_string()));
-            h.publish_numbered(Event::numbered(ev.seq, ev.timestamp, ev.kind, frame));
+            let frame: Option<Utf8Bytes> = ev
+                .frame
+                .as_deref()
+                .map(|raw| Utf8Bytes::from(raw.get().to_string()));
+            h.publish_numbered(Event::numbered(
+                ev.seq,
+                ev.timestamp,
+                ev.kind,
+                frame,
+                message_frame,
+            ));
         })
         .await;
         if closing.is_cancelled() {
@@ -217,11 +236,37 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
+/// Which stream a session serves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Events,
+    Messages,
+}
+
+async fn ws_events(
+    ws: WebSocketUpgrade,
+    State(gate): State<Gate>,
+    headers: axum::http::HeaderMap,
+    Query(q): Query<WsQuery>,
+) -> Result<Response, ApiError> {
+    upgrade(ws, gate, headers, q, Stream::Events)
+}
+
 async fn ws_messages(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
     headers: axum::http::HeaderMap,
     Query(q): Query<WsQuery>,
+) -> Result<Response, ApiError> {
+    upgrade(ws, gate, headers, q, Stream::Messages)
+}
+
+fn upgrade(
+    ws: WebSocketUpgrade,
+    gate: Gate,
+    headers: axum::http::HeaderMap,
+    q: WsQuery,
+    stream: Stream,
 ) -> Result<Response, ApiError> {
     let who = match &gate.access {
         None => None,
@@ -237,16 +282,35 @@ async fn ws_messages(
     let mut filter = Filter::from_query(
         q.threads.as_deref(),
         q.agents.as_deref(),
-        None,
+        q.events.as_deref().filter(|_| stream == Stream::Events),
         q.payload_types.as_deref(),
     );
     filter
         .prepare(&gate.limits)
         .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
-    Ok(ws.on_upgrade(move |socket| session(socket, gate, who, filter, q.since)))
+    Ok(ws
+        .max_message_size(MAX_COMMAND_BYTES)
+        .max_frame_size(MAX_COMMAND_BYTES)
+        .on_upgrade(move |socket| session(socket, gate, stream, who, filter, q.since)))
 }
 
 type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+
+/// The answer to any command: a gateway changes nothing.
+fn read_only(command: &str, seq: u64) -> Message {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(command).ok();
+    let field = |name: &str| parsed.as_ref().and_then(|v| v.get(name)).cloned();
+    text(json!({
+        "event": "error",
+        "seq": seq,
+        "timestamp": Timestamp::now(),
+        "request_id": field("request_id"),
+        "cmd": field("cmd"),
+        "status": 405,
+        "code": "read_only",
+        "error": "a gateway is read-only: send commands to the organism's own API",
+    }))
+}
 
 /// Sends one frame; false if the client did not take it within [`SEND_TIMEOUT`].
 async fn send(sink: &mut Sink, msg: Message) -> bool {
@@ -276,6 +340,7 @@ fn sees(scope: &Scope, ev: &Event) -> bool {
 async fn session(
     socket: WebSocket,
     gate: Gate,
+    stream: Stream,
     who: Option<(Principal, Scope)>,
     filter: Filter,
     since: Option<u64>,
@@ -310,11 +375,21 @@ async fn session(
         }
     }
     let frame_of = |ev: &Event| -> Option<Message> {
-        if !filter.passes_message(ev) || who.as_ref().is_some_and(|(_, s)| !sees(s, ev)) {
+        if who.as_ref().is_some_and(|(_, s)| !sees(s, ev)) {
             return None;
         }
-        let frame = ev.message_frame::<Option<Utf8Bytes>>(|_| None)?;
-        frame.clone().map(Message::Text)
+        match stream {
+            Stream::Messages if filter.passes_message(ev) => {
+                let frame = ev.message_frame::<Option<Utf8Bytes>>(|_| None)?;
+                frame.clone().map(Message::Text)
+            }
+            // An event mirrored without its frame has an empty one here: not sent.
+            Stream::Events if filter.passes(ev) => ev
+                .frame::<Utf8Bytes>(|_| Utf8Bytes::from_static(""))
+                .filter(|f| !f.is_empty())
+                .map(|f| Message::Text(f.clone())),
+            _ => None,
+        }
     };
     for ev in &sub.replay {
         if let Some(m) = frame_of(ev) {
@@ -344,6 +419,10 @@ async fn session(
             }
             m = incoming.next() => match m {
                 Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Ok(Message::Text(t))) => {
+                    last_heard = tokio::time::Instant::now();
+                    Some(read_only(t.as_str(), seen))
+                }
                 Some(Ok(_)) => { last_heard = tokio::time::Instant::now(); continue }
             },
             _ = recheck.tick(), if watched => {

@@ -548,7 +548,10 @@ pub async fn mirror_events(
     crate::nats::mirror::mirror(
         link,
         hub,
-        move |ev| frame::message_frame(ev, &organism).map(|f| f.as_str().to_string()),
+        move |ev| crate::nats::mirror::Frames {
+            frame: frame::event_frame(ev, &organism).map(|f| f.as_str().to_string()),
+            message_frame: frame::message_frame(ev, &organism).map(|f| f.as_str().to_string()),
+        },
         stop,
     )
     .await;

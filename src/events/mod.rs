@@ -53,14 +53,15 @@ impl Event {
         }
     }
 
-    /// Event `seq` of another process, as it was stamped there, with its `/ws/messages`
-    /// frame as that process rendered it (`T` is the renderer's type), so that it is not
-    /// rendered again here.
-    pub fn numbered<T: Any + Send + Sync>(
+    /// Event `seq` of another process, as it was stamped there, with its frames as that
+    /// process rendered them (the renderer's types), so that they are not rendered again
+    /// here.
+    pub fn numbered<F: Any + Send + Sync, M: Any + Send + Sync>(
         seq: u64,
         timestamp: Timestamp,
         kind: EventKind,
-        message_frame: T,
+        frame: Option<F>,
+        message_frame: M,
     ) -> Self {
         let event = Event {
             seq,
@@ -69,6 +70,9 @@ impl Event {
             frame: OnceLock::new(),
             message_frame: OnceLock::new(),
         };
+        if let Some(f) = frame {
+            let _ = event.frame.set(Box::new(f));
+        }
         let _ = event.message_frame.set(Box::new(message_frame));
         event
     }

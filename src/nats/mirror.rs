@@ -40,33 +40,58 @@ pub struct MirroredEvent {
     pub seq: u64,
     pub timestamp: Timestamp,
     pub kind: EventKind,
-    /// The `/ws/messages` frame the pump rendered (typed by its schemas), for message and
-    /// message status events.
+    /// The `/ws` frame the pump rendered.
+    #[serde(default)]
+    pub frame: Option<Box<RawValue>>,
+    /// The `/ws/messages` frame the pump rendered (typed by its schemas), for message
+    /// events; for message status events it is the `/ws` frame.
     #[serde(default)]
     pub message_frame: Option<Box<RawValue>>,
 }
 
-/// The body of one mirrored event: its `seq`, time, kind and `/ws/messages` frame (already
-/// JSON, written as it is).
-fn body(ev: &Event, message_frame: Option<&str>) -> Option<bytes::Bytes> {
+/// An event's frames as the API renders them: for `/ws`, and for `/ws/messages` (when it
+/// has one).
+pub struct Frames {
+    pub frame: Option<String>,
+    pub message_frame: Option<String>,
+}
+
+/// The body of one mirrored event: its `seq`, time, kind and frames (already JSON, written
+/// as they are; a status event's `/ws/messages` frame is its `/ws` frame, sent once).
+fn body(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
     let kind = serde_json::to_string(&ev.kind).ok()?;
     let timestamp = serde_json::to_string(&ev.timestamp).ok()?;
+    let frame = frames.frame.as_deref().unwrap_or("null");
+    let message_frame = match &frames.message_frame {
+        Some(m) if Some(m) == frames.frame.as_ref() => "\"same\"",
+        Some(m) => m.as_str(),
+        None => "null",
+    };
     Some(
         format!(
-            "{{\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"message_frame\":{}}}",
+            "{{\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"frame\":{frame},\"message_frame\":{message_frame}}}",
             ev.seq,
-            message_frame.unwrap_or("null")
         )
         .into(),
     )
 }
 
+impl MirroredEvent {
+    /// Its `/ws/messages` frame (a status event's is its `/ws` frame).
+    pub fn message_frame(&self) -> Option<&RawValue> {
+        match self.message_frame.as_deref() {
+            Some(m) if m.get() == "\"same\"" => self.frame.as_deref(),
+            other => other,
+        }
+    }
+}
+
 /// What is published for `ev`: its body, its `seq` as `Nats-Msg-Id` and in [`SEQ_HEADER`].
 fn publication(
     ev: &Event,
-    message_frame: &impl Fn(&Event) -> Option<String>,
+    render: &impl Fn(&Event) -> Frames,
 ) -> Option<jetstream::message::PublishMessage> {
-    let body = body(ev, message_frame(ev).as_deref())?;
+    let body = body(ev, &render(ev))?;
     let seq = ev.seq.to_string();
     Some(
         jetstream::message::PublishMessage::build()
@@ -96,12 +121,12 @@ async fn last_mirrored(events: &stream::Stream) -> Result<u64, String> {
     Ok(parsed.seq)
 }
 
-/// Mirrors `hub`'s events to the stream until `stop`; `message_frame` renders an event's
-/// `/ws/messages` frame (the API's renderer).
+/// Mirrors `hub`'s events to the stream until `stop`; `render` renders an event's frames
+/// (the API's renderer).
 pub async fn mirror(
     link: Link,
     hub: Arc<EventHub>,
-    message_frame: impl Fn(&Event) -> Option<String> + Send + 'static,
+    render: impl Fn(&Event) -> Frames + Send + 'static,
     stop: CancellationToken,
 ) {
     let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
@@ -151,7 +176,7 @@ pub async fn mirror(
                 None => {
                     let next = tokio::select! {
                         _ = stop.cancelled() => {
-                            drain(&link, &subject, &mut live, &message_frame, pending).await;
+                            drain(&link, &subject, &mut live, &render, pending).await;
                             return;
                         }
                         Some(done) = pending.next(), if !pending.is_empty() => {
@@ -172,7 +197,7 @@ pub async fn mirror(
                     }
                 }
             };
-            let Some(message) = publication(&ev, &message_frame) else {
+            let Some(message) = publication(&ev, &render) else {
                 continue;
             };
             match link.jetstream.send_publish(subject.clone(), message).await {
@@ -201,13 +226,13 @@ async fn drain<F: Future<Output = bool>>(
     link: &Link,
     subject: &str,
     live: &mut crate::events::Receiver,
-    message_frame: &impl Fn(&Event) -> Option<String>,
+    render: &impl Fn(&Event) -> Frames,
     mut pending: FuturesOrdered<F>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let mut acks = FuturesOrdered::new();
     while let Ok(ev) = live.try_recv() {
-        let Some(message) = publication(&ev, message_frame) else {
+        let Some(message) = publication(&ev, render) else {
             continue;
         };
         match link
