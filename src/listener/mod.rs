@@ -93,6 +93,12 @@ pub trait Handler: Send + Sync + 'static {
         false
     }
 
+    /// True while its deliveries cannot run (a listener placed on workers with none
+    /// running): the agent shows `waiting` rather than `processing`.
+    fn unavailable(&self) -> bool {
+        false
+    }
+
     /// Metrics of this handler kind, rendered by `/metrics` with an `agent` label added.
     fn metrics(&self) -> Vec<HandlerMetric> {
         Vec::new()

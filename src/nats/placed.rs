@@ -428,6 +428,13 @@ impl Handler for PlacedHandler {
         ))
     }
 
+    fn unavailable(&self) -> bool {
+        !self
+            .placed
+            .unserved(std::iter::once(self.listener.as_str()))
+            .is_empty()
+    }
+
     fn metrics(&self) -> Vec<HandlerMetric> {
         let c = |name, help, v: &AtomicU64| {
             HandlerMetric::counter(name, help, Vec::new(), v.load(Ordering::Relaxed) as f64)

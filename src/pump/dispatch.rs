@@ -139,7 +139,7 @@ impl Listener {
     pub(crate) fn snapshot(&self, organism_paused: bool) -> ListenerSnapshot {
         let q = self.lock();
         ListenerSnapshot {
-            state: state_of(&q, organism_paused),
+            state: state_of(&q, organism_paused, self.handler.unavailable()),
             queue_depth: q.depth,
             current_thread: q.busy.iter().next().map(|t| t.to_string()),
         }
@@ -237,9 +237,13 @@ impl Listener {
     }
 }
 
-fn state_of(q: &Queue, organism_paused: bool) -> AgentState {
+/// `unavailable`: its handler cannot run now (a listener placed on workers with none
+/// running), so what it is busy with waits.
+fn state_of(q: &Queue, organism_paused: bool, unavailable: bool) -> AgentState {
     if q.paused || organism_paused {
         AgentState::Paused
+    } else if !q.busy.is_empty() && unavailable {
+        AgentState::Waiting
     } else if !q.busy.is_empty() {
         AgentState::Processing
     } else if q.waiting > 0 {
@@ -312,7 +316,7 @@ impl Shared {
         q: &mut Queue,
         current: Option<&Arc<str>>,
     ) -> Option<EventKind> {
-        let state = state_of(q, self.is_paused());
+        let state = state_of(q, self.is_paused(), listener.handler.unavailable());
         if q.state == Some(state) || q.retired {
             return None;
         }
