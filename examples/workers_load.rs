@@ -226,18 +226,19 @@ async fn hop(rounds: usize) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Messages through `relay` per second under a closed loop of [`WINDOW`] threads.
-async fn throughput(o: &Organism, seconds: f64) -> Result<f64, BoxError> {
+/// Messages per second into `to`, each counted `weight` times (the messages of its thread),
+/// under a closed loop of [`WINDOW`] threads for `seconds`.
+async fn closed_loop(o: &Organism, to: &str, weight: u64, seconds: f64) -> Result<f64, BoxError> {
     let done = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = Vec::new();
     for k in 0..WINDOW {
-        let (o, done) = (o.clone(), done.clone());
+        let (o, done, to) = (o.clone(), done.clone(), to.to_string());
         tasks.push(tokio::spawn(async move {
             let mut i = k as u64 * 1_000_000;
             while Instant::now() < until {
-                if one(&o, "relay", i).await.is_ok() {
-                    done.fetch_add(1, Ordering::Relaxed);
+                if one(&o, &to, i).await.is_ok() {
+                    done.fetch_add(weight, Ordering::Relaxed);
                 }
                 i += 1;
             }
@@ -248,6 +249,11 @@ async fn throughput(o: &Organism, seconds: f64) -> Result<f64, BoxError> {
         t.await?;
     }
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Messages through `relay` per second.
+async fn throughput(o: &Organism, seconds: f64) -> Result<f64, BoxError> {
+    closed_loop(o, "relay", 1, seconds).await
 }
 
 async fn scale(kind: &str, rounds: usize) -> Result<(), BoxError> {
@@ -290,28 +296,9 @@ async fn scale(kind: &str, rounds: usize) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Messages through the chain a → b → c per second (3 a thread) under a closed loop.
+/// Messages through the chain a → b → c per second (3 a thread).
 async fn chain_rate(o: &Organism, seconds: f64) -> Result<f64, BoxError> {
-    let done = Arc::new(AtomicU64::new(0));
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut tasks = Vec::new();
-    for k in 0..WINDOW {
-        let (o, done) = (o.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut i = k as u64 * 1_000_000;
-            while Instant::now() < until {
-                if one(&o, "a", i).await.is_ok() {
-                    done.fetch_add(3, Ordering::Relaxed);
-                }
-                i += 1;
-            }
-        }));
-    }
-    let started = Instant::now();
-    for t in tasks {
-        t.await?;
-    }
-    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+    closed_loop(o, "a", 3, seconds).await
 }
 
 /// Lines of a child's stdout, on a channel.

@@ -4,9 +4,10 @@
 //! rebuilding a store file from it.
 
 mod common;
+mod nats;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::store::Store;
@@ -14,51 +15,8 @@ use agentserver::threads::{MessageFilter, Page};
 use agentserver::Organism;
 use common::child::{self, Running};
 use common::*;
+use nats::Nats;
 use serde_json::Value;
-
-struct Nats {
-    port: u16,
-    _dir: tempfile::TempDir,
-    _process: Running,
-}
-
-impl Nats {
-    fn start() -> Nats {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = tempfile::tempdir().unwrap();
-        let bin = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .unwrap_or("nats-server");
-        let process = Running::spawn(
-            Command::new(bin)
-                .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        wait_until("nats-server to listen", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-        Nats {
-            port,
-            _dir: dir,
-            _process: process,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn prefix(&self) -> String {
-        format!("m{}", self.port)
-    }
-}
 
 fn organism_file(dir: &Path, nats: &Nats) -> PathBuf {
     std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
@@ -76,6 +34,20 @@ listeners:
     let path = dir.join("o.yaml");
     std::fs::write(&path, yaml).unwrap();
     path
+}
+
+/// `agentserver restore --from-nats` of `nats`'s stream into `store`.
+fn restore(nats: &Nats, store: &Path) -> std::process::Output {
+    child::run_to_exit([
+        "restore".as_ref(),
+        "--from-nats".as_ref(),
+        "--nats".as_ref(),
+        nats.url().as_ref(),
+        "--stream-prefix".as_ref(),
+        nats.prefix().as_ref(),
+        "--store".as_ref(),
+        store.as_os_str(),
+    ])
 }
 
 fn gateway(nats: &Nats) -> (Running, String) {
@@ -212,16 +184,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     mirror.await.unwrap().unwrap();
     drop(o);
     let restored = dir.path().join("restored.db");
-    let out = child::run_to_exit([
-        "restore".as_ref(),
-        "--from-nats".as_ref(),
-        "--nats".as_ref(),
-        nats.url().as_ref(),
-        "--stream-prefix".as_ref(),
-        nats.prefix().as_ref(),
-        "--store".as_ref(),
-        restored.as_os_str(),
-    ]);
+    let out = restore(&nats, &restored);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -252,16 +215,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     );
 
     // A second restore to the same file is refused: it never overwrites.
-    let again = child::run_to_exit([
-        "restore".as_ref(),
-        "--from-nats".as_ref(),
-        "--nats".as_ref(),
-        nats.url().as_ref(),
-        "--stream-prefix".as_ref(),
-        nats.prefix().as_ref(),
-        "--store".as_ref(),
-        restored.as_os_str(),
-    ]);
+    let again = restore(&nats, &restored);
     assert_eq!(again.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&again.stderr).contains("exists"));
 }

@@ -5,10 +5,11 @@
 //! sink, in-process), so the collector's log is what the workers' outputs became.
 
 mod common;
+mod nats;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 
 use agentserver::threads::{MessageStatus, ThreadStatus};
@@ -16,81 +17,12 @@ use agentserver::Organism;
 use common::child::{agentserver, Running};
 use common::*;
 use futures_util::StreamExt;
-
-/// A `nats-server -js` on a loopback port, with its store in a temp dir; restartable on the
-/// same port and store.
-struct Nats {
-    port: u16,
-    dir: tempfile::TempDir,
-    process: Option<Running>,
-}
-
-fn nats_binary() -> PathBuf {
-    [
-        "/usr/sbin/nats-server",
-        "/usr/bin/nats-server",
-        "/usr/local/bin/nats-server",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
-    .unwrap_or_else(|| PathBuf::from("nats-server"))
-}
-
-impl Nats {
-    fn start() -> Nats {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut nats = Nats {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            process: None,
-        };
-        nats.up();
-        nats
-    }
-
-    fn up(&mut self) {
-        let process = Running::spawn(
-            Command::new(nats_binary())
-                .args([
-                    "-js",
-                    "-a",
-                    "127.0.0.1",
-                    "-p",
-                    &self.port.to_string(),
-                    "-sd",
-                ])
-                .arg(self.dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        );
-        self.process = Some(process);
-        let port = self.port;
-        wait_until("nats-server to listen", || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-        });
-    }
-
-    fn down(&mut self) {
-        if let Some(mut p) = self.process.take() {
-            let _ = p.kill();
-            let _ = p.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-}
+use nats::Nats;
 
 /// Writes the organism: `relay` on workers (waits `delay_ms`, then on to `collector`).
 fn organism_file(dir: &Path, nats: &Nats, delay_ms: u64, nats_extra: &str) -> PathBuf {
     std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
-    let prefix = format!("t{}", nats.port);
+    let prefix = nats.prefix();
     let yaml = format!(
         "organism:
   name: workers
@@ -324,7 +256,7 @@ async fn forged_and_invalid_results_are_refused() {
     let o = Organism::builder().load(&path).unwrap();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = jetstream::new(client);
-    let prefix = format!("t{}", nats.port);
+    let prefix = nats.prefix();
     let r = inject(&o, "relay", &note("forge me"), None);
 
     // The pump sets the stream up once NATS answers.
@@ -451,7 +383,7 @@ async fn killing_a_thread_takes_its_delivery_back_from_the_workers_queue() {
     let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
     let o = Organism::builder().load(&path).unwrap();
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    let prefix = format!("t{}", nats.port);
+    let prefix = nats.prefix();
     let r = inject(&o, "relay", &note("doomed"), None);
     wait_until_async("the delivery queued for workers", || async {
         queued(&js, &prefix).await == 1

@@ -141,10 +141,10 @@ pub async fn mirror(
             Ok(l) => l,
             Err(e) => {
                 tracing::debug!(error = %e, "events stream not readable yet");
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                if super::retry_after(&stop).await {
+                    continue;
                 }
+                return;
             }
         };
         if last > hub.last_seq() {
@@ -211,11 +211,8 @@ pub async fn mirror(
                 }
             }
         };
-        if failed {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-            }
+        if failed && !super::retry_after(&stop).await {
+            return;
         }
     }
 }
@@ -343,9 +340,8 @@ pub async fn read(
         .await
         .map_err(|e| format!("stream {}: {e}", link.names.events_stream()))?;
     loop {
-        let next = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            n = messages.next() => n,
+        let Some(next) = super::next_or_stop(&stop, &mut messages).await else {
+            return Ok(());
         };
         let msg = match next {
             Some(Ok(m)) => m,

@@ -39,3 +39,26 @@ pub const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A listener with no announcement for this long has no worker.
 pub const ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a task waits before trying NATS again after a failure.
+pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Waits [`RETRY_AFTER`]; false if `stop` came first (the caller ends).
+pub async fn retry_after(stop: &tokio_util::sync::CancellationToken) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(RETRY_AFTER) => true,
+    }
+}
+
+/// The next item of `stream` (`Some(None)` at its end); `None` if `stop` came first.
+pub async fn next_or_stop<S: futures_util::Stream + Unpin>(
+    stop: &tokio_util::sync::CancellationToken,
+    stream: &mut S,
+) -> Option<Option<S::Item>> {
+    use futures_util::StreamExt;
+    tokio::select! {
+        _ = stop.cancelled() => None,
+        n = stream.next() => Some(n),
+    }
+}

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
-use futures_util::StreamExt;
 use subtle::ConstantTimeEq;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -130,19 +129,16 @@ impl Placed {
             match link.client.subscribe(link.names.alive_all()).await {
                 Ok(s) => break s,
                 Err(_) => {
-                    tokio::select! {
-                        _ = self.stop.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                    if !super::retry_after(&self.stop).await {
+                        return;
                     }
                 }
             }
         };
         loop {
-            let msg = tokio::select! {
-                _ = self.stop.cancelled() => return,
-                m = sub.next() => m,
+            let Some(Some(msg)) = super::next_or_stop(&self.stop, &mut sub).await else {
+                return;
             };
-            let Some(msg) = msg else { return };
             if let Some(listener) = link.names.alive_listener(msg.subject.as_str()) {
                 let mut alive = crate::sync::lock(&self.alive);
                 if alive.len() < MAX_ANNOUNCED || alive.contains_key(listener) {
@@ -174,15 +170,14 @@ impl Placed {
                 Err(_) => None,
             };
             let Some(mut messages) = messages else {
-                tokio::select! {
-                    _ = self.stop.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                if super::retry_after(&self.stop).await {
+                    continue;
                 }
+                return;
             };
             loop {
-                let next = tokio::select! {
-                    _ = self.stop.cancelled() => return,
-                    n = messages.next() => n,
+                let Some(next) = super::next_or_stop(&self.stop, &mut messages).await else {
+                    return;
                 };
                 match next {
                     Some(Ok(msg)) => {

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::AckKind;
-use futures_util::{FutureExt, StreamExt};
+use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use super::reload::{local_handler, HandlerParts};
@@ -186,9 +186,8 @@ pub async fn run_worker(
                 Ok(c) => break c,
                 Err(e) => {
                     tracing::warn!(listener = %listener, error = %e, "cannot set up the work consumer; retrying");
-                    tokio::select! {
-                        _ = worker.stop.cancelled() => return Ok(0),
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    if !crate::nats::retry_after(&worker.stop).await {
+                        return Ok(0);
                     }
                 }
             }
@@ -242,17 +241,12 @@ impl Worker {
                 .await;
             let mut batch = match batch {
                 Ok(b) => b,
-                Err(_) => {
-                    tokio::select! {
-                        _ = self.stop.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_millis(250)) => continue,
-                    }
-                }
+                Err(_) if crate::nats::retry_after(&self.stop).await => continue,
+                Err(_) => return,
             };
             loop {
-                let next = tokio::select! {
-                    _ = self.stop.cancelled() => return,
-                    n = batch.next() => n,
+                let Some(next) = crate::nats::next_or_stop(&self.stop, &mut batch).await else {
+                    return;
                 };
                 match next {
                     Some(Ok(msg)) => self.run(msg).await,
