@@ -429,3 +429,54 @@ async fn a_worker_reloads_its_file_to_run_the_pumps_version() {
     assert_eq!(collected(&o, &[r.thread_id.to_string()]).len(), 1);
     stop_worker(w, w_lines);
 }
+
+/// `concurrency` bounds the deliveries out at workers, however many workers and slots
+/// there are: with `concurrency: 2`, never more than two in flight.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrency_bounds_deliveries_across_all_workers() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 100, "");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replacen(
+            "concurrency: 8, placement: workers",
+            "concurrency: 2, placement: workers",
+            1,
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let (a, a_lines) = worker(&path, "a");
+    let (b, b_lines) = worker(&path, "b");
+    wait_until_async("both workers", || async {
+        o.unserved_listeners().is_empty()
+    })
+    .await;
+    let in_flight = || {
+        o.handler_metrics()
+            .into_iter()
+            .filter(|(agent, _)| agent == "relay")
+            .flat_map(|(_, ms)| ms)
+            .find(|m| m.name == "agentserver_worker_in_flight")
+            .map_or(0.0, |m| m.value)
+    };
+    let threads = inject_all(&o, 8, 1);
+    let mut most = 0.0f64;
+    let mut done = false;
+    let started = std::time::Instant::now();
+    while !done {
+        assert!(started.elapsed() < WAIT, "the threads did not end in time");
+        most = most.max(in_flight());
+        done = threads
+            .iter()
+            .all(|t| o.threads().status(t) != Some(ThreadStatus::Active));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(most, 2.0, "deliveries out at once, at most");
+    assert_eq!(in_flight(), 0.0);
+    assert_once_in_order(&o, &threads, 1);
+    let (na, nb) = (stop_worker(a, a_lines), stop_worker(b, b_lines));
+    assert_eq!(na + nb, 8);
+}

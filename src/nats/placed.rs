@@ -309,6 +309,8 @@ impl Drop for Opened {
 
 #[derive(Default)]
 struct Counts {
+    /// Calls under way: published or about to be, not yet answered or given up.
+    in_flight: AtomicU64,
     delivered: AtomicU64,
     answered: AtomicU64,
     unanswered: AtomicU64,
@@ -341,6 +343,8 @@ impl PlacedHandler {
         counts: Arc<Counts>,
     ) -> HandlerResult {
         let deadline = Instant::now() + placed.deliver_timeout;
+        counts.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _in_flight = InFlight(counts.clone());
         let (tx, rx) = oneshot::channel();
         crate::sync::lock(&placed.open).insert(
             item.message_id.clone(),
@@ -392,6 +396,15 @@ impl PlacedHandler {
     }
 }
 
+/// One call under way, counted until it ends, however it ends.
+struct InFlight(Arc<Counts>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// 128 random bits, as hex.
 fn nonce() -> Result<String, HandlerError> {
     let mut bytes = [0u8; 16];
@@ -435,6 +448,12 @@ impl Handler for PlacedHandler {
             HandlerMetric::counter(name, help, Vec::new(), v.load(Ordering::Relaxed) as f64)
         };
         vec![
+            HandlerMetric::gauge(
+                "agentserver_worker_in_flight",
+                "Deliveries handed to workers and not yet answered.",
+                Vec::new(),
+                self.counts.in_flight.load(Ordering::Relaxed) as f64,
+            ),
             c(
                 "agentserver_worker_deliveries_total",
                 "Deliveries handed to workers through NATS.",
