@@ -480,3 +480,29 @@ async fn concurrency_bounds_deliveries_across_all_workers() {
     let (na, nb) = (stop_worker(a, a_lines), stop_worker(b, b_lines));
     assert_eq!(na + nb, 8);
 }
+
+/// Pausing a placed listener holds its deliveries in the pump: nothing reaches the work
+/// queue until it is resumed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_placed_listener_hands_nothing_to_workers() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    let o = Organism::builder().load(&path).unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    wait_until_async("the work stream", || async {
+        queued(&js, &nats.prefix()).await == 0
+    })
+    .await;
+    o.pause_listener("relay").unwrap();
+    let r = inject(&o, "relay", &note("held"), None);
+    wait_until_async("relay to show it is paused", || async {
+        o.agent("relay").unwrap().queue_depth == 1
+    })
+    .await;
+    assert_eq!(queued(&js, &nats.prefix()).await, 0);
+    let (w, w_lines) = worker(&path, "w");
+    o.resume_listener("relay").unwrap();
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
+    assert_eq!(stop_worker(w, w_lines), 1);
+}
