@@ -506,3 +506,61 @@ async fn a_paused_placed_listener_hands_nothing_to_workers() {
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
     assert_eq!(stop_worker(w, w_lines), 1);
 }
+
+/// A Lua handler on a worker runs in the same sandbox as in-process, and the lines it logs
+/// come back to the pump as the agent's `log` events of that thread.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lua_handler_on_a_worker_logs_to_the_pumps_stream() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    std::fs::write(
+        dir.path().join("relay.lua"),
+        "function handle(p, m)\n  log.info('relaying for ' .. m.from)\n  log.warn('twice')\n  return { to = 'collector', type = 'Note', payload = p }\nend\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replacen(
+            "kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {ms: 0, to: collector},",
+            "kind: lua, script: relay.lua, schema: t.xsd, accepts: [Note],",
+            1,
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let (w, w_lines) = worker(&path, "w");
+    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+    let mut events = o.events().subscribe();
+    let r = inject(&o, "relay", &note("lua"), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
+    assert_eq!(
+        collected(&o, &[r.thread_id.to_string()]),
+        vec![(r.thread_id.to_string(), note("lua"))]
+    );
+    let mut logged = Vec::new();
+    while let Ok(ev) = events.try_recv() {
+        if let agentserver::events::EventKind::Log {
+            agent,
+            thread_id,
+            level,
+            message,
+        } = &ev.kind
+        {
+            assert_eq!(
+                (agent.as_str(), thread_id.as_deref()),
+                ("relay", Some(&*r.thread_id))
+            );
+            logged.push((level.clone(), message.clone()));
+        }
+    }
+    assert_eq!(
+        logged,
+        vec![
+            ("info".to_string(), "relaying for api".to_string()),
+            ("warn".to_string(), "twice".to_string())
+        ]
+    );
+    stop_worker(w, w_lines);
+}

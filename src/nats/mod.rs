@@ -32,7 +32,9 @@ mod wire;
 
 pub use link::{Link, Names};
 pub use placed::{Placed, PlacedHandler};
-pub use wire::{listener_version, WorkItem, WorkOutput, WorkResult};
+pub use wire::{
+    listener_version, WorkItem, WorkLog, WorkOutput, WorkResult, MAX_LOG_LINES, MAX_LOG_LINE_BYTES,
+};
 
 /// How often a worker announces itself for each of its listeners.
 pub const ALIVE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);

@@ -319,6 +319,8 @@ struct Counts {
 /// The handler of a listener placed on workers.
 pub struct PlacedHandler {
     placed: Arc<Placed>,
+    /// The pump's hub, where the lines the handler logged on a worker are published.
+    events: Arc<crate::events::EventHub>,
     listener: String,
     subject: String,
     version: String,
@@ -326,8 +328,13 @@ pub struct PlacedHandler {
 }
 
 impl PlacedHandler {
-    pub fn new(placed: Arc<Placed>, listener: &ListenerConfig) -> PlacedHandler {
+    pub fn new(
+        placed: Arc<Placed>,
+        events: Arc<crate::events::EventHub>,
+        listener: &ListenerConfig,
+    ) -> PlacedHandler {
         PlacedHandler {
+            events,
             listener: listener.name.to_string(),
             subject: placed.names.work_subject(listener.name.as_str()),
             version: listener_version(listener),
@@ -338,6 +345,7 @@ impl PlacedHandler {
 
     async fn call(
         placed: Arc<Placed>,
+        events: Arc<crate::events::EventHub>,
         item: WorkItem,
         subject: String,
         counts: Arc<Counts>,
@@ -363,6 +371,18 @@ impl PlacedHandler {
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(result)) => {
                 counts.answered.fetch_add(1, Ordering::Relaxed);
+                for line in result.logs.into_iter().take(super::MAX_LOG_LINES + 1) {
+                    let level = match line.level.as_str() {
+                        "warn" | "error" => line.level,
+                        _ => "info".to_string(),
+                    };
+                    events.publish(crate::events::EventKind::Log {
+                        agent: item.listener.clone(),
+                        thread_id: Some(item.thread_id.clone()),
+                        level,
+                        message: crate::clip::clip(line.message, super::MAX_LOG_LINE_BYTES),
+                    });
+                }
                 match result.error {
                     Some(e) => Err(HandlerError(format!(
                         "on worker {}: {e}",
@@ -430,6 +450,7 @@ impl Handler for PlacedHandler {
         let subject = self.subject.clone();
         Box::pin(Self::call(
             self.placed.clone(),
+            self.events.clone(),
             item,
             subject,
             self.counts.clone(),

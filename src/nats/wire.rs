@@ -36,7 +36,23 @@ pub struct WorkResult {
     /// The handler failed (or the worker could not run it): why.
     #[serde(default)]
     pub error: Option<String>,
+    /// The lines the handler logged (Lua `log.*`) while it ran, in order.
+    #[serde(default)]
+    pub logs: Vec<WorkLog>,
 }
+
+/// One line a handler logged on a worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkLog {
+    pub level: String,
+    pub message: String,
+}
+
+/// Lines a result carries back, at most (more are counted in one last line).
+pub const MAX_LOG_LINES: usize = 100;
+
+/// Bytes of one log line carried back, at most.
+pub const MAX_LOG_LINE_BYTES: usize = 4096;
 
 /// One handler output.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -126,6 +126,7 @@ impl Shared {
                 .ok_or("`placement: workers` needs `organism.nats`")?;
             return Ok(Arc::new(crate::nats::PlacedHandler::new(
                 placed.clone(),
+                self.events.clone(),
                 lc,
             )));
         }

@@ -24,8 +24,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::reload::{local_handler, HandlerParts};
 use crate::config::{ListenerConfig, OrganismConfig, Placement};
+use crate::events::{EventHub, EventKind, TryRecvError};
 use crate::listener::{Delivery, Handler, HandlerRegistry, Meta};
-use crate::nats::{listener_version, Link, WorkItem, WorkOutput, WorkResult, ALIVE_EVERY};
+use crate::nats::{
+    listener_version, Link, WorkItem, WorkLog, WorkOutput, WorkResult, ALIVE_EVERY, MAX_LOG_LINES,
+    MAX_LOG_LINE_BYTES,
+};
 use crate::xml::{normalize_payload, XmlLimits};
 
 /// What `agentserver worker` was asked to do.
@@ -55,6 +59,9 @@ struct Worker {
     registry: HandlerRegistry,
     xml_limits: XmlLimits,
     link: Link,
+    /// Where handlers here publish what they log; each delivery's lines go back with its
+    /// result.
+    events: Arc<EventHub>,
     ack_wait: Duration,
     served: std::sync::RwLock<HashMap<String, Arc<Served>>>,
     /// One reload of the file at a time.
@@ -76,15 +83,15 @@ fn build(
     config: &OrganismConfig,
     names: &[String],
     registry: &HandlerRegistry,
+    events: &Arc<EventHub>,
 ) -> Result<HashMap<String, Arc<Served>>, String> {
     let lua_targets = crate::lua::OutputTargets::of(config);
-    let events = Arc::new(crate::events::EventHub::new(1024));
     let callbacks = Arc::default();
     let parts = HandlerParts {
         registry,
         max_message_bytes: config.limits.max_message_bytes,
         lua_targets: &lua_targets,
-        events: &events,
+        events,
         callbacks: &callbacks,
     };
     let mut served = HashMap::new();
@@ -134,7 +141,8 @@ pub async fn run_worker(
     if let Some(url) = options.nats_url {
         nats.url = url;
     }
-    let served = build(&config, &options.listeners, &registry)?;
+    let events = Arc::new(EventHub::new(LOG_RING));
+    let served = build(&config, &options.listeners, &registry, &events)?;
     let name = options.name;
     let link = Link::connect(&nats, &format!("agentserver {name}")).await?;
     tracing::info!(worker = %name, url = %link.url(), listeners = ?options.listeners, "worker started");
@@ -148,6 +156,7 @@ pub async fn run_worker(
             max_attributes: config.limits.max_attributes,
         },
         link,
+        events,
         ack_wait: nats.ack_wait,
         served: std::sync::RwLock::new(served),
         reloading: tokio::sync::Mutex::new(()),
@@ -203,6 +212,58 @@ pub async fn run_worker(
     }
     while tasks.join_next().await.is_some() {}
     Ok(worker.answered.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Events a worker's handlers' log lines are held in until their deliveries end.
+const LOG_RING: usize = 4096;
+
+/// The lines `item`'s handler logged (its listener, its thread), at most
+/// [`MAX_LOG_LINES`], then one line counting the rest and any the ring let go of.
+fn logs_of(rx: &mut crate::events::Receiver, item: &WorkItem) -> Vec<WorkLog> {
+    let mut lines = Vec::new();
+    let (mut over, mut lost) = (0u64, 0u64);
+    loop {
+        match rx.try_recv() {
+            Ok(ev) => {
+                if let EventKind::Log {
+                    agent,
+                    thread_id,
+                    level,
+                    message,
+                } = &ev.kind
+                {
+                    if *agent == item.listener && thread_id.as_deref() == Some(&item.thread_id) {
+                        if lines.len() < MAX_LOG_LINES {
+                            lines.push(WorkLog {
+                                level: level.clone(),
+                                message: crate::clip::clip(message.clone(), MAX_LOG_LINE_BYTES),
+                            });
+                        } else {
+                            over += 1;
+                        }
+                    }
+                }
+            }
+            Err(TryRecvError::Lagged(n)) => lost += n,
+            Err(_) => break,
+        }
+    }
+    if over > 0 {
+        lines.push(WorkLog {
+            level: "warn".into(),
+            message: format!("{over} more lines logged on the worker were not carried back"),
+        });
+    }
+    if lost > 0 {
+        lines.push(WorkLog {
+            level: "warn".into(),
+            message: format!(
+                "the worker's log ring let go of {lost} lines (of any delivery) before they \
+                 could be carried back: some of this one's may be missing"
+            ),
+        });
+    }
+    lines
 }
 
 impl Worker {
@@ -290,14 +351,17 @@ impl Worker {
         }
     }
 
-    /// The result of running `item` here: outputs, or why there are none.
+    /// The result of running `item` here: outputs, or why there are none, and what the
+    /// handler logged meanwhile.
     async fn answer(&self, item: &WorkItem) -> WorkResult {
+        let mut logged = self.events.subscribe();
         let mut result = WorkResult {
             message_id: item.message_id.clone(),
             nonce: item.nonce.clone(),
             worker: self.name.clone(),
             outputs: Vec::new(),
             error: None,
+            logs: Vec::new(),
         };
         match self.call(item).await {
             Ok(outputs) => {
@@ -311,6 +375,7 @@ impl Worker {
             }
             Err(e) => result.error = Some(e),
         }
+        result.logs = logs_of(&mut logged, item);
         result
     }
 
@@ -367,7 +432,7 @@ impl Worker {
         }
         let names = vec![listener.to_string()];
         let rebuilt = load(&self.path, &self.registry)
-            .and_then(|config| build(&config, &names, &self.registry))?;
+            .and_then(|config| build(&config, &names, &self.registry, &self.events))?;
         let Some(fresh) = rebuilt.get(listener).cloned() else {
             return Err(format!("this worker does not serve `{listener}`"));
         };
