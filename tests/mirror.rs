@@ -249,6 +249,24 @@ fn create_key(path: &Path, name: &str, tenant: Option<&str>) -> String {
         .to_string()
 }
 
+/// The code of the close frame `ws` gets next (other frames skipped).
+async fn close_code(ws: &mut Ws) -> u16 {
+    use futures_util::StreamExt;
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match ws.next().await {
+                Some(Ok(tokio_tungstenite::tungstenite::Message::Close(Some(c)))) => {
+                    return u16::from(c.code)
+                }
+                Some(Ok(_)) => continue,
+                other => panic!("{other:?}"),
+            }
+        }
+    })
+    .await
+    .expect("closed in time")
+}
+
 async fn ws_with_key(url: &str, key: Option<&str>) -> Result<Ws, u16> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let mut request = url.into_client_request().unwrap();
@@ -267,12 +285,11 @@ async fn ws_with_key(url: &str, key: Option<&str>) -> Result<Ws, u16> {
     }
 }
 
-/// With `--auth-from`, a gateway refuses a missing credential (401), shows a tenant's key
-/// only its tenant's messages and an organism-wide key all, and closes a session whose key
-/// is revoked (4401).
+/// With `--auth-from`, a gateway refuses a bad credential (401) or a bad first frame (4401),
+/// takes one in the first frame from a browser, shows a tenant's key only its tenant's
+/// messages and an organism-wide key all, and closes a session whose key is revoked (4401).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gateway_with_the_organisms_auth_checks_credentials_and_tenants() {
-    use futures_util::StreamExt;
     let nats = Nats::start();
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
@@ -312,13 +329,26 @@ listeners:
     let (_gateway, url) = child::serve(cmd, Stdio::null());
     let url = format!("{}/ws/messages", url.replace("http://", "ws://"));
 
-    assert_eq!(ws_with_key(&url, None).await.err(), Some(401));
     assert_eq!(
         ws_with_key(&url, Some("ask_nonsense")).await.err(),
         Some(401)
     );
     let mut tenant = ws_with_key(&url, Some(&acme)).await.unwrap();
     let mut all = ws_with_key(&url, Some(&everyone)).await.unwrap();
+    // A browser cannot set the header: the credential comes as the first frame.
+    let mut browser = ws_connect(&url).await;
+    send_json(
+        &mut browser,
+        serde_json::json!({"cmd": "auth", "token": everyone}),
+    )
+    .await;
+    let mut impostor = ws_connect(&url).await;
+    send_json(
+        &mut impostor,
+        serde_json::json!({"cmd": "auth", "token": "ask_not_a_key"}),
+    )
+    .await;
+    assert_eq!(close_code(&mut impostor).await, 4401);
 
     let chain = inject(&o, "a", "<Note>organism's</Note>", None);
     settle(&o, &chain.thread_id).await;
@@ -328,6 +358,10 @@ listeners:
         move |f: &Value| f["event"] == "message" && f["thread_id"] == thread.as_str()
     };
     let seen_all = read_until(&mut all, done(mine.thread_id.to_string())).await;
+    let seen_browser = read_until(&mut browser, done(mine.thread_id.to_string())).await;
+    assert!(seen_browser
+        .iter()
+        .any(|f| f["thread_id"] == *chain.thread_id));
     assert!(seen_all.iter().any(|f| f["thread_id"] == *chain.thread_id));
     let seen_tenant = read_until(&mut tenant, done(mine.thread_id.to_string())).await;
     assert!(
@@ -348,20 +382,7 @@ listeners:
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let closed = tokio::time::timeout(WAIT, async {
-        loop {
-            match tenant.next().await {
-                Some(Ok(tokio_tungstenite::tungstenite::Message::Close(Some(c)))) => {
-                    return u16::from(c.code)
-                }
-                Some(Ok(_)) => continue,
-                other => panic!("{other:?}"),
-            }
-        }
-    })
-    .await
-    .expect("closed in time");
-    assert_eq!(closed, 4401);
+    assert_eq!(close_code(&mut tenant).await, 4401);
     assert_eq!(ws_with_key(&url, Some(&acme)).await.err(), Some(401));
     stop_mirror.cancel();
     mirror.await.unwrap().unwrap();

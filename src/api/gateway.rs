@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
-use axum::extract::{Query, State};
+use axum::extract::{ConnectInfo, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{Authenticator, Principal, Scope};
 use super::error::ApiError;
 use super::filter::Filter;
-use super::ws::WsQuery;
+use super::ws::{first_frame_auth, WsQuery, CLOSE_UNAUTHORIZED};
 use crate::config::{Limits, NatsConfig, OrganismConfig};
 use crate::events::{Event, EventHub, RecvError};
 use crate::nats::mirror::{read, ReadFrom};
@@ -57,13 +57,10 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a client is pinged; one silent for two of these is closed.
 const HEARTBEAT: Duration = Duration::from_secs(20);
 
-/// A credential closed mid-stream gets this close code, as at the pump.
-const CLOSE_UNAUTHORIZED: u16 = 4401;
-
 /// Who may connect: the organism's authenticator and the config its tenants' scopes come
 /// from.
 struct Access {
-    auth: Authenticator,
+    auth: Arc<Authenticator>,
     config: OrganismConfig,
 }
 
@@ -102,7 +99,12 @@ impl Gateway {
             None => None,
             Some(config) => Authenticator::new(&config)
                 .map_err(|e| format!("auth: {e}"))?
-                .map(|auth| Arc::new(Access { auth, config })),
+                .map(|auth| {
+                    Arc::new(Access {
+                        auth: Arc::new(auth),
+                        config,
+                    })
+                }),
         };
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -243,42 +245,76 @@ enum Stream {
     Messages,
 }
 
+/// A request's parts a session needs: its headers and the client's address.
+struct Caller {
+    headers: axum::http::HeaderMap,
+    from: std::net::IpAddr,
+}
+
 async fn ws_events(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
     headers: axum::http::HeaderMap,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
-    upgrade(ws, gate, headers, q, Stream::Events)
+    let caller = Caller {
+        headers,
+        from: peer.ip(),
+    };
+    upgrade(ws, gate, caller, q, Stream::Events)
 }
 
 async fn ws_messages(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
     headers: axum::http::HeaderMap,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
-    upgrade(ws, gate, headers, q, Stream::Messages)
+    let caller = Caller {
+        headers,
+        from: peer.ip(),
+    };
+    upgrade(ws, gate, caller, q, Stream::Messages)
+}
+
+/// Who a session is for: no one to check (no `--auth-from`), a principal from the upgrade's
+/// header, or one to come in the first frame (a browser cannot set the header).
+enum Credential {
+    Unchecked,
+    Known(Principal, Scope),
+    FirstFrame,
 }
 
 fn upgrade(
     ws: WebSocketUpgrade,
     gate: Gate,
-    headers: axum::http::HeaderMap,
+    caller: Caller,
     q: WsQuery,
     stream: Stream,
 ) -> Result<Response, ApiError> {
     let who = match &gate.access {
-        None => None,
-        Some(a) => {
-            let principal = a
-                .auth
-                .authenticate(&headers)
-                .map_err(|r| super::auth::unauthorized(&r))?;
-            let scope = principal.scope(&a.config);
-            Some((principal, scope))
-        }
+        None => Credential::Unchecked,
+        Some(a) => match a.auth.authenticate(&caller.headers) {
+            Ok(principal) => {
+                let scope = principal.scope(&a.config);
+                Credential::Known(principal, scope)
+            }
+            Err(super::auth::Refused::Missing) => Credential::FirstFrame,
+            Err(refused) => {
+                if a.auth.limits.failed_auth(caller.from).is_err() {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::TOO_MANY_REQUESTS,
+                        "too_many_failures",
+                        "too many failed authentications from this address",
+                    ));
+                }
+                return Err(super::auth::unauthorized(&refused));
+            }
+        },
     };
+    let from = caller.from;
     let mut filter = Filter::from_query(
         q.threads.as_deref(),
         q.agents.as_deref(),
@@ -291,7 +327,7 @@ fn upgrade(
     Ok(ws
         .max_message_size(MAX_COMMAND_BYTES)
         .max_frame_size(MAX_COMMAND_BYTES)
-        .on_upgrade(move |socket| session(socket, gate, stream, who, filter, q.since)))
+        .on_upgrade(move |socket| session(socket, gate, stream, who, from, filter, q.since)))
 }
 
 type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
@@ -341,11 +377,35 @@ async fn session(
     socket: WebSocket,
     gate: Gate,
     stream: Stream,
-    who: Option<(Principal, Scope)>,
+    who: Credential,
+    from: std::net::IpAddr,
     filter: Filter,
     since: Option<u64>,
 ) {
     let (mut sink, mut incoming) = socket.split();
+    let who: Option<(Principal, Scope)> = match (who, &gate.access) {
+        (Credential::Known(p, s), _) => Some((p, s)),
+        (Credential::FirstFrame, Some(a)) => {
+            match first_frame_auth(Some(a.auth.clone()), &mut incoming, Some(from)).await {
+                Ok(p) => {
+                    let scope = p.scope(&a.config);
+                    Some((p, scope))
+                }
+                Err(reason) => {
+                    let _ = send(
+                        &mut sink,
+                        Message::Close(Some(CloseFrame {
+                            code: CLOSE_UNAUTHORIZED,
+                            reason: Utf8Bytes::from(reason),
+                        })),
+                    )
+                    .await;
+                    return;
+                }
+            }
+        }
+        _ => None,
+    };
     let mut hub_rx = gate.hub.clone();
     // A client that came before the first event gets everything from it on.
     let came_first = hub_rx.borrow().is_none();
@@ -427,7 +487,13 @@ async fn session(
             },
             _ = recheck.tick(), if watched => {
                 let valid = match (&gate.access, &who) {
-                    (Some(a), Some((p, _))) => a.auth.still_valid(p),
+                    (Some(a), Some((p, _))) => {
+                        let (auth, p) = (a.auth.clone(), p.clone());
+                        // A key's lookup reads the store: off the async workers.
+                        tokio::task::spawn_blocking(move || auth.still_valid(&p))
+                            .await
+                            .unwrap_or(false)
+                    }
                     _ => true,
                 };
                 if valid {

@@ -42,7 +42,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
 pub const AUTH_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Close codes of sessions refused or ended for their credential.
-pub(super) const CLOSE_UNAUTHORIZED: u16 = 4401;
+pub(in crate::api) const CLOSE_UNAUTHORIZED: u16 = 4401;
 
 impl Session {
     /// What the session's principal sees now.
@@ -122,12 +122,11 @@ impl Session {
 
 /// Waits up to [`AUTH_FRAME_TIMEOUT`] for `{"cmd": "auth", "token": …}` as the session's
 /// first frame. Err: the close reason (the same whatever was wrong; the log has the detail).
-pub(super) async fn first_frame_auth(
-    state: &ApiState,
+pub(in crate::api) async fn first_frame_auth(
+    auth: Option<Arc<crate::api::auth::Authenticator>>,
     stream: &mut futures_util::stream::SplitStream<WebSocket>,
     from: Option<std::net::IpAddr>,
 ) -> Result<Principal, &'static str> {
-    let auth = state.inner.auth.clone();
     let failed = || match (&auth, from) {
         (Some(a), Some(ip)) if a.limits.failed_auth(ip).is_err() => {
             "too many failed authentications from this address"
@@ -135,7 +134,7 @@ pub(super) async fn first_frame_auth(
         _ => REFUSED,
     };
     const REFUSED: &str = "unauthorized: send {\"cmd\": \"auth\", \"token\": …} first";
-    let Some(auth) = state.inner.auth.clone() else {
+    let Some(auth) = auth.clone() else {
         return Ok(Principal::implicit());
     };
     let first = loop {

@@ -12,7 +12,7 @@ mod access;
 mod commands;
 
 pub use access::Who;
-use access::{first_frame_auth, CLOSE_UNAUTHORIZED};
+pub(in crate::api) use access::{first_frame_auth, CLOSE_UNAUTHORIZED};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -205,7 +205,7 @@ impl Session {
         let remote = who.remote;
         let principal = match who.principal {
             Some(p) => p,
-            None => match first_frame_auth(&state, &mut stream, remote).await {
+            None => match first_frame_auth(state.inner.auth.clone(), &mut stream, remote).await {
                 Ok(p) => p,
                 Err(reason) => {
                     let _ = tokio::time::timeout(
