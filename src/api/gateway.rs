@@ -251,31 +251,39 @@ struct Caller {
     from: std::net::IpAddr,
 }
 
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let from = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        Ok(Caller {
+            headers: parts.headers.clone(),
+            from,
+        })
+    }
+}
+
 async fn ws_events(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
-    headers: axum::http::HeaderMap,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    caller: Caller,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
-    let caller = Caller {
-        headers,
-        from: peer.ip(),
-    };
     upgrade(ws, gate, caller, q, Stream::Events)
 }
 
 async fn ws_messages(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
-    headers: axum::http::HeaderMap,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    caller: Caller,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
-    let caller = Caller {
-        headers,
-        from: peer.ip(),
-    };
     upgrade(ws, gate, caller, q, Stream::Messages)
 }
 
@@ -303,6 +311,9 @@ fn upgrade(
             }
             Err(super::auth::Refused::Missing) => Credential::FirstFrame,
             Err(refused) => {
+                if let super::auth::Refused::Invalid(why) = &refused {
+                    tracing::info!(from = %caller.from, "gateway refused a credential: {why}");
+                }
                 if a.auth.limits.failed_auth(caller.from).is_err() {
                     return Err(ApiError::new(
                         axum::http::StatusCode::TOO_MANY_REQUESTS,

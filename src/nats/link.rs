@@ -185,6 +185,25 @@ impl Link {
         found
     }
 
+    /// Publishes `body` to `subject` with `id` as its `Nats-Msg-Id` and waits for the
+    /// stream to take it.
+    pub async fn publish(
+        &self,
+        subject: &str,
+        body: bytes::Bytes,
+        id: &str,
+    ) -> Result<jetstream::publish::PublishAck, String> {
+        let message = jetstream::message::PublishMessage::build()
+            .payload(body)
+            .message_id(id);
+        self.jetstream
+            .send_publish(subject.to_string(), message)
+            .await
+            .map_err(|e| e.to_string())?
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// The server's URL as configured (it holds no credential: the config refuses one).
     pub fn url(&self) -> &str {
         &self.shown_url

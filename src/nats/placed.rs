@@ -253,19 +253,10 @@ impl Placed {
                     self.deliver_timeout.as_millis()
                 )));
             };
-            let message = async_nats::jetstream::message::PublishMessage::build()
-                .payload(body.clone())
-                .message_id(&item.message_id);
-            let sent = tokio::time::timeout_at(deadline, async {
-                ready
-                    .link
-                    .jetstream
-                    .send_publish(subject.clone(), message)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .await
-                    .map_err(|e| e.to_string())
-            })
+            let sent = tokio::time::timeout_at(
+                deadline,
+                ready.link.publish(&subject, body.clone(), &item.message_id),
+            )
             .await;
             match sent {
                 Ok(Ok(ack)) => return Ok((ready, ack.sequence)),

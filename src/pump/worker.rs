@@ -459,19 +459,11 @@ impl Worker {
         };
         let subject = self.link.names.results_subject();
         loop {
-            let message = async_nats::jetstream::message::PublishMessage::build()
-                .payload(body.clone())
-                .message_id(&result.message_id);
-            let sent = async {
-                self.link
-                    .jetstream
-                    .send_publish(subject.clone(), message)
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            match sent.await {
+            match self
+                .link
+                .publish(&subject, body.clone(), &result.message_id)
+                .await
+            {
                 Ok(_) => return true,
                 Err(e) => tracing::debug!(error = %e, "result not yet published; retrying"),
             }
