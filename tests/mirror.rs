@@ -170,6 +170,17 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     assert_eq!(a[0]["seq"], pump_frames[8]["seq"]);
     assert_eq!(a.last().unwrap()["thread_id"], *last);
 
+    // Folding is the pump's: a gateway says so (400, naming the parameter).
+    let refused = tokio_tungstenite::connect_async(format!("{gw}/ws?coalesce_ms=100")).await;
+    match refused {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status().as_u16(), 400);
+            let body: Value = serde_json::from_slice(r.body().as_deref().unwrap()).unwrap();
+            assert_eq!(body["error"]["where"], "coalesce_ms", "{body}");
+        }
+        other => panic!("{other:?}"),
+    }
+
     // Resuming from before what the gateway holds: resync_required, as at the pump.
     let mut too_old = ws_connect(&format!("{gw}{filter}&since=999999999")).await;
     let f = next_json(&mut too_old).await;

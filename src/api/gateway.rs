@@ -326,6 +326,18 @@ fn upgrade(
         },
     };
     let from = caller.from;
+    if q.coalesce_ms.is_some() || q.max_messages_per_s.is_some() {
+        let at = if q.coalesce_ms.is_some() {
+            "coalesce_ms"
+        } else {
+            "max_messages_per_s"
+        };
+        return Err(ApiError::bad_request(
+            "a gateway does not fold events (coalesce_ms, max_messages_per_s): connect to the \
+             organism's own API for that",
+        )
+        .at(at));
+    }
     let mut filter = Filter::from_query(
         q.threads.as_deref(),
         q.agents.as_deref(),
