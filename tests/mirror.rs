@@ -110,8 +110,15 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     // One of them may start earlier (a gateway client that came before the gateway read
     // its first event gets everything it read): from the later start on, they are equal.
     // (The pump's first frame is its `connected` snapshot, which a gateway has no data for.)
+    let not_connected = |frames: Vec<Value>| -> Vec<Value> {
+        frames
+            .into_iter()
+            .filter(|f| f["event"] != "connected")
+            .collect()
+    };
     assert_eq!(pump_frames[0]["event"], "connected");
-    let pump_frames = pump_frames[1..].to_vec();
+    let pump_frames = not_connected(pump_frames);
+    let gateway_frames = not_connected(gateway_frames);
     let first = |frames: &[Value]| frames[0]["seq"].as_u64().unwrap();
     let from = first(&pump_frames).max(first(&gateway_frames));
     let tail = |frames: &[Value]| -> Vec<Value> {
@@ -129,12 +136,11 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     let events = "/ws?agents=b&events=message,message_status,agent_state";
     let mut ws_pump = ws_connect(&format!("ws://{}{events}", server.local_addr())).await;
     let mut ws_gateway = ws_connect(&format!("{gw}{events}")).await;
-    assert_eq!(next_json(&mut ws_pump).await["event"], "connected");
     let more = inject(&o, "a", "<Note>for /ws</Note>", None)
         .thread_id
         .to_string();
-    let a = frames_until_done(&mut ws_pump, &more).await;
-    let b = frames_until_done(&mut ws_gateway, &more).await;
+    let a = not_connected(frames_until_done(&mut ws_pump, &more).await);
+    let b = not_connected(frames_until_done(&mut ws_gateway, &more).await);
     assert_eq!(
         a.iter()
             .filter(|f| f["seq"].as_u64() >= b[0]["seq"].as_u64())
@@ -170,6 +176,20 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     assert_eq!(a[0]["seq"], pump_frames[8]["seq"]);
     assert_eq!(a.last().unwrap()["thread_id"], *last);
 
+    // A client without `since` starts with the pump's mirrored snapshot, as at the pump.
+    let mut fresh = ws_connect(&format!("{gw}/ws")).await;
+    let hello = next_json(&mut fresh).await;
+    assert_eq!(hello["event"], "connected", "{hello}");
+    assert_eq!(hello["organism"]["name"], "mirrored");
+    let names: Vec<&str> = hello["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert!(hello["threads"].is_array(), "{hello}");
+
     // Folding is the pump's: a gateway says so (400, naming the parameter).
     let refused = tokio_tungstenite::connect_async(format!("{gw}/ws?coalesce_ms=100")).await;
     match refused {
@@ -188,7 +208,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
 
     // Restore: the pump's store and one rebuilt from the stream hold the same log.
     drop((at_pump, at_gateway, resumed, resumed_at_pump, too_old));
-    drop((ws_pump, ws_gateway));
+    drop((ws_pump, ws_gateway, fresh));
     server.shutdown().await;
     o.stop().await;
     stop_mirror.cancel();
@@ -381,6 +401,21 @@ listeners:
             .all(|f| f["thread_id"] == *mine.thread_id),
         "{seen_tenant:?}"
     );
+
+    // A tenant's snapshot holds only its tenant's agents.
+    let mut tenant_ws = ws_with_key(&url.replace("/ws/messages", "/ws"), Some(&acme))
+        .await
+        .unwrap();
+    let hello = next_json(&mut tenant_ws).await;
+    assert_eq!(hello["event"], "connected", "{hello}");
+    let names: Vec<&str> = hello["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["t1"]);
+    drop(tenant_ws);
 
     let out = child::run_to_exit([
         "keys".as_ref(),

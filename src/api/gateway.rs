@@ -37,7 +37,7 @@ use super::filter::Filter;
 use super::ws::{first_frame_auth, WsQuery, CLOSE_UNAUTHORIZED};
 use crate::config::{Limits, NatsConfig, OrganismConfig};
 use crate::events::{Event, EventHub, RecvError};
-use crate::nats::mirror::{read, ReadFrom};
+use crate::nats::mirror::{follow_snapshots, read, ReadFrom, Snapshot};
 use crate::nats::Link;
 use crate::time::Timestamp;
 
@@ -47,6 +47,9 @@ pub const DEFAULT_RETAIN: usize = 65_536;
 /// The most the retained events may weigh ([`crate::events::Event::weight`]); past it the
 /// oldest go first, as at the pump.
 pub const RETAINED_BYTES: usize = 256 << 20;
+
+/// How long a session waits for the events up to its snapshot to arrive.
+const SNAPSHOT_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// The largest frame a client may send (every command is refused anyway).
 const MAX_COMMAND_BYTES: usize = 64 << 10;
@@ -68,6 +71,8 @@ struct Access {
 struct Gate {
     access: Option<Arc<Access>>,
     hub: watch::Receiver<Option<Fed>>,
+    /// The organism's latest mirrored snapshot, for `connected`.
+    snapshot: watch::Receiver<Option<Arc<Snapshot>>>,
     limits: Limits,
     listen: String,
     closing: CancellationToken,
@@ -121,11 +126,14 @@ impl Gateway {
         let link = Link::connect(&nats, "agentserver gateway").await?;
         let closing = CancellationToken::new();
         let (tx, rx) = watch::channel(None);
+        let (snapshot_tx, snapshot_rx) = watch::channel(None);
+        tokio::spawn(feed_snapshots(link.clone(), snapshot_tx, closing.clone()));
         tokio::spawn(feed(link, retain.max(1), tx, closing.clone()));
         let limits = Limits::default();
         let gate = Gate {
             access,
             hub: rx,
+            snapshot: snapshot_rx,
             limits,
             listen: addr.to_string(),
             closing: closing.clone(),
@@ -216,6 +224,71 @@ async fn feed(
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
     }
+}
+
+/// Keeps the latest snapshot, for as long as the gateway runs.
+async fn feed_snapshots(
+    link: Link,
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+    closing: CancellationToken,
+) {
+    loop {
+        let followed = follow_snapshots(&link, closing.clone(), |s| {
+            let _ = tx.send(Some(Arc::new(s)));
+        })
+        .await;
+        if let Err(e) = followed {
+            tracing::warn!(error = %e, "reading the snapshot stream; trying again");
+        }
+        if !crate::nats::retry_after(&closing).await {
+            return;
+        }
+    }
+}
+
+/// The `connected` frame a session of `stream` starts with: the mirrored snapshot, as
+/// much of it as `who` sees.
+fn connected(
+    snapshot: &Snapshot,
+    stream: Stream,
+    who: Option<&(Principal, Scope)>,
+    filter: &Filter,
+) -> Message {
+    let mut frame = json!({
+        "event": "connected",
+        "seq": snapshot.seq,
+        "timestamp": Timestamp::now(),
+        "organism": snapshot.organism,
+    });
+    if stream == Stream::Events {
+        let scope = who.map(|(_, s)| s);
+        let agents: Vec<&serde_json::Value> = snapshot
+            .agents
+            .iter()
+            .filter(|a| scope.is_none_or(|s| a["name"].as_str().is_some_and(|n| s.sees(n))))
+            .collect();
+        let threads: Vec<&serde_json::Value> = snapshot
+            .threads
+            .iter()
+            .filter(|t| {
+                scope.is_none_or(|s| {
+                    let participants: Vec<String> = t["participants"]
+                        .as_array()
+                        .map(|p| {
+                            p.iter()
+                                .filter_map(|v| v.as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    s.sees_thread(&participants)
+                })
+            })
+            .collect();
+        frame["agents"] = json!(agents);
+        frame["threads"] = json!(threads);
+    }
+    frame["filter"] = json!(filter);
+    text(frame)
 }
 
 async fn browser(
@@ -440,9 +513,39 @@ async fn session(
         },
     };
     let Some((hub, before)) = fed else { return };
-    let since = match since {
-        None if came_first => Some(before),
-        other => other,
+    // A client that came before the first event gets everything from it on; others
+    // without `since`, the latest snapshot first and the events after it.
+    let mut snapshots = gate.snapshot.clone();
+    let latest = snapshots.borrow().clone();
+    let snapshot = match latest {
+        Some(s) => Some(s),
+        // Events, but no snapshot yet: the pump's first is on its way (a little).
+        None if since.is_none() && !came_first => {
+            tokio::time::timeout(SNAPSHOT_CATCH_UP, snapshots.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(|r| r.ok().and_then(|s| s.clone()))
+        }
+        None => None,
+    };
+    let since = match (since, snapshot) {
+        (Some(s), _) => Some(s),
+        (None, _) if came_first => Some(before),
+        (None, Some(snap)) => {
+            // The snapshot may be ahead of the events read so far: wait (a little) for them.
+            let mut rx = hub.subscribe();
+            let deadline = tokio::time::Instant::now() + SNAPSHOT_CATCH_UP;
+            while hub.last_seq() < snap.seq {
+                if tokio::time::timeout_at(deadline, rx.recv()).await.is_err() {
+                    break;
+                }
+            }
+            if !send(&mut sink, connected(&snap, stream, who.as_ref(), &filter)).await {
+                return;
+            }
+            Some(snap.seq.min(hub.last_seq()))
+        }
+        (None, None) => None,
     };
     let sub = hub.subscribe_since(since);
     if let Some(oldest) = sub.resync_from {

@@ -545,7 +545,26 @@ pub async fn mirror_events(
         crate::nats::Link::connect(&nats, &format!("agentserver mirror {}", config.name)).await?;
     drop(config);
     let hub = organism.event_hub();
-    crate::nats::mirror::mirror(
+    let snapshots = crate::nats::mirror::mirror_snapshots(
+        link.clone(),
+        hub.clone(),
+        {
+            let organism = organism.clone();
+            move |seq| {
+                let (agents, threads) = ws::snapshot_lists(&organism, &auth::Scope::default());
+                serde_json::to_vec(&serde_json::json!({
+                    "seq": seq,
+                    "organism": view::Organism::from(organism.info()),
+                    "agents": agents,
+                    "threads": threads,
+                }))
+                .ok()
+                .map(Into::into)
+            }
+        },
+        stop.clone(),
+    );
+    let events = crate::nats::mirror::mirror(
         link,
         hub,
         move |ev| crate::nats::mirror::Frames {
@@ -553,7 +572,7 @@ pub async fn mirror_events(
             message_frame: frame::message_frame(ev, &organism).map(|f| f.as_str().to_string()),
         },
         stop,
-    )
-    .await;
+    );
+    tokio::join!(snapshots, events);
     Ok(())
 }

@@ -13,6 +13,8 @@ use crate::config::NatsConfig;
 pub const WORK_STREAM_MAX_BYTES: i64 = 1 << 30;
 /// The most the results stream holds, in bytes (as above).
 pub const RESULTS_STREAM_MAX_BYTES: i64 = 256 << 20;
+/// The most the snapshot stream (one message, the latest) holds, in bytes.
+pub const SNAPSHOT_STREAM_MAX_BYTES: i64 = 64 << 20;
 /// JetStream's window for dropping a second message with the same `Nats-Msg-Id`.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -51,6 +53,14 @@ impl Names {
 
     pub fn events_subject(&self) -> String {
         format!("{}.events", self.prefix)
+    }
+
+    pub fn snapshot_stream(&self) -> String {
+        format!("{}_snapshot", self.prefix)
+    }
+
+    pub fn snapshot_subject(&self) -> String {
+        format!("{}.snapshot", self.prefix)
     }
 
     pub fn alive_subject(&self, listener: &str) -> String {
@@ -97,6 +107,8 @@ pub struct Streams {
     pub work: stream::Stream,
     pub results: stream::Stream,
     pub events: stream::Stream,
+    /// The latest snapshot of the organism (agents, threads), for gateways' `connected`.
+    pub snapshot: stream::Stream,
 }
 
 /// A connection to NATS (reconnecting by itself) and, once the server answers, the streams.
@@ -258,9 +270,23 @@ async fn ensure_streams(
         })
         .await
         .map_err(|e| format!("stream {}: {e}", names.events_stream()))?;
+    let snapshot = js
+        .get_or_create_stream(stream::Config {
+            name: names.snapshot_stream(),
+            subjects: vec![names.snapshot_subject()],
+            retention: stream::RetentionPolicy::Limits,
+            storage: stream::StorageType::File,
+            max_messages_per_subject: 1,
+            max_bytes: SNAPSHOT_STREAM_MAX_BYTES,
+            discard: stream::DiscardPolicy::Old,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {}: {e}", names.snapshot_stream()))?;
     Ok(Streams {
         work,
         results,
         events,
+        snapshot,
     })
 }

@@ -363,3 +363,94 @@ pub async fn read(
         }
     }
 }
+
+/// How often the organism's snapshot is mirrored (when events happened since the last).
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
+
+/// Mirrors the organism's snapshot (`render(seq)`: its state as of event `seq`) to
+/// `<prefix>.snapshot` every [`SNAPSHOT_EVERY`] when events happened since the last, until
+/// `stop`. The stream keeps the latest only.
+pub async fn mirror_snapshots(
+    link: Link,
+    hub: Arc<EventHub>,
+    render: impl Fn(u64) -> Option<bytes::Bytes> + Send + 'static,
+    stop: CancellationToken,
+) {
+    let subject = link.names.snapshot_subject();
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    // The first as soon as the streams exist.
+    tokio::select! {
+        _ = stop.cancelled() => return,
+        _ = link.streams(far) => {}
+    }
+    let mut sent = None;
+    let mut every = tokio::time::interval(SNAPSHOT_EVERY);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        let seq = hub.last_seq();
+        if sent == Some(seq) {
+            continue;
+        }
+        let Some(body) = render(seq) else { continue };
+        if link
+            .publish(&subject, body, &format!("snapshot-{seq}"))
+            .await
+            .is_ok()
+        {
+            sent = Some(seq);
+        }
+    }
+}
+
+/// A mirrored snapshot: the organism as of event `seq`.
+#[derive(Debug, Deserialize)]
+pub struct Snapshot {
+    pub seq: u64,
+    pub organism: serde_json::Value,
+    #[serde(default)]
+    pub agents: Vec<serde_json::Value>,
+    #[serde(default)]
+    pub threads: Vec<serde_json::Value>,
+}
+
+/// Every snapshot from the latest on, until `stop`.
+pub async fn follow_snapshots(
+    link: &Link,
+    stop: CancellationToken,
+    mut each: impl FnMut(Snapshot),
+) -> Result<(), String> {
+    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+    let streams = tokio::select! {
+        _ = stop.cancelled() => return Ok(()),
+        s = link.streams(far) => s,
+    };
+    let Some(streams) = streams else {
+        return Ok(());
+    };
+    let name = link.names.snapshot_stream();
+    let consumer = streams
+        .snapshot
+        .create_consumer(consumer::pull::OrderedConfig {
+            deliver_policy: consumer::DeliverPolicy::Last,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream {name}: {e}"))?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .map_err(|e| format!("stream {name}: {e}"))?;
+    loop {
+        match super::next_or_stop(&stop, &mut messages).await {
+            None | Some(None) => return Ok(()),
+            Some(Some(Ok(msg))) => match serde_json::from_slice::<Snapshot>(&msg.payload) {
+                Ok(s) => each(s),
+                Err(e) => tracing::warn!(error = %e, "a snapshot that is not the pump's; skipped"),
+            },
+            Some(Some(Err(e))) => tracing::debug!(error = %e, "snapshot stream"),
+        }
+    }
+}

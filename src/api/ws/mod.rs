@@ -449,24 +449,14 @@ impl Session {
                 "filter": self.filter,
             }),
             Endpoint::Events => {
-                let mut threads = organism.threads().list();
-                threads.retain(|t| scope.sees_thread(&t.participants));
-                let mut agents = organism.agents();
-                agents.retain(|a| scope.sees(&a.name));
-                let mut recent = 0;
-                threads.retain(|t| {
-                    t.status == crate::threads::ThreadStatus::Active || {
-                        recent += 1;
-                        recent <= RECENT_THREADS
-                    }
-                });
+                let (agents, threads) = snapshot_lists(organism, &scope);
                 json!({
                     "event": "connected",
                     "seq": seq,
                     "timestamp": Timestamp::now(),
                     "organism": info,
-                    "agents": agents.into_iter().map(crate::api::view::Agent::from).collect::<Vec<_>>(),
-                    "threads": threads.into_iter().map(crate::api::view::Thread::from).collect::<Vec<_>>(),
+                    "agents": agents,
+                    "threads": threads,
                     "filter": self.filter,
                 })
             }
@@ -669,6 +659,35 @@ impl Session {
         self.state.count_dropped(self.ep, count);
         self.dropped = Some(Dropped::add(self.dropped, count, from_seq, to_seq));
     }
+}
+
+/// The agents and threads a `connected` snapshot shows a principal of `scope`: every agent
+/// it sees; every active thread it sees and the [`RECENT_THREADS`] latest others.
+pub(in crate::api) fn snapshot_lists(
+    organism: &crate::Organism,
+    scope: &Scope,
+) -> (Vec<crate::api::view::Agent>, Vec<crate::api::view::Thread>) {
+    let mut threads = organism.threads().list();
+    threads.retain(|t| scope.sees_thread(&t.participants));
+    let mut agents = organism.agents();
+    agents.retain(|a| scope.sees(&a.name));
+    let mut recent = 0;
+    threads.retain(|t| {
+        t.status == crate::threads::ThreadStatus::Active || {
+            recent += 1;
+            recent <= RECENT_THREADS
+        }
+    });
+    (
+        agents
+            .into_iter()
+            .map(crate::api::view::Agent::from)
+            .collect(),
+        threads
+            .into_iter()
+            .map(crate::api::view::Thread::from)
+            .collect(),
+    )
 }
 
 fn dropped_frame(d: Dropped) -> Message {
