@@ -205,6 +205,8 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     let mut too_old = ws_connect(&format!("{gw}{filter}&since=999999999")).await;
     let f = next_json(&mut too_old).await;
     assert_eq!(f["event"], "resync_required", "{f}");
+    let f = next_json(&mut too_old).await;
+    assert_eq!(f["event"], "connected", "{f}");
 
     // Restore: the pump's store and one rebuilt from the stream hold the same log.
     drop((at_pump, at_gateway, resumed, resumed_at_pump, too_old));

@@ -547,7 +547,7 @@ async fn session(
         }
         (None, None) => None,
     };
-    let sub = hub.subscribe_since(since);
+    let mut sub = hub.subscribe_since(since);
     if let Some(oldest) = sub.resync_from {
         let frame = text(json!({
             "event": "resync_required",
@@ -558,6 +558,14 @@ async fn session(
         }));
         if !send(&mut sink, frame).await {
             return;
+        }
+        // As at the pump: a fresh snapshot, then what follows it.
+        let latest = gate.snapshot.borrow().clone();
+        if let Some(snap) = latest.filter(|s| s.seq + 1 >= oldest) {
+            if !send(&mut sink, connected(&snap, stream, who.as_ref(), &filter)).await {
+                return;
+            }
+            sub = hub.subscribe_since(Some(snap.seq.min(hub.last_seq())));
         }
     }
     let frame_of = |ev: &Event| -> Option<Message> {
