@@ -228,11 +228,25 @@ async fn with_no_worker_a_delivery_fails_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
     let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 800");
     let o = Organism::builder().load(&path).unwrap();
+    let mut events = o.events().subscribe();
     let r = inject(&o, "relay", &note("alone"), None);
     wait_until_async("relay to show it waits for a worker", || async {
         o.agent("relay").unwrap().state == agentserver::events::AgentState::Waiting
     })
     .await;
+    // Observers are told too.
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let ev = events.recv().await.unwrap();
+            if let agentserver::events::EventKind::AgentState { agent, state, .. } = &ev.kind {
+                if agent == "relay" && *state == agentserver::events::AgentState::Waiting {
+                    return;
+                }
+            }
+        }
+    })
+    .await
+    .expect("an agent_state event: waiting");
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
     let failed = with_status(&messages(&o, &r.thread_id), MessageStatus::Failed);
     let error = failed[0].error.as_deref().unwrap_or_default().to_string();

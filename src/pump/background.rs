@@ -1,5 +1,6 @@
-//! The organism's background tasks (the file watch): spawned with the stop token, awaited
-//! by `stop`. The store's own tasks are the store's (`store::Maintenance`).
+//! The organism's background tasks (the file watch, the placed listeners' state): spawned
+//! with the stop token, awaited by `stop`. The store's own tasks are the store's
+//! (`store::Maintenance`).
 
 use super::*;
 
@@ -21,5 +22,30 @@ impl Organism {
         let mut background = crate::sync::lock(&self.shared.life.background);
         background.retain(|h| !h.is_finished());
         background.push(handle);
+    }
+}
+
+impl Organism {
+    /// Every [`crate::nats::ALIVE_EVERY`], looks again at the state of each listener placed
+    /// on workers, so that it turns `waiting` when its last worker goes away and back to
+    /// `processing` when one comes (a change no delivery makes), with its `agent_state`
+    /// event.
+    pub(crate) fn watch_placed(&self) {
+        let shared = self.shared.clone();
+        self.spawn_background(|stopped| async move {
+            let mut every = tokio::time::interval(crate::nats::ALIVE_EVERY);
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                let topo = shared.topo();
+                for l in topo.order.iter() {
+                    if l.config.placement == config::Placement::Workers {
+                        shared.refresh_state(l);
+                    }
+                }
+            }
+        });
     }
 }

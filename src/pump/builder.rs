@@ -228,6 +228,9 @@ impl OrganismBuilder {
             order,
         }));
         let organism = Organism { shared };
+        if organism.shared.placed.is_some() {
+            organism.watch_placed();
+        }
         organism.report_interrupted(&recovered);
         organism.shared.note_file_scripts(|_| true);
         if let Some(store) = &organism.shared.store {

@@ -328,6 +328,16 @@ impl Shared {
         })
     }
 
+    /// Computes `listener`'s state again and publishes it if it changed.
+    pub(crate) fn refresh_state(&self, listener: &Listener) {
+        let change = {
+            let mut q = listener.lock();
+            let current = q.busy.iter().next().cloned();
+            self.note_state(listener, &mut q, current.as_ref())
+        };
+        self.publish_state(change);
+    }
+
     /// One more (`+1`) or one fewer (`-1`) reply owed by `listener`. A listener a reload
     /// retired has handed its count over, so the change goes to its successor (to none if
     /// it was removed: its waits ended with it).
