@@ -50,13 +50,50 @@ fn restore(nats: &Nats, store: &Path) -> std::process::Output {
     ])
 }
 
-fn gateway(nats: &Nats) -> (Running, String) {
+/// The agents' names in a `connected` snapshot.
+fn agent_names(connected: &Value) -> Vec<&str> {
+    connected["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect()
+}
+
+/// The organism's events mirrored to NATS (what `agentserver run` does) until `stop`.
+struct Mirroring {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+impl Mirroring {
+    fn start(o: &Organism) -> Mirroring {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(agentserver::api::mirror_events(o.clone(), stop.clone()));
+        Mirroring { stop, task }
+    }
+
+    /// Stops it once it has sent what the organism published.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// An `agentserver gateway` of `nats`'s stream, with `extra` arguments: it and its
+/// `ws://` base URL.
+fn gateway_with(nats: &Nats, extra: &[&std::ffi::OsStr]) -> (Running, String) {
     let mut cmd = child::agentserver();
     cmd.args(["gateway", "--nats", &nats.url(), "--stream-prefix"])
         .arg(nats.prefix())
-        .args(["--listen", "127.0.0.1:0"]);
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra);
     let (process, url) = child::serve(cmd, Stdio::null());
     (process, url.replace("http://", "ws://"))
+}
+
+fn gateway(nats: &Nats) -> (Running, String) {
+    gateway_with(nats, &[])
 }
 
 /// Frames of `/ws/messages` until the one saying the note to `c` in `thread` was delivered.
@@ -84,11 +121,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     let server = ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
-    let stop_mirror = tokio_util::sync::CancellationToken::new();
-    let mirror = tokio::spawn(agentserver::api::mirror_events(
-        o.clone(),
-        stop_mirror.clone(),
-    ));
+    let mirror = Mirroring::start(&o);
     // Something in the stream before the gateway starts: it loads what it holds.
     let first = inject(&o, "a", "<Note>before the gateway</Note>", None);
     settle(&o, &first.thread_id).await;
@@ -181,13 +214,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     let hello = next_json(&mut fresh).await;
     assert_eq!(hello["event"], "connected", "{hello}");
     assert_eq!(hello["organism"]["name"], "mirrored");
-    let names: Vec<&str> = hello["agents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["a", "b", "c"]);
+    assert_eq!(agent_names(&hello), ["a", "b", "c"]);
     assert!(hello["threads"].is_array(), "{hello}");
 
     // Folding is the pump's: a gateway says so (400, naming the parameter).
@@ -213,8 +240,7 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     drop((ws_pump, ws_gateway, fresh));
     server.shutdown().await;
     o.stop().await;
-    stop_mirror.cancel();
-    mirror.await.unwrap().unwrap();
+    mirror.stop().await;
     drop(o);
     let restored = dir.path().join("restored.db");
     let out = restore(&nats, &restored);
@@ -347,20 +373,11 @@ listeners:
     let acme = create_key(&path, "acme-viewer", Some("acme"));
     let everyone = create_key(&path, "viewer", None);
     let o = Organism::builder().load(&path).unwrap();
-    let stop_mirror = tokio_util::sync::CancellationToken::new();
-    let mirror = tokio::spawn(agentserver::api::mirror_events(
-        o.clone(),
-        stop_mirror.clone(),
-    ));
+    let mirror = Mirroring::start(&o);
     let warm = inject(&o, "a", "<Note>warm</Note>", None);
     settle(&o, &warm.thread_id).await;
-    let mut cmd = child::agentserver();
-    cmd.args(["gateway", "--nats", &nats.url(), "--stream-prefix"])
-        .arg(nats.prefix())
-        .args(["--listen", "127.0.0.1:0", "--auth-from"])
-        .arg(&path);
-    let (_gateway, url) = child::serve(cmd, Stdio::null());
-    let url = format!("{}/ws/messages", url.replace("http://", "ws://"));
+    let (_gateway, url) = gateway_with(&nats, &["--auth-from".as_ref(), path.as_os_str()]);
+    let url = format!("{url}/ws/messages");
 
     assert_eq!(
         ws_with_key(&url, Some("ask_nonsense")).await.err(),
@@ -410,13 +427,7 @@ listeners:
         .unwrap();
     let hello = next_json(&mut tenant_ws).await;
     assert_eq!(hello["event"], "connected", "{hello}");
-    let names: Vec<&str> = hello["agents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["t1"]);
+    assert_eq!(agent_names(&hello), ["t1"]);
     drop(tenant_ws);
 
     let out = child::run_to_exit([
@@ -432,8 +443,7 @@ listeners:
     );
     assert_eq!(close_code(&mut tenant).await, 4401);
     assert_eq!(ws_with_key(&url, Some(&acme)).await.err(), Some(401));
-    stop_mirror.cancel();
-    mirror.await.unwrap().unwrap();
+    mirror.stop().await;
 }
 
 /// A gateway started before the organism has mirrored anything (an empty stream) serves
@@ -446,15 +456,10 @@ async fn a_gateway_started_on_an_empty_stream_serves_what_comes() {
     let dir = tempfile::tempdir().unwrap();
     let path = organism_file(dir.path(), &nats);
     let o = Organism::builder().load(&path).unwrap();
-    let stop_mirror = tokio_util::sync::CancellationToken::new();
-    let mirror = tokio::spawn(agentserver::api::mirror_events(
-        o.clone(),
-        stop_mirror.clone(),
-    ));
+    let mirror = Mirroring::start(&o);
     let r = inject(&o, "a", "<Note>first of all</Note>", None);
     let frames = frames_until_done(&mut client, &r.thread_id).await;
     assert_eq!(frames[0]["event"], "message");
     assert_eq!(frames[0]["payload_xml"], "<Note>first of all</Note>");
-    stop_mirror.cancel();
-    mirror.await.unwrap().unwrap();
+    mirror.stop().await;
 }
