@@ -327,12 +327,21 @@ async fn close_code(ws: &mut Ws) -> u16 {
 }
 
 async fn ws_with_key(url: &str, key: Option<&str>) -> Result<Ws, u16> {
+    ws_from(url, key, None).await
+}
+
+/// A WebSocket to `url` with `key` as its bearer token and `origin` as a page's `Origin`;
+/// the HTTP status if the upgrade is refused.
+async fn ws_from(url: &str, key: Option<&str>, origin: Option<&str>) -> Result<Ws, u16> {
     use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let mut request = url.into_client_request().unwrap();
     if let Some(k) = key {
         request
             .headers_mut()
             .insert("authorization", format!("Bearer {k}").parse().unwrap());
+    }
+    if let Some(o) = origin {
+        request.headers_mut().insert("origin", o.parse().unwrap());
     }
     match tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(request))
         .await
@@ -359,6 +368,7 @@ async fn a_gateway_with_the_organisms_auth_checks_credentials_and_tenants() {
             "organism:
   name: guarded
   store: o.db
+  allowed_origins: [\"http://dash.example:3000\"]
   nats: {{url: {}, stream_prefix: {}}}
 auth: {{methods: [keys]}}
 listeners:
@@ -383,6 +393,11 @@ listeners:
         ws_with_key(&url, Some("ask_nonsense")).await.err(),
         Some(401)
     );
+    // Pages of the file's allowed origins may connect; others may not.
+    let listed = ws_from(&url, Some(&everyone), Some("http://dash.example:3000")).await;
+    assert!(listed.is_ok());
+    let foreign = ws_from(&url, Some(&everyone), Some("http://evil.example")).await;
+    assert_eq!(foreign.err(), Some(403));
     let mut tenant = ws_with_key(&url, Some(&acme)).await.unwrap();
     let mut all = ws_with_key(&url, Some(&everyone)).await.unwrap();
     // A browser cannot set the header: the credential comes as the first frame.

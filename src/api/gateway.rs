@@ -296,10 +296,14 @@ async fn browser(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let (hosts, origins) = match &gate.access {
+        Some(a) => (&a.config.allowed_hosts[..], &a.config.allowed_origins[..]),
+        None => (&[][..], &[][..]),
+    };
     let allowed = super::browser::Allowed {
         listen: &gate.listen,
-        hosts: &[],
-        origins: &[],
+        hosts,
+        origins,
     };
     if let Err(e) = super::browser::check(&allowed, request.method(), request.headers()) {
         return e.into_response();
