@@ -1,8 +1,8 @@
 //! `agentserver gateway`: the event and message streams (`/ws`, `/ws/messages`) served from
 //! an organism's mirrored events (`nats::mirror`), so any number of gateways on any number
-//! of machines serve observers without touching the pump. Read-only: `/ws` has no
-//! `connected` snapshot (a gateway has no organism to describe) and answers every command
-//! with an error frame; folding (`coalesce_ms`, `max_messages_per_s`) is the pump's alone.
+//! of machines serve observers without touching the pump. Read-only: every command gets an
+//! error frame. Sessions start with the pump's mirrored snapshot and fold as the pump's do
+//! (`ws::Folding`).
 //!
 //! One ordered consumer per gateway feeds a local [`EventHub`] with the pump's own `seq`s
 //! and the frames the pump rendered, so every client of this gateway shares one copy of each
@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{Authenticator, Principal, Scope};
 use super::error::ApiError;
 use super::filter::Filter;
-use super::ws::{first_frame_auth, WsQuery, CLOSE_UNAUTHORIZED};
+use super::ws::{first_frame_auth, Folding, WsQuery, CLOSE_UNAUTHORIZED};
 use crate::config::{Limits, NatsConfig, OrganismConfig};
 use crate::events::{Event, EventHub, RecvError};
 use crate::nats::mirror::{follow_snapshots, read, ReadFrom, Snapshot};
@@ -403,24 +403,16 @@ fn upgrade(
         },
     };
     let from = caller.from;
-    if q.coalesce_ms.is_some() || q.max_messages_per_s.is_some() {
-        let at = if q.coalesce_ms.is_some() {
-            "coalesce_ms"
-        } else {
-            "max_messages_per_s"
-        };
-        return Err(ApiError::bad_request(
-            "a gateway does not fold events (coalesce_ms, max_messages_per_s): connect to the \
-             organism's own API for that",
-        )
-        .at(at));
-    }
     let mut filter = Filter::from_query(
         q.threads.as_deref(),
         q.agents.as_deref(),
         q.events.as_deref().filter(|_| stream == Stream::Events),
         q.payload_types.as_deref(),
     );
+    if stream == Stream::Events {
+        filter.coalesce_ms = q.coalesce_ms;
+        filter.max_messages_per_s = q.max_messages_per_s;
+    }
     filter
         .prepare(&gate.limits)
         .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
@@ -572,8 +564,14 @@ async fn session(
             sub = hub.subscribe_since(Some(snap.seq.min(hub.last_seq())));
         }
     }
-    let frame_of = |ev: &Event| -> Option<Message> {
+    // `/ws` folding, as at the pump: agents' states coalesced, message events past a rate
+    // counted instead of sent.
+    let mut folding = Folding::default();
+    let frame_of = |ev: &Event, folding: &mut Folding| -> Option<Message> {
         if who.as_ref().is_some_and(|(_, s)| !sees(s, ev)) {
+            return None;
+        }
+        if stream == Stream::Events && filter.passes(ev) && folding.hold(&filter, ev) {
             return None;
         }
         match stream {
@@ -590,7 +588,7 @@ async fn session(
         }
     };
     for ev in &sub.replay {
-        if let Some(m) = frame_of(ev) {
+        if let Some(m) = frame_of(ev, &mut folding) {
             if !send(&mut sink, m).await {
                 return;
             }
@@ -605,9 +603,21 @@ async fn session(
         .as_ref()
         .is_some_and(|(p, _)| p.key_id.is_some() || p.expires.is_some());
     let mut recheck = tokio::time::interval(Duration::from_secs(1));
+    let flush_every = Folding::every(&filter);
+    let mut flush = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
+    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_heard = tokio::time::Instant::now();
     loop {
         let out = tokio::select! {
+            _ = flush.tick(), if flush_every.is_some() => {
+                // What folding held back goes out, at the last seq offered.
+                if let Some(m) = folding.states_frame(seen) {
+                    if !send(&mut sink, m).await {
+                        return;
+                    }
+                }
+                folding.folded_frame(seen).map(|(m, _)| m)
+            }
             _ = gate.closing.cancelled() => {
                 let _ = send(&mut sink, Message::Close(Some(CloseFrame {
                     code: axum::extract::ws::close_code::AWAY,
@@ -652,7 +662,7 @@ async fn session(
             r = live.recv() => match r {
                 Ok(ev) => {
                     seen = ev.seq;
-                    frame_of(&ev)
+                    frame_of(&ev, &mut folding)
                 }
                 Err(RecvError::Lagged(n)) => {
                     let (from, to) = (seen + 1, seen + n);

@@ -121,7 +121,7 @@ fn upgrade(
 
 /// Frames not sent to this client, waiting to be reported.
 #[derive(Debug, Clone, Copy)]
-struct Dropped {
+pub(in crate::api) struct Dropped {
     count: u64,
     from_seq: u64,
     to_seq: u64,
@@ -147,7 +147,7 @@ impl Dropped {
 /// What a `/ws` session holds back when its client asked for fewer frames
 /// (`coalesce_ms`, `max_messages_per_s`), until the next flush.
 #[derive(Default)]
-struct Folding {
+pub(in crate::api) struct Folding {
     /// Each agent's latest state: its `seq`, state and thread.
     states: crate::hash::SeededMap<String, (u64, crate::events::AgentState, Option<String>)>,
     /// States replaced by a later one of the same agent before a flush.
@@ -156,6 +156,103 @@ struct Folding {
     window: Option<(Instant, u64)>,
     /// Message events not sent, not yet told.
     folded: Option<Dropped>,
+}
+
+impl Folding {
+    /// How often what `filter` folds goes out: the coalescing interval, or every second for
+    /// the message rate alone; `None` when it folds nothing.
+    pub(in crate::api) fn every(filter: &Filter) -> Option<Duration> {
+        match (filter.coalesce_ms, filter.max_messages_per_s) {
+            (Some(ms), _) => Some(Duration::from_millis(ms)),
+            (None, Some(_)) => Some(Duration::from_secs(1)),
+            (None, None) => None,
+        }
+    }
+
+    /// Holds back an event `filter` asks to fold (true), or lets it go (false).
+    pub(in crate::api) fn hold(&mut self, filter: &Filter, ev: &Event) -> bool {
+        match &ev.kind {
+            EventKind::AgentState {
+                agent,
+                state,
+                current_thread,
+            } if filter.coalesce_ms.is_some() => {
+                let held = (ev.seq, *state, current_thread.clone());
+                if self.states.insert(agent.clone(), held).is_some() {
+                    self.replaced += 1;
+                }
+                true
+            }
+            EventKind::Message { .. } | EventKind::MessageStatus { .. } => {
+                let Some(rate) = filter.max_messages_per_s else {
+                    return false;
+                };
+                let now = Instant::now();
+                let (start, sent) = match self.window {
+                    Some((start, sent)) if now.duration_since(start) < Duration::from_secs(1) => {
+                        (start, sent)
+                    }
+                    _ => (now, 0),
+                };
+                if sent < rate {
+                    self.window = Some((start, sent + 1));
+                    return false;
+                }
+                self.window = Some((start, sent));
+                self.folded = Some(Dropped::add(self.folded, 1, ev.seq, ev.seq));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(in crate::api) fn is_empty(&self) -> bool {
+        self.states.is_empty() && self.folded.is_none()
+    }
+
+    /// The agents' latest states held back, in one `agent_states` frame (emptied), at
+    /// `seen`, the `seq` of the last event offered, so `seq` never goes back.
+    pub(in crate::api) fn states_frame(&mut self, seen: u64) -> Option<Message> {
+        if self.states.is_empty() {
+            return None;
+        }
+        let mut states: Vec<_> = self.states.drain().collect();
+        states.sort_by_key(|(_, (seq, _, _))| *seq);
+        let states: Vec<Value> = states
+            .into_iter()
+            .map(|(agent, (seq, state, thread))| {
+                json!({
+                    "agent": agent,
+                    "state": crate::api::view::AgentState::from(state),
+                    "current_thread": thread,
+                    "seq": seq,
+                })
+            })
+            .collect();
+        Some(text(&json!({
+            "event": "agent_states",
+            "seq": seen,
+            "timestamp": Timestamp::now(),
+            "states": states,
+            "replaced": std::mem::take(&mut self.replaced),
+        })))
+    }
+
+    /// The `folded` frame counting the message events not sent (taken; put it back if the
+    /// frame cannot go out), at `seen`.
+    pub(in crate::api) fn folded_frame(&mut self, seen: u64) -> Option<(Message, Dropped)> {
+        let f = self.folded.take()?;
+        let frame = text(&json!({
+            "event": "folded",
+            "seq": seen,
+            "timestamp": Timestamp::now(),
+            "kind": "message",
+            "count": f.count,
+            "from_seq": f.from_seq,
+            "to_seq": f.to_seq,
+        }));
+        Some((frame, f))
+    }
 }
 
 struct Session {
@@ -525,11 +622,7 @@ impl Session {
     /// How often held-back frames go out: the coalescing interval, or every second for the
     /// message rate alone; `None` when the client folds nothing.
     fn flush_every(&self) -> Option<Duration> {
-        match (self.filter.coalesce_ms, self.filter.max_messages_per_s) {
-            (Some(ms), _) => Some(Duration::from_millis(ms)),
-            (None, Some(_)) => Some(Duration::from_secs(1)),
-            (None, None) => None,
-        }
+        Folding::every(&self.filter)
     }
 
     /// Sends the notice of frames dropped, if any is owed, before anything later (its `seq`
@@ -548,85 +641,23 @@ impl Session {
 
     /// `/ws`: holds back an event the client asked to fold (true), or lets it go (false).
     fn fold(&mut self, ev: &Event) -> bool {
-        match &ev.kind {
-            EventKind::AgentState {
-                agent,
-                state,
-                current_thread,
-            } if self.filter.coalesce_ms.is_some() => {
-                let held = (ev.seq, *state, current_thread.clone());
-                if self.folding.states.insert(agent.clone(), held).is_some() {
-                    self.folding.replaced += 1;
-                }
-                true
-            }
-            EventKind::Message { .. } | EventKind::MessageStatus { .. } => {
-                let Some(rate) = self.filter.max_messages_per_s else {
-                    return false;
-                };
-                let now = Instant::now();
-                let (start, sent) = match self.folding.window {
-                    Some((start, sent)) if now.duration_since(start) < Duration::from_secs(1) => {
-                        (start, sent)
-                    }
-                    _ => (now, 0),
-                };
-                if sent < rate {
-                    self.folding.window = Some((start, sent + 1));
-                    return false;
-                }
-                self.folding.window = Some((start, sent));
-                self.folding.folded = Some(Dropped::add(self.folding.folded, 1, ev.seq, ev.seq));
-                true
-            }
-            _ => false,
-        }
+        self.folding.hold(&self.filter, ev)
     }
 
     /// Sends what folding held back: the agents' latest states in one `agent_states` frame,
     /// and a `folded` frame counting the message events not sent. Both carry the `seq` of
     /// the last event offered, as answers do, so `seq` never goes back.
     fn flush_folded(&mut self) {
-        let nothing = self.folding.states.is_empty() && self.folding.folded.is_none();
-        if nothing || !self.gap_told() {
+        if self.folding.is_empty() || !self.gap_told() {
             // Held on until the gap's notice has gone out.
             return;
         }
-        if !self.folding.states.is_empty() {
-            let mut states: Vec<_> = self.folding.states.drain().collect();
-            states.sort_by_key(|(_, (seq, _, _))| *seq);
-            let states: Vec<Value> = states
-                .into_iter()
-                .map(|(agent, (seq, state, thread))| {
-                    json!({
-                        "agent": agent,
-                        "state": crate::api::view::AgentState::from(state),
-                        "current_thread": thread,
-                        "seq": seq,
-                    })
-                })
-                .collect();
-            let frame = text(&json!({
-                "event": "agent_states",
-                "seq": self.seen,
-                "timestamp": Timestamp::now(),
-                "states": states,
-                "replaced": std::mem::take(&mut self.folding.replaced),
-            }));
+        if let Some(frame) = self.folding.states_frame(self.seen) {
             if !self.try_queue(frame) {
                 self.drop_one(self.seen);
             }
         }
-        if let Some(f) = self.folding.folded.take() {
-            let frame = text(&json!({
-                "event": "folded",
-                "seq": self.seen,
-                "timestamp": Timestamp::now(),
-                "kind": "message",
-                "count": f.count,
-                "from_seq": f.from_seq,
-                "to_seq": f.to_seq,
-            }));
+        if let Some((frame, f)) = self.folding.folded_frame(self.seen) {
             if !self.try_queue(frame) {
                 self.folding.folded = Some(f);
             }
