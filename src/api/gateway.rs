@@ -219,9 +219,8 @@ async fn feed(
         if let Err(e) = read {
             tracing::warn!(error = %e, "reading the events stream; trying again");
         }
-        tokio::select! {
-            _ = closing.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        if !crate::nats::retry_after(&closing).await {
+            return;
         }
     }
 }

@@ -228,6 +228,17 @@ pub struct Limits {
     pub max_query_ms: u64,
 }
 
+impl Limits {
+    /// The input guards of a payload read under these limits.
+    pub fn xml_limits(&self) -> crate::xml::XmlLimits {
+        crate::xml::XmlLimits {
+            max_bytes: self.max_message_bytes,
+            max_depth: self.max_depth,
+            max_attributes: self.max_attributes,
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

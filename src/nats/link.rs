@@ -1,4 +1,5 @@
-//! The connection to NATS and the two streams, shared by the pump and by workers.
+//! The connection to NATS and the streams (work, results, events, snapshot), shared by the
+//! pump, workers, gateways and restore.
 
 use std::time::Duration;
 
@@ -101,7 +102,7 @@ impl Names {
     }
 }
 
-/// The two streams, once they exist on the server.
+/// The streams, once they exist on the server.
 #[derive(Clone)]
 pub struct Streams {
     pub work: stream::Stream,
@@ -173,7 +174,7 @@ impl Link {
                         if tx.is_closed() {
                             return;
                         }
-                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        tokio::time::sleep(super::RETRY_AFTER).await;
                     }
                 }
             }
@@ -189,12 +190,18 @@ impl Link {
 
     /// The streams, once set up; `None` if that has not happened by `deadline`.
     pub async fn streams(&self, deadline: Instant) -> Option<Streams> {
-        let mut rx = self.streams.clone();
-        let found = match tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await {
-            Ok(Ok(s)) => s.clone(),
-            _ => None,
-        };
-        found
+        super::first_some(&self.streams, Some(deadline)).await
+    }
+
+    /// The streams, once set up however long that takes; `None` if `stop` comes first.
+    pub async fn streams_or_stop(
+        &self,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<Streams> {
+        tokio::select! {
+            _ = stop.cancelled() => None,
+            s = super::first_some(&self.streams, None) => s,
+        }
     }
 
     /// Publishes `body` to `subject` with `id` as its `Nats-Msg-Id` and waits for the

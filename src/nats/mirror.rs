@@ -129,14 +129,11 @@ pub async fn mirror(
     render: impl Fn(&Event) -> Frames + Send + 'static,
     stop: CancellationToken,
 ) {
-    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     let subject = link.names.events_subject();
     loop {
-        let streams = tokio::select! {
-            _ = stop.cancelled() => return,
-            s = link.streams(far) => s,
+        let Some(streams) = link.streams_or_stop(&stop).await else {
+            return;
         };
-        let Some(streams) = streams else { return };
         let last = match last_mirrored(&streams.events).await {
             Ok(l) => l,
             Err(e) => {
@@ -289,12 +286,7 @@ pub async fn read(
     stop: CancellationToken,
     mut each: impl FnMut(MirroredEvent),
 ) -> Result<(), String> {
-    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-    let streams = tokio::select! {
-        _ = stop.cancelled() => return Ok(()),
-        s = link.streams(far) => s,
-    };
-    let Some(mut streams) = streams else {
+    let Some(mut streams) = link.streams_or_stop(&stop).await else {
         return Ok(());
     };
     let info = streams
@@ -377,11 +369,9 @@ pub async fn mirror_snapshots(
     stop: CancellationToken,
 ) {
     let subject = link.names.snapshot_subject();
-    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
     // The first as soon as the streams exist.
-    tokio::select! {
-        _ = stop.cancelled() => return,
-        _ = link.streams(far) => {}
+    if link.streams_or_stop(&stop).await.is_none() {
+        return;
     }
     let mut sent = None;
     let mut every = tokio::time::interval(SNAPSHOT_EVERY);
@@ -422,12 +412,7 @@ pub async fn follow_snapshots(
     stop: CancellationToken,
     mut each: impl FnMut(Snapshot),
 ) -> Result<(), String> {
-    let far = tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
-    let streams = tokio::select! {
-        _ = stop.cancelled() => return Ok(()),
-        s = link.streams(far) => s,
-    };
-    let Some(streams) = streams else {
+    let Some(streams) = link.streams_or_stop(&stop).await else {
         return Ok(());
     };
     let name = link.names.snapshot_stream();

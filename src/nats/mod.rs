@@ -45,6 +45,25 @@ pub const ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a task waits before trying NATS again after a failure.
 pub const RETRY_AFTER: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// The value `rx` holds once it holds one, or `None` if `deadline` (if any) comes first or
+/// the sender is gone.
+pub(crate) async fn first_some<T: Clone>(
+    rx: &tokio::sync::watch::Receiver<Option<T>>,
+    deadline: Option<tokio::time::Instant>,
+) -> Option<T> {
+    let mut rx = rx.clone();
+    let wait = async {
+        match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.clone(),
+            Err(_) => None,
+        }
+    };
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, wait).await.ok().flatten(),
+        None => wait.await,
+    }
+}
+
 /// Waits [`RETRY_AFTER`]; false if `stop` came first (the caller ends).
 pub async fn retry_after(stop: &tokio_util::sync::CancellationToken) -> bool {
     tokio::select! {

@@ -27,6 +27,13 @@ const MAX_ANNOUNCED: usize = 4096;
 /// A warning about refused results is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// Whether `alive` holds an announcement for `listener` within [`ALIVE_WITHIN`].
+fn announced(alive: &HashMap<String, Instant>, listener: &str) -> bool {
+    alive
+        .get(listener)
+        .is_some_and(|t| t.elapsed() <= ALIVE_WITHIN)
+}
+
 struct Open {
     nonce: String,
     tx: oneshot::Sender<WorkResult>,
@@ -43,7 +50,9 @@ pub struct Placed {
     pub names: super::Names,
     url: String,
     deliver_timeout: Duration,
-    ready: watch::Receiver<Option<Ready>>,
+    /// Shared by every delivery under way (one clone of the link and streams, not one
+    /// each).
+    ready: watch::Receiver<Option<Arc<Ready>>>,
     /// Deliveries awaiting an answer, by message id.
     open: Mutex<HashMap<String, Open>>,
     /// When a worker last announced itself, by listener.
@@ -84,12 +93,10 @@ impl Placed {
                     return;
                 }
             };
-            let streams = tokio::select! {
-                _ = p.stop.cancelled() => return,
-                s = link.streams(Instant::now() + Duration::from_secs(86_400 * 365)) => s,
+            let Some(streams) = link.streams_or_stop(&p.stop).await else {
+                return;
             };
-            let Some(streams) = streams else { return };
-            let ready = Ready { link, streams };
+            let ready = Arc::new(Ready { link, streams });
             let _ = tx.send(Some(ready.clone()));
             tokio::spawn(p.clone().watch_workers(ready.link.clone()));
             p.take_results(ready).await;
@@ -97,22 +104,22 @@ impl Placed {
         placed
     }
 
-    async fn ready(&self, deadline: Instant) -> Option<Ready> {
-        let mut rx = self.ready.clone();
-        let found = match tokio::time::timeout_at(deadline, rx.wait_for(Option::is_some)).await {
-            Ok(Ok(r)) => r.clone(),
-            _ => None,
-        };
-        found
+    async fn ready(&self, deadline: Instant) -> Option<Arc<Ready>> {
+        super::first_some(&self.ready, Some(deadline)).await
     }
 
     /// Of `listeners`, those no worker has announced itself for lately.
     pub fn unserved<'a>(&self, listeners: impl Iterator<Item = &'a str>) -> Vec<String> {
         let alive = crate::sync::lock(&self.alive);
         listeners
-            .filter(|l| alive.get(*l).is_none_or(|t| t.elapsed() > ALIVE_WITHIN))
+            .filter(|l| !announced(&alive, l))
             .map(str::to_string)
             .collect()
+    }
+
+    /// Whether a worker has announced itself for `listener` lately.
+    pub fn served(&self, listener: &str) -> bool {
+        announced(&crate::sync::lock(&self.alive), listener)
     }
 
     /// Results refused (malformed, or a nonce that does not match) and results for no open
@@ -149,7 +156,7 @@ impl Placed {
     }
 
     /// Takes every result from the results stream, for as long as the organism runs.
-    async fn take_results(self: Arc<Self>, ready: Ready) {
+    async fn take_results(self: Arc<Self>, ready: Arc<Ready>) {
         let name = ready.link.names.results_consumer();
         loop {
             let consumer = ready
@@ -240,7 +247,7 @@ impl Placed {
         subject: String,
         item: &WorkItem,
         deadline: Instant,
-    ) -> Result<(Ready, u64), HandlerError> {
+    ) -> Result<(Arc<Ready>, u64), HandlerError> {
         let body: bytes::Bytes = serde_json::to_vec(item)
             .map_err(|e| HandlerError(format!("cannot write the delivery: {e}")))?
             .into();
@@ -280,7 +287,7 @@ impl Placed {
 struct Opened {
     placed: Arc<Placed>,
     message_id: String,
-    published: Option<(Ready, u64)>,
+    published: Option<(Arc<Ready>, u64)>,
 }
 
 impl Drop for Opened {
@@ -392,11 +399,10 @@ impl PlacedHandler {
             Ok(Err(_)) => Err(HandlerError("the organism stopped".into())),
             Err(_) => {
                 counts.unanswered.fetch_add(1, Ordering::Relaxed);
-                let seen = placed.unserved(std::iter::once(item.listener.as_str()));
                 Err(HandlerError(format!(
                     "no worker answered within {} ms ({})",
                     placed.deliver_timeout.as_millis(),
-                    if seen.is_empty() {
+                    if placed.served(&item.listener) {
                         "workers of it are running: they are busy or failing"
                     } else {
                         "no worker of it is running: start `agentserver worker`"
@@ -449,10 +455,7 @@ impl Handler for PlacedHandler {
     }
 
     fn unavailable(&self) -> bool {
-        !self
-            .placed
-            .unserved(std::iter::once(self.listener.as_str()))
-            .is_empty()
+        !self.placed.served(&self.listener)
     }
 
     fn metrics(&self) -> Vec<HandlerMetric> {

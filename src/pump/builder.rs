@@ -170,11 +170,7 @@ impl OrganismBuilder {
             events,
             store,
             gate: gate::Gate::new(limits.max_concurrent_handlers, scheduling),
-            xml_limits: XmlLimits {
-                max_bytes: limits.max_message_bytes,
-                max_depth: limits.max_depth,
-                max_attributes: limits.max_attributes,
-            },
+            xml_limits: limits.xml_limits(),
             life: Lifecycle {
                 status: AtomicU8::new(STATUS_RUNNING),
                 paused: AtomicBool::new(false),

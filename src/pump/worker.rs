@@ -150,11 +150,7 @@ pub async fn run_worker(
         path: options.organism,
         name,
         registry,
-        xml_limits: XmlLimits {
-            max_bytes: config.limits.max_message_bytes,
-            max_depth: config.limits.max_depth,
-            max_attributes: config.limits.max_attributes,
-        },
+        xml_limits: config.limits.xml_limits(),
         link,
         events,
         ack_wait: nats.ack_wait,
@@ -163,11 +159,7 @@ pub async fn run_worker(
         stop,
         answered: Default::default(),
     });
-    let streams = tokio::select! {
-        _ = worker.stop.cancelled() => return Ok(0),
-        s = worker.link.streams(tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)) => s,
-    };
-    let Some(streams) = streams else {
+    let Some(streams) = worker.link.streams_or_stop(&worker.stop).await else {
         return Ok(0);
     };
     let mut tasks = tokio::task::JoinSet::new();
