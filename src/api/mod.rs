@@ -530,9 +530,10 @@ impl ApiServer {
 }
 
 /// Mirrors the organism's events to NATS JetStream (with `organism.nats`, unless
-/// `mirror_events: false`), each with its `/ws/messages` frame as this API renders it, so a
-/// gateway serves the same frames; runs until `stop` is cancelled, then sends what the
-/// organism published before that. Returns at once without `organism.nats`.
+/// `mirror_events: false`), each with its `/ws` and `/ws/messages` frames as this API
+/// renders them, and its `connected` snapshot every second, so a gateway serves the same
+/// frames; runs until `stop` is cancelled, then sends what the organism published before
+/// that. Returns at once without `organism.nats`.
 pub async fn mirror_events(
     organism: Organism,
     stop: tokio_util::sync::CancellationToken,

@@ -30,22 +30,10 @@ pub(super) fn check_external(
             u.to_string()
         }
     };
-    let token = match s.token_env.as_deref() {
-        None => None,
-        Some(var) => match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Some(v),
-            _ => {
-                c.push(
-                    l,
-                    Some("token_env"),
-                    format!(
-                        "environment variable `{var}` is not set (it holds the callback token)"
-                    ),
-                );
-                None
-            }
-        },
-    };
+    let token = s
+        .token_env
+        .as_deref()
+        .and_then(|var| env_secret(var, l, "token_env", "the callback token", c));
     let timeout_ms = s.timeout_ms.unwrap_or(DEFAULT_EXTERNAL_TIMEOUT_MS);
     if timeout_ms == 0 {
         c.push(l, Some("timeout_ms"), "must be at least 1");
@@ -591,13 +579,7 @@ pub(super) fn check_auth(a: AuthSection, base: &Path, c: &mut Collector) -> Auth
         ),
         (Some(j), true) => match (&j.secret_env, &j.jwks_file) {
             (Some(var), None) => {
-                if std::env::var(var).map_or(true, |v| v.is_empty()) {
-                    c.push(
-                        None,
-                        Some("auth.jwt.secret_env"),
-                        format!("environment variable `{var}` is not set (it holds the HS256 secret)"),
-                    );
-                }
+                env_secret(var, None, "auth.jwt.secret_env", "the HS256 secret", c);
             }
             (None, Some(_)) => {}
             _ => c.push(
@@ -737,23 +719,15 @@ pub(super) fn check_nats(
             "must be 1-64 letters, digits, `_` or `-` (it begins stream names and subjects)",
         );
     }
-    let credentials = match s.credentials_env.as_deref() {
-        None => None,
-        Some(var) => match std::env::var(var) {
-            Ok(v) if !v.is_empty() => Some(v),
-            _ => {
-                c.push(
-                    None,
-                    Some("organism.nats.credentials_env"),
-                    format!(
-                        "environment variable `{var}` is not set (it holds the NATS \
-                         credential: user:password or a token)"
-                    ),
-                );
-                None
-            }
-        },
-    };
+    let credentials = s.credentials_env.as_deref().and_then(|var| {
+        env_secret(
+            var,
+            None,
+            "organism.nats.credentials_env",
+            "the NATS credential: user:password or a token",
+            c,
+        )
+    });
     let ms = |key: &str, v: Option<u64>, default: u64, c: &mut Collector| {
         let v = v.unwrap_or(default);
         if v == 0 {
@@ -812,4 +786,26 @@ pub(super) fn check_nats(
         deliver_timeout,
         max_deliver: max_deliver.max(1),
     })
+}
+
+/// The value of the environment variable `var` that a file names for a secret, or `None`
+/// and a problem at `key` (of `listener`) saying it is not set and what it holds.
+fn env_secret(
+    var: &str,
+    listener: Option<&str>,
+    key: &str,
+    holds: &str,
+    c: &mut Collector,
+) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.is_empty() => Some(v),
+        _ => {
+            c.push(
+                listener,
+                Some(key),
+                format!("environment variable `{var}` is not set (it holds {holds})"),
+            );
+            None
+        }
+    }
 }
