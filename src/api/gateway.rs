@@ -34,7 +34,10 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{Authenticator, Principal, Scope};
 use super::error::ApiError;
 use super::filter::Filter;
-use super::ws::{first_frame_auth, Folding, WsQuery, CLOSE_UNAUTHORIZED};
+use super::ws::{
+    dropped_frame, first_frame_auth, resync_frame, text, Dropped, Folding, WsQuery,
+    CLOSE_UNAUTHORIZED,
+};
 use crate::config::{Limits, NatsConfig, OrganismConfig};
 use crate::events::{Event, EventHub, RecvError};
 use crate::nats::mirror::{follow_snapshots, read, ReadFrom, Snapshot};
@@ -287,7 +290,7 @@ fn connected(
         frame["threads"] = json!(threads);
     }
     frame["filter"] = json!(filter);
-    text(frame)
+    text(&frame)
 }
 
 async fn browser(
@@ -427,7 +430,7 @@ type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
 fn read_only(command: &str, seq: u64) -> Message {
     let parsed: Option<serde_json::Value> = serde_json::from_str(command).ok();
     let field = |name: &str| parsed.as_ref().and_then(|v| v.get(name)).cloned();
-    text(json!({
+    text(&json!({
         "event": "error",
         "seq": seq,
         "timestamp": Timestamp::now(),
@@ -445,10 +448,6 @@ async fn send(sink: &mut Sink, msg: Message) -> bool {
         tokio::time::timeout(SEND_TIMEOUT, sink.send(msg)).await,
         Ok(Ok(()))
     )
-}
-
-fn text(value: serde_json::Value) -> Message {
-    Message::Text(Utf8Bytes::from(value.to_string()))
 }
 
 /// Whether a principal of `scope` sees `ev` (a tenant's: messages from or to its agents).
@@ -497,29 +496,21 @@ async fn session(
         }
         _ => None,
     };
-    let mut hub_rx = gate.hub.clone();
-    // A client that came before the first event gets everything from it on.
-    let came_first = hub_rx.borrow().is_none();
+    let came_first = gate.hub.borrow().is_none();
     let fed = tokio::select! {
         _ = gate.closing.cancelled() => return,
-        h = hub_rx.wait_for(Option::is_some) => match h {
-            Ok(h) => h.clone(),
-            Err(_) => return,
-        },
+        h = crate::nats::first_some(&gate.hub, None) => h,
     };
     let Some((hub, before)) = fed else { return };
     // A client that came before the first event gets everything from it on; others
     // without `since`, the latest snapshot first and the events after it.
-    let mut snapshots = gate.snapshot.clone();
-    let latest = snapshots.borrow().clone();
+    let latest = gate.snapshot.borrow().clone();
     let snapshot = match latest {
         Some(s) => Some(s),
         // Events, but no snapshot yet: the pump's first is on its way (a little).
         None if since.is_none() && !came_first => {
-            tokio::time::timeout(SNAPSHOT_CATCH_UP, snapshots.wait_for(Option::is_some))
-                .await
-                .ok()
-                .and_then(|r| r.ok().and_then(|s| s.clone()))
+            let deadline = tokio::time::Instant::now() + SNAPSHOT_CATCH_UP;
+            crate::nats::first_some(&gate.snapshot, Some(deadline)).await
         }
         None => None,
     };
@@ -544,14 +535,7 @@ async fn session(
     };
     let mut sub = hub.subscribe_since(since);
     if let Some(oldest) = sub.resync_from {
-        let frame = text(json!({
-            "event": "resync_required",
-            "seq": sub.seq,
-            "timestamp": Timestamp::now(),
-            "since": since,
-            "oldest_seq": oldest,
-        }));
-        if !send(&mut sink, frame).await {
+        if !send(&mut sink, text(&resync_frame(sub.seq, since, oldest))).await {
             return;
         }
         // As at the pump: a fresh snapshot, then what follows it.
@@ -666,14 +650,7 @@ async fn session(
                 Err(RecvError::Lagged(n)) => {
                     let (from, to) = (seen + 1, seen + n);
                     seen = to;
-                    Some(text(json!({
-                        "event": "dropped",
-                        "seq": to,
-                        "timestamp": Timestamp::now(),
-                        "count": n,
-                        "from_seq": from,
-                        "to_seq": to,
-                    })))
+                    Some(dropped_frame(Dropped::add(None, n, from, to)))
                 }
                 Err(RecvError::Closed) => return,
             },

@@ -128,7 +128,12 @@ pub(in crate::api) struct Dropped {
 }
 
 impl Dropped {
-    fn add(this: Option<Dropped>, count: u64, from_seq: u64, to_seq: u64) -> Dropped {
+    pub(in crate::api) fn add(
+        this: Option<Dropped>,
+        count: u64,
+        from_seq: u64,
+        to_seq: u64,
+    ) -> Dropped {
         match this {
             None => Dropped {
                 count,
@@ -276,7 +281,7 @@ struct Session {
     overflow: bool,
 }
 
-fn text(value: &Value) -> Message {
+pub(in crate::api) fn text(value: &Value) -> Message {
     Message::Text(Utf8Bytes::from(value.to_string()))
 }
 
@@ -376,13 +381,7 @@ impl Session {
             overflow: false,
         };
         if let Some(oldest) = sub.resync_from {
-            session.control(json!({
-                "event": "resync_required",
-                "seq": sub.seq,
-                "timestamp": Timestamp::now(),
-                "since": since,
-                "oldest_seq": oldest,
-            }));
+            session.control(resync_frame(sub.seq, since, oldest));
         }
         if since.is_none() || sub.resync_from.is_some() {
             let snapshot = session.snapshot(sub.seq);
@@ -721,7 +720,18 @@ pub(in crate::api) fn snapshot_lists(
     )
 }
 
-fn dropped_frame(d: Dropped) -> Message {
+/// A client asked to resume `since` a point no longer held: the oldest held is `oldest`.
+pub(in crate::api) fn resync_frame(seq: u64, since: Option<u64>, oldest: u64) -> Value {
+    json!({
+        "event": "resync_required",
+        "seq": seq,
+        "timestamp": Timestamp::now(),
+        "since": since,
+        "oldest_seq": oldest,
+    })
+}
+
+pub(in crate::api) fn dropped_frame(d: Dropped) -> Message {
     text(&json!({
         "event": "dropped",
         "seq": d.to_seq,
