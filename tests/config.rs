@@ -432,3 +432,110 @@ fn every_example_organism_validates() {
     }
     assert!(seen >= 4, "{seen} example organisms");
 }
+
+#[test]
+fn organism_nats_and_placement_are_checked() {
+    // An external agent already runs elsewhere.
+    let errs = errors(
+        r#"
+organism: { name: t, nats: { url: "nats://127.0.0.1:4222" } }
+listeners:
+  - { name: x, description: remote, kind: external, input_url: "http://127.0.0.1:9/in", schema: s.xsd, placement: workers }
+"#,
+    );
+    assert!(
+        has(
+            &errs,
+            Some("x"),
+            Some("placement"),
+            "is for `lua` and `native`"
+        ),
+        "{errs:?}"
+    );
+
+    // Placed without a NATS server to reach workers through.
+    let errs = errors(
+        r#"
+organism: { name: t }
+listeners:
+  - { name: w, description: on workers, kind: native, handler: sink, schema: s.xsd, placement: workers }
+"#,
+    );
+    assert!(
+        has(&errs, Some("w"), Some("placement"), "needs `organism.nats`"),
+        "{errs:?}"
+    );
+
+    // Every key of organism.nats, each wrong.
+    let errs = errors(
+        r#"
+organism:
+  name: t
+  nats:
+    url: "nats://user:secret@127.0.0.1:4222, http://elsewhere"
+    stream_prefix: "has.dots"
+    credentials_env: AGENTSERVER_TEST_UNSET_NATS_CREDENTIAL
+    ack_wait_ms: 0
+    deliver_timeout_ms: 0
+    max_deliver: 0
+    events_max_bytes: 10
+    events_max_age: soon
+listeners:
+  - { name: w, description: on workers, kind: native, handler: sink, schema: s.xsd, placement: workers }
+"#,
+    );
+    let url = Some("organism.nats.url");
+    assert!(has(&errs, None, url, "holds a credential"), "{errs:?}");
+    assert!(
+        has(
+            &errs,
+            None,
+            url,
+            "`http://elsewhere` is not a URL like nats://"
+        ),
+        "{errs:?}"
+    );
+    assert!(
+        has(
+            &errs,
+            None,
+            Some("organism.nats.stream_prefix"),
+            "letters, digits"
+        ),
+        "{errs:?}"
+    );
+    assert!(
+        has(
+            &errs,
+            None,
+            Some("organism.nats.credentials_env"),
+            "`AGENTSERVER_TEST_UNSET_NATS_CREDENTIAL` is not set"
+        ),
+        "{errs:?}"
+    );
+    for key in [
+        "organism.nats.ack_wait_ms",
+        "organism.nats.deliver_timeout_ms",
+        "organism.nats.max_deliver",
+    ] {
+        assert!(has(&errs, None, Some(key), "at least 1"), "{key}: {errs:?}");
+    }
+    assert!(
+        has(
+            &errs,
+            None,
+            Some("organism.nats.events_max_bytes"),
+            "at least 1048576"
+        ),
+        "{errs:?}"
+    );
+    assert!(
+        has(
+            &errs,
+            None,
+            Some("organism.nats.events_max_age"),
+            "`soon` is not a duration"
+        ),
+        "{errs:?}"
+    );
+}

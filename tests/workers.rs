@@ -578,3 +578,55 @@ async fn a_lua_handler_on_a_worker_logs_to_the_pumps_stream() {
     );
     stop_worker(w, w_lines);
 }
+
+/// The scale-out commands refuse what they cannot do, saying why: a worker for a listener
+/// the file lacks, a worker for an organism without `organism.nats`, and a gateway beyond
+/// loopback with no credentials to check.
+#[test]
+fn workers_and_gateways_refuse_bad_set_ups() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    let refused = |args: &[&std::ffi::OsStr], says: &str| {
+        let out = child::run_to_exit(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    };
+    refused(
+        &[
+            "worker".as_ref(),
+            path.as_os_str(),
+            "--listeners".as_ref(),
+            "ghost".as_ref(),
+        ],
+        "the organism has no listener `ghost`",
+    );
+    let plain = dir.path().join("plain.yaml");
+    std::fs::write(
+        &plain,
+        "organism: {name: plain, store: memory}\nlisteners:\n  - {name: c, description: sink, kind: native, handler: sink, schema: t.xsd}\n",
+    )
+    .unwrap();
+    refused(
+        &[
+            "worker".as_ref(),
+            plain.as_os_str(),
+            "--listeners".as_ref(),
+            "c".as_ref(),
+        ],
+        "no `organism.nats`",
+    );
+    refused(
+        &[
+            "gateway".as_ref(),
+            "--nats".as_ref(),
+            nats.url().as_ref(),
+            "--organism".as_ref(),
+            "workers".as_ref(),
+            "--listen".as_ref(),
+            "0.0.0.0:0".as_ref(),
+        ],
+        "is beyond this machine",
+    );
+}
