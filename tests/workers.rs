@@ -274,16 +274,12 @@ async fn forged_and_invalid_results_are_refused() {
     let r = inject(&o, "relay", &note("forge me"), None);
 
     // The pump sets the stream up once NATS answers.
-    let stream = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Ok(s) = js.get_stream(format!("{prefix}_work")).await {
-                break s;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+    let work = format!("{prefix}_work");
+    wait_until_async("the work stream", || async {
+        js.get_stream(&work).await.is_ok()
     })
-    .await
-    .expect("the work stream in time");
+    .await;
+    let stream = js.get_stream(&work).await.unwrap();
     let consumer: jetstream::consumer::PullConsumer = stream
         .get_or_create_consumer(
             "work-relay",
