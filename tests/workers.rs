@@ -626,3 +626,60 @@ fn workers_and_gateways_refuse_bad_set_ups() {
         "is beyond this machine",
     );
 }
+
+/// NATS carries at most `max_payload` bytes a message: a delivery larger than that fails at
+/// once, saying so, and so does a worker's answer (its outputs are refused on the worker,
+/// which tells the pump instead of retrying forever).
+#[tokio::test(flavor = "multi_thread")]
+async fn deliveries_and_answers_over_nats_max_payload_fail_saying_so() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
+    std::fs::write(
+        dir.path().join("big.lua"),
+        "function handle(p, m)\n  return { to = 'collector', type = 'Note', payload = string.rep('x', 1100000) }\nend\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text.replacen("listeners:\n", "limits: {max_message_bytes: 4194304}\nlisteners:\n", 1)
+        + "  - {name: big, description: answers large, kind: lua, script: big.lua, schema: t.xsd, accepts: [Note], peers: [collector], placement: workers, limits: {memory_mb: 64}}\n";
+    std::fs::write(&path, text).unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let mut w = Running::spawn(
+        agentserver()
+            .args(["worker"])
+            .arg(&path)
+            .args(["--listeners", "relay,big", "--name", "w"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+
+    let error_of = |thread: &str| {
+        messages(&o, thread)
+            .iter()
+            .find_map(|m| m.error.clone())
+            .unwrap_or_default()
+    };
+    let large = inject(&o, "relay", &note(&"y".repeat(1_100_000)), None);
+    assert_eq!(settle(&o, &large.thread_id).await, ThreadStatus::Error);
+    let error = error_of(&large.thread_id);
+    assert!(
+        error.contains("the delivery cannot go to workers")
+            && error.contains("over the NATS server's max_payload"),
+        "{error}"
+    );
+
+    let answers_large = inject(&o, "big", &note("small"), None);
+    assert_eq!(
+        settle(&o, &answers_large.thread_id).await,
+        ThreadStatus::Error
+    );
+    let error = error_of(&answers_large.thread_id);
+    assert!(
+        error.contains("on worker w: the handler's answer is")
+            && error.contains("over the NATS server's max_payload"),
+        "{error}"
+    );
+    let _ = w.kill();
+}

@@ -16,6 +16,8 @@ pub const WORK_STREAM_MAX_BYTES: i64 = 1 << 30;
 pub const RESULTS_STREAM_MAX_BYTES: i64 = 256 << 20;
 /// The most the snapshot stream (one message, the latest) holds, in bytes.
 pub const SNAPSHOT_STREAM_MAX_BYTES: i64 = 64 << 20;
+/// Bytes kept free in a message for its headers (`Nats-Msg-Id`, the seq).
+const HEADER_ROOM: usize = 256;
 /// JetStream's window for dropping a second message with the same `Nats-Msg-Id`.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -202,6 +204,18 @@ impl Link {
             _ = stop.cancelled() => None,
             s = super::first_some(&self.streams, None) => s,
         }
+    }
+
+    /// Whether a message of `len` bytes (and our headers) fits the server's `max_payload`;
+    /// `Err` says why not. Such a message can never be sent: retrying it is pointless.
+    pub fn fits(&self, len: usize) -> Result<(), String> {
+        let max = self.client.max_payload();
+        if len + HEADER_ROOM > max {
+            return Err(format!(
+                "{len} bytes, over the NATS server's max_payload ({max} bytes)"
+            ));
+        }
+        Ok(())
     }
 
     /// Publishes `body` to `subject` with `id` as its `Nats-Msg-Id` and waits for the

@@ -260,6 +260,11 @@ impl Placed {
                     self.deliver_timeout.as_millis()
                 )));
             };
+            ready.link.fits(body.len()).map_err(|too_big| {
+                HandlerError(format!(
+                    "the delivery cannot go to workers: it is {too_big}"
+                ))
+            })?;
             let sent = tokio::time::timeout_at(
                 deadline,
                 ready.link.publish(&subject, body.clone(), &item.message_id),

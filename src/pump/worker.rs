@@ -445,10 +445,25 @@ impl Worker {
 
     /// Publishes a result, retrying while NATS is away; false if stopped first.
     async fn publish(&self, result: &WorkResult) -> bool {
-        let body: bytes::Bytes = match serde_json::to_vec(result) {
-            Ok(b) => b.into(),
-            Err(_) => return false,
+        let Ok(mut body) = serde_json::to_vec(result) else {
+            return false;
         };
+        // Outputs too large for NATS can never go: the pump is told so instead.
+        if let Err(too_big) = self.link.fits(body.len()) {
+            let refused = WorkResult {
+                message_id: result.message_id.clone(),
+                nonce: result.nonce.clone(),
+                worker: result.worker.clone(),
+                outputs: Vec::new(),
+                error: Some(format!("the handler's answer is {too_big}")),
+                logs: Vec::new(),
+            };
+            let Ok(b) = serde_json::to_vec(&refused) else {
+                return false;
+            };
+            body = b;
+        }
+        let body: bytes::Bytes = body.into();
         let subject = self.link.names.results_subject();
         loop {
             match self
