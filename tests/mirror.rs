@@ -479,3 +479,64 @@ async fn a_gateway_started_on_an_empty_stream_serves_what_comes() {
     assert_eq!(frames[0]["payload_xml"], "<Note>first of all</Note>");
     mirror.stop().await;
 }
+
+/// An event too large for NATS with its frames goes without them (a gateway skips it;
+/// restore still has it), and the mirror carries on with the next.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_over_nats_max_payload_does_not_stop_the_mirror() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats);
+    let o = Organism::builder().load(&path).unwrap();
+    let mirror = Mirroring::start(&o);
+    let (_gateway, gw) = gateway(&nats);
+    let mut client = ws_connect(&format!("{gw}/ws/messages")).await;
+    let large = inject(
+        &o,
+        "a",
+        &format!("<Note>{}</Note>", "z".repeat(700_000)),
+        None,
+    );
+    settle(&o, &large.thread_id).await;
+    let small = inject(&o, "a", "<Note>after the large one</Note>", None);
+    settle(&o, &small.thread_id).await;
+    let frames = frames_until_done(&mut client, &small.thread_id).await;
+    // The large message events went without frames; their small status events with them.
+    let large_thread = |f: &&Value| f["thread_id"] == *large.thread_id;
+    assert!(
+        frames
+            .iter()
+            .filter(large_thread)
+            .all(|f| f["event"] != "message"),
+        "{frames:?}"
+    );
+    assert!(frames
+        .iter()
+        .filter(large_thread)
+        .any(|f| f["event"] == "message_status"));
+    o.stop().await;
+    mirror.stop().await;
+    drop(o);
+    let restored = dir.path().join("restored.db");
+    let out = restore(&nats, &restored);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page = Page {
+        limit: 100,
+        offset: 0,
+    };
+    let rebuilt = Store::open(&restored)
+        .unwrap()
+        .query_messages(&MessageFilter::default(), page)
+        .unwrap();
+    assert!(
+        rebuilt
+            .items
+            .iter()
+            .any(|m| *m.thread_id == *large.thread_id),
+        "restore has the large thread"
+    );
+}

@@ -58,7 +58,7 @@ pub struct Frames {
 
 /// The body of one mirrored event: its `seq`, time, kind and frames (already JSON, written
 /// as they are; a status event's `/ws/messages` frame is its `/ws` frame, sent once).
-fn body(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
+fn body_of(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
     let kind = serde_json::to_string(&ev.kind).ok()?;
     let timestamp = serde_json::to_string(&ev.timestamp).ok()?;
     let frame = frames.frame.as_deref().unwrap_or("null");
@@ -87,11 +87,30 @@ impl MirroredEvent {
 }
 
 /// What is published for `ev`: its body, its `seq` as `Nats-Msg-Id` and in [`SEQ_HEADER`].
+/// An event too large for the server's `max_payload` goes without its frames (gateways
+/// then skip it), and one too large even so is left out (a gap, logged): neither can ever
+/// be sent, and retrying would stop the mirror for good.
 fn publication(
+    link: &Link,
     ev: &Event,
     render: &impl Fn(&Event) -> Frames,
 ) -> Option<jetstream::message::PublishMessage> {
-    let body = body(ev, &render(ev))?;
+    let mut body = body_of(ev, &render(ev))?;
+    if link.fits(body.len()).is_err() {
+        let bare = Frames {
+            frame: None,
+            message_frame: None,
+        };
+        body = body_of(ev, &bare)?;
+        if let Err(too_big) = link.fits(body.len()) {
+            tracing::warn!(seq = ev.seq, "event not mirrored: it is {too_big}");
+            return None;
+        }
+        tracing::warn!(
+            seq = ev.seq,
+            "event mirrored without its frames: with them it is over the NATS server's max_payload"
+        );
+    }
     let seq = ev.seq.to_string();
     Some(
         jetstream::message::PublishMessage::build()
@@ -194,7 +213,7 @@ pub async fn mirror(
                     }
                 }
             };
-            let Some(message) = publication(&ev, &render) else {
+            let Some(message) = publication(&link, &ev, &render) else {
                 continue;
             };
             match link.jetstream.send_publish(subject.clone(), message).await {
@@ -226,7 +245,7 @@ async fn drain<F: Future<Output = bool>>(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let mut acks = FuturesOrdered::new();
     while let Ok(ev) = live.try_recv() {
-        let Some(message) = publication(&ev, render) else {
+        let Some(message) = publication(link, &ev, render) else {
             continue;
         };
         match link
