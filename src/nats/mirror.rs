@@ -404,6 +404,12 @@ pub async fn mirror_snapshots(
             continue;
         }
         let Some(body) = render(seq) else { continue };
+        if let Err(too_big) = link.fits(body.len()) {
+            // Never sendable: gateways keep the last one that was.
+            tracing::warn!(seq, "snapshot not mirrored: it is {too_big}");
+            sent = Some(seq);
+            continue;
+        }
         if link
             .publish(&subject, body, &format!("snapshot-{seq}"))
             .await
