@@ -150,9 +150,25 @@ fn bench(c: &mut Criterion) {
         )
     });
 
-    // What checking an API key adds to a request: its row by id (SQLite, primary key) and
-    // the SHA-256 of the secret compared in constant time.
-    let keys = agentserver::store::keys::KeyTable::open(&dir.path().join("keys.db")).expect("keys");
+    // What checking an API key adds to a request: the whole check a request's
+    // `Authorization: Bearer ask_…` gets (the header read, the key's row from the cache, the
+    // stamp looked at, the SHA-256 of the secret compared in constant time, the principal).
+    let auth_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        auth_dir.path().join("t.xsd"),
+        r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#,
+    )
+    .expect("xsd");
+    let file = auth_dir.path().join("o.yaml");
+    std::fs::write(
+        &file,
+        "organism: { name: bench, store: data.db }\nauth: { methods: [keys] }\nlisteners:\n  - { name: a, description: a, kind: native, handler: sink, schema: t.xsd, accepts: [Note] }\n",
+    )
+    .expect("organism");
+    let config = Organism::builder().load_config(&file).expect("config");
+    let auth = agentserver::api::auth::Authenticator::new(&config)
+        .expect("auth")
+        .expect("keys on");
     let (key, row) = agentserver::api::keys::new_key(
         "bench",
         agentserver::api::auth::Role::Operator,
@@ -160,14 +176,15 @@ fn bench(c: &mut Criterion) {
         None,
     )
     .expect("key");
-    keys.add(&row).expect("add");
+    auth.keys().expect("keys").add(&row).expect("add");
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(
+        axum::http::header::AUTHORIZATION,
+        format!("Bearer {key}").parse().expect("header"),
+    );
     g.throughput(Throughput::Elements(1));
     g.bench_function("api_key_check", |b| {
-        b.iter(|| {
-            let p = agentserver::api::auth::key::parse(&key).expect("parses");
-            let row = keys.find(p.id).expect("reads").expect("found");
-            assert!(agentserver::api::auth::key::matches(p.secret, &row.hash));
-        })
+        b.iter(|| auth.authenticate(&headers).expect("a good key"))
     });
     g.finish();
 }

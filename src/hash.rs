@@ -14,13 +14,18 @@ pub(crate) type SeededSet<K> = std::collections::HashSet<K, SeededState>;
 
 /// Lower-case hex of `bytes`.
 pub fn to_hex(bytes: &[u8]) -> String {
+    let mut hex = vec![0u8; 2 * bytes.len()];
+    hex_into(bytes, &mut hex);
+    String::from_utf8(hex).unwrap_or_default()
+}
+
+/// Lower-case hex of `bytes` into `out` (as much as fits: two digits a byte).
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(2 * bytes.len());
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
     }
-    s
 }
 
 /// SHA-256 of `bytes`, as lower-case hex.

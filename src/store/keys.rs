@@ -5,18 +5,20 @@
 //!
 //! Lookups are served from a cache of the rows found, checked on every lookup against a
 //! stamp file beside the store (`<store>.keys-stamp`), which every change of a key (here or
-//! in another process) replaces after its commit: one `stat` per request instead of a read
-//! of a file the store's writer is busy with, and a revoked key is still refused at once.
+//! in another process) replaces after its commit. The stamp is held open
+//! ([`super::watched`]): one `fstat` per request instead of a read of a file the store's
+//! writer is busy with, and a revoked key is still refused at once.
 //!
 //! What a key is, how its secret is made and checked, is the API's (`api::auth`); this is
 //! only where keys are kept.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::open::side_connection;
+use super::watched::{Version, Watched};
 use super::{err, ms, StoreError};
 use crate::sync::lock;
 use crate::time::Timestamp;
@@ -50,14 +52,34 @@ pub struct KeyTable {
 }
 
 /// Rows found, valid while the stamp file is the one they were read under.
-#[derive(Default)]
 struct Cache {
-    stamp: Option<Stamp>,
-    rows: std::collections::HashMap<String, KeyRow>,
+    watched: Watched,
+    /// The stamp the rows were read under (`None`: no stamp, or it could not be read).
+    stamp: Option<Version>,
+    /// Counts the times the rows were forgotten: a row read from the file is kept only if
+    /// none happened while it was read.
+    generation: u64,
+    rows: crate::hash::SeededMap<String, Arc<KeyRow>>,
 }
 
-/// Which stamp file is in place: a new one (a new inode, by rename) on every change.
-type Stamp = (u64, Option<std::time::SystemTime>);
+impl Cache {
+    /// Looks at the stamp (forgetting the rows if it changed); whether rows may be kept.
+    fn check(&mut self) -> bool {
+        let stamp = self.watched.version().ok().flatten();
+        if stamp != self.stamp || stamp.is_none() {
+            self.forget();
+            self.stamp = stamp;
+        }
+        stamp.is_some()
+    }
+
+    /// After a change here: the rows are forgotten and the next lookup looks at the stamp.
+    fn forget(&mut self) {
+        self.rows.clear();
+        self.generation += 1;
+        self.watched.forget();
+    }
+}
 
 /// Rows the cache holds at most; it starts again empty when full.
 const MAX_CACHED_KEYS: usize = 4096;
@@ -98,28 +120,35 @@ impl KeyTable {
     /// Opens the keys of the store file at `path`, creating and migrating the file if need
     /// be (as the server would).
     pub fn open(path: &Path) -> Result<KeyTable, StoreError> {
-        Ok(KeyTable {
+        let stamp = super::beside(path, ".keys-stamp");
+        let table = KeyTable {
             path: path.to_path_buf(),
-            stamp: super::beside(path, ".keys-stamp"),
             conn: Mutex::new(side_connection(path)?),
-            cache: Mutex::default(),
-        })
-    }
-
-    fn stamp(&self) -> Option<Stamp> {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::metadata(&self.stamp).ok()?;
-        Some((m.ino(), m.modified().ok()))
+            cache: Mutex::new(Cache {
+                watched: Watched::new(&stamp),
+                stamp: None,
+                generation: 0,
+                rows: Default::default(),
+            }),
+            stamp,
+        };
+        // Without a stamp nothing is cached (every lookup reads the file): make one.
+        if !table.stamp.exists() {
+            if let Err(e) = table.signal() {
+                tracing::warn!("API keys will be read from the store on every request: {e}");
+            }
+        }
+        Ok(table)
     }
 
     /// Tells every reader of this store's keys (this process's and others') that a key
     /// changed: a new stamp file, by rename, after the change was committed.
     fn signal(&self) -> Result<(), StoreError> {
-        crate::sync::lock(&self.cache).rows.clear();
         let stamp = &self.stamp;
         let tmp = super::beside(stamp, &format!(".{}", std::process::id()));
         let written = std::fs::write(&tmp, Timestamp::now().0.to_string())
             .and_then(|()| std::fs::rename(&tmp, stamp));
+        lock(&self.cache).forget();
         written.map_err(|e| {
             err(
                 &self.path,
@@ -168,28 +197,26 @@ impl KeyTable {
 
     /// The key with public id `id`, revoked or not (its `last_used` as of this table's last
     /// `touch`; another process's touches are in [`KeyTable::list`]).
-    pub fn find(&self, id: &str) -> Result<Option<KeyRow>, StoreError> {
-        let stamp = self.stamp();
-        {
+    pub fn find(&self, id: &str) -> Result<Option<Arc<KeyRow>>, StoreError> {
+        let generation = {
             let mut cache = lock(&self.cache);
-            if cache.stamp != stamp {
-                cache.rows.clear();
-                cache.stamp = stamp;
-            }
-            if let Some(r) = cache.rows.get(id) {
+            if let (true, Some(r)) = (cache.check(), cache.rows.get(id)) {
                 return Ok(Some(r.clone()));
             }
-        }
+            cache.stamp.is_some().then_some(cache.generation)
+        };
         let found = {
             let conn = lock(&self.conn);
             conn.prepare_cached(&format!("SELECT {COLUMNS} FROM api_keys WHERE id = ?1"))
                 .and_then(|mut st| st.query_row([id], row).optional())
                 .map_err(|e| self.fail(e))?
+                .map(Arc::new)
         };
-        if let Some(r) = &found {
+        if let (Some(r), Some(generation)) = (&found, generation) {
             let mut cache = lock(&self.cache);
-            // Kept only under the stamp it was read after: a change since then is seen.
-            if cache.stamp == stamp {
+            // Kept only if nothing was forgotten since it was read: a change since then is
+            // seen.
+            if cache.generation == generation {
                 if cache.rows.len() >= MAX_CACHED_KEYS {
                     cache.rows.clear();
                 }
@@ -243,7 +270,7 @@ impl KeyTable {
         }
         tx.commit().map_err(|e| self.fail(e))?;
         // This process's lookups read the new times again (every few seconds at most).
-        lock(&self.cache).rows.clear();
+        lock(&self.cache).forget();
         Ok(())
     }
 }
@@ -305,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn a_change_made_through_another_table_is_seen_by_the_next_lookup() {
+    fn a_change_made_through_another_table_is_seen_a_moment_later() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k.db");
         let server = KeyTable::open(&path).unwrap();
@@ -313,14 +340,16 @@ mod tests {
         assert_eq!(server.find("a1").unwrap(), None);
         cli.add(&key("a1", "ci")).unwrap();
         assert!(server.find("a1").unwrap().is_some(), "a new key is found");
-        // Cached now; a revocation elsewhere replaces the stamp, and the next lookup reads.
+        // Cached now; a revocation elsewhere replaces the stamp, and a lookup that starts
+        // `TRUSTED_FOR` after it reads again.
         assert_eq!(server.find("a1").unwrap().unwrap().revoked, None);
         cli.revoke("ci", Timestamp(9)).unwrap().unwrap();
+        std::thread::sleep(crate::store::watched::TRUSTED_FOR);
         assert_eq!(
             server.find("a1").unwrap().unwrap().revoked,
             Some(Timestamp(9))
         );
-        // And through itself.
+        // And through itself, at once.
         server.add(&key("b1", "deploy")).unwrap();
         assert!(server.find("b1").unwrap().is_some());
         server.revoke("b1", Timestamp(10)).unwrap().unwrap();

@@ -87,6 +87,7 @@ mod prune;
 mod query;
 #[cfg(test)]
 mod tests;
+pub mod watched;
 mod writer;
 mod writes;
 

@@ -32,9 +32,19 @@ pub fn hash(secret: &str) -> String {
     crate::hash::sha256_hex(secret.to_ascii_lowercase().as_bytes())
 }
 
-/// Whether `secret` is the one `kept` is the hash of, compared in constant time.
+/// Whether `secret` is the one `kept` is the hash of, compared in constant time. (As
+/// [`hash`], without allocating: this is on every request.)
 pub fn matches(secret: &str, kept: &str) -> bool {
-    hash(secret).as_bytes().ct_eq(kept.as_bytes()).into()
+    use sha2::Digest;
+    let mut lower = [0u8; 2 * SECRET_BYTES];
+    let Some(lower) = lower.get_mut(..secret.len()) else {
+        return false;
+    };
+    lower.copy_from_slice(secret.as_bytes());
+    lower.make_ascii_lowercase();
+    let mut hex = [0u8; 64];
+    crate::hash::hex_into(&sha2::Sha256::digest(lower), &mut hex);
+    hex.ct_eq(kept.as_bytes()).into()
 }
 
 /// A new key: `(the key to show once, its id, the hash to keep)`.
@@ -62,6 +72,11 @@ mod tests {
         let (other, _, other_kept) = generate().unwrap();
         assert_ne!(key, other);
         assert!(!matches(p.secret, &other_kept));
+        // Hex in either case is the same secret, as `hash` keeps it.
+        assert!(matches(&p.secret.to_ascii_uppercase(), &kept));
+        assert_eq!(hash(&p.secret.to_ascii_uppercase()), kept);
+        // Longer than a secret: refused, not cut.
+        assert!(!matches(&format!("{}0", p.secret), &kept));
         assert_eq!(key.len(), PREFIX.len() + 12 + 1 + 64);
     }
 

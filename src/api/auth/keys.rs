@@ -2,14 +2,15 @@
 //! `store: memory`, the file `auth.keys_file` (a YAML list of keys with their hashes, read
 //! again whenever it changes). `agentserver keys` and the keys API write through here.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::OrganismConfig;
 use crate::store::keys::{AddKeyError, KeyRow, KeyTable};
+use crate::store::watched::{Version, Watched};
 use crate::store::StoreError;
 use crate::time::Timestamp;
 
@@ -46,10 +47,10 @@ impl KeySource {
         }
     }
 
-    pub fn find(&self, id: &str) -> Result<Option<KeyRow>, StoreError> {
+    pub fn find(&self, id: &str) -> Result<Option<Arc<KeyRow>>, StoreError> {
         match self {
             KeySource::Table(t) => t.find(id),
-            KeySource::File(f) => Ok(f.rows()?.into_iter().find(|k| k.id == id)),
+            KeySource::File(f) => f.find(id),
         }
     }
 
@@ -105,10 +106,22 @@ struct FileKey {
     burst: Option<u32>,
 }
 
-/// `auth.keys_file`, read again when its modification time changes.
+/// `auth.keys_file`, read again when it changes (replaced, or written in place).
 pub struct KeyFile {
     path: PathBuf,
-    cache: Mutex<Option<(SystemTime, Vec<KeyRow>)>>,
+    cache: Mutex<FileCache>,
+}
+
+struct FileCache {
+    watched: Watched,
+    read: Option<FileRead>,
+}
+
+/// The file's keys as last read, and the version of the file they were read from.
+struct FileRead {
+    version: Version,
+    rows: Vec<KeyRow>,
+    by_id: HashMap<String, Arc<KeyRow>>,
 }
 
 /// The longest keys file read.
@@ -118,7 +131,10 @@ impl KeyFile {
     pub fn new(path: &Path) -> KeyFile {
         KeyFile {
             path: path.to_path_buf(),
-            cache: Mutex::new(None),
+            cache: Mutex::new(FileCache {
+                watched: Watched::new(path),
+                read: None,
+            }),
         }
     }
 
@@ -132,23 +148,42 @@ impl KeyFile {
 
     /// Every key in the file (none if it does not exist yet).
     pub fn rows(&self) -> Result<Vec<KeyRow>, StoreError> {
-        let modified = match std::fs::metadata(&self.path) {
-            Ok(m) if m.len() > MAX_KEYS_FILE_BYTES => {
-                return Err(self.fail(format!("larger than {MAX_KEYS_FILE_BYTES} bytes")))
-            }
-            Ok(m) => m.modified().map_err(|e| self.fail(e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(self.fail(e)),
-        };
+        self.with_rows(|rows, _| rows.to_vec())
+    }
+
+    /// The key with public id `id`.
+    fn find(&self, id: &str) -> Result<Option<Arc<KeyRow>>, StoreError> {
+        self.with_rows(|_, by_id| by_id.get(id).cloned())
+    }
+
+    /// `f` of the keys in the file now (read again if it changed).
+    fn with_rows<T>(
+        &self,
+        f: impl FnOnce(&[KeyRow], &HashMap<String, Arc<KeyRow>>) -> T,
+    ) -> Result<T, StoreError> {
         let mut cache = crate::sync::lock(&self.cache);
-        if let Some((at, rows)) = cache.as_ref() {
-            if *at == modified {
-                return Ok(rows.clone());
+        let Some(version) = cache.watched.version().map_err(|e| self.fail(e))? else {
+            return Ok(f(&[], &HashMap::new()));
+        };
+        if version.len > MAX_KEYS_FILE_BYTES {
+            return Err(self.fail(format!("larger than {MAX_KEYS_FILE_BYTES} bytes")));
+        }
+        match &cache.read {
+            Some(read) if read.version == version => Ok(f(&read.rows, &read.by_id)),
+            _ => {
+                let rows = self.read()?;
+                let by_id = rows
+                    .iter()
+                    .map(|r| (r.id.clone(), Arc::new(r.clone())))
+                    .collect();
+                let read = cache.read.insert(FileRead {
+                    version,
+                    rows,
+                    by_id,
+                });
+                Ok(f(&read.rows, &read.by_id))
             }
         }
-        let rows = self.read()?;
-        *cache = Some((modified, rows.clone()));
-        Ok(rows)
     }
 
     fn read(&self) -> Result<Vec<KeyRow>, StoreError> {
@@ -213,7 +248,9 @@ impl KeyFile {
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, &self.path))
             .map_err(|e| self.fail(e))?;
-        *crate::sync::lock(&self.cache) = None;
+        let mut cache = crate::sync::lock(&self.cache);
+        cache.read = None;
+        cache.watched.forget();
         Ok(())
     }
 

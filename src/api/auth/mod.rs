@@ -18,7 +18,6 @@ pub mod limits;
 pub mod policy;
 pub mod visible;
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -145,7 +144,7 @@ pub struct Authenticator {
     jwt: Option<jwt::JwtVerifier>,
     public_metrics: bool,
     /// When each key was last used, written to the store every few seconds.
-    used: Mutex<HashMap<String, Timestamp>>,
+    used: Mutex<crate::hash::SeededMap<String, Timestamp>>,
     /// Woken by every revocation made through the API, so open sessions look again at once.
     pub(super) revoked: tokio::sync::Notify,
     pub limits: limits::Limits,
@@ -221,7 +220,12 @@ impl Authenticator {
             )));
         }
         let principal = principal_of(&row)?;
-        crate::sync::lock(&self.used).insert(row.id.clone(), Timestamp::now());
+        let now = Timestamp::now();
+        let mut used = crate::sync::lock(&self.used);
+        match used.get_mut(&row.id) {
+            Some(t) => *t = now,
+            None => drop(used.insert(row.id.clone(), now)),
+        }
         Ok(principal)
     }
 
@@ -348,8 +352,8 @@ pub(super) async fn guard(
         request.extensions_mut().insert(Principal::implicit());
         return next.run(request).await;
     };
-    let path = matched.as_ref().map_or("", |m| m.as_str()).to_string();
-    let need = match route_need(request.method(), &path) {
+    let path = matched.as_ref().map_or("", |m| m.as_str());
+    let need = match route_need(request.method(), path) {
         Need::Open => return next.run(request).await,
         Need::Metrics if auth.public_metrics => return next.run(request).await,
         Need::Metrics => Role::Viewer,
@@ -378,11 +382,11 @@ pub(super) async fn guard(
         }
         Ok(p) => p,
     };
-    let entry = audited(request.method(), &path).then(|| Entry::of(&p, &request, &path));
+    let entry = audited(request.method(), path).then(|| Entry::of(&p, &request, path));
     let refusal = if !p.may(need) {
         tracing::info!(principal = ?p.name, %need, path, "API request forbidden");
         Some(forbidden(&p, need))
-    } else if p.tenant.is_some() && organism_wide(request.method(), &path) {
+    } else if p.tenant.is_some() && organism_wide(request.method(), path) {
         tracing::info!(principal = ?p.name, path, "organism-wide request by a tenant");
         Some(tenant_forbidden())
     } else {
