@@ -5,9 +5,10 @@
 //!
 //! Lookups are served from a cache of the rows found, checked on every lookup against a
 //! stamp file beside the store (`<store>.keys-stamp`), which every change of a key (here or
-//! in another process) replaces after its commit. The stamp is held open
-//! ([`super::watched`]): one `fstat` per request instead of a read of a file the store's
-//! writer is busy with, and a revoked key is still refused at once.
+//! in another process) replaces after its commit. The stamp is held open and looked at by
+//! one `fstat` at most once a millisecond ([`super::watched`]), instead of a read of a file
+//! the store's writer is busy with: a key changed through this table is seen by the next
+//! lookup, one changed by another process by every lookup a millisecond after.
 //!
 //! What a key is, how its secret is made and checked, is the API's (`api::auth`); this is
 //! only where keys are kept.
