@@ -33,5 +33,11 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 export DEBIAN_FRONTEND=noninteractive
+# An install cut off half-way (a killed earlier run) leaves dpkg refusing every install until
+# its configuration is finished.
+if [ -n "$(ls -A /var/lib/dpkg/updates 2>/dev/null)" ]; then
+  echo "agentserver: finishing an interrupted package install (dpkg --configure -a)" >&2
+  $sudo dpkg --configure -a
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
