@@ -446,7 +446,18 @@ function updateAgent(name, fields) {
   if (state.selected === name) showAgentFacts(a);
 }
 
+/// Calls of one kind numbered in turn: the function `begin(kind)` returns says whether no
+/// later call of that kind has begun, so an answer that arrives late (the agent chosen before,
+/// the inject target chosen before) does not overwrite or add to a newer one's.
+const begun = new Map();
+function begin(kind) {
+  const n = (begun.get(kind) || 0) + 1;
+  begun.set(kind, n);
+  return () => begun.get(kind) === n;
+}
+
 async function selectAgent(name) {
+  const current = begin('agent');
   state.selected = name;
   $('agent-panel').hidden = false;
   $('agent-title').textContent = name;
@@ -458,14 +469,15 @@ async function selectAgent(name) {
   try {
     const a = await api('GET', '/agents/' + encodeURIComponent(name));
     state.agents.set(name, a);
-    showAgentFacts(a);
-  } catch (e) { $('agent-result').textContent = e.message; }
-  api('GET', `/agents/${encodeURIComponent(name)}/config`)
-    .then((c) => { $('agent-config').textContent = c.yaml; })
-    .catch((e) => { $('agent-config').textContent = e.message; });
-  schemaOf(name)
-    .then((x) => { $('agent-schema').textContent = x; })
-    .catch((e) => { $('agent-schema').textContent = e.message; });
+    if (current()) showAgentFacts(a);
+  } catch (e) { if (current()) $('agent-result').textContent = e.message; }
+  const show = (id) => (text) => { if (current()) $(id).textContent = text; };
+  await Promise.all([
+    api('GET', `/agents/${encodeURIComponent(name)}/config`)
+      .then((c) => c.yaml, (e) => e.message)
+      .then(show('agent-config')),
+    schemaOf(name).catch((e) => e.message).then(show('agent-schema')),
+  ]);
 }
 
 function showAgentFacts(a) {
@@ -996,6 +1008,7 @@ async function injectTypes() {
 }
 
 async function injectFields() {
+  const current = begin('inject-fields');
   const box = $('inject-fields');
   box.replaceChildren(el('legend', {}, 'Fields'));
   const name = $('inject-to').value;
@@ -1003,7 +1016,7 @@ async function injectFields() {
   if (!name || !type) return;
   let xsd = '';
   try { xsd = await schemaOf(name); } catch (_) { return; }
-  box.append(...fieldControls(fieldsOf(xsd, type), ''));
+  if (current()) box.append(...fieldControls(fieldsOf(xsd, type), ''));
 }
 $('inject-to').addEventListener('change', injectTypes);
 $('inject-type').addEventListener('change', injectFields);

@@ -169,6 +169,19 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "b's panel",
     )
     .await;
+    // Two agents chosen one after the other: the panel is the second's, whenever the
+    // first's answers arrive.
+    assert_eq!(
+        c.eval(
+            "(async () => {
+               const first = selectAgent('a'); await selectAgent('b'); await first;
+               return [$('agent-title').textContent, $('agent-facts').innerText.includes('keeps pings'),
+                       $('agent-config').textContent.includes('sink'), $('agent-config').textContent.includes('forward')];
+             })()"
+        )
+        .await,
+        json!(["b", true, true, false])
+    );
     c.click("[data-agent-act=\"pause\"]").await;
     c.wait(
         "document.querySelector('#agent-list [data-agent=\"b\"] .state').textContent === 'paused'",
@@ -629,6 +642,20 @@ async fn the_inject_form_follows_nested_optional_and_repeated_elements() {
         c.eval("[...document.querySelectorAll('#inject-fields [data-path]')].map(i => i.dataset.path + (i.required ? '!' : '') + (i.dataset.repeated ? '*' : ''))")
             .await,
         json!(["customer.name!", "customer.email", "item*", "qty!"])
+    );
+    // Two targets chosen one after the other, before the first's schema has come: the form
+    // is the second's alone, whenever the first's answer arrives.
+    assert_eq!(
+        c.eval(
+            "(async () => {
+               const to = $('inject-to');
+               to.value = 'a'; const first = injectTypes();
+               to.value = 'orders'; await injectTypes(); await first;
+               return [...document.querySelectorAll('#inject-fields [data-path]')].map(i => i.dataset.path);
+             })()"
+        )
+        .await,
+        json!(["customer.name", "customer.email", "item", "qty"])
     );
     c.fill("#inject-fields input[data-path=\"customer.name\"]", "Ada")
         .await;
