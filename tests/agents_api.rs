@@ -532,7 +532,20 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
     let (st, e) = s.call("POST", "/api/v1/agents", Some(nosy), "beta").await;
     assert_eq!(st, 422, "{e}");
     assert!(
-        e.to_string().contains("not an agent of tenant `beta`"),
+        e.to_string().contains(
+            "`acme-echo` is not a listener of tenant `beta` nor one marked `shared: true`"
+        ),
+        "{e}"
+    );
+    // The same words for a name nobody has: no oracle for another tenant's names.
+    let mut ghost = echo_body("beta-echo");
+    ghost["peers"] = json!(["ghost-echo", "collector"]);
+    let (st, e) = s.call("POST", "/api/v1/agents", Some(ghost), "beta").await;
+    assert_eq!(st, 422, "{e}");
+    assert!(
+        e.to_string().contains(
+            "`ghost-echo` is not a listener of tenant `beta` nor one marked `shared: true`"
+        ),
         "{e}"
     );
     // Peers the file did not mark shared are off limits too.

@@ -460,7 +460,8 @@ fn check_peers(
     let l = Some(s.name.as_str());
     s.peers.as_ref().map(|ps| {
         for p in ps {
-            if !names.contains(p.as_str()) {
+            // A tenant's unknown peer is told as one out of its scope (`tenant.rs`).
+            if !names.contains(p.as_str()) && s.tenant.is_none() {
                 c.push(l, Some("peers"), format!("`{p}` names no listener"));
             }
         }

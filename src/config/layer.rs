@@ -1,8 +1,8 @@
 //! The listeners created through the API (`POST /api/v1/agents`), laid over the organism
 //! file's: each is a listener item as the file would hold it (its `script` the path of its
 //! live version's text), checked by the same code as the file's, plus the rules that hold
-//! only for them: no name the file defines too, and a tenant's agent talks only to its own
-//! tenant's listeners or to those the operator marked `shared: true`.
+//! only for them: no name the file defines too, and each tenant's quotas. (The tenant
+//! boundary itself holds for every listener: `tenant.rs`.)
 
 use super::model::{ListenerConfig, ListenerOrigin, ListenerSection, Tenants};
 use super::Collector;
@@ -155,38 +155,6 @@ pub(super) fn mark_and_check(
     c: &mut Collector,
 ) {
     check_quotas(layer, listeners, tenants, c);
-    let tenant_of = |name: &str| {
-        listeners
-            .iter()
-            .find(|l| l.name.as_str() == name)
-            .map(|l| (l.tenant.clone(), l.shared))
-    };
-    let mut problems = Vec::new();
-    for l in layer {
-        let Some((tenant, _)) = tenant_of(l.name()) else {
-            continue;
-        };
-        let Some(me) = listeners.iter().find(|x| x.name.as_str() == l.name()) else {
-            continue;
-        };
-        for peer in me.peers.iter().flatten() {
-            let Some((peer_tenant, shared)) = tenant_of(peer.as_str()) else {
-                continue;
-            };
-            if tenant.is_some() && peer_tenant != tenant && !shared {
-                problems.push((
-                    l.name().to_string(),
-                    format!(
-                        "`{peer}` is not an agent of tenant `{}` and is not marked `shared: true`",
-                        tenant.as_deref().unwrap_or_default()
-                    ),
-                ));
-            }
-        }
-    }
-    for (name, message) in problems {
-        c.push(Some(&name), Some("peers"), message);
-    }
     for l in layer {
         if let Some(x) = listeners.iter_mut().find(|x| x.name.as_str() == l.name()) {
             x.origin = ListenerOrigin::Api { version: l.version };

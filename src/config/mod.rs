@@ -23,6 +23,7 @@ pub mod diff;
 pub mod layer;
 mod model;
 pub mod secret;
+mod tenant;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -53,8 +54,8 @@ use crate::xml::PayloadType;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8765";
 
 /// The injector identities a message can name as its sender besides a listener (`from`):
-/// no listener may take one of these names.
-pub const INJECTOR_NAMES: [&str; 4] = ["api", "ws", "cli", "system"];
+/// no listener may take one of these names (`test`: the sender of test vectors' cases).
+pub const INJECTOR_NAMES: [&str; 5] = ["api", "ws", "cli", "system", "test"];
 
 /// One problem in an organism file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,6 +317,7 @@ pub fn load_str_layered(
     layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
     let mut listeners = check_listeners(&sections, &written_names, base, known, &mut c);
     layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
+    tenant::check_peers_in_scope(&listeners, &mut c);
     let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
     check_external_callbacks(&auth, &listeners, &mut c);
 

@@ -131,7 +131,10 @@ impl Shared {
     }
 
     /// SPEC §6: `to` first, else broadcast by payload type; replies to the sender always
-    /// allowed; peers enforced (deny-by-default for agents).
+    /// allowed; peers enforced (deny-by-default for agents); the tenant boundary
+    /// ([`crate::config::ListenerConfig::may_reach`]) enforced on every path, whatever the
+    /// peers say. A tenant's listener is told the same of a listener out of its scope as of
+    /// one that does not exist, and its errors name only listeners in its scope.
     pub(crate) fn route(
         &self,
         sender: &Listener,
@@ -140,22 +143,32 @@ impl Shared {
         payload_type: &PayloadType,
     ) -> Result<Vec<Target>, String> {
         let name = sender.name();
+        let me = &sender.config;
+        let tenant = me.tenant.as_deref();
         let topo = self.topo();
         match to {
             Some(target) => {
                 let is_reply = target == handled_from;
-                match topo.listeners.get(target) {
-                    None if is_reply => Ok(vec![Target::Terminal(Arc::from(target))]),
-                    None => Err(format!(
+                let found = topo.listeners.get(target);
+                let reachable = found.filter(|t| is_reply || me.may_reach(&t.config, true));
+                match (found, reachable) {
+                    (None, _) if is_reply => Ok(vec![Target::Terminal(Arc::from(target))]),
+                    (_, None) if tenant.is_some() => Err(format!(
+                        "`{name}` sent to `{target}`: no listener in its scope has that name"
+                    )),
+                    (None, _) => Err(format!(
                         "`{name}` sent to `{target}`, which is not a listener"
                     )),
-                    Some(_) if !is_reply && !sender.allows(target) => Err(format!(
+                    (Some(_), None) => Err(format!(
+                        "`{name}` may not send to `{target}`: it belongs to a tenant"
+                    )),
+                    (_, Some(_)) if !is_reply && !sender.allows(target) => Err(format!(
                         "`{name}` may not send to `{target}`: not in its peers"
                     )),
-                    Some(t) if !t.config.accepts_type(payload_type) => Err(format!(
+                    (_, Some(t)) if !t.config.accepts_type(payload_type) => Err(format!(
                         "`{target}` does not accept payload type `{payload_type}`"
                     )),
-                    Some(t) => Ok(vec![Target::Listener(t.clone())]),
+                    (_, Some(t)) => Ok(vec![Target::Listener(t.clone())]),
                 }
             }
             None => {
@@ -163,9 +176,23 @@ impl Shared {
                     .order
                     .iter()
                     .filter(|l| l.config.accepts_type(payload_type))
+                    .filter(|l| {
+                        l.name() == handled_from || me.may_reach(&l.config, me.names_peer(l.name()))
+                    })
                     .collect();
                 if accepting.is_empty() {
-                    return Err(format!("no listener accepts payload type `{payload_type}`"));
+                    return Err(match tenant {
+                        Some(_) => format!(
+                            "no listener in the scope of `{name}` accepts payload type `{payload_type}`"
+                        ),
+                        None if topo.order.iter().any(|l| l.config.accepts_type(payload_type)) => {
+                            format!(
+                                "only tenants' listeners accept payload type `{payload_type}`, none \
+                                 of them `shared` or in the peers of `{name}`"
+                            )
+                        }
+                        None => format!("no listener accepts payload type `{payload_type}`"),
+                    });
                 }
                 let allowed: Vec<Target> = accepting
                     .iter()
