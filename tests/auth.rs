@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use agentserver::api::auth::{KeySource, Role};
 use agentserver::api::{ApiOptions, ApiServer};
+use agentserver::threads::ThreadStatus;
 use agentserver::Organism;
 use common::child::run_to_exit;
 use common::*;
@@ -147,6 +148,17 @@ impl Guarded {
     }
 }
 
+/// A route's template as the table holds it (a `&'static str`).
+fn path_static(path: &str) -> &'static str {
+    agentserver::api::auth::TABLE
+        .iter()
+        .find_map(|r| match &r.via {
+            agentserver::api::auth::Via::Route(_, p) if *p == path => Some(*p),
+            _ => None,
+        })
+        .unwrap_or("(absent)")
+}
+
 /// What each route needs, written here independently of the server's table: the matrix
 /// below fails if the served document has a route this table lacks.
 fn expected_need(method: &str, path: &str) -> Option<Role> {
@@ -203,7 +215,19 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
     assert!(routes.len() >= 29, "{routes:?}");
     let config = Organism::builder().load_config(&g.path).unwrap();
     let tenant_admin = add_tenant_key(&config, "acme-admin", Role::Admin, Some("acme"));
-    let creds: [(&str, Option<&str>, Option<Role>); 6] = [
+    let tenant_operator = add_tenant_key(&config, "acme-operator", Role::Operator, Some("acme"));
+    let tenant_viewer = add_tenant_key(&config, "acme-viewer", Role::Viewer, Some("acme"));
+    let creds: [(&str, Option<&str>, Option<Role>); 8] = [
+        (
+            "tenant viewer",
+            Some(tenant_viewer.as_str()),
+            Some(Role::Viewer),
+        ),
+        (
+            "tenant operator",
+            Some(tenant_operator.as_str()),
+            Some(Role::Operator),
+        ),
         ("none", None, None),
         (
             "wrong",
@@ -227,6 +251,14 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
         ),
     ];
     for (method, path) in &routes {
+        // Every documented route has its row in the server's one table.
+        let m = axum::http::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        assert!(
+            agentserver::api::auth::TABLE
+                .iter()
+                .any(|r| r.via == agentserver::api::auth::Via::Route(m.clone(), path_static(path))),
+            "{method} {path} is not in the table"
+        );
         let need = expected_need(method, path);
         let url = path
             .replace("{name}", "a")
@@ -258,7 +290,7 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
             .contains(&(method.as_str(), path.as_str()));
             let expected = match (need, role) {
                 (None, _) => "allowed",
-                (Some(_), Some(_)) if *label == "tenant admin" && wide => "403",
+                (Some(_), Some(_)) if label.starts_with("tenant") && wide => "403",
                 // A stream takes its credential in the first frame when the upgrade has none.
                 (Some(_), None) if stream && key.is_none() => "allowed",
                 (Some(_), None) => "401",
@@ -623,6 +655,127 @@ async fn each_websocket_command_needs_its_role_and_a_refusal_leaves_the_session_
             assert_eq!(a["status"], 403, "{a}");
         }
     }
+}
+
+/// Every `/ws` command, as every role with and without a tenant, with the fields a client
+/// might add to look like something else (`agent`, `thread_id`): written here apart from the
+/// server's table. An organism-wide command (whatever fields it carries) is refused 403 to
+/// every tenant's credential and the organism keeps running; the rest need their role.
+#[tokio::test]
+async fn every_websocket_command_answers_each_role_and_tenant_as_the_table_says() {
+    let g = guarded_with(TENANTS).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let thread = {
+        let r = inject(&g.organism, "a1", "<Note>x</Note>", None);
+        settle(&g.organism, &r.thread_id).await;
+        r.thread_id
+    };
+    let mut creds: Vec<(String, Role, Option<&str>, String)> = Vec::new();
+    for role in [Role::Viewer, Role::Operator, Role::Admin] {
+        for tenant in [None, Some("acme")] {
+            let label = format!("{role} of {}", tenant.unwrap_or("no tenant"));
+            let key = add_tenant_key(&config, &label.replace(' ', "-"), role, tenant);
+            creds.push((label, role, tenant, key));
+        }
+    }
+    // (command, least role, organism-wide); the organism's own admin's `stop` comes last.
+    let extras = [
+        json!({}),
+        json!({"agent": "a1"}),
+        json!({"thread_id": thread}),
+        json!({"agent": "a1", "thread_id": thread}),
+    ];
+    let commands: Vec<(Value, Role, bool)> = vec![
+        (
+            json!({"cmd": "subscribe", "agents": ["a1"]}),
+            Role::Viewer,
+            false,
+        ),
+        (
+            json!({"cmd": "inject", "to": "a1", "payload_xml": "<Note>x</Note>"}),
+            Role::Operator,
+            false,
+        ),
+        (
+            json!({"cmd": "kill", "thread_id": thread}),
+            Role::Operator,
+            false,
+        ),
+        (
+            json!({"cmd": "pause", "agent": "a1"}),
+            Role::Operator,
+            false,
+        ),
+        (
+            json!({"cmd": "resume", "agent": "a1"}),
+            Role::Operator,
+            false,
+        ),
+        (
+            json!({"cmd": "reload", "agent": "a1"}),
+            Role::Operator,
+            false,
+        ),
+        (json!({"cmd": "pause"}), Role::Admin, true),
+        (json!({"cmd": "resume"}), Role::Admin, true),
+        (json!({"cmd": "reload"}), Role::Admin, true),
+        (json!({"cmd": "stop"}), Role::Admin, true),
+    ];
+    let mut id = 0;
+    for (label, role, tenant, key) in &creds {
+        let mut ws = ws_with_header(&g.ws_url("/ws"), key).await;
+        assert_eq!(next_json(&mut ws).await["event"], "connected");
+        for (command, need, wide) in &commands {
+            for extra in &extras {
+                let mut cmd = command.clone();
+                for (k, v) in extra.as_object().unwrap() {
+                    // What the command is stays what it was: extra fields only add.
+                    let shape_field = command.get(k).is_some()
+                        || (*wide && k == "agent" && command["cmd"] != "stop");
+                    if !shape_field {
+                        cmd[k] = v.clone();
+                    }
+                }
+                let organism_stop = command["cmd"] == "stop" && tenant.is_none();
+                if organism_stop && *role == Role::Admin {
+                    continue; // below, last
+                }
+                id += 1;
+                cmd["request_id"] = json!(id);
+                let a = ask(&mut ws, cmd.clone()).await;
+                let expected_403 = role < need || (tenant.is_some() && *wide);
+                assert_eq!(a["status"] == 403, expected_403, "{cmd} as {label}: {a}");
+                if !expected_403 && a["event"] == "error" {
+                    // Allowed by the table: refused, if at all, for what it named (a tenant
+                    // naming `a1` of its own may do it; the stream field mixes are 400s).
+                    assert_ne!(a["status"], 401, "{cmd} as {label}: {a}");
+                }
+                assert!(
+                    g.organism.status() != agentserver::events::OrganismStatus::Stopped,
+                    "{cmd} as {label} stopped the organism: {a}"
+                );
+            }
+        }
+        // Whatever it sent, the organism still answers.
+        let r = inject(&g.organism, "o", "<Note>still here</Note>", None);
+        assert_eq!(
+            settle(&g.organism, &r.thread_id).await,
+            ThreadStatus::Completed
+        );
+    }
+    // The organism's own admin may stop it.
+    let (label, _, _, key) = &creds[4];
+    let mut ws = ws_with_header(&g.ws_url("/ws"), key).await;
+    next_json(&mut ws).await;
+    let a = ask(
+        &mut ws,
+        json!({"cmd": "stop", "request_id": "last", "agent": "a1"}),
+    )
+    .await;
+    assert_eq!(a["event"], "ack", "{label}: {a}");
+    tokio::time::timeout(WAIT, g.server.stop_requested())
+        .await
+        .expect("the organism's own admin stops it");
 }
 
 #[tokio::test]

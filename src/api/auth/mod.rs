@@ -30,7 +30,10 @@ use crate::config::{AuthMethod, OrganismConfig};
 use crate::store::keys::KeyRow;
 use crate::time::Timestamp;
 pub use keys::KeySource;
-pub use policy::{command_need, command_organism_wide, organism_wide, route_need, Need, Role};
+pub use policy::{
+    command_least, command_rule, organism_wide, route_need, route_rule, Need, On, Role, Rule, Via,
+    TABLE,
+};
 pub use visible::{unknown_thread, Seen, VisibleAgent, VisibleThread};
 
 /// The longest credential read; a longer one is refused unread.

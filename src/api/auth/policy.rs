@@ -58,114 +58,171 @@ pub enum Need {
     Role(Role),
 }
 
-/// Routes whose need is not "GET: viewer, anything else: admin".
-const ROUTES: &[(Method, &str, Need)] = &[
-    (Method::GET, "/healthz", Need::Open),
-    (Method::GET, "/readyz", Need::Open),
-    (Method::GET, "/api/v1/openapi.json", Need::Open),
-    (
-        Method::POST,
-        "/api/v1/external/{agent}/threads/{thread_id}/messages",
-        Need::Open,
-    ),
-    (Method::GET, "/metrics", Need::Metrics),
-    (Method::GET, "/ws", Need::Stream),
-    (Method::GET, "/ws/messages", Need::Stream),
-    (Method::GET, "/api/v1/keys", Need::Role(Role::Admin)),
-    (Method::GET, "/api/v1/audit", Need::Role(Role::Admin)),
-    (Method::POST, "/api/v1/inject", Need::Role(Role::Operator)),
-    (
-        Method::POST,
-        "/api/v1/threads/{id}/kill",
-        Need::Role(Role::Operator),
-    ),
-    (
-        Method::POST,
-        "/api/v1/agents/{name}/pause",
-        Need::Role(Role::Operator),
-    ),
-    (
-        Method::POST,
-        "/api/v1/agents/{name}/resume",
-        Need::Role(Role::Operator),
-    ),
-    (
-        Method::POST,
-        "/api/v1/agents/{name}/reload",
-        Need::Role(Role::Operator),
-    ),
-    (Method::POST, "/api/v1/agents", Need::Role(Role::Operator)),
-    (
-        Method::DELETE,
-        "/api/v1/agents/{name}",
-        Need::Role(Role::Operator),
-    ),
-    (
-        Method::POST,
-        "/api/v1/agents/{name}/scripts",
-        Need::Role(Role::Operator),
-    ),
-    (
-        Method::POST,
-        "/api/v1/agents/{name}/deployments",
-        Need::Role(Role::Operator),
-    ),
-    (
-        Method::POST,
-        "/api/v1/agents/{name}/scripts/{version}/test",
-        Need::Role(Role::Operator),
-    ),
-];
-
-/// The least a request to `path` (the route's template, such as `/api/v1/threads/{id}`)
-/// with `method` needs. A route the table does not name needs a viewer to read it and an
-/// admin for anything else, so a new control route is closed until it is placed.
-pub fn route_need(method: &Method, path: &str) -> Need {
-    ROUTES
-        .iter()
-        .find(|(m, p, _)| m == method && *p == path)
-        .map(|(_, _, n)| *n)
-        .unwrap_or(if matches!(*method, Method::GET | Method::HEAD) {
-            Need::Role(Role::Viewer)
-        } else {
-            Need::Role(Role::Admin)
-        })
+/// What a `/ws` command acts on, from what it does (not from which fields it carries): a
+/// `stop` acts on the organism whatever else the frame holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum On {
+    /// The session itself (`subscribe`).
+    Session,
+    /// One listener (`inject`, and `pause`, `resume`, `reload` naming an agent).
+    Agent,
+    /// One thread (`kill`).
+    Thread,
+    /// The whole organism (`pause`, `resume`, `reload` naming no agent; `stop`).
+    Organism,
 }
 
-/// Routes about the whole organism, which a tenant's credential may not use whatever its
-/// role: its file, its control, its keys, its metrics.
-const ORGANISM_WIDE: &[(Method, &str)] = &[
-    (Method::GET, "/api/v1/organism/config"),
-    (Method::GET, "/metrics"),
-    (Method::GET, "/api/v1/keys"),
-    (Method::GET, "/api/v1/audit"),
-    (Method::POST, "/api/v1/keys"),
-    (Method::DELETE, "/api/v1/keys/{name}"),
-    (Method::POST, "/api/v1/organism/pause"),
-    (Method::POST, "/api/v1/organism/resume"),
-    (Method::POST, "/api/v1/organism/reload"),
-    (Method::POST, "/api/v1/organism/stop"),
-];
-
-/// Whether a route is about the whole organism (not for a tenant's credential).
-pub fn organism_wide(method: &Method, path: &str) -> bool {
-    ORGANISM_WIDE.iter().any(|(m, p)| m == method && *p == path)
+/// How a rule is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Via {
+    /// A REST route: its method and template (`/api/v1/threads/{id}`).
+    Route(Method, &'static str),
+    /// A `/ws` command and what it acts on.
+    Command(&'static str, On),
 }
 
-/// The least role a `/ws` command needs. `agent` says whether it names one listener
-/// (`pause`, `resume`, `reload`), which an operator may do, rather than the organism (which
-/// needs an admin without a tenant, as [`organism_wide`] routes do). An unknown command needs
-/// nothing: it is answered as unknown.
-pub fn command_need(cmd: &str, agent: bool) -> Role {
-    match cmd {
-        "inject" | "kill" => Role::Operator,
-        "pause" | "resume" | "reload" if agent => Role::Operator,
-        "pause" | "resume" | "reload" | "stop" => Role::Admin,
-        _ => Role::Viewer,
+/// One row of the table: what a request or command needs, and whether it is about the whole
+/// organism (refused to a tenant's credential whatever its role).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub via: Via,
+    pub need: Need,
+    pub organism_wide: bool,
+}
+
+const fn route(method: Method, path: &'static str, need: Need, organism_wide: bool) -> Rule {
+    Rule {
+        via: Via::Route(method, path),
+        need,
+        organism_wide,
     }
 }
 
-/// Whether a `/ws` command acts on the whole organism.
-pub fn command_organism_wide(cmd: &str, agent: bool) -> bool {
-    matches!(cmd, "pause" | "resume" | "reload" | "stop") && !agent
+const fn command(cmd: &'static str, on: On, role: Role) -> Rule {
+    Rule {
+        via: Via::Command(cmd, on),
+        need: Need::Role(role),
+        organism_wide: matches!(on, On::Organism),
+    }
+}
+
+const VIEWER: Need = Need::Role(Role::Viewer);
+const OPERATOR: Need = Need::Role(Role::Operator);
+const ADMIN: Need = Need::Role(Role::Admin);
+const GET: Method = Method::GET;
+const POST: Method = Method::POST;
+const DELETE: Method = Method::DELETE;
+
+/// Every REST route and every `/ws` command. A route it does not name needs an admin of no
+/// tenant (closed until placed); `tests/auth.rs` checks that every route of the OpenAPI
+/// document is named, and walks every row for every role, with and without a tenant.
+pub const TABLE: &[Rule] = &[
+    route(GET, "/healthz", Need::Open, false),
+    route(GET, "/readyz", Need::Open, false),
+    route(GET, "/api/v1/openapi.json", Need::Open, false),
+    // The external agents' callback carries the agent's own token, checked by the pump.
+    route(
+        POST,
+        "/api/v1/external/{agent}/threads/{thread_id}/messages",
+        Need::Open,
+        false,
+    ),
+    route(GET, "/metrics", Need::Metrics, true),
+    route(GET, "/ws", Need::Stream, false),
+    route(GET, "/ws/messages", Need::Stream, false),
+    route(GET, "/api/v1/organism", VIEWER, false),
+    route(GET, "/api/v1/me", VIEWER, false),
+    route(GET, "/api/v1/organism/config", VIEWER, true),
+    route(GET, "/api/v1/agents", VIEWER, false),
+    route(GET, "/api/v1/agents/{name}", VIEWER, false),
+    route(GET, "/api/v1/agents/{name}/config", VIEWER, false),
+    route(GET, "/api/v1/agents/{name}/schema", VIEWER, false),
+    route(GET, "/api/v1/agents/{name}/scripts", VIEWER, false),
+    route(
+        GET,
+        "/api/v1/agents/{name}/scripts/{version}",
+        VIEWER,
+        false,
+    ),
+    route(GET, "/api/v1/agents/{name}/deployments", VIEWER, false),
+    route(GET, "/api/v1/threads", VIEWER, false),
+    route(GET, "/api/v1/threads/{id}", VIEWER, false),
+    route(GET, "/api/v1/threads/{id}/messages", VIEWER, false),
+    route(GET, "/api/v1/messages", VIEWER, false),
+    route(POST, "/api/v1/inject", OPERATOR, false),
+    route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),
+    route(POST, "/api/v1/agents/{name}/pause", OPERATOR, false),
+    route(POST, "/api/v1/agents/{name}/resume", OPERATOR, false),
+    route(POST, "/api/v1/agents/{name}/reload", OPERATOR, false),
+    route(POST, "/api/v1/agents", OPERATOR, false),
+    route(DELETE, "/api/v1/agents/{name}", OPERATOR, false),
+    route(POST, "/api/v1/agents/{name}/scripts", OPERATOR, false),
+    route(POST, "/api/v1/agents/{name}/deployments", OPERATOR, false),
+    route(
+        POST,
+        "/api/v1/agents/{name}/scripts/{version}/test",
+        OPERATOR,
+        false,
+    ),
+    route(POST, "/api/v1/organism/pause", ADMIN, true),
+    route(POST, "/api/v1/organism/resume", ADMIN, true),
+    route(POST, "/api/v1/organism/reload", ADMIN, true),
+    route(POST, "/api/v1/organism/stop", ADMIN, true),
+    route(GET, "/api/v1/keys", ADMIN, true),
+    route(POST, "/api/v1/keys", ADMIN, true),
+    route(DELETE, "/api/v1/keys/{name}", ADMIN, true),
+    route(GET, "/api/v1/audit", ADMIN, true),
+    command("subscribe", On::Session, Role::Viewer),
+    command("inject", On::Agent, Role::Operator),
+    command("kill", On::Thread, Role::Operator),
+    command("pause", On::Agent, Role::Operator),
+    command("resume", On::Agent, Role::Operator),
+    command("reload", On::Agent, Role::Operator),
+    command("pause", On::Organism, Role::Admin),
+    command("resume", On::Organism, Role::Admin),
+    command("reload", On::Organism, Role::Admin),
+    command("stop", On::Organism, Role::Admin),
+];
+
+/// What a route the table does not name gets: an admin's, and not a tenant's.
+static UNLISTED: Rule = route(Method::OPTIONS, "", ADMIN, true);
+
+/// The rule of a request to `path` (the route's template, such as `/api/v1/threads/{id}`)
+/// with `method`; a route the table does not name is closed to all but an admin of no
+/// tenant until it is placed.
+pub fn route_rule(method: &Method, path: &str) -> &'static Rule {
+    TABLE
+        .iter()
+        .find(|r| matches!(&r.via, Via::Route(m, p) if m == method && *p == path))
+        .unwrap_or(&UNLISTED)
+}
+
+/// The least a request to `path` with `method` needs ([`route_rule`]).
+pub fn route_need(method: &Method, path: &str) -> Need {
+    route_rule(method, path).need
+}
+
+/// Whether a route is about the whole organism (not for a tenant's credential).
+pub fn organism_wide(method: &Method, path: &str) -> bool {
+    route_rule(method, path).organism_wide
+}
+
+/// The rule of a `/ws` command acting on `on`; `None` for a command the table does not know
+/// (answered as unknown).
+pub fn command_rule(cmd: &str, on: On) -> Option<&'static Rule> {
+    TABLE
+        .iter()
+        .find(|r| matches!(&r.via, Via::Command(c, o) if *c == cmd && *o == on))
+}
+
+/// The least role any form of `cmd` needs: checked before the frame is read, so a role too
+/// low is told 403 whatever else the frame holds.
+pub fn command_least(cmd: &str) -> Option<Role> {
+    TABLE
+        .iter()
+        .filter_map(|r| match (&r.via, r.need) {
+            (Via::Command(c, _), Need::Role(role)) if *c == cmd => Some(role),
+            _ => None,
+        })
+        .min()
 }

@@ -71,6 +71,8 @@ impl Session {
     }
 
     /// Runs one command. Ok: the ack's extra fields. Err: the error, with the request id.
+    /// The command is read into what it does first ([`Command`]); its rule in the one
+    /// table (`auth::policy::TABLE`) is looked up by that, and the same value is executed.
     pub(super) async fn execute(
         &mut self,
         mut map: Map<String, Value>,
@@ -87,136 +89,191 @@ impl Session {
             }
         };
         let fail = |e: ApiError| (request_id.clone(), cmd.clone(), e);
-        let names_agent = matches!(map.get("agent"), Some(Value::String(_)));
-        let need = command_need(&cmd, names_agent);
-        if !self.principal.may(need) {
-            return Err(fail(crate::api::auth::forbidden(&self.principal, need)));
+        if let Some(least) = command_least(&cmd).filter(|r| !self.principal.may(*r)) {
+            return Err(fail(crate::api::auth::forbidden(&self.principal, least)));
         }
-        if self.principal.tenant.is_some() && command_organism_wide(&cmd, names_agent) {
+        let command = Command::read(&cmd, map).map_err(fail)?;
+        let Some(rule) = command_rule(&cmd, command.on()) else {
+            return Err(fail(unknown_command(&cmd)));
+        };
+        if let Need::Role(need) = rule.need {
+            if !self.principal.may(need) {
+                return Err(fail(crate::api::auth::forbidden(&self.principal, need)));
+            }
+        }
+        if self.principal.tenant.is_some() && rule.organism_wide {
             return Err(fail(crate::api::auth::tenant_forbidden()));
         }
         let scope = self.scope();
-        if let Some(Value::String(a)) = map.get("agent") {
+        if let Some(a) = command.agent() {
             if !scope.sees(a) {
                 return Err(fail(
-                    crate::pump::ControlError::UnknownListener(a.clone()).into(),
+                    crate::pump::ControlError::UnknownListener(a.to_string()).into(),
                 ));
             }
         }
+        if self.ep == Endpoint::Messages && !matches!(command, Command::Subscribe(_)) {
+            return Err(fail(
+                ApiError::bad_request(format!(
+                    "`{cmd}` is not a command of /ws/messages (only `subscribe`); use /ws"
+                ))
+                .at("cmd"),
+            ));
+        }
         let organism = self.state.inner.organism.clone();
         let mut out = Map::new();
-        match (cmd.as_str(), self.ep) {
-            ("subscribe", _) => {
-                let spec = match map.remove("filter") {
-                    Some(f) if map.is_empty() => f,
-                    Some(_) => {
-                        return Err(fail(ApiError::bad_request(
-                            "give the filter either under `filter` or at the top level, not both",
-                        )))
-                    }
-                    None => Value::Object(map),
-                };
-                let mut filter: Filter = serde_json::from_value(spec)
-                    .map_err(|e| fail(ApiError::bad_request(format!("bad filter: {e}")).at("filter")))?;
+        match command {
+            Command::Subscribe(spec) => {
+                let mut filter: Filter = serde_json::from_value(spec).map_err(|e| {
+                    fail(ApiError::bad_request(format!("bad filter: {e}")).at("filter"))
+                })?;
                 filter
                     .prepare(&organism.config().limits)
                     .map_err(|(m, at)| fail(ApiError::bad_request(m).at(at)))?;
                 self.filter = filter;
                 out.insert("filter".into(), json!(self.filter));
             }
-            (_, Endpoint::Messages) => {
-                return Err(fail(ApiError::bad_request(format!(
-                    "`{cmd}` is not a command of /ws/messages (only `subscribe`); use /ws"
-                ))
-                .at("cmd")))
-            }
-            ("inject", _) => {
-                let body: InjectBody = serde_json::from_value(Value::Object(map))
-                    .map_err(|e| fail(ApiError::bad_request(format!("bad inject: {e}"))))?;
+            Command::Inject(body) => {
                 self.state.limit_inject(&self.principal).map_err(fail)?;
                 let seen = Seen {
                     principal: self.principal.clone(),
                     scope,
                 };
-                let receipt = inject(&organism, &seen, WS_IDENTITY, body).map_err(fail)?;
+                let receipt = inject(&organism, &seen, WS_IDENTITY, *body).map_err(fail)?;
                 out.insert("thread_id".into(), json!(receipt.thread_id));
                 out.insert("message_id".into(), json!(receipt.message_id));
             }
-            ("pause" | "resume", _) => {
-                let pause = cmd == "pause";
-                match map.get("agent") {
-                    None | Some(Value::Null) => {
-                        if pause {
-                            organism.pause()
-                        } else {
-                            organism.resume()
-                        }
-                    }
-                    Some(Value::String(a)) => {
-                        let r = if pause {
-                            organism.pause_listener(a)
-                        } else {
-                            organism.resume_listener(a)
-                        };
-                        r.map_err(|e| fail(e.into()))?;
-                        out.insert("agent".into(), json!(a));
-                    }
-                    Some(_) => {
-                        return Err(fail(ApiError::bad_request("`agent` must be a name").at("agent")))
-                    }
-                }
-            }
-            ("kill", _) => {
-                let Some(Value::String(t)) = map.get("thread_id") else {
-                    return Err(fail(
-                        ApiError::bad_request("`kill` needs a `thread_id`").at("thread_id"),
-                    ));
+            Command::Pause(None) => organism.pause(),
+            Command::Resume(None) => organism.resume(),
+            Command::Pause(Some(a)) | Command::Resume(Some(a)) => {
+                let r = if cmd == "pause" {
+                    organism.pause_listener(&a)
+                } else {
+                    organism.resume_listener(&a)
                 };
+                r.map_err(|e| fail(e.into()))?;
+                out.insert("agent".into(), json!(a));
+            }
+            Command::Kill(t) => {
                 let visible = organism
-                    .thread_info(t)
+                    .thread_info(&t)
                     .map_err(|e| fail(e.into()))?
                     .is_some_and(|info| scope.sees_thread(&info.participants));
                 if !visible {
-                    return Err(fail(unknown_thread(t)));
+                    return Err(fail(unknown_thread(&t)));
                 }
-                organism.kill_thread(t).map_err(|e| fail(e.into()))?;
+                organism.kill_thread(&t).map_err(|e| fail(e.into()))?;
                 out.insert("thread_id".into(), json!(t));
             }
-            ("reload", _) => match map.get("agent") {
-                Some(Value::String(a)) => {
-                    let a = a.clone();
-                    let o = organism.clone();
-                    let r = tokio::task::spawn_blocking(move || o.reload_listener(&a))
-                        .await
-                        .map_err(|e| fail(ApiError::bad_request(e.to_string())))?;
-                    r.map_err(|e| fail(e.into()))?;
-                    out.insert("agent".into(), map.get("agent").cloned().unwrap_or(Value::Null));
-                }
-                None => {
-                    let if_rev = match map.get("if_rev") {
-                        None | Some(Value::Null) => None,
-                        Some(v) => Some(v.as_u64().ok_or_else(|| {
-                            fail(ApiError::bad_request("`if_rev` must be a revision number").at("if_rev"))
-                        })?),
-                    };
-                    let report = reload_blocking(&organism, if_rev).await.map_err(fail)?;
-                    if let Ok(Value::Object(fields)) = serde_json::to_value(report) {
-                        out.extend(fields);
-                    }
-                }
-                Some(_) => {
-                    return Err(fail(ApiError::bad_request("`agent` must be a name").at("agent")))
-                }
-            },
-            ("stop", _) => self.state.request_stop(),
-            (other, _) => {
-                return Err(fail(ApiError::bad_request(format!(
-                    "unknown command `{other}` (known: subscribe, inject, pause, resume, kill, reload, stop)"
-                ))
-                .at("cmd")))
+            Command::ReloadAgent(a) => {
+                let o = organism.clone();
+                let name = a.clone();
+                let r = tokio::task::spawn_blocking(move || o.reload_listener(&name))
+                    .await
+                    .map_err(|e| fail(ApiError::bad_request(e.to_string())))?;
+                r.map_err(|e| fail(e.into()))?;
+                out.insert("agent".into(), json!(a));
             }
+            Command::Reload { if_rev } => {
+                let report = reload_blocking(&organism, if_rev).await.map_err(fail)?;
+                if let Ok(Value::Object(fields)) = serde_json::to_value(report) {
+                    out.extend(fields);
+                }
+            }
+            Command::Stop => self.state.request_stop(),
+            Command::Unknown => return Err(fail(unknown_command(&cmd))),
         }
         Ok((request_id, cmd, out))
+    }
+}
+
+fn unknown_command(cmd: &str) -> ApiError {
+    ApiError::bad_request(format!(
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, reload, stop)"
+    ))
+    .at("cmd")
+}
+
+/// A `/ws` command as what it does, read from its frame before anything is checked.
+enum Command {
+    Subscribe(Value),
+    Inject(Box<InjectBody>),
+    /// `None`: the organism.
+    Pause(Option<String>),
+    Resume(Option<String>),
+    ReloadAgent(String),
+    Reload {
+        if_rev: Option<u64>,
+    },
+    Kill(String),
+    Stop,
+    Unknown,
+}
+
+impl Command {
+    fn read(cmd: &str, mut map: Map<String, Value>) -> Result<Command, ApiError> {
+        let agent = |map: &Map<String, Value>| match map.get("agent") {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(a)) => Ok(Some(a.clone())),
+            Some(_) => Err(ApiError::bad_request("`agent` must be a name").at("agent")),
+        };
+        Ok(match cmd {
+            "subscribe" => Command::Subscribe(match map.remove("filter") {
+                Some(f) if map.is_empty() => f,
+                Some(_) => {
+                    return Err(ApiError::bad_request(
+                        "give the filter either under `filter` or at the top level, not both",
+                    ))
+                }
+                None => Value::Object(map),
+            }),
+            "inject" => Command::Inject(Box::new(
+                serde_json::from_value(Value::Object(map))
+                    .map_err(|e| ApiError::bad_request(format!("bad inject: {e}")))?,
+            )),
+            "pause" => Command::Pause(agent(&map)?),
+            "resume" => Command::Resume(agent(&map)?),
+            "reload" => match agent(&map)? {
+                Some(a) => Command::ReloadAgent(a),
+                None => Command::Reload {
+                    if_rev: match map.get("if_rev") {
+                        None | Some(Value::Null) => None,
+                        Some(v) => Some(v.as_u64().ok_or_else(|| {
+                            ApiError::bad_request("`if_rev` must be a revision number").at("if_rev")
+                        })?),
+                    },
+                },
+            },
+            "kill" => match map.get("thread_id") {
+                Some(Value::String(t)) => Command::Kill(t.clone()),
+                _ => {
+                    return Err(ApiError::bad_request("`kill` needs a `thread_id`").at("thread_id"))
+                }
+            },
+            "stop" => Command::Stop,
+            _ => Command::Unknown,
+        })
+    }
+
+    /// What it acts on, by which its rule is found.
+    fn on(&self) -> On {
+        match self {
+            Command::Subscribe(_) | Command::Unknown => On::Session,
+            Command::Inject(_) | Command::ReloadAgent(_) => On::Agent,
+            Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
+            Command::Kill(_) => On::Thread,
+            Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
+                On::Organism
+            }
+        }
+    }
+
+    /// The listener it names, which a tenant's session must see.
+    fn agent(&self) -> Option<&str> {
+        match self {
+            Command::Pause(Some(a)) | Command::Resume(Some(a)) | Command::ReloadAgent(a) => Some(a),
+            _ => None,
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use super::inject::{inject, InjectBody};
 use super::rest::reload_blocking;
 use super::{ApiState, Endpoint};
 use crate::api::auth::{
-    command_need, command_organism_wide, unauthorized, unknown_thread, AuthPending, Principal,
+    command_least, command_rule, unauthorized, unknown_thread, AuthPending, Need, On, Principal,
     Refused, Scope, Seen,
 };
 use crate::events::{Event, EventKind, RecvError, TryRecvError};
