@@ -632,31 +632,44 @@ async fn agents_versions_and_the_live_version_survive_a_restart_and_file_reloads
     s.stop().await;
 }
 
+/// The real binary, restarted by SIGTERM and by kill -9: the API's agent answers an inject
+/// after each, as the user sees it (a reply in its thread), not only in the version list.
 #[test]
-fn an_agent_survives_kill_9_of_the_server() {
-    use std::io::BufRead;
+fn an_api_agent_answers_after_a_sigterm_restart_and_after_kill_9() {
+    use common::child::{serve, wait_exit, Running};
     let dir = tempfile::tempdir().unwrap();
     let path = write_files(dir.path(), "", "");
-    let start = || {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
-            .args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let mut lines = std::io::BufReader::new(out).lines();
-        let url = loop {
-            let line = lines.next().expect("a line").unwrap();
-            if let Some(u) = line.strip_prefix("agentserver listening on ") {
-                break u.to_string();
-            }
-        };
-        (child, url)
+    let start = || -> (Running, String) {
+        let mut cmd = common::child::agentserver();
+        cmd.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+        serve(cmd, std::process::Stdio::null())
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let (mut child, url) = start();
     let http = http_blocking_free(&rt);
+    // Injects an `Ask` to `echo` and waits for the version that answered in its thread.
+    let ask = |url: &str| -> i64 {
+        rt.block_on(async {
+            let r: Value = http
+                .post(format!("{url}/api/v1/inject"))
+                .json(&json!({"to": "echo", "payload_xml": "<Ask><text>hi</text></Ask>"}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let thread = r["thread_id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{r}"))
+                .to_string();
+            wait_until_async("a reply from echo", || async {
+                reply_version(&http, url, &thread).await.is_some()
+            })
+            .await;
+            reply_version(&http, url, &thread).await.unwrap()
+        })
+    };
+    let (child, url) = start();
     let (st, body) = rt.block_on(async {
         let r = http
             .post(format!("{url}/api/v1/agents"))
@@ -667,23 +680,36 @@ fn an_agent_survives_kill_9_of_the_server() {
         (r.status().as_u16(), r.text().await.unwrap())
     });
     assert_eq!(st, 201, "{body}");
+    assert_eq!(ask(&url), 1);
+
+    // SIGTERM: a clean stop, then a start from the file and the store.
+    let mut child = child;
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert_eq!(wait_exit(&mut child), Some(0));
+    let (mut child, url) = start();
+    assert_eq!(ask(&url), 1, "after a SIGTERM restart");
+
+    // kill -9: no stop at all.
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
+    let (child, url) = start();
+    assert_eq!(ask(&url), 1, "after kill -9");
+    drop(child);
+}
 
-    let (mut child, url) = start();
-    let list: Value = rt.block_on(async {
-        http.get(format!("{url}/api/v1/agents/echo/scripts"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    });
-    assert_eq!(list["items"][0]["live"], true, "{list}");
-    assert_eq!(list["items"][0]["version"], 1);
-    child.kill().unwrap();
-    child.wait().unwrap();
+/// The version in the `Reply` of a thread, read through the API, once there is one.
+async fn reply_version(http: &reqwest::Client, url: &str, thread: &str) -> Option<i64> {
+    let r = http
+        .get(format!("{url}/api/v1/threads/{thread}/messages"))
+        .send()
+        .await
+        .ok()?;
+    let v: Value = r.json().await.ok()?;
+    let reply = v["items"]
+        .as_array()?
+        .iter()
+        .find(|m| m["payload_type"] == "Reply")?;
+    reply["payload"]["version"].as_i64()
 }
 
 fn http_blocking_free(rt: &tokio::runtime::Runtime) -> reqwest::Client {

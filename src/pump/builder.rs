@@ -100,20 +100,24 @@ impl OrganismBuilder {
     /// Loads `path`, with the agents created through the API (kept in its store) over its
     /// listeners, and builds the organism. Must run inside a tokio runtime.
     pub fn load(self, path: &Path) -> Result<Organism, BuildError> {
-        let mut config = self.load_config(path)?;
-        self.overrides.apply(&mut config);
-        let agents = super::agents::ApiAgents::for_config(&config)?;
-        let layer = agents.layer(None)?;
-        if !layer.is_empty() {
-            config = load_config_layered(path, &self.registry, &layer)?;
-        }
-        self.build_with(config, agents)
+        let config = self.load_config(path)?;
+        self.build(config)
     }
 
-    /// Builds the organism from a validated config. Must run inside a tokio runtime.
+    /// Builds the organism from a validated config, with the agents created through the API
+    /// (kept in its store) laid over its file's listeners, as [`OrganismBuilder::load`] and a
+    /// reload do: every start takes this path. Must run inside a tokio runtime.
     pub fn build(self, mut config: OrganismConfig) -> Result<Organism, BuildError> {
         self.overrides.apply(&mut config);
         let agents = super::agents::ApiAgents::for_config(&config)?;
+        if config.layer.is_empty() {
+            if let Some(path) = config.source.clone() {
+                let layer = agents.layer(None)?;
+                if !layer.is_empty() {
+                    config = load_config_layered(&path, &self.registry, &layer)?;
+                }
+            }
+        }
         self.build_with(config, agents)
     }
 
