@@ -1423,6 +1423,22 @@ mod jwt {
                 "another issuer",
                 hs256(secret, good(json!({"iss": "mallory"}))),
             ),
+            ("no aud", {
+                let mut c = good(json!({}));
+                c.as_object_mut().unwrap().remove("aud");
+                hs256(secret, c)
+            }),
+            ("no iss", {
+                let mut c = good(json!({}));
+                c.as_object_mut().unwrap().remove("iss");
+                hs256(secret, c)
+            }),
+            ("neither aud nor iss", {
+                let mut c = good(json!({}));
+                c.as_object_mut().unwrap().remove("aud");
+                c.as_object_mut().unwrap().remove("iss");
+                hs256(secret, c)
+            }),
             ("another secret", hs256("not-the-secret", good(json!({})))),
             ("no role", hs256(secret, good(json!({"role": "root"})))),
             ("no sub", hs256(secret, good(json!({"sub": ""})))),

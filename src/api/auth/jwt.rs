@@ -3,7 +3,7 @@
 //! keys of a JWKS file (`auth.jwt.jwks_file`, the key chosen by the token's `kid`, or the
 //! only key). Each key verifies only its own algorithm, so `alg: none` and algorithm
 //! confusion (an RSA public key used as an HMAC secret) are refused. `exp` is required; `nbf`
-//! is checked; `iss` and `aud` when configured. Claims: `sub` (the principal's name), `role`,
+//! is checked; `iss` and `aud` are required, and checked, when configured. Claims: `sub` (the principal's name), `role`,
 //! `tenant`.
 
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet, KeyAlgorithm};
@@ -89,7 +89,12 @@ impl JwtVerifier {
         let mut v = Validation::new(key.algorithm);
         v.leeway = LEEWAY_SECONDS;
         v.validate_nbf = true;
-        v.set_required_spec_claims(&["exp"]);
+        // `iss` and `aud` are required whenever they are configured: a token that leaves
+        // one out is refused, as one with a wrong value is.
+        let mut required = vec!["exp"];
+        required.extend(self.audience.as_ref().map(|_| "aud"));
+        required.extend(self.issuer.as_ref().map(|_| "iss"));
+        v.set_required_spec_claims(&required);
         match &self.audience {
             Some(a) => v.set_audience(&[a]),
             None => v.validate_aud = false,
