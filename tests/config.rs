@@ -275,6 +275,8 @@ listeners:
       headers: [{ X-Custom: "Bearer abc" }]
       max_tokens: 100
       style: plain
+      password: 86753091
+      api_token: true
 "#,
     );
     assert!(
@@ -298,7 +300,20 @@ listeners:
         Some("config.headers[0].X-Custom"),
         "secret"
     ));
-    assert_eq!(errs.len(), 3, "{errs:?}");
+    // A literal that is not a string is a secret all the same.
+    assert!(has(
+        &errs,
+        Some("a"),
+        Some("config.password"),
+        "`password_env: VARIABLE`"
+    ));
+    assert!(has(
+        &errs,
+        Some("a"),
+        Some("config.api_token"),
+        "`api_token_env: VARIABLE`"
+    ));
+    assert_eq!(errs.len(), 5, "{errs:?}");
 }
 
 #[test]

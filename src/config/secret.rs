@@ -98,7 +98,10 @@ fn walk(v: &Yaml, path: &str, found: &mut Vec<(String, String)>) {
                 } else {
                     format!("{path}.{key}")
                 };
-                let secret = (v.is_string() && is_secret_key(&key))
+                // A literal of any type under a secret's key (`password: 86753091` too); a
+                // mapping is a section (`auth:`) and is searched, an empty value holds nothing.
+                let literal = !matches!(v, Yaml::Mapping(_) | Yaml::Null | Yaml::Tagged(_));
+                let secret = (literal && is_secret_key(&key))
                     || v.as_str().is_some_and(is_credential_value);
                 if secret {
                     found.push((at, key));
@@ -202,11 +205,20 @@ mod tests {
     #[test]
     fn literals_are_found_outside_fields_and_env_keys_resolve() {
         let y: Yaml = yaml_serde::from_str(
-            "name: a\nfields: {Login: {password: string}}\nconfig:\n  pwd: x\n  headers: [{X-Auth: 'Bearer q'}]\n  token_env: T\n",
+            "name: a\nfields: {Login: {password: string}}\nconfig:\n  pwd: x\n  headers: [{X-Auth: 'Bearer q'}]\n  token_env: T\n  password: 86753091\n  api_key: true\n  tokens_left: 3\n  secret: [a, b]\n  credentials: {user: u}\n  token:\n",
         )
         .unwrap();
         let found: Vec<String> = literals(&y).into_iter().map(|(p, _)| p).collect();
-        assert_eq!(found, ["config.pwd", "config.headers[0].X-Auth"]);
+        assert_eq!(
+            found,
+            [
+                "config.pwd",
+                "config.headers[0].X-Auth",
+                "config.password",
+                "config.api_key",
+                "config.secret"
+            ]
+        );
 
         std::env::set_var("AGENTSERVER_TEST_SECRET_X", "s3cret");
         let mut j = serde_json::json!({"key_env": "AGENTSERVER_TEST_SECRET_X", "n": [{"b_env": "AGENTSERVER_NOT_SET_Y"}]});
