@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::visible::Seen;
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::rest::PageQuery;
+use super::test_vectors::{cases_of, checked_cases, run_cases, TestCase, TestReport};
 use super::view::{Paged, ReloadReport, Timestamp};
 use super::ApiState;
 
@@ -179,7 +180,7 @@ pub struct AgentChanged {
     pub reload: ReloadReport,
 }
 
-fn error(e: AgentError) -> ApiError {
+pub(super) fn error(e: AgentError) -> ApiError {
     let message = e.to_string();
     match e {
         AgentError::NotFound(_) => ApiError::not_found("unknown_agent", message),
@@ -208,7 +209,7 @@ fn error(e: AgentError) -> ApiError {
 
 /// Keeps only the problems about `agent` for a tenant's credential: the rest are about the
 /// operator's file, which a tenant may not read.
-fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
+pub(super) fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
     match e {
         AgentError::Invalid(problems) if !seen.scope.everything() => {
             let (mine, others): (Vec<_>, Vec<_>) = problems
@@ -231,7 +232,7 @@ fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
 }
 
 /// Runs a change of the organism off the async workers (building sandboxes runs `init`).
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
 ) -> Result<Result<T, AgentError>, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -241,7 +242,7 @@ async fn blocking<T: Send + 'static>(
 
 /// The API agent `name` as the caller may see it: 404 when it is not an API agent, or not
 /// the caller's tenant's; 409 for a listener of the file.
-fn visible_agent(
+pub(super) fn visible_agent(
     s: &ApiState,
     seen: &Seen,
     name: &str,
@@ -428,43 +429,6 @@ pub async fn upload_script(
         .into_response())
 }
 
-/// Cases as a request gives them, checked for shape and number; kept as given.
-fn checked_cases(cases: Option<serde_json::Value>) -> ApiResult<Option<serde_json::Value>> {
-    let Some(v) = cases else {
-        return Ok(None);
-    };
-    let parsed: Vec<TestCase> = serde_json::from_value(v.clone())
-        .map_err(|e| ApiError::bad_request(format!("cases: {e}")).at("cases"))?;
-    check_count(parsed.len())?;
-    Ok(Some(v))
-}
-
-fn check_count(n: usize) -> ApiResult<()> {
-    use crate::pump::agents::MAX_TEST_CASES;
-    if n == 0 || n > MAX_TEST_CASES {
-        return Err(
-            ApiError::bad_request(format!("give 1 to {MAX_TEST_CASES} cases (got {n})"))
-                .at("cases"),
-        );
-    }
-    Ok(())
-}
-
-/// The cases kept with a version, if any.
-fn cases_of(v: &VersionRow) -> ApiResult<Option<Vec<TestCase>>> {
-    v.cases
-        .clone()
-        .map(serde_json::from_value)
-        .transpose()
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                format!("kept cases unreadable: {e}"),
-            )
-        })
-}
-
 #[utoipa::path(get, path = "/api/v1/agents/{name}/scripts", tag = "agents",
     params(("name" = String, Path, description = "Agent name"), PageQuery),
     responses((status = 200, description = "Its versions, newest first, the live one marked (a Lua listener of the file: its script as each load found it)", body = Paged<ScriptVersion>),
@@ -587,221 +551,4 @@ pub async fn list_deployments(
     Ok(Json(Paged::map(q.page().cut(all), |d| {
         Deployment::from(&d)
     })))
-}
-
-/// `POST /api/v1/agents/{name}/scripts/{version}/test`.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TestRequest {
-    pub cases: Vec<TestCase>,
-}
-
-/// One case: what the agent receives, and what is expected of it.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct TestCase {
-    /// XML text, or a JSON object written as the payload type the agent accepts.
-    #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
-    /// Which accepted type a JSON `payload` is, when the agent accepts several.
-    pub payload_type: Option<String>,
-    pub expect: Option<Expect>,
-}
-
-/// What a case should do: its outputs, in order (each matching when every field it names
-/// matches), and its status (`completed`: the handler answered and every output would be
-/// delivered; `failed` otherwise).
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Expect {
-    pub outputs: Option<Vec<ExpectedOutput>>,
-    pub status: Option<String>,
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExpectedOutput {
-    /// One of the receivers.
-    pub to: Option<String>,
-    /// `Local` or `{namespace}Local`.
-    #[serde(rename = "type")]
-    pub payload_type: Option<String>,
-    /// The payload as JSON, typed by the receiver's schema.
-    #[schema(value_type = Option<Object>)]
-    pub payload: Option<serde_json::Value>,
-}
-
-/// One output a case produced.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CaseOutput {
-    /// Its receivers under the running topology (`test` for a reply to the case's sender).
-    pub to: Vec<String>,
-    #[serde(rename = "type")]
-    pub payload_type: Option<String>,
-    #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
-    pub payload_xml: String,
-    /// Why the organism would refuse it, if it would.
-    pub error: Option<String>,
-}
-
-/// One case's verdict.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CaseResult {
-    pub pass: bool,
-    /// `completed`, `failed`, or `not_run` (the request's time budget was spent).
-    pub status: String,
-    pub outputs: Vec<CaseOutput>,
-    pub error: Option<String>,
-    /// What did not match the expectation.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub mismatches: Vec<String>,
-    /// Wall time of the handler call.
-    pub elapsed_ms: f64,
-    /// CPU time of the call on its sandbox's thread (null if the handler did not run).
-    pub cpu_ms: Option<f64>,
-    /// The most memory the sandbox's Lua state held during the call, the script's own
-    /// globals included (sampled as the CPU budget is checked, and at the end; null if the
-    /// handler did not run).
-    pub memory_bytes: Option<u64>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TestReport {
-    pub cases: Vec<CaseResult>,
-    pub passed: usize,
-    pub failed: usize,
-}
-
-fn judge(expect: Option<&Expect>, status: &str, outputs: &[CaseOutput]) -> Vec<String> {
-    let Some(expect) = expect else {
-        return Vec::new();
-    };
-    let mut mismatches = Vec::new();
-    if let Some(s) = &expect.status {
-        if s != status {
-            mismatches.push(format!("status: expected `{s}`, got `{status}`"));
-        }
-    }
-    if let Some(wanted) = &expect.outputs {
-        if wanted.len() != outputs.len() {
-            mismatches.push(format!(
-                "outputs: expected {}, got {}",
-                wanted.len(),
-                outputs.len()
-            ));
-        }
-        for (i, (w, got)) in wanted.iter().zip(outputs).enumerate() {
-            if let Some(to) = &w.to {
-                if !got.to.contains(to) {
-                    mismatches.push(format!(
-                        "outputs[{i}].to: expected `{to}`, got {:?}",
-                        got.to
-                    ));
-                }
-            }
-            if let Some(t) = &w.payload_type {
-                let matches = got
-                    .payload_type
-                    .as_deref()
-                    .is_some_and(|g| g == t || g.rsplit_once('}').map_or(g, |(_, l)| l) == t);
-                if !matches {
-                    mismatches.push(format!(
-                        "outputs[{i}].type: expected `{t}`, got {:?}",
-                        got.payload_type
-                    ));
-                }
-            }
-            if let Some(p) = &w.payload {
-                if *p != got.payload {
-                    mismatches.push(format!(
-                        "outputs[{i}].payload: expected {p}, got {}",
-                        got.payload
-                    ));
-                }
-            }
-        }
-    }
-    mismatches
-}
-
-#[utoipa::path(post, path = "/api/v1/agents/{name}/scripts/{version}/test", tag = "agents", request_body = TestRequest,
-    params(("name" = String, Path, description = "Agent name"), ("version" = u64, Path, description = "Version")),
-    responses((status = 200, description = "Each case's verdict, run in a sandbox of that version apart from the running organism (nothing is delivered or kept)", body = TestReport),
-              (status = 400, description = "No cases, or more than 50", body = ErrorResponse),
-              (status = 404, description = "No such agent or version", body = ErrorResponse),
-              (status = 422, description = "The version does not load any more", body = ErrorResponse)))]
-pub async fn test_script(
-    State(s): State<ApiState>,
-    seen: Seen,
-    Path((name, version)): Path<(String, u64)>,
-    JsonBody(body): JsonBody<TestRequest>,
-) -> ApiResult<Json<TestReport>> {
-    visible_agent(&s, &seen, &name)?;
-    check_count(body.cases.len())?;
-    let organism = s.inner.organism.clone();
-    let target = name.clone();
-    let tester = blocking(move || organism.prepare_test(&target, version))
-        .await?
-        .map_err(|e| error(for_caller(e, &seen, &name)))?;
-    Ok(Json(run_cases(&tester, &body.cases).await))
-}
-
-/// Runs `cases` through `tester`, within [`crate::pump::agents::TEST_BUDGET`] (cases past
-/// it are `not_run`).
-async fn run_cases(tester: &crate::pump::agents::Tester, cases: &[TestCase]) -> TestReport {
-    use crate::pump::agents::TEST_BUDGET;
-    let started = std::time::Instant::now();
-    let mut results = Vec::new();
-    for case in cases {
-        if started.elapsed() > TEST_BUDGET {
-            results.push(CaseResult {
-                pass: false,
-                status: "not_run".into(),
-                outputs: Vec::new(),
-                error: Some(format!(
-                    "not run: this request's {} s were spent",
-                    TEST_BUDGET.as_secs()
-                )),
-                mismatches: Vec::new(),
-                elapsed_ms: 0.0,
-                cpu_ms: None,
-                memory_bytes: None,
-            });
-            continue;
-        }
-        let outcome = tester
-            .run(&case.payload, case.payload_type.as_deref())
-            .await;
-        let outputs: Vec<CaseOutput> = outcome
-            .outputs
-            .into_iter()
-            .map(|o| CaseOutput {
-                to: o.to,
-                payload_type: o.payload_type,
-                payload: o.payload,
-                payload_xml: o.payload_xml,
-                error: o.error,
-            })
-            .collect();
-        let ok = outcome.error.is_none() && outputs.iter().all(|o| o.error.is_none());
-        let status = if ok { "completed" } else { "failed" };
-        let mismatches = judge(case.expect.as_ref(), status, &outputs);
-        results.push(CaseResult {
-            pass: mismatches.is_empty() && (ok || case.expect.is_some()),
-            status: status.into(),
-            outputs,
-            error: outcome.error,
-            mismatches,
-            elapsed_ms: outcome.elapsed_ms,
-            cpu_ms: outcome.cost.map(|c| c.cpu.as_secs_f64() * 1e3),
-            memory_bytes: outcome.cost.map(|c| c.memory_bytes as u64),
-        });
-    }
-    let passed = results.iter().filter(|c| c.pass).count();
-    TestReport {
-        failed: results.len() - passed,
-        passed,
-        cases: results,
-    }
 }

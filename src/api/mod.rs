@@ -48,6 +48,7 @@ pub mod keys;
 mod metrics;
 mod rest;
 mod sanitize;
+mod test_vectors;
 pub mod view;
 mod ws;
 
@@ -280,7 +281,7 @@ fn router(
         .routes(routes!(agents::delete_agent))
         .routes(routes!(agents::upload_script, agents::list_scripts))
         .routes(routes!(agents::get_script))
-        .routes(routes!(agents::test_script))
+        .routes(routes!(test_vectors::test_script))
         .routes(routes!(agents::deploy, agents::list_deployments))
         .routes(routes!(keys::create_key, keys::list_keys))
         .routes(routes!(keys::revoke_key))
