@@ -216,13 +216,13 @@ async fn nothing_crosses_a_tenant_but_to_shared_listeners_on_any_path() {
 
     // A test vector's preview routes as the pump does, and says as little.
     let tester = o.prepare_test("a-api-free", 1).expect("a tester");
-    let outcome = tester.run(&json!({}), Some("Go")).await;
-    let mut to = outcome.outputs[0].to.clone();
+    let mut outcome = tester.run(&json!({}), Some("Go")).await;
+    let mut to = tester.output(outcome.outputs.remove(0)).to;
     to.sort();
     assert_eq!(to, names(&["a-recv", "a-api-recv", "b-shared", "o-shared"]));
     for hidden in B_AND_ORGANISM.iter().chain(&["ghost"]) {
-        let outcome = tester.run(&json!({ "to": hidden }), Some("Go")).await;
-        let out = &outcome.outputs[0];
+        let mut outcome = tester.run(&json!({ "to": hidden }), Some("Go")).await;
+        let out = tester.output(outcome.outputs.remove(0));
         assert_eq!(
             out.error.as_deref(),
             Some(
@@ -261,4 +261,150 @@ fn a_tenants_listener_may_not_name_a_peer_out_of_its_scope_nor_learn_if_it_exist
         );
         assert!(!e.contains("names no listener"), "{e}");
     }
+}
+
+/// A script that answers each case with 12 outputs of 900 kB.
+const BIG: &str = r#"
+local big = string.rep("x", 900000)
+function handle(p, meta)
+  local out = {}
+  for i = 1, 12 do
+    out[i] = { to = meta.from, xml = "<Big><text>" .. big .. "</text></Big>" }
+  end
+  return out
+end
+"#;
+
+/// A process's resident and peak resident memory, in bytes (Linux `/proc`).
+fn memory_of(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb = |key: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap()
+    };
+    (kb("VmRSS:") * 1024, kb("VmHWM:") * 1024)
+}
+
+/// One tenant operator's test vectors that answer far more than the limit: the answers stay
+/// within `limits.max_test_answer_bytes`, at most `max_tests_at_once` run together (the
+/// rest are told 429), the server's peak memory rises by less than the limit times that
+/// bound plus 100 MB, and it keeps answering.
+#[test]
+fn test_vector_answers_are_bounded_by_bytes_and_runs_by_tenant() {
+    use agentserver::api::auth::{KeySource, Role};
+    use common::child::{agentserver, serve};
+    const LIMIT: usize = 4 * 1024 * 1024;
+    const AT_ONCE: usize = 2;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("s.xsd"), XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "organism:\n  name: big\n  store: o.db\nauth: {{methods: [keys]}}\nlimits: {{max_test_answer_bytes: {LIMIT}, max_tests_at_once: {AT_ONCE}}}\nlisteners:\n  - {{name: o-recv, description: keeps, kind: native, handler: sink, schema: s.xsd, accepts: [Secret]}}\n"
+        ),
+    )
+    .unwrap();
+    let config = Organism::builder().load_config(&path).unwrap();
+    let (key, row) =
+        agentserver::api::keys::new_key("acme-op", Role::Operator, Some("acme"), None).unwrap();
+    KeySource::of(&config).unwrap().add(&row).unwrap();
+    drop(config);
+    let mut cmd = agentserver();
+    cmd.args(["run", path.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    let (child, url) = serve(cmd, std::process::Stdio::null());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = {
+        let _guard = rt.enter();
+        http()
+    };
+    let post = |path: String, body: serde_json::Value| {
+        let req = http
+            .post(format!("{url}{path}"))
+            .bearer_auth(&key)
+            .json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            let bytes = r.bytes().await.unwrap();
+            (status, bytes)
+        }
+    };
+    let (st, body) = rt.block_on(post(
+        "/api/v1/agents".into(),
+        json!({"name": "big", "description": "answers big", "fields": {"Go": {"to": "string?"}},
+               "script": BIG, "limits": {"memory_mb": 64, "cpu_ms": 1000}}),
+    ));
+    assert_eq!(st, 201, "{}", String::from_utf8_lossy(&body));
+    let cases: Vec<serde_json::Value> = (0..50).map(|_| json!({"payload": {}})).collect();
+    let test = || {
+        post(
+            "/api/v1/agents/big/scripts/1/test".into(),
+            json!({"cases": cases}),
+        )
+    };
+    // Warm: one case, so what the first run sets up once is in the baseline.
+    let (st, body) = rt.block_on(post(
+        "/api/v1/agents/big/scripts/1/test".into(),
+        json!({"cases": [{"payload": {}}]}),
+    ));
+    assert_eq!(st, 200);
+    assert!(body.len() <= LIMIT + 256 * 1024, "{} bytes", body.len());
+    let (rss_before, _) = memory_of(child.id());
+
+    let answers = rt.block_on(async {
+        let runs: Vec<_> = (0..AT_ONCE + 2).map(|_| tokio::spawn(test())).collect();
+        let mut out = Vec::new();
+        for r in runs {
+            out.push(r.await.unwrap());
+        }
+        out
+    });
+    let (_, peak) = memory_of(child.id());
+    let mut ran = 0;
+    for (st, body) in &answers {
+        match st {
+            200 => {
+                ran += 1;
+                // Within the limit, plus the verdicts' own small fields.
+                assert!(body.len() <= LIMIT + 256 * 1024, "{} bytes", body.len());
+                let report: serde_json::Value = serde_json::from_slice(body).unwrap();
+                assert_eq!(report["truncated"], true);
+                let first = &report["cases"][0]["outputs"][0];
+                assert_eq!(first["type"], "Big", "{first}");
+                let cut = report["cases"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|c| c["outputs"].as_array().unwrap())
+                    .find(|o| o["truncated"] == true)
+                    .unwrap();
+                assert!(cut["payload"].is_null());
+                assert!(cut["payload_xml"].as_str().unwrap().contains("bytes cut]"));
+            }
+            429 => {
+                let e: serde_json::Value = serde_json::from_slice(body).unwrap();
+                assert_eq!(e["error"]["code"], "too_many_tests", "{e}");
+            }
+            other => panic!("{other}: {}", String::from_utf8_lossy(body)),
+        }
+    }
+    assert!((1..=AT_ONCE).contains(&ran), "{ran} ran");
+    let rise = peak.saturating_sub(rss_before);
+    eprintln!("test vectors: RSS {rss_before} before, peak {peak} (+{rise}); {ran} ran");
+    assert!(
+        rise < (LIMIT * AT_ONCE) as u64 + 100 * 1024 * 1024,
+        "peak {peak} rose {rise} bytes over {rss_before}"
+    );
+    // Still healthy: an inject is taken and the server answers.
+    let (st, _) = rt.block_on(post(
+        "/api/v1/inject".into(),
+        json!({"to": "big", "payload_xml": "<Go/>"}),
+    ));
+    assert_eq!(st, 202);
+    drop(child);
 }

@@ -386,7 +386,8 @@ pub async fn delete_agent(
               (status = 200, description = "`dry_run=true`: the version as it would be kept and its cases' verdicts; nothing kept", body = DryRun),
               (status = 404, description = "No such agent", body = ErrorResponse),
               (status = 409, description = "A listener of the organism file", body = ErrorResponse),
-              (status = 422, description = "It does not load, one reason per line in `details` (Lua errors with their line)", body = ErrorResponse)))]
+              (status = 422, description = "It does not load, one reason per line in `details` (Lua errors with their line)", body = ErrorResponse),
+              (status = 429, description = "`dry_run=true` with cases while `limits.max_tests_at_once` test runs of the caller's tenant are under way", body = ErrorResponse)))]
 pub async fn upload_script(
     State(s): State<ApiState>,
     seen: Seen,
@@ -411,7 +412,7 @@ pub async fn upload_script(
         let done = blocking(move || organism.preview_version(&target, new, author)).await?;
         let (v, tester) = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
         let tests = match cases_of(&v)? {
-            Some(cases) => Some(run_cases(&tester, &cases).await),
+            Some(cases) => Some(run_cases(&s, &seen, &tester, &cases).await?),
             None => None,
         };
         let answer = DryRun {
@@ -482,7 +483,8 @@ pub async fn get_script(
     responses((status = 201, description = "That version is live: new messages go to it, calls in flight finish on the old one", body = AgentChanged),
               (status = 404, description = "No such agent or version", body = ErrorResponse),
               (status = 409, description = "`if_rev` is not the running revision, or a file listener", body = ErrorResponse),
-              (status = 422, description = "It does not load any more (the organism changed around it), or a test case kept with it failed (`tests_failed`, each in `details`; `force: true` deploys anyway); nothing changed", body = ErrorResponse)))]
+              (status = 422, description = "It does not load any more (the organism changed around it), or a test case kept with it failed (`tests_failed`, each in `details`; `force: true` deploys anyway); nothing changed", body = ErrorResponse),
+              (status = 429, description = "Its kept cases would run while `limits.max_tests_at_once` test runs of the caller's tenant are under way", body = ErrorResponse)))]
 pub async fn deploy(
     State(s): State<ApiState>,
     seen: Seen,
@@ -501,7 +503,7 @@ pub async fn deploy(
         let tester = blocking(move || organism.prepare_test(&target, version))
             .await?
             .map_err(|e| error(for_caller(e, &seen, &name)))?;
-        let report = run_cases(&tester, &cases).await;
+        let report = run_cases(&s, &seen, &tester, &cases).await?;
         if report.failed > 0 {
             let details = report
                 .cases

@@ -132,8 +132,14 @@ struct Inner {
     dropped: [AtomicU64; 2],
     /// Refused requests by HTTP status (the bad inputs that never reached the pump included).
     refused: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
+    /// Test-vector runs under way, by tenant (`None`: the organism's own credentials):
+    /// `limits.max_tests_at_once` permits each.
+    tests_running: std::sync::Mutex<TestSlots>,
     openapi: String,
 }
+
+/// Each tenant's test-vector slots: the limit they were made with, and the semaphore.
+type TestSlots = std::collections::HashMap<Option<String>, (usize, Arc<tokio::sync::Semaphore>)>;
 
 /// Shared by every handler.
 #[derive(Clone)]
@@ -155,6 +161,40 @@ impl Drop for ClientGuard {
 }
 
 impl ApiState {
+    /// A slot for one test-vector run of `tenant`'s, or 429 `too_many_tests` when its
+    /// `limits.max_tests_at_once` are all taken. Held for the run; freed when dropped.
+    fn test_slot(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let max = self.inner.organism.config().limits.max_tests_at_once;
+        let slots = {
+            let mut all = crate::sync::lock(&self.inner.tests_running);
+            let entry = all
+                .entry(tenant.map(str::to_string))
+                .or_insert_with(|| (max, Arc::new(tokio::sync::Semaphore::new(max))));
+            if entry.0 != max {
+                // The limit changed with a reload: runs under way keep the old slots.
+                *entry = (max, Arc::new(tokio::sync::Semaphore::new(max)));
+            }
+            entry.1.clone()
+        };
+        slots.try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "too_many_tests",
+                format!(
+                    "{max} test runs of this tenant are under way (limits.max_tests_at_once); \
+                     retry when one has answered"
+                ),
+            )
+            .with_header(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            )
+        })
+    }
+
     fn client_guard(&self, ep: Endpoint) -> ClientGuard {
         self.inner.clients[ep as usize].fetch_add(1, Ordering::Relaxed);
         ClientGuard {
@@ -308,6 +348,7 @@ fn router(
             session_ended: tokio::sync::Notify::new(),
             dropped: Default::default(),
             refused: Default::default(),
+            tests_running: Default::default(),
             openapi,
         }),
     };

@@ -109,6 +109,10 @@ pub struct CaseOutput {
     pub payload_xml: String,
     /// Why the organism would refuse it, if it would.
     pub error: Option<String>,
+    /// Its payload was cut: the answer had carried `limits.max_test_answer_bytes` of
+    /// outputs already (`payload` is null, `payload_xml` the start, saying how much was cut).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
 /// One case's verdict.
@@ -137,9 +141,14 @@ pub struct TestReport {
     pub cases: Vec<CaseResult>,
     pub passed: usize,
     pub failed: usize,
+    /// Some outputs' payloads were cut to keep the answer within
+    /// `limits.max_test_answer_bytes` (each says so with `truncated`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
 }
 
-fn judge(expect: Option<&Expect>, status: &str, outputs: &[CaseOutput]) -> Vec<String> {
+/// What `expect` says of the case's status and its number of outputs that did not hold.
+fn judge_case(expect: Option<&Expect>, status: &str, outputs: usize) -> Vec<String> {
     let Some(expect) = expect else {
         return Vec::new();
     };
@@ -150,42 +159,48 @@ fn judge(expect: Option<&Expect>, status: &str, outputs: &[CaseOutput]) -> Vec<S
         }
     }
     if let Some(wanted) = &expect.outputs {
-        if wanted.len() != outputs.len() {
+        if wanted.len() != outputs {
+            mismatches.push(format!("outputs: expected {}, got {outputs}", wanted.len(),));
+        }
+    }
+    mismatches
+}
+
+/// What `expect` says of output `i` (whole, before any cut) that did not hold.
+fn judge_output(expect: Option<&Expect>, i: usize, got: &CaseOutput) -> Vec<String> {
+    let Some(w) = expect
+        .and_then(|e| e.outputs.as_ref())
+        .and_then(|o| o.get(i))
+    else {
+        return Vec::new();
+    };
+    let mut mismatches = Vec::new();
+    if let Some(to) = &w.to {
+        if !got.to.contains(to) {
             mismatches.push(format!(
-                "outputs: expected {}, got {}",
-                wanted.len(),
-                outputs.len()
+                "outputs[{i}].to: expected `{to}`, got {:?}",
+                got.to
             ));
         }
-        for (i, (w, got)) in wanted.iter().zip(outputs).enumerate() {
-            if let Some(to) = &w.to {
-                if !got.to.contains(to) {
-                    mismatches.push(format!(
-                        "outputs[{i}].to: expected `{to}`, got {:?}",
-                        got.to
-                    ));
-                }
-            }
-            if let Some(t) = &w.payload_type {
-                let matches = got
-                    .payload_type
-                    .as_deref()
-                    .is_some_and(|g| g == t || g.rsplit_once('}').map_or(g, |(_, l)| l) == t);
-                if !matches {
-                    mismatches.push(format!(
-                        "outputs[{i}].type: expected `{t}`, got {:?}",
-                        got.payload_type
-                    ));
-                }
-            }
-            if let Some(p) = &w.payload {
-                if *p != got.payload {
-                    mismatches.push(format!(
-                        "outputs[{i}].payload: expected {p}, got {}",
-                        got.payload
-                    ));
-                }
-            }
+    }
+    if let Some(t) = &w.payload_type {
+        let matches = got
+            .payload_type
+            .as_deref()
+            .is_some_and(|g| g == t || g.rsplit_once('}').map_or(g, |(_, l)| l) == t);
+        if !matches {
+            mismatches.push(format!(
+                "outputs[{i}].type: expected `{t}`, got {:?}",
+                got.payload_type
+            ));
+        }
+    }
+    if let Some(p) = &w.payload {
+        if *p != got.payload {
+            mismatches.push(format!(
+                "outputs[{i}].payload: expected {p}, got {}",
+                got.payload
+            ));
         }
     }
     mismatches
@@ -196,7 +211,8 @@ fn judge(expect: Option<&Expect>, status: &str, outputs: &[CaseOutput]) -> Vec<S
     responses((status = 200, description = "Each case's verdict, run in a sandbox of that version apart from the running organism (nothing is delivered or kept)", body = TestReport),
               (status = 400, description = "No cases, or more than 50", body = ErrorResponse),
               (status = 404, description = "No such agent or version", body = ErrorResponse),
-              (status = 422, description = "The version does not load any more", body = ErrorResponse)))]
+              (status = 422, description = "The version does not load any more", body = ErrorResponse),
+              (status = 429, description = "`limits.max_tests_at_once` test runs of the caller's tenant are under way (with `Retry-After`)", body = ErrorResponse)))]
 pub async fn test_script(
     State(s): State<ApiState>,
     seen: Seen,
@@ -210,16 +226,52 @@ pub async fn test_script(
     let tester = blocking(move || organism.prepare_test(&target, version))
         .await?
         .map_err(|e| error(for_caller(e, &seen, &name)))?;
-    Ok(Json(run_cases(&tester, &body.cases).await))
+    Ok(Json(run_cases(&s, &seen, &tester, &body.cases).await?))
+}
+
+/// What an answer may still carry of outputs, in bytes.
+struct Room {
+    left: usize,
+    cut: bool,
+}
+
+impl Room {
+    /// Keeps `o` whole if it fits, else cuts its payload to what is left.
+    fn fit(&mut self, o: &mut CaseOutput) {
+        let json_len = serde_json::to_vec(&o.payload).map_or(usize::MAX, |v| v.len());
+        let cost = o.payload_xml.len().saturating_add(json_len);
+        if cost <= self.left {
+            self.left -= cost;
+            return;
+        }
+        self.cut = true;
+        o.truncated = true;
+        o.payload = serde_json::Value::Null;
+        // Room for the note that says how much was cut, at the least.
+        let keep = self.left.max(64);
+        o.payload_xml = crate::clip::clip(std::mem::take(&mut o.payload_xml), keep);
+        self.left = self.left.saturating_sub(o.payload_xml.len());
+    }
 }
 
 /// Runs `cases` through `tester`, within [`crate::pump::agents::TEST_BUDGET`] (cases past
-/// it are `not_run`).
+/// it are `not_run`), in one of the caller's tenant's `limits.max_tests_at_once` slots. The
+/// answer is bounded by bytes: outputs past `limits.max_test_answer_bytes` are cut (each
+/// judged whole first), a mismatch's text at `limits.max_error_bytes`; one case's outputs
+/// are held whole only while it is judged (a handler's own limits bound them).
 pub(super) async fn run_cases(
+    s: &ApiState,
+    seen: &Seen,
     tester: &crate::pump::agents::Tester,
     cases: &[TestCase],
-) -> TestReport {
+) -> ApiResult<TestReport> {
     use crate::pump::agents::TEST_BUDGET;
+    let _slot = s.test_slot(seen.principal.tenant.as_deref())?;
+    let limits = s.inner.organism.config().limits;
+    let mut room = Room {
+        left: limits.max_test_answer_bytes,
+        cut: false,
+    };
     let started = std::time::Instant::now();
     let mut results = Vec::new();
     for case in cases {
@@ -242,20 +294,32 @@ pub(super) async fn run_cases(
         let outcome = tester
             .run(&case.payload, case.payload_type.as_deref())
             .await;
-        let outputs: Vec<CaseOutput> = outcome
-            .outputs
-            .into_iter()
-            .map(|o| CaseOutput {
-                to: o.to,
-                payload_type: o.payload_type,
-                payload: o.payload,
-                payload_xml: o.payload_xml,
-                error: o.error,
-            })
-            .collect();
+        // One output's copies at a time: each judged whole, then fitted into the answer.
+        let count = outcome.outputs.len();
+        let mut outputs = Vec::with_capacity(count);
+        let mut mismatches = Vec::new();
+        for (i, o) in outcome.outputs.into_iter().enumerate() {
+            let t = tester.output(o);
+            let mut out = CaseOutput {
+                to: t.to,
+                payload_type: t.payload_type,
+                payload: t.payload,
+                payload_xml: t.payload_xml,
+                error: t.error,
+                truncated: false,
+            };
+            mismatches.extend(judge_output(case.expect.as_ref(), i, &out));
+            room.fit(&mut out);
+            outputs.push(out);
+        }
         let ok = outcome.error.is_none() && outputs.iter().all(|o| o.error.is_none());
         let status = if ok { "completed" } else { "failed" };
-        let mismatches = judge(case.expect.as_ref(), status, &outputs);
+        let mut judged = judge_case(case.expect.as_ref(), status, count);
+        judged.append(&mut mismatches);
+        let mismatches: Vec<String> = judged
+            .into_iter()
+            .map(|m| crate::clip::clip(m, limits.max_error_bytes))
+            .collect();
         results.push(CaseResult {
             pass: mismatches.is_empty() && (ok || case.expect.is_some()),
             status: status.into(),
@@ -268,9 +332,10 @@ pub(super) async fn run_cases(
         });
     }
     let passed = results.iter().filter(|c| c.pass).count();
-    TestReport {
+    Ok(TestReport {
         failed: results.len() - passed,
         passed,
         cases: results,
-    }
+        truncated: room.cut,
+    })
 }

@@ -81,7 +81,7 @@ pub(super) fn serde_key(message: &str) -> Option<String> {
 
 pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
     // Each limit, its value and the least it may be.
-    let checks: [(&str, u64, u64); 14] = [
+    let checks: [(&str, u64, u64); 16] = [
         ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
         ("limits.max_depth", l.max_depth as u64, 1),
         (
@@ -116,6 +116,12 @@ pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
             1024 * 1024,
         ),
         ("limits.max_query_ms", l.max_query_ms, 1),
+        (
+            "limits.max_test_answer_bytes",
+            l.max_test_answer_bytes as u64,
+            1024,
+        ),
+        ("limits.max_tests_at_once", l.max_tests_at_once as u64, 1),
     ];
     for (key, value, least) in checks {
         if value < least {

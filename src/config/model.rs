@@ -226,6 +226,13 @@ pub struct Limits {
     /// How long one read of the store's history (`/messages`, `/threads`, a thread's log)
     /// may run, in milliseconds; a longer one is stopped and answered 503 `query_timeout`.
     pub max_query_ms: u64,
+    /// Bytes of outputs one test-vector answer carries (`…/scripts/{v}/test`, and the cases
+    /// a dry-run upload or a deploy runs): past it, each further output's payload is cut and
+    /// flagged `truncated`. Its verdict is judged on the whole output first.
+    pub max_test_answer_bytes: usize,
+    /// Test-vector runs at once per tenant (the organism's own credentials count as one
+    /// more); one more is answered 429 `too_many_tests`.
+    pub max_tests_at_once: usize,
 }
 
 impl Limits {
@@ -257,6 +264,8 @@ impl Default for Limits {
             max_attributes: 256,
             max_retained_bytes: 256 * 1024 * 1024,
             max_query_ms: 5_000,
+            max_test_answer_bytes: 4 * 1024 * 1024,
+            max_tests_at_once: 2,
         }
     }
 }

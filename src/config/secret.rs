@@ -101,8 +101,8 @@ fn walk(v: &Yaml, path: &str, found: &mut Vec<(String, String)>) {
                 // A literal of any type under a secret's key (`password: 86753091` too); a
                 // mapping is a section (`auth:`) and is searched, an empty value holds nothing.
                 let literal = !matches!(v, Yaml::Mapping(_) | Yaml::Null | Yaml::Tagged(_));
-                let secret = (literal && is_secret_key(&key))
-                    || v.as_str().is_some_and(is_credential_value);
+                let secret =
+                    (literal && is_secret_key(&key)) || v.as_str().is_some_and(is_credential_value);
                 if secret {
                     found.push((at, key));
                 } else {

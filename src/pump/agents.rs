@@ -680,7 +680,9 @@ pub struct Tester {
 /// What one case did.
 #[derive(Debug, Clone)]
 pub struct CaseOutcome {
-    pub outputs: Vec<TestOutput>,
+    /// The handler's outputs as it returned them: [`Tester::output`] says where each would
+    /// go, one at a time, so a caller holds one output's copies at once.
+    pub outputs: Vec<crate::listener::Output>,
     /// Why the payload was refused, or the handler failed.
     pub error: Option<String>,
     /// Wall time of the handler call.
@@ -780,9 +782,6 @@ impl Tester {
         let mut outcome = self.run_unbounded(payload, payload_type).await;
         let shared = &self.organism.shared;
         outcome.error = outcome.error.map(|e| shared.clip_error(e));
-        for o in &mut outcome.outputs {
-            o.error = o.error.take().map(|e| shared.clip_error(e));
-        }
         outcome
     }
 
@@ -855,7 +854,7 @@ impl Tester {
                 cost,
             },
             Ok(outputs) => CaseOutcome {
-                outputs: outputs.into_iter().map(|o| self.output(o)).collect(),
+                outputs,
                 error: None,
                 elapsed_ms,
                 cost,
@@ -864,8 +863,15 @@ impl Tester {
     }
 
     /// Where an output would go and whether its receivers would take it: the organism's
-    /// routing (as of now) and each receiver's schema in the tried config.
-    fn output(&self, o: crate::listener::Output) -> TestOutput {
+    /// routing (as of now) and each receiver's schema in the tried config. Its error is cut
+    /// at `limits.max_error_bytes`.
+    pub fn output(&self, o: crate::listener::Output) -> TestOutput {
+        let mut out = self.output_unbounded(o);
+        out.error = out.error.map(|e| self.organism.shared.clip_error(e));
+        out
+    }
+
+    fn output_unbounded(&self, o: crate::listener::Output) -> TestOutput {
         let limits = &self.organism.shared.xml_limits;
         let mut out = TestOutput {
             to: o.to.iter().cloned().collect(),
