@@ -50,6 +50,9 @@ pub struct ErrorResponse {
 /// Longest `message` of an error answer, in bytes.
 pub const MAX_ANSWER_TEXT: usize = 4096;
 
+/// Bytes of an error answer's `details` together.
+pub const MAX_DETAILS_BYTES: usize = 32 * 1024;
+
 impl ApiError {
     /// `message` is cut at [`MAX_ANSWER_TEXT`] bytes: it may quote what a client sent.
     pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
@@ -77,8 +80,25 @@ impl ApiError {
         self
     }
 
+    /// `details`, each cut at [`MAX_ANSWER_TEXT`] bytes and all together at
+    /// [`MAX_DETAILS_BYTES`]: past it, one last line says how many more were left out.
     pub fn details(mut self, details: Vec<String>) -> Self {
-        self.body.details = details;
+        let total = details.len();
+        let mut used = 0;
+        for d in details {
+            let d = crate::clip::clip(d, MAX_ANSWER_TEXT);
+            if used + d.len() > MAX_DETAILS_BYTES {
+                break;
+            }
+            used += d.len();
+            self.body.details.push(d);
+        }
+        let left_out = total - self.body.details.len();
+        if left_out > 0 {
+            self.body
+                .details
+                .push(format!("… and {left_out} more not shown"));
+        }
         self
     }
 
@@ -281,7 +301,7 @@ fn query_problem(text: &str) -> (Option<&str>, &str) {
 
 #[cfg(test)]
 mod tests {
-    use super::query_problem;
+    use super::{query_problem, ApiError, MAX_ANSWER_TEXT, MAX_DETAILS_BYTES};
 
     #[test]
     fn a_query_rejection_names_its_parameter_when_it_can() {
@@ -297,5 +317,23 @@ mod tests {
             (None, "expected `,` here: x")
         );
         assert_eq!(query_problem("something else"), (None, "something else"));
+    }
+
+    #[test]
+    fn details_are_bounded_by_bytes_and_say_what_was_left_out() {
+        let many: Vec<String> = (0..10_000)
+            .map(|i| format!("{i}: {}", "x".repeat(100)))
+            .collect();
+        let e = ApiError::bad_request("m").details(many);
+        let bytes: usize = e.body.details.iter().map(String::len).sum();
+        assert!(bytes <= MAX_DETAILS_BYTES + 64, "{bytes}");
+        let last = e.body.details.last().unwrap();
+        assert!(
+            last.starts_with("… and ") && last.ends_with("more not shown"),
+            "{last}"
+        );
+        let one = ApiError::bad_request("m").details(vec!["y".repeat(100_000)]);
+        assert!(one.body.details[0].len() <= MAX_ANSWER_TEXT);
+        assert_eq!(one.body.details.len(), 1);
     }
 }
