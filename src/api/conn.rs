@@ -4,8 +4,13 @@
 //!   too_many_connections` (a fixed answer written within a second) and closed, so the
 //!   server keeps answering, with an error, rather than running out of file descriptors;
 //!   `/healthz` answers again as soon as a connection closes.
-//! - `limits.header_timeout_ms` to send a request's headers (hyper's header-read timer):
-//!   a slow-header client is closed.
+//! - `limits.header_timeout_ms` to send a request's first byte (a connection that sends
+//!   nothing is closed then, not at the idle timeout) and then its headers (hyper's
+//!   header-read timer): a slow-header client is closed.
+//! - The process's file descriptors: at start the soft `RLIMIT_NOFILE` is raised to the hard
+//!   one where allowed; if `max_connections`, the refusals under way ([`REFUSING`]) and the
+//!   server's own descriptors ([`OWN_DESCRIPTORS`]) still do not fit, the cap is lowered to
+//!   what does, and the log says so. So a client past the cap is always answered 503.
 //! - `limits.idle_timeout_ms` without a byte read or written closes a connection
 //!   ([`Idle`]), keep-alive or WebSocket alike (a live session's pings keep it busy).
 //! - `TCP_NODELAY` on every connection: answers and frames leave at once, not after the
@@ -36,14 +41,67 @@ pub(super) struct ConnLimits {
     pub idle_timeout: Duration,
 }
 
+/// Descriptors kept for the server's own use besides connections: the listener, the
+/// runtime's, the store's files and connections, the file watch, NATS, logs.
+pub const OWN_DESCRIPTORS: usize = 64;
+
+/// Connections over the cap being answered 503 at once; the accept loop waits for one of
+/// these slots, so each such client is answered rather than left without a descriptor.
+pub const REFUSING: usize = 32;
+
 impl ConnLimits {
     pub fn of(l: &Limits) -> Self {
         ConnLimits {
-            max_connections: l.max_connections,
+            max_connections: descriptor_cap(l.max_connections),
             header_timeout: Duration::from_millis(l.header_timeout_ms),
             idle_timeout: Duration::from_millis(l.idle_timeout_ms),
         }
     }
+}
+
+/// `max_connections`, or fewer when the process may not open that many descriptors beside
+/// its own and the refusals': the soft `RLIMIT_NOFILE` is raised to the hard one first.
+fn descriptor_cap(max_connections: usize) -> usize {
+    let Some(limit) = raise_descriptor_limit() else {
+        return max_connections;
+    };
+    let room = (limit as usize)
+        .saturating_sub(OWN_DESCRIPTORS + REFUSING)
+        .max(1);
+    if room < max_connections {
+        tracing::warn!(
+            "limits.max_connections is {max_connections}, but this process may open {limit} \
+             file descriptors (RLIMIT_NOFILE, its hard limit included); taking {room} \
+             connections at once, so that every one past them is still answered 503 \
+             (raise the limit with `ulimit -n`, or lower limits.max_connections)"
+        );
+    }
+    room.min(max_connections)
+}
+
+/// The soft descriptor limit after raising it to the hard one where allowed; `None` when it
+/// cannot be read (it is then not a bound this code can see).
+fn raise_descriptor_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes one `rlimit` into the valid, exclusively borrowed struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return None;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: `setrlimit` reads one valid `rlimit`; raising the soft limit up to the hard
+        // one is allowed to any process.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    (lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
 const TOO_MANY_BODY: &str = r#"{"error":{"code":"too_many_connections","message":"the server holds limits.max_connections connections; try again"}}"#;
@@ -58,6 +116,7 @@ pub(super) async fn serve(
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> io::Result<()> {
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let refusing = Arc::new(tokio::sync::Semaphore::new(REFUSING));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -85,7 +144,14 @@ pub(super) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let Ok(permit) = permits.clone().try_acquire_owned() else {
-            tokio::spawn(refuse(stream));
+            // Wait for a refusal slot: the client is answered, never left without one.
+            let Ok(slot) = refusing.clone().acquire_owned().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                refuse(stream).await;
+                drop(slot);
+            });
             continue;
         };
         let service = hyper::service::service_fn({
@@ -103,6 +169,12 @@ pub(super) async fn serve(
         match &tls {
             None => {
                 tokio::spawn(async move {
+                    // Nothing sent by the header timeout (or the idle one, if shorter):
+                    // closed (hyper's header timer starts at the first byte).
+                    let wait = limits.header_timeout.min(limits.idle_timeout);
+                    if !first_byte(&io.inner, wait).await {
+                        return;
+                    }
                     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
                     let _ = watcher.watch(conn.into_owned()).await;
                     drop(permit);
@@ -126,6 +198,15 @@ pub(super) async fn serve(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Whether the client sent a byte (or closed) within `timeout`.
+async fn first_byte(stream: &TcpStream, timeout: Duration) -> bool {
+    let mut one = [0u8; 1];
+    matches!(
+        tokio::time::timeout(timeout, stream.peek(&mut one)).await,
+        Ok(Ok(_))
+    )
 }
 
 /// Answers a connection over the cap and closes it, within a second.
