@@ -446,6 +446,58 @@ listeners:
     assert_eq!(agent_names(&hello), ["t1"]);
     drop(tenant_ws);
 
+    // Its scope follows the organism: an agent created through the API, then a listener a
+    // reload adds, are seen by the session opened before either (once the pump's next
+    // snapshot, within a second, says so).
+    let t1_snapshot = |url: String, key: String| async move {
+        let mut ws = ws_with_key(&url.replace("/ws/messages", "/ws"), Some(&key))
+            .await
+            .unwrap();
+        let hello = next_json(&mut ws).await;
+        agent_names(&hello)
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    o.create_agent(
+        agentserver::pump::agents::NewAgent {
+            name: "t-api".into(),
+            tenant: Some("acme".into()),
+            definition: serde_json::json!({"description": "acme's, by API", "accepts": ["Note"]}),
+            version: agentserver::pump::agents::NewVersion {
+                script: "function handle(p, meta) return nil end\n".into(),
+                xsd: Some(TEST_XSD.into()),
+                ..Default::default()
+            },
+        },
+        None,
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "tenant: acme}",
+        "tenant: acme}\n  - {name: t2, description: acme's too, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}",
+    );
+    std::fs::write(&path, text).unwrap();
+    o.reload(None).unwrap();
+    wait_until_async("the gateway's snapshot to show t-api and t2", || {
+        let (url, key) = (url.clone(), acme.clone());
+        async move {
+            let names = t1_snapshot(url, key).await;
+            names.contains(&"t-api".to_string()) && names.contains(&"t2".to_string())
+        }
+    })
+    .await;
+    for to in ["t-api", "t2"] {
+        let r = inject(&o, to, "<Note>acme's new</Note>", None);
+        settle(&o, &r.thread_id).await;
+        let seen = read_until(&mut tenant, done(r.thread_id.to_string())).await;
+        let acme = ["t1", "t2", "t-api"];
+        assert!(
+            seen.iter().all(|f| acme.contains(&f["to"].as_str().unwrap_or(""))),
+            "{to}: {seen:?}"
+        );
+    }
+
     let out = child::run_to_exit([
         "keys".as_ref(),
         "revoke".as_ref(),

@@ -385,7 +385,7 @@ fn upgrade(
         None => Credential::Unchecked,
         Some(a) => match a.auth.authenticate(&caller.headers) {
             Ok(principal) => {
-                let scope = principal.scope(&a.config);
+                let scope = gate.scope(&principal);
                 Credential::Known(principal, scope)
             }
             Err(super::auth::Refused::Missing) => Credential::FirstFrame,
@@ -450,6 +450,22 @@ async fn send(sink: &mut Sink, msg: Message) -> bool {
     )
 }
 
+impl Gate {
+    /// What `p` sees now: its tenant's listeners as the latest mirrored snapshot lists them
+    /// (the file's and the API's agents, as of the last reload or agent change), or as the
+    /// `--auth-from` file does until a snapshot comes.
+    fn scope(&self, p: &Principal) -> Scope {
+        let latest = self.snapshot.borrow().clone();
+        match (latest.as_ref().and_then(|s| s.tenants.as_ref()), &self.access) {
+            (Some(tenants), _) => {
+                p.scope_in(tenants.iter().map(|(l, t)| (l.as_str(), Some(t.as_str()))))
+            }
+            (None, Some(a)) => p.scope(&a.config),
+            (None, None) => Scope::default(),
+        }
+    }
+}
+
 /// Whether a principal of `scope` sees `ev` (a tenant's: messages from or to its agents).
 fn sees(scope: &Scope, ev: &Event) -> bool {
     match &ev.kind {
@@ -473,12 +489,12 @@ async fn session(
     since: Option<u64>,
 ) {
     let (mut sink, mut incoming) = socket.split();
-    let who: Option<(Principal, Scope)> = match (who, &gate.access) {
+    let mut who: Option<(Principal, Scope)> = match (who, &gate.access) {
         (Credential::Known(p, s), _) => Some((p, s)),
         (Credential::FirstFrame, Some(a)) => {
             match first_frame_auth(Some(a.auth.clone()), &mut incoming, Some(from)).await {
                 Ok(p) => {
-                    let scope = p.scope(&a.config);
+                    let scope = gate.scope(&p);
                     Some((p, scope))
                 }
                 Err(reason) => {
@@ -550,7 +566,7 @@ async fn session(
     // `/ws` folding, as at the pump: agents' states coalesced, message events past a rate
     // counted instead of sent.
     let mut folding = Folding::default();
-    let frame_of = |ev: &Event, folding: &mut Folding| -> Option<Message> {
+    let frame_of = |ev: &Event, folding: &mut Folding, who: &Option<(Principal, Scope)>| {
         if who.as_ref().is_some_and(|(_, s)| !sees(s, ev)) {
             return None;
         }
@@ -571,13 +587,15 @@ async fn session(
         }
     };
     for ev in &sub.replay {
-        if let Some(m) = frame_of(ev, &mut folding) {
+        if let Some(m) = frame_of(ev, &mut folding, &who) {
             if !send(&mut sink, m).await {
                 return;
             }
         }
     }
     let mut live = sub.live;
+    let mut snapshots = gate.snapshot.clone();
+    snapshots.mark_unchanged();
     let mut seen = sub.replay.last().map_or(sub.seq, |e| e.seq);
     let mut heartbeat = tokio::time::interval(HEARTBEAT);
     heartbeat.tick().await;
@@ -645,7 +663,15 @@ async fn session(
             r = live.recv() => match r {
                 Ok(ev) => {
                     seen = ev.seq;
-                    frame_of(&ev, &mut folding)
+                    // A reload or an agent change moves the tenants' scopes: the newest
+                    // snapshot says how.
+                    if snapshots.has_changed().unwrap_or(false) {
+                        snapshots.mark_unchanged();
+                        if let Some((p, scope)) = who.as_mut() {
+                            *scope = gate.scope(p);
+                        }
+                    }
+                    frame_of(&ev, &mut folding, &who)
                 }
                 Err(RecvError::Lagged(n)) => {
                     let (from, to) = (seen + 1, seen + n);

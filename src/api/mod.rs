@@ -595,11 +595,18 @@ pub async fn mirror_events(
             let organism = organism.clone();
             move |seq| {
                 let (agents, threads) = ws::snapshot_lists(&organism, &auth::Scope::default());
+                let tenants: std::collections::BTreeMap<String, String> = organism
+                    .config()
+                    .listeners
+                    .iter()
+                    .filter_map(|l| Some((l.name.to_string(), l.tenant.clone()?)))
+                    .collect();
                 serde_json::to_vec(&serde_json::json!({
                     "seq": seq,
                     "organism": view::Organism::from(organism.info()),
                     "agents": agents,
                     "threads": threads,
+                    "tenants": tenants,
                 }))
                 .ok()
                 .map(Into::into)

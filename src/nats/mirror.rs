@@ -429,6 +429,10 @@ pub struct Snapshot {
     pub agents: Vec<serde_json::Value>,
     #[serde(default)]
     pub threads: Vec<serde_json::Value>,
+    /// Each tenant's listener and its tenant (the file's and the API's agents alike), which
+    /// a gateway's tenant scopes come from; absent from a pump that does not send it.
+    #[serde(default)]
+    pub tenants: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Every snapshot from the latest on, until `stop`.

@@ -81,12 +81,25 @@ impl Principal {
 
     /// What it may see of the organism `config` describes now.
     pub fn scope(&self, config: &OrganismConfig) -> Scope {
-        Scope(self.tenant.as_ref().map(|t| {
+        self.scope_in(
             config
                 .listeners
                 .iter()
-                .filter(|l| l.tenant.as_ref() == Some(t))
-                .map(|l| l.name.as_str().to_string())
+                .map(|l| (l.name.as_str(), l.tenant.as_deref())),
+        )
+    }
+
+    /// What it sees among `listeners` (each name with its tenant): the one rule
+    /// [`Principal::scope`] and a gateway (from the mirrored snapshot) both follow.
+    pub fn scope_in<'a>(
+        &self,
+        listeners: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    ) -> Scope {
+        Scope(self.tenant.as_ref().map(|t| {
+            listeners
+                .into_iter()
+                .filter(|(_, tenant)| *tenant == Some(t.as_str()))
+                .map(|(name, _)| name.to_string())
                 .collect()
         }))
     }
