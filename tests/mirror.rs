@@ -493,7 +493,8 @@ listeners:
         let seen = read_until(&mut tenant, done(r.thread_id.to_string())).await;
         let acme = ["t1", "t2", "t-api"];
         assert!(
-            seen.iter().all(|f| acme.contains(&f["to"].as_str().unwrap_or(""))),
+            seen.iter()
+                .all(|f| acme.contains(&f["to"].as_str().unwrap_or(""))),
             "{to}: {seen:?}"
         );
     }

@@ -408,3 +408,29 @@ fn test_vector_answers_are_bounded_by_bytes_and_runs_by_tenant() {
     assert_eq!(st, 202);
     drop(child);
 }
+
+/// An agent's payload types are unique on its side of the tenant boundary only, and the
+/// clash names only listeners there.
+#[test]
+fn an_agents_unique_types_are_checked_and_named_within_its_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path());
+    let text = std::fs::read_to_string(&path).unwrap();
+    let agent = |name: &str, tenant: &str| {
+        format!("  - {{name: {name}, description: an agent, kind: lua, script: sender.lua, schema: s.xsd, accepts: [Go], agent: true, peers: [], tenant: {tenant}}}\n")
+    };
+    // Tenant b has no other listener of `Go`: accepted.
+    std::fs::write(&path, format!("{text}{}", agent("b-agent", "b"))).unwrap();
+    Organism::builder()
+        .load_config(&path)
+        .expect("no clash within b's scope");
+    // Tenant a's senders take `Go` too: the clash names them, not the organism's own.
+    std::fs::write(&path, format!("{text}{}", agent("a-agent", "a"))).unwrap();
+    let e = Organism::builder()
+        .load_config(&path)
+        .err()
+        .expect("a clash")
+        .to_string();
+    assert!(e.contains("also accepted by a-free, a-peered;"), "{e}");
+    assert!(!e.contains("o-free") && !e.contains("o-peered"), "{e}");
+}

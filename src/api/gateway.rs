@@ -456,7 +456,10 @@ impl Gate {
     /// `--auth-from` file does until a snapshot comes.
     fn scope(&self, p: &Principal) -> Scope {
         let latest = self.snapshot.borrow().clone();
-        match (latest.as_ref().and_then(|s| s.tenants.as_ref()), &self.access) {
+        match (
+            latest.as_ref().and_then(|s| s.tenants.as_ref()),
+            &self.access,
+        ) {
             (Some(tenants), _) => {
                 p.scope_in(tenants.iter().map(|(l, t)| (l.as_str(), Some(t.as_str()))))
             }

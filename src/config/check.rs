@@ -522,10 +522,10 @@ fn check_handler_config(
 
 /// An agent's payload types are its own: no other listener accepts them.
 fn check_agent_types(built: &[ListenerConfig], c: &mut Collector) {
-    let mut owners: HashMap<&PayloadType, Vec<&str>> = HashMap::new();
+    let mut owners: HashMap<&PayloadType, Vec<&ListenerConfig>> = HashMap::new();
     for l in built {
         for (t, _) in &l.accepts {
-            owners.entry(t).or_default().push(l.name.as_str());
+            owners.entry(t).or_default().push(l);
         }
     }
     for l in built {
@@ -536,10 +536,13 @@ fn check_agent_types(built: &[ListenerConfig], c: &mut Collector) {
             if *t == PayloadType::huh() {
                 continue;
             }
+            // Only listeners on its side of the tenant boundary compete for its types (a
+            // broadcast never crosses to the others), and only they are named.
             let others: Vec<&str> = owners[t]
                 .iter()
-                .copied()
-                .filter(|o| *o != l.name.as_str())
+                .filter(|o| o.name != l.name)
+                .filter(|o| o.tenant == l.tenant || o.shared || l.shared)
+                .map(|o| o.name.as_str())
                 .collect();
             if !others.is_empty() {
                 c.push(
