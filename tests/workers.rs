@@ -683,3 +683,67 @@ async fn deliveries_and_answers_over_nats_max_payload_fail_saying_so() {
     );
     let _ = w.kill();
 }
+
+/// A tenant's listener on a worker: its outputs come back as text and take the same routing
+/// step, so one sent to another tenant's listener is refused (with the words a name that
+/// does not exist gets) and one to its own tenant's is delivered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenants_listener_on_a_worker_reaches_no_other_tenant() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "organism:
+  name: tenants-on-workers
+  store: memory
+  nats: {{url: {url}, stream_prefix: {prefix}, ack_wait_ms: 1000}}
+listeners:
+  - {{name: relay, description: acme's, kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {{ms: 0, to: beta-sink}}, tenant: acme, placement: workers}}
+  - {{name: relay-own, description: acme's, kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {{ms: 0, to: acme-sink}}, tenant: acme, placement: workers}}
+  - {{name: acme-sink, description: acme's, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}}
+  - {{name: beta-sink, description: beta's, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: beta}}
+",
+            url = nats.url(),
+            prefix = nats.prefix()
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let mut w = Running::spawn(
+        agentserver()
+            .args(["worker"])
+            .arg(&path)
+            .args(["--listeners", "relay,relay-own", "--name", "w"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    wait_until_async("the worker to announce itself", || async {
+        o.unserved_listeners().is_empty()
+    })
+    .await;
+    let crossing = inject(&o, "relay", &note("for beta"), None);
+    settle(&o, &crossing.thread_id).await;
+    let log = messages(&o, &crossing.thread_id);
+    assert!(
+        log.iter()
+            .all(|m| to_of(m) != "beta-sink" || m.status == MessageStatus::Undeliverable),
+        "{log:?}"
+    );
+    let refused = log
+        .iter()
+        .find(|m| m.status == MessageStatus::Undeliverable)
+        .unwrap_or_else(|| panic!("{log:?}"));
+    assert_eq!(
+        refused.error.as_deref(),
+        Some("`relay` sent to `beta-sink`: no listener in its scope has that name")
+    );
+    let own = inject(&o, "relay-own", &note("for acme"), None);
+    assert_eq!(settle(&o, &own.thread_id).await, ThreadStatus::Completed);
+    assert!(messages(&o, &own.thread_id)
+        .iter()
+        .any(|m| to_of(m) == "acme-sink" && m.status == MessageStatus::Delivered));
+    let _ = w.kill();
+}
