@@ -845,3 +845,42 @@ async fn inject_with_wait_answers_with_the_settled_thread() {
         "{e}"
     );
 }
+
+/// A page of messages is bounded by bytes as well as by count: 40 messages of 900 kB asked
+/// for in one page of 1000 come in pages that end early, each saying so by its `limit`, and
+/// paging on by `offset + limit` reaches every one.
+#[tokio::test]
+async fn a_page_of_large_messages_ends_early_and_paging_on_reaches_them_all() {
+    let s = serve_with(
+        Organism::builder(),
+        "",
+        "  - {name: c, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}",
+        ApiOptions::default(),
+    )
+    .await;
+    let big = "x".repeat(900_000);
+    let first = inject(&s.organism, "c", &format!("<Note>{big}</Note>"), None);
+    for _ in 1..40 {
+        inject(&s.organism, "c", &format!("<Note>{big}</Note>"), Some(&first.thread_id));
+    }
+    settle(&s.organism, &first.thread_id).await;
+    let mut offset = 0;
+    let mut seen = 0;
+    while offset < 40 {
+        let r = http_get(s.url(&format!("/api/v1/messages?limit=1000&offset={offset}")))
+            .await
+            .unwrap();
+        let bytes = r.bytes().await.unwrap();
+        assert!(bytes.len() <= 20 << 20, "{} bytes", bytes.len());
+        let page: Value = serde_json::from_slice(&bytes).unwrap();
+        let n = page["items"].as_array().unwrap().len();
+        assert_eq!(page["total"], 40);
+        if offset + n < 40 {
+            assert_eq!(page["limit"], n, "the limit says how many were served");
+        }
+        assert!(n >= 1 && n < 40, "{n}");
+        seen += n;
+        offset += n;
+    }
+    assert_eq!(seen, 40);
+}

@@ -112,8 +112,16 @@ fn json<T: Serialize>(v: &T) -> Response {
 /// A page of messages as a JSON answer, typed against one snapshot of the schemas.
 fn messages_page(
     organism: &crate::Organism,
-    page: crate::threads::Paged<MessageRecord>,
+    mut page: crate::threads::Paged<MessageRecord>,
 ) -> Response {
+    // A page is bounded by bytes too: one that would pass `MAX_PAGE_BYTES` ends early and
+    // says so by its `limit` (the number of items served), so `offset + limit` stays the
+    // next page.
+    let fit = fitting(&page.items);
+    if fit < page.items.len() {
+        page.items.truncate(fit);
+        page.limit = fit;
+    }
     let schemas = organism.schemas();
     json(&Paged {
         items: Message::all(&page.items, &schemas),
@@ -121,6 +129,24 @@ fn messages_page(
         limit: page.limit,
         offset: page.offset,
     })
+}
+
+/// The most one answer's messages may weigh, in bytes (each counted as its payload twice,
+/// for the XML and the JSON, plus its error and fields): a page past it ends early; an
+/// inject's `?wait=` answer keeps the first messages that fit.
+pub const MAX_PAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// How many of `messages`, from the first, fit in [`MAX_PAGE_BYTES`] (at least one).
+fn fitting(messages: &[MessageRecord]) -> usize {
+    let mut used = 0usize;
+    for (i, m) in messages.iter().enumerate() {
+        let weight = 2 * m.payload_xml.len() + m.error.as_ref().map_or(0, |e| e.len()) + 512;
+        used = used.saturating_add(weight);
+        if used > MAX_PAGE_BYTES {
+            return i.max(1);
+        }
+    }
+    messages.len()
 }
 
 /// `/agents/{name}/schema` options.
@@ -375,7 +401,8 @@ pub struct InjectResult<'a> {
     pub message_id: String,
     /// The thread's status when the answer was made: `active` if the wait ran out first.
     pub thread_status: ThreadStatus,
-    /// The thread's messages, in slot order.
+    /// The thread's messages, in slot order: the first that fit in 16 MiB
+    /// ([`MAX_PAGE_BYTES`]); `GET /threads/{id}/messages` pages through them all.
     pub messages: Vec<Message<'a>>,
 }
 
@@ -416,7 +443,8 @@ pub async fn inject(
         Ok(Some(status)) => status,
         _ => crate::threads::ThreadStatus::Active,
     };
-    let messages = all_messages(organism, &receipt.thread_id, &seen.scope)?;
+    let mut messages = all_messages(organism, &receipt.thread_id, &seen.scope)?;
+    messages.truncate(fitting(&messages));
     Ok(json(&InjectResult {
         thread_id: receipt.thread_id,
         message_id: receipt.message_id,

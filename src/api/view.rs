@@ -371,6 +371,8 @@ impl From<crate::pump::ReplyReceipt> for ReplyReceipt {
 pub struct Paged<T> {
     pub items: Vec<T>,
     pub total: u64,
+    /// The page size served: the one asked for (at most 1000), or, for messages, fewer when
+    /// the page reached 16 MiB; the next page starts at `offset + limit`.
     pub limit: usize,
     pub offset: usize,
 }
