@@ -861,7 +861,12 @@ async fn a_page_of_large_messages_ends_early_and_paging_on_reaches_them_all() {
     let big = "x".repeat(900_000);
     let first = inject(&s.organism, "c", &format!("<Note>{big}</Note>"), None);
     for _ in 1..40 {
-        inject(&s.organism, "c", &format!("<Note>{big}</Note>"), Some(&first.thread_id));
+        inject(
+            &s.organism,
+            "c",
+            &format!("<Note>{big}</Note>"),
+            Some(&first.thread_id),
+        );
     }
     settle(&s.organism, &first.thread_id).await;
     let mut offset = 0;

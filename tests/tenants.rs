@@ -117,7 +117,8 @@ fn organism(dir: &Path) -> Organism {
 }
 
 /// Injects a `Go` to `sender` (to `to`, or a broadcast), and returns who received the
-/// `Secret` and the errors of the refused ones.
+/// `Secret` and the errors of the refused ones. A refused one never names a target out of
+/// the sender's scope as its `to` (another tenant's viewer would see it).
 async fn send(o: &Organism, sender: &str, to: Option<&str>) -> (Vec<String>, Vec<String>) {
     let go = match to {
         Some(t) => format!("<Go><to>{t}</to></Go>"),
@@ -133,6 +134,16 @@ async fn send(o: &Organism, sender: &str, to: Option<&str>) -> (Vec<String>, Vec
         .map(|m| to_of(m).to_string())
         .collect();
     got.sort();
+    for m in log
+        .iter()
+        .filter(|m| m.status == MessageStatus::Undeliverable)
+    {
+        let to = to_of(m);
+        assert!(
+            !B_AND_ORGANISM.contains(&to) || !sender.starts_with('a'),
+            "{sender}'s refusal is shown to {to}: {m:?}"
+        );
+    }
     let errors = log.iter().filter_map(|m| m.error.clone()).collect();
     (got, errors)
 }

@@ -104,6 +104,17 @@ impl Shared {
             &payload.payload_type,
         ) {
             Err(reason) => {
+                // A tenant's refused output keeps its target only when that is in its scope:
+                // the record is shown to whoever sees its `to`, and another tenant must not
+                // see (nor be sent a payload by way of) a refusal.
+                let to = to.filter(|t| {
+                    listener.config.tenant.is_none()
+                        || self
+                            .topo()
+                            .listeners
+                            .get(&**t)
+                            .is_some_and(|l| listener.config.may_reach(&l.config, true))
+                });
                 let refusal = Refusal {
                     from,
                     to,
