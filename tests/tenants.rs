@@ -260,9 +260,8 @@ fn a_tenants_listener_may_not_name_a_peer_out_of_its_scope_nor_learn_if_it_exist
         );
         std::fs::write(&path, bad).unwrap();
         let e = Organism::builder()
-            .load(&path)
-            .err()
-            .expect("refused")
+            .load_config(&path)
+            .expect_err("refused")
             .to_string();
         assert!(
             e.contains(&format!(
@@ -439,8 +438,7 @@ fn an_agents_unique_types_are_checked_and_named_within_its_scope() {
     std::fs::write(&path, format!("{text}{}", agent("a-agent", "a"))).unwrap();
     let e = Organism::builder()
         .load_config(&path)
-        .err()
-        .expect("a clash")
+        .expect_err("a clash")
         .to_string();
     assert!(e.contains("also accepted by a-free, a-peered;"), "{e}");
     assert!(!e.contains("o-free") && !e.contains("o-peered"), "{e}");

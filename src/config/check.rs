@@ -79,61 +79,6 @@ pub(super) fn serde_key(message: &str) -> Option<String> {
     rest.split('`').next().map(str::to_string)
 }
 
-pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
-    // Each limit, its value and the least it may be.
-    let checks: [(&str, u64, u64); 16] = [
-        ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
-        ("limits.max_depth", l.max_depth as u64, 1),
-        (
-            "limits.max_pending_messages",
-            l.max_pending_messages as u64,
-            1,
-        ),
-        (
-            "limits.max_messages_per_thread",
-            l.max_messages_per_thread,
-            1,
-        ),
-        (
-            "limits.max_concurrent_handlers",
-            l.max_concurrent_handlers as u64,
-            1,
-        ),
-        ("limits.max_connections", l.max_connections as u64, 1),
-        ("limits.header_timeout_ms", l.header_timeout_ms, 1),
-        ("limits.idle_timeout_ms", l.idle_timeout_ms, 1),
-        ("limits.max_error_bytes", l.max_error_bytes as u64, 64),
-        ("limits.max_filter_entries", l.max_filter_entries as u64, 1),
-        (
-            "limits.max_filter_entry_bytes",
-            l.max_filter_entry_bytes as u64,
-            1,
-        ),
-        ("limits.max_attributes", l.max_attributes as u64, 1),
-        (
-            "limits.max_retained_bytes",
-            l.max_retained_bytes as u64,
-            1024 * 1024,
-        ),
-        ("limits.max_query_ms", l.max_query_ms, 1),
-        (
-            "limits.max_test_answer_bytes",
-            l.max_test_answer_bytes as u64,
-            1024,
-        ),
-        ("limits.max_tests_at_once", l.max_tests_at_once as u64, 1),
-    ];
-    for (key, value, least) in checks {
-        if value < least {
-            let message = match least {
-                1 => "must be greater than 0".to_string(),
-                n => format!("must be at least {n}"),
-            };
-            c.push(None, Some(key), message);
-        }
-    }
-}
-
 pub(super) fn check_listeners(
     sections: &[ListenerSection],
     written_names: &[String],

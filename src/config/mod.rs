@@ -21,6 +21,7 @@
 mod check;
 pub mod diff;
 pub mod layer;
+mod limits;
 mod model;
 pub mod secret;
 mod tenant;
@@ -32,17 +33,18 @@ use std::sync::Arc;
 
 pub use check::valid_tenant;
 use check::{
-    check_auth, check_external_callbacks, check_limits, check_listeners, check_nats, serde_key,
-    variant_key,
+    check_auth, check_external_callbacks, check_listeners, check_nats, serde_key, variant_key,
 };
 pub use check::{
     DEFAULT_EVENTS_MAX_AGE, DEFAULT_EVENTS_MAX_BYTES, DEFAULT_NATS_ACK_WAIT_MS,
     DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER,
 };
+use limits::check_limits;
+pub use limits::Limits;
 pub use model::{
     choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
-    Limits, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NatsConfig,
-    NoType, OrganismConfig, Placement, Retention, Scheduling, TenantQuotas, Tenants, TlsFiles,
+    ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NatsConfig, NoType,
+    OrganismConfig, Placement, Retention, Scheduling, TenantQuotas, Tenants, TlsFiles,
     DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{AuthSection, ListenerSection, NatsSection, OrganismSection};
