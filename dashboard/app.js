@@ -831,11 +831,17 @@ async function loadOlder() {
     const head = await api('GET', '/messages?' + q);
     const total = head.total;
     const shown = state.log.length;
-    const limit = 100;
-    const offset = Math.max(0, total - shown - limit);
-    q.set('limit', String(Math.min(limit, Math.max(0, total - shown))));
-    q.set('offset', String(offset));
-    const page = await api('GET', '/messages?' + q);
+    // The newest `limit` before those shown; a page the server cut by bytes serves fewer,
+    // the oldest of the window, so ask again for the newest that many.
+    let limit = Math.min(100, Math.max(0, total - shown));
+    let page;
+    for (;;) {
+      q.set('limit', String(limit));
+      q.set('offset', String(Math.max(0, total - shown - limit)));
+      page = await api('GET', '/messages?' + q);
+      if (page.items.length >= limit || page.items.length === 0) break;
+      limit = page.items.length;
+    }
     const filter = messageFilter();
     const older = page.items.slice().reverse();
     for (const m of older) if (m.to) noteSource(m.from, m.to);
