@@ -401,8 +401,8 @@ pub struct InjectResult<'a> {
     pub message_id: String,
     /// The thread's status when the answer was made: `active` if the wait ran out first.
     pub thread_status: ThreadStatus,
-    /// The thread's messages, in slot order: the first that fit in 16 MiB
-    /// ([`MAX_PAGE_BYTES`]); `GET /threads/{id}/messages` pages through them all.
+    /// The thread's messages, in slot order: the first that fit in 16 MiB;
+    /// `GET /threads/{id}/messages` pages through them all.
     pub messages: Vec<Message<'a>>,
 }
 
