@@ -196,3 +196,83 @@ fn a_use_of_a_higher_or_equal_layer_is_reported() {
         ]
     );
 }
+
+/// The crates of the HTTP edge stay at the edge: `axum` and `utoipa` only in `api`, a
+/// WebSocket crate only in `api` and `client` (the API's own client).
+#[test]
+fn http_crates_are_used_only_at_the_edge() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for (module, file, text) in sources(&root.join("src")) {
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (krate, allowed) in [
+            ("axum", &["api"][..]),
+            ("utoipa", &["api"][..]),
+            ("tungstenite", &["api", "client"][..]),
+        ] {
+            if !allowed.contains(&module.as_str()) && code.contains(&format!("{krate}::")) {
+                found.push(format!("{file}: `{module}` uses `{krate}`"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// No two files of one module use each other (`super::a` in `b.rs` and `super::b` in
+/// `a.rs`), nor any longer circle of sibling files; `mod.rs` (which declares them all) is
+/// not counted.
+#[test]
+fn sibling_files_import_no_circle() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut edges: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, file, text) in sources(&root.join("src")) {
+        let path = Path::new(&file);
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        if stem == "mod" {
+            continue;
+        }
+        let dir = path.parent().unwrap().to_string_lossy().to_string();
+        let code: String = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let mut rest = code.as_str();
+        while let Some(at) = rest.find("super::") {
+            rest = &rest[at + "super::".len()..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let sibling = format!("{dir}/{name}.rs");
+            if !name.is_empty() && name != stem && root.join(&sibling).exists() {
+                edges
+                    .entry(format!("{dir}/{stem}.rs"))
+                    .or_default()
+                    .push(sibling);
+            }
+        }
+    }
+    // A circle is a file that reaches itself.
+    let mut circles = Vec::new();
+    for start in edges.keys() {
+        let mut stack = vec![start.clone()];
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(f) = stack.pop() {
+            for next in edges.get(&f).into_iter().flatten() {
+                if next == start {
+                    circles.push(format!("{start} reaches itself through {f}"));
+                } else if seen.insert(next.clone()) {
+                    stack.push(next.clone());
+                }
+            }
+        }
+    }
+    circles.sort();
+    circles.dedup();
+    assert!(circles.is_empty(), "{}", circles.join("\n"));
+}

@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::auth::visible::Seen;
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::rest::PageQuery;
-use super::test_vectors::{cases_of, checked_cases, run_cases, TestCase, TestReport};
+use super::test_vectors::{
+    cases_of, check_count, checked_cases, run_cases, TestCase, TestReport, TestRequest,
+};
 use super::view::{Paged, ReloadReport, Timestamp};
 use super::ApiState;
 
@@ -180,7 +182,7 @@ pub struct AgentChanged {
     pub reload: ReloadReport,
 }
 
-pub(super) fn error(e: AgentError) -> ApiError {
+fn error(e: AgentError) -> ApiError {
     let message = e.to_string();
     match e {
         AgentError::NotFound(_) => ApiError::not_found("unknown_agent", message),
@@ -209,7 +211,7 @@ pub(super) fn error(e: AgentError) -> ApiError {
 
 /// Keeps only the problems about `agent` for a tenant's credential: the rest are about the
 /// operator's file, which a tenant may not read.
-pub(super) fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
+fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
     match e {
         AgentError::Invalid(problems) if !seen.scope.everything() => {
             let (mine, others): (Vec<_>, Vec<_>) = problems
@@ -232,7 +234,7 @@ pub(super) fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError 
 }
 
 /// Runs a change of the organism off the async workers (building sandboxes runs `init`).
-pub(super) async fn blocking<T: Send + 'static>(
+async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
 ) -> Result<Result<T, AgentError>, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -242,7 +244,7 @@ pub(super) async fn blocking<T: Send + 'static>(
 
 /// The API agent `name` as the caller may see it: 404 when it is not an API agent, or not
 /// the caller's tenant's; 409 for a listener of the file.
-pub(super) fn visible_agent(
+fn visible_agent(
     s: &ApiState,
     seen: &Seen,
     name: &str,
@@ -553,4 +555,27 @@ pub async fn list_deployments(
     Ok(Json(Paged::map(q.page().cut(all), |d| {
         Deployment::from(&d)
     })))
+}
+
+#[utoipa::path(post, path = "/api/v1/agents/{name}/scripts/{version}/test", tag = "agents", request_body = TestRequest,
+    params(("name" = String, Path, description = "Agent name"), ("version" = u64, Path, description = "Version")),
+    responses((status = 200, description = "Each case's verdict, run in a sandbox of that version apart from the running organism (nothing is delivered or kept)", body = TestReport),
+              (status = 400, description = "No cases, or more than 50", body = ErrorResponse),
+              (status = 404, description = "No such agent or version", body = ErrorResponse),
+              (status = 422, description = "The version does not load any more", body = ErrorResponse),
+              (status = 429, description = "`limits.max_tests_at_once` test runs of the caller's tenant are under way (with `Retry-After`)", body = ErrorResponse)))]
+pub async fn test_script(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path((name, version)): Path<(String, u64)>,
+    JsonBody(body): JsonBody<TestRequest>,
+) -> ApiResult<Json<TestReport>> {
+    visible_agent(&s, &seen, &name)?;
+    check_count(body.cases.len())?;
+    let organism = s.inner.organism.clone();
+    let target = name.clone();
+    let tester = blocking(move || organism.prepare_test(&target, version))
+        .await?
+        .map_err(|e| error(for_caller(e, &seen, &name)))?;
+    Ok(Json(run_cases(&s, &seen, &tester, &body.cases).await?))
 }

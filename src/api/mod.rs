@@ -321,7 +321,7 @@ fn router(
         .routes(routes!(agents::delete_agent))
         .routes(routes!(agents::upload_script, agents::list_scripts))
         .routes(routes!(agents::get_script))
-        .routes(routes!(test_vectors::test_script))
+        .routes(routes!(agents::test_script))
         .routes(routes!(agents::deploy, agents::list_deployments))
         .routes(routes!(keys::create_key, keys::list_keys))
         .routes(routes!(keys::revoke_key))

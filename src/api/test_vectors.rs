@@ -3,14 +3,11 @@
 //! a sandbox of that version apart from the running organism, judged against what it
 //! expects.
 
-use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::agents::{blocking, error, for_caller, visible_agent};
 use super::auth::visible::Seen;
-use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::error::ApiError;
 use super::ApiState;
 use crate::store::agents::VersionRow;
 
@@ -29,7 +26,7 @@ pub(super) fn checked_cases(
     Ok(Some(v))
 }
 
-fn check_count(n: usize) -> ApiResult<()> {
+pub(super) fn check_count(n: usize) -> ApiResult<()> {
     use crate::pump::agents::MAX_TEST_CASES;
     if n == 0 || n > MAX_TEST_CASES {
         return Err(
@@ -204,29 +201,6 @@ fn judge_output(expect: Option<&Expect>, i: usize, got: &CaseOutput) -> Vec<Stri
         }
     }
     mismatches
-}
-
-#[utoipa::path(post, path = "/api/v1/agents/{name}/scripts/{version}/test", tag = "agents", request_body = TestRequest,
-    params(("name" = String, Path, description = "Agent name"), ("version" = u64, Path, description = "Version")),
-    responses((status = 200, description = "Each case's verdict, run in a sandbox of that version apart from the running organism (nothing is delivered or kept)", body = TestReport),
-              (status = 400, description = "No cases, or more than 50", body = ErrorResponse),
-              (status = 404, description = "No such agent or version", body = ErrorResponse),
-              (status = 422, description = "The version does not load any more", body = ErrorResponse),
-              (status = 429, description = "`limits.max_tests_at_once` test runs of the caller's tenant are under way (with `Retry-After`)", body = ErrorResponse)))]
-pub async fn test_script(
-    State(s): State<ApiState>,
-    seen: Seen,
-    Path((name, version)): Path<(String, u64)>,
-    JsonBody(body): JsonBody<TestRequest>,
-) -> ApiResult<Json<TestReport>> {
-    visible_agent(&s, &seen, &name)?;
-    check_count(body.cases.len())?;
-    let organism = s.inner.organism.clone();
-    let target = name.clone();
-    let tester = blocking(move || organism.prepare_test(&target, version))
-        .await?
-        .map_err(|e| error(for_caller(e, &seen, &name)))?;
-    Ok(Json(run_cases(&s, &seen, &tester, &body.cases).await?))
 }
 
 /// What an answer may still carry of outputs, in bytes.

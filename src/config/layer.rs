@@ -4,6 +4,7 @@
 //! only for them: no name the file defines too, and each tenant's quotas. (The tenant
 //! boundary itself holds for every listener: `tenant.rs`.)
 
+pub use super::model::LayerListener;
 use super::model::{ListenerConfig, ListenerOrigin, ListenerSection, Tenants};
 use super::Collector;
 
@@ -82,24 +83,6 @@ fn check_quotas(
                 ),
             );
         }
-    }
-}
-
-/// One listener the API created.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LayerListener {
-    /// Its definition as a listener item of the organism file (JSON).
-    pub item: serde_json::Value,
-    /// The script version it runs.
-    pub version: u64,
-}
-
-impl LayerListener {
-    pub fn name(&self) -> &str {
-        self.item
-            .get("name")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("")
     }
 }
 

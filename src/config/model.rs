@@ -410,7 +410,7 @@ pub struct OrganismConfig {
     /// The YAML text it was read from (unsanitized: the API serves a redacted copy).
     pub text: String,
     /// The listeners the API created, laid over the file's (their items as loaded).
-    pub layer: Vec<super::layer::LayerListener>,
+    pub layer: Vec<LayerListener>,
     /// What each tenant's agents created through the API may use (`tenants:`).
     pub tenants: Tenants,
 }
@@ -625,5 +625,23 @@ mod tests {
             "http://127.0.0.1:9/in"
         );
         assert_eq!(display_url("not a url"), "<not a URL>");
+    }
+}
+
+/// One listener the API created.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerListener {
+    /// Its definition as a listener item of the organism file (JSON).
+    pub item: serde_json::Value,
+    /// The script version it runs.
+    pub version: u64,
+}
+
+impl LayerListener {
+    pub fn name(&self) -> &str {
+        self.item
+            .get("name")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
     }
 }
