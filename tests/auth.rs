@@ -1669,6 +1669,35 @@ async fn the_cli_presents_its_token_from_the_flag_or_the_environment() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // `tail` says at once that a credential is needed and how to pass it, and that a wrong
+    // one was refused (not that the server cannot be reached).
+    let tail = |token: Option<&str>| {
+        let mut cmd = common::child::agentserver();
+        cmd.args(["tail", "--url", &g.base]);
+        cmd.env_remove("AGENTSERVER_TOKEN");
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        cmd.output().unwrap()
+    };
+    let out = tail(None);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("needs a credential")
+            && said.contains("--token")
+            && said.contains("AGENTSERVER_TOKEN"),
+        "{said}"
+    );
+    let out = tail(Some(
+        "ask_000000000000_0000000000000000000000000000000000000000000000000000000000000000",
+    ));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("401") && said.contains("refused") && !said.contains("cannot reach"),
+        "{said}"
+    );
 }
 
 #[tokio::test]

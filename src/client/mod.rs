@@ -260,6 +260,28 @@ pub fn tail_line(frame: &Value) -> Option<String> {
     Some(line)
 }
 
+/// What a refused credential's status means, and what to do.
+fn refused_credential(status: u16) -> &'static str {
+    match status {
+        401 => "the credential was refused (unknown, revoked, expired or mistyped); pass a valid one with --token KEY or AGENTSERVER_TOKEN",
+        403 => "the credential's role may not read this stream",
+        _ => "too many failed credentials from this address; wait a minute",
+    }
+}
+
+/// Without a token: says at once when the server needs one (a stream would wait for a
+/// credential in its first frame, as a browser sends it), rather than after its timeout.
+async fn needs_no_credential(remote: &Remote) -> Result<(), ClientError> {
+    match remote.call("GET", "/api/v1/me", None).await {
+        Err(ClientError::Refused { status: 401, .. }) => Err(ClientError::Refused {
+            status: 401,
+            body: "this server needs a credential: pass --token KEY, or set AGENTSERVER_TOKEN"
+                .into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Streams `/ws/messages` to `out`, one line per message and per status change (or the raw
 /// JSON frames with `json`). Notices (`dropped`, `resync_required`) go to stderr. Ends with
 /// [`ClientError::Ended`] when the server ends the stream (it stopped, or went away).
@@ -285,13 +307,26 @@ pub async fn tail(
             .map_err(|_| connect_error("the token is not a valid header value".into()))?;
         request.headers_mut().insert("authorization", value);
     }
+    if remote.token.is_none() {
+        needs_no_credential(remote).await?;
+    }
     let tls = tokio_tungstenite::Connector::Rustls(remote.tls.clone());
     let (mut socket, _) =
         tokio_tungstenite::connect_async_tls_with_config(request, None, false, Some(tls))
             .await
-            .map_err(|e| ClientError::Connect {
-                url: ws_url.clone(),
-                message: connect_failure(&e),
+            .map_err(|e| match &e {
+                tokio_tungstenite::tungstenite::Error::Http(r)
+                    if matches!(r.status().as_u16(), 401 | 403 | 429) =>
+                {
+                    ClientError::Refused {
+                        status: r.status().as_u16(),
+                        body: refused_credential(r.status().as_u16()).into(),
+                    }
+                }
+                _ => ClientError::Connect {
+                    url: ws_url.clone(),
+                    message: connect_failure(&e),
+                },
             })?;
     if let Some(globs) = &filter.agent {
         for glob in unmatched_agent_globs(remote, globs).await {
