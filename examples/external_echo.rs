@@ -2,7 +2,7 @@
 //! pump's deliveries on `POST /input` (answering 202 at once) and replies to each a moment
 //! later by calling the delivery's `callback_url` with an `<Answer>` payload.
 //!
-//! Run: `ECHO_TOKEN=demo cargo run --example external_echo [-- 127.0.0.1:8766]`
+//! Run: `ECHO_TOKEN=demo cargo run --example external_echo [-- 127.0.0.1:8769]`
 
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -49,7 +49,7 @@ async fn answer(http: reqwest::Client, token: Option<String>, delivery: Value) {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::args()
         .nth(1)
-        .unwrap_or_else(|| "127.0.0.1:8766".to_string());
+        .unwrap_or_else(|| "127.0.0.1:8769".to_string());
     let token = std::env::var("ECHO_TOKEN").ok().filter(|t| !t.is_empty());
     let http = agentserver::outbound::http_client()
         .unwrap()
