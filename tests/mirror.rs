@@ -593,3 +593,59 @@ async fn an_event_over_nats_max_payload_does_not_stop_the_mirror() {
         "restore has the large thread"
     );
 }
+
+/// A mistyped organism is refused by `restore` and `gateway`, naming the streams there;
+/// `restore` of a server with no organism's stream says so; nothing is written or made.
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_and_gateway_refuse_an_organism_with_no_stream() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("restored.db");
+    let typo = |cmd: &str| {
+        let mut args: Vec<String> = vec![cmd.into(), "--nats".into(), nats.url()];
+        args.extend(["--stream-prefix".into(), format!("{}x", nats.prefix())]);
+        if cmd == "restore" {
+            args.extend([
+                "--from-nats".into(),
+                "--store".into(),
+                store.display().to_string(),
+            ]);
+        } else {
+            args.extend(["--listen".into(), "127.0.0.1:0".into()]);
+        }
+        child::run_to_exit(args)
+    };
+    let out = typo("restore");
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("holds no organism's events stream yet"),
+        "{said}"
+    );
+    assert!(!store.exists());
+
+    let path = organism_file(dir.path(), &nats);
+    let o = Organism::builder().load(&path).unwrap();
+    let mirror = Mirroring::start(&o);
+    let r = inject(&o, "a", "<Note>mirrored</Note>", None);
+    settle(&o, &r.thread_id).await;
+    let config = o.config().nats.clone().unwrap();
+    wait_until_async("the organism's stream on NATS", || async {
+        agentserver::nats::events_streams(&config)
+            .await
+            .is_ok_and(|(present, _)| present)
+    })
+    .await;
+    mirror.stop().await;
+    for cmd in ["restore", "gateway"] {
+        let out = typo(cmd);
+        let said = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_ne!(out.status.code(), Some(0), "{cmd}: {said}");
+        assert!(
+            said.contains(&format!("has no stream {}x_events", nats.prefix()))
+                && said.contains(&format!("{}_events", nats.prefix())),
+            "{cmd}: {said}"
+        );
+    }
+    assert!(!store.exists());
+}

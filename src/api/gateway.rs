@@ -126,6 +126,19 @@ impl Gateway {
                  --insecure-no-auth"
             ));
         }
+        // A mistyped organism would serve nothing: refused when the server holds other
+        // organisms' streams but not this one's; with none at all, the organism has not run
+        // yet and the gateway waits for its stream.
+        let (present, others) = crate::nats::events_streams(&nats).await?;
+        if !present && !others.is_empty() {
+            return Err(crate::nats::missing_stream(&nats, &others));
+        }
+        if !present {
+            tracing::info!(
+                stream = %crate::nats::Names::new(&nats.stream_prefix).events_stream(),
+                "no organism has mirrored its events to this NATS yet; serving them when it does"
+            );
+        }
         let link = Link::connect(&nats, "agentserver gateway").await?;
         let closing = CancellationToken::new();
         let (tx, rx) = watch::channel(None);

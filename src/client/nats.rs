@@ -64,6 +64,11 @@ pub async fn restore(args: &StreamArgs, store: &Path) -> Result<Restored, String
         ));
     }
     let config = args.config();
+    // A mistyped name must not read (or make) an empty stream: refuse it, naming those there.
+    let (present, others) = crate::nats::events_streams(&config).await?;
+    if !present {
+        return Err(crate::nats::missing_stream(&config, &others));
+    }
     let link = Link::connect(&config, "agentserver restore").await?;
     if link
         .streams(tokio::time::Instant::now() + RESTORE_CONNECT_WAIT)

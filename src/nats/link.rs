@@ -130,21 +130,12 @@ impl Link {
     /// Connects (in the background: this returns at once, whether or not the server is up)
     /// and sets the streams up as soon as it answers. Must run inside a tokio runtime.
     pub async fn connect(config: &NatsConfig, client_name: &str) -> Result<Link, String> {
-        let mut options = async_nats::ConnectOptions::new()
+        let options = connect_options(config)
             .name(client_name)
             .retry_on_initial_connect()
-            .connection_timeout(Duration::from_secs(5))
             .reconnect_delay_callback(|attempts| {
                 Duration::from_millis((attempts as u64 * 100).min(1_000))
             });
-        if let Some(credential) = &config.credentials {
-            options = match credential.split_once(':') {
-                Some((user, password)) => {
-                    options.user_and_password(user.to_string(), password.to_string())
-                }
-                None => options.token(credential.clone()),
-            };
-        }
         let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
         let client = options
             .connect(urls.as_slice())
@@ -243,6 +234,52 @@ impl Link {
     }
 }
 
+/// The options every connection to `config`'s server starts from: its credential, and a
+/// 5 s bound on connecting.
+fn connect_options(config: &NatsConfig) -> async_nats::ConnectOptions {
+    let options = async_nats::ConnectOptions::new().connection_timeout(Duration::from_secs(5));
+    match config
+        .credentials
+        .as_deref()
+        .map(|c| c.split_once(':').ok_or(c))
+    {
+        Some(Ok((user, password))) => {
+            options.user_and_password(user.to_string(), password.to_string())
+        }
+        Some(Err(token)) => options.token(token.to_string()),
+        None => options,
+    }
+}
+
+/// Whether the organism of `config` has an events stream on its NATS server, and the
+/// others' there: `(present, other organisms' events streams)`. For the commands that read
+/// an organism's stream (`restore`, `gateway`), which must not make one for a mistyped name.
+/// Connects once (no retry: a server that does not answer is an error).
+pub async fn events_streams(config: &NatsConfig) -> Result<(bool, Vec<String>), String> {
+    use futures_util::StreamExt;
+    let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
+    let client = connect_options(config)
+        .connect(urls.as_slice())
+        .await
+        .map_err(|e| format!("cannot use NATS at {}: {e}", config.url))?;
+    let js = jetstream::new(client);
+    let wanted = Names::new(&config.stream_prefix).events_stream();
+    let mut names = js.stream_names();
+    let mut others = Vec::new();
+    let mut present = false;
+    // Every name is read; at most 50 others are kept to show.
+    while let Some(name) = names.next().await {
+        let name = name.map_err(|e| format!("NATS at {}: listing streams: {e}", config.url))?;
+        if name == wanted {
+            present = true;
+        } else if name.ends_with("_events") && others.len() < 50 {
+            others.push(name);
+        }
+    }
+    others.sort();
+    Ok((present, others))
+}
+
 async fn ensure_streams(
     js: &jetstream::Context,
     names: &Names,
@@ -310,4 +347,20 @@ async fn ensure_streams(
         events,
         snapshot,
     })
+}
+
+/// Why a command that reads an organism's events refuses a name with no stream.
+pub fn missing_stream(config: &crate::config::NatsConfig, others: &[String]) -> String {
+    let wanted = Names::new(&config.stream_prefix).events_stream();
+    let there = if others.is_empty() {
+        "it holds no organism's events stream yet (has the organism run with organism.nats?)"
+            .to_string()
+    } else {
+        format!("its organisms' are {}", others.join(", "))
+    };
+    format!(
+        "NATS at {} has no stream {wanted}: {there}; --organism NAME reads NAME's \
+         (--stream-prefix P reads P_events)",
+        config.url
+    )
 }

@@ -30,7 +30,7 @@ pub mod mirror;
 mod placed;
 mod wire;
 
-pub use link::{Link, Names};
+pub use link::{events_streams, missing_stream, Link, Names};
 pub use placed::{Placed, PlacedHandler};
 pub use wire::{
     listener_version, WorkItem, WorkLog, WorkOutput, WorkResult, MAX_LOG_LINES, MAX_LOG_LINE_BYTES,
