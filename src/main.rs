@@ -610,6 +610,10 @@ async fn run(
     organism.watch_files(Duration::from_secs(1));
     let shutdown = ShutdownSignal::install();
     reload_on_sighup(&organism);
+    match &organism.config().store {
+        Some(path) => eprintln!("agentserver: store {}", path.display()),
+        None => eprintln!("agentserver: store memory (nothing is kept after the process)"),
+    }
     let listen = organism.config().listen.clone();
     let options = ApiOptions {
         insecure_no_auth,

@@ -121,3 +121,38 @@ fn send_with_a_payload_file_that_is_not_utf8_explains_and_exits_2() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not UTF-8 text"), "{stderr}");
 }
+
+/// The default store is beside the organism file, whatever directory `run` starts from, and
+/// `run` says where it is.
+#[test]
+fn the_default_store_is_beside_the_organism_file_and_run_names_it() {
+    use std::io::{BufRead, BufReader};
+    let files = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::write(
+        files.path().join("o.yaml"),
+        "organism: {name: beside}\nlisteners:\n  - {name: s, description: keeps, kind: native, handler: sink, fields: {Note: {text: string}}}\n",
+    )
+    .unwrap();
+    let yaml = files.path().join("o.yaml");
+    let mut cmd = child::agentserver();
+    cmd.current_dir(elsewhere.path()).args([
+        "run",
+        yaml.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let (mut running, _url) = child::serve(cmd, std::process::Stdio::piped());
+    let stderr = running.stderr.take().unwrap();
+    let mut said = String::new();
+    for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+        if line.starts_with("agentserver: store ") {
+            said = line;
+            break;
+        }
+    }
+    let expected = files.path().join("data").join("beside.db");
+    assert_eq!(said, format!("agentserver: store {}", expected.display()));
+    assert!(expected.exists(), "{}", expected.display());
+    assert!(!elsewhere.path().join("data").exists());
+}

@@ -347,7 +347,9 @@ pub fn load_str_layered(
     let store = match organism.store.as_deref() {
         Some("memory") => None,
         Some(p) => Some(base.join(p)),
-        None => Some(PathBuf::from("data").join(format!("{}.db", organism.name))),
+        // Beside the organism file, as every path it names: a run from another directory
+        // finds the same store, and so do `agentserver keys` and `restore`.
+        None => Some(base.join("data").join(format!("{}.db", organism.name))),
     };
     if store.is_none() && auth.uses(AuthMethod::Keys) && auth.keys_file.is_none() {
         c.push(
