@@ -49,7 +49,8 @@ enum Command {
         /// The listener that receives the payload.
         #[arg(long)]
         to: String,
-        /// The payload XML, or @FILE to read it from a file.
+        /// The payload: XML, or a JSON object written as the type the listener accepts (as
+        /// `inject` takes it); or @FILE to read either from a file.
         payload: String,
         /// Continue this thread id instead of opening a new one.
         #[arg(long)]
@@ -318,6 +319,9 @@ async fn agent_command(
             ExitCode::SUCCESS
         }
         Err(f) => {
+            if let Some(report) = &f.report {
+                println!("{report}");
+            }
             eprintln!("agentserver {what}: {}", f.message);
             ExitCode::from(f.code)
         }
@@ -502,6 +506,30 @@ fn read_payload(arg: &str) -> Result<String, String> {
     }
 }
 
+/// A JSON object payload written as the XML of the type `to` accepts (its only type, but
+/// `huh`); any other text is taken as XML.
+fn json_payload(config: &config::OrganismConfig, to: &str, text: &str) -> Result<String, String> {
+    if !text.trim_start().starts_with('{') {
+        return Ok(text.to_string());
+    }
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| format!("the payload starts like JSON but is not: {e}"))?;
+    let listener = config
+        .listener(to)
+        .ok_or_else(|| format!("no listener named `{to}`"))?;
+    let (ty, schema) = config::choose_type(&listener.accepts, None).map_err(|_| {
+        format!("`{to}` accepts several payload types: give the payload as XML, whose root element names its type")
+    })?;
+    schema
+        .json_to_payload(ty.local_name(), &value)
+        .map_err(|e| {
+            format!(
+                "the payload cannot be written as `{ty}` at {}: {}",
+                e.path, e.message
+            )
+        })
+}
+
 async fn send(
     path: PathBuf,
     to: String,
@@ -522,6 +550,13 @@ async fn send(
     };
     // A trial run: it never writes the organism's durable store.
     config.store = None;
+    let payload_xml = match json_payload(&config, &to, &payload_xml) {
+        Ok(xml) => xml,
+        Err(e) => {
+            eprintln!("agentserver: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let organism = match Organism::builder().build(config) {
         Ok(o) => o,
         Err(e) => {

@@ -829,12 +829,33 @@ async fn the_cli_creates_pushes_deploys_and_rolls_back() {
         out.contains("case 0: pass completed") && out.contains("1 passed, 0 failed"),
         "{out}"
     );
-    let (code, _, err) = cli(url, &["scripts", "test", "echo", "2", &p("fail.json")]).await;
+    // A failing report goes to stdout all the same; the exit code and stderr say it failed.
+    let (code, out, err) = cli(url, &["scripts", "test", "echo", "2", &p("fail.json")]).await;
     assert_eq!(code, 1);
     assert!(
-        err.contains("case 0: FAIL") && err.contains("outputs[0].payload"),
+        out.contains("case 0: FAIL") && out.contains("outputs[0].payload"),
+        "{out}"
+    );
+    assert!(
+        err.contains("1 case(s) of") && err.contains("fail.json"),
         "{err}"
     );
+    // The REST body's shape is taken too; a file of neither shape is named.
+    std::fs::write(d.join("body.json"), json!({"cases": case(2)}).to_string()).unwrap();
+    let (code, out, _) = cli(url, &["scripts", "test", "echo", "2", &p("body.json")]).await;
+    assert_eq!(code, 0, "{out}");
+    std::fs::write(d.join("odd.json"), json!({"case": []}).to_string()).unwrap();
+    let (code, _, err) = cli(url, &["scripts", "test", "echo", "2", &p("odd.json")]).await;
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("odd.json") && err.contains("a list of cases"),
+        "{err}"
+    );
+    // A refusal of the cases names the file.
+    std::fs::write(d.join("none.json"), "[]").unwrap();
+    let (code, _, err) = cli(url, &["scripts", "test", "echo", "2", &p("none.json")]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains("none.json: refused (400"), "{err}");
     let (code, out, _) = cli(
         url,
         &[
@@ -867,6 +888,26 @@ async fn the_cli_creates_pushes_deploys_and_rolls_back() {
     let (code, _, err) = cli(url, &["agents", "delete", "collector"]).await;
     assert_eq!(code, 1);
     assert!(err.contains("409 file_listener"), "{err}");
+    // A version whose kept cases fail: the refusal names the command's flag.
+    let (code, out, _) = cli(
+        url,
+        &[
+            "scripts",
+            "push",
+            "echo",
+            &p("v2.lua"),
+            "--cases",
+            &p("fail.json"),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let (code, _, err) = cli(url, &["scripts", "deploy", "echo", "3"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("tests_failed") && err.contains("--force") && !err.contains("force: true"),
+        "{err}"
+    );
     let (code, out, _) = cli(url, &["agents", "delete", "echo"]).await;
     assert_eq!(code, 0);
     assert!(out.contains("echo: deleted (was v1)"), "{out}");

@@ -156,3 +156,24 @@ fn the_default_store_is_beside_the_organism_file_and_run_names_it() {
     assert!(expected.exists(), "{}", expected.display());
     assert!(!elsewhere.path().join("data").exists());
 }
+
+/// `send` takes a JSON payload as `inject` does, written as the listener's type; a JSON
+/// payload that does not fit says where.
+#[test]
+fn send_takes_json_as_inject_does() {
+    let out = send(r#"{"name": "Ada"}"#);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("HELLO, ADA!"));
+    let out = send(r#"{"nme": "Ada"}"#);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("payload.nme") && said.contains("expected one of: name"),
+        "{said}"
+    );
+}

@@ -79,6 +79,8 @@ pub enum ScriptsCommand {
 pub struct Failed {
     pub code: u8,
     pub message: String,
+    /// What still goes to stdout (a test report whose verdict is a failure).
+    pub report: Option<String>,
 }
 
 impl From<ClientError> for Failed {
@@ -87,7 +89,11 @@ impl From<ClientError> for Failed {
             ClientError::Refused { status, body } => refusal(*status, body),
             _ => e.to_string(),
         };
-        Failed { code: 1, message }
+        Failed {
+            code: 1,
+            message,
+            report: None,
+        }
     }
 }
 
@@ -114,6 +120,7 @@ fn read(path: &Path) -> Result<String, Failed> {
     std::fs::read_to_string(path).map_err(|e| Failed {
         code: 2,
         message: format!("cannot read {}: {e}", path.display()),
+        report: None,
     })
 }
 
@@ -121,7 +128,48 @@ fn read_json(path: &Path) -> Result<Value, Failed> {
     serde_json::from_str(&read(path)?).map_err(|e| Failed {
         code: 2,
         message: format!("{} is not JSON: {e}", path.display()),
+        report: None,
     })
+}
+
+/// A cases file: a list of cases, or the test route's own body `{"cases": [...]}`.
+fn read_cases(path: &Path) -> Result<Value, Failed> {
+    match read_json(path)? {
+        Value::Array(cases) => Ok(Value::Array(cases)),
+        Value::Object(mut body) if body.len() == 1 && body.contains_key("cases") => {
+            Ok(body.remove("cases").unwrap_or_default())
+        }
+        _ => Err(Failed {
+            code: 2,
+            message: format!(
+                "{}: expected a list of cases, or {{\"cases\": [...]}}, each {{\"payload\": …, \"expect\"?: …}}",
+                path.display()
+            ),
+            report: None,
+        }),
+    }
+}
+
+/// A refusal about what `path` holds, said with the file's name.
+fn about_file(path: &Path) -> impl Fn(ClientError) -> Failed + '_ {
+    move |e| {
+        let mut f = Failed::from(e);
+        if f.message.starts_with("refused (400") || f.message.starts_with("refused (422") {
+            f.message = format!("{}: {}", path.display(), f.message);
+        }
+        f
+    }
+}
+
+/// The server's words for a JSON field, as this command's flag.
+fn as_flags(f: Failed) -> Failed {
+    Failed {
+        message: f
+            .message
+            .replace("deploy with `force: true`", "deploy with --force")
+            .replace("`if_rev`", "--if-rev"),
+        ..f
+    }
 }
 
 /// `v3` and what happened to the live version, for people.
@@ -231,8 +279,8 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             dry_run,
         } => {
             let mut body = json!({"script": read(&script)?});
-            if let Some(c) = cases {
-                body["cases"] = read_json(&c)?;
+            if let Some(c) = &cases {
+                body["cases"] = read_cases(c)?;
             }
             if let Some(m) = message {
                 body["message"] = m.into();
@@ -267,10 +315,12 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
                 if !report.is_null() {
                     text.push('\n');
                     text.push_str(&report_text(report));
-                    if report["failed"].as_u64().unwrap_or(0) > 0 {
+                    let failed = report["failed"].as_u64().unwrap_or(0);
+                    if failed > 0 {
                         return Err(Failed {
                             code: 1,
-                            message: text,
+                            message: format!("{failed} of the version's cases failed"),
+                            report: Some(text),
                         });
                     }
                 }
@@ -319,14 +369,20 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             version,
             cases,
         } => {
-            let body = json!({"cases": read_json(&cases)?});
+            let body = json!({"cases": read_cases(&cases)?});
             let path = format!("{}/scripts/{version}/test", base(&name));
-            let v = remote.call("POST", &path, Some(body)).await?;
+            let v = remote
+                .call("POST", &path, Some(body))
+                .await
+                .map_err(about_file(&cases))?;
             let text = if json { v.to_string() } else { report_text(&v) };
-            if v["failed"].as_u64().unwrap_or(0) > 0 {
+            let failed = v["failed"].as_u64().unwrap_or(0);
+            if failed > 0 {
+                // The report goes to stdout whatever the verdict; the exit code says it.
                 return Err(Failed {
                     code: 1,
-                    message: text,
+                    message: format!("{failed} case(s) of {} failed", cases.display()),
+                    report: Some(text),
                 });
             }
             Ok(text)
@@ -340,7 +396,8 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             let body = json!({"version": version, "if_rev": if_rev, "force": force});
             let v = remote
                 .call("POST", &format!("{}/deployments", base(&name)), Some(body))
-                .await?;
+                .await
+                .map_err(|e| as_flags(e.into()))?;
             Ok(if json { v.to_string() } else { change_line(&v) })
         }
         ScriptsCommand::Rollback { name } => {
@@ -359,6 +416,7 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
                 .max()
                 .ok_or_else(|| Failed {
                     code: 1,
+                    report: None,
                     message: format!(
                         "{name} has no version older than the live one (v{}) to roll back to",
                         live.unwrap_or(0)
