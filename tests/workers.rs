@@ -747,3 +747,69 @@ listeners:
         .any(|m| to_of(m) == "acme-sink" && m.status == MessageStatus::Delivered));
     let _ = w.kill();
 }
+
+/// NATS trouble is visible: `/readyz` answers 503 naming the link while NATS is away and
+/// 200 once it is back, `agentserver_nats_connected` follows, and a worker says it serves.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_and_a_metric_show_the_link_to_nats() {
+    let mut nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    let o = Organism::builder().load(&path).unwrap();
+    let server = agentserver::api::ApiServer::bind(
+        o.clone(),
+        "127.0.0.1:0",
+        agentserver::api::ApiOptions::default(),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", server.local_addr());
+    let (w, w_lines) = worker(&path, "w");
+    let ready = |base: String| async move {
+        let r = http_get(format!("{base}/readyz")).await.unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    };
+    let gauge = |base: String| async move {
+        http_get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("agentserver_nats_connected "))
+            .map(str::to_string)
+    };
+    wait_until_async("ready with the worker", || async {
+        ready(base.clone()).await.0 == 200
+    })
+    .await;
+    assert_eq!(
+        gauge(base.clone()).await.as_deref(),
+        Some("agentserver_nats_connected 1")
+    );
+    nats.down();
+    wait_until_async("not ready without NATS", || async {
+        let (status, body) = ready(base.clone()).await;
+        status == 503 && body.contains("the link to nats://") && body.contains("is down")
+    })
+    .await;
+    assert_eq!(
+        gauge(base.clone()).await.as_deref(),
+        Some("agentserver_nats_connected 0")
+    );
+    nats.up();
+    wait_until_async("ready again", || async {
+        ready(base.clone()).await.0 == 200
+    })
+    .await;
+    let first = w_lines
+        .recv_timeout(WAIT)
+        .expect("the worker says it serves");
+    assert!(
+        first.starts_with("agentserver worker w: serving relay through NATS at nats://"),
+        "{first}"
+    );
+    stop_worker(w, w_lines);
+    server.shutdown().await;
+}

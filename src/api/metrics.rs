@@ -298,6 +298,15 @@ fn reload_metrics(out: &mut String, organism: &Organism) {
         out,
         "agentserver_reloads_total{{result=\"failed\"}} {failed}"
     );
+    if let Some((up, _)) = organism.nats_link() {
+        header(
+            out,
+            "agentserver_nats_connected",
+            "gauge",
+            "1 while the link to NATS (for listeners placed on workers) is up, else 0.",
+        );
+        let _ = writeln!(out, "agentserver_nats_connected {}", u8::from(up));
+    }
 }
 
 /// The API's own: refused requests, WebSocket clients and what they missed.

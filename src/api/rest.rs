@@ -637,6 +637,13 @@ pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
             format!("store: {e}"),
         ));
     }
+    if let Some((false, url)) = s.inner.organism.nats_link() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            format!("nats: the link to {url} is down; listeners placed on workers wait for it"),
+        ));
+    }
     let unserved = s.inner.organism.unserved_listeners();
     if !unserved.is_empty() {
         return Err(ApiError::new(

@@ -1,6 +1,7 @@
 //! The connection to NATS and the streams (work, results, events, snapshot), shared by the
 //! pump, workers, gateways and restore.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
@@ -130,8 +131,28 @@ impl Link {
     /// Connects (in the background: this returns at once, whether or not the server is up)
     /// and sets the streams up as soon as it answers. Must run inside a tokio runtime.
     pub async fn connect(config: &NatsConfig, client_name: &str) -> Result<Link, String> {
+        // Each loss of the link and each recovery is logged once, as it happens.
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let shown = config.url.clone();
+        let who = client_name.to_string();
         let options = connect_options(config)
             .name(client_name)
+            .event_callback(move |event| {
+                let (lost, shown, who) = (lost.clone(), shown.clone(), who.clone());
+                async move {
+                    use std::sync::atomic::Ordering;
+                    match event {
+                        async_nats::Event::Disconnected if !lost.swap(true, Ordering::SeqCst) => {
+                            tracing::warn!(url = %shown, client = %who, "the link to NATS is lost; reconnecting");
+                        }
+                        // At the loss's level, so whoever saw the loss sees its end.
+                        async_nats::Event::Connected if lost.swap(false, Ordering::SeqCst) => {
+                            tracing::warn!(url = %shown, client = %who, "the link to NATS is back");
+                        }
+                        _ => {}
+                    }
+                }
+            })
             .retry_on_initial_connect()
             .reconnect_delay_callback(|attempts| {
                 Duration::from_millis((attempts as u64 * 100).min(1_000))
@@ -226,6 +247,11 @@ impl Link {
             .map_err(|e| e.to_string())?
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// Whether the connection to the server is up now.
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
     }
 
     /// The server's URL as configured (it holds no credential: the config refuses one).

@@ -117,6 +117,17 @@ impl Placed {
             .collect()
     }
 
+    /// Whether the link to NATS is up now (connected, its streams set up), and the server's
+    /// URL.
+    pub fn link_state(&self) -> (bool, &str) {
+        let up = self
+            .ready
+            .borrow()
+            .as_ref()
+            .is_some_and(|r| r.link.connected());
+        (up, &self.url)
+    }
+
     /// Whether a worker has announced itself for `listener` lately.
     pub fn served(&self, listener: &str) -> bool {
         announced(&crate::sync::lock(&self.alive), listener)

@@ -551,6 +551,13 @@ impl Organism {
         )
     }
 
+    /// With listeners placed on workers: whether the link to NATS is up now, and its URL.
+    pub fn nats_link(&self) -> Option<(bool, String)> {
+        let placed = self.shared.placed.as_ref()?;
+        let (up, url) = placed.link_state();
+        Some((up, url.to_string()))
+    }
+
     /// Workers' results refused (malformed, or a nonce that does not match: not from the
     /// worker the delivery went to) and results for no open delivery (duplicates, late).
     pub fn worker_results(&self) -> (u64, u64) {

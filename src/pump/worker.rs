@@ -146,6 +146,12 @@ pub async fn run_worker(
     let name = options.name;
     let link = Link::connect(&nats, &format!("agentserver {name}")).await?;
     tracing::info!(worker = %name, url = %link.url(), listeners = ?options.listeners, "worker started");
+    // One line a user sees without RUST_LOG: which listeners, through which server.
+    eprintln!(
+        "agentserver worker {name}: serving {} through NATS at {}",
+        options.listeners.join(", "),
+        link.url()
+    );
     let worker = Arc::new(Worker {
         path: options.organism,
         name,
