@@ -303,7 +303,7 @@ fn reload_metrics(out: &mut String, organism: &Organism) {
             out,
             "agentserver_nats_connected",
             "gauge",
-            "1 while the link to NATS (for listeners placed on workers) is up, else 0.",
+            "1 while the link to NATS (organism.nats: placed listeners, the event mirror) is up, else 0.",
         );
         let _ = writeln!(out, "agentserver_nats_connected {}", u8::from(up));
     }

@@ -641,7 +641,10 @@ pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
-            format!("nats: the link to {url} is down; listeners placed on workers wait for it"),
+            format!(
+                "nats: the link to {url} is down; listeners placed on workers and the event \
+                 mirror wait for it"
+            ),
         ));
     }
     let unserved = s.inner.organism.unserved_listeners();
