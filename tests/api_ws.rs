@@ -843,3 +843,23 @@ async fn a_client_may_take_agent_states_coalesced_and_messages_folded_past_a_rat
         "{e}"
     );
 }
+
+/// Protocol errors close the session with their status code (RFC 6455 §7.4.1), on `/ws`
+/// and `/ws/messages`: 1009 for a message over the limit, 1007 for text that is not UTF-8,
+/// 1002 for a continuation frame that continues nothing.
+#[tokio::test]
+async fn protocol_errors_close_with_their_status_code() {
+    let s = serve_with(
+        Organism::builder(),
+        "  max_message_bytes: 1024",
+        CHAIN,
+        ApiOptions::default(),
+    )
+    .await;
+    for path in ["/ws", "/ws/messages"] {
+        // The frame limit is twice max_message_bytes plus 64 KiB.
+        let codes = protocol_error_closes(&s.ws_url(path), None, 80 * 1024).await;
+        assert_eq!(codes, [Some(1009), Some(1007), Some(1002)], "{path}");
+    }
+    assert_eq!(http_get(s.url("/healthz")).await.unwrap().status(), 200);
+}

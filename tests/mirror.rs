@@ -530,6 +530,11 @@ async fn a_gateway_started_on_an_empty_stream_serves_what_comes() {
     let frames = frames_until_done(&mut client, &r.thread_id).await;
     assert_eq!(frames[0]["event"], "message");
     assert_eq!(frames[0]["payload_xml"], "<Note>first of all</Note>");
+    // Protocol errors close with their status codes here too (commands are at most 64 KiB).
+    for path in ["/ws", "/ws/messages"] {
+        let codes = protocol_error_closes(&format!("{gw}{path}"), None, 80 * 1024).await;
+        assert_eq!(codes, [Some(1009), Some(1007), Some(1002)], "{path}");
+    }
     mirror.stop().await;
 }
 

@@ -643,7 +643,13 @@ async fn session(
                 return;
             }
             m = incoming.next() => match m {
-                Some(Ok(Message::Close(_))) | Some(Err(_)) | None => return,
+                Some(Err(e)) => {
+                    if let Some(frame) = super::ws::protocol_close(e) {
+                        let _ = send(&mut sink, Message::Close(Some(frame))).await;
+                    }
+                    return;
+                }
+                Some(Ok(Message::Close(_))) | None => return,
                 Some(Ok(Message::Text(t))) => {
                     last_heard = tokio::time::Instant::now();
                     Some(read_only(t.as_str(), seen))

@@ -322,3 +322,49 @@ pub fn http() -> reqwest::Client {
 pub async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
     http().get(url).send().await
 }
+
+/// A raw client's three protocol errors on `url` (after its first frame, if any: `first`),
+/// each on its own connection: the close code each gets (1009, 1007, 1002 expected).
+pub async fn protocol_error_closes(
+    url: &str,
+    first: Option<serde_json::Value>,
+    big: usize,
+) -> Vec<Option<u16>> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::Message;
+    let oversized = Message::Text("x".repeat(big).into());
+    let not_utf8 = Message::Frame(Frame::message(
+        vec![0xff, 0xfe, 0xfd],
+        OpCode::Data(Data::Text),
+        true,
+    ));
+    let stray_continuation = Message::Frame(Frame::message(
+        b"orphan".to_vec(),
+        OpCode::Data(Data::Continue),
+        true,
+    ));
+    let mut codes = Vec::new();
+    for bad in [oversized, not_utf8, stray_continuation] {
+        let mut ws = ws_connect(url).await;
+        if let Some(f) = &first {
+            send_json(&mut ws, f.clone()).await;
+        }
+        let _ = ws.send(bad).await;
+        let code = tokio::time::timeout(WAIT, async {
+            while let Some(m) = ws.next().await {
+                match m {
+                    Ok(Message::Close(frame)) => return frame.map(|f| u16::from(f.code)),
+                    Ok(_) => continue,
+                    Err(_) => return None,
+                }
+            }
+            None
+        })
+        .await
+        .expect("the server closes in time");
+        codes.push(code);
+    }
+    codes
+}

@@ -398,9 +398,21 @@ impl Session {
         // below would try a read (and prepare a read buffer) for every event offered.
         let (in_tx, mut incoming) = mpsc::channel::<Option<Message>>(16);
         let reader = tokio::spawn(async move {
-            while let Some(Ok(msg)) = stream.next().await {
-                if in_tx.send(Some(msg)).await.is_err() {
-                    return;
+            loop {
+                match stream.next().await {
+                    Some(Ok(msg)) => {
+                        if in_tx.send(Some(msg)).await.is_err() {
+                            return;
+                        }
+                    }
+                    // A protocol error ends the session with its close code.
+                    Some(Err(e)) => {
+                        if let Some(frame) = protocol_close(e) {
+                            let _ = in_tx.send(Some(Message::Close(Some(frame)))).await;
+                        }
+                        break;
+                    }
+                    None => break,
                 }
             }
             let _ = in_tx.send(None).await;
@@ -475,6 +487,11 @@ impl Session {
                             })));
                             break;
                         }
+                    }
+                    // The reader's close for a protocol error: sent, then the session ends.
+                    Some(Some(Message::Close(Some(frame)))) if frame.code >= 1002 => {
+                        let _ = session.tx.try_send(Message::Close(Some(frame)));
+                        break;
                     }
                     Some(Some(Message::Close(_))) | Some(None) | None => break,
                     Some(Some(_)) => last_heard = Instant::now(),
@@ -747,4 +764,22 @@ fn frame_len(msg: &Message) -> usize {
         Message::Text(t) => t.len(),
         _ => 0,
     }
+}
+
+/// The close frame a client's protocol error gets (RFC 6455 §7.4.1): 1009 for a message over
+/// the size limit, 1007 for text that is not UTF-8, 1002 for any other violation; `None` for
+/// a connection that failed (nothing can be sent on it).
+pub(in crate::api) fn protocol_close(e: axum::Error) -> Option<CloseFrame> {
+    use tokio_tungstenite::tungstenite::Error;
+    let inner = e.into_inner();
+    let (code, reason) = match inner.downcast_ref::<Error>()? {
+        Error::Capacity(_) => (1009, "message too big"),
+        Error::Utf8(_) => (1007, "text that is not UTF-8"),
+        Error::Protocol(_) => (1002, "protocol error"),
+        _ => return None,
+    };
+    Some(CloseFrame {
+        code,
+        reason: Utf8Bytes::from_static(reason),
+    })
 }
