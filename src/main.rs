@@ -464,6 +464,11 @@ fn load(path: &Path) -> Result<config::OrganismConfig, ExitCode> {
 fn validate(path: &Path) -> ExitCode {
     match load(path) {
         Ok(c) => {
+            if let Err(e) = agentserver::api::check_tls(&c) {
+                eprintln!("{e}");
+                eprintln!("{}: 1 problem(s)", path.display());
+                return ExitCode::FAILURE;
+            }
             warn_if_exposed(&c);
             println!("{}: ok ({} listeners)", path.display(), c.listeners.len());
             ExitCode::SUCCESS

@@ -562,3 +562,44 @@ listeners:
         "{errs:?}"
     );
 }
+
+/// `validate` refuses what `run` would: a native handler's own `config` (a template with no
+/// `output`) and `organism.tls` files that hold no certificate, each with file, line and key.
+#[test]
+fn validate_checks_native_configs_and_tls_files_with_their_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("o.yaml");
+    let run = |yaml: &str| {
+        std::fs::write(&path, yaml).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
+            .arg("validate")
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let listener = "listeners:\n  - name: t\n    description: fills\n    kind: native\n    handler: template\n    fields: {Note: {text: string}}\n";
+    let (code, said) = run(&format!(
+        "organism: {{name: v, store: memory}}\n{listener}    config: {{to: t}}\n"
+    ));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains(
+            "o.yaml:8: listener `t`: key `config`: the template handler needs `config.output`"
+        ),
+        "{said}"
+    );
+    std::fs::write(dir.path().join("cert.pem"), "").unwrap();
+    std::fs::write(dir.path().join("key.pem"), "").unwrap();
+    let (code, said) = run(&format!(
+        "organism:\n  name: v\n  store: memory\n  tls: {{cert: cert.pem, key: key.pem}}\n{listener}    config: {{output: '<Note><text>{{text}}</text></Note>'}}\n"
+    ));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(
+        said.contains("o.yaml:4: key `tls`: organism.tls.cert") && said.contains("no certificate"),
+        "{said}"
+    );
+}

@@ -571,6 +571,17 @@ impl ApiServer {
     }
 }
 
+/// `organism.tls` as `run` will use it: its files read, the key matched to the certificate.
+/// Err: the problem, at the line of `tls` in the organism's file.
+pub fn check_tls(config: &crate::config::OrganismConfig) -> Result<(), crate::config::ConfigError> {
+    match &config.tls {
+        None => Ok(()),
+        Some(files) => conn::tls_acceptor(files)
+            .map(|_| ())
+            .map_err(|e| crate::config::ConfigError::about(config, None, Some("tls"), e)),
+    }
+}
+
 /// Mirrors the organism's events to NATS JetStream (with `organism.nats`, unless
 /// `mirror_events: false`), each with its `/ws` and `/ws/messages` frames as this API
 /// renders them, and its `connected` snapshot every second, so a gateway serves the same

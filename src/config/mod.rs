@@ -86,6 +86,28 @@ impl fmt::Display for ConfigError {
     }
 }
 
+impl ConfigError {
+    /// A problem found after loading (by a layer that builds what the file describes), placed
+    /// in `config`'s file as a loading problem would be: its line, listener and key.
+    pub fn about(
+        config: &OrganismConfig,
+        listener: Option<&str>,
+        key: Option<&str>,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            file: config
+                .source
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+            line: locate(&config.text, listener, key),
+            listener: listener.map(str::to_string),
+            key: key.map(str::to_string),
+            message: message.into(),
+        }
+    }
+}
+
 /// Every problem found in one file.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]

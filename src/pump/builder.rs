@@ -46,14 +46,31 @@ pub(crate) fn load_config_layered(
     layer: &[config::layer::LayerListener],
 ) -> Result<OrganismConfig, config::ConfigErrors> {
     let handlers = registry.names();
-    config::load_file_layered(
+    let config = config::load_file_layered(
         path,
         config::Known {
             handlers: &handlers,
             check_script: crate::lua::check_syntax,
         },
         layer,
-    )
+    )?;
+    // A native handler's own `config` (a template's `output`, say) is checked by building
+    // it, so `validate` refuses what `run` would, with the line.
+    let problems: Vec<config::ConfigError> = config
+        .listeners
+        .iter()
+        .filter(|l| l.kind == config::ListenerKind::Native)
+        .filter_map(|l| {
+            registry.build(l).err().map(|e| {
+                config::ConfigError::about(&config, Some(l.name.as_str()), Some("config"), e)
+            })
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(config)
+    } else {
+        Err(config::ConfigErrors(problems))
+    }
 }
 
 impl OrganismBuilder {
