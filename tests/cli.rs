@@ -177,3 +177,39 @@ fn send_takes_json_as_inject_does() {
         "{said}"
     );
 }
+
+/// A hot reload that the file refuses is logged with the file and the line.
+#[test]
+fn a_refused_hot_reload_is_logged_with_its_file_and_line() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("o.yaml");
+    let good = "organism: {name: hot, store: memory}\nlisteners:\n  - name: s\n    description: keeps\n    kind: native\n    handler: sink\n    fields: {Note: {text: string}}\n";
+    std::fs::write(&yaml, good).unwrap();
+    let mut cmd = child::agentserver();
+    cmd.args(["run", yaml.to_str().unwrap(), "--listen", "127.0.0.1:0"]);
+    let (mut running, _url) = child::serve(cmd, std::process::Stdio::piped());
+    let stderr = running.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    std::fs::write(&yaml, format!("{good}    concurrency: two\n")).unwrap();
+    let deadline = std::time::Instant::now() + child::WAIT;
+    let line = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .expect("a log line about the reload in time");
+        if line.contains("organism reload failed") {
+            break line;
+        }
+    };
+    assert!(
+        line.contains(yaml.to_str().unwrap())
+            && line.contains("line 8: listener `s`: key `concurrency`: is the text \"two\""),
+        "{line}"
+    );
+}

@@ -123,7 +123,12 @@ fn top_level_and_section_mistakes_are_reported() {
     let errs = errors("organism: { name: t, colour: red }\nlimit: {}\nlisteners: []\n");
     assert!(has(&errs, None, Some("limit"), "unknown key"), "{errs:#?}");
     assert!(
-        has(&errs, None, Some("organism"), "unknown field `colour`"),
+        has(
+            &errs,
+            None,
+            Some("organism.colour"),
+            "unknown field `colour`"
+        ),
         "{errs:#?}"
     );
     let errs = errors("not: [valid");
@@ -601,5 +606,35 @@ fn validate_checks_native_configs_and_tls_files_with_their_lines() {
     assert!(
         said.contains("o.yaml:4: key `tls`: organism.tls.cert") && said.contains("no certificate"),
         "{said}"
+    );
+}
+
+/// A value of the wrong type is named by its own line and key, in a user's words, and a
+/// schema that does not load is reported once (not again as "not a global element").
+#[test]
+fn a_wrong_value_names_its_line_and_key_in_a_users_words() {
+    let errs = errors(
+        "organism:\n  name: t\n  listen: 8765\nlisteners:\n  - name: a\n    description: x\n    kind: native\n    handler: sink\n    schema: s.xsd\n    concurrency: two\n  - name: b\n    description: y\n    kind: native\n    handler: sink\n    schema: missing.xsd\n    accepts: [Z]\n",
+    );
+    let shown: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+    assert!(
+        shown.iter().any(|e| e.ends_with(
+            "o.yaml:3: key `organism.listen`: is the number 8765; it must be a string such as 127.0.0.1:8765 (quote it)"
+        )),
+        "{shown:#?}"
+    );
+    assert!(
+        shown.iter().any(|e| e.ends_with(
+            "o.yaml:10: listener `a`: key `concurrency`: is the text \"two\"; it must be a whole number"
+        )),
+        "{shown:#?}"
+    );
+    assert!(
+        has(&errs, Some("b"), Some("schema"), "file not found"),
+        "{shown:#?}"
+    );
+    assert!(
+        !shown.iter().any(|e| e.contains("not a global element")),
+        "{shown:#?}"
     );
 }

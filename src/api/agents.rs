@@ -220,6 +220,7 @@ fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
             let mut shown = mine;
             if !others.is_empty() {
                 shown.push(crate::config::diff::ReloadProblem {
+                    line: None,
                     listener: None,
                     key: None,
                     message: "the organism's own configuration does not load at the moment; \

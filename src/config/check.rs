@@ -72,13 +72,6 @@ pub(super) fn variant_key(item: &yaml_serde::Value, message: &str) -> Option<Str
         .and_then(|(k, _)| k.as_str().map(str::to_string))
 }
 
-pub(super) fn serde_key(message: &str) -> Option<String> {
-    let rest = message
-        .strip_prefix("unknown field `")
-        .or_else(|| message.strip_prefix("missing field `"))?;
-    rest.split('`').next().map(str::to_string)
-}
-
 pub(super) fn check_listeners(
     sections: &[ListenerSection],
     written_names: &[String],
@@ -330,6 +323,7 @@ fn check_schema(
 
     let mut accepts: Vec<(PayloadType, Arc<Schema>)> = Vec::new();
     let mut schema_origin = None;
+    let mut unreadable = false;
     match &s.schema {
         None if s.fields.is_none() => c.push(
             l,
@@ -347,7 +341,10 @@ fn check_schema(
                             accepts.push((t.clone(), schema.clone()));
                         }
                     }
-                    Err(e) => c.push(l, Some("fields"), e),
+                    Err(e) => {
+                        unreadable = true;
+                        c.push(l, Some("fields"), e)
+                    }
                 }
             }
         }
@@ -355,6 +352,7 @@ fn check_schema(
             let path = base.join(rel);
             schema_origin = Some(path.clone());
             if !path.exists() {
+                unreadable = true;
                 c.push(
                     l,
                     Some("schema"),
@@ -367,7 +365,10 @@ fn check_schema(
                             accepts.push((t.clone(), schema.clone()));
                         }
                     }
-                    Err(e) => c.push(l, Some("schema"), e.to_string()),
+                    Err(e) => {
+                        unreadable = true;
+                        c.push(l, Some("schema"), e.to_string())
+                    }
                 }
             }
         }
@@ -388,7 +389,8 @@ fn check_schema(
                 .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
             match found {
                 Some(entry) => narrowed.push(entry.clone()),
-                None if s.schema.is_some() || s.fields.is_some() => c.push(
+                // A schema that did not load was reported once; its types are not.
+                None if !unreadable && (s.schema.is_some() || s.fields.is_some()) => c.push(
                     l,
                     Some("accepts"),
                     format!("`{w}` is not a global element of the listener's schema"),

@@ -18,6 +18,9 @@ pub struct ReloadReport {
 /// One reason a reload was refused: the listener and key it is about, when it is about one.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReloadProblem {
+    /// The line of the organism file it is at, when it is in the file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
     pub listener: Option<String>,
     pub key: Option<String>,
     pub message: String,
@@ -25,6 +28,9 @@ pub struct ReloadProblem {
 
 impl std::fmt::Display for ReloadProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(n) = self.line {
+            write!(f, "line {n}: ")?;
+        }
         if let Some(l) = &self.listener {
             write!(f, "listener `{l}`: ")?;
         }
@@ -85,6 +91,7 @@ pub fn needs_restart(old: &OrganismConfig, new: &OrganismConfig) -> Vec<ReloadPr
     let mut check = |key: &str, same: bool| {
         if !same {
             out.push(ReloadProblem {
+                line: None,
                 listener: None,
                 key: Some(key.to_string()),
                 message: "changing it needs a restart".to_string(),

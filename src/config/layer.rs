@@ -123,9 +123,9 @@ pub(super) fn lay_over(
                 format!("holds a secret; an agent created through the API may not (`{key}`)"),
             );
         }
-        match yaml_serde::from_value::<ListenerSection>(item) {
+        match super::read::read::<ListenerSection>(&item) {
             Ok(s) => sections.push(s),
-            Err(e) => c.push(Some(&name), None, e.to_string()),
+            Err(e) => c.push(Some(&name), e.key.as_deref(), e.message),
         }
     }
 }

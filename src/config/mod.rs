@@ -23,6 +23,7 @@ pub mod diff;
 pub mod layer;
 mod limits;
 mod model;
+mod read;
 pub mod secret;
 mod tenant;
 
@@ -32,9 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use check::valid_tenant;
-use check::{
-    check_auth, check_external_callbacks, check_listeners, check_nats, serde_key, variant_key,
-};
+use check::{check_auth, check_external_callbacks, check_listeners, check_nats, variant_key};
 pub use check::{
     DEFAULT_EVENTS_MAX_AGE, DEFAULT_EVENTS_MAX_BYTES, DEFAULT_NATS_ACK_WAIT_MS,
     DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER,
@@ -108,6 +107,14 @@ impl ConfigError {
     }
 }
 
+/// `section.key`, or the section alone.
+fn within(section: &str, key: Option<String>) -> String {
+    match key {
+        Some(k) => format!("{section}.{k}"),
+        None => section.to_string(),
+    }
+}
+
 /// Every problem found in one file.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
@@ -147,14 +154,13 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
     let Some(v) = v else {
         return Tenants::default();
     };
-    let entries: std::collections::BTreeMap<String, model::TenantSection> =
-        match yaml_serde::from_value(v.clone()) {
-            Ok(e) => e,
-            Err(e) => {
-                c.push(None, Some("tenants"), e.to_string());
-                return Tenants::default();
-            }
-        };
+    let entries: std::collections::BTreeMap<String, model::TenantSection> = match read::read(v) {
+        Ok(e) => e,
+        Err(e) => {
+            c.push(None, Some(&within("tenants", e.key)), e.message);
+            return Tenants::default();
+        }
+    };
     let default = entries
         .get("default")
         .map_or(TenantQuotas::default(), |d| d.over(TenantQuotas::default()));
@@ -271,27 +277,27 @@ pub fn load_str_layered(
             c.push(None, Some("organism"), "missing");
             None
         }
-        Some(v) => match yaml_serde::from_value(v.clone()) {
+        Some(v) => match read::read(v) {
             Ok(o) => Some(o),
             Err(e) => {
-                c.push(None, Some("organism"), e.to_string());
+                c.push(None, Some(&within("organism", e.key)), e.message);
                 None
             }
         },
     };
     let limits: Limits = match map.get("limits") {
         None => Limits::default(),
-        Some(v) => yaml_serde::from_value(v.clone()).unwrap_or_else(|e| {
-            c.push(None, Some("limits"), e.to_string());
+        Some(v) => read::read(v).unwrap_or_else(|e| {
+            c.push(None, Some(&within("limits", e.key)), e.message);
             Limits::default()
         }),
     };
     check_limits(&limits, &mut c);
     let auth_section: Option<model::AuthSection> = match map.get("auth") {
         None => None,
-        Some(v) => yaml_serde::from_value(v.clone()).map_or_else(
+        Some(v) => read::read(v).map_or_else(
             |e| {
-                c.push(None, Some("auth"), e.to_string());
+                c.push(None, Some(&within("auth", e.key)), e.message);
                 None
             },
             Some,
@@ -325,12 +331,11 @@ pub fn load_str_layered(
                         ),
                     );
                 }
-                match yaml_serde::from_value::<ListenerSection>(item.clone()) {
+                match read::read::<ListenerSection>(item) {
                     Ok(s) => sections.push(s),
                     Err(e) => {
-                        let message = e.to_string();
-                        let key = serde_key(&message).or_else(|| variant_key(item, &message));
-                        c.push(Some(&label), key.as_deref(), message);
+                        let key = e.key.or_else(|| variant_key(item, &e.message));
+                        c.push(Some(&label), key.as_deref(), e.message);
                     }
                 }
             }

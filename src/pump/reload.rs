@@ -105,6 +105,7 @@ impl Shared {
     pub(super) fn problems_of(&self, e: config::ConfigErrors) -> Vec<ReloadProblem> {
         e.0.into_iter()
             .map(|c| ReloadProblem {
+                line: c.line,
                 listener: c.listener,
                 key: c.key,
                 message: self.clip_error(c.message),
@@ -184,6 +185,7 @@ impl Shared {
                 // A script's own error text (an `init` that raises a megabyte) is cut
                 // like every error the organism keeps or answers.
                 Err(message) => problems.push(ReloadProblem {
+                    line: None,
                     listener: Some(name),
                     key: None,
                     message: self.clip_error(message),
@@ -377,6 +379,7 @@ impl Organism {
         let (current, path, rev) = (&*turn.current, turn.path.as_path(), turn.rev);
         let layer = s.reloading.agents.layer(None).map_err(|e| {
             ReloadError::Refused(vec![ReloadProblem {
+                line: None,
                 listener: None,
                 key: None,
                 message: format!("the agents created through the API cannot be read: {e}"),
@@ -470,7 +473,11 @@ impl Organism {
                 match result {
                     Ok(Ok(Some(r))) => tracing::info!(rev = r.rev, added = ?r.added, removed = ?r.removed, changed = ?r.changed, "organism reloaded"),
                     Ok(Ok(None)) => {}
-                    Ok(Err(e)) => tracing::warn!(error = %e, "organism reload failed"),
+                    Ok(Err(e)) => tracing::warn!(
+                        file = %organism.config().source.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                        error = %e,
+                        "organism reload failed"
+                    ),
                     Err(e) => tracing::error!(error = %e, "organism reload panicked"),
                 }
             }

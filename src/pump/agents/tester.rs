@@ -101,6 +101,7 @@ impl crate::pump::Organism {
         )
         .map_err(|message| {
             AgentError::Invalid(vec![ReloadProblem {
+                line: None,
                 listener: Some(name.to_string()),
                 key: None,
                 message: self.shared.clip_error(message),

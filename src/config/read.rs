@@ -1,0 +1,123 @@
+//! Reading a section of the file into its serde model, with what is wrong said the way a user
+//! writes the file: the key the problem is at (so its line is found), and the value it holds
+//! against what it should hold ("a whole number", not "usize").
+
+use serde::de::DeserializeOwned;
+
+/// A section that did not read: the key path within it (`concurrency`, `nats.url`; none for
+/// the section itself) and the message.
+pub(super) struct Unread {
+    pub key: Option<String>,
+    pub message: String,
+}
+
+/// Reads `v` as a `T`.
+pub(super) fn read<T: DeserializeOwned>(v: &yaml_serde::Value) -> Result<T, Unread> {
+    serde_path_to_error::deserialize(v.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let message = e.inner().to_string();
+        // An unknown or missing field is named by the message, at the path of its parent.
+        let field = ["unknown field `", "missing field `"]
+            .iter()
+            .find_map(|p| message.strip_prefix(p))
+            .and_then(|rest| rest.split('`').next());
+        let key = match (path.as_str(), field) {
+            (".", Some(f)) => Some(f.to_string()),
+            (".", None) => None,
+            (p, Some(f)) if message.starts_with("missing") => Some(format!("{p}.{f}")),
+            (p, _) => Some(p.to_string()),
+        };
+        Unread {
+            message: in_words(&message, key.as_deref()),
+            key,
+        }
+    })
+}
+
+/// serde's "invalid type: integer `8765`, expected a string" as "is the number 8765; it
+/// must be a string", its Rust type names as what a user writes.
+pub(super) fn in_words(message: &str, key: Option<&str>) -> String {
+    let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+    else {
+        return message.to_string();
+    };
+    let Some((got, expected)) = rest.split_once(", expected ") else {
+        return message.to_string();
+    };
+    let got = match got.split_once(' ') {
+        Some(("integer" | "floating", n)) => format!("the number {}", n.trim_matches('`')),
+        Some(("string", s)) => format!("the text {s}"),
+        Some(("boolean", b)) => b.trim_matches('`').to_string(),
+        Some(("map", _)) | None if got == "map" => "a mapping".to_string(),
+        Some(("sequence", _)) | None if got == "sequence" => "a list".to_string(),
+        _ => got.to_string(),
+    };
+    let expected = match expected.trim() {
+        "usize" | "u64" | "u32" | "u16" | "u8" | "i64" | "i32" => "a whole number".to_string(),
+        "f64" | "f32" => "a number".to_string(),
+        "a boolean" => "true or false".to_string(),
+        "a string" if key.is_some_and(|k| k.ends_with("listen")) => {
+            "a string such as 127.0.0.1:8765 (quote it)".to_string()
+        }
+        "a string" => "a string (quote it)".to_string(),
+        "a sequence" => "a list".to_string(),
+        e if e.starts_with("struct ") || e == "a map" => "a mapping (key: value lines)".to_string(),
+        e => e.to_string(),
+    };
+    format!("is {got}; it must be {expected}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        name: String,
+        concurrency: Option<usize>,
+        nested: Option<Nested>,
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Nested {
+        listen: String,
+    }
+
+    fn unread(yaml: &str) -> (Option<String>, String) {
+        let v: yaml_serde::Value = yaml_serde::from_str(yaml).unwrap();
+        let e = read::<Item>(&v).unwrap_err();
+        (e.key, e.message)
+    }
+
+    #[test]
+    fn a_wrong_value_is_named_by_its_key_in_a_users_words() {
+        assert_eq!(
+            unread("name: a\nconcurrency: two\n"),
+            (
+                Some("concurrency".into()),
+                "is the text \"two\"; it must be a whole number".into()
+            )
+        );
+        assert_eq!(
+            unread("name: a\nnested: {listen: 8765}\n"),
+            (
+                Some("nested.listen".into()),
+                "is the number 8765; it must be a string such as 127.0.0.1:8765 (quote it)".into()
+            )
+        );
+        let (key, message) = unread("name: a\nconcurency: 2\n");
+        assert_eq!(key.as_deref(), Some("concurency"));
+        assert!(
+            message.starts_with("unknown field `concurency`"),
+            "{message}"
+        );
+        let (key, _) = unread("concurrency: 2\n");
+        assert_eq!(key.as_deref(), Some("name"));
+    }
+}
