@@ -213,3 +213,86 @@ fn a_refused_hot_reload_is_logged_with_its_file_and_line() {
         "{line}"
     );
 }
+
+/// README's walk-through blocks ("Security", "For tenants"), run as written by bash against
+/// a copy of `organisms/tenants.yaml` (on a free port instead of 8771), with this build's
+/// `agentserver` first on the PATH: every command succeeds, and the agent the tenant
+/// created, upgraded and rolled back answers as the README says.
+#[test]
+fn the_readmes_tenant_walk_through_runs_as_written() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let mut blocks = Vec::new();
+    let mut rest = readme.as_str();
+    while let Some(at) = rest.find("<!-- walk-through: tenants") {
+        rest = &rest[at..];
+        let open = rest.find("```").unwrap();
+        let body = &rest[open..];
+        let start = body.find('\n').unwrap() + 1;
+        let end = body[start..].find("\n```").unwrap();
+        blocks.push(body[start..start + end].to_string());
+        rest = &body[start + end..];
+    }
+    assert_eq!(blocks.len(), 2, "the two walk-through blocks");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("organisms")).unwrap();
+    let yaml = std::fs::read_to_string(root.join("organisms/tenants.yaml")).unwrap();
+    std::fs::write(
+        dir.path().join("organisms/tenants.yaml"),
+        yaml.replace("8771", &port),
+    )
+    .unwrap();
+    let script = format!(
+        "set -euo pipefail\n{}\nsleep 0.5\nkill $(jobs -p)\nwait || true\n",
+        blocks.join("\n").replace("8771", &port)
+    );
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_agentserver"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // Its own process group, killed whole at the end: a server it left running in the
+    // background (a failed step) goes too. Output to files, which a background process
+    // holding them open cannot make this wait on.
+    use std::os::unix::process::CommandExt;
+    let (out_file, err_file) = (dir.path().join("out.txt"), dir.path().join("err.txt"));
+    let mut script_run = std::process::Command::new("timeout")
+        .args(["60", "bash", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .stdout(std::fs::File::create(&out_file).unwrap())
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let status = script_run.wait().unwrap();
+    // SAFETY: kill(2) of the process group this test made.
+    unsafe { libc::kill(-(script_run.id() as i32), libc::SIGKILL) };
+    let stdout = std::fs::read_to_string(&out_file).unwrap_or_default();
+    let stderr = std::fs::read_to_string(&err_file).unwrap_or_default();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("\"thread_id\""), "the inject: {stdout}");
+    assert!(
+        stdout.contains("\"agent\":\"acme-echo\",\"version\":1"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\"payload\":{\"text\":\"HI\",\"version\":2}"),
+        "version 2 answered: {stdout}"
+    );
+    assert!(stdout.contains("revoked wall"), "{stdout}");
+}

@@ -428,11 +428,12 @@ listeners:
 }
 
 /// The organisms the project ships (a user's own file beside them is not this test's).
-const SHIPPED: [&str; 4] = [
+const SHIPPED: [&str; 5] = [
     "external-echo.yaml",
     "hello-workers.yaml",
     "hello-world.yaml",
     "lua-playground.yaml",
+    "tenants.yaml",
 ];
 
 #[test]

@@ -371,12 +371,17 @@ pub fn load_str_layered(
             "must not be empty: a file path (such as data/organism.db) or memory",
         );
     }
+    // Absolute, so what is written beside it (the API agents' scripts, which the file's
+    // listeners' paths are read relative to the file) is found from anywhere.
+    let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
     let store = match organism.store.as_deref() {
         Some("memory") => None,
-        Some(p) => Some(base.join(p)),
+        Some(p) => Some(absolute(base.join(p))),
         // Beside the organism file, as every path it names: a run from another directory
         // finds the same store, and so do `agentserver keys` and `restore`.
-        None => Some(base.join("data").join(format!("{}.db", organism.name))),
+        None => Some(absolute(
+            base.join("data").join(format!("{}.db", organism.name)),
+        )),
     };
     if store.is_none() && auth.uses(AuthMethod::Keys) && auth.keys_file.is_none() {
         c.push(
