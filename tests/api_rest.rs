@@ -889,3 +889,42 @@ async fn a_page_of_large_messages_ends_early_and_paging_on_reaches_them_all() {
     }
     assert_eq!(seen, 40);
 }
+
+/// What the framework refuses before a handler (a path parameter that does not parse, a
+/// plain GET of a WebSocket endpoint) is answered with the JSON error envelope too, and the
+/// document declares the input refusals and the rate limit.
+#[tokio::test]
+async fn framework_refusals_answer_the_json_envelope_and_are_declared() {
+    let s = chain().await;
+    for (path, code) in [
+        ("/api/v1/agents/a/scripts/-1", "bad_request"),
+        ("/ws", "not_websocket"),
+        ("/ws/messages", "not_websocket"),
+    ] {
+        let r = http_get(s.url(path)).await.unwrap();
+        assert_eq!(r.status(), 400, "{path}");
+        let ct = r.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ct.starts_with("application/json"), "{path}: {ct}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], code, "{path}: {v}");
+        assert_eq!(v["error"]["where"], path, "{v}");
+    }
+    let (_, doc) = s.get("/api/v1/openapi.json").await;
+    let inject = &doc["paths"]["/api/v1/inject"]["post"]["responses"];
+    for status in ["400", "415", "429"] {
+        assert!(
+            inject.get(status).is_some(),
+            "inject declares {status}: {inject}"
+        );
+    }
+    let messages = &doc["paths"]["/api/v1/messages"]["get"]["responses"];
+    assert!(
+        messages["400"]["description"]
+            .as_str()
+            .unwrap_or("")
+            .contains("invalid_query"),
+        "{messages}"
+    );
+    let test = &doc["paths"]["/api/v1/agents/{name}/scripts/{version}/test"]["post"]["responses"];
+    assert!(test.get("409").is_some(), "{test}");
+}

@@ -563,6 +563,7 @@ pub async fn list_deployments(
     responses((status = 200, description = "Each case's verdict, run in a sandbox of that version apart from the running organism (nothing is delivered or kept)", body = TestReport),
               (status = 400, description = "No cases, or more than 50", body = ErrorResponse),
               (status = 404, description = "No such agent or version", body = ErrorResponse),
+              (status = 409, description = "`file_listener`: a listener of the organism file, whose versions are tried by reloading the file", body = ErrorResponse),
               (status = 422, description = "The version does not load any more", body = ErrorResponse),
               (status = 429, description = "`limits.max_tests_at_once` test runs of the caller's tenant are under way (with `Retry-After`)", body = ErrorResponse)))]
 pub async fn test_script(

@@ -389,10 +389,50 @@ async fn record_refusals(
     let status = response.status();
     if status.is_client_error() || status.is_server_error() {
         tracing::info!(%method, %path, status = status.as_u16(), "API request refused");
-        let mut refused = crate::sync::lock(&state.inner.refused);
-        *refused.entry(status.as_u16()).or_default() += 1;
+        {
+            let mut refused = crate::sync::lock(&state.inner.refused);
+            *refused.entry(status.as_u16()).or_default() += 1;
+        }
+        return as_json_error(response, &path).await;
     }
     response
+}
+
+/// A refusal made as plain text by the framework (a path parameter that does not parse, a
+/// plain GET of a WebSocket endpoint) answered as every other: the JSON error envelope.
+async fn as_json_error(response: axum::response::Response, path: &str) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let plain = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/plain"));
+    if !plain {
+        return response;
+    }
+    let status = response.status();
+    let text = axum::body::to_bytes(response.into_body(), error::MAX_ANSWER_TEXT)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).to_string())
+        .unwrap_or_default();
+    let code = match status.as_u16() {
+        400 if path.starts_with("/ws") => "not_websocket",
+        400 => "bad_request",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        413 => "too_large",
+        415 => "unsupported_media_type",
+        422 => "unprocessable",
+        _ => "error",
+    };
+    let message = if code == "not_websocket" {
+        format!("{text}: {path} is a WebSocket endpoint; connect with a WebSocket client")
+    } else {
+        text
+    };
+    ApiError::new(status, code, message)
+        .at(path.to_string())
+        .into_response()
 }
 
 /// Refuses what a web page could make the server do (`browser`: Host, Origin, body type).

@@ -530,6 +530,7 @@ pub fn document(mut doc: serde_json::Value) -> serde_json::Value {
             let Ok(m) = axum::http::Method::from_bytes(method.to_uppercase().as_bytes()) else {
                 continue;
             };
+            declare_input_refusals(op, &error);
             let (role, note) = match route_need(&m, path) {
                 Need::Open => {
                     op["security"] = json!([{}]);
@@ -553,7 +554,54 @@ pub fn document(mut doc: serde_json::Value) -> serde_json::Value {
                 "description": format!("The credential's role is below the least this needs: {note}"),
                 "content": error,
             });
+            if responses.get("429").is_none() {
+                responses["429"] = json!({
+                    "description": "`rate_limited`: over the credential's (or its tenant's) `inject_per_s`, or too many wrong credentials from this address; with `Retry-After`",
+                    "headers": {"Retry-After": {"description": "Seconds to wait", "schema": {"type": "integer"}}},
+                    "content": error,
+                });
+            }
         }
     }
     doc
+}
+
+/// The refusals every operation with a body, a query or a path parameter can answer before
+/// its handler runs, declared where the operation does not already say more.
+fn declare_input_refusals(op: &mut serde_json::Value, error: &serde_json::Value) {
+    use serde_json::json;
+    let params = op["parameters"].as_array().cloned().unwrap_or_default();
+    let takes = |place: &str| params.iter().any(|p| p["in"] == place);
+    let mut bad = Vec::new();
+    if op.get("requestBody").is_some() {
+        bad.push("`invalid_json`: the body is not the JSON this takes (where: line and column)");
+        if op["responses"].get("415").is_none() {
+            op["responses"]["415"] = json!({
+                "description": "`unsupported_media_type`: the body is not `Content-Type: application/json`",
+                "content": error,
+            });
+        }
+    }
+    if takes("query") {
+        bad.push("`invalid_query`: a query parameter that is unknown or does not parse (where: its name)");
+    }
+    if takes("path") {
+        bad.push("`bad_request`: a path parameter that does not parse");
+    }
+    if bad.is_empty() {
+        return;
+    }
+    match op["responses"]["400"]["description"].as_str() {
+        // The operation's own words first, then what any such request may get.
+        Some(own) => {
+            let said = format!("{own}; also {}", bad.join("; "));
+            op["responses"]["400"]["description"] = json!(said);
+        }
+        None => {
+            op["responses"]["400"] = json!({
+                "description": bad.join("; "),
+                "content": error,
+            });
+        }
+    }
 }
