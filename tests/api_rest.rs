@@ -927,4 +927,15 @@ async fn framework_refusals_answer_the_json_envelope_and_are_declared() {
     );
     let test = &doc["paths"]["/api/v1/agents/{name}/scripts/{version}/test"]["post"]["responses"];
     assert!(test.get("409").is_some(), "{test}");
+    assert_eq!(test["200"].get("links"), None);
+    let link = &doc["paths"]["/api/v1/inject"]["post"]["responses"]["202"]["links"]["thread"];
+    assert_eq!(link["operationId"], "get_thread", "{link}");
+    let since = doc["paths"]["/api/v1/messages"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "since")
+        .cloned()
+        .unwrap();
+    assert_eq!(since["schema"]["format"], "date-time", "{since}");
 }

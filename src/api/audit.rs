@@ -55,8 +55,10 @@ pub struct AuditQuery {
     /// An action's exact text, or its first word (`POST`, `ws`, `authenticate`).
     pub action: Option<String>,
     /// At or after (RFC 3339).
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// Before (RFC 3339).
+    #[param(format = DateTime)]
     pub until: Option<String>,
     pub limit: Option<usize>,
     pub offset: Option<usize>,

@@ -68,7 +68,9 @@ pub struct CreateKey {
     /// How long it lives: `30d`, `12h`, `15m` (none: until revoked).
     pub expires: Option<String>,
     /// Its own injects per second (over `auth.inject_per_s`), and burst.
+    #[schema(minimum = 1)]
     pub inject_per_s: Option<u32>,
+    #[schema(minimum = 1)]
     pub burst: Option<u32>,
 }
 

@@ -335,6 +335,7 @@ fn router(
         .split_for_parts();
     let openapi = serde_json::to_value(&doc)
         .map(auth::document)
+        .map(links)
         .and_then(|v| serde_json::to_string_pretty(&v))
         .unwrap_or_else(|_| "{}".into());
     let state = ApiState {
@@ -374,6 +375,26 @@ fn router(
         ))
         .with_state(state.clone());
     (app, state)
+}
+
+/// Where one operation's answer feeds another (OpenAPI `links`): an inject's thread.
+fn links(mut doc: serde_json::Value) -> serde_json::Value {
+    let thread = |op: &str| {
+        serde_json::json!({
+            "operationId": op,
+            "parameters": {"id": "$response.body#/thread_id"},
+        })
+    };
+    for status in ["200", "202"] {
+        let answer = &mut doc["paths"]["/api/v1/inject"]["post"]["responses"][status];
+        if answer.is_object() {
+            answer["links"] = serde_json::json!({
+                "thread": thread("get_thread"),
+                "thread_messages": thread("thread_messages"),
+            });
+        }
+    }
+    doc
 }
 
 /// Every refused request is logged and counted (`agentserver_http_refused_total{status}`),

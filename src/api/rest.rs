@@ -73,8 +73,10 @@ pub struct MessageQuery {
     pub payload_type: Option<String>,
     pub status: Option<MessageStatus>,
     /// Logged at or after (RFC 3339).
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// Logged before (RFC 3339).
+    #[param(format = DateTime)]
     pub until: Option<String>,
     pub limit: Option<usize>,
     pub offset: Option<usize>,
@@ -89,8 +91,10 @@ pub struct ThreadQuery {
     /// A participant.
     pub agent: Option<String>,
     /// Active at or after (RFC 3339): last activity at or after this.
+    #[param(format = DateTime)]
     pub since: Option<String>,
     /// Created before (RFC 3339).
+    #[param(format = DateTime)]
     pub until: Option<String>,
     pub limit: Option<usize>,
     pub offset: Option<usize>,
@@ -388,6 +392,7 @@ pub async fn list_messages(
 pub struct InjectQuery {
     /// Wait up to this many seconds (at most 60) for the thread to be no longer active, and
     /// answer 200 with its messages; without it, answer 202 at once.
+    #[param(maximum = 60)]
     pub wait: Option<u64>,
 }
 

@@ -56,6 +56,7 @@ pub(super) fn cases_of(v: &VersionRow) -> ApiResult<Option<Vec<TestCase>>> {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TestRequest {
+    #[schema(min_items = 1, max_items = 50)]
     pub cases: Vec<TestCase>,
 }
 
