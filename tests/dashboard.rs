@@ -72,6 +72,18 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     c.goto(&format!("{base}/")).await;
     until_live(&mut c).await;
     assert_eq!(c.text("#who-text").await, "no authentication · admin");
+    // A clean load: no console error, no refused policy (Cytoscape's style is in app.css),
+    // and the icon is found.
+    assert_eq!(
+        c.eval("!!document.querySelector('.__________cytoscape_container')")
+            .await,
+        json!(true)
+    );
+    assert!(
+        c.errors.is_empty(),
+        "console errors on a clean load: {:?}",
+        c.errors
+    );
     // Every listener as text beside the canvas, and on the canvas with its edge.
     assert_eq!(
         c.eval(
@@ -362,6 +374,13 @@ async fn its_files_are_served_with_their_headers_and_can_be_turned_off() {
     let http = http();
     let page = http.get(format!("{base}/")).send().await.unwrap();
     assert_eq!(page.status(), 200);
+    let icon = http
+        .get(format!("{base}/favicon.ico"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(icon.status(), 200);
+    assert_eq!(icon.headers()["content-type"], "image/svg+xml");
     let h = page.headers().clone();
     assert_eq!(h["content-type"], "text/html; charset=utf-8");
     assert_eq!(h["cache-control"], "no-cache");

@@ -30,11 +30,17 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 pub fn routes() -> Router<ApiState> {
     Router::new()
         .route("/", get(index))
+        .route("/favicon.ico", get(favicon))
         .route("/dashboard/{*path}", get(file))
 }
 
 async fn index(headers: HeaderMap) -> Response {
     serve("index.html", &headers, "no-cache")
+}
+
+/// The icon browsers ask for at `/favicon.ico` (an SVG, which they all take).
+async fn favicon(headers: HeaderMap) -> Response {
+    serve("favicon.svg", &headers, "public, max-age=86400")
 }
 
 async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {

@@ -23,6 +23,9 @@ pub struct Chromium {
     socket: Socket,
     next: u64,
     _profile: tempfile::TempDir,
+    /// The page's console errors, refused policies and uncaught exceptions so far (read as
+    /// they arrive among the answers to commands).
+    pub errors: Vec<String>,
 }
 
 /// How long a condition may take to hold.
@@ -111,9 +114,11 @@ impl Chromium {
             socket,
             next: 0,
             _profile: profile,
+            errors: Vec::new(),
         };
         c.call("Page.enable", json!({})).await;
         c.call("Runtime.enable", json!({})).await;
+        c.call("Log.enable", json!({})).await;
         c
     }
 
@@ -123,13 +128,28 @@ impl Chromium {
         let id = self.next;
         let text = json!({"id": id, "method": method, "params": params}).to_string();
         self.socket.send(Message::text(text)).await.unwrap();
+        let errors = &mut self.errors;
+        let socket = &mut self.socket;
         let answer = tokio::time::timeout(PATIENCE, async {
             loop {
-                let m = self.socket.next().await.expect("DevTools closed").unwrap();
+                let m = socket.next().await.expect("DevTools closed").unwrap();
                 let Message::Text(t) = m else { continue };
                 let v: Value = serde_json::from_str(&t).unwrap();
                 if v["id"] == id {
                     return v;
+                }
+                match v["method"].as_str() {
+                    Some("Log.entryAdded") if v["params"]["entry"]["level"] == "error" => {
+                        let e = &v["params"]["entry"];
+                        errors.push(format!("{} ({})", e["text"], e["url"]));
+                    }
+                    Some("Runtime.exceptionThrown") => {
+                        errors.push(v["params"]["exceptionDetails"].to_string());
+                    }
+                    Some("Runtime.consoleAPICalled") if v["params"]["type"] == "error" => {
+                        errors.push(v["params"]["args"].to_string());
+                    }
+                    _ => {}
                 }
             }
         })
