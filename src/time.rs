@@ -45,6 +45,15 @@ impl Timestamp {
         u64::try_from(ms).ok().map(Timestamp)
     }
 
+    /// [`Timestamp::parse_rfc3339`] for a bound of a filter: any RFC 3339 time, one before
+    /// 1970 taken as 1970 (nothing is logged before it).
+    pub fn parse_rfc3339_bound(s: &str) -> Option<Timestamp> {
+        let t =
+            time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+        let ms = (t.unix_timestamp_nanos() / 1_000_000).max(0);
+        Some(Timestamp(u64::try_from(ms).unwrap_or(u64::MAX)))
+    }
+
     pub fn to_rfc3339(self) -> String {
         let format = time::macros::format_description!(
             "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"

@@ -548,6 +548,8 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
         ),
         "{e}"
     );
+    // No line of the operator's file in what a tenant is told.
+    assert!(!e.to_string().contains("line "), "{e}");
     // Peers the file did not mark shared are off limits too.
     let mut file_peer = echo_body("beta-echo");
     file_peer["peers"] = json!(["b"]);

@@ -938,4 +938,9 @@ async fn framework_refusals_answer_the_json_envelope_and_are_declared() {
         .cloned()
         .unwrap();
     assert_eq!(since["schema"]["format"], "date-time", "{since}");
+    // Any RFC 3339 time bounds a filter, one before 1970 included.
+    let (st, page) = s
+        .get("/api/v1/messages?since=1082-10-28T19:56:30Z&until=0592-11-03T18:27:04%2B18:12")
+        .await;
+    assert_eq!((st, &page["total"]), (200, &json!(0)), "{page}");
 }

@@ -56,7 +56,7 @@ pub struct CreateAgent {
     /// The tenant it belongs to; a tenant's credential may only name its own (the default).
     pub tenant: Option<String>,
     /// Test cases kept with version 1 (as `…/test` takes them).
-    #[schema(value_type = Option<Vec<TestCase>>)]
+    #[schema(value_type = Option<Vec<TestCase>>, min_items = 1, max_items = 50)]
     pub cases: Option<serde_json::Value>,
 }
 
@@ -75,7 +75,7 @@ pub struct UploadScript {
     #[schema(value_type = Option<Object>)]
     pub config: Option<serde_json::Value>,
     /// Test cases kept with the version (as `…/test` takes them); a deploy runs them first.
-    #[schema(value_type = Option<Vec<TestCase>>)]
+    #[schema(value_type = Option<Vec<TestCase>>, min_items = 1, max_items = 50)]
     pub cases: Option<serde_json::Value>,
 }
 
@@ -199,7 +199,20 @@ fn error(e: AgentError) -> ApiError {
             "invalid_agent",
             "refused: the running organism is unchanged",
         )
-        .details(problems.iter().map(|p| p.to_string()).collect()),
+        // Without the organism file's line numbers: an agent is not in the file, and the
+        // file is the operator's (its log has them).
+        .details(
+            problems
+                .iter()
+                .map(|p| {
+                    crate::config::diff::ReloadProblem {
+                        line: None,
+                        ..p.clone()
+                    }
+                    .to_string()
+                })
+                .collect(),
+        ),
         AgentError::RevMismatch { .. } => {
             ApiError::new(StatusCode::CONFLICT, "rev_mismatch", message).at("if_rev")
         }

@@ -31,6 +31,7 @@ pub struct InjectBody {
     /// when the listener accepts more than one.
     pub payload_type: Option<String>,
     /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}`.
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
 }
 

@@ -30,7 +30,7 @@ type ApiResult<T> = Result<T, ApiError>;
 pub(super) fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
     match value {
         None => Ok(None),
-        Some(v) => Timestamp::parse_rfc3339(v).map(Some).ok_or_else(|| {
+        Some(v) => Timestamp::parse_rfc3339_bound(v).map(Some).ok_or_else(|| {
             ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_query",
