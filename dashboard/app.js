@@ -480,12 +480,21 @@ async function selectAgent(name) {
   ]);
 }
 
+// A duration in milliseconds for people: two significant digits below 1, one decimal below
+// 100, whole above.
+function roundMs(v) {
+  if (typeof v !== 'number') return v;
+  if (v === 0) return '0';
+  if (v < 1) return v.toPrecision(2);
+  return v < 100 ? v.toFixed(1) : v.toFixed(0);
+}
+
 function showAgentFacts(a) {
   const facts = [
     ['description', a.description], ['kind', a.kind], ['state', a.state],
     ['accepts', (a.accepts || []).join(', ')], ['peers', (a.peers || []).join(', ')],
     ['queue', a.queue_depth], ['handled', a.handled], ['errors', a.errors],
-    ['mean handler ms', a.mean_handler_ms], ['p99 handler ms', a.p99_handler_ms],
+    ['mean handler ms', roundMs(a.mean_handler_ms)], ['p99 handler ms', roundMs(a.p99_handler_ms)],
   ];
   $('agent-facts').replaceChildren(...facts.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v ?? '')]));
 }
@@ -698,7 +707,7 @@ function messageRow(m) {
     el('td', {}, time(m.timestamp)),
     el('td', {}, m.from), el('td', {}, m.to || ''), el('td', {}, type),
     el('td', { class: 'status' }, m.status),
-    el('td', {}, el('button', { type: 'button', class: 'link', onclick: () => openThread(m.thread_id, m.id) }, m.thread_id)));
+    el('td', {}, el('button', { type: 'button', class: 'link', title: m.thread_id, onclick: () => openThread(m.thread_id, m.id) }, m.thread_id)));
 }
 
 function onMessage(m) {

@@ -111,6 +111,11 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "their final status",
     )
     .await;
+    // A thread id cut to its cell ends in an ellipsis and shows whole as its title.
+    assert_eq!(
+        c.eval("[...document.querySelectorAll('#messages tbody td > button.link')].every(b => b.title === b.textContent && getComputedStyle(b).textOverflow === 'ellipsis')").await,
+        json!(true)
+    );
 
     // The injector is a node of its own now, with its edge.
     c.wait(
@@ -181,6 +186,13 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "b's panel",
     )
     .await;
+    // Handler times are rounded for people (two significant digits below a millisecond).
+    assert_eq!(
+        c.eval("[...$('agent-facts').querySelectorAll('dd')].slice(-2).every(d => /^(0|0\\.0*[1-9]\\d?|\\d+(\\.\\d)?)$/.test(d.textContent))").await,
+        json!(true),
+        "{}",
+        c.text("#agent-facts").await
+    );
     // Two agents chosen one after the other: the panel is the second's, whenever the
     // first's answers arrive.
     assert_eq!(
