@@ -130,6 +130,8 @@ function reset() {
   $('agent-panel').hidden = true;
   $('organism-events').replaceChildren();
   $('who-text').textContent = '';
+  // Signed out, no control is offered: a role shows them again once known.
+  for (const e of document.querySelectorAll('[data-need]')) e.hidden = true;
   setConnection('signed out');
 }
 

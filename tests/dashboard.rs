@@ -354,8 +354,19 @@ async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_u
         json!(keys[0])
     );
 
-    // A tenant's operator sees its own agents, may inject, and not control the organism.
+    // Signed out: no control is offered, not even the organism's.
     c.click("#sign-out").await;
+    assert_eq!(
+        c.eval("[...document.querySelectorAll('[data-need]')].every(e => e.hidden || e.closest('[hidden]'))").await,
+        json!(true)
+    );
+    // An empty list of organism events says so.
+    assert_eq!(
+        c.eval("getComputedStyle($('organism-events'), '::before').content")
+            .await,
+        json!("\"No reloads, deployments or errors yet.\"")
+    );
+    // A tenant's operator sees its own agents, may inject, and not control the organism.
     sign_in(&mut c, &keys[1]).await;
     c.wait(
         "$('who-text').textContent.includes('acme-op') && $('connection-state').textContent === 'live'",
