@@ -72,6 +72,20 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     c.goto(&format!("{base}/")).await;
     until_live(&mut c).await;
     assert_eq!(c.text("#who-text").await, "no authentication · admin");
+    // At a phone's width (412 px), the page reflows to it: nothing scrolls sideways.
+    c.call(
+        "Emulation.setDeviceMetricsOverride",
+        json!({"width": 412, "height": 915, "deviceScaleFactor": 1, "mobile": true}),
+    )
+    .await;
+    c.wait(
+        "document.documentElement.scrollWidth <= window.innerWidth && window.innerWidth <= 412",
+        "no horizontal overflow at 412 px",
+    )
+    .await;
+    keep_screenshot(&mut c, "dashboard-phone").await;
+    c.call("Emulation.clearDeviceMetricsOverride", json!({}))
+        .await;
     // A clean load: no console error, no refused policy (Cytoscape's style is in app.css),
     // and the icon is found.
     assert_eq!(
