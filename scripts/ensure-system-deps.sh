@@ -14,7 +14,9 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* /usr/lib/x86_64-linux-gnu/libclang*.so
 fi
 for flag in "$@"; do
   case "$flag" in
-    --browser) command -v chromium >/dev/null 2>&1 || missing+=(chromium) ;;
+    --browser)
+      command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+      command -v curl >/dev/null 2>&1 || missing+=(curl) ;;
     --nats) command -v nats-server >/dev/null 2>&1 || missing+=(nats-server) ;;
     *) echo "ensure-system-deps.sh: unknown flag $flag (known: --browser, --nats)" >&2; exit 2 ;;
   esac

@@ -98,6 +98,19 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "console errors on a clean load: {:?}",
         c.errors
     );
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on the main view: {found:#?}");
+    // And on every other tab (the agent panel and a thread are checked once open, below).
+    for tab in ["threads", "inject", "organism", "messages"] {
+        c.click(&format!("#tab-{tab}")).await;
+        c.wait(
+            &format!("!$('view-{tab}').hidden"),
+            &format!("the {tab} tab"),
+        )
+        .await;
+        let found = c.axe_violations().await;
+        assert!(found.is_empty(), "axe-core on the {tab} tab: {found:#?}");
+    }
     // Every listener as text beside the canvas, and on the canvas with its edge.
     assert_eq!(
         c.eval(
@@ -151,6 +164,8 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "its message open",
     )
     .await;
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on an open thread: {found:#?}");
 
     // Inject from a form made from the receiver's schema; the new thread opens.
     c.click("#tab-inject").await;
@@ -200,6 +215,8 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "b's panel",
     )
     .await;
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on an agent's panel: {found:#?}");
     // Handler times are rounded for people (two significant digits below a millisecond).
     assert_eq!(
         c.eval("[...$('agent-facts').querySelectorAll('dd')].slice(-2).every(d => /^(0|0\\.0*[1-9]\\d?|\\d+(\\.\\d)?)$/.test(d.textContent))").await,
@@ -328,6 +345,8 @@ async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_u
 
     // Asked for a key, without a word of blame before one was given.
     c.wait("!$('login').hidden", "the sign-in form").await;
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on the sign-in form: {found:#?}");
     assert_eq!(c.text("#login-error").await, "");
     // A wrong key is refused and asked for again.
     sign_in(&mut c, "ask_not-a-key").await;

@@ -28,6 +28,9 @@ pub struct Chromium {
     pub errors: Vec<String>,
 }
 
+/// The axe-core release the accessibility checks run (fetched by `scripts/test`).
+pub const AXE_VERSION: &str = "4.10.2";
+
 /// How long a condition may take to hold.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
@@ -235,6 +238,42 @@ impl Chromium {
     }
 
     /// A PNG of the page as it is now.
+    /// axe-core's violations on the page as it is now: `id (impact): where` for each node.
+    /// axe-core is the file `scripts/test` fetches (`target/axe/axe-VERSION.min.js`), run
+    /// through DevTools (so the page's CSP does not apply to it).
+    pub async fn axe_violations(&mut self) -> Vec<String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/axe")
+            .join(format!("axe-{AXE_VERSION}.min.js"));
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "axe-core is not at {} ({e}): run scripts/test, which fetches it",
+                path.display()
+            )
+        });
+        if self.eval("typeof axe === 'undefined'").await == json!(true) {
+            let r = self
+                .call(
+                    "Runtime.evaluate",
+                    json!({"expression": source, "returnByValue": true}),
+                )
+                .await;
+            assert!(r.get("exceptionDetails").is_none(), "axe-core: {r}");
+        }
+        let found = self
+            .eval(
+                "axe.run(document, {resultTypes: ['violations']}).then(r => r.violations.flatMap(v => \
+                 v.nodes.map(n => `${v.id} (${v.impact}): ${n.target.join(' ')}: ${n.failureSummary}`)))",
+            )
+            .await;
+        found
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     pub async fn screenshot(&mut self, path: &std::path::Path) {
         use base64::Engine;
         let r = self
