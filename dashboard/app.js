@@ -105,6 +105,7 @@ function signedOut(why) {
   sessionStorage.removeItem('agentserver-token');
   reset();
   $('app').hidden = true;
+  $('loading').hidden = true;
   $('login').hidden = false;
   $('login-error').textContent = why || '';
 }
@@ -148,6 +149,7 @@ async function start() {
   }
   if (token !== state.token) return; // another sign-in began meanwhile
   state.me = me;
+  $('loading').hidden = true;
   $('login').hidden = true;
   $('app').hidden = false;
   const m = state.me;
@@ -158,6 +160,7 @@ async function start() {
   applyRole();
   await refreshOrganism();
   connect();
+  followHash();
 }
 
 /// Hides what the role may not do: [data-need] is the least role; organism-wide controls
@@ -458,8 +461,24 @@ function begin(kind) {
   return () => begun.get(kind) === n;
 }
 
+// ---- Addresses: #/agents/NAME and #/threads/ID can be shared and reloaded ----------------
+
+function setHash(hash) {
+  if (location.hash !== hash) history.replaceState(null, '', hash);
+}
+
+function followHash() {
+  const [, kind, id] = location.hash.match(/^#\/(agents|threads)\/(.+)$/) || [];
+  if (!id) return;
+  const name = decodeURIComponent(id);
+  if (kind === 'agents') selectAgent(name);
+  else openThread(name);
+}
+window.addEventListener('hashchange', followHash);
+
 async function selectAgent(name) {
   const current = begin('agent');
+  setHash('#/agents/' + encodeURIComponent(name));
   state.selected = name;
   $('agent-panel').hidden = false;
   $('agent-title').textContent = name;
@@ -896,6 +915,8 @@ $('threads-next').addEventListener('click', () => { state.threadPage += 1; loadT
 
 let threadTimer = null;
 function openThread(id, message) {
+  // A thread newly opened is the address; one redrawn as it grows leaves it as it is.
+  if (id !== state.thread) setHash('#/threads/' + encodeURIComponent(id));
   // Many events for one thread come at once: draw it once for them.
   if (id !== state.thread) state.focus = null;
   if (message) state.focus = message;

@@ -72,6 +72,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     c.goto(&format!("{base}/")).await;
     until_live(&mut c).await;
     assert_eq!(c.text("#who-text").await, "no authentication · admin");
+    assert_eq!(c.eval("$('loading').hidden").await, json!(true));
     // At a phone's width (412 px), the page reflows to it: nothing scrolls sideways.
     c.call(
         "Emulation.setDeviceMetricsOverride",
@@ -166,6 +167,11 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     .await;
     let found = c.axe_violations().await;
     assert!(found.is_empty(), "axe-core on an open thread: {found:#?}");
+    // Its address can be shared: a fresh load of it opens the same thread.
+    assert_eq!(
+        c.eval("location.hash").await,
+        json!(format!("#/threads/{}", r.thread_id))
+    );
 
     // Inject from a form made from the receiver's schema; the new thread opens.
     c.click("#tab-inject").await;
@@ -217,6 +223,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     .await;
     let found = c.axe_violations().await;
     assert!(found.is_empty(), "axe-core on an agent's panel: {found:#?}");
+    assert_eq!(c.eval("location.hash").await, json!("#/agents/b"));
     // Handler times are rounded for people (two significant digits below a millisecond).
     assert_eq!(
         c.eval("[...$('agent-facts').querySelectorAll('dd')].slice(-2).every(d => /^(0|0\\.0*[1-9]\\d?|\\d+(\\.\\d)?)$/.test(d.textContent))").await,
@@ -293,6 +300,17 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     assert_eq!(c.eval(&rows_of("gap")).await, json!(2));
 
     keep_screenshot(&mut c, "dashboard").await;
+    // A thread's address, shared: a fresh load of it opens the same thread.
+    c.goto("about:blank").await;
+    c.goto(&format!("{base}/#/threads/{}", r.thread_id)).await;
+    c.wait(
+        &format!(
+            "typeof $ === 'function' && $('thread-title').textContent === 'Thread {}'",
+            r.thread_id
+        ),
+        "the thread, from its address",
+    )
+    .await;
     drop(c);
     o.stop().await;
     server.shutdown().await;
@@ -437,6 +455,20 @@ async fn its_files_are_served_with_their_headers_and_can_be_turned_off() {
         .unwrap();
     assert_eq!(icon.status(), 200);
     assert_eq!(icon.headers()["content-type"], "image/svg+xml");
+    // Something is drawn before any script or stream runs: the layout says it connects.
+    let html = http
+        .get(format!("{base}/"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains("<main id=\"loading\" aria-busy=\"true\">")
+            && html.contains("Connecting to the organism"),
+        "{html}"
+    );
     let h = page.headers().clone();
     assert_eq!(h["content-type"], "text/html; charset=utf-8");
     assert_eq!(h["cache-control"], "no-cache");
