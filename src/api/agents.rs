@@ -29,7 +29,9 @@ use crate::store::agents::{DeploymentRow, VersionRow};
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAgent {
+    #[schema(pattern = "^[A-Za-z0-9_.-]{1,128}$")]
     pub name: String,
+    #[schema(min_length = 1)]
     pub description: String,
     /// Only `lua` (the default) can be created through the API.
     pub kind: Option<String>,
@@ -52,6 +54,8 @@ pub struct CreateAgent {
     /// `{cpu_ms, memory_mb}` per call.
     #[schema(value_type = Option<Object>)]
     pub limits: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "super::whole::opt_usize")]
+    #[schema(minimum = 1)]
     pub concurrency: Option<usize>,
     /// The tenant it belongs to; a tenant's credential may only name its own (the default).
     pub tenant: Option<String>,
@@ -99,8 +103,10 @@ pub struct DryRun {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Deploy {
+    #[serde(deserialize_with = "super::whole::u64")]
     pub version: u64,
     /// Only if the running config is this revision (409 otherwise).
+    #[serde(default, deserialize_with = "super::whole::opt_u64")]
     pub if_rev: Option<u64>,
     /// Deploy even if the version's kept test cases fail.
     #[serde(default)]

@@ -61,6 +61,7 @@ pub struct NewKey {
 #[serde(deny_unknown_fields)]
 pub struct CreateKey {
     /// Unique among live keys: letters, digits, `.`, `_`, `-`, at most 64.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub name: String,
     pub role: Role,
     /// The tenant the key acts for; none for the whole organism.
@@ -68,8 +69,10 @@ pub struct CreateKey {
     /// How long it lives: `30d`, `12h`, `15m` (none: until revoked).
     pub expires: Option<String>,
     /// Its own injects per second (over `auth.inject_per_s`), and burst.
+    #[serde(default, deserialize_with = "super::whole::opt_u32")]
     #[schema(minimum = 1)]
     pub inject_per_s: Option<u32>,
+    #[serde(default, deserialize_with = "super::whole::opt_u32")]
     #[schema(minimum = 1)]
     pub burst: Option<u32>,
 }

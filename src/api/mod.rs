@@ -50,6 +50,7 @@ mod rest;
 mod sanitize;
 mod test_vectors;
 pub mod view;
+mod whole;
 mod ws;
 
 use std::net::SocketAddr;
