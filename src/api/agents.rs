@@ -34,6 +34,7 @@ pub struct CreateAgent {
     #[schema(min_length = 1)]
     pub description: String,
     /// Only `lua` (the default) can be created through the API.
+    #[schema(pattern = "^lua$")]
     pub kind: Option<String>,
     /// The Lua source of version 1.
     pub script: String,

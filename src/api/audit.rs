@@ -60,8 +60,10 @@ pub struct AuditQuery {
     /// Before (RFC 3339).
     #[param(format = DateTime)]
     pub until: Option<String>,
-    pub limit: Option<usize>,
-    pub offset: Option<usize>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub limit: Option<u32>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub offset: Option<u32>,
 }
 
 #[utoipa::path(get, path = "/api/v1/audit", tag = "keys", params(AuditQuery),
@@ -85,7 +87,7 @@ pub async fn list_audit(
         since: super::rest::time_param("since", q.since.as_deref())?,
         until: super::rest::time_param("until", q.until.as_deref())?,
     };
-    let page = Page::new(q.limit, q.offset);
+    let page = Page::new(q.limit.map(|n| n as usize), q.offset.map(|n| n as usize));
     let rows = tokio::task::spawn_blocking(move || auth.audit.page(&filter, page))
         .await
         .map_err(|e| {

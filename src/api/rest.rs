@@ -49,14 +49,19 @@ pub(super) fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Ti
 #[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// Page size: default 50, at most 1000 (a larger value is clamped; 0 returns only `total`).
-    pub limit: Option<usize>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub limit: Option<u32>,
     /// Items to skip.
-    pub offset: Option<usize>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub offset: Option<u32>,
 }
 
 impl PageQuery {
     pub(super) fn page(&self) -> Page {
-        Page::new(self.limit, self.offset)
+        Page::new(
+            self.limit.map(|n| n as usize),
+            self.offset.map(|n| n as usize),
+        )
     }
 }
 
@@ -78,8 +83,10 @@ pub struct MessageQuery {
     /// Logged before (RFC 3339).
     #[param(format = DateTime)]
     pub until: Option<String>,
-    pub limit: Option<usize>,
-    pub offset: Option<usize>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub limit: Option<u32>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub offset: Option<u32>,
 }
 
 /// Filters of `/threads`.
@@ -96,8 +103,10 @@ pub struct ThreadQuery {
     /// Created before (RFC 3339).
     #[param(format = DateTime)]
     pub until: Option<String>,
-    pub limit: Option<usize>,
-    pub offset: Option<usize>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub limit: Option<u32>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub offset: Option<u32>,
 }
 
 /// A thread with its message history.
@@ -298,7 +307,7 @@ pub async fn list_threads(
         until: time_param("until", q.until.as_deref())?,
         within: seen.scope.within(),
     };
-    let page = Page::new(q.limit, q.offset);
+    let page = Page::new(q.limit.map(|n| n as usize), q.offset.map(|n| n as usize));
     let threads = s.inner.organism.query_threads(&filter, page)?;
     Ok(Json(Paged::map(threads, Thread::from)))
 }
@@ -378,7 +387,7 @@ pub async fn list_messages(
         until: time_param("until", q.until.as_deref())?,
         within: seen.scope.within(),
     };
-    let page = Page::new(q.limit, q.offset);
+    let page = Page::new(q.limit.map(|n| n as usize), q.offset.map(|n| n as usize));
     let organism = &s.inner.organism;
     Ok(messages_page(
         organism,
