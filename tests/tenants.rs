@@ -443,3 +443,27 @@ fn an_agents_unique_types_are_checked_and_named_within_its_scope() {
     assert!(e.contains("also accepted by a-free, a-peered;"), "{e}");
     assert!(!e.contains("o-free") && !e.contains("o-peered"), "{e}");
 }
+
+/// An output that is not even XML, aimed at another tenant's listener: refused, and its
+/// record does not name that listener as its `to` (its viewer would see it, payload and all);
+/// aimed at one in scope, it keeps its target.
+#[tokio::test]
+async fn a_malformed_output_to_another_tenant_is_not_shown_to_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = organism(dir.path());
+    let bad =
+        "function handle(p, meta)\n  return { to = p.to, xml = \"<Secret><text>unclosed\" }\nend\n";
+    o.create_agent(new_agent("a-api-bad", "a", bad, "Go", None), None)
+        .expect("agent created");
+    for (to, shown) in [("b-recv", None), ("a-recv", Some("a-recv"))] {
+        let r = inject(&o, "a-api-bad", &format!("<Go><to>{to}</to></Go>"), None);
+        settle(&o, &r.thread_id).await;
+        let log = messages(&o, &r.thread_id);
+        let refused = log
+            .iter()
+            .find(|m| m.status == MessageStatus::Rejected)
+            .unwrap_or_else(|| panic!("{log:?}"));
+        assert_eq!(refused.to.as_deref(), shown, "{to}: {refused:?}");
+    }
+    o.stop().await;
+}

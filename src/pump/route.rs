@@ -80,13 +80,12 @@ impl Shared {
         output: Output,
     ) {
         let from = listener.config.name.arc();
-        let to: Option<Arc<str>> = output.to.as_deref().map(Arc::from);
         let payload = match normalize_payload(&output.payload, &self.xml_limits) {
             Ok(p) => p,
             Err(e) => {
                 let refusal = Refusal {
                     from,
-                    to,
+                    to: self.shown_target(listener, output.to.as_deref()),
                     payload_type: None,
                     payload_xml: SharedXml::new(output.payload),
                     status: MessageStatus::Rejected,
@@ -104,20 +103,9 @@ impl Shared {
             &payload.payload_type,
         ) {
             Err(reason) => {
-                // A tenant's refused output keeps its target only when that is in its scope:
-                // the record is shown to whoever sees its `to`, and another tenant must not
-                // see (nor be sent a payload by way of) a refusal.
-                let to = to.filter(|t| {
-                    listener.config.tenant.is_none()
-                        || self
-                            .topo()
-                            .listeners
-                            .get(&**t)
-                            .is_some_and(|l| listener.config.may_reach(&l.config, true))
-                });
                 let refusal = Refusal {
                     from,
-                    to,
+                    to: self.shown_target(listener, output.to.as_deref()),
                     payload_type: Some(payload.payload_type.to_string()),
                     payload_xml: payload.xml,
                     status: MessageStatus::Undeliverable,
@@ -139,6 +127,21 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// The `to` an output of `sender` that is refused is logged with: as written, unless
+    /// `sender` is a tenant's and the name is not a listener it may reach. The record is
+    /// shown to whoever sees its `to`, so another tenant must not see (nor be handed a
+    /// payload by way of) a refusal, malformed or undeliverable alike.
+    fn shown_target(&self, sender: &Listener, to: Option<&str>) -> Option<Arc<str>> {
+        let to = to?;
+        let shown = sender.config.tenant.is_none()
+            || self
+                .topo()
+                .listeners
+                .get(to)
+                .is_some_and(|l| sender.config.may_reach(&l.config, true));
+        shown.then(|| Arc::from(to))
     }
 
     /// SPEC §6: `to` first, else broadcast by payload type; replies to the sender always
