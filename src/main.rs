@@ -522,17 +522,15 @@ fn json_payload(config: &config::OrganismConfig, to: &str, text: &str) -> Result
     let listener = config
         .listener(to)
         .ok_or_else(|| format!("no listener named `{to}`"))?;
-    let (ty, schema) = config::choose_type(&listener.accepts, None).map_err(|_| {
-        format!("`{to}` accepts several payload types: give the payload as XML, whose root element names its type")
-    })?;
-    schema
-        .json_to_payload(ty.local_name(), &value)
-        .map_err(|e| {
-            format!(
-                "the payload cannot be written as `{ty}` at {}: {}",
-                e.path, e.message
-            )
-        })
+    config::json_payload(&listener.accepts, None, &value).map_err(|e| match e {
+        config::JsonPayloadError::Type(_) => format!(
+            "`{to}` accepts several payload types: give the payload as XML, whose root element names its type"
+        ),
+        config::JsonPayloadError::Map(ty, e) => format!(
+            "the payload cannot be written as `{ty}` at {}: {}",
+            e.path, e.message
+        ),
+    })
 }
 
 async fn send(

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::auth::{unknown_thread, Seen};
 use super::error::ApiError;
-use crate::config::{choose_type, NoType};
+use crate::config::{json_payload, JsonPayloadError, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
 use crate::schema::Schema;
 use crate::threads::valid_thread_id;
@@ -35,36 +35,32 @@ pub struct InjectBody {
     pub thread_id: Option<String>,
 }
 
-/// Picks the accepted payload type and schema a JSON payload is meant as.
-fn choose(
+/// Why a JSON payload's type was not found among what `to` accepts, as an answer.
+fn no_type(
     accepts: &[(PayloadType, Arc<Schema>)],
     to: &str,
     wanted: Option<&str>,
-) -> Result<(PayloadType, Arc<Schema>), ApiError> {
-    let listed = || {
-        accepts
-            .iter()
-            .map(|(t, _)| t.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match choose_type(accepts, wanted) {
-        Ok(found) => Ok(found.clone()),
-        Err(NoType::NotAccepted) => Err(ApiError::new(
+    why: NoType,
+) -> ApiError {
+    let listed = accepts
+        .iter()
+        .map(|(t, _)| t.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    match why {
+        NoType::NotAccepted => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "not_accepted",
             format!(
-                "`{to}` does not accept payload type `{}` (it accepts: {})",
+                "`{to}` does not accept payload type `{}` (it accepts: {listed})",
                 wanted.unwrap_or_default(),
-                listed()
             ),
         )
-        .at("payload_type")),
-        Err(NoType::Ambiguous) => Err(ApiError::bad_request(format!(
-            "`{to}` accepts several payload types ({}); say which with `payload_type`",
-            listed()
+        .at("payload_type"),
+        NoType::Ambiguous => ApiError::bad_request(format!(
+            "`{to}` accepts several payload types ({listed}); say which with `payload_type`"
         ))
-        .at("payload_type")),
+        .at("payload_type"),
     }
 }
 
@@ -132,17 +128,16 @@ pub fn inject(
             xml
         }
         (Some(json), None) => {
-            let (ty, schema) = choose(&listener.accepts, &body.to, body.payload_type.as_deref())?;
-            schema
-                .json_to_payload(ty.local_name(), &json)
-                .map_err(|e| {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "invalid_payload",
-                        format!("payload cannot be written as `{ty}`: {}", e.message),
-                    )
-                    .at(e.path)
-                })?
+            let wanted = body.payload_type.as_deref();
+            json_payload(&listener.accepts, wanted, &json).map_err(|e| match e {
+                JsonPayloadError::Type(why) => no_type(&listener.accepts, &body.to, wanted, why),
+                JsonPayloadError::Map(ty, e) => ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_payload",
+                    format!("payload cannot be written as `{ty}`: {}", e.message),
+                )
+                .at(e.path),
+            })?
         }
     };
     Ok(organism.inject(InjectRequest {

@@ -41,10 +41,10 @@ pub use check::{
 use limits::check_limits;
 pub use limits::Limits;
 pub use model::{
-    choose_type, display_url, names_type, AuthConfig, AuthMethod, ExternalConfig, JwtConfig,
-    ListenerConfig, ListenerKind, ListenerName, ListenerOrigin, LuaLimits, NatsConfig, NoType,
-    OrganismConfig, Placement, Retention, Scheduling, TenantQuotas, Tenants, TlsFiles,
-    DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+    choose_type, display_url, json_payload, names_type, AuthConfig, AuthMethod, ExternalConfig,
+    JsonPayloadError, JwtConfig, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin,
+    LuaLimits, NatsConfig, NoType, OrganismConfig, Placement, Retention, Scheduling, TenantQuotas,
+    Tenants, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{AuthSection, ListenerSection, NatsSection, OrganismSection};
 

@@ -380,6 +380,29 @@ pub fn choose_type<'a>(
     }
 }
 
+/// Why [`json_payload`] wrote no XML.
+#[derive(Debug)]
+pub enum JsonPayloadError {
+    /// No accepted type is the one meant ([`choose_type`]).
+    Type(NoType),
+    /// The JSON does not fit the type chosen.
+    Map(PayloadType, crate::schema::MapError),
+}
+
+/// A JSON payload written as the XML of the accepted type `wanted` names (or the only one,
+/// [`choose_type`]), in its schema's element order: the one way the API's inject, test
+/// vectors and `agentserver send` take JSON.
+pub fn json_payload(
+    accepts: &[(PayloadType, Arc<Schema>)],
+    wanted: Option<&str>,
+    json: &serde_json::Value,
+) -> Result<String, JsonPayloadError> {
+    let (ty, schema) = choose_type(accepts, wanted).map_err(JsonPayloadError::Type)?;
+    schema
+        .json_to_payload(ty.local_name(), json)
+        .map_err(|e| JsonPayloadError::Map(ty.clone(), e))
+}
+
 /// A validated organism: pure data, built and checked before anything runs.
 #[derive(Debug, Clone)]
 pub struct OrganismConfig {

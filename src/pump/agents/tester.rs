@@ -146,23 +146,21 @@ impl Tester {
         };
         let xml = match payload {
             serde_json::Value::String(xml) => xml.clone(),
-            json => match crate::config::choose_type(&self.listener.accepts, payload_type) {
-                Err(_) => {
+            json => match crate::config::json_payload(&self.listener.accepts, payload_type, json) {
+                Ok(xml) => xml,
+                Err(crate::config::JsonPayloadError::Type(_)) => {
                     return refused(format!(
                         "`{}` does not accept payload type `{}` (say which with `payload_type`)",
                         self.name,
                         payload_type.unwrap_or("?")
                     ))
                 }
-                Ok((ty, schema)) => match schema.json_to_payload(ty.local_name(), json) {
-                    Ok(xml) => xml,
-                    Err(e) => {
-                        return refused(format!(
-                            "payload cannot be written as `{ty}` at {}: {}",
-                            e.path, e.message
-                        ))
-                    }
-                },
+                Err(crate::config::JsonPayloadError::Map(ty, e)) => {
+                    return refused(format!(
+                        "payload cannot be written as `{ty}` at {}: {}",
+                        e.path, e.message
+                    ))
+                }
             },
         };
         let limits = &self.organism.shared.xml_limits;
