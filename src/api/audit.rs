@@ -10,7 +10,6 @@ use super::error::{ApiError, ErrorResponse, Params};
 use super::view::{Paged, Timestamp};
 use super::ApiState;
 use crate::store::audit::{AuditFilter, AuditRow};
-use crate::threads::Page;
 
 /// One entry of the audit log.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -87,7 +86,7 @@ pub async fn list_audit(
         since: super::rest::time_param("since", q.since.as_deref())?,
         until: super::rest::time_param("until", q.until.as_deref())?,
     };
-    let page = Page::new(q.limit.map(|n| n as usize), q.offset.map(|n| n as usize));
+    let page = super::rest::page(q.limit, q.offset);
     let rows = tokio::task::spawn_blocking(move || auth.audit.page(&filter, page))
         .await
         .map_err(|e| {

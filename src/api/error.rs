@@ -75,6 +75,14 @@ impl ApiError {
         self
     }
 
+    /// `Retry-After`: `wait` in whole seconds, rounded up, at least 1.
+    pub fn retry_after(self, wait: std::time::Duration) -> Self {
+        let secs = (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1);
+        let value = header::HeaderValue::from_str(&secs.to_string())
+            .unwrap_or(header::HeaderValue::from_static("1"));
+        self.with_header(header::RETRY_AFTER, value)
+    }
+
     pub fn at(mut self, location: impl Into<String>) -> Self {
         self.body.location = Some(crate::clip::clip(location.into(), 256));
         self

@@ -191,10 +191,7 @@ impl ApiState {
                      retry when one has answered"
                 ),
             )
-            .with_header(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            )
+            .retry_after(Duration::from_secs(1))
         })
     }
 

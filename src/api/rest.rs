@@ -58,11 +58,13 @@ pub struct PageQuery {
 
 impl PageQuery {
     pub(super) fn page(&self) -> Page {
-        Page::new(
-            self.limit.map(|n| n as usize),
-            self.offset.map(|n| n as usize),
-        )
+        page(self.limit, self.offset)
     }
+}
+
+/// The page a list's `limit` and `offset` ask for (clamped to `MAX_PAGE`).
+pub(super) fn page(limit: Option<u32>, offset: Option<u32>) -> Page {
+    Page::new(limit.map(|n| n as usize), offset.map(|n| n as usize))
 }
 
 /// Filters of `/messages`.
@@ -307,7 +309,7 @@ pub async fn list_threads(
         until: time_param("until", q.until.as_deref())?,
         within: seen.scope.within(),
     };
-    let page = Page::new(q.limit.map(|n| n as usize), q.offset.map(|n| n as usize));
+    let page = page(q.limit, q.offset);
     let threads = s.inner.organism.query_threads(&filter, page)?;
     Ok(Json(Paged::map(threads, Thread::from)))
 }
@@ -387,7 +389,7 @@ pub async fn list_messages(
         until: time_param("until", q.until.as_deref())?,
         within: seen.scope.within(),
     };
-    let page = Page::new(q.limit.map(|n| n as usize), q.offset.map(|n| n as usize));
+    let page = page(q.limit, q.offset);
     let organism = &s.inner.organism;
     Ok(messages_page(
         organism,

@@ -21,30 +21,27 @@ pub fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     whole(d, u64::MAX)
 }
 
+/// An absent or null value, or a whole number within `max` as a `T`.
+fn opt<'de, D: Deserializer<'de>, T: TryFrom<u64>>(d: D, max: u64) -> Result<Option<T>, D::Error> {
+    let Some(v) = Option::<serde_json::Value>::deserialize(d)? else {
+        return Ok(None);
+    };
+    let n = whole(v, max).map_err(serde::de::Error::custom)?;
+    T::try_from(n)
+        .map(Some)
+        .map_err(|_| serde::de::Error::custom(format!("{n} is out of range")))
+}
+
 pub fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    Option::<serde_json::Value>::deserialize(d)?
-        .map(|v| whole(v, u64::MAX).map_err(serde::de::Error::custom))
-        .transpose()
+    opt(d, u64::MAX)
 }
 
 pub fn opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
-    Option::<serde_json::Value>::deserialize(d)?
-        .map(|v| {
-            whole(v, u32::MAX.into())
-                .map(|n| n as u32)
-                .map_err(serde::de::Error::custom)
-        })
-        .transpose()
+    opt(d, u32::MAX.into())
 }
 
 pub fn opt_usize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
-    Option::<serde_json::Value>::deserialize(d)?
-        .map(|v| {
-            whole(v, usize::MAX as u64)
-                .map(|n| n as usize)
-                .map_err(serde::de::Error::custom)
-        })
-        .transpose()
+    opt(d, usize::MAX as u64)
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
@@ -128,8 +128,5 @@ fn too_many(what: &str, wait: Duration) -> ApiError {
         "rate_limited",
         format!("{what}; retry after {secs} s"),
     )
-    .with_header(
-        header::RETRY_AFTER,
-        HeaderValue::from_str(&secs.max(1).to_string()).unwrap_or(HeaderValue::from_static("1")),
-    )
+    .retry_after(wait)
 }
