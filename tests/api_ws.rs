@@ -863,3 +863,35 @@ async fn protocol_errors_close_with_their_status_code() {
     }
     assert_eq!(http_get(s.url("/healthz")).await.unwrap().status(), 200);
 }
+
+/// A command nobody knows, or one that is not a JSON object: an error frame naming what is
+/// known, and the session goes on.
+#[tokio::test]
+async fn an_unknown_command_is_answered_and_the_session_stays_open() {
+    let s = chain().await;
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    next_json(&mut ws).await;
+    send_json(&mut ws, json!({"cmd": "dance", "request_id": 1})).await;
+    let frames = read_until(&mut ws, |v| v["request_id"] == 1).await;
+    let e = frames.last().unwrap();
+    assert_eq!(
+        (e["event"].as_str(), e["status"].as_u64()),
+        (Some("error"), Some(400)),
+        "{e}"
+    );
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("unknown command `dance` (known: subscribe"),
+        "{e}"
+    );
+    assert_eq!(e["where"], "cmd");
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": 2, "agents": ["a"]}),
+    )
+    .await;
+    let frames = read_until(&mut ws, |v| v["request_id"] == 2).await;
+    assert_eq!(frames.last().unwrap()["event"], "ack");
+}

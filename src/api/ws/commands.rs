@@ -181,7 +181,6 @@ impl Session {
                 }
             }
             Command::Stop => self.state.request_stop(),
-            Command::Unknown => return Err(fail(unknown_command(&cmd))),
         }
         Ok((request_id, cmd, out))
     }
@@ -207,7 +206,6 @@ enum Command {
     },
     Kill(String),
     Stop,
-    Unknown,
 }
 
 impl Command {
@@ -251,14 +249,14 @@ impl Command {
                 }
             },
             "stop" => Command::Stop,
-            _ => Command::Unknown,
+            _ => return Err(unknown_command(cmd)),
         })
     }
 
     /// What it acts on, by which its rule is found.
     fn on(&self) -> On {
         match self {
-            Command::Subscribe(_) | Command::Unknown => On::Session,
+            Command::Subscribe(_) => On::Session,
             Command::Inject(_) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
             Command::Kill(_) => On::Thread,
