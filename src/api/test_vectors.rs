@@ -210,10 +210,38 @@ struct Room {
     cut: bool,
 }
 
+/// A writer that keeps nothing: it counts, and refuses past `max` bytes.
+struct Counted {
+    n: usize,
+    max: usize,
+}
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.n += buf.len();
+        if self.n > self.max {
+            return Err(std::io::Error::other("over what the answer may still carry"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl Room {
     /// Keeps `o` whole if it fits, else cuts its payload to what is left.
     fn fit(&mut self, o: &mut CaseOutput) {
-        let json_len = serde_json::to_vec(&o.payload).map_or(usize::MAX, |v| v.len());
+        // The JSON's length, counted as it is written out and no further than what is left.
+        let mut json = Counted {
+            n: 0,
+            max: self.left.saturating_sub(o.payload_xml.len()),
+        };
+        let json_len = match serde_json::to_writer(&mut json, &o.payload) {
+            Ok(()) => json.n,
+            Err(_) => usize::MAX,
+        };
         let cost = o.payload_xml.len().saturating_add(json_len);
         if cost <= self.left {
             self.left -= cost;
