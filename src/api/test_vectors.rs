@@ -220,7 +220,9 @@ impl std::io::Write for Counted {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.n += buf.len();
         if self.n > self.max {
-            return Err(std::io::Error::other("over what the answer may still carry"));
+            return Err(std::io::Error::other(
+                "over what the answer may still carry",
+            ));
         }
         Ok(buf.len())
     }

@@ -46,12 +46,12 @@ pub(super) fn in_words(message: &str, key: Option<&str>) -> String {
     let Some((got, expected)) = rest.split_once(", expected ") else {
         return message.to_string();
     };
-    let got = match got.split_once(' ') {
-        Some(("integer" | "floating", n)) => format!("the number {}", n.trim_matches('`')),
-        Some(("string", s)) => format!("the text {s}"),
-        Some(("boolean", b)) => b.trim_matches('`').to_string(),
-        Some(("map", _)) | None if got == "map" => "a mapping".to_string(),
-        Some(("sequence", _)) | None if got == "sequence" => "a list".to_string(),
+    let got = match (got, got.split_once(' ')) {
+        ("map", _) => "a mapping".to_string(),
+        ("sequence", _) => "a list".to_string(),
+        (_, Some(("integer" | "floating", n))) => format!("the number {}", n.trim_matches('`')),
+        (_, Some(("string", s))) => format!("the text {s}"),
+        (_, Some(("boolean", b))) => b.trim_matches('`').to_string(),
         _ => got.to_string(),
     };
     let expected = match expected.trim() {
@@ -116,6 +116,10 @@ mod tests {
         assert!(
             message.starts_with("unknown field `concurency`"),
             "{message}"
+        );
+        assert_eq!(
+            unread("name: a\nconcurrency: [1]\n").1,
+            "is a list; it must be a whole number"
         );
         let (key, _) = unread("concurrency: 2\n");
         assert_eq!(key.as_deref(), Some("name"));
