@@ -138,6 +138,12 @@ function reset() {
 
 async function start() {
   const token = state.token;
+  // The server marks the page when it asks for a credential: with none yet, the form
+  // shows at once (a request without one would only be refused).
+  if (!token && document.documentElement.dataset.auth === 'required') {
+    signedOut('');
+    return;
+  }
   let me;
   try {
     me = await api('GET', '/me');
@@ -322,6 +328,9 @@ function renderGraph() {
         { selector: 'edge', style: { width: 1.5, 'line-color': '#bbb', 'target-arrow-shape': 'triangle',
           'target-arrow-color': '#bbb', 'curve-style': 'bezier', 'font-size': 9, 'min-zoomed-font-size': 7 } },
         { selector: 'edge[injector]', style: { 'line-style': 'dashed' } },
+        // An edge that would pass behind a node is bent around it (routeEdges).
+        { selector: 'edge[bend]', style: { 'curve-style': 'unbundled-bezier',
+          'control-point-distances': 'data(bend)', 'control-point-weights': 0.5 } },
         { selector: 'edge.flow', style: { 'line-color': '#3a7', 'target-arrow-color': '#3a7', width: 3,
           label: 'data(flow)', 'text-background-color': '#fff', 'text-background-opacity': 0.9,
           'text-background-padding': 2 } },
@@ -334,6 +343,8 @@ function renderGraph() {
       const id = ev.target.id();
       if (state.agents.has(id)) selectAgent(id);
     });
+    state.graph.on('layoutstop dragfree', routeEdges);
+    routeEdges();
     return;
   }
   // A change of topology (a reload): keep what stayed, add and remove, lay out again.
@@ -370,13 +381,64 @@ function renderGraph() {
     live.layout(layout(live.nodes().length <= 60)).run();
   } else {
     // Only new injectors: each placed above what it sent to; the rest does not move.
-    for (const n of newSources) {
-      const targets = n.outgoers('node');
-      if (targets.empty()) continue;
-      const box = targets.boundingBox();
-      n.position({ x: (box.x1 + box.x2) / 2, y: box.y1 - 60 });
-    }
+    for (const n of newSources) placeSource(n);
+    routeEdges();
   }
+}
+
+/// A new injector goes above what it sent to, beside (never on) a node already there:
+/// `api` and `ws` sending to the same agent stand side by side.
+function placeSource(n) {
+  const targets = n.outgoers('node');
+  if (targets.empty()) return;
+  const box = targets.boundingBox();
+  const others = state.graph.nodes().filter((o) => !o.same(n));
+  // On the injectors' row when there is one, else just above its targets.
+  const row = others.filter('[kind="source"]').map((o) => o.position('y'));
+  const y = row.length ? Math.min(...row) : box.y1 - 60;
+  const taken = (x) => others.some((o) => Math.abs(o.position('x') - x) < 70 && Math.abs(o.position('y') - y) < 40);
+  let x = (box.x1 + box.x2) / 2;
+  // Right, left, further right, … of where it would stand.
+  for (let i = 1; taken(x) && i <= MAX_SOURCES; i += 1) x += (i % 2 ? 1 : -1) * i * 80;
+  n.position({ x, y });
+}
+
+/// Clearance, in px, between a bent edge and the centre of a node it passes.
+const EDGE_CLEARANCE = 30;
+/// Past this many nodes edges are not rerouted (the check is edges × nodes).
+const MAX_ROUTED_NODES = 200;
+
+/// An edge whose straight line would pass behind a node it does not join is bent around it,
+/// to the side away from the node, so the edge stays visible (api → shouter past greeter).
+function routeEdges() {
+  const g = state.graph;
+  if (!g) return;
+  const nodes = g.nodes('[^leaving]');
+  if (nodes.length > MAX_ROUTED_NODES) return;
+  g.batch(() => g.edges().forEach((e) => {
+    const a = e.source().position();
+    const b = e.target().position();
+    const dx = b.x - a.x;
+    const dy = b.y - a.y;
+    const len = Math.hypot(dx, dy);
+    let bend = 0;
+    if (len > 0) {
+      nodes.forEach((n) => {
+        if (n.same(e.source()) || n.same(e.target())) return;
+        const p = n.position();
+        const t = ((p.x - a.x) * dx + (p.y - a.y) * dy) / (len * len);
+        if (t <= 0.05 || t >= 0.95) return;
+        const side = (dx * (p.y - a.y) - dy * (p.x - a.x)) / len;
+        if (Math.abs(side) >= EDGE_CLEARANCE) return;
+        // A one-point bezier is 2t(1-t)·d from the line at t: enough to clear the node.
+        const need = (EDGE_CLEARANCE - Math.abs(side)) / (2 * t * (1 - t));
+        const d = Math.min(need, 4 * EDGE_CLEARANCE) * (side > 0 ? -1 : 1);
+        if (Math.abs(d) > Math.abs(bend)) bend = d;
+      });
+    }
+    if (bend) e.data('bend', Math.round(bend));
+    else e.removeData('bend');
+  }));
 }
 
 function layout(animate) {
@@ -748,7 +810,7 @@ function onMessage(m) {
 }
 
 /// Height of one row of the log (app.css), which the virtual list counts in.
-const ROW_PX = 22;
+const ROW_PX = 28;
 
 function clearLog() {
   state.log = [];

@@ -56,6 +56,12 @@ fn state_of(o: &Organism, name: &str) -> AgentState {
         .state
 }
 
+/// The visible controls smaller than 24 × 24 px, as `tag#id text`.
+const SMALL_TARGETS: &str = "[...document.querySelectorAll('button, input, select, summary')]
+    .filter(e => e.offsetParent !== null)
+    .filter(e => { const r = e.getBoundingClientRect(); return r.width < 24 || r.height < 24; })
+    .map(e => `${e.tagName}#${e.id} ${e.textContent.slice(0, 30)}`)";
+
 /// Rows of the message log that belong to `thread`.
 fn rows_of(thread: &str) -> String {
     format!(
@@ -151,6 +157,8 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
         "the injector `api` and its edge",
     )
     .await;
+    // Every control on the page, the log's links among them, is at least 24 × 24 px.
+    assert_eq!(c.eval(SMALL_TARGETS).await, json!([]));
 
     // A row opens its thread, with that message open in it.
     c.eval("[...document.querySelectorAll('#messages tbody tr[data-id]')].pop().querySelector('button').click()")
@@ -167,6 +175,7 @@ async fn the_dashboard_shows_the_organism_live_and_acts_through_the_api() {
     .await;
     let found = c.axe_violations().await;
     assert!(found.is_empty(), "axe-core on an open thread: {found:#?}");
+    assert_eq!(c.eval(SMALL_TARGETS).await, json!([]));
     // Its address can be shared: a fresh load of it opens the same thread.
     assert_eq!(
         c.eval("location.hash").await,
@@ -347,6 +356,67 @@ async fn sign_in(c: &mut Chromium, token: &str) {
     c.submit("#login-form").await;
 }
 
+/// Two injectors sending to the same agents stand apart, and an edge that would pass behind
+/// a node (api → b, past a) is bent around it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injectors_stand_apart_and_no_edge_hides_behind_a_node() {
+    let (o, _d) = organism(Organism::builder(), LISTENERS);
+    let (server, base) = serve(&o).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    until_live(&mut c).await;
+    for from in ["api", "ws"] {
+        for to in ["a", "b"] {
+            let r = o
+                .inject(agentserver::InjectRequest {
+                    from: from.into(),
+                    to: to.into(),
+                    payload_xml: ping(1),
+                    thread_id: None,
+                })
+                .unwrap();
+            settle(&o, &r.thread_id).await;
+        }
+    }
+    c.wait(
+        "['src:api→a', 'src:api→b', 'src:ws→a', 'src:ws→b'].every(id => !state.graph.getElementById(id).empty())",
+        "both injectors and their edges",
+    )
+    .await;
+    // Their boxes do not meet.
+    let boxes = c
+        .eval("['src:api', 'src:ws'].map(id => state.graph.getElementById(id).boundingBox({includeLabels: true}))")
+        .await;
+    assert_eq!(
+        c.eval(
+            "(() => { const [p, q] = ['src:api', 'src:ws'].map(id => state.graph.getElementById(id).boundingBox({includeLabels: true}));
+               return p.x2 < q.x1 || q.x2 < p.x1 || p.y2 < q.y1 || q.y2 < p.y1; })()"
+        )
+        .await,
+        json!(true),
+        "{boxes}"
+    );
+    // Whatever edge runs past a node it does not join passes clear of it, where it is drawn.
+    let hidden = c
+        .eval(
+            "state.graph.edges().filter(e => state.graph.nodes().some(n => {
+               if (n.same(e.source()) || n.same(e.target())) return false;
+               const m = e.midpoint(), p = n.position();
+               return Math.hypot(m.x - p.x, m.y - p.y) < 20; })).map(e => e.id())",
+        )
+        .await;
+    assert_eq!(hidden, json!([]));
+    assert!(
+        c.eval("state.graph.getElementById('src:api→b').data('bend')")
+            .await
+            .as_i64()
+            .is_some_and(|b| b != 0),
+        "api → b is bent around a"
+    );
+    keep_screenshot(&mut c, "dashboard-injectors").await;
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_use() {
     let dir = tempfile::tempdir().unwrap();
@@ -366,6 +436,8 @@ async fn with_keys_it_asks_for_one_and_shows_only_what_the_role_and_tenant_may_u
     let found = c.axe_violations().await;
     assert!(found.is_empty(), "axe-core on the sign-in form: {found:#?}");
     assert_eq!(c.text("#login-error").await, "");
+    // The page knew to ask (the server marks it): no refused request, no console error.
+    assert!(c.errors.is_empty(), "console errors: {:?}", c.errors);
     // A wrong key is refused and asked for again.
     sign_in(&mut c, "ask_not-a-key").await;
     c.wait("$('login-error').textContent.length > 0", "the refusal")

@@ -9,7 +9,7 @@
 //! when unchanged); vendored libraries, whose names carry their version, are cached for a
 //! day.
 
-use axum::extract::Path;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -34,8 +34,23 @@ pub fn routes() -> Router<ApiState> {
         .route("/dashboard/{*path}", get(file))
 }
 
-async fn index(headers: HeaderMap) -> Response {
-    serve("index.html", &headers, "no-cache")
+/// The page, marked `data-auth="required"` when the organism asks for a credential: the
+/// page then shows its sign-in form at once instead of learning it from a refused request
+/// (which a browser logs as an error).
+async fn index(State(state): State<ApiState>, headers: HeaderMap) -> Response {
+    let auth = state.inner.auth.is_some();
+    let variant = if auth { "-auth" } else { "" };
+    serve_with("index.html", &headers, "no-cache", variant, |page| {
+        if !auth {
+            return page;
+        }
+        let text = String::from_utf8_lossy(&page).replacen(
+            "<html lang=\"en\">",
+            "<html lang=\"en\" data-auth=\"required\">",
+            1,
+        );
+        text.into_bytes()
+    })
 }
 
 /// The icon browsers ask for at `/favicon.ico` (an SVG, which they all take).
@@ -53,12 +68,23 @@ async fn file(Path(path): Path<String>, headers: HeaderMap) -> Response {
 }
 
 fn serve(path: &str, headers: &HeaderMap, cache: &'static str) -> Response {
+    serve_with(path, headers, cache, "", |page| page)
+}
+
+/// `path` as `shape` makes it; `variant` names the shape in the `ETag` (the file's hash).
+fn serve_with(
+    path: &str,
+    headers: &HeaderMap,
+    cache: &'static str,
+    variant: &str,
+    shape: impl FnOnce(Vec<u8>) -> Vec<u8>,
+) -> Response {
     let Some(f) = Files::get(path) else {
         return ApiError::not_found("not_found", format!("no dashboard file `{path}`"))
             .into_response();
     };
     let etag = format!(
-        "\"{}\"",
+        "\"{}{variant}\"",
         crate::hash::to_hex(&f.metadata.sha256_hash()[..16])
     );
     let fresh = headers
@@ -70,7 +96,7 @@ fn serve(path: &str, headers: &HeaderMap, cache: &'static str) -> Response {
     } else {
         (
             [(header::CONTENT_TYPE, content_type(path))],
-            f.data.into_owned(),
+            shape(f.data.into_owned()),
         )
             .into_response()
     };

@@ -262,7 +262,7 @@ impl Chromium {
         }
         let found = self
             .eval(
-                "axe.run(document, {resultTypes: ['violations']}).then(r => r.violations.flatMap(v => \
+                "axe.run(document, {resultTypes: ['violations'], rules: {'target-size': {enabled: true}}}).then(r => r.violations.flatMap(v => \
                  v.nodes.map(n => `${v.id} (${v.impact}): ${n.target.join(' ')}: ${n.failureSummary}`)))",
             )
             .await;
