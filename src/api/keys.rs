@@ -33,7 +33,7 @@ pub struct KeyInfo {
 impl KeyInfo {
     fn of(k: KeyRow) -> Self {
         KeyInfo {
-            role: Role::parse(&k.role).unwrap_or(Role::Viewer),
+            role: k.role,
             id: k.id,
             name: k.name,
             tenant: k.tenant,
@@ -151,7 +151,7 @@ pub fn new_key_with_rate(
             id,
             name: name.to_string(),
             hash,
-            role: role.as_str().to_string(),
+            role,
             tenant: tenant.map(str::to_string),
             created: now,
             expires,

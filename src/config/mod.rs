@@ -24,6 +24,7 @@ pub mod layer;
 mod limits;
 mod model;
 mod read;
+mod role;
 pub mod secret;
 mod tenant;
 
@@ -47,6 +48,7 @@ pub use model::{
     Tenants, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
 use model::{AuthSection, ListenerSection, NatsSection, OrganismSection};
+pub use role::Role;
 
 use crate::schema::Schema;
 use crate::xml::PayloadType;

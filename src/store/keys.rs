@@ -21,6 +21,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use super::open::side_connection;
 use super::watched::{Version, Watched};
 use super::{err, ms, StoreError};
+use crate::config::Role;
 use crate::sync::lock;
 use crate::time::Timestamp;
 
@@ -32,7 +33,7 @@ pub struct KeyRow {
     pub name: String,
     /// The hash of the secret, hex.
     pub hash: String,
-    pub role: String,
+    pub role: Role,
     pub tenant: Option<String>,
     pub created: Timestamp,
     pub expires: Option<Timestamp>,
@@ -97,7 +98,16 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
         id: r.get(0)?,
         name: r.get(1)?,
         hash: r.get(2)?,
-        role: r.get(3)?,
+        role: {
+            let role: String = r.get(3)?;
+            Role::parse(&role).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    3,
+                    rusqlite::types::Type::Text,
+                    format!("no role `{}`", crate::clip::clip(role, 64)).into(),
+                )
+            })?
+        },
         tenant: r.get(4)?,
         created: time(5)?.unwrap_or(Timestamp(0)),
         expires: time(6)?,
@@ -174,7 +184,7 @@ impl KeyTable {
                 k.id,
                 k.name,
                 k.hash,
-                k.role,
+                k.role.as_str(),
                 k.tenant,
                 ms(k.created),
                 k.expires.map(ms),
@@ -285,7 +295,7 @@ mod tests {
             id: id.into(),
             name: name.into(),
             hash: "h".into(),
-            role: "viewer".into(),
+            role: Role::Viewer,
             tenant: Some("t".into()),
             created: Timestamp(1),
             expires: None,

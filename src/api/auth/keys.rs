@@ -92,7 +92,7 @@ struct FileKey {
     name: String,
     /// SHA-256 of the secret, hex.
     hash: String,
-    role: String,
+    role: crate::config::Role,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tenant: Option<String>,
     created: String,
@@ -232,7 +232,7 @@ impl KeyFile {
                 id: k.id.clone(),
                 name: k.name.clone(),
                 hash: k.hash.clone(),
-                role: k.role.clone(),
+                role: k.role,
                 tenant: k.tenant.clone(),
                 created: k.created.to_rfc3339(),
                 expires: k.expires.map(Timestamp::to_rfc3339),

@@ -279,11 +279,9 @@ fn principal_of(row: &KeyRow) -> Result<Principal, Refused> {
     if row.expires.is_some_and(|e| e <= Timestamp::now()) {
         return Err(Refused::Invalid(format!("key `{}` expired", row.name)));
     }
-    let role = Role::parse(&row.role)
-        .ok_or_else(|| Refused::Invalid(format!("key `{}` has no known role", row.name)))?;
     Ok(Principal {
         name: Some(format!("key:{}", row.name)),
-        role,
+        role: row.role,
         tenant: row.tenant.clone(),
         key_id: Some(row.id.clone()),
         expires: row.expires,

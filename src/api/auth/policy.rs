@@ -2,45 +2,25 @@
 //! README's "Security" section prints the same table; `tests/auth.rs` drives every route of
 //! the served OpenAPI document through it.
 
+pub use crate::config::Role;
 use axum::http::Method;
-use serde::{Deserialize, Serialize};
 
-/// What a principal may do, each role including the ones below it.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Every read: GETs, `/ws` without commands, `/ws/messages`.
-    Viewer,
-    /// Adds inject, pause and resume of agents, kill, agent reload.
-    Operator,
-    /// Adds organism pause, resume, reload and stop, keys.
-    Admin,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Role> {
-        match s {
-            "viewer" => Some(Role::Viewer),
-            "operator" => Some(Role::Operator),
-            "admin" => Some(Role::Admin),
-            _ => None,
-        }
+/// A role in the API's document: one of its names.
+impl utoipa::PartialSchema for Role {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .description(Some(
+                "What a principal may do, each role including the ones below it.",
+            ))
+            .enum_values(Some(Role::ALL.map(Role::as_str)))
+            .into()
     }
 }
 
-impl std::fmt::Display for Role {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+impl utoipa::ToSchema for Role {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Role".into()
     }
 }
 
