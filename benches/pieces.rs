@@ -166,16 +166,12 @@ fn bench(c: &mut Criterion) {
     )
     .expect("organism");
     let config = Organism::builder().load_config(&file).expect("config");
-    let auth = agentserver::api::auth::Authenticator::new(&config)
+    let auth = agentserver::access::Authenticator::new(&config)
         .expect("auth")
         .expect("keys on");
-    let (key, row) = agentserver::api::keys::new_key(
-        "bench",
-        agentserver::api::auth::Role::Operator,
-        None,
-        None,
-    )
-    .expect("key");
+    let (key, row) =
+        agentserver::access::new_key("bench", agentserver::access::Role::Operator, None, None)
+            .expect("key");
     auth.keys().expect("keys").add(&row).expect("add");
     let mut headers = axum::http::HeaderMap::new();
     headers.insert(
@@ -184,7 +180,7 @@ fn bench(c: &mut Criterion) {
     );
     g.throughput(Throughput::Elements(1));
     g.bench_function("api_key_check", |b| {
-        b.iter(|| auth.authenticate(&headers).expect("a good key"))
+        b.iter(|| agentserver::api::auth::authenticate(&auth, &headers).expect("a good key"))
     });
     g.finish();
 }

@@ -256,14 +256,14 @@ async fn run(
         // `ws50-auth`: every reader presents a viewer's key.
         let key = if workload == "ws50-auth" {
             let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
-            let (key, row) = agentserver::api::keys::new_key(
+            let (key, row) = agentserver::access::new_key(
                 "reader",
-                agentserver::api::auth::Role::Viewer,
+                agentserver::access::Role::Viewer,
                 None,
                 None,
             )
-            .map_err(|e| e.body.message)?;
-            agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+            .map_err(|e| e.to_string())?;
+            agentserver::access::KeySource::of(&config)?.add(&row)?;
             Some(key)
         } else {
             None
@@ -453,14 +453,14 @@ impl RestTarget {
         let (dir, organism) = start(&yaml)?;
         let key = if auth {
             let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
-            let (key, row) = agentserver::api::keys::new_key(
+            let (key, row) = agentserver::access::new_key(
                 "load",
-                agentserver::api::auth::Role::Operator,
+                agentserver::access::Role::Operator,
                 None,
                 None,
             )
-            .map_err(|e| e.body.message)?;
-            agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+            .map_err(|e| e.to_string())?;
+            agentserver::access::KeySource::of(&config)?.add(&row)?;
             Some(key)
         } else {
             None
@@ -700,10 +700,10 @@ async fn tenants(round_s: f64) -> Result<serde_json::Value, Box<dyn std::error::
     let config = Organism::builder().load_config(&dir.path().join("o.yaml"))?;
     let mut keys = Vec::new();
     for t in ["acme", "beta"] {
-        let role = agentserver::api::auth::Role::Operator;
+        let role = agentserver::access::Role::Operator;
         let (key, row) =
-            agentserver::api::keys::new_key(t, role, Some(t), None).map_err(|e| e.body.message)?;
-        agentserver::api::auth::KeySource::of(&config)?.add(&row)?;
+            agentserver::access::new_key(t, role, Some(t), None).map_err(|e| e.to_string())?;
+        agentserver::access::KeySource::of(&config)?.add(&row)?;
         keys.push(key);
     }
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;

@@ -54,6 +54,7 @@
 //! # }
 //! ```
 
+pub mod access;
 pub mod api;
 pub mod client;
 pub mod clip;

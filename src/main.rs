@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use agentserver::api::{ApiOptions, ApiServer, InjectBody};
+use agentserver::api::{ApiOptions, ApiServer};
+use agentserver::client::InjectBody;
 use agentserver::client::{self, ServerArgs, TailFilter};
 use agentserver::config;
 use agentserver::threads::ThreadStatus;

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agentserver::api::auth::Role;
+use agentserver::access::Role;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::threads::ThreadStatus;
 use agentserver::{InjectRequest, Organism};
@@ -430,8 +430,8 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
         ("beta", Role::Operator, Some("beta")),
         ("admin", Role::Admin, None),
     ] {
-        let (key, row) = agentserver::api::keys::new_key(label, role, tenant, None).unwrap();
-        agentserver::api::auth::KeySource::of(&config)
+        let (key, row) = agentserver::access::new_key(label, role, tenant, None).unwrap();
+        agentserver::access::KeySource::of(&config)
             .unwrap()
             .add(&row)
             .unwrap();
@@ -1262,9 +1262,8 @@ async fn a_tenants_inject_rate_holds_for_all_its_credentials_together() {
         ("acme-2", Some("acme")),
         ("beta", Some("beta")),
     ] {
-        let (key, row) =
-            agentserver::api::keys::new_key(label, Role::Operator, tenant, None).unwrap();
-        agentserver::api::auth::KeySource::of(&config)
+        let (key, row) = agentserver::access::new_key(label, Role::Operator, tenant, None).unwrap();
+        agentserver::access::KeySource::of(&config)
             .unwrap()
             .add(&row)
             .unwrap();

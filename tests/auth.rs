@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use agentserver::api::auth::{KeySource, Role};
+use agentserver::access::{KeySource, Role};
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::threads::ThreadStatus;
 use agentserver::Organism;
@@ -57,7 +57,7 @@ fn add_tenant_key(
     role: Role,
     tenant: Option<&str>,
 ) -> String {
-    let (key, row) = agentserver::api::keys::new_key(name, role, tenant, None).unwrap();
+    let (key, row) = agentserver::access::new_key(name, role, tenant, None).unwrap();
     KeySource::of(config).unwrap().add(&row).unwrap();
     key
 }
@@ -327,8 +327,7 @@ async fn a_refused_credential_gets_one_answer_whatever_was_wrong_with_it() {
     // A key that expired, and one revoked, in the same table.
     let config = Organism::builder().load_config(&g.path).unwrap();
     let source = KeySource::of(&config).unwrap();
-    let (expired, mut row) =
-        agentserver::api::keys::new_key("old", Role::Admin, None, None).unwrap();
+    let (expired, mut row) = agentserver::access::new_key("old", Role::Admin, None, None).unwrap();
     row.expires = Some(agentserver::time::Timestamp(1));
     source.add(&row).unwrap();
     let revoked = add_key(&config, "gone", Role::Admin);
@@ -1597,7 +1596,7 @@ async fn failed_authentications_and_injects_are_rate_limited_with_retry_after() 
 
     // A key with a rate of its own: a burst of 4 over the file's 2.
     let config = Organism::builder().load_config(&path).unwrap();
-    let (fast, row) = agentserver::api::keys::new_key_with_rate(
+    let (fast, row) = agentserver::access::new_key_with_rate(
         "fast",
         Role::Operator,
         None,
@@ -1611,10 +1610,18 @@ async fn failed_authentications_and_injects_are_rate_limited_with_retry_after() 
         statuses.push(inject(fast.clone()).await.status().as_u16());
     }
     assert_eq!(statuses, [202, 202, 202, 202, 429]);
-    let e =
-        agentserver::api::keys::new_key_with_rate("x", Role::Viewer, None, None, (None, Some(3)))
-            .unwrap_err();
-    assert_eq!(e.body.location.as_deref(), Some("inject_per_s"));
+    let e = agentserver::access::new_key_with_rate("x", Role::Viewer, None, None, (None, Some(3)))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            agentserver::access::NewKeyError::Field {
+                field: "inject_per_s",
+                ..
+            }
+        ),
+        "{e}"
+    );
 
     for (auth, says) in [
         ("{methods: [keys], inject_per_s: 0}", "auth.inject_per_s"),

@@ -6,7 +6,7 @@
 mod browser;
 mod common;
 
-use agentserver::api::auth::Role;
+use agentserver::access::Role;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::events::AgentState;
 use agentserver::Organism;
@@ -339,8 +339,8 @@ fn with_keys(dir: &std::path::Path, who: &[(&str, Role, Option<&str>)]) -> (Orga
     let config = Organism::builder().load_config(&path).unwrap();
     let mut keys = Vec::new();
     for (name, role, tenant) in who {
-        let (key, row) = agentserver::api::keys::new_key(name, *role, *tenant, None).unwrap();
-        agentserver::api::auth::KeySource::of(&config)
+        let (key, row) = agentserver::access::new_key(name, *role, *tenant, None).unwrap();
+        agentserver::access::KeySource::of(&config)
             .unwrap()
             .add(&row)
             .unwrap();

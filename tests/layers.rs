@@ -222,6 +222,21 @@ fn http_crates_are_used_only_at_the_edge() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// The API's client (the CLI's commands) speaks to a server over the wire and uses access
+/// control's own module for keys: it never reaches into the HTTP server's code.
+#[test]
+fn the_client_does_not_use_the_api() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let found: Vec<String> = sources(&root.join("src"))
+        .into_iter()
+        .filter(|(module, _, text)| {
+            module == "client" && crate_modules_used(text).iter().any(|m| m == "api")
+        })
+        .map(|(_, file, _)| format!("{file}: `client` uses `api`"))
+        .collect();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
 /// No two files of one module use each other (`super::a` in `b.rs` and `super::b` in
 /// `a.rs`), nor any longer circle of sibling files; `mod.rs` (which declares them all) is
 /// not counted.

@@ -12,7 +12,7 @@
 
 mod common;
 
-use agentserver::api::auth::{KeySource, Role};
+use agentserver::access::{KeySource, Role};
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::Organism;
 
@@ -70,7 +70,7 @@ async fn schemathesis_finds_nothing_as_an_admin_or_without_a_credential() {
     let path = dir.path().join("tenants.yaml");
     std::fs::write(&path, yaml).unwrap();
     let config = Organism::builder().load_config(&path).unwrap();
-    let (key, row) = agentserver::api::keys::new_key("admin", Role::Admin, None, None).unwrap();
+    let (key, row) = agentserver::access::new_key("admin", Role::Admin, None, None).unwrap();
     KeySource::of(&config).unwrap().add(&row).unwrap();
     let organism = Organism::builder().build(config).unwrap();
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())

@@ -305,7 +305,7 @@ fn memory_of(pid: u32) -> (u64, u64) {
 /// bound plus 100 MB, and it keeps answering.
 #[test]
 fn test_vector_answers_are_bounded_by_bytes_and_runs_by_tenant() {
-    use agentserver::api::auth::{KeySource, Role};
+    use agentserver::access::{KeySource, Role};
     use common::child::{agentserver, serve};
     const LIMIT: usize = 4 * 1024 * 1024;
     const AT_ONCE: usize = 2;
@@ -321,7 +321,7 @@ fn test_vector_answers_are_bounded_by_bytes_and_runs_by_tenant() {
     .unwrap();
     let config = Organism::builder().load_config(&path).unwrap();
     let (key, row) =
-        agentserver::api::keys::new_key("acme-op", Role::Operator, Some("acme"), None).unwrap();
+        agentserver::access::new_key("acme-op", Role::Operator, Some("acme"), None).unwrap();
     KeySource::of(&config).unwrap().add(&row).unwrap();
     drop(config);
     let mut cmd = agentserver();

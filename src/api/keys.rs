@@ -6,10 +6,10 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::auth::{KeySource, Role};
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::view::Timestamp;
 use super::ApiState;
+use crate::access::{new_key_with_rate, KeySource, NewKeyError, Role};
 use crate::store::keys::{AddKeyError, KeyRow};
 
 /// A key as listed: everything but its secret (which is not kept) and its hash.
@@ -77,90 +77,17 @@ pub struct CreateKey {
     pub burst: Option<u32>,
 }
 
-/// A key's own inject rate: `(per second, burst)`, each at least 1, burst only with a rate.
-pub type KeyRate = (Option<u32>, Option<u32>);
-
-/// Checks a key's name, tenant and lifetime, and makes the row and the key to show once.
-pub fn new_key(
-    name: &str,
-    role: Role,
-    tenant: Option<&str>,
-    expires: Option<&str>,
-) -> Result<(String, KeyRow), ApiError> {
-    new_key_with_rate(name, role, tenant, expires, (None, None))
-}
-
-/// [`new_key`], with the key's own inject rate.
-pub fn new_key_with_rate(
-    name: &str,
-    role: Role,
-    tenant: Option<&str>,
-    expires: Option<&str>,
-    (inject_per_s, burst): KeyRate,
-) -> Result<(String, KeyRow), ApiError> {
-    if inject_per_s == Some(0) || burst == Some(0) || (burst.is_some() && inject_per_s.is_none()) {
-        return Err(ApiError::bad_request(
-            "inject_per_s and burst are at least 1, and burst needs inject_per_s",
-        )
-        .at(if inject_per_s == Some(0) || inject_per_s.is_none() {
-            "inject_per_s"
-        } else {
-            "burst"
-        }));
-    }
-    let ok_name = |s: &str| {
-        !s.is_empty()
-            && s.len() <= 64
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-    };
-    if !ok_name(name) {
-        return Err(
-            ApiError::bad_request("a key's name is 1-64 letters, digits, `.`, `_` or `-`")
-                .at("name"),
-        );
-    }
-    if tenant.is_some_and(|t| !crate::config::valid_tenant(t)) {
-        return Err(
-            ApiError::bad_request("a tenant is 1-64 letters, digits, `.`, `_` or `-`").at("tenant"),
-        );
-    }
-    let now = crate::time::Timestamp::now();
-    let expires = match expires {
-        None => None,
-        Some(e) => {
-            let d = crate::config::parse_age(e)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!(
-                        "`{}` is not a lifetime such as 30d, 12h or 15m",
-                        crate::clip::clip(e.to_string(), 64)
-                    ))
-                    .at("expires")
-                })?;
-            Some(crate::time::Timestamp(
-                now.0.saturating_add(d.as_millis() as u64),
-            ))
+/// [`access::new_key_with_rate`](crate::access::new_key_with_rate)'s refusal as the API
+/// answers it: 400 naming the field, or 500 when no randomness was to be had.
+impl From<NewKeyError> for ApiError {
+    fn from(e: NewKeyError) -> ApiError {
+        match e {
+            NewKeyError::Field { field, message } => ApiError::bad_request(message).at(field),
+            NewKeyError::Random(e) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e)
+            }
         }
-    };
-    let (key, id, hash) = super::auth::key::generate()
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e))?;
-    Ok((
-        key,
-        KeyRow {
-            id,
-            name: name.to_string(),
-            hash,
-            role,
-            tenant: tenant.map(str::to_string),
-            created: now,
-            expires,
-            last_used: None,
-            revoked: None,
-            inject_per_s,
-            burst,
-        },
-    ))
+    }
 }
 
 /// The keys this server manages through the API: those in the store file.

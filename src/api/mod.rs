@@ -68,7 +68,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use error::{ApiError, ErrorBody};
-pub use filter::{glob_match, Filter};
+pub use filter::Filter;
 pub use inject::InjectBody;
 pub use mirror::mirror_events;
 pub use rest::REST_IDENTITY;
@@ -261,7 +261,7 @@ impl ApiState {
             .tenant
             .as_deref()
             .and_then(|t| self.inner.organism.config().tenants.of(t).0.inject_per_s);
-        a.limits.inject(p, tenant_rate)
+        Ok(a.limits.inject(p, tenant_rate)?)
     }
 
     /// Stops the organism (drain within the grace period), then tells the server's owner.

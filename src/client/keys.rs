@@ -54,7 +54,7 @@ pub fn run(
     action: KeysCommand,
     load: impl Fn(&Path) -> Result<OrganismConfig, ExitCode>,
 ) -> ExitCode {
-    use crate::api::auth::{KeySource, Role};
+    use crate::access::{KeySource, NewKeyError, Role};
     let (path, store) = match &action {
         KeysCommand::Create {
             organism, store, ..
@@ -100,7 +100,7 @@ pub fn run(
                 eprintln!("agentserver: --role is viewer, operator or admin (got `{role}`)");
                 return ExitCode::from(2);
             };
-            let (key, row) = match crate::api::keys::new_key_with_rate(
+            let (key, row) = match crate::access::new_key_with_rate(
                 &name,
                 role,
                 tenant.as_deref(),
@@ -108,9 +108,13 @@ pub fn run(
                 (inject_per_s, burst),
             ) {
                 Ok(k) => k,
-                Err(e) => {
-                    eprintln!("agentserver: {}", e.body.message);
+                Err(NewKeyError::Field { field, message }) => {
+                    eprintln!("agentserver: --{}: {message}", field.replace('_', "-"));
                     return ExitCode::from(2);
+                }
+                Err(e) => {
+                    eprintln!("agentserver: {e}");
+                    return ExitCode::FAILURE;
                 }
             };
             if let Err(e) = source.add(&row) {

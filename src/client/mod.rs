@@ -13,7 +13,6 @@ use futures_util::StreamExt;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::api::InjectBody;
 use crate::InjectReceipt;
 
 /// What went wrong talking to a server.
@@ -393,7 +392,7 @@ async fn unmatched_agent_globs(remote: &Remote, globs: &str) -> Vec<String> {
     globs
         .split(',')
         .map(str::trim)
-        .filter(|g| !g.is_empty() && !known().any(|n| crate::api::glob_match(g, n)))
+        .filter(|g| !g.is_empty() && !known().any(|n| crate::threads::glob_match(g, n)))
         .map(|g| {
             format!(
                 "no agent matches `{g}` (agents: {}; `*` matches any run of characters, `?` any one, the rest is literal); waiting for one",
@@ -435,6 +434,21 @@ async fn agent_names(remote: &Remote) -> Option<Vec<String>> {
     }
 }
 
+/// An inject as the client sends it: the body of `POST /api/v1/inject` (the API's
+/// document says what each field means).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct InjectBody {
+    pub to: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_xml: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_type: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub thread_id: Option<String>,
+}
+
 /// Posts one inject to a running server.
 pub async fn inject(remote: &Remote, body: &InjectBody) -> Result<InjectReceipt, ClientError> {
     let v = post_inject(remote, body, None).await?;
@@ -463,21 +477,8 @@ async fn post_inject(
         Some(w) => format!("/api/v1/inject?wait={w}"),
         None => "/api/v1/inject".to_string(),
     };
-    let mut json = serde_json::Map::new();
-    json.insert("to".into(), Value::String(body.to.clone()));
-    if let Some(p) = &body.payload {
-        json.insert("payload".into(), p.clone());
-    }
-    if let Some(x) = &body.payload_xml {
-        json.insert("payload_xml".into(), Value::String(x.clone()));
-    }
-    if let Some(t) = &body.payload_type {
-        json.insert("payload_type".into(), Value::String(t.clone()));
-    }
-    if let Some(t) = &body.thread_id {
-        json.insert("thread_id".into(), Value::String(t.clone()));
-    }
-    remote.call("POST", &path, Some(Value::Object(json))).await
+    let json = serde_json::to_value(body).map_err(|e| ClientError::Io(std::io::Error::other(e)))?;
+    remote.call("POST", &path, Some(json)).await
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! the store's writer is busy with: a key changed through this table is seen by the next
 //! lookup, one changed by another process by every lookup a millisecond after.
 //!
-//! What a key is, how its secret is made and checked, is the API's (`api::auth`); this is
+//! What a key is, how its secret is made and checked, is `access::key`; this is
 //! only where keys are kept.
 
 use std::path::{Path, PathBuf};

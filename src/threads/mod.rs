@@ -17,7 +17,9 @@ use crate::time::Timestamp;
 use crate::xml::SharedXml;
 
 mod query;
-pub use query::{payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
+pub use query::{
+    glob_match, payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE,
+};
 
 const SHARDS: usize = 16;
 

@@ -78,6 +78,31 @@ pub struct MessageFilter {
     pub within: Option<Vec<String>>,
 }
 
+/// `*` matches any run of characters, `?` any one character; everything else is literal.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
 /// Does a stored payload type (`{ns}Local` or `Local`) match what a client asked for?
 pub fn payload_type_matches(stored: &str, wanted: &str) -> bool {
     stored == wanted
@@ -183,6 +208,19 @@ impl ThreadRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn globs_match_like_a_shell() {
+        assert!(glob_match("shout*", "shouter"));
+        assert!(glob_match("*er", "greeter"));
+        assert!(glob_match("g?eeter", "greeter"));
+        assert!(glob_match("*", ""));
+        assert!(glob_match("a*b*c", "aXXbYYc"));
+        assert!(!glob_match("shout*", "greeter"));
+        assert!(!glob_match("greeter", "greeter2"));
+        assert!(!glob_match("a*b", "aXXbY"));
+    }
+
     use crate::threads::NewMessage;
     use std::sync::Arc;
 

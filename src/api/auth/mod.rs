@@ -10,15 +10,8 @@
 //! `WWW-Authenticate`, no hint whether a key exists, expired or was revoked); the reason
 //! goes to the log.
 
-pub mod audit;
-pub mod jwt;
-pub mod key;
-pub mod keys;
-pub mod limits;
 pub mod policy;
 pub mod visible;
-
-use std::sync::Mutex;
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -26,10 +19,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::{ApiError, ApiState};
-use crate::config::{AuthMethod, OrganismConfig};
-use crate::store::keys::KeyRow;
+pub(crate) use crate::access::{Authenticator, Principal, Refused, Scope};
 use crate::time::Timestamp;
-pub use keys::KeySource;
 pub use policy::{
     command_least, command_rule, organism_wide, route_need, route_rule, Need, On, Role, Rule, Via,
     TABLE,
@@ -37,256 +28,16 @@ pub use policy::{
 pub use visible::{unknown_thread, Seen, VisibleAgent, VisibleThread};
 
 /// The longest credential read; a longer one is refused unread.
-pub const MAX_CREDENTIAL_BYTES: usize = 4096;
-
-/// Who is asking.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    /// `key:NAME` for an API key, the token's `sub` for a JWT; `None` for the implicit
-    /// admin of an organism without authentication.
-    pub name: Option<String>,
-    pub role: Role,
-    /// The tenant it acts for; `None` for the whole organism.
-    pub tenant: Option<String>,
-    /// The key it came from, which a revocation ends.
-    pub key_id: Option<String>,
-    /// When its credential stops being valid.
-    pub expires: Option<Timestamp>,
-    /// Its own inject rate and burst (a key's), over `auth.inject_per_s`.
-    pub inject_rate: Option<(u32, Option<u32>)>,
-}
-
-impl Principal {
-    /// The principal of an organism without authentication.
-    pub fn implicit() -> Principal {
-        Principal {
-            name: None,
-            role: Role::Admin,
-            tenant: None,
-            key_id: None,
-            expires: None,
-            inject_rate: None,
-        }
-    }
-
-    /// The identity its injects carry: its name, or `default` (`api`, `ws`) without one.
-    pub fn identity<'a>(&'a self, default: &'a str) -> &'a str {
-        self.name.as_deref().unwrap_or(default)
-    }
-
-    /// Whether it may do what `need` asks.
-    pub fn may(&self, need: Role) -> bool {
-        self.role >= need
-    }
-
-    /// What it may see of the organism `config` describes now.
-    pub fn scope(&self, config: &OrganismConfig) -> Scope {
-        self.scope_in(
-            config
-                .listeners
-                .iter()
-                .map(|l| (l.name.as_str(), l.tenant.as_deref())),
-        )
-    }
-
-    /// What it sees among `listeners` (each name with its tenant): the one rule
-    /// [`Principal::scope`] and a gateway (from the mirrored snapshot) both follow.
-    pub fn scope_in<'a>(
-        &self,
-        listeners: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-    ) -> Scope {
-        Scope(self.tenant.as_ref().map(|t| {
-            listeners
-                .into_iter()
-                .filter(|(_, tenant)| *tenant == Some(t.as_str()))
-                .map(|(name, _)| name.to_string())
-                .collect()
-        }))
-    }
-}
-
-/// What a principal may see: every listener, or its tenant's. Visibility is a filter pushed
-/// down into the queries (`within`) and the streams, so items and totals agree, and what is
-/// not visible answers exactly as what does not exist.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Scope(Option<Vec<String>>);
-
-impl Scope {
-    /// Sees everything (a credential without a tenant).
-    pub fn everything(&self) -> bool {
-        self.0.is_none()
-    }
-
-    /// Whether it sees the listener (or injector identity) `agent`.
-    pub fn sees(&self, agent: &str) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|set| set.iter().any(|a| a == agent))
-    }
-
-    /// Whether it sees a message from `from` to `to`.
-    pub fn sees_message(&self, from: &str, to: Option<&str>) -> bool {
-        self.everything() || self.sees(from) || to.is_some_and(|t| self.sees(t))
-    }
-
-    /// Whether it sees a thread with these participants.
-    pub fn sees_thread(&self, participants: &[String]) -> bool {
-        self.everything() || participants.iter().any(|p| self.sees(p))
-    }
-
-    /// The `within` of the history's filters.
-    pub fn within(&self) -> Option<Vec<String>> {
-        self.0.clone()
-    }
-}
+pub use crate::access::MAX_CREDENTIAL_BYTES;
 
 /// A session that must still present its credential (a WebSocket whose upgrade carried
 /// none: it has five seconds to send `{"cmd": "auth", "token": …}`).
 #[derive(Debug, Clone, Copy)]
 pub struct AuthPending;
 
-/// Why a credential was refused: for the log, never for the client.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refused {
-    /// No credential was presented.
-    Missing,
-    /// One was, and it is not good; the reason is for the log.
-    Invalid(String),
-}
-
-/// Checks credentials against the methods the organism allows.
-pub struct Authenticator {
-    keys: Option<KeySource>,
-    jwt: Option<jwt::JwtVerifier>,
-    public_metrics: bool,
-    /// When each key was last used, written to the store every few seconds.
-    used: Mutex<crate::hash::SeededMap<String, Timestamp>>,
-    /// Woken by every revocation made through the API, so open sessions look again at once.
-    pub(super) revoked: tokio::sync::Notify,
-    pub limits: limits::Limits,
-    pub audit: audit::AuditLog,
-}
-
-impl Authenticator {
-    /// The organism's authenticator; `None` without `auth.methods`.
-    pub fn new(config: &OrganismConfig) -> Result<Option<Authenticator>, String> {
-        let auth = &config.auth;
-        if !auth.enabled() {
-            return Ok(None);
-        }
-        let keys = if auth.uses(AuthMethod::Keys) {
-            Some(KeySource::of(config)?)
-        } else {
-            None
-        };
-        let jwt = match (&auth.jwt, auth.uses(AuthMethod::Jwt)) {
-            (Some(c), true) => Some(jwt::JwtVerifier::new(c)?),
-            _ => None,
-        };
-        Ok(Some(Authenticator {
-            keys,
-            jwt,
-            public_metrics: auth.public_metrics,
-            used: Mutex::default(),
-            revoked: tokio::sync::Notify::new(),
-            limits: limits::Limits::new(auth),
-            audit: audit::AuditLog::of(config)?,
-        }))
-    }
-
-    pub fn keys(&self) -> Option<&KeySource> {
-        self.keys.as_ref()
-    }
-
-    /// The principal of a request's credential (`Authorization: Bearer …` or
-    /// `X-API-Key: …`).
-    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, Refused> {
-        let token = credential(headers)?;
-        self.verify(token)
-    }
-
-    /// The principal `token` stands for.
-    pub fn verify(&self, token: &str) -> Result<Principal, Refused> {
-        if token.len() > MAX_CREDENTIAL_BYTES {
-            return Err(Refused::Invalid(format!(
-                "credential of {} bytes (at most {MAX_CREDENTIAL_BYTES})",
-                token.len()
-            )));
-        }
-        if !token.starts_with(key::PREFIX) {
-            return match &self.jwt {
-                Some(jwt) if jwt::JwtVerifier::looks_like(token) => jwt.verify(token),
-                _ => Err(Refused::Invalid("neither an API key nor a JWT".into())),
-            };
-        }
-        let Some(keys) = &self.keys else {
-            return Err(Refused::Invalid("an API key, and keys are off".into()));
-        };
-        let Some(presented) = key::parse(token) else {
-            return Err(Refused::Invalid("not an API key (ask_…)".into()));
-        };
-        let row = keys
-            .find(presented.id)
-            .map_err(|e| Refused::Invalid(format!("keys unreadable: {e}")))?
-            .ok_or_else(|| Refused::Invalid(format!("no key with id {}", presented.id)))?;
-        if !key::matches(presented.secret, &row.hash) {
-            return Err(Refused::Invalid(format!(
-                "wrong secret for key `{}`",
-                row.name
-            )));
-        }
-        let principal = principal_of(&row)?;
-        let now = Timestamp::now();
-        let mut used = crate::sync::lock(&self.used);
-        match used.get_mut(&row.id) {
-            Some(t) => *t = now,
-            None => drop(used.insert(row.id.clone(), now)),
-        }
-        Ok(principal)
-    }
-
-    /// Whether `p`'s credential still holds (not revoked, not expired).
-    pub fn still_valid(&self, p: &Principal) -> bool {
-        if p.expires.is_some_and(|e| e <= Timestamp::now()) {
-            return false;
-        }
-        match (&p.key_id, &self.keys) {
-            (None, _) => true,
-            (Some(_), None) => false,
-            (Some(id), Some(keys)) => matches!(
-                keys.find(id).map(|r| r.map(|r| principal_of(&r).is_ok())),
-                Ok(Some(true))
-            ),
-        }
-    }
-
-    /// Writes when keys were last used (called every few seconds).
-    pub fn flush_used(&self) {
-        let used: Vec<(String, Timestamp)> = crate::sync::lock(&self.used).drain().collect();
-        if let (false, Some(keys)) = (used.is_empty(), &self.keys) {
-            if let Err(e) = keys.touch(&used) {
-                tracing::warn!("cannot record when API keys were last used: {e}");
-            }
-        }
-    }
-}
-
-/// The principal a kept key stands for, if it is live.
-fn principal_of(row: &KeyRow) -> Result<Principal, Refused> {
-    if row.revoked.is_some() {
-        return Err(Refused::Invalid(format!("key `{}` was revoked", row.name)));
-    }
-    if row.expires.is_some_and(|e| e <= Timestamp::now()) {
-        return Err(Refused::Invalid(format!("key `{}` expired", row.name)));
-    }
-    Ok(Principal {
-        name: Some(format!("key:{}", row.name)),
-        role: row.role,
-        tenant: row.tenant.clone(),
-        key_id: Some(row.id.clone()),
-        expires: row.expires,
-        inject_rate: row.inject_per_s.map(|r| (r, row.burst)),
-    })
+/// The principal of a request's credential (`Authorization: Bearer …` or `X-API-Key: …`).
+pub fn authenticate(auth: &Authenticator, headers: &HeaderMap) -> Result<Principal, Refused> {
+    auth.verify(credential(headers)?)
 }
 
 /// The credential a request presents: `Authorization: Bearer …`, or `X-API-Key: …`.
@@ -333,6 +84,14 @@ pub fn unauthorized(refused: &Refused) -> ApiError {
     )
 }
 
+/// 429 with `Retry-After`: over a rate limit.
+impl From<crate::access::Throttled> for ApiError {
+    fn from(t: crate::access::Throttled) -> ApiError {
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", t.to_string())
+            .retry_after(t.wait)
+    }
+}
+
 /// 403: known, but its role is below what the action needs.
 pub fn forbidden(p: &Principal, need: Role) -> ApiError {
     ApiError::new(
@@ -371,7 +130,7 @@ pub(super) async fn guard(
         Need::Open => return next.run(request).await,
         Need::Metrics if auth.public_metrics => return next.run(request).await,
         Need::Metrics => Role::Viewer,
-        Need::Stream => match auth.authenticate(request.headers()) {
+        Need::Stream => match authenticate(&auth, request.headers()) {
             Err(Refused::Missing) => {
                 request.extensions_mut().insert(AuthPending);
                 return next.run(request).await;
@@ -388,7 +147,7 @@ pub(super) async fn guard(
         },
         Need::Role(r) => r,
     };
-    let p = match auth.authenticate(request.headers()) {
+    let p = match authenticate(&auth, request.headers()) {
         Err(refused) => {
             let (response, row) = refusal(&auth, &request, refused);
             state.audit_maybe(row).await;
@@ -488,7 +247,7 @@ fn refusal(
     if let Some(ip) = from {
         if let Err(limited) = auth.limits.failed_auth(ip) {
             tracing::info!(%ip, "failed authentications over the limit");
-            return (limited.into_response(), None);
+            return (ApiError::from(limited).into_response(), None);
         }
     }
     let row = crate::store::audit::AuditRow {

@@ -354,7 +354,7 @@ fn upgrade(
 ) -> Result<Response, ApiError> {
     let who = match &gate.access {
         None => Credential::Unchecked,
-        Some(a) => match a.auth.authenticate(&caller.headers) {
+        Some(a) => match crate::api::auth::authenticate(&a.auth, &caller.headers) {
             Ok(principal) => {
                 let scope = gate.scope(&principal);
                 Credential::Known(principal, scope)

@@ -4,6 +4,10 @@
 
 use subtle::ConstantTimeEq;
 
+use crate::config::Role;
+use crate::store::keys::KeyRow;
+use crate::time::Timestamp;
+
 /// Every key starts with this.
 pub const PREFIX: &str = "ask_";
 const ID_BYTES: usize = 6;
@@ -57,6 +61,113 @@ pub fn generate() -> Result<(String, String, String), String> {
     let (id, secret) = (to_hex(&id), to_hex(&secret));
     let hash = hash(&secret);
     Ok((format!("{PREFIX}{id}_{secret}"), id, hash))
+}
+
+/// A key's own inject rate: `(per second, burst)`, each at least 1, burst only with a rate.
+pub type KeyRate = (Option<u32>, Option<u32>);
+
+/// Why a key was not made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NewKeyError {
+    /// A field the caller gave is not acceptable: which one, and why.
+    #[error("{field}: {message}")]
+    Field {
+        field: &'static str,
+        message: String,
+    },
+    /// The system's random source failed.
+    #[error("{0}")]
+    Random(String),
+}
+
+fn bad(field: &'static str, message: impl Into<String>) -> NewKeyError {
+    NewKeyError::Field {
+        field,
+        message: message.into(),
+    }
+}
+
+/// Checks a key's name, tenant and lifetime, and makes the row and the key to show once.
+pub fn new_key(
+    name: &str,
+    role: Role,
+    tenant: Option<&str>,
+    expires: Option<&str>,
+) -> Result<(String, KeyRow), NewKeyError> {
+    new_key_with_rate(name, role, tenant, expires, (None, None))
+}
+
+/// [`new_key`], with the key's own inject rate.
+pub fn new_key_with_rate(
+    name: &str,
+    role: Role,
+    tenant: Option<&str>,
+    expires: Option<&str>,
+    (inject_per_s, burst): KeyRate,
+) -> Result<(String, KeyRow), NewKeyError> {
+    if inject_per_s == Some(0) || burst == Some(0) || (burst.is_some() && inject_per_s.is_none()) {
+        return Err(bad(
+            if inject_per_s == Some(0) || inject_per_s.is_none() {
+                "inject_per_s"
+            } else {
+                "burst"
+            },
+            "inject_per_s and burst are at least 1, and burst needs inject_per_s",
+        ));
+    }
+    let ok_name = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    };
+    if !ok_name(name) {
+        return Err(bad(
+            "name",
+            "a key's name is 1-64 letters, digits, `.`, `_` or `-`",
+        ));
+    }
+    if tenant.is_some_and(|t| !crate::config::valid_tenant(t)) {
+        return Err(bad(
+            "tenant",
+            "a tenant is 1-64 letters, digits, `.`, `_` or `-`",
+        ));
+    }
+    let now = Timestamp::now();
+    let expires = match expires {
+        None => None,
+        Some(e) => {
+            let d = crate::config::parse_age(e)
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    bad(
+                        "expires",
+                        format!(
+                            "`{}` is not a lifetime such as 30d, 12h or 15m",
+                            crate::clip::clip(e.to_string(), 64)
+                        ),
+                    )
+                })?;
+            Some(Timestamp(now.0.saturating_add(d.as_millis() as u64)))
+        }
+    };
+    let (key, id, hash) = generate().map_err(NewKeyError::Random)?;
+    Ok((
+        key,
+        KeyRow {
+            id,
+            name: name.to_string(),
+            hash,
+            role,
+            tenant: tenant.map(str::to_string),
+            created: now,
+            expires,
+            last_used: None,
+            revoked: None,
+            inject_per_s,
+            burst,
+        },
+    ))
 }
 
 #[cfg(test)]

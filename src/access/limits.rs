@@ -1,19 +1,32 @@
 //! Rate limits on credentials, by `governor` (GCRA): injects per principal
 //! (`auth.inject_per_s`, `auth.burst`), and failed authentications per remote address
-//! (`auth.failed_auth_per_minute`, default 20). Over a limit, a request is answered 429 with
-//! `Retry-After`. Each limiter keeps state per key only while it differs from a fresh one
+//! (`auth.failed_auth_per_minute`, default 20). Over a limit, the answer is [`Throttled`]
+//! (the API's 429 with `Retry-After`). Each limiter keeps state per key only while it differs from a fresh one
 //! (`tidy`, every few seconds).
 
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::api::ApiError;
 use crate::config::AuthConfig;
+
+/// Over a limit: what was limited, and how long until one more would pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Throttled {
+    pub what: String,
+    pub wait: Duration,
+}
+
+impl std::fmt::Display for Throttled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let w = self.wait;
+        let secs = w.as_secs() + u64::from(w.subsec_nanos() > 0);
+        write!(f, "{}; retry after {secs} s", self.what)
+    }
+}
 
 /// Failed authentications a remote address may make per minute when the file says nothing.
 pub const DEFAULT_FAILED_AUTH_PER_MINUTE: u32 = 20;
@@ -51,7 +64,7 @@ impl Limits {
     }
 
     /// Counts one failed authentication from `ip`; `Err` once it is over its limit.
-    pub fn failed_auth(&self, ip: IpAddr) -> Result<(), ApiError> {
+    pub fn failed_auth(&self, ip: IpAddr) -> Result<(), Throttled> {
         self.failed.check_key(&ip).map_err(|n| {
             too_many(
                 "too many failed authentications from this address",
@@ -63,7 +76,7 @@ impl Limits {
     /// Counts one inject by `p`; `Err` once it is over its tenant's rate (`tenant_rate`,
     /// from `tenants.<t>.inject_per_s`, all the tenant's credentials together), its key's
     /// own rate, or else `auth.inject_per_s`.
-    pub fn inject(&self, p: &super::Principal, tenant_rate: Option<u32>) -> Result<(), ApiError> {
+    pub fn inject(&self, p: &super::Principal, tenant_rate: Option<u32>) -> Result<(), Throttled> {
         if let (Some(rate), Some(tenant)) = (tenant_rate, &p.tenant) {
             let mut tenants = crate::sync::lock(&self.tenants);
             let rate = (rate, None);
@@ -121,12 +134,9 @@ fn direct((rate, burst): (u32, Option<u32>)) -> DefaultDirectRateLimiter {
     RateLimiter::direct(Quota::per_second(rate).allow_burst(burst))
 }
 
-fn too_many(what: &str, wait: Duration) -> ApiError {
-    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "rate_limited",
-        format!("{what}; retry after {secs} s"),
-    )
-    .retry_after(wait)
+fn too_many(what: &str, wait: Duration) -> Throttled {
+    Throttled {
+        what: what.to_string(),
+        wait,
+    }
 }
