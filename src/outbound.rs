@@ -78,3 +78,73 @@ pub fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     }
     Ok(certs)
 }
+
+/// A WebSocket this crate opened as a client (the CLI's `tail`), read as text frames.
+pub struct WebSocket(
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+);
+
+/// An error with its causes, as the caller shows it.
+pub type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a WebSocket was not opened.
+#[derive(Debug)]
+pub enum OpenError {
+    /// The server answered the upgrade with this HTTP status instead.
+    Status(u16),
+    /// A bad URL or token, or the connection or TLS handshake failed.
+    Failed(Failure),
+}
+
+/// What came next on a [`WebSocket`].
+#[derive(Debug)]
+pub enum Frame {
+    Text(String),
+    /// The server closed it, with this reason (maybe empty).
+    Closed(String),
+    Failed(Failure),
+}
+
+/// Opens a WebSocket to `url` (`ws://` or `wss://`), presenting `bearer` if given, with `tls`.
+pub async fn websocket(
+    url: &str,
+    bearer: Option<&str>,
+    tls: Arc<rustls::ClientConfig>,
+) -> Result<WebSocket, OpenError> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let mut request = url
+        .into_client_request()
+        .map_err(|e| OpenError::Failed(e.into()))?;
+    if let Some(t) = bearer {
+        let value = format!("Bearer {t}")
+            .parse()
+            .map_err(|_| OpenError::Failed("the token is not a valid header value".into()))?;
+        request.headers_mut().insert("authorization", value);
+    }
+    let tls = tokio_tungstenite::Connector::Rustls(tls);
+    match tokio_tungstenite::connect_async_tls_with_config(request, None, false, Some(tls)).await {
+        Ok((socket, _)) => Ok(WebSocket(socket)),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            Err(OpenError::Status(r.status().as_u16()))
+        }
+        Err(e) => Err(OpenError::Failed(e.into())),
+    }
+}
+
+impl WebSocket {
+    /// The next text frame, or how the stream ended; `None` once it has.
+    pub async fn next(&mut self) -> Option<Frame> {
+        use futures_util::StreamExt;
+        use tokio_tungstenite::tungstenite::Message;
+        loop {
+            return Some(match self.0.next().await? {
+                Ok(Message::Text(t)) => Frame::Text(t.as_str().to_string()),
+                Ok(Message::Close(frame)) => {
+                    Frame::Closed(frame.map(|f| f.reason.to_string()).unwrap_or_default())
+                }
+                Ok(_) => continue,
+                Err(e) => Frame::Failed(e.into()),
+            });
+        }
+    }
+}

@@ -198,7 +198,8 @@ fn a_use_of_a_higher_or_equal_layer_is_reported() {
 }
 
 /// The crates of the HTTP edge stay at the edge: `axum` and `utoipa` only in `api`, a
-/// WebSocket crate only in `api` and `client` (the API's own client).
+/// WebSocket crate only in `api` and `outbound` (where every outgoing connection is made,
+/// the CLI's WebSocket among them).
 #[test]
 fn http_crates_are_used_only_at_the_edge() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -212,7 +213,7 @@ fn http_crates_are_used_only_at_the_edge() {
         for (krate, allowed) in [
             ("axum", &["api"][..]),
             ("utoipa", &["api"][..]),
-            ("tungstenite", &["api", "client"][..]),
+            ("tungstenite", &["api", "outbound"][..]),
         ] {
             if !allowed.contains(&module.as_str()) && code.contains(&format!("{krate}::")) {
                 found.push(format!("{file}: `{module}` uses `{krate}`"));

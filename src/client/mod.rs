@@ -9,9 +9,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
+use crate::outbound::{self, Frame, OpenError};
 use serde_json::Value;
-use tokio_tungstenite::tungstenite::Message;
 
 use crate::InjectReceipt;
 
@@ -290,43 +289,26 @@ pub async fn tail(
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), ClientError> {
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
     let ws_url = tail_url(remote.url(), filter)?;
-    let connect_error = |message: String| ClientError::Connect {
-        url: ws_url.clone(),
-        message,
-    };
-    let mut request = ws_url
-        .as_str()
-        .into_client_request()
-        .map_err(|e| connect_error(with_causes(&e)))?;
-    if let Some(t) = &remote.token {
-        let value = format!("Bearer {t}")
-            .parse()
-            .map_err(|_| connect_error("the token is not a valid header value".into()))?;
-        request.headers_mut().insert("authorization", value);
-    }
     if remote.token.is_none() {
         needs_no_credential(remote).await?;
     }
-    let tls = tokio_tungstenite::Connector::Rustls(remote.tls.clone());
-    let (mut socket, _) =
-        tokio_tungstenite::connect_async_tls_with_config(request, None, false, Some(tls))
-            .await
-            .map_err(|e| match &e {
-                tokio_tungstenite::tungstenite::Error::Http(r)
-                    if matches!(r.status().as_u16(), 401 | 403 | 429) =>
-                {
-                    ClientError::Refused {
-                        status: r.status().as_u16(),
-                        body: refused_credential(r.status().as_u16()).into(),
-                    }
-                }
-                _ => ClientError::Connect {
-                    url: ws_url.clone(),
-                    message: connect_failure(&e),
-                },
-            })?;
+    let mut socket = outbound::websocket(&ws_url, remote.token.as_deref(), remote.tls.clone())
+        .await
+        .map_err(|e| match e {
+            OpenError::Status(status @ (401 | 403 | 429)) => ClientError::Refused {
+                status,
+                body: refused_credential(status).into(),
+            },
+            OpenError::Status(status) => ClientError::Connect {
+                url: ws_url.clone(),
+                message: format!("the server answered the upgrade with HTTP {status}"),
+            },
+            OpenError::Failed(e) => ClientError::Connect {
+                url: ws_url.clone(),
+                message: connect_failure(&*e),
+            },
+        })?;
     if let Some(globs) = &filter.agent {
         for glob in unmatched_agent_globs(remote, globs).await {
             eprintln!("agentserver tail: {glob}");
@@ -334,17 +316,12 @@ pub async fn tail(
     }
     while let Some(frame) = socket.next().await {
         let text = match frame {
-            Ok(Message::Text(t)) => t,
-            Ok(Message::Close(frame)) => {
-                let reason = frame
-                    .map(|f| f.reason.to_string())
-                    .filter(|r| !r.is_empty())
-                    .map(|r| format!(" ({r})"))
-                    .unwrap_or_default();
-                return Err(ClientError::Ended(reason));
+            Frame::Text(t) => t,
+            Frame::Closed(reason) if reason.is_empty() => {
+                return Err(ClientError::Ended(String::new()))
             }
-            Ok(_) => continue,
-            Err(e) => return Err(ClientError::Ended(format!(" ({})", with_causes(&e)))),
+            Frame::Closed(reason) => return Err(ClientError::Ended(format!(" ({reason})"))),
+            Frame::Failed(e) => return Err(ClientError::Ended(format!(" ({})", with_causes(&*e)))),
         };
         if json {
             writeln!(out, "{}", text.as_str())?;
