@@ -67,6 +67,7 @@ pub mod nats;
 pub mod outbound;
 pub mod pump;
 pub mod schema;
+pub mod server;
 pub mod stats;
 pub mod store;
 mod sync;

@@ -15,12 +15,12 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use agentserver::api::{ApiOptions, ApiServer};
+use agentserver::client::stream::StreamArgs;
 use agentserver::client::InjectBody;
 use agentserver::client::{self, ServerArgs, TailFilter};
 use agentserver::config;
-use agentserver::threads::ThreadStatus;
-use agentserver::{InjectRequest, Organism};
+use agentserver::server;
+use agentserver::Organism;
 
 /// mimalloc instead of the system allocator: the pump allocates per message (records, events,
 /// frames), and on 2 cores glibc's malloc cost about a fifth of chain throughput
@@ -99,7 +99,7 @@ enum Command {
     /// pump; run as many as observers need. Prints `agentserver listening on http://ADDR`.
     Gateway {
         #[command(flatten)]
-        stream: agentserver::client::nats::StreamArgs,
+        stream: StreamArgs,
         /// Address to serve on, `HOST:PORT` or a port alone.
         #[arg(long, default_value = "127.0.0.1:8770")]
         listen: String,
@@ -119,7 +119,7 @@ enum Command {
     /// when the pump's machine is lost). Writes a new file; prints what it wrote.
     Restore {
         #[command(flatten)]
-        stream: agentserver::client::nats::StreamArgs,
+        stream: StreamArgs,
         /// Read the events from NATS (the only source there is).
         #[arg(long = "from-nats", required = true)]
         from_nats: bool,
@@ -512,28 +512,6 @@ fn read_payload(arg: &str) -> Result<String, String> {
     }
 }
 
-/// A JSON object payload written as the XML of the type `to` accepts (its only type, but
-/// `huh`); any other text is taken as XML.
-fn json_payload(config: &config::OrganismConfig, to: &str, text: &str) -> Result<String, String> {
-    if !text.trim_start().starts_with('{') {
-        return Ok(text.to_string());
-    }
-    let value: serde_json::Value = serde_json::from_str(text)
-        .map_err(|e| format!("the payload starts like JSON but is not: {e}"))?;
-    let listener = config
-        .listener(to)
-        .ok_or_else(|| format!("no listener named `{to}`"))?;
-    config::json_payload(&listener.accepts, None, &value).map_err(|e| match e {
-        config::JsonPayloadError::Type(_) => format!(
-            "`{to}` accepts several payload types: give the payload as XML, whose root element names its type"
-        ),
-        config::JsonPayloadError::Map(ty, e) => format!(
-            "the payload cannot be written as `{ty}` at {}: {}",
-            e.path, e.message
-        ),
-    })
-}
-
 async fn send(
     path: PathBuf,
     to: String,
@@ -541,81 +519,31 @@ async fn send(
     thread: Option<String>,
     timeout: u64,
 ) -> ExitCode {
-    let payload_xml = match read_payload(&payload) {
+    let payload = match read_payload(&payload) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("agentserver: {e}");
             return ExitCode::from(2);
         }
     };
-    let mut config = match load(&path) {
+    let config = match load(&path) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    // A trial run: it never writes the organism's durable store.
-    config.store = None;
-    let payload_xml = match json_payload(&config, &to, &payload_xml) {
-        Ok(xml) => xml,
-        Err(e) => {
-            eprintln!("agentserver: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let organism = match Organism::builder().build(config) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("agentserver: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let receipt = match organism.inject(InjectRequest {
-        from: "cli".into(),
+    let request = server::SendRequest {
         to,
-        payload_xml,
-        thread_id: thread,
-    }) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("agentserver: inject refused: {e}");
-            return ExitCode::FAILURE;
-        }
+        payload,
+        thread,
+        timeout: Duration::from_secs(timeout),
     };
-    let status = tokio::time::timeout(
-        Duration::from_secs(timeout),
-        organism.wait_thread(&receipt.thread_id),
-    )
-    .await;
-    let schemas = organism.schemas();
-    for m in organism
-        .thread_messages(&receipt.thread_id)
-        .unwrap_or_default()
-    {
-        match serde_json::to_string(&agentserver::api::view::Message::of(&m, &schemas)) {
-            Ok(line) => println!("{line}"),
-            Err(e) => eprintln!("agentserver: cannot print message {}: {e}", m.id),
+    match server::send(config, request).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(server::SendError::Usage(e)) => {
+            eprintln!("agentserver: {e}");
+            ExitCode::from(2)
         }
-    }
-    organism.stop().await;
-    match status {
-        Ok(Some(ThreadStatus::Completed)) => ExitCode::SUCCESS,
-        Ok(Some(other)) => {
-            let error = organism
-                .threads()
-                .info(&receipt.thread_id)
-                .and_then(|t| t.error)
-                .unwrap_or_default();
-            eprintln!(
-                "agentserver: thread {} ended {other:?}: {error}",
-                receipt.thread_id
-            );
-            ExitCode::FAILURE
-        }
-        Ok(None) => ExitCode::FAILURE,
-        Err(_) => {
-            eprintln!(
-                "agentserver: thread {} still active after {timeout}s",
-                receipt.thread_id
-            );
+        Err(server::SendError::Failed(e)) => {
+            eprintln!("agentserver: {e}");
             ExitCode::FAILURE
         }
     }
@@ -635,164 +563,38 @@ async fn run(
         Ok(c) => c,
         Err(code) => return code,
     };
-    let overrides = agentserver::pump::Overrides {
+    let options = server::RunOptions {
         listen: listen.map(listen_address),
         store: store.map(|s| (s != "memory").then(|| PathBuf::from(s))),
+        insecure_no_auth,
     };
-    let organism = match Organism::builder().overrides(overrides).build(config) {
-        Ok(o) => o,
+    match server::run(config, options).await {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agentserver: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    organism.watch_files(Duration::from_secs(1));
-    let shutdown = ShutdownSignal::install();
-    reload_on_sighup(&organism);
-    match &organism.config().store {
-        Some(path) => eprintln!("agentserver: store {}", path.display()),
-        None => eprintln!("agentserver: store memory (nothing is kept after the process)"),
-    }
-    let listen = organism.config().listen.clone();
-    let options = ApiOptions {
-        insecure_no_auth,
-        ..ApiOptions::default()
-    };
-    let server = match ApiServer::bind(organism.clone(), &listen, options).await {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("agentserver: cannot serve the API on {listen}: {e}");
-            organism.stop().await;
-            return ExitCode::FAILURE;
-        }
-    };
-    let mirror_stop = tokio_util::sync::CancellationToken::new();
-    let mirror = tokio::spawn(agentserver::api::mirror_events(
-        organism.clone(),
-        mirror_stop.clone(),
-    ));
-    println!(
-        "agentserver running organism {} ({} listeners); Ctrl-C stops it",
-        organism.config().name,
-        organism.config().listeners.len()
-    );
-    println!("agentserver listening on {}", server.url());
-    tokio::select! {
-        _ = shutdown.wait() => {}
-        _ = server.stop_requested() => {}
-    }
-    eprintln!("agentserver: stopping: {}", stop_outlook(&organism));
-    let report = organism.stop().await;
-    if !report.drained {
-        eprintln!(
-            "agentserver: grace period over; killed {} thread(s)",
-            report.killed_threads
-        );
-    }
-    server.shutdown().await;
-    mirror_stop.cancel();
-    if let Ok(Err(e)) = mirror.await {
-        eprintln!("agentserver: events were not mirrored: {e}");
-    }
-    match report.uncommitted {
-        None => ExitCode::SUCCESS,
-        // Never a silent loss: the exit status says it too.
-        Some(u) => {
-            eprintln!(
-                "agentserver: the store {} could not commit {} change(s) before stopping: {}; \
-                 they are not in the file",
-                u.path.display(),
-                u.changes,
-                u.error
-            );
             ExitCode::FAILURE
         }
     }
 }
 
-/// What a stop will wait for, in one line.
-fn stop_outlook(organism: &Organism) -> String {
-    let pending = organism.pending();
-    let held = organism.paused_backlog();
-    let held_count: usize = held.iter().map(|(_, n)| n).sum();
-    let grace = organism.config().limits.stop_grace_ms as f64 / 1000.0;
-    let mut line = if pending > held_count {
-        format!(
-            "draining {} pending message(s), up to {grace}s (limits.stop_grace_ms)",
-            pending - held_count
-        )
-    } else {
-        "nothing to drain".to_string()
-    };
-    if !held.is_empty() {
-        let who: Vec<String> = held.iter().map(|(l, n)| format!("{l} ({n})")).collect();
-        line.push_str(&format!(
-            "; {held_count} message(s) queued at paused listeners ({}) cannot move and do not hold the stop: their threads are killed",
-            who.join(", ")
-        ));
-    }
-    line
-}
-
-/// SIGHUP reloads the organism from its file (SPEC §12), as `POST /api/v1/organism/reload`.
-fn reload_on_sighup(organism: &Organism) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            eprintln!("agentserver: cannot watch SIGHUP; reload with POST /api/v1/organism/reload");
-            return;
-        };
-        let organism = organism.clone();
-        tokio::spawn(async move {
-            while hangups.recv().await.is_some() {
-                let o = organism.clone();
-                match tokio::task::spawn_blocking(move || o.reload(None)).await {
-                    Ok(Ok(r)) => eprintln!(
-                        "agentserver: reloaded (rev {}): added {:?}, removed {:?}, changed {:?}",
-                        r.rev, r.added, r.removed, r.changed
-                    ),
-                    Ok(Err(e)) => eprintln!("agentserver: {e}"),
-                    Err(e) => eprintln!("agentserver: reload failed: {e}"),
-                }
-            }
-        });
-    }
-    #[cfg(not(unix))]
-    let _ = organism;
-}
-
 async fn gateway(
-    stream: agentserver::client::nats::StreamArgs,
+    stream: StreamArgs,
     listen: String,
     retain: usize,
     auth_from: Option<config::OrganismConfig>,
     insecure: bool,
 ) -> ExitCode {
-    let signal = ShutdownSignal::install();
-    let bound = agentserver::api::gateway::Gateway::bind(
-        stream.config(),
-        &listen,
-        retain,
-        auth_from,
-        insecure,
-    )
-    .await;
-    let gateway = match bound {
-        Ok(g) => g,
+    match server::gateway(stream.config(), &listen, retain, auth_from, insecure).await {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("agentserver gateway: {e}");
-            return ExitCode::FAILURE;
+            ExitCode::FAILURE
         }
-    };
-    println!("agentserver listening on http://{}", gateway.local_addr());
-    signal.wait().await;
-    gateway.shutdown().await;
-    ExitCode::SUCCESS
+    }
 }
 
-async fn restore(stream: agentserver::client::nats::StreamArgs, store: PathBuf) -> ExitCode {
-    match agentserver::client::nats::restore(&stream, &store).await {
+async fn restore(stream: StreamArgs, store: PathBuf) -> ExitCode {
+    match server::restore(&stream.config(), &store).await {
         Ok(r) => {
             println!(
                 "{}: restored {} events ({} messages), seq {} to {}{}",
@@ -817,16 +619,8 @@ async fn restore(stream: agentserver::client::nats::StreamArgs, store: PathBuf) 
 }
 
 async fn worker(options: agentserver::pump::worker::WorkerOptions) -> ExitCode {
-    let stop = tokio_util::sync::CancellationToken::new();
-    let signal = ShutdownSignal::install();
-    let on_signal = stop.clone();
-    tokio::spawn(async move {
-        signal.wait().await;
-        on_signal.cancel();
-    });
-    let registry = agentserver::listener::HandlerRegistry::default();
     let name = options.name.clone();
-    match agentserver::pump::worker::run_worker(options, registry, stop).await {
+    match server::worker(options).await {
         Ok(answered) => {
             eprintln!("agentserver worker {name}: stopped; answered {answered} deliveries");
             ExitCode::SUCCESS
@@ -835,39 +629,5 @@ async fn worker(options: agentserver::pump::worker::WorkerOptions) -> ExitCode {
             eprintln!("agentserver worker: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Ctrl-C (SIGINT) or SIGTERM. Installed before the ready lines are printed, so a signal sent
-/// as soon as a supervisor sees them is never missed.
-struct ShutdownSignal {
-    #[cfg(unix)]
-    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
-}
-
-impl ShutdownSignal {
-    fn install() -> Self {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            let signals = signal(SignalKind::interrupt())
-                .and_then(|int| Ok((int, signal(SignalKind::terminate())?)))
-                .ok();
-            ShutdownSignal { signals }
-        }
-        #[cfg(not(unix))]
-        ShutdownSignal {}
-    }
-
-    async fn wait(self) {
-        #[cfg(unix)]
-        if let Some((mut int, mut term)) = self.signals {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

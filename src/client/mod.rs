@@ -3,7 +3,7 @@
 
 pub mod agents;
 pub mod keys;
-pub mod nats;
+pub mod stream;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
-//! The commands that read an organism's mirrored event stream (`organism.nats`): `restore`
-//! (a store file rebuilt from it) and the settings `gateway` shares with it.
+//! `agentserver restore`: a new store file rebuilt from an organism's mirrored event stream
+//! (`organism.nats`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -8,35 +8,6 @@ use crate::config::NatsConfig;
 use crate::events::EventKind;
 use crate::nats::mirror::{read, ReadFrom};
 use crate::nats::Link;
-
-/// Which stream to read: the server, and the organism's name or the stream prefix.
-#[derive(Debug, Clone, clap::Args)]
-pub struct StreamArgs {
-    /// The NATS server (`nats://host:port`, several comma-separated).
-    #[arg(long = "nats", value_name = "URL")]
-    pub url: String,
-    /// The organism's name: its streams are `agentserver_<NAME>_…` unless its file sets
-    /// `organism.nats.stream_prefix` (then give that with --stream-prefix).
-    #[arg(long, required_unless_present = "stream_prefix")]
-    pub organism: Option<String>,
-    /// The organism's `organism.nats.stream_prefix`.
-    #[arg(long, conflicts_with = "organism")]
-    pub stream_prefix: Option<String>,
-    /// The NATS credential (`user:password` or a token).
-    #[arg(long, env = "AGENTSERVER_NATS_CREDENTIALS", hide_env_values = true)]
-    pub nats_credentials: Option<String>,
-}
-
-impl StreamArgs {
-    pub fn config(&self) -> NatsConfig {
-        let prefix = match (&self.stream_prefix, &self.organism) {
-            (Some(p), _) => p.clone(),
-            (None, Some(name)) => NatsConfig::default_prefix(name),
-            (None, None) => NatsConfig::default_prefix(""),
-        };
-        NatsConfig::client(&self.url, &prefix, self.nats_credentials.clone())
-    }
-}
 
 /// How long `restore` waits for NATS to answer.
 pub const RESTORE_CONNECT_WAIT: Duration = Duration::from_secs(30);
@@ -56,20 +27,19 @@ pub struct Restored {
 /// Writes a new store file at `store` from every event the stream holds: the messages,
 /// their statuses and the threads, as the pump's store had them. Refuses to overwrite a
 /// file.
-pub async fn restore(args: &StreamArgs, store: &Path) -> Result<Restored, String> {
+pub async fn restore(config: &NatsConfig, store: &Path) -> Result<Restored, String> {
     if store.exists() {
         return Err(format!(
             "{} exists: restore writes a new store file (move it away, or name another)",
             store.display()
         ));
     }
-    let config = args.config();
     // A mistyped name must not read (or make) an empty stream: refuse it, naming those there.
-    let (present, others) = crate::nats::events_streams(&config).await?;
+    let (present, others) = crate::nats::events_streams(config).await?;
     if !present {
-        return Err(crate::nats::missing_stream(&config, &others));
+        return Err(crate::nats::missing_stream(config, &others));
     }
-    let link = Link::connect(&config, "agentserver restore").await?;
+    let link = Link::connect(config, "agentserver restore").await?;
     if link
         .streams(tokio::time::Instant::now() + RESTORE_CONNECT_WAIT)
         .await
