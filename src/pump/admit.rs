@@ -2,9 +2,14 @@
 //! message (logged, published, counted, queued), whether it came from outside (inject) or
 //! from a listener's output (`route::deliver`).
 
-use super::dispatch::{Job, Listener};
-use super::*;
+use std::sync::Arc;
+
+use crate::events::EventKind;
 use crate::schema::ValidatedPayload;
+use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError};
+
+use super::dispatch::{Job, Listener};
+use super::{route, Shared};
 
 /// A validated payload on its way into a thread.
 pub(crate) struct Admission {

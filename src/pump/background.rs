@@ -2,7 +2,9 @@
 //! with the stop token, awaited by `stop`. The store's own tasks are the store's
 //! (`store::Maintenance`).
 
-use super::*;
+use crate::config;
+
+use super::Organism;
 
 impl Organism {
     /// Runs a background task on the organism's runtime. It is given a token cancelled

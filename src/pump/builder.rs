@@ -1,6 +1,23 @@
 //! Building an organism: the handler registry, overrides, loading the file, and start-up.
 
-use super::*;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::config;
+use crate::config::OrganismConfig;
+use crate::events::{EventHub, DEFAULT_CAPACITY};
+use crate::listener::{Handler, HandlerRegistry};
+use crate::threads::ThreadRegistry;
+use crate::time::Timestamp;
+
+use super::dispatch::Listener;
+use super::{
+    gate, BuildError, Externals, Lifecycle, Load, Organism, Reloading, Shared, Topology,
+    RETAINED_FINISHED_THREADS, STATUS_RUNNING,
+};
 
 /// Builds an [`Organism`]: a config (from a file or already loaded) plus native handlers.
 #[derive(Default)]

@@ -1,6 +1,17 @@
 //! Control: pause, resume, reload one listener, kill a thread, and stop.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::events::{EventKind, OrganismStatus};
+use crate::threads::MessageStatus;
+
+use super::dispatch::Listener;
+use super::{
+    ControlError, FailureKind, Organism, StopReport, Uncommitted, STATUS_RUNNING, STATUS_STOPPED,
+    STATUS_STOPPING,
+};
 
 impl Organism {
     pub(super) fn listener(&self, name: &str) -> Result<Arc<Listener>, ControlError> {

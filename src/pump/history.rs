@@ -1,7 +1,12 @@
 //! Reads of the history: pages of messages and threads (from the store when it is on, else
 //! from memory), one thread, and waiting for a thread to settle.
 
-use super::*;
+use std::sync::Arc;
+
+use crate::events::OrganismStatus;
+use crate::threads::{MessageRecord, ThreadStatus};
+
+use super::{Organism, READ_CATCH_UP};
 
 impl Organism {
     /// Messages removed from the store by retention since start.

@@ -1,7 +1,16 @@
 //! Inject: the pump's entry for payloads from outside the organism (API, WebSocket, CLI,
 //! embedders), checked and admitted like any routed output.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::events::EventKind;
+use crate::threads::{Quota, ThreadError};
+use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload};
+
+use super::admit::{Admission, Admitted};
+use super::route::SYSTEM_IDENTITY;
+use super::{FailureKind, InjectError, InjectReceipt, InjectRequest, Organism, STATUS_RUNNING};
 
 impl Organism {
     /// Injects one payload for a listener. Validated before this returns: an accepted inject

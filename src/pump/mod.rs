@@ -40,7 +40,7 @@ mod reload;
 mod route;
 pub mod worker;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,17 +48,14 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::config::{self, ConfigErrors, ListenerName, OrganismConfig};
-use crate::events::{AgentState, EventHub, EventKind, OrganismStatus, DEFAULT_CAPACITY};
-use crate::listener::{Handler, HandlerRegistry};
+use crate::events::{AgentState, EventHub, EventKind, OrganismStatus};
+use crate::listener::HandlerRegistry;
 use crate::schema::ValidationError;
-use crate::threads::{
-    MessageRecord, MessageStatus, NewMessage, Quota, ThreadError, ThreadRegistry, ThreadStatus,
-};
+use crate::threads::{ThreadError, ThreadRegistry, ThreadStatus};
 use crate::time::Timestamp;
-use crate::xml::{normalize_payload, parse_envelope, NormalizedPayload, XmlError, XmlLimits};
+use crate::xml::{XmlError, XmlLimits};
 
 pub use crate::store::RETENTION_INTERVAL;
-use admit::{Admission, Admitted};
 pub(crate) use builder::load_config_layered;
 pub use builder::{OrganismBuilder, Overrides};
 use dispatch::Listener;
