@@ -555,7 +555,10 @@ pub(crate) fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
+
+    use super::Listener;
+    use crate::events::AgentState;
     use crate::pump::Organism;
 
     const ORGANISM: &str = r#"
