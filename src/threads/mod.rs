@@ -14,115 +14,19 @@ use tokio_util::sync::CancellationToken;
 use crate::hash::SeededMap;
 use crate::sync::lock;
 use crate::time::Timestamp;
-use crate::xml::SharedXml;
 
 mod query;
+mod record;
 pub use query::{
     glob_match, payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE,
 };
 
+pub use record::{
+    valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Quota, StatusChange,
+    ThreadError, ThreadInfo, ThreadStatus,
+};
+
 const SHARDS: usize = 16;
-
-/// Stored by these names (`snake_case`), as the API shows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ThreadStatus {
-    Active,
-    Completed,
-    Error,
-    Killed,
-}
-
-/// Stored by these names (`snake_case`), as the API shows them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageStatus {
-    /// Queued for, or being handled by, a listener.
-    Pending,
-    /// Handled by its listener without error.
-    Delivered,
-    /// Reached a non-listener identity (`api`, `cli`, …): logged, streamed, ended.
-    Terminal,
-    /// Refused by the gate: malformed, or invalid against the receiver's schema.
-    Rejected,
-    /// No route, or a route the peers rules forbid.
-    Undeliverable,
-    /// The handler failed, panicked, or the thread's budget was exceeded.
-    Failed,
-    /// Dropped or cancelled by a kill, or by stop after its grace period.
-    Killed,
-}
-
-/// One message in the log (SPEC §9 message object).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct MessageRecord {
-    pub id: Arc<str>,
-    pub thread_id: Arc<str>,
-    pub parent_id: Option<Arc<str>>,
-    pub slot_index: u64,
-    pub from: Arc<str>,
-    pub to: Option<Arc<str>>,
-    pub payload_type: Option<String>,
-    pub payload_xml: SharedXml,
-    pub status: MessageStatus,
-    pub error: Option<String>,
-    pub timestamp: Timestamp,
-}
-
-impl MessageRecord {
-    /// About how many bytes holding this record costs.
-    pub fn weight(&self) -> usize {
-        256 + self.payload_xml.len() + self.error.as_ref().map_or(0, String::len)
-    }
-}
-
-/// A thread: its status, participants and counters (the API's `Thread`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct ThreadInfo {
-    pub id: String,
-    pub status: ThreadStatus,
-    pub participants: Vec<String>,
-    pub message_count: u64,
-    pub created_at: Timestamp,
-    pub last_activity: Timestamp,
-    pub error: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ThreadError {
-    #[error("thread id must be 1-128 characters of A-Z a-z 0-9 _ -")]
-    InvalidId,
-    #[error("thread {0} was killed")]
-    Killed(String),
-    #[error("no thread {0}")]
-    NotFound(String),
-    #[error("thread {id} exceeded its budget of {max} messages")]
-    BudgetExceeded { id: String, max: u64 },
-    #[error("tenant `{owner}` has {max} active threads, its limit ({quota})")]
-    TooManyActive {
-        owner: String,
-        max: usize,
-        quota: String,
-    },
-}
-
-/// Whom a thread opened by an inject counts against (a tenant whose listener it was
-/// injected to), and how many of its threads may be active at once.
-pub struct Quota<'a> {
-    pub owner: &'a str,
-    pub max: usize,
-    /// The setting the limit comes from, for the error (`tenants.acme.max_active_threads`).
-    pub key: &'a str,
-}
-
-/// A status change the pump should publish.
-#[derive(Debug, Clone)]
-pub struct StatusChange {
-    pub thread_id: String,
-    pub status: ThreadStatus,
-    pub message_count: u64,
-    pub error: Option<String>,
-}
 
 struct Entry {
     status: ThreadStatus,
@@ -217,27 +121,6 @@ impl Shard {
     }
 }
 
-/// What [`ThreadRegistry::open`] did.
-pub struct Opened {
-    pub id: Arc<str>,
-    /// The thread is new: publish `thread_created`.
-    pub created: Option<ThreadInfo>,
-    /// A finished thread became active again.
-    pub reactivated: Option<StatusChange>,
-}
-
-/// A message to append to a thread's log.
-pub struct NewMessage {
-    pub id: Arc<str>,
-    pub parent_id: Option<Arc<str>>,
-    pub from: Arc<str>,
-    pub to: Option<Arc<str>>,
-    pub payload_type: Option<String>,
-    pub payload_xml: SharedXml,
-    pub status: MessageStatus,
-    pub error: Option<String>,
-}
-
 pub struct ThreadRegistry {
     shards: Vec<Mutex<Shard>>,
     /// Active threads by owner. Locked only by threads with an owner, inside their shard's
@@ -248,15 +131,6 @@ pub struct ThreadRegistry {
     retain_finished: usize,
     /// Bytes of finished threads' messages kept, at most (oldest finished evicted first).
     retain_bytes: usize,
-}
-
-/// Thread ids are `[A-Za-z0-9_-]{1,128}` (SPEC §6).
-pub fn valid_thread_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl ThreadRegistry {
@@ -736,7 +610,7 @@ mod tests {
             from: Arc::from("api"),
             to: Some(Arc::from("a")),
             payload_type: Some("X".into()),
-            payload_xml: SharedXml::new("<X/>".into()),
+            payload_xml: crate::xml::SharedXml::new("<X/>".into()),
             status,
             error: None,
         }

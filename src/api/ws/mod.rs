@@ -10,9 +10,14 @@
 
 mod access;
 mod commands;
+mod frames;
 
 pub use access::Who;
 pub(in crate::api) use access::{first_frame_auth, CLOSE_UNAUTHORIZED};
+use frames::frame_len;
+pub(in crate::api) use frames::{
+    dropped_frame, protocol_close, resync_frame, text, Dropped, Folding,
+};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -119,147 +124,6 @@ fn upgrade(
         }))
 }
 
-/// Frames not sent to this client, waiting to be reported.
-#[derive(Debug, Clone, Copy)]
-pub(in crate::api) struct Dropped {
-    count: u64,
-    from_seq: u64,
-    to_seq: u64,
-}
-
-impl Dropped {
-    pub(in crate::api) fn add(
-        this: Option<Dropped>,
-        count: u64,
-        from_seq: u64,
-        to_seq: u64,
-    ) -> Dropped {
-        match this {
-            None => Dropped {
-                count,
-                from_seq,
-                to_seq,
-            },
-            Some(d) => Dropped {
-                count: d.count + count,
-                from_seq: d.from_seq,
-                to_seq,
-            },
-        }
-    }
-}
-
-/// What a `/ws` session holds back when its client asked for fewer frames
-/// (`coalesce_ms`, `max_messages_per_s`), until the next flush.
-#[derive(Default)]
-pub(in crate::api) struct Folding {
-    /// Each agent's latest state: its `seq`, state and thread.
-    states: crate::hash::SeededMap<String, (u64, crate::events::AgentState, Option<String>)>,
-    /// States replaced by a later one of the same agent before a flush.
-    replaced: u64,
-    /// The current second of message traffic: when it began, and how many were sent in it.
-    window: Option<(Instant, u64)>,
-    /// Message events not sent, not yet told.
-    folded: Option<Dropped>,
-}
-
-impl Folding {
-    /// How often what `filter` folds goes out: the coalescing interval, or every second for
-    /// the message rate alone; `None` when it folds nothing.
-    pub(in crate::api) fn every(filter: &Filter) -> Option<Duration> {
-        match (filter.coalesce_ms, filter.max_messages_per_s) {
-            (Some(ms), _) => Some(Duration::from_millis(ms)),
-            (None, Some(_)) => Some(Duration::from_secs(1)),
-            (None, None) => None,
-        }
-    }
-
-    /// Holds back an event `filter` asks to fold (true), or lets it go (false).
-    pub(in crate::api) fn hold(&mut self, filter: &Filter, ev: &Event) -> bool {
-        match &ev.kind {
-            EventKind::AgentState {
-                agent,
-                state,
-                current_thread,
-            } if filter.coalesce_ms.is_some() => {
-                let held = (ev.seq, *state, current_thread.clone());
-                if self.states.insert(agent.clone(), held).is_some() {
-                    self.replaced += 1;
-                }
-                true
-            }
-            EventKind::Message { .. } | EventKind::MessageStatus { .. } => {
-                let Some(rate) = filter.max_messages_per_s else {
-                    return false;
-                };
-                let now = Instant::now();
-                let (start, sent) = match self.window {
-                    Some((start, sent)) if now.duration_since(start) < Duration::from_secs(1) => {
-                        (start, sent)
-                    }
-                    _ => (now, 0),
-                };
-                if sent < rate {
-                    self.window = Some((start, sent + 1));
-                    return false;
-                }
-                self.window = Some((start, sent));
-                self.folded = Some(Dropped::add(self.folded, 1, ev.seq, ev.seq));
-                true
-            }
-            _ => false,
-        }
-    }
-
-    pub(in crate::api) fn is_empty(&self) -> bool {
-        self.states.is_empty() && self.folded.is_none()
-    }
-
-    /// The agents' latest states held back, in one `agent_states` frame (emptied), at
-    /// `seen`, the `seq` of the last event offered, so `seq` never goes back.
-    pub(in crate::api) fn states_frame(&mut self, seen: u64) -> Option<Message> {
-        if self.states.is_empty() {
-            return None;
-        }
-        let mut states: Vec<_> = self.states.drain().collect();
-        states.sort_by_key(|(_, (seq, _, _))| *seq);
-        let states: Vec<Value> = states
-            .into_iter()
-            .map(|(agent, (seq, state, thread))| {
-                json!({
-                    "agent": agent,
-                    "state": crate::api::view::AgentState::from(state),
-                    "current_thread": thread,
-                    "seq": seq,
-                })
-            })
-            .collect();
-        Some(text(&json!({
-            "event": "agent_states",
-            "seq": seen,
-            "timestamp": Timestamp::now(),
-            "states": states,
-            "replaced": std::mem::take(&mut self.replaced),
-        })))
-    }
-
-    /// The `folded` frame counting the message events not sent (taken; put it back if the
-    /// frame cannot go out), at `seen`.
-    pub(in crate::api) fn folded_frame(&mut self, seen: u64) -> Option<(Message, Dropped)> {
-        let f = self.folded.take()?;
-        let frame = text(&json!({
-            "event": "folded",
-            "seq": seen,
-            "timestamp": Timestamp::now(),
-            "kind": "message",
-            "count": f.count,
-            "from_seq": f.from_seq,
-            "to_seq": f.to_seq,
-        }));
-        Some((frame, f))
-    }
-}
-
 struct Session {
     state: ApiState,
     ep: Endpoint,
@@ -279,10 +143,6 @@ struct Session {
     /// Set when a control frame (an answer) found the client's queue full: the client sends
     /// commands but does not read, and is closed.
     overflow: bool,
-}
-
-pub(in crate::api) fn text(value: &Value) -> Message {
-    Message::Text(Utf8Bytes::from(value.to_string()))
 }
 
 /// Frames written to a client's socket per flush, at most.
@@ -735,51 +595,4 @@ pub(in crate::api) fn snapshot_lists(
             .map(crate::api::view::Thread::from)
             .collect(),
     )
-}
-
-/// A client asked to resume `since` a point no longer held: the oldest held is `oldest`.
-pub(in crate::api) fn resync_frame(seq: u64, since: Option<u64>, oldest: u64) -> Value {
-    json!({
-        "event": "resync_required",
-        "seq": seq,
-        "timestamp": Timestamp::now(),
-        "since": since,
-        "oldest_seq": oldest,
-    })
-}
-
-pub(in crate::api) fn dropped_frame(d: Dropped) -> Message {
-    text(&json!({
-        "event": "dropped",
-        "seq": d.to_seq,
-        "timestamp": Timestamp::now(),
-        "count": d.count,
-        "from_seq": d.from_seq,
-        "to_seq": d.to_seq,
-    }))
-}
-
-fn frame_len(msg: &Message) -> usize {
-    match msg {
-        Message::Text(t) => t.len(),
-        _ => 0,
-    }
-}
-
-/// The close frame a client's protocol error gets (RFC 6455 §7.4.1): 1009 for a message over
-/// the size limit, 1007 for text that is not UTF-8, 1002 for any other violation; `None` for
-/// a connection that failed (nothing can be sent on it).
-pub(in crate::api) fn protocol_close(e: axum::Error) -> Option<CloseFrame> {
-    use tokio_tungstenite::tungstenite::Error;
-    let inner = e.into_inner();
-    let (code, reason) = match inner.downcast_ref::<Error>()? {
-        Error::Capacity(_) => (1009, "message too big"),
-        Error::Utf8(_) => (1007, "text that is not UTF-8"),
-        Error::Protocol(_) => (1002, "protocol error"),
-        _ => return None,
-    };
-    Some(CloseFrame {
-        code,
-        reason: Utf8Bytes::from_static(reason),
-    })
 }
