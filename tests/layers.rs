@@ -238,6 +238,25 @@ fn the_client_does_not_use_the_api() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// A file is read whole by the next developer: at most 700 lines. And `pump`'s files name
+/// what they use from their module (no `use super::*`), so a method's types are found by
+/// reading its file.
+#[test]
+fn files_stay_short_and_pump_imports_by_name() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for (module, file, text) in sources(&root.join("src")) {
+        let lines = text.lines().count();
+        if lines > 700 {
+            found.push(format!("{file}: {lines} lines (at most 700)"));
+        }
+        if module == "pump" && text.lines().any(|l| l.trim() == "use super::*;") {
+            found.push(format!("{file}: `use super::*;` in pump"));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
 /// No two files of one module use each other (`super::a` in `b.rs` and `super::b` in
 /// `a.rs`), nor any longer circle of sibling files; `mod.rs` (which declares them all) is
 /// not counted.

@@ -19,6 +19,7 @@
 //! fingerprint a listener is compared by, the settings that need a restart).
 
 mod check;
+mod check_sections;
 pub mod diff;
 pub mod layer;
 mod limits;
@@ -34,8 +35,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use check::valid_tenant;
-use check::{check_auth, check_external_callbacks, check_listeners, check_nats, variant_key};
-pub use check::{
+use check::{check_listeners, variant_key};
+use check_sections::{check_auth, check_external_callbacks, check_nats};
+pub use check_sections::{
     DEFAULT_EVENTS_MAX_AGE, DEFAULT_EVENTS_MAX_BYTES, DEFAULT_NATS_ACK_WAIT_MS,
     DEFAULT_NATS_DELIVER_TIMEOUT_MS, DEFAULT_NATS_MAX_DELIVER,
 };

@@ -30,6 +30,7 @@
 //! against the organism's schemas and written through `SchemaModel`; script reload (new pool
 //! beside the old, swapped on success).
 
+mod pool;
 mod sandbox;
 #[cfg(test)]
 mod tests;
@@ -37,8 +38,7 @@ mod tests;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use serde_json::{json, Value as Json};
@@ -50,8 +50,9 @@ use crate::schema::Schema;
 use crate::stats::Histogram;
 use crate::xml::PayloadType;
 
+use pool::{Job, Pool, Spec};
+use sandbox::LogLine;
 pub use sandbox::{check_syntax, json_shape, lua_shape, Cost, FailKind};
-use sandbox::{CallError, LogLine, Sandbox};
 
 pub use crate::config::LuaLimits;
 
@@ -146,186 +147,6 @@ pub struct LuaStats {
 impl LuaStats {
     pub fn errors(&self, kind: FailKind) -> u64 {
         self.errors[kind as usize].load(Ordering::Relaxed)
-    }
-}
-
-struct Job {
-    payload: Json,
-    meta: Json,
-    cancel: Arc<AtomicBool>,
-    /// Set by the caller when the watchdog gave up: the thread retires after this call.
-    abandoned: Arc<AtomicBool>,
-    /// Read the thread's CPU clock around the call ([`LuaHandler::measured`]).
-    clock: bool,
-    reply: tokio::sync::oneshot::Sender<Answer>,
-}
-
-/// A sandbox's answer to one call.
-struct Answer {
-    result: Result<Json, CallError>,
-    logs: Vec<LogLine>,
-    /// What the state holds after the call.
-    memory: usize,
-    cost: Cost,
-}
-
-/// The calls waiting for one pool's sandboxes. Every sandbox thread takes from it, and a call
-/// wakes one sleeping thread at most (a channel receiver shared behind a mutex woke two: the
-/// receiver, then the next thread waiting for the mutex).
-#[derive(Default)]
-struct Queue {
-    jobs: Mutex<Jobs>,
-    ready: Condvar,
-    /// Sandbox threads serving the queue.
-    serving: AtomicUsize,
-}
-
-#[derive(Default)]
-struct Jobs {
-    waiting: std::collections::VecDeque<Job>,
-    /// Set when the pool is replaced or dropped: threads finish what is queued, then end.
-    closed: bool,
-}
-
-impl Queue {
-    /// Queues a call; false (the call dropped) when no sandbox thread serves the pool.
-    fn push(&self, job: Job) -> bool {
-        if self.serving.load(Ordering::SeqCst) == 0 {
-            return false;
-        }
-        crate::sync::lock(&self.jobs).waiting.push_back(job);
-        self.ready.notify_one();
-        true
-    }
-
-    /// The next call, waiting for one; `None` once the pool is closed and drained.
-    fn take(&self) -> Option<Job> {
-        let mut jobs = crate::sync::lock(&self.jobs);
-        loop {
-            if let Some(job) = jobs.waiting.pop_front() {
-                return Some(job);
-            }
-            if jobs.closed {
-                return None;
-            }
-            jobs = self
-                .ready
-                .wait(jobs)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-    }
-
-    fn close(&self) {
-        crate::sync::lock(&self.jobs).closed = true;
-        self.ready.notify_all();
-    }
-}
-
-/// A set of sandboxes built from one version of the script.
-struct Pool {
-    queue: Arc<Queue>,
-    spec: Arc<Spec>,
-}
-
-impl Drop for Pool {
-    fn drop(&mut self) {
-        self.queue.close();
-    }
-}
-
-/// What a sandbox is built from.
-struct Spec {
-    name: String,
-    source: String,
-    config: Json,
-    limits: LuaLimits,
-}
-
-impl Pool {
-    /// Builds `n` sandboxes, each on its own thread; fails if any does not compile or `init`
-    /// fails.
-    fn start(spec: Spec, n: usize) -> Result<Pool, String> {
-        let spec = Arc::new(spec);
-        let pool = Pool {
-            queue: Arc::new(Queue::default()),
-            spec,
-        };
-        for _ in 0..n {
-            pool.spawn_sandbox()?;
-        }
-        Ok(pool)
-    }
-
-    /// One sandbox thread: builds its state, reports whether that worked, then serves jobs.
-    fn spawn_sandbox(&self) -> Result<(), String> {
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
-        let queue = self.queue.clone();
-        let spec = self.spec.clone();
-        std::thread::Builder::new()
-            .name(format!("lua-{}", spec.name))
-            .spawn(move || sandbox_thread(spec, queue, ready_tx))
-            .map_err(|e| format!("cannot start a sandbox thread: {e}"))?;
-        ready_rx
-            .recv()
-            .map_err(|_| "the sandbox thread ended before it was ready".to_string())?
-    }
-}
-
-fn sandbox_thread(spec: Arc<Spec>, queue: Arc<Queue>, ready: mpsc::Sender<Result<(), String>>) {
-    let build = || Sandbox::new(&spec.name, &spec.source, &spec.config, spec.limits);
-    let sandbox = match build() {
-        Ok(s) => s,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    /// Counts this thread as serving the queue until it ends, however it ends.
-    struct Serving<'q>(&'q Queue);
-    impl Drop for Serving<'_> {
-        fn drop(&mut self) {
-            self.0.serving.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-    queue.serving.fetch_add(1, Ordering::SeqCst);
-    let _serving = Serving(&queue);
-    let _ = ready.send(Ok(()));
-    serve(&spec, &queue, sandbox, build);
-}
-
-/// A sandbox thread's calls, until the pool closes, the thread is abandoned by the watchdog,
-/// or its sandbox cannot be rebuilt.
-fn serve(
-    spec: &Spec,
-    queue: &Queue,
-    mut sandbox: Sandbox,
-    build: impl Fn() -> Result<Sandbox, String>,
-) {
-    loop {
-        let Some(job) = queue.take() else {
-            return; // the pool was replaced or dropped
-        };
-        let (result, logs, cost) =
-            sandbox.call(&job.payload, &job.meta, job.cancel.clone(), job.clock);
-        let rebuild = matches!(&result, Err(e) if e.kind.rebuilds());
-        let _ = job.reply.send(Answer {
-            result,
-            logs,
-            memory: sandbox.used_memory(),
-            cost,
-        });
-        if job.abandoned.load(Ordering::Relaxed) {
-            return; // a replacement already runs
-        }
-        if rebuild {
-            match build() {
-                Ok(s) => sandbox = s,
-                Err(e) => {
-                    tracing::error!(listener = %spec.name, error = %e, "cannot rebuild a Lua sandbox");
-                    return;
-                }
-            }
-        }
     }
 }
 
@@ -602,7 +423,7 @@ impl LuaHandler {
             clock,
             reply,
         };
-        let sent = pool.queue.push(job);
+        let sent = pool.push(job);
         async move {
             let _cancel_on_drop = CancelOnDrop(cancel);
             if !sent {
@@ -664,7 +485,7 @@ impl Handler for LuaHandler {
     }
 
     fn script(&self) -> Option<String> {
-        Some(self.0.current().spec.source.clone())
+        Some(self.0.current().source().to_string())
     }
 
     fn carried_stats(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {

@@ -80,6 +80,7 @@
 pub mod agents;
 pub mod audit;
 mod coalesce;
+mod counts;
 pub mod keys;
 mod maintenance;
 mod open;
@@ -94,6 +95,7 @@ mod writes;
 pub use maintenance::{Maintenance, RETENTION_INTERVAL};
 
 use coalesce::*;
+use counts::*;
 use prune::*;
 use query::*;
 use writer::*;
