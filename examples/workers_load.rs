@@ -1,4 +1,4 @@
-//! Measures listeners placed on workers (BENCHMARKS.md "Workers"), against a real
+//! Measures listeners placed on workers (docs/benchmarks-log.md, "Workers"), against a real
 //! `nats-server -js` it starts on a loopback port and real `agentserver worker` processes
 //! (the release binary next to this example: `cargo build --release` first).
 //!

@@ -102,7 +102,7 @@ pub fn log_to_stderr() {
 /// Turns transparent huge pages off for this process (Linux; elsewhere it does nothing).
 /// With them on, memory the allocator gives back and takes again is faulted in 2 MiB at a
 /// time, each zeroed by the kernel: with 100 kB payloads that was about a third of a hop's
-/// CPU (BENCHMARKS.md, "The cost per byte"). The binary calls it first thing in `main`, as
+/// CPU (docs/benchmarks-log.md, "The cost per byte"). The binary calls it first thing in `main`, as
 /// do the load generator and the pump bench; the library never does (it is the process's
 /// choice).
 pub fn disable_transparent_huge_pages() -> bool {

@@ -24,7 +24,7 @@ use agentserver::Organism;
 
 /// mimalloc instead of the system allocator: the pump allocates per message (records, events,
 /// frames), and on 2 cores glibc's malloc cost about a fifth of chain throughput
-/// (BENCHMARKS.md, "allocator"). `main` routes libxml2's allocations to it too.
+/// (docs/benchmarks-log.md, "allocator"). `main` routes libxml2's allocations to it too.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
