@@ -1043,37 +1043,12 @@ function fillInjectTargets() {
   injectTypes();
 }
 
-/// The elements of `type` (an accepted root) as a tree, read with the browser's own XML
-/// parser: each with its name, its XSD type, whether it is optional or repeated, and its own
-/// elements when it has some (an inline or named complex type).
-function fieldsOf(xsd, type) {
-  const doc = new DOMParser().parseFromString(xsd, 'application/xml');
-  const XS = 'http://www.w3.org/2001/XMLSchema';
-  // A declaration's `type` without its namespace prefix (`xs:int` is `int`).
-  const typeOf = (e) => (e.getAttribute('type') || '').replace(/^.*:/, '');
-  const kids = (node, tag) => [...node.children].filter((c) => c.namespaceURI === XS && c.localName === tag);
-  const named = new Map(kids(doc.documentElement, 'complexType').map((t) => [t.getAttribute('name'), t]));
-  const top = kids(doc.documentElement, 'element').find((e) => e.getAttribute('name') === type);
-  // The element declarations of a complex type, through its sequence, all or choice.
-  const elementsOf = (complex, depth) => {
-    if (!complex || depth > 8) return [];
-    const groups = ['sequence', 'all', 'choice'].flatMap((g) => kids(complex, g));
-    return groups.flatMap((g) => kids(g, 'element')).map((e) => field(e, depth + 1));
-  };
-  const field = (e, depth) => {
-    const t = typeOf(e);
-    const inline = kids(e, 'complexType')[0];
-    const complex = inline || named.get(t);
-    return {
-      name: e.getAttribute('name') || e.getAttribute('ref') || '?',
-      type: t || 'string',
-      optional: e.getAttribute('minOccurs') === '0',
-      repeated: (e.getAttribute('maxOccurs') || '1') !== '1',
-      children: complex ? elementsOf(complex, depth) : null,
-    };
-  };
-  if (!top) return [];
-  return elementsOf(kids(top, 'complexType')[0] || named.get(typeOf(top)), 0);
+/// The elements of `type` (one `name` accepts) as a tree, in schema order, as the server
+/// reads its schema (`GET /agents/{name}/fields`): each with its name, its XSD type, its
+/// JSON kind, whether it is optional or repeated, and its own elements when it has some.
+async function fieldsOf(name, type) {
+  const r = await api('GET', `/agents/${encodeURIComponent(name)}/fields?type=${encodeURIComponent(type)}`);
+  return r.fields;
 }
 
 /// One form control per leaf element (its path in `data-path`), a fieldset per element
@@ -1088,8 +1063,8 @@ function fieldControls(fields, prefix) {
     }
     const input = el('input', {
       name: path, 'data-path': path, 'data-repeated': f.repeated ? '1' : undefined,
-      type: /int|long|short|decimal|double|float/.test(f.type) ? 'number' : 'text',
-      step: /decimal|double|float/.test(f.type) ? 'any' : undefined,
+      type: f.kind === 'number' ? 'number' : 'text',
+      step: f.kind === 'number' && /decimal|double|float/.test(f.type) ? 'any' : undefined,
       required: !f.optional && !f.repeated,
       placeholder: f.repeated ? 'values separated by commas' : f.type,
     });
@@ -1112,11 +1087,11 @@ async function injectFields() {
   const box = $('inject-fields');
   box.replaceChildren(el('legend', {}, 'Fields'));
   const name = $('inject-to').value;
-  const type = local($('inject-type').value);
+  const type = $('inject-type').value;
   if (!name || !type) return;
-  let xsd = '';
-  try { xsd = await schemaOf(name); } catch (_) { return; }
-  if (current()) box.append(...fieldControls(fieldsOf(xsd, type), ''));
+  let fields = [];
+  try { fields = await fieldsOf(name, type); } catch (_) { return; }
+  if (current()) box.append(...fieldControls(fields, ''));
 }
 $('inject-to').addEventListener('change', injectTypes);
 $('inject-type').addEventListener('change', injectFields);

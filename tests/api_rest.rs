@@ -98,6 +98,20 @@ async fn organism_agents_and_schema_endpoints_have_their_shapes() {
     assert!(r.text().await.unwrap().contains("xs:schema"));
     let (st, _) = s.get("/api/v1/agents/a/schema?type=Nope").await;
     assert_eq!(st, 404);
+    // The same payload type's fields, as a form shows them (a text payload has none; the
+    // dashboard's inject form test walks nested, optional and repeated ones).
+    let (st, f) = s.get("/api/v1/agents/a/fields?type=Note").await;
+    assert_eq!((st, &f), (200, &json!({"type": "Note", "fields": []})));
+    let (st, e) = s.get("/api/v1/agents/a/fields?type=Nope").await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (404, Some("unknown_payload_type"))
+    );
+    let (st, e) = s.get("/api/v1/agents/nobody/fields").await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (404, Some("unknown_listener"))
+    );
 
     let (st, h) = s.get("/healthz").await;
     assert_eq!((st, h["status"].as_str()), (200, Some("ok")));
@@ -666,6 +680,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/agents/{name}", "get"),
         ("/api/v1/agents/{name}/config", "get"),
         ("/api/v1/agents/{name}/schema", "get"),
+        ("/api/v1/agents/{name}/fields", "get"),
         ("/api/v1/threads", "get"),
         ("/api/v1/threads/{id}", "get"),
         ("/api/v1/threads/{id}/messages", "get"),

@@ -211,6 +211,7 @@ async fn every_answer_and_frame_of_a_typed_thread_keeps_its_shape() {
         "/api/v1/agents/a".to_string(),
         "/api/v1/agents/a/config".to_string(),
         "/api/v1/agents/a/schema".to_string(),
+        "/api/v1/agents/a/fields".to_string(),
         "/api/v1/threads".to_string(),
         format!("/api/v1/threads/{thread}"),
         format!("/api/v1/threads/{thread}/messages"),

@@ -49,6 +49,7 @@ mod metrics;
 mod mirror;
 mod rest;
 mod sanitize;
+mod schema;
 mod test_vectors;
 pub mod view;
 mod whole;
@@ -302,7 +303,8 @@ fn router(
         .routes(routes!(rest::list_agents))
         .routes(routes!(rest::get_agent))
         .routes(routes!(rest::get_agent_config))
-        .routes(routes!(rest::get_agent_schema))
+        .routes(routes!(schema::get_agent_schema))
+        .routes(routes!(schema::get_agent_fields))
         .routes(routes!(rest::list_threads))
         .routes(routes!(rest::get_thread))
         .routes(routes!(rest::thread_messages))

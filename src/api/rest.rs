@@ -164,16 +164,6 @@ fn fitting(messages: &[MessageRecord]) -> usize {
     messages.len()
 }
 
-/// `/agents/{name}/schema` options.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct SchemaQuery {
-    /// Which accepted payload type's schema (default: the first).
-    #[serde(rename = "type")]
-    pub payload_type: Option<String>,
-}
-
 /// `/healthz` and `/readyz` answer.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Health {
@@ -258,40 +248,6 @@ pub async fn get_agent_config(
                 format!("no config section for `{name}`"),
             )
         })
-}
-
-#[utoipa::path(get, path = "/api/v1/agents/{name}/schema", tag = "agents",
-    params(("name" = String, Path, description = "Listener name"), SchemaQuery),
-    responses((status = 200, description = "The XSD that validates the listener's payloads", content_type = "application/xml", body = String),
-              (status = 404, description = "No such listener or payload type", body = ErrorResponse)))]
-pub async fn get_agent_schema(
-    State(s): State<ApiState>,
-    VisibleAgent(name): VisibleAgent,
-    Params(q): Params<SchemaQuery>,
-) -> ApiResult<Response> {
-    let config = s.inner.organism.config();
-    let listener = config.listener(&name).ok_or_else(|| {
-        ApiError::not_found("unknown_listener", format!("no listener named `{name}`"))
-    })?;
-    let found = match &q.payload_type {
-        None => listener.accepts.first(),
-        Some(w) => listener
-            .accepts
-            .iter()
-            .find(|(t, _)| crate::config::names_type(t, w)),
-    };
-    let (_, schema) = found.ok_or_else(|| {
-        ApiError::not_found(
-            "unknown_payload_type",
-            format!("`{name}` accepts no such payload type"),
-        )
-        .at("type")
-    })?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/xml; charset=utf-8")],
-        schema.xsd().to_string(),
-    )
-        .into_response())
 }
 
 #[utoipa::path(get, path = "/api/v1/threads", tag = "threads", params(ThreadQuery),

@@ -39,7 +39,7 @@ mod dsl;
 mod model;
 mod parse;
 pub use dsl::fields_to_xsd;
-pub use model::{Leaf, MapError, SchemaModel};
+pub use model::{Field, Leaf, MapError, SchemaModel, MAX_FIELDS, MAX_FIELD_DEPTH};
 
 static NEXT_SCHEMA_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -216,6 +216,15 @@ impl Schema {
             model.type_json(&root, &mut value);
         }
         value
+    }
+
+    /// The fields of the payload type `local_name` of this schema, as a tree (empty when
+    /// the schema is not one the model reads).
+    pub fn fields(&self, local_name: &str) -> Vec<Field> {
+        self.model
+            .as_ref()
+            .and_then(|m| m.fields(local_name))
+            .unwrap_or_default()
     }
 
     /// Writes a JSON payload as XML for the payload type `local_name` of this schema, children

@@ -117,6 +117,7 @@ pub const TABLE: &[Rule] = &[
     route(GET, "/api/v1/agents/{name}", VIEWER, false),
     route(GET, "/api/v1/agents/{name}/config", VIEWER, false),
     route(GET, "/api/v1/agents/{name}/schema", VIEWER, false),
+    route(GET, "/api/v1/agents/{name}/fields", VIEWER, false),
     route(GET, "/api/v1/agents/{name}/scripts", VIEWER, false),
     route(
         GET,

@@ -19,7 +19,10 @@ use quick_xml::events::Event;
 use quick_xml::Reader;
 use serde_json::Value;
 
+mod fields;
 mod write;
+
+pub use fields::{Field, MAX_FIELDS, MAX_FIELD_DEPTH};
 
 const XSD_NS: &str = "http://www.w3.org/2001/XMLSchema";
 /// Deep enough for any real schema; stops recursive types from looping.
