@@ -5,7 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::events::{Event, EventKind, EVENT_NAMES};
-use crate::threads::{glob_match, payload_type_matches};
+use crate::threads::glob_match;
+use crate::xml::type_named;
 
 /// The range of `coalesce_ms`: at least a frame of a 100 Hz display, at most a minute.
 pub const COALESCE_MS: (u64, u64) = (10, 60_000);
@@ -216,11 +217,7 @@ impl Filter {
     }
 
     fn type_ok(&self, payload_type: Option<&str>) -> bool {
-        payload_type.is_some_and(|t| {
-            self.payload_types
-                .iter()
-                .any(|w| payload_type_matches(t, w))
-        })
+        payload_type.is_some_and(|t| self.payload_types.iter().any(|w| type_named(t, w)))
     }
 
     /// For `/ws/messages`: messages, and the status changes of messages, that match.

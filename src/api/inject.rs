@@ -112,7 +112,7 @@ pub fn inject(
         (None, Some(xml)) => {
             if let Some(wanted) = &body.payload_type {
                 let root = root_local_name(&xml);
-                let local = wanted.rsplit_once('}').map_or(wanted.as_str(), |(_, l)| l);
+                let local = crate::xml::local_of(wanted);
                 if root.as_deref().is_some_and(|r| r != local) {
                     return Err(ApiError::new(
                         StatusCode::UNPROCESSABLE_ENTITY,

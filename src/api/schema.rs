@@ -58,10 +58,7 @@ fn accepted<'c>(
     })?;
     let found = match wanted {
         None => listener.accepts.first(),
-        Some(w) => listener
-            .accepts
-            .iter()
-            .find(|(t, _)| crate::config::names_type(t, w)),
+        Some(w) => listener.accepts.iter().find(|(t, _)| t.is_named(w)),
     };
     found.ok_or_else(|| {
         ApiError::not_found(

@@ -185,7 +185,7 @@ fn judge_output(expect: Option<&Expect>, i: usize, got: &CaseOutput) -> Vec<Stri
         let matches = got
             .payload_type
             .as_deref()
-            .is_some_and(|g| g == t || g.rsplit_once('}').map_or(g, |(_, l)| l) == t);
+            .is_some_and(|g| crate::xml::type_named(g, t));
         if !matches {
             mismatches.push(format!(
                 "outputs[{i}].type: expected `{t}`, got {:?}",

@@ -235,7 +235,7 @@ pub fn tail_line(frame: &Value) -> Option<String> {
     let time = s("timestamp").get(11..23).unwrap_or("");
     let to = frame.get("to").and_then(Value::as_str).unwrap_or("(none)");
     let ty = s("payload_type");
-    let ty = ty.rsplit_once('}').map_or(ty, |(_, l)| l);
+    let ty = crate::xml::local_of(ty);
     let mut line = format!(
         "{time} {thread} #{slot:<3} {from} -> {to} {ty} [{status}]",
         thread = s("thread_id"),

@@ -384,10 +384,7 @@ fn check_schema(
                 }
                 continue;
             }
-            let t = PayloadType::parse(w);
-            let found = accepts
-                .iter()
-                .find(|(a, _)| *a == t || (t.namespace().is_none() && a.local_name() == w));
+            let found = accepts.iter().find(|(a, _)| a.is_named(w));
             match found {
                 Some(entry) => narrowed.push(entry.clone()),
                 // A schema that did not load was reported once; its types are not.

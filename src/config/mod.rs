@@ -44,7 +44,7 @@ pub use check_sections::{
 use limits::check_limits;
 pub use limits::Limits;
 pub use model::{
-    choose_type, display_url, json_payload, names_type, AuthConfig, AuthMethod, ExternalConfig,
+    choose_type, display_url, json_payload, AuthConfig, AuthMethod, ExternalConfig,
     JsonPayloadError, JwtConfig, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin,
     LuaLimits, NatsConfig, NoType, OrganismConfig, Placement, Retention, Scheduling, TenantQuotas,
     Tenants, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,

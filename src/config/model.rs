@@ -342,11 +342,6 @@ impl ListenerConfig {
     }
 }
 
-/// Whether `wanted` names `t`: by its full name (`{ns}Local`) or by its local name.
-pub fn names_type(t: &PayloadType, wanted: &str) -> bool {
-    t.to_string() == wanted || t.local_name() == wanted
-}
-
 /// Why [`choose_type`] found no type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoType {
@@ -358,7 +353,7 @@ pub enum NoType {
 }
 
 /// The one rule for which of a listener's accepted types a sender means (the API's inject,
-/// a Lua output, the schema lookup): the type `wanted` names ([`names_type`]); with no name,
+/// a Lua output, the schema lookup): the type `wanted` names ([`PayloadType::is_named`]); with no name,
 /// the one accepted type other than `huh`.
 pub fn choose_type<'a>(
     accepts: &'a [(PayloadType, Arc<Schema>)],
@@ -367,7 +362,7 @@ pub fn choose_type<'a>(
     match wanted {
         Some(w) => accepts
             .iter()
-            .find(|(t, _)| names_type(t, w))
+            .find(|(t, _)| t.is_named(w))
             .ok_or(NoType::NotAccepted),
         None => {
             let huh = PayloadType::huh();

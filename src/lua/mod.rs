@@ -43,7 +43,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value as Json};
 
-use crate::config::{choose_type, names_type, ListenerConfig, NoType, OrganismConfig};
+use crate::config::{choose_type, ListenerConfig, NoType, OrganismConfig};
 use crate::events::{EventHub, EventKind};
 use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, Output};
 use crate::schema::Schema;
@@ -125,7 +125,7 @@ impl Targets {
         }
         let w = ty.ok_or("an output without a listener `to` needs a payload `type`")?;
         for accepts in self.listeners.values() {
-            if let Some((t, s)) = accepts.iter().find(|(t, _)| names_type(t, w)) {
+            if let Some((t, s)) = accepts.iter().find(|(t, _)| t.is_named(w)) {
                 return Ok((t.local_name().to_string(), Some(s.clone())));
             }
         }

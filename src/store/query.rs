@@ -101,9 +101,8 @@ impl Rows {
                 .prepare_cached("SELECT id, name FROM names")?
                 .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
                 .filter(|row| {
-                    row.as_ref().map_or(true, |(_, name)| {
-                        crate::threads::payload_type_matches(name, p)
-                    })
+                    row.as_ref()
+                        .map_or(true, |(_, name)| crate::xml::type_named(name, p))
                 })
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             if matched.is_empty() {

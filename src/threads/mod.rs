@@ -17,9 +17,7 @@ use crate::time::Timestamp;
 
 mod query;
 mod record;
-pub use query::{
-    glob_match, payload_type_matches, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE,
-};
+pub use query::{glob_match, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 
 pub use record::{
     valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Quota, StatusChange,

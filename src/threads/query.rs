@@ -103,14 +103,6 @@ pub fn glob_match(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|c| *c == '*')
 }
 
-/// Does a stored payload type (`{ns}Local` or `Local`) match what a client asked for?
-pub fn payload_type_matches(stored: &str, wanted: &str) -> bool {
-    stored == wanted
-        || stored
-            .rsplit_once('}')
-            .is_some_and(|(_, local)| local == wanted)
-}
-
 impl MessageFilter {
     pub fn matches(&self, m: &MessageRecord) -> bool {
         self.agent
@@ -120,7 +112,7 @@ impl MessageFilter {
             && self.payload_type.as_deref().is_none_or(|p| {
                 m.payload_type
                     .as_deref()
-                    .is_some_and(|s| payload_type_matches(s, p))
+                    .is_some_and(|s| crate::xml::type_named(s, p))
             })
             && self.status.is_none_or(|s| m.status == s)
             && self.since.is_none_or(|s| m.timestamp >= s)

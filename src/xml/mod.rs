@@ -68,6 +68,19 @@ pub struct PayloadType {
     local: Arc<str>,
 }
 
+/// The local name of a payload type's display form (`Local` or `{namespace}Local`).
+pub fn local_of(written: &str) -> &str {
+    written.rsplit_once('}').map_or(written, |(_, local)| local)
+}
+
+/// The one rule for whether a name a client gives (`wanted`: `Local` or `{namespace}Local`)
+/// names the type displayed as `written`: the whole display form, or its local name. Every
+/// lookup and filter by payload type (inject, the schema and fields routes, Lua outputs,
+/// `/messages?payload_type=`, stream filters, test vectors, `accepts:`) follows it.
+pub fn type_named(written: &str, wanted: &str) -> bool {
+    written == wanted || local_of(written) == wanted
+}
+
 impl PayloadType {
     pub fn new(ns: Option<&str>, local: &str) -> Self {
         PayloadType {
@@ -106,6 +119,12 @@ impl PayloadType {
 
     pub fn local_name(&self) -> &str {
         &self.local
+    }
+
+    /// Whether `wanted` names this type: its display form (`{namespace}Local`) or its local
+    /// name ([`type_named`] on the display form, without writing it).
+    pub fn is_named(&self, wanted: &str) -> bool {
+        self.is_written_as(wanted) || *self.local == *wanted
     }
 
     /// The system `huh` type that carries error notices back to a sending listener.
@@ -202,6 +221,26 @@ pub fn escape_text(s: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One rule, on a type and on its display form alike: the whole name or the local one.
+    #[test]
+    fn a_type_is_named_by_its_whole_name_or_its_local_one() {
+        let t = PayloadType::parse("{urn:x}Order");
+        for (wanted, named) in [
+            ("{urn:x}Order", true),
+            ("Order", true),
+            ("{urn:y}Order", false),
+            ("order", false),
+            ("{urn:x}", false),
+        ] {
+            assert_eq!(t.is_named(wanted), named, "{wanted}");
+            assert_eq!(type_named("{urn:x}Order", wanted), named, "{wanted}");
+        }
+        assert!(PayloadType::parse("Note").is_named("Note"));
+        assert!(!PayloadType::parse("Note").is_named("{urn:x}Note"));
+        assert_eq!(local_of("{urn:x}Order"), "Order");
+        assert_eq!(local_of("Note"), "Note");
+    }
 
     #[test]
     fn payload_type_display_round_trips() {
