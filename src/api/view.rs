@@ -161,10 +161,7 @@ impl<'a> Message<'a> {
             from: &m.from,
             to: m.to.as_deref(),
             payload_type: m.payload_type.as_deref(),
-            payload: match schema {
-                Some(schema) => schema.payload_to_json(&m.payload_xml),
-                None => crate::xml::xml_to_json(&m.payload_xml),
-            },
+            payload: crate::schema::payload_json(schema.map(|s| &**s), &m.payload_xml),
             payload_xml: &m.payload_xml,
             timestamp: m.timestamp.into(),
             parent_id: m.parent_id.as_deref(),

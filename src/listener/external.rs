@@ -65,10 +65,12 @@ impl Handler for ExternalHandler {
         let agent = self.listener.name.as_str();
         let thread = &*delivery.meta.thread_id;
         let callback_url = self.callbacks.get().map(|url| url(agent, thread));
-        let payload = match self.listener.schema_for(delivery.payload.payload_type()) {
-            Some(schema) => schema.payload_to_json(delivery.payload.xml()),
-            None => delivery.payload.to_json(),
-        };
+        let payload = crate::schema::payload_json(
+            self.listener
+                .schema_for(delivery.payload.payload_type())
+                .map(|s| &**s),
+            delivery.payload.xml(),
+        );
         let body = json!({
             "thread_id": thread,
             "message_id": &*delivery.meta.message_id,

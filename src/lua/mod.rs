@@ -392,15 +392,13 @@ impl LuaHandler {
     ) -> impl std::future::Future<Output = (crate::listener::HandlerResult, Option<Cost>)> + Send + 'static
     {
         // The JSON view, typed by the schema that validated the payload.
-        let payload = match self
+        let schema = self
             .0
             .accepts
             .iter()
             .find(|(t, _)| t == delivery.payload.payload_type())
-        {
-            Some((_, schema)) => schema.payload_to_json(delivery.payload.xml()),
-            None => delivery.payload.to_json(),
-        };
+            .map(|(_, s)| &**s);
+        let payload = crate::schema::payload_json(schema, delivery.payload.xml());
         let meta = json!({
             "thread_id": &*delivery.meta.thread_id,
             "message_id": &*delivery.meta.message_id,

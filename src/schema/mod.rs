@@ -84,6 +84,16 @@ fn sweep(contexts: &mut crate::hash::SeededMap<u64, SchemaValidationContext>) {
     SWEPT.with(|s| s.set(generation));
 }
 
+/// The one way a payload is shown as JSON (the API's messages, a Lua handler's and an
+/// external agent's input, a test vector's outputs): typed by the schema its receiver
+/// accepts it with, or with every leaf a string when there is none.
+pub fn payload_json(schema: Option<&Schema>, xml: &str) -> serde_json::Value {
+    match schema {
+        Some(schema) => schema.payload_to_json(xml),
+        None => crate::xml::xml_to_json(xml),
+    }
+}
+
 /// Validation contexts cached on this thread (tests: retired ones are freed).
 #[doc(hidden)]
 pub fn cached_contexts() -> usize {
@@ -209,7 +219,8 @@ impl Schema {
         &self.xsd
     }
 
-    /// The JSON view of a payload of this schema, leaves typed as the schema declares.
+    /// The JSON view of a payload of this schema, leaves typed as the schema declares
+    /// (see [`payload_json`] for a payload whose receiver may have none).
     pub fn payload_to_json(&self, xml: &str) -> serde_json::Value {
         let mut value = crate::xml::xml_to_json(xml);
         if let (Some(model), Some(root)) = (&self.model, crate::xml::root_local_name(xml)) {

@@ -237,7 +237,8 @@ impl Tester {
         };
         let ty = normalized.payload_type.clone();
         out.payload_type = Some(ty.to_string());
-        out.payload = crate::xml::xml_to_json(&out.payload_xml);
+        // Untyped until a receiver's schema types it, as the API would show it.
+        out.payload = crate::schema::payload_json(None, &out.payload_xml);
         let receivers =
             match self
                 .organism
@@ -254,7 +255,7 @@ impl Tester {
             let Some(schema) = self.config.listener(r).and_then(|l| l.schema_for(&ty)) else {
                 continue; // a reply to the sender ends there
             };
-            out.payload = schema.payload_to_json(&out.payload_xml);
+            out.payload = crate::schema::payload_json(Some(schema), &out.payload_xml);
             if let Err(e) = schema.validate(normalized.clone()) {
                 out.error = Some(format!("`{r}` would refuse it: {e}"));
                 break;
