@@ -54,7 +54,7 @@ async fn run_batch(o: &Organism) {
         receipts.push(receipt);
     }
     for r in receipts {
-        o.wait_thread(&r.thread_id).await;
+        o.history().wait_thread(&r.thread_id).await;
     }
 }
 

@@ -117,7 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         thread_id: None,
                     };
                     if let Ok(r) = o.inject(req) {
-                        o.wait_thread(&r.thread_id).await;
+                        o.history().wait_thread(&r.thread_id).await;
                     }
                     n += 1;
                 }

@@ -55,11 +55,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let status = tokio::time::timeout(
         Duration::from_secs(5),
-        organism.wait_thread(&receipt.thread_id),
+        organism.history().wait_thread(&receipt.thread_id),
     )
     .await?;
     println!("thread {} ended {:?}", receipt.thread_id, status);
     for m in organism
+        .history()
         .thread_messages(&receipt.thread_id)
         .unwrap_or_default()
     {

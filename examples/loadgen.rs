@@ -217,7 +217,7 @@ async fn drive(
             }
         };
         in_flight.spawn(async move {
-            o.wait_thread(&receipt.thread_id).await;
+            o.history().wait_thread(&receipt.thread_id).await;
             sent.elapsed()
         });
     }
@@ -226,7 +226,7 @@ async fn drive(
     }
     // The rate is what the organism sustains: with a store, until the writer has committed
     // everything (its queue can hold a backlog the pump has run ahead of).
-    if let Some(store) = organism.store() {
+    if let Some(store) = organism.history().store() {
         let deadline = Instant::now() + Duration::from_secs(60);
         while store.queued() > 0 {
             if Instant::now() > deadline {
@@ -541,7 +541,7 @@ impl RestTarget {
             .as_str()
             .unwrap_or_default()
             .to_string();
-        self.organism.wait_thread(&thread).await;
+        self.organism.history().wait_thread(&thread).await;
         Ok((accepted, started.elapsed()))
     }
 
@@ -779,6 +779,7 @@ async fn tenants(round_s: f64) -> Result<serde_json::Value, Box<dyn std::error::
             }
             let receipt: serde_json::Value = r.json().await?;
             organism
+                .history()
                 .wait_thread(receipt["thread_id"].as_str().unwrap_or_default())
                 .await;
             measured[m].push(t0.elapsed());
@@ -897,7 +898,7 @@ async fn rss(millions: u64) -> Result<serde_json::Value, Box<dyn std::error::Err
             mib(median),
             mib(max),
             started.elapsed().as_secs_f64(),
-            organism.pruned_messages()
+            organism.history().pruned_messages()
         );
         samples.push(kib);
         medians.push(median);
@@ -906,7 +907,7 @@ async fn rss(millions: u64) -> Result<serde_json::Value, Box<dyn std::error::Err
     sampler.abort();
     let total = organism.info().total_messages;
     let rate = total as f64 / started.elapsed().as_secs_f64();
-    let pruned = organism.pruned_messages();
+    let pruned = organism.history().pruned_messages();
     organism.stop().await;
     let growth = |v: &[u64]| {
         let (first, last) = (v[0] as f64, v[v.len() - 1] as f64);

@@ -165,7 +165,7 @@ async fn one(o: &Organism, to: &str, i: u64) -> Result<Duration, BoxError> {
         payload_xml: format!("<Note>n{i}</Note>"),
         thread_id: None,
     })?;
-    o.wait_thread(&r.thread_id).await;
+    o.history().wait_thread(&r.thread_id).await;
     Ok(started.elapsed())
 }
 

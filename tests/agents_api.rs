@@ -194,7 +194,7 @@ async fn upload_deploy_and_roll_back_under_load_lose_and_duplicate_nothing() {
                 n += 1;
                 if n >= 16 {
                     let oldest = threads.lock().unwrap()[n - 16].clone();
-                    o.wait_thread(&oldest).await;
+                    o.history().wait_thread(&oldest).await;
                 }
             }
         })

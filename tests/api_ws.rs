@@ -161,7 +161,7 @@ async fn commands_are_answered_with_their_request_id() {
     assert!(ack["message_id"].as_str().is_some());
     settle(&s.organism, &thread).await;
     assert_eq!(
-        s.organism.thread_messages(&thread).unwrap()[0]
+        s.organism.history().thread_messages(&thread).unwrap()[0]
             .from
             .as_ref(),
         "ws"
@@ -346,6 +346,7 @@ async fn reconnecting_with_since_loses_nothing() {
         settle(&s.organism, &t).await;
         missed.extend(
             s.organism
+                .history()
                 .thread_messages(&t)
                 .unwrap()
                 .into_iter()

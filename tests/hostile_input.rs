@@ -234,14 +234,17 @@ async fn large_payloads_are_held_in_memory_within_max_retained_bytes() {
     let held: Vec<_> = o.threads().list();
     let held_bytes: usize = held
         .iter()
-        .filter_map(|t| o.thread_messages(&t.id))
+        .filter_map(|t| o.history().thread_messages(&t.id))
         .flatten()
         .map(|m| m.weight())
         .sum();
     let thread_weight = 3 * (100_000 + 256 + 20);
     assert!(held.len() < 60, "{} threads held", held.len());
     assert!(held_bytes <= 6_291_456 + 16 * thread_weight, "{held_bytes}");
-    assert!(o.thread_messages(threads.last().unwrap()).is_some());
+    assert!(o
+        .history()
+        .thread_messages(threads.last().unwrap())
+        .is_some());
     assert!(
         o.events().retained_bytes() <= 2_097_152,
         "{}",

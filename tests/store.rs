@@ -63,10 +63,11 @@ fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing(
         // One thread still active when the process ends.
         let stuck = held_at_b(&o, "stuck").await;
         let last = o.events().last_seq();
-        o.store().unwrap().flush(last);
+        o.history().store().unwrap().flush(last);
         // The store's row of a thread still active counts its messages and their time,
         // though no status change has been written since it was created.
         let second = o
+            .history()
             .query_messages(
                 &MessageFilter {
                     thread: Some(stuck.thread_id.clone()),
@@ -82,7 +83,7 @@ fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing(
             since: Some(second),
             ..Default::default()
         };
-        let listed = o.query_threads(&active, Page::default()).unwrap();
+        let listed = o.history().query_threads(&active, Page::default()).unwrap();
         assert_eq!(listed.total, 1, "active since its second message");
         assert_eq!(listed.items[0].message_count, 2);
         assert!(listed.items[0].last_activity >= second);
@@ -112,6 +113,7 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
         "seq continues past the old run"
     );
     let all = o
+        .history()
         .query_messages(&MessageFilter::default(), Page::default())
         .unwrap();
     assert_eq!(
@@ -123,13 +125,25 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
         agent: Some("b".into()),
         ..Default::default()
     };
-    assert_eq!(o.query_messages(&b, Page::default()).unwrap().total, 11);
+    assert_eq!(
+        o.history()
+            .query_messages(&b, Page::default())
+            .unwrap()
+            .total,
+        11
+    );
     let done = ThreadFilter {
         status: Some(ThreadStatus::Completed),
         ..Default::default()
     };
-    assert_eq!(o.query_threads(&done, Page::default()).unwrap().total, 5);
-    let stuck = o.thread_info(&threads[5]).unwrap().unwrap();
+    assert_eq!(
+        o.history()
+            .query_threads(&done, Page::default())
+            .unwrap()
+            .total,
+        5
+    );
+    let stuck = o.history().thread_info(&threads[5]).unwrap().unwrap();
     assert_eq!(
         (stuck.status, stuck.error.as_deref(), stuck.message_count),
         (ThreadStatus::Error, Some("interrupted"), 2)
@@ -155,10 +169,14 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
         ..Default::default()
     };
     assert_eq!(
-        o.query_messages(&pending, Page::default()).unwrap().total,
+        o.history()
+            .query_messages(&pending, Page::default())
+            .unwrap()
+            .total,
         0
     );
     let queued = &o
+        .history()
         .query_messages(
             &MessageFilter {
                 thread: Some(threads[5].clone()),
@@ -179,12 +197,12 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
     // A thread from before the restart continues where it ended.
     let more = inject(&o, "a", "<Note>again</Note>", Some(&threads[0]));
     settle(&o, &more.thread_id).await;
-    o.store().unwrap().flush(o.events().last_seq());
+    o.history().store().unwrap().flush(o.events().last_seq());
     let t0 = MessageFilter {
         thread: Some(threads[0].clone()),
         ..Default::default()
     };
-    let log = o.query_messages(&t0, Page::default()).unwrap();
+    let log = o.history().query_messages(&t0, Page::default()).unwrap();
     assert_eq!(log.total, 6);
     let slots: Vec<u64> = log.items.iter().map(|m| m.slot_index).collect();
     assert_eq!(slots, vec![0, 1, 2, 3, 4, 5]);
@@ -194,6 +212,7 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
     let third = inject(&o, "a", "<Note>third</Note>", Some(&threads[0]));
     settle(&o, &third.thread_id).await;
     let page = o
+        .history()
         .thread_page(&threads[0], Page::default())
         .unwrap()
         .unwrap();
@@ -201,6 +220,7 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
     assert_eq!(slots, (0..9).collect::<Vec<u64>>());
     assert_eq!(page.total, 9);
     let second = o
+        .history()
         .thread_page(&threads[0], Page::new(Some(2), Some(5)))
         .unwrap()
         .unwrap();
@@ -215,20 +235,27 @@ async fn a_thread_is_found_the_moment_its_inject_is_answered() {
     o.pause_listener("b").unwrap();
     let t = inject(&o, "a", "<Note>now</Note>", None);
     // At once: the store's writer gathers for 20 ms before it commits anything.
-    let info = o.thread_info(&t.thread_id).unwrap().expect("found at once");
+    let info = o
+        .history()
+        .thread_info(&t.thread_id)
+        .unwrap()
+        .expect("found at once");
     assert_eq!(info.status, ThreadStatus::Active);
     let page = o
+        .history()
         .thread_page(&t.thread_id, Page::default())
         .unwrap()
         .expect("its messages at once");
     assert_eq!(&*page.items[0].id, t.message_id.as_str());
     assert!(o
+        .history()
         .thread_page("no-such-thread", Page::default())
         .unwrap()
         .is_none());
-    assert!(o.thread_info("no-such-thread").unwrap().is_none());
+    assert!(o.history().thread_info("no-such-thread").unwrap().is_none());
     // Lists too: they read once the store has what was published before them.
     let listed = o
+        .history()
         .query_threads(&ThreadFilter::default(), Page::default())
         .unwrap();
     assert!(
@@ -240,7 +267,10 @@ async fn a_thread_is_found_the_moment_its_inject_is_answered() {
         thread: Some(t.thread_id.clone()),
         ..Default::default()
     };
-    let messages = o.query_messages(&filter, Page::default()).unwrap();
+    let messages = o
+        .history()
+        .query_messages(&filter, Page::default())
+        .unwrap();
     assert_eq!(messages.total, 1);
 }
 
@@ -262,6 +292,7 @@ async fn page_totals_are_exact_while_writes_go_on() {
     while !writer.is_finished() {
         for offset in [0, 7, 100] {
             let page = o
+                .history()
                 .query_messages(&MessageFilter::default(), Page::new(Some(25), Some(offset)))
                 .unwrap();
             let expected = (page.total as usize).saturating_sub(offset).min(25);
@@ -293,9 +324,13 @@ async fn retention_prunes_the_oldest_threads_and_counts_it() {
         settle(&o, &t.thread_id).await;
         threads.push(t.thread_id);
     }
-    o.store().unwrap().flush(o.events().last_seq());
-    wait_until_async("9 messages pruned", || async { o.pruned_messages() >= 9 }).await;
+    o.history().store().unwrap().flush(o.events().last_seq());
+    wait_until_async("9 messages pruned", || async {
+        o.history().pruned_messages() >= 9
+    })
+    .await;
     let left = o
+        .history()
         .query_threads(&ThreadFilter::default(), Page::default())
         .unwrap();
     let ids: Vec<&str> = left.items.iter().map(|t| t.id.as_str()).collect();
@@ -312,8 +347,12 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     let path = write_organism(dir.path(), "log.db", "");
     let o = Organism::builder().load(&path).unwrap();
     let threads = completed_threads(&o, 5).await;
-    o.store().unwrap().flush(o.events().last_seq());
-    assert_eq!(o.pruned_messages(), 0, "no retention, nothing pruned");
+    o.history().store().unwrap().flush(o.events().last_seq());
+    assert_eq!(
+        o.history().pruned_messages(),
+        0,
+        "no retention, nothing pruned"
+    );
     let retain = |max: u64| {
         write_organism(
             dir.path(),
@@ -324,9 +363,13 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     };
     // Added by a reload: the organism started without it.
     retain(6);
-    wait_until_async("9 messages pruned", || async { o.pruned_messages() >= 9 }).await;
+    wait_until_async("9 messages pruned", || async {
+        o.history().pruned_messages() >= 9
+    })
+    .await;
     let ids = |o: &Organism| {
-        o.query_threads(&ThreadFilter::default(), Page::default())
+        o.history()
+            .query_threads(&ThreadFilter::default(), Page::default())
             .unwrap()
             .items
             .into_iter()
@@ -336,9 +379,16 @@ async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     assert_eq!(ids(&o), vec![threads[4].clone(), threads[3].clone()]);
     // Tightened by another.
     retain(3);
-    wait_until_async("12 messages pruned", || async { o.pruned_messages() >= 12 }).await;
+    wait_until_async("12 messages pruned", || async {
+        o.history().pruned_messages() >= 12
+    })
+    .await;
     assert_eq!(ids(&o), vec![threads[4].clone()]);
-    assert_eq!(o.pruned_messages(), 12, "one thread more, no other");
+    assert_eq!(
+        o.history().pruned_messages(),
+        12,
+        "one thread more, no other"
+    );
 }
 
 async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
@@ -567,7 +617,10 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
     };
     let all = Page::new(Some(1000), None);
     let mut out = Vec::new();
-    let listed = o.query_threads(&ThreadFilter::default(), all).unwrap();
+    let listed = o
+        .history()
+        .query_threads(&ThreadFilter::default(), all)
+        .unwrap();
     out.push(format!("threads {}", listed.total));
     // Sorted: threads created in one millisecond are listed by id, which differs by run.
     out.extend(sorted(
@@ -582,7 +635,10 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
             })
             .collect(),
     ));
-    let log = o.query_messages(&MessageFilter::default(), all).unwrap();
+    let log = o
+        .history()
+        .query_messages(&MessageFilter::default(), all)
+        .unwrap();
     out.push(format!("messages {}", log.total));
     // Sorted: the store pages in write order, memory by millisecond and then thread, so
     // messages of one millisecond may come in another order.
@@ -609,8 +665,8 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
         };
         out.push(format!(
             "agent {agent}: {} threads, {} messages",
-            o.query_threads(&by_agent, all).unwrap().total,
-            o.query_messages(&messages, all).unwrap().total
+            o.history().query_threads(&by_agent, all).unwrap().total,
+            o.history().query_messages(&messages, all).unwrap().total
         ));
     }
     for status in [
@@ -624,7 +680,7 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
         };
         out.push(format!(
             "{status:?}: {}",
-            o.query_threads(&f, all).unwrap().total
+            o.history().query_threads(&f, all).unwrap().total
         ));
     }
     for status in [
@@ -639,12 +695,12 @@ fn view(o: &Organism, threads: &[String]) -> Vec<String> {
         };
         out.push(format!(
             "{status:?} notes: {}",
-            o.query_messages(&f, all).unwrap().total
+            o.history().query_messages(&f, all).unwrap().total
         ));
     }
     for id in threads {
-        let t = o.thread_info(id).unwrap().unwrap();
-        let page = o.thread_page(id, all).unwrap().unwrap();
+        let t = o.history().thread_info(id).unwrap().unwrap();
+        let page = o.history().thread_page(id, all).unwrap().unwrap();
         let statuses: Vec<_> = page.items.iter().map(|m| m.status).collect();
         out.push(anon(format!(
             "one {:?} {} {:?} {} {statuses:?}",
@@ -676,7 +732,7 @@ async fn the_store_and_memory_show_the_same_history() {
         let last = inject(&o, "c", "<Note>last</Note>", None);
         settle(&o, &last.thread_id).await;
         threads.push(last.thread_id);
-        if let Some(s) = o.store() {
+        if let Some(s) = o.history().store() {
             s.flush(o.events().last_seq());
         }
         views.push(view(&o, &threads));
@@ -720,7 +776,7 @@ async fn the_store_and_memory_show_the_same_failures() {
         assert_eq!(o.reload(None).unwrap().removed, vec!["c".to_string()]);
         settle(&o, &one.thread_id).await;
         threads.push(one.thread_id);
-        if let Some(s) = o.store() {
+        if let Some(s) = o.history().store() {
             s.flush(o.events().last_seq());
         }
         let v = view(&o, &threads);
@@ -755,7 +811,10 @@ async fn a_stopped_organism_whose_handles_are_gone_leaves_its_file_to_the_next()
         drop(o);
         // At once: stop waited for the background tasks, so nothing holds the store.
         let again = Organism::builder().load(&path).unwrap();
-        assert!(again.thread_info(&t[0]).unwrap().is_some(), "round {round}");
+        assert!(
+            again.history().thread_info(&t[0]).unwrap().is_some(),
+            "round {round}"
+        );
         again.stop().await;
     }
 }

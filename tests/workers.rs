@@ -109,10 +109,13 @@ fn inject_all(o: &Organism, threads: usize, per_thread: usize) -> Vec<String> {
 
 async fn settle_all(o: &Organism, threads: &[String]) {
     for t in threads {
-        let status = tokio::time::timeout(std::time::Duration::from_secs(60), o.wait_thread(t))
-            .await
-            .expect("the thread settles")
-            .expect("the thread exists");
+        let status = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            o.history().wait_thread(t),
+        )
+        .await
+        .expect("the thread settles")
+        .expect("the thread exists");
         assert_eq!(
             status,
             ThreadStatus::Completed,

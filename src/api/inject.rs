@@ -88,7 +88,7 @@ pub fn inject(
         .as_deref()
         .filter(|_| !seen.scope.everything())
     {
-        let existing = organism.thread_info(t)?;
+        let existing = organism.history().thread_info(t)?;
         if existing.is_some_and(|info| !seen.scope.sees_thread(&info.participants)) {
             return Err(unknown_thread(t).at("thread_id"));
         }

@@ -229,7 +229,7 @@ fn flow_metrics(out: &mut String, agents: &[AgentInfo], info: &OrganismInfo) {
 
 /// The store's writer and retention, when there is a store.
 fn store_metrics(out: &mut String, organism: &Organism) {
-    if let Some(store) = organism.store() {
+    if let Some(store) = organism.history().store() {
         header(
             out,
             "agentserver_store_queue",
@@ -268,7 +268,7 @@ fn store_metrics(out: &mut String, organism: &Organism) {
         let _ = writeln!(
             out,
             "agentserver_store_pruned_messages_total {}",
-            organism.pruned_messages()
+            organism.history().pruned_messages()
         );
     }
 }

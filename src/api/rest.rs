@@ -266,7 +266,7 @@ pub async fn list_threads(
         within: seen.scope.within(),
     };
     let page = page(q.limit, q.offset);
-    let threads = s.inner.organism.query_threads(&filter, page)?;
+    let threads = s.inner.organism.history().query_threads(&filter, page)?;
     Ok(Json(Paged::map(threads, Thread::from)))
 }
 
@@ -303,14 +303,14 @@ fn thread_page(
     page: Page,
 ) -> ApiResult<Option<crate::threads::Paged<MessageRecord>>> {
     if scope.everything() {
-        return Ok(organism.thread_page(id, page)?);
+        return Ok(organism.history().thread_page(id, page)?);
     }
     let filter = MessageFilter {
         thread: Some(id.to_string()),
         within: scope.within(),
         ..Default::default()
     };
-    Ok(Some(organism.query_messages(&filter, page)?))
+    Ok(Some(organism.history().query_messages(&filter, page)?))
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
@@ -349,7 +349,7 @@ pub async fn list_messages(
     let organism = &s.inner.organism;
     Ok(messages_page(
         organism,
-        organism.query_messages(&filter, page)?,
+        organism.history().query_messages(&filter, page)?,
     ))
 }
 
@@ -408,7 +408,7 @@ pub async fn inject(
     };
     let waited = tokio::time::timeout(
         std::time::Duration::from_secs(wait),
-        organism.wait_thread(&receipt.thread_id),
+        organism.history().wait_thread(&receipt.thread_id),
     )
     .await;
     let thread_status = match waited {
@@ -602,7 +602,13 @@ pub async fn healthz() -> Json<Health> {
     responses((status = 200, description = "Ready for injects", body = Health),
               (status = 503, description = "Not ready; the message names what", body = ErrorResponse)))]
 pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
-    if let Some(e) = s.inner.organism.store().and_then(|st| st.failure()) {
+    if let Some(e) = s
+        .inner
+        .organism
+        .history()
+        .store()
+        .and_then(|st| st.failure())
+    {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",

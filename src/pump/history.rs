@@ -9,44 +9,62 @@ use crate::threads::{MessageRecord, ThreadStatus};
 use super::{Organism, READ_CATCH_UP};
 
 impl Organism {
+    /// The organism's history: pages of messages and threads, one thread, waiting for one.
+    pub fn history(&self) -> History<'_> {
+        History { organism: self }
+    }
+}
+
+/// Reads of the history ([`Organism::history`]): from the store when it is on, else from
+/// memory; a thread the organism still holds is read live.
+#[derive(Clone, Copy)]
+pub struct History<'a> {
+    organism: &'a Organism,
+}
+
+impl<'a> History<'a> {
     /// Messages removed from the store by retention since start.
-    pub fn pruned_messages(&self) -> u64 {
-        self.shared.store.as_ref().map_or(0, |s| s.pruned())
+    pub fn pruned_messages(self) -> u64 {
+        self.organism
+            .shared
+            .store
+            .as_ref()
+            .map_or(0, |s| s.pruned())
     }
 
     /// The durable store, unless the organism runs with `store: memory`.
-    pub fn store(&self) -> Option<&Arc<crate::store::Store>> {
-        self.shared.store.as_ref()
+    pub fn store(self) -> Option<&'a Arc<crate::store::Store>> {
+        self.organism.shared.store.as_ref()
     }
 
     /// One page of the message log: from the store when there is one, else from memory.
     pub fn query_messages(
-        &self,
+        self,
         filter: &crate::threads::MessageFilter,
         page: crate::threads::Page,
     ) -> Result<crate::threads::Paged<MessageRecord>, crate::store::StoreError> {
-        match &self.shared.store {
+        match &self.organism.shared.store {
             Some(store) => {
                 store.catch_up(READ_CATCH_UP);
                 store.query_messages(filter, page)
             }
-            None => Ok(self.shared.threads.query_messages(filter, page)),
+            None => Ok(self.organism.shared.threads.query_messages(filter, page)),
         }
     }
 
     /// One page of threads: from the store when there is one (after it has committed what
     /// was published before the call, [`READ_CATCH_UP`] at most), else from memory.
     pub fn query_threads(
-        &self,
+        self,
         filter: &crate::threads::ThreadFilter,
         page: crate::threads::Page,
     ) -> Result<crate::threads::Paged<crate::threads::ThreadInfo>, crate::store::StoreError> {
-        match &self.shared.store {
+        match &self.organism.shared.store {
             Some(store) => {
                 store.catch_up(READ_CATCH_UP);
                 store.query_threads(filter, page)
             }
-            None => Ok(self.shared.threads.query_threads(filter, page)),
+            None => Ok(self.organism.shared.threads.query_threads(filter, page)),
         }
     }
 
@@ -54,10 +72,13 @@ impl Organism {
     /// moment its inject is answered, before the store's writer commits it), else from the
     /// store.
     pub fn thread_info(
-        &self,
+        self,
         id: &str,
     ) -> Result<Option<crate::threads::ThreadInfo>, crate::store::StoreError> {
-        match (self.shared.threads.info(id), &self.shared.store) {
+        match (
+            self.organism.shared.threads.info(id),
+            &self.organism.shared.store,
+        ) {
             (Some(live), _) => Ok(Some(live)),
             (None, Some(store)) => store.thread(id),
             (None, None) => Ok(None),
@@ -69,7 +90,7 @@ impl Organism {
     /// it (a thread continued after a restart) and threads no longer held come from the
     /// store.
     pub fn thread_page(
-        &self,
+        self,
         id: &str,
         page: crate::threads::Page,
     ) -> Result<Option<crate::threads::Paged<MessageRecord>>, crate::store::StoreError> {
@@ -77,7 +98,10 @@ impl Organism {
             thread: Some(id.to_string()),
             ..Default::default()
         };
-        match (self.shared.threads.log(id), &self.shared.store) {
+        match (
+            self.organism.shared.threads.log(id),
+            &self.organism.shared.store,
+        ) {
             (Some((0, live)), _) | (Some((_, live)), None) => Ok(Some(page.cut(live))),
             (Some((base, live)), Some(store)) => {
                 let mut log: Vec<MessageRecord> = store
@@ -100,23 +124,23 @@ impl Organism {
     /// Waits until the thread is no longer active; returns its status (`None`: no such thread).
     /// Each waiter is woken by its own thread's change only, so many waiters cost nothing per
     /// event.
-    pub async fn wait_thread(&self, id: &str) -> Option<ThreadStatus> {
+    pub async fn wait_thread(self, id: &str) -> Option<ThreadStatus> {
         loop {
-            match self.shared.threads.status(id) {
+            match self.organism.shared.threads.status(id) {
                 Some(ThreadStatus::Active) => {}
                 other => return other,
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            crate::sync::lock(&self.shared.thread_waiters)
+            crate::sync::lock(&self.organism.shared.thread_waiters)
                 .entry(id.to_string())
                 .or_default()
                 .push(tx);
             // It may have settled between the check and the registration: then withdraw.
-            match self.shared.threads.status(id) {
+            match self.organism.shared.threads.status(id) {
                 Some(ThreadStatus::Active) => {}
                 other => {
                     drop(rx);
-                    let mut w = crate::sync::lock(&self.shared.thread_waiters);
+                    let mut w = crate::sync::lock(&self.organism.shared.thread_waiters);
                     if let Some(list) = w.get_mut(id) {
                         list.retain(|tx| !tx.is_closed());
                         if list.is_empty() {
@@ -130,8 +154,8 @@ impl Organism {
                 Ok(status) if status != ThreadStatus::Active => return Some(status),
                 // Dropped (the organism went away) or reactivated: look again.
                 _ => {
-                    if self.status() == OrganismStatus::Stopped {
-                        return self.shared.threads.status(id);
+                    if self.organism.status() == OrganismStatus::Stopped {
+                        return self.organism.shared.threads.status(id);
                     }
                 }
             }
@@ -139,7 +163,7 @@ impl Organism {
     }
 
     /// The thread's messages, in slot order.
-    pub fn thread_messages(&self, id: &str) -> Option<Vec<MessageRecord>> {
-        self.shared.threads.messages(id)
+    pub fn thread_messages(self, id: &str) -> Option<Vec<MessageRecord>> {
+        self.organism.shared.threads.messages(id)
     }
 }

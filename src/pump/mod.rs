@@ -61,6 +61,7 @@ pub use builder::{OrganismBuilder, Overrides};
 use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};
+pub use history::History;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
 

@@ -45,10 +45,14 @@ pub async fn send(mut config: OrganismConfig, request: SendRequest) -> Result<()
             thread_id: request.thread,
         })
         .map_err(|e| SendError::Failed(format!("inject refused: {e}")))?;
-    let status =
-        tokio::time::timeout(request.timeout, organism.wait_thread(&receipt.thread_id)).await;
+    let status = tokio::time::timeout(
+        request.timeout,
+        organism.history().wait_thread(&receipt.thread_id),
+    )
+    .await;
     let schemas = organism.schemas();
     for m in organism
+        .history()
         .thread_messages(&receipt.thread_id)
         .unwrap_or_default()
     {

@@ -74,14 +74,14 @@ pub fn inject(
 
 /// Waits (event-driven, with a timeout) for the thread to stop being active.
 pub async fn settle(o: &Organism, thread: &str) -> ThreadStatus {
-    tokio::time::timeout(WAIT, o.wait_thread(thread))
+    tokio::time::timeout(WAIT, o.history().wait_thread(thread))
         .await
         .expect("thread settles in time")
         .expect("thread exists")
 }
 
 pub fn messages(o: &Organism, thread: &str) -> Vec<MessageRecord> {
-    o.thread_messages(thread).expect("thread exists")
+    o.history().thread_messages(thread).expect("thread exists")
 }
 
 pub fn to_of(m: &MessageRecord) -> &str {

@@ -75,7 +75,7 @@ impl FromRequestParts<ApiState> for VisibleThread {
             .await
             .map_err(|e| ApiError::bad_request(e.body_text()))?;
         let seen = Seen::from_request_parts(parts, s).await?;
-        match s.inner.organism.thread_info(&id)? {
+        match s.inner.organism.history().thread_info(&id)? {
             Some(info) if seen.scope.sees_thread(&info.participants) => Ok(VisibleThread {
                 id,
                 info,

@@ -156,6 +156,7 @@ impl Session {
             }
             Command::Kill(t) => {
                 let visible = organism
+                    .history()
                     .thread_info(&t)
                     .map_err(|e| fail(e.into()))?
                     .is_some_and(|info| scope.sees_thread(&info.participants));
