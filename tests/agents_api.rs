@@ -1363,7 +1363,7 @@ async fn a_tenants_active_threads_are_bounded_and_freed_as_they_finish() {
     assert_eq!(s.post("/api/v1/agents", b).await.0, 201);
     assert_eq!(s.post("/api/v1/agents", echo_body("ops-echo")).await.0, 201);
     // Paused, the agent holds its threads active.
-    s.organism.pause_listener("acme-echo").unwrap();
+    s.organism.control().pause_listener("acme-echo").unwrap();
     let ask = |to: &str| json!({"to": to, "payload": {"text": "x"}});
     let mut threads = Vec::new();
     for _ in 0..2 {
@@ -1385,7 +1385,7 @@ async fn a_tenants_active_threads_are_bounded_and_freed_as_they_finish() {
     assert_eq!(s.post("/api/v1/inject", cont).await.0, 202);
     assert_eq!(s.post("/api/v1/inject", ask("ops-echo")).await.0, 202);
     // Once they finish, the tenant may open more.
-    s.organism.resume_listener("acme-echo").unwrap();
+    s.organism.control().resume_listener("acme-echo").unwrap();
     for t in &threads {
         assert_eq!(settle(&s.organism, t).await, ThreadStatus::Completed);
     }
@@ -1423,7 +1423,7 @@ async fn a_lua_listener_of_the_file_has_its_scripts_as_versions_too() {
     assert_eq!(s.ask("flua", "x").await, 2);
     s.organism.reload(None).unwrap();
     std::fs::write(dir.path().join("flua.lua"), script(3)).unwrap();
-    s.organism.reload_listener("flua").unwrap();
+    s.organism.control().reload_listener("flua").unwrap();
     assert_eq!(s.ask("flua", "x").await, 3);
     let (_, list) = s.get("/api/v1/agents/flua/scripts").await;
     assert_eq!(versions(&list), [(3, true), (2, false), (1, false)]);

@@ -528,7 +528,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     assert_eq!(e["error"]["code"], "unsupported_media_type");
 
     // 409: a killed thread.
-    s.organism.pause_listener("a").unwrap();
+    s.organism.control().pause_listener("a").unwrap();
     let (_, r) = s.post("/api/v1/inject", note("k")).await;
     let killed = r["thread_id"].as_str().unwrap().to_string();
     let (st, _) = s
@@ -549,7 +549,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
             .failure_count(agentserver::pump::FailureKind::InjectRefused)
             >= 5
     );
-    s.organism.resume_listener("a").unwrap();
+    s.organism.control().resume_listener("a").unwrap();
     let t = s.inject_note("a", "still fine").await;
     settle(&s.organism, &t).await;
 
@@ -835,7 +835,7 @@ async fn inject_with_wait_answers_with_the_settled_thread() {
     assert!(ms.iter().all(|m| m["thread_id"] == r["thread_id"]));
 
     // A thread that cannot finish in time: the answer says it is still active.
-    s.organism.pause_listener("b").unwrap();
+    s.organism.control().pause_listener("b").unwrap();
     let (st, r) = s
         .post(
             "/api/v1/inject?wait=0",

@@ -85,8 +85,8 @@ async fn subscribe_filters_by_agent_glob_thread_and_event_type() {
     settle(&s.organism, &t).await;
     // A marker: pausing `c` publishes an agent_state for `c` only, which the filter hides;
     // pausing `b` afterwards is the last frame we expect.
-    s.organism.pause_listener("c").unwrap();
-    s.organism.pause_listener("b").unwrap();
+    s.organism.control().pause_listener("c").unwrap();
+    s.organism.control().pause_listener("b").unwrap();
     let frames = read_until(&mut ws, |v| {
         v["event"] == "agent_state" && v["state"] == "paused"
     })
@@ -108,8 +108,8 @@ async fn subscribe_filters_by_agent_glob_thread_and_event_type() {
     let mut only =
         ws_connect(&s.ws_url(&format!("/ws?threads={t1}&events=thread_updated,message"))).await;
     next_json(&mut only).await;
-    s.organism.resume_listener("b").unwrap();
-    s.organism.resume_listener("c").unwrap();
+    s.organism.control().resume_listener("b").unwrap();
+    s.organism.control().resume_listener("c").unwrap();
     let t2 = s.inject_note("a", "two").await;
     settle(&s.organism, &t2).await;
     settle(&s.organism, &t1).await;

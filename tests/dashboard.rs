@@ -660,7 +660,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
         .contains("a → b Ping [delivered]"));
 
     // A thread held at a paused agent, killed from its page.
-    o.pause_listener("b").unwrap();
+    o.control().pause_listener("b").unwrap();
     let held = inject(&o, "a", &ping(99), Some("held"));
     c.fill("#thread-filters [name=id]", "held").await;
     c.submit("#thread-filters").await;
@@ -680,7 +680,7 @@ async fn threads_page_search_and_die_from_the_dashboard_and_a_restart_resyncs_it
         o.threads().status(&held.thread_id),
         Some(agentserver::threads::ThreadStatus::Killed)
     );
-    o.resume_listener("b").unwrap();
+    o.control().resume_listener("b").unwrap();
 
     // Frozen, the log counts what comes instead of showing it.
     c.click("#tab-messages").await;

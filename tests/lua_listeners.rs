@@ -171,7 +171,7 @@ end
         "function handle(p, m) return { to = 'sink', payload = {n = 1}, colour = 'red' } end",
     )
     .unwrap();
-    r.organism.reload_listener("multi").unwrap();
+    r.organism.control().reload_listener("multi").unwrap();
     let t = inject(&r.organism, "multi", "<Note>x</Note>", None);
     assert_eq!(settle(&r.organism, &t.thread_id).await, ThreadStatus::Error);
     let err = messages(&r.organism, &t.thread_id)[0]

@@ -260,7 +260,7 @@ async fn a_killed_thread_interrupts_its_running_script() {
         lab.organism.agent("evil").unwrap().state == agentserver::events::AgentState::Processing
     })
     .await;
-    lab.organism.kill_thread(&t.thread_id).unwrap();
+    lab.organism.control().kill_thread(&t.thread_id).unwrap();
     assert_eq!(
         settle(&lab.organism, &t.thread_id).await,
         ThreadStatus::Killed

@@ -339,7 +339,7 @@ async fn a_thread_in_flight_through_a_changed_listener_completes() {
 async fn removing_a_listener_makes_its_queued_messages_undeliverable() {
     let z = "  - {name: z, description: to be removed, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}\n";
     let r = rig(&format!("{A}{B}{C}{z}")).await;
-    r.organism.pause_listener("z").unwrap();
+    r.organism.control().pause_listener("z").unwrap();
     let t = note(&r.organism, "z", "stranded");
     until(&r.organism, || {
         r.organism.agent("z").map(|a| a.queue_depth) == Ok(1)

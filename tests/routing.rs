@@ -370,10 +370,10 @@ async fn a_paused_queue_does_not_hold_a_stop_for_its_grace_period() {
         "breadth-first",
         CHAIN,
     );
-    o.pause_listener("b").unwrap();
+    o.control().pause_listener("b").unwrap();
     let t = inject(&o, "a", "<Note>held</Note>", None);
     until(&o, || o.agent("b").unwrap().queue_depth == 1).await;
-    assert_eq!(o.paused_backlog(), vec![("b".to_string(), 1)]);
+    assert_eq!(o.control().paused_backlog(), vec![("b".to_string(), 1)]);
     // Ten minutes of grace, yet the stop ends at once: nothing else can move.
     let report = tokio::time::timeout(WAIT, o.stop())
         .await

@@ -125,7 +125,7 @@ async fn kill_drops_queued_work_and_cancels_the_running_handler() {
         inject(&o, "a", &ping(n), Some("doomed"));
     }
     until(&o, || agent_state(&o, "a") == (AgentState::Processing, 4)).await;
-    o.kill_thread("doomed").unwrap();
+    o.control().kill_thread("doomed").unwrap();
     until(&o, || {
         messages(&o, "doomed")
             .iter()
@@ -147,7 +147,7 @@ async fn kill_drops_queued_work_and_cancels_the_running_handler() {
         again,
         Err(InjectError::Thread(ThreadError::Killed(_)))
     ));
-    assert!(o.kill_thread("no-such-thread").is_err());
+    assert!(o.control().kill_thread("no-such-thread").is_err());
     // The listener still works for other threads.
     valve.open(1);
     let r = inject(&o, "a", &ping(1), None);
@@ -163,26 +163,26 @@ async fn pause_holds_messages_and_resume_delivers_them_in_order() {
   - { name: a, description: logs, kind: native, handler: log, schema: t.xsd }
 "#,
     );
-    o.pause_listener("a").unwrap();
+    o.control().pause_listener("a").unwrap();
     assert_eq!(agent_state(&o, "a").0, AgentState::Paused);
     for n in 0..5 {
         inject(&o, "a", &ping(n), Some("p"));
     }
     assert_eq!(agent_state(&o, "a"), (AgentState::Paused, 5));
     assert!(log.entries().is_empty());
-    o.resume_listener("a").unwrap();
+    o.control().resume_listener("a").unwrap();
     assert_eq!(settle(&o, "p").await, ThreadStatus::Completed);
     let seen: Vec<i64> = log.entries().iter().map(|e| n_of(&e.2)).collect();
     assert_eq!(seen, vec![0, 1, 2, 3, 4]);
 
     // The whole organism.
-    o.pause();
+    o.control().pause();
     assert_eq!(o.status(), OrganismStatus::Paused);
     inject(&o, "a", &ping(5), Some("q"));
     assert_eq!(agent_state(&o, "a"), (AgentState::Paused, 1));
-    o.resume();
+    o.control().resume();
     assert_eq!(settle(&o, "q").await, ThreadStatus::Completed);
-    assert!(o.pause_listener("nobody").is_err());
+    assert!(o.control().pause_listener("nobody").is_err());
 }
 
 #[tokio::test]

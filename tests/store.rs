@@ -36,7 +36,7 @@ async fn completed_threads(o: &Organism, n: usize) -> Vec<String> {
 
 /// A thread whose second message waits at `b`, paused for it.
 async fn held_at_b(o: &Organism, text: &str) -> agentserver::InjectReceipt {
-    o.pause_listener("b").unwrap();
+    o.control().pause_listener("b").unwrap();
     let t = inject(o, "a", &format!("<Note>{text}</Note>"), None);
     until(o, || o.agent("b").unwrap().queue_depth == 1).await;
     t
@@ -232,7 +232,7 @@ async fn a_thread_is_found_the_moment_its_inject_is_answered() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_organism(dir.path(), "s.db", "");
     let o = Organism::builder().load(&path).unwrap();
-    o.pause_listener("b").unwrap();
+    o.control().pause_listener("b").unwrap();
     let t = inject(&o, "a", "<Note>now</Note>", None);
     // At once: the store's writer gathers for 20 ms before it commits anything.
     let info = o
@@ -721,9 +721,9 @@ async fn the_store_and_memory_show_the_same_history() {
         let mut threads = completed_threads(&o, 3).await;
         // Killed while its message waits at a paused listener.
         let killed = held_at_b(&o, "kill").await;
-        o.kill_thread(&killed.thread_id).unwrap();
+        o.control().kill_thread(&killed.thread_id).unwrap();
         settle(&o, &killed.thread_id).await;
-        o.resume_listener("b").unwrap();
+        o.control().resume_listener("b").unwrap();
         threads.push(killed.thread_id);
         // Continued once it has completed.
         let again = inject(&o, "a", "<Note>more</Note>", Some(&threads[0]));
@@ -758,7 +758,7 @@ async fn the_store_and_memory_show_the_same_failures() {
         let o = Organism::builder().load(&path).unwrap();
         let mut threads = completed_threads(&o, 2).await;
         // A message waiting at `c` when a reload removes `c` (and makes `b` a sink).
-        o.pause_listener("c").unwrap();
+        o.control().pause_listener("c").unwrap();
         let one = inject(&o, "b", "<Note>to c</Note>", None);
         until(&o, || o.agent("c").unwrap().queue_depth == 1).await;
         let text = std::fs::read_to_string(&path).unwrap();

@@ -402,7 +402,7 @@ async fn killing_a_thread_takes_its_delivery_back_from_the_workers_queue() {
         queued(&js, &prefix).await == 1
     })
     .await;
-    o.kill_thread(&r.thread_id).unwrap();
+    o.control().kill_thread(&r.thread_id).unwrap();
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Killed);
     wait_until_async("the delivery taken back", || async {
         queued(&js, &prefix).await == 0
@@ -507,7 +507,7 @@ async fn a_paused_placed_listener_hands_nothing_to_workers() {
         queued(&js, &nats.prefix()).await == 0
     })
     .await;
-    o.pause_listener("relay").unwrap();
+    o.control().pause_listener("relay").unwrap();
     let r = inject(&o, "relay", &note("held"), None);
     wait_until_async("relay to show it is paused", || async {
         o.agent("relay").unwrap().queue_depth == 1
@@ -515,7 +515,7 @@ async fn a_paused_placed_listener_hands_nothing_to_workers() {
     .await;
     assert_eq!(queued(&js, &nats.prefix()).await, 0);
     let (w, w_lines) = worker(&path, "w");
-    o.resume_listener("relay").unwrap();
+    o.control().resume_listener("relay").unwrap();
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
     assert_eq!(stop_worker(w, w_lines), 1);
 }

@@ -434,7 +434,7 @@ pub async fn kill_thread(
     VisibleThread { id, .. }: VisibleThread,
 ) -> ApiResult<Json<Thread>> {
     let organism = &s.inner.organism;
-    organism.kill_thread(&id)?;
+    organism.control().kill_thread(&id)?;
     organism
         .threads()
         .info(&id)
@@ -450,7 +450,7 @@ pub async fn pause_agent(
     State(s): State<ApiState>,
     VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<Agent>> {
-    s.inner.organism.pause_listener(&name)?;
+    s.inner.organism.control().pause_listener(&name)?;
     Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
 
@@ -462,21 +462,21 @@ pub async fn resume_agent(
     State(s): State<ApiState>,
     VisibleAgent(name): VisibleAgent,
 ) -> ApiResult<Json<Agent>> {
-    s.inner.organism.resume_listener(&name)?;
+    s.inner.organism.control().resume_listener(&name)?;
     Ok(Json(s.inner.organism.agent(&name)?.into()))
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/pause", tag = "control",
     responses((status = 200, description = "Every listener paused", body = Organism)))]
 pub async fn pause_organism(State(s): State<ApiState>) -> Json<Organism> {
-    s.inner.organism.pause();
+    s.inner.organism.control().pause();
     Json(s.inner.organism.info().into())
 }
 
 #[utoipa::path(post, path = "/api/v1/organism/resume", tag = "control",
     responses((status = 200, description = "Resumed (listeners paused one by one stay paused)", body = Organism)))]
 pub async fn resume_organism(State(s): State<ApiState>) -> Json<Organism> {
-    s.inner.organism.resume();
+    s.inner.organism.control().resume();
     Json(s.inner.organism.info().into())
 }
 
@@ -548,7 +548,7 @@ pub async fn reload_agent(
     let organism = s.inner.organism.clone();
     let target = name.clone();
     // Building sandboxes compiles and runs `init`: keep it off the async workers.
-    tokio::task::spawn_blocking(move || organism.reload_listener(&target))
+    tokio::task::spawn_blocking(move || organism.control().reload_listener(&target))
         .await
         .map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())

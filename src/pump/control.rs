@@ -14,6 +14,11 @@ use super::{
 };
 
 impl Organism {
+    /// Control of what runs: pause, resume, reload a listener, kill a thread.
+    pub fn control(&self) -> Control<'_> {
+        Control { organism: self }
+    }
+
     pub(super) fn listener(&self, name: &str) -> Result<Arc<Listener>, ControlError> {
         self.shared
             .topo()
@@ -23,60 +28,6 @@ impl Organism {
             .ok_or_else(|| ControlError::UnknownListener(name.to_string()))
     }
 
-    /// Pauses one listener: its messages wait in its queue.
-    pub fn pause_listener(&self, name: &str) -> Result<(), ControlError> {
-        let l = self.listener(name)?;
-        l.set_paused(true);
-        self.shared.kick(&l);
-        Ok(())
-    }
-
-    /// Resumes one listener: its queue is delivered in order.
-    pub fn resume_listener(&self, name: &str) -> Result<(), ControlError> {
-        let l = self.listener(name)?;
-        l.set_paused(false);
-        self.shared.kick(&l);
-        Ok(())
-    }
-
-    /// Reloads one listener's code (a Lua script: new sandboxes are built and `init` run
-    /// beside the old ones, then swapped in; calls in flight finish on the old ones). On any
-    /// error the old code keeps running. Either way a `reload` event says what happened.
-    pub fn reload_listener(&self, name: &str) -> Result<(), ControlError> {
-        let l = self.listener(name)?;
-        let result = match l.handler.reload() {
-            None => return Err(ControlError::NotReloadable(name.to_string())),
-            // A script's own error text is cut like every error kept or answered.
-            Some(r) => r.map_err(|e| self.shared.clip_error(e)),
-        };
-        if result.is_ok() {
-            self.shared.note_file_scripts(|n| n == name);
-        }
-        self.shared.events.publish(EventKind::Reload {
-            agent: Some(name.to_string()),
-            ok: result.is_ok(),
-            error: result.as_ref().err().cloned(),
-            problems: Vec::new(),
-            diff: None,
-        });
-        result.map_err(|message| ControlError::ReloadFailed {
-            listener: name.to_string(),
-            message,
-        })
-    }
-
-    /// Pauses every listener.
-    pub fn pause(&self) {
-        self.shared.life.paused.store(true, Ordering::SeqCst);
-        self.after_organism_state_change();
-    }
-
-    /// Resumes the organism (listeners paused one by one stay paused).
-    pub fn resume(&self) {
-        self.shared.life.paused.store(false, Ordering::SeqCst);
-        self.after_organism_state_change();
-    }
-
     pub(super) fn after_organism_state_change(&self) {
         self.shared.events.publish(EventKind::OrganismState {
             status: self.status(),
@@ -84,37 +35,6 @@ impl Organism {
         for l in &self.shared.topo().order {
             self.shared.kick(l);
         }
-    }
-
-    /// Kills a thread: queued messages dropped (logged `killed`), running handlers cancelled,
-    /// further injects refused. Killing a killed thread is a no-op.
-    pub fn kill_thread(&self, id: &str) -> Result<(), ControlError> {
-        let s = &self.shared;
-        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
-            if let Ok(Some(info)) = store.thread(id) {
-                s.threads.adopt(&info);
-            }
-        }
-        let change = s
-            .threads
-            .kill(id)
-            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
-        let Some(change) = change else { return Ok(()) };
-        s.publish_thread(change);
-        s.drop_waits(id);
-        for l in &s.topo().order {
-            for job in l.drop_thread(id) {
-                s.finish_message(
-                    &job.record,
-                    MessageStatus::Killed,
-                    Some("thread killed".into()),
-                );
-                s.count_failure(FailureKind::Killed);
-                s.release(id);
-            }
-            s.kick(l);
-        }
-        Ok(())
     }
 
     /// Graceful stop: refuse new injects, let pending work finish within the grace period
@@ -145,13 +65,13 @@ impl Organism {
             status: OrganismStatus::Stopping,
         });
         let grace = Duration::from_millis(s.limits.stop_grace_ms);
-        let held = self.paused_backlog();
+        let held = self.control().paused_backlog();
         tracing::info!(pending = self.pending(), paused_backlog = ?held, grace_ms = s.limits.stop_grace_ms, "stopping: draining what can move");
         let drained = self.wait_drained(grace).await;
         let mut killed_threads = 0;
         if !drained {
             for id in s.threads.active_ids() {
-                if self.kill_thread(&id).is_ok() {
+                if self.control().kill_thread(&id).is_ok() {
                     killed_threads += 1;
                 }
             }
@@ -189,24 +109,17 @@ impl Organism {
         }
     }
 
-    /// The listeners whose queues cannot drain because they (or the organism) are paused,
-    /// with how many messages each holds.
-    pub fn paused_backlog(&self) -> Vec<(String, usize)> {
-        let organism_paused = self.shared.is_paused();
-        self.shared
-            .topo()
-            .order
-            .iter()
-            .map(|l| (l.name().to_string(), l.held_by_pause(organism_paused)))
-            .filter(|(_, n)| *n > 0)
-            .collect()
-    }
-
     /// Waits until nothing is pending but what paused queues hold, up to `limit`: messages
     /// that cannot start do not hold a stop for its grace period. Returns whether nothing at
     /// all is pending then.
     pub(super) async fn wait_drained(&self, limit: Duration) -> bool {
-        let held = || self.paused_backlog().iter().map(|(_, n)| n).sum::<usize>();
+        let held = || {
+            self.control()
+                .paused_backlog()
+                .iter()
+                .map(|(_, n)| n)
+                .sum::<usize>()
+        };
         // Idle is announced at zero only: a paused backlog is looked at again often.
         self.wait_for(
             limit,
@@ -249,5 +162,121 @@ impl Organism {
                 return done();
             }
         }
+    }
+}
+
+/// Control of what runs ([`Organism::control`]): pausing and resuming the organism or one
+/// listener, reloading a listener's script, killing a thread.
+#[derive(Clone, Copy)]
+pub struct Control<'a> {
+    organism: &'a Organism,
+}
+
+impl Control<'_> {
+    /// Pauses one listener: its messages wait in its queue.
+    pub fn pause_listener(self, name: &str) -> Result<(), ControlError> {
+        let l = self.organism.listener(name)?;
+        l.set_paused(true);
+        self.organism.shared.kick(&l);
+        Ok(())
+    }
+
+    /// Resumes one listener: its queue is delivered in order.
+    pub fn resume_listener(self, name: &str) -> Result<(), ControlError> {
+        let l = self.organism.listener(name)?;
+        l.set_paused(false);
+        self.organism.shared.kick(&l);
+        Ok(())
+    }
+
+    /// Reloads one listener's code (a Lua script: new sandboxes are built and `init` run
+    /// beside the old ones, then swapped in; calls in flight finish on the old ones). On any
+    /// error the old code keeps running. Either way a `reload` event says what happened.
+    pub fn reload_listener(self, name: &str) -> Result<(), ControlError> {
+        let l = self.organism.listener(name)?;
+        let result = match l.handler.reload() {
+            None => return Err(ControlError::NotReloadable(name.to_string())),
+            // A script's own error text is cut like every error kept or answered.
+            Some(r) => r.map_err(|e| self.organism.shared.clip_error(e)),
+        };
+        if result.is_ok() {
+            self.organism.shared.note_file_scripts(|n| n == name);
+        }
+        self.organism.shared.events.publish(EventKind::Reload {
+            agent: Some(name.to_string()),
+            ok: result.is_ok(),
+            error: result.as_ref().err().cloned(),
+            problems: Vec::new(),
+            diff: None,
+        });
+        result.map_err(|message| ControlError::ReloadFailed {
+            listener: name.to_string(),
+            message,
+        })
+    }
+
+    /// Pauses every listener.
+    pub fn pause(self) {
+        self.organism
+            .shared
+            .life
+            .paused
+            .store(true, Ordering::SeqCst);
+        self.organism.after_organism_state_change();
+    }
+
+    /// Resumes the organism (listeners paused one by one stay paused).
+    pub fn resume(self) {
+        self.organism
+            .shared
+            .life
+            .paused
+            .store(false, Ordering::SeqCst);
+        self.organism.after_organism_state_change();
+    }
+
+    /// Kills a thread: queued messages dropped (logged `killed`), running handlers cancelled,
+    /// further injects refused. Killing a killed thread is a no-op.
+    pub fn kill_thread(self, id: &str) -> Result<(), ControlError> {
+        let s = &self.organism.shared;
+        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
+            if let Ok(Some(info)) = store.thread(id) {
+                s.threads.adopt(&info);
+            }
+        }
+        let change = s
+            .threads
+            .kill(id)
+            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
+        let Some(change) = change else { return Ok(()) };
+        s.publish_thread(change);
+        s.drop_waits(id);
+        for l in &s.topo().order {
+            for job in l.drop_thread(id) {
+                s.finish_message(
+                    &job.record,
+                    MessageStatus::Killed,
+                    Some("thread killed".into()),
+                );
+                s.count_failure(FailureKind::Killed);
+                s.release(id);
+            }
+            s.kick(l);
+        }
+        Ok(())
+    }
+
+    /// The listeners whose queues cannot drain because they (or the organism) are paused,
+    /// with how many messages each holds.
+    pub fn paused_backlog(self) -> Vec<(String, usize)> {
+        let organism_paused = self.organism.shared.is_paused();
+        self.organism
+            .shared
+            .topo()
+            .order
+            .iter()
+            .map(|l| (l.name().to_string(), l.held_by_pause(organism_paused)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 }

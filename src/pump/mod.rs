@@ -58,6 +58,7 @@ use crate::xml::{XmlError, XmlLimits};
 pub use crate::store::RETENTION_INTERVAL;
 pub(crate) use builder::load_config_layered;
 pub use builder::{OrganismBuilder, Overrides};
+pub use control::Control;
 use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};

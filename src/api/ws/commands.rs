@@ -143,13 +143,13 @@ impl Session {
                 out.insert("thread_id".into(), json!(receipt.thread_id));
                 out.insert("message_id".into(), json!(receipt.message_id));
             }
-            Command::Pause(None) => organism.pause(),
-            Command::Resume(None) => organism.resume(),
+            Command::Pause(None) => organism.control().pause(),
+            Command::Resume(None) => organism.control().resume(),
             Command::Pause(Some(a)) | Command::Resume(Some(a)) => {
                 let r = if cmd == "pause" {
-                    organism.pause_listener(&a)
+                    organism.control().pause_listener(&a)
                 } else {
-                    organism.resume_listener(&a)
+                    organism.control().resume_listener(&a)
                 };
                 r.map_err(|e| fail(e.into()))?;
                 out.insert("agent".into(), json!(a));
@@ -163,13 +163,16 @@ impl Session {
                 if !visible {
                     return Err(fail(unknown_thread(&t)));
                 }
-                organism.kill_thread(&t).map_err(|e| fail(e.into()))?;
+                organism
+                    .control()
+                    .kill_thread(&t)
+                    .map_err(|e| fail(e.into()))?;
                 out.insert("thread_id".into(), json!(t));
             }
             Command::ReloadAgent(a) => {
                 let o = organism.clone();
                 let name = a.clone();
-                let r = tokio::task::spawn_blocking(move || o.reload_listener(&name))
+                let r = tokio::task::spawn_blocking(move || o.control().reload_listener(&name))
                     .await
                     .map_err(|e| fail(ApiError::bad_request(e.to_string())))?;
                 r.map_err(|e| fail(e.into()))?;
