@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }),
             )
             .load(&path)?;
-        organism.create_agent(
+        organism.uploads().create_agent(
             NewAgent {
                 name: "echo".into(),
                 tenant: None,
@@ -87,7 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let o = organism.clone();
             let tag = format!("u{i}");
             tokio::task::spawn_blocking(move || {
-                let v = o.upload_version(
+                let v = o.uploads().upload_version(
                     "echo",
                     NewVersion {
                         script: script(&tag),
@@ -95,12 +95,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     },
                     None,
                 )?;
-                o.deploy_version("echo", v.version, None, None)
+                o.uploads().deploy_version("echo", v.version, None, None)
             })
             .await??;
             to_live.push(started.elapsed());
         }
-        let versions = organism.agent_versions("echo")?;
+        let versions = organism.uploads().agent_versions("echo")?;
         let (newest, older) = (versions[0].version, versions[1].version);
 
         let running = Arc::new(AtomicBool::new(true));
@@ -138,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let o = organism.clone();
             let started = Instant::now();
             let change =
-                tokio::task::spawn_blocking(move || o.deploy_version("echo", next, None, None))
+                tokio::task::spawn_blocking(move || o.uploads().deploy_version("echo", next, None, None))
                     .await??;
             deploys.push(started.elapsed());
             assert_eq!(change.report.changed, vec!["echo".to_string()]);

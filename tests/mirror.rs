@@ -459,7 +459,7 @@ listeners:
             .map(|s| s.to_string())
             .collect::<Vec<_>>()
     };
-    o.create_agent(
+    o.uploads().create_agent(
         agentserver::pump::agents::NewAgent {
             name: "t-api".into(),
             tenant: Some("acme".into()),

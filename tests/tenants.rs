@@ -111,7 +111,7 @@ fn organism(dir: &Path) -> Organism {
             Some(&["a-recv", "o-shared"]),
         ),
     ] {
-        o.create_agent(new, None).expect("agent created");
+        o.uploads().create_agent(new, None).expect("agent created");
     }
     o
 }
@@ -226,7 +226,7 @@ async fn nothing_crosses_a_tenant_but_to_shared_listeners_on_any_path() {
     assert_eq!(got, names(&["a-recv", "o-recv"]), "o-peered broadcast");
 
     // A test vector's preview routes as the pump does, and says as little.
-    let tester = o.prepare_test("a-api-free", 1).expect("a tester");
+    let tester = o.uploads().prepare_test("a-api-free", 1).expect("a tester");
     let mut outcome = tester.run(&json!({}), Some("Go")).await;
     let mut to = tester.output(outcome.outputs.remove(0)).to;
     to.sort();
@@ -453,7 +453,8 @@ async fn a_malformed_output_to_another_tenant_is_not_shown_to_it() {
     let o = organism(dir.path());
     let bad =
         "function handle(p, meta)\n  return { to = p.to, xml = \"<Secret><text>unclosed\" }\nend\n";
-    o.create_agent(new_agent("a-api-bad", "a", bad, "Go", None), None)
+    o.uploads()
+        .create_agent(new_agent("a-api-bad", "a", bad, "Go", None), None)
         .expect("agent created");
     for (to, shown) in [("b-recv", None), ("a-recv", Some("a-recv"))] {
         let r = inject(&o, "a-api-bad", &format!("<Go><to>{to}</to></Go>"), None);

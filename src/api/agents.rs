@@ -300,12 +300,16 @@ fn with_history(s: &ApiState, seen: &Seen, name: &str) -> Result<History, ApiErr
     if !seen.scope.sees(name) {
         return Err(error(AgentError::NotFound(name.to_string())));
     }
-    if let Some(a) = organism.created_agent(name)? {
+    if let Some(a) = organism.uploads().created_agent(name)? {
         return Ok(History::Api(a));
     }
     match organism.config().listener(name).map(|l| l.kind) {
         Some(crate::config::ListenerKind::Lua) => {
-            let newest = organism.agent_versions(name)?.first().map(|v| v.version);
+            let newest = organism
+                .uploads()
+                .agent_versions(name)?
+                .first()
+                .map(|v| v.version);
             Ok(History::File(newest.unwrap_or(0)))
         }
         Some(_) => Err(error(AgentError::FileListener(name.to_string()))),
@@ -379,7 +383,7 @@ pub async fn create_agent(
     };
     let organism = s.inner.organism.clone();
     let author = seen.principal.name.clone();
-    let done = blocking(move || organism.create_agent(new, author)).await?;
+    let done = blocking(move || organism.uploads().create_agent(new, author)).await?;
     let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
     Ok((StatusCode::CREATED, Json(changed(&name, &change))))
 }
@@ -398,7 +402,7 @@ pub async fn delete_agent(
     let organism = s.inner.organism.clone();
     let author = seen.principal.name.clone();
     let target = name.clone();
-    let done = blocking(move || organism.delete_agent(&target, author)).await?;
+    let done = blocking(move || organism.uploads().delete_agent(&target, author)).await?;
     let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
     Ok(Json(changed(&name, &change)))
 }
@@ -432,7 +436,8 @@ pub async fn upload_script(
         cases: checked_cases(body.cases)?,
     };
     if q.dry_run {
-        let done = blocking(move || organism.preview_version(&target, new, author)).await?;
+        let done =
+            blocking(move || organism.uploads().preview_version(&target, new, author)).await?;
         let (v, tester) = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
         let tests = match cases_of(&v)? {
             Some(cases) => Some(run_cases(&s, &seen, &tester, &cases).await?),
@@ -444,7 +449,7 @@ pub async fn upload_script(
         };
         return Ok(Json(answer).into_response());
     }
-    let done = blocking(move || organism.upload_version(&target, new, author)).await?;
+    let done = blocking(move || organism.uploads().upload_version(&target, new, author)).await?;
     let v = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
     Ok((
         StatusCode::CREATED,
@@ -465,7 +470,7 @@ pub async fn list_scripts(
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Json<Paged<ScriptVersion>>> {
     let live = with_history(&s, &seen, &name)?.live();
-    let all = s.inner.organism.agent_versions(&name)?;
+    let all = s.inner.organism.uploads().agent_versions(&name)?;
     Ok(Json(Paged::map(q.page().cut(all), |v| {
         ScriptVersion::of(&v, live)
     })))
@@ -485,6 +490,7 @@ pub async fn get_script(
     let v = s
         .inner
         .organism
+        .uploads()
         .agent_version(&name, version)?
         .ok_or_else(|| {
             error(AgentError::NoVersion {
@@ -515,7 +521,11 @@ pub async fn deploy(
     JsonBody(body): JsonBody<Deploy>,
 ) -> ApiResult<(StatusCode, Json<AgentChanged>)> {
     visible_agent(&s, &seen, &name)?;
-    let kept = s.inner.organism.agent_version(&name, body.version)?;
+    let kept = s
+        .inner
+        .organism
+        .uploads()
+        .agent_version(&name, body.version)?;
     let cases = match &kept {
         Some(v) if !body.force => cases_of(v)?,
         _ => None,
@@ -523,7 +533,7 @@ pub async fn deploy(
     if let Some(cases) = cases {
         let organism = s.inner.organism.clone();
         let (target, version) = (name.clone(), body.version);
-        let tester = blocking(move || organism.prepare_test(&target, version))
+        let tester = blocking(move || organism.uploads().prepare_test(&target, version))
             .await?
             .map_err(|e| error(for_caller(e, &seen, &name)))?;
         let report = run_cases(&s, &seen, &tester, &cases).await?;
@@ -553,9 +563,12 @@ pub async fn deploy(
     let organism = s.inner.organism.clone();
     let author = seen.principal.name.clone();
     let target = name.clone();
-    let done =
-        blocking(move || organism.deploy_version(&target, body.version, body.if_rev, author))
-            .await?;
+    let done = blocking(move || {
+        organism
+            .uploads()
+            .deploy_version(&target, body.version, body.if_rev, author)
+    })
+    .await?;
     let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
     Ok((StatusCode::CREATED, Json(changed(&name, &change))))
 }
@@ -572,7 +585,7 @@ pub async fn list_deployments(
     Params(q): Params<PageQuery>,
 ) -> ApiResult<Json<Paged<Deployment>>> {
     with_history(&s, &seen, &name)?;
-    let all = s.inner.organism.agent_deployments(&name)?;
+    let all = s.inner.organism.uploads().agent_deployments(&name)?;
     Ok(Json(Paged::map(q.page().cut(all), |d| {
         Deployment::from(&d)
     })))
@@ -596,7 +609,7 @@ pub async fn test_script(
     check_count(body.cases.len())?;
     let organism = s.inner.organism.clone();
     let target = name.clone();
-    let tester = blocking(move || organism.prepare_test(&target, version))
+    let tester = blocking(move || organism.uploads().prepare_test(&target, version))
         .await?
         .map_err(|e| error(for_caller(e, &seen, &name)))?;
     Ok(Json(run_cases(&s, &seen, &tester, &body.cases).await?))

@@ -355,8 +355,22 @@ impl super::Shared {
 }
 
 impl super::Organism {
-    fn api_agents(&self) -> &ApiAgents {
-        &self.shared.reloading.agents
+    /// The agents created through the API: listing, creating, uploading versions,
+    /// deploying, deleting, and testing a version apart.
+    pub fn uploads(&self) -> Uploads<'_> {
+        Uploads { organism: self }
+    }
+}
+
+/// The agents created through the API ([`Organism::uploads`](super::Organism::uploads)).
+#[derive(Clone, Copy)]
+pub struct Uploads<'a> {
+    pub(super) organism: &'a super::Organism,
+}
+
+impl<'a> Uploads<'a> {
+    fn api_agents(&self) -> &'a ApiAgents {
+        &self.organism.shared.reloading.agents
     }
 
     /// The agents created through the API, oldest first.
@@ -393,7 +407,8 @@ impl super::Organism {
         c: Announced<'_>,
         result: Result<T, AgentError>,
     ) -> Result<T, AgentError> {
-        self.shared
+        self.organism
+            .shared
             .events
             .publish(crate::events::EventKind::Deployment {
                 agent: c.agent.to_string(),
@@ -406,7 +421,7 @@ impl super::Organism {
                 error: result
                     .as_ref()
                     .err()
-                    .map(|e| self.shared.clip_error(e.to_string())),
+                    .map(|e| self.organism.shared.clip_error(e.to_string())),
             });
         result
     }
@@ -433,7 +448,7 @@ impl super::Organism {
     fn api_agent(&self, name: &str) -> Result<AgentRow, AgentError> {
         match self.api_agents().table.agent(name)? {
             Some(a) => Ok(a),
-            None if self.config().listener(name).is_some() => {
+            None if self.organism.config().listener(name).is_some() => {
                 Err(AgentError::FileListener(name.to_string()))
             }
             None => Err(AgentError::NotFound(name.to_string())),
@@ -525,7 +540,8 @@ impl super::Organism {
             return self.announce(announced, Err(e));
         }
         let keep = agent.tenant.as_deref().map_or(MAX_VERSIONS, |t| {
-            self.config()
+            self.organism
+                .config()
                 .tenants
                 .of(t)
                 .0
@@ -611,7 +627,7 @@ impl super::Organism {
 
     /// Prepares the organism with `layer` beside the running one and throws it away.
     fn check_layer(&self, layer: &[LayerListener]) -> Result<(), AgentError> {
-        let s = &self.shared;
+        let s = &self.organism.shared;
         let turn = s.turn(None)?;
         s.prepare(&turn.current, &turn.path, layer)
             .map(drop)
@@ -621,12 +637,12 @@ impl super::Organism {
     /// One change of the layer, under the reload lock: `plan` (given the running config)
     /// returns the new layer and how to keep it; the organism is prepared with it, the
     /// change kept, then applied.
-    fn change_layer<'a>(
+    fn change_layer<'p>(
         &self,
         if_rev: Option<u64>,
-        plan: impl FnOnce(&crate::config::OrganismConfig) -> Result<Plan<'a>, AgentError>,
+        plan: impl FnOnce(&crate::config::OrganismConfig) -> Result<Plan<'p>, AgentError>,
     ) -> Result<AgentChange, AgentError> {
-        let s = &self.shared;
+        let s = &self.organism.shared;
         let turn = s.turn(if_rev)?;
         let (layer, keep, version, from_version) = plan(&turn.current.config)?;
         let prepared = s

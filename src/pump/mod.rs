@@ -56,6 +56,7 @@ use crate::time::Timestamp;
 use crate::xml::{XmlError, XmlLimits};
 
 pub use crate::store::RETENTION_INTERVAL;
+pub use agents::Uploads;
 pub(crate) use builder::load_config_layered;
 pub use builder::{OrganismBuilder, Overrides};
 pub use control::Control;

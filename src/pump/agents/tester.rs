@@ -49,7 +49,7 @@ pub struct TestOutput {
     pub error: Option<String>,
 }
 
-impl crate::pump::Organism {
+impl super::Uploads<'_> {
     /// Builds version `version` of the API agent `name` to be tried (compiled, `init` run):
     /// blocking, as a reload's build is.
     pub fn prepare_test(&self, name: &str, version: u64) -> Result<Tester, AgentError> {
@@ -84,17 +84,25 @@ impl crate::pump::Organism {
         let mut tried = agent.clone();
         tried.live_version = row.version;
         let layer = agents.layer(Some((name, Some((&tried, row)))))?;
-        let path = self.config().source.clone().ok_or(AgentError::NoSource)?;
-        let config =
-            crate::pump::load_config_layered(&path, &self.shared.reloading.registry, &layer)
-                .map_err(|e| AgentError::Invalid(self.shared.problems_of(e)))?;
+        let path = self
+            .organism
+            .config()
+            .source
+            .clone()
+            .ok_or(AgentError::NoSource)?;
+        let config = crate::pump::load_config_layered(
+            &path,
+            &self.organism.shared.reloading.registry,
+            &layer,
+        )
+        .map_err(|e| AgentError::Invalid(self.organism.shared.problems_of(e)))?;
         let listener = config
             .listener(name)
             .cloned()
             .ok_or_else(|| AgentError::NotFound(name.to_string()))?;
         let handler = crate::lua::LuaHandler::build_with(
             &listener,
-            self.shared.limits.max_message_bytes,
+            self.organism.shared.limits.max_message_bytes,
             crate::lua::OutputTargets::of(&config),
             std::sync::Arc::new(crate::events::EventHub::new(16)),
             None,
@@ -104,11 +112,11 @@ impl crate::pump::Organism {
                 line: None,
                 listener: Some(name.to_string()),
                 key: None,
-                message: self.shared.clip_error(message),
+                message: self.organism.shared.clip_error(message),
             }])
         })?;
         Ok(Tester {
-            organism: self.clone(),
+            organism: self.organism.clone(),
             name: name.to_string(),
             listener,
             config: std::sync::Arc::new(config),
