@@ -267,7 +267,6 @@ pub async fn agents(remote: &Remote, cmd: AgentsCommand, json: bool) -> Result<S
 
 /// Runs one `scripts` command; what to print.
 pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result<String, Failed> {
-    let base = |name: &str| format!("/api/v1/agents/{}", path_part(name));
     match cmd {
         ScriptsCommand::Push {
             name,
@@ -291,54 +290,7 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             if let Some(c) = config {
                 body["config"] = read_json(&c)?;
             }
-            if dry_run {
-                let v = remote
-                    .call(
-                        "POST",
-                        &format!("{}/scripts?dry_run=true", base(&name)),
-                        Some(body),
-                    )
-                    .await?;
-                let report = &v["tests"];
-                if json {
-                    return Ok(v.to_string());
-                }
-                let mut text = format!(
-                    "{name}: v{} would be kept (sha256 {}); nothing was kept",
-                    v["version"]["version"],
-                    v["version"]["sha256"]
-                        .as_str()
-                        .unwrap_or("")
-                        .get(..12)
-                        .unwrap_or("")
-                );
-                if !report.is_null() {
-                    text.push('\n');
-                    text.push_str(&report_text(report));
-                    let failed = report["failed"].as_u64().unwrap_or(0);
-                    if failed > 0 {
-                        return Err(Failed {
-                            code: 1,
-                            message: format!("{failed} of the version's cases failed"),
-                            report: Some(text),
-                        });
-                    }
-                }
-                return Ok(text);
-            }
-            let v = remote
-                .call("POST", &format!("{}/scripts", base(&name)), Some(body))
-                .await?;
-            Ok(if json {
-                v.to_string()
-            } else {
-                format!(
-                    "{name}: v{} kept (sha256 {}), not live; to deploy it: agentserver scripts deploy {name} {}",
-                    v["version"],
-                    v["sha256"].as_str().unwrap_or("").get(..12).unwrap_or(""),
-                    v["version"]
-                )
-            })
+            push(remote, &name, body, dry_run, json).await
         }
         ScriptsCommand::List { name } => {
             let v = remote
@@ -400,34 +352,7 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
                 .map_err(|e| as_flags(e.into()))?;
             Ok(if json { v.to_string() } else { change_line(&v) })
         }
-        ScriptsCommand::Rollback { name } => {
-            let list = remote
-                .call("GET", &format!("{}/scripts?limit=1000", base(&name)), None)
-                .await?;
-            let items = list["items"].as_array().cloned().unwrap_or_default();
-            let live = items
-                .iter()
-                .find(|v| v["live"] == true)
-                .and_then(|v| v["version"].as_u64());
-            let previous = items
-                .iter()
-                .filter_map(|v| v["version"].as_u64())
-                .filter(|v| live.is_some_and(|l| *v < l))
-                .max()
-                .ok_or_else(|| Failed {
-                    code: 1,
-                    report: None,
-                    message: format!(
-                        "{name} has no version older than the live one (v{}) to roll back to",
-                        live.unwrap_or(0)
-                    ),
-                })?;
-            let body = json!({"version": previous});
-            let v = remote
-                .call("POST", &format!("{}/deployments", base(&name)), Some(body))
-                .await?;
-            Ok(if json { v.to_string() } else { change_line(&v) })
-        }
+        ScriptsCommand::Rollback { name } => rollback(remote, &name, json).await,
         ScriptsCommand::History { name } => {
             let v = remote
                 .call(
@@ -456,4 +381,97 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             })
         }
     }
+}
+
+/// `/api/v1/agents/NAME`, the name as a path segment.
+fn base(name: &str) -> String {
+    format!("/api/v1/agents/{}", path_part(name))
+}
+
+/// `scripts push`: a new version kept (not live); with `--dry-run`, built and tested only.
+async fn push(
+    remote: &Remote,
+    name: &str,
+    body: Value,
+    dry_run: bool,
+    json: bool,
+) -> Result<String, Failed> {
+    if dry_run {
+        let v = remote
+            .call(
+                "POST",
+                &format!("{}/scripts?dry_run=true", base(name)),
+                Some(body),
+            )
+            .await?;
+        let report = &v["tests"];
+        if json {
+            return Ok(v.to_string());
+        }
+        let mut text = format!(
+            "{name}: v{} would be kept (sha256 {}); nothing was kept",
+            v["version"]["version"],
+            v["version"]["sha256"]
+                .as_str()
+                .unwrap_or("")
+                .get(..12)
+                .unwrap_or("")
+        );
+        if !report.is_null() {
+            text.push('\n');
+            text.push_str(&report_text(report));
+            let failed = report["failed"].as_u64().unwrap_or(0);
+            if failed > 0 {
+                return Err(Failed {
+                    code: 1,
+                    message: format!("{failed} of the version's cases failed"),
+                    report: Some(text),
+                });
+            }
+        }
+        return Ok(text);
+    }
+    let v = remote
+        .call("POST", &format!("{}/scripts", base(name)), Some(body))
+        .await?;
+    Ok(if json {
+        v.to_string()
+    } else {
+        format!(
+            "{name}: v{} kept (sha256 {}), not live; to deploy it: agentserver scripts deploy {name} {}",
+            v["version"],
+            v["sha256"].as_str().unwrap_or("").get(..12).unwrap_or(""),
+            v["version"]
+        )
+    })
+}
+
+/// `scripts rollback`: the newest version older than the live one, deployed.
+async fn rollback(remote: &Remote, name: &str, json: bool) -> Result<String, Failed> {
+    let list = remote
+        .call("GET", &format!("{}/scripts?limit=1000", base(name)), None)
+        .await?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    let live = items
+        .iter()
+        .find(|v| v["live"] == true)
+        .and_then(|v| v["version"].as_u64());
+    let previous = items
+        .iter()
+        .filter_map(|v| v["version"].as_u64())
+        .filter(|v| live.is_some_and(|l| *v < l))
+        .max()
+        .ok_or_else(|| Failed {
+            code: 1,
+            report: None,
+            message: format!(
+                "{name} has no version older than the live one (v{}) to roll back to",
+                live.unwrap_or(0)
+            ),
+        })?;
+    let body = json!({"version": previous});
+    let v = remote
+        .call("POST", &format!("{}/deployments", base(name)), Some(body))
+        .await?;
+    Ok(if json { v.to_string() } else { change_line(&v) })
 }
