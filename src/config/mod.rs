@@ -308,11 +308,67 @@ pub fn load_str_layered(
         ),
     };
 
+    let (mut sections, mut written_names) = listener_items(map.get("listeners"), &mut c);
+
+    let tenants = tenants(map.get("tenants"), &mut c);
+    layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
+    let mut listeners = check_listeners(&sections, &written_names, base, known, &mut c);
+    layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
+    tenant::check_peers_in_scope(&listeners, &mut c);
+    let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
+    check_external_callbacks(&auth, &listeners, &mut c);
+
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
+    let Some(organism) = organism else {
+        return Err(ConfigErrors(c.errors));
+    };
+    if organism.name.trim().is_empty() {
+        c.push(None, Some("organism.name"), "must not be empty");
+        return Err(ConfigErrors(c.errors));
+    }
+    let (store, retention) = check_organism(&organism, base, &auth, &mut c);
+    let nats = check_nats(organism.nats, &organism.name, &listeners, &mut c);
+    if !c.errors.is_empty() {
+        return Err(ConfigErrors(c.errors));
+    }
+    Ok(OrganismConfig {
+        nats,
+        tls: organism.tls.map(|t| TlsFiles {
+            cert: base.join(t.cert),
+            key: base.join(t.key),
+        }),
+        allowed_origins: organism.allowed_origins,
+        allowed_hosts: organism.allowed_hosts,
+        dashboard: organism.dashboard.unwrap_or(true),
+        retention,
+        listen: organism
+            .listen
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
+        name: organism.name,
+        store,
+        scheduling: organism.scheduling,
+        limits,
+        auth,
+        listeners,
+        source: None,
+        text: text.to_string(),
+        layer: layer.to_vec(),
+        tenants,
+    })
+}
+
+/// The `listeners:` items, each read into its section (a problem in one is reported, the
+/// others still read), with every name written, readable section or not: a mistake in one
+/// listener is reported once, not again as "names no listener" in those that refer to it.
+fn listener_items(
+    listeners: Option<&yaml_serde::Value>,
+    c: &mut Collector,
+) -> (Vec<ListenerSection>, Vec<String>) {
     let mut sections: Vec<ListenerSection> = Vec::new();
-    // Every listener's name, its section readable or not: a mistake in one listener is
-    // reported once, not again as "names no listener" in those that refer to it.
     let mut written_names: Vec<String> = Vec::new();
-    match map.get("listeners").and_then(|v| v.as_sequence()) {
+    match listeners.and_then(|v| v.as_sequence()) {
         None => c.push(None, Some("listeners"), "missing, or not a list"),
         Some(items) => {
             for (i, item) in items.iter().enumerate() {
@@ -345,25 +401,17 @@ pub fn load_str_layered(
             }
         }
     }
+    (sections, written_names)
+}
 
-    let tenants = tenants(map.get("tenants"), &mut c);
-    layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
-    let mut listeners = check_listeners(&sections, &written_names, base, known, &mut c);
-    layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
-    tenant::check_peers_in_scope(&listeners, &mut c);
-    let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
-    check_external_callbacks(&auth, &listeners, &mut c);
-
-    if !c.errors.is_empty() {
-        return Err(ConfigErrors(c.errors));
-    }
-    let Some(organism) = organism else {
-        return Err(ConfigErrors(c.errors));
-    };
-    if organism.name.trim().is_empty() {
-        c.push(None, Some("organism.name"), "must not be empty");
-        return Err(ConfigErrors(c.errors));
-    }
+/// `organism:`'s own keys: the store (absolute, beside the file by default; `memory` needs
+/// a keys file when keys are on), retention, and the origins and hosts browsers may use.
+fn check_organism(
+    organism: &OrganismSection,
+    base: &Path,
+    auth: &AuthConfig,
+    c: &mut Collector,
+) -> (Option<PathBuf>, Retention) {
     if organism
         .store
         .as_deref()
@@ -431,34 +479,7 @@ pub fn load_str_layered(
             );
         }
     }
-    let nats = check_nats(organism.nats, &organism.name, &listeners, &mut c);
-    if !c.errors.is_empty() {
-        return Err(ConfigErrors(c.errors));
-    }
-    Ok(OrganismConfig {
-        nats,
-        tls: organism.tls.map(|t| TlsFiles {
-            cert: base.join(t.cert),
-            key: base.join(t.key),
-        }),
-        allowed_origins: organism.allowed_origins,
-        allowed_hosts: organism.allowed_hosts,
-        dashboard: organism.dashboard.unwrap_or(true),
-        retention,
-        listen: organism
-            .listen
-            .unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
-        name: organism.name,
-        store,
-        scheduling: organism.scheduling,
-        limits,
-        auth,
-        listeners,
-        source: None,
-        text: text.to_string(),
-        layer: layer.to_vec(),
-        tenants,
-    })
+    (store, retention)
 }
 
 /// The line (from 1) where `key` (a dotted path such as `config.to` or `organism.store`) of
