@@ -162,6 +162,126 @@ fn describe(e: &mlua::Error) -> String {
     }
 }
 
+/// The globals a script sees: the standard libraries but what could escape or outlast the
+/// sandbox (metatables, loading code, `debug`, the file system), `os` with `time` and
+/// `clock` only, `log.info/warn/error` (into `logs`, bounded), `json.encode` (bounded by
+/// the memory cap) and `json.decode`; then the built-ins are made read-only.
+fn install_globals(
+    lua: &Lua,
+    logs: &Arc<Mutex<Vec<LogLine>>>,
+    limits: LuaLimits,
+) -> mlua::Result<()> {
+    let g = lua.globals();
+    for banned in [
+        "getmetatable",
+        "setmetatable",
+        "getfenv",
+        "setfenv",
+        "loadstring",
+        "load",
+        "require",
+        "collectgarbage",
+        "newproxy",
+        "gcinfo",
+        "print",
+        "debug",
+        "dofile",
+        "loadfile",
+        "buffer",
+        "vector",
+    ] {
+        g.raw_set(banned, Value::Nil)?;
+    }
+    let os: Table = g.get("os")?;
+    let safe_os = lua.create_table()?;
+    safe_os.set("time", os.get::<Function>("time")?)?;
+    safe_os.set("clock", os.get::<Function>("clock")?)?;
+    g.raw_set("os", safe_os)?;
+
+    let log = lua.create_table()?;
+    for level in ["info", "warn", "error"] {
+        let logs = logs.clone();
+        log.set(
+            level,
+            lua.create_function(move |_, message: LuaString| {
+                let mut lines = crate::sync::lock(&logs);
+                if lines.len() < MAX_LOG_LINES {
+                    let text = crate::clip::clip(message.to_string_lossy(), MAX_LOG_BYTES);
+                    lines.push(LogLine {
+                        level,
+                        message: text,
+                    });
+                }
+                Ok(())
+            })?,
+        )?;
+    }
+    g.raw_set("log", log)?;
+
+    let json = lua.create_table()?;
+    let cap = limits.memory_bytes();
+    json.set(
+        "encode",
+        lua.create_function(move |_, v: Value| {
+            let bytes = encode_bounded(&v, cap)?;
+            String::from_utf8(bytes).map_err(mlua::Error::external)
+        })?,
+    )?;
+    json.set(
+        "decode",
+        lua.create_function(|lua, s: LuaString| {
+            let value: Json = serde_json::from_slice(&s.as_bytes())
+                .map_err(|e| mlua::Error::RuntimeError(format!("json.decode: {e}")))?;
+            lua.to_value_with(&value, ser_options())
+        })?,
+    )?;
+    g.raw_set("json", json)?;
+    #[cfg(test)]
+    g.raw_set(
+        "__test_block",
+        lua.create_function(|_, ms: u64| {
+            // Stands for C code the interrupt cannot reach (unit tests only).
+            std::thread::sleep(Duration::from_millis(ms));
+            Ok(())
+        })?,
+    )?;
+    lua.sandbox(true)?;
+    Ok(())
+}
+
+/// The VM interrupt: every [`CLOCK_EVERY`] interrupts (or at once after a trip) it looks at
+/// the call's deadline and cancellation, and stops the script when either has come.
+fn interrupt_on_budget(lua: &Lua, budget: Arc<Budget>) {
+    let counter = Cell::new(0u32);
+    lua.set_interrupt(move |lua| {
+        let n = counter.get().wrapping_add(1);
+        counter.set(n);
+        if !n.is_multiple_of(CLOCK_EVERY) && !budget.tripped.load(Ordering::Relaxed) {
+            return Ok(VmState::Continue);
+        }
+        budget.peak.fetch_max(lua.used_memory(), Ordering::Relaxed);
+        let cancelled = match budget.cancel.lock() {
+            Ok(g) => g.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)),
+            Err(_) => false,
+        };
+        if cancelled {
+            budget.cancelled.store(true, Ordering::Relaxed);
+            return Err(mlua::Error::RuntimeError(
+                "cancelled: the thread was killed".into(),
+            ));
+        }
+        let over = match budget.deadline.lock() {
+            Ok(mut g) => g.as_mut().is_some_and(Deadline::passed),
+            Err(_) => false,
+        };
+        if over || budget.tripped.load(Ordering::Relaxed) {
+            budget.tripped.store(true, Ordering::Relaxed);
+            return Err(mlua::Error::RuntimeError("cpu budget exceeded".into()));
+        }
+        Ok(VmState::Continue)
+    });
+}
+
 impl Sandbox {
     /// Builds a sandbox, runs the script's top level and its `init(config)`.
     pub fn new(
@@ -187,117 +307,10 @@ impl Sandbox {
             peak: AtomicUsize::new(0),
         });
         let logs = Arc::new(Mutex::new(Vec::new()));
-        let setup = (|| -> mlua::Result<()> {
-            let g = lua.globals();
-            for banned in [
-                "getmetatable",
-                "setmetatable",
-                "getfenv",
-                "setfenv",
-                "loadstring",
-                "load",
-                "require",
-                "collectgarbage",
-                "newproxy",
-                "gcinfo",
-                "print",
-                "debug",
-                "dofile",
-                "loadfile",
-                "buffer",
-                "vector",
-            ] {
-                g.raw_set(banned, Value::Nil)?;
-            }
-            let os: Table = g.get("os")?;
-            let safe_os = lua.create_table()?;
-            safe_os.set("time", os.get::<Function>("time")?)?;
-            safe_os.set("clock", os.get::<Function>("clock")?)?;
-            g.raw_set("os", safe_os)?;
+        install_globals(&lua, &logs, limits)
+            .map_err(|e| format!("cannot build the sandbox: {e}"))?;
 
-            let log = lua.create_table()?;
-            for level in ["info", "warn", "error"] {
-                let logs = logs.clone();
-                log.set(
-                    level,
-                    lua.create_function(move |_, message: LuaString| {
-                        let mut lines = crate::sync::lock(&logs);
-                        if lines.len() < MAX_LOG_LINES {
-                            let text = crate::clip::clip(message.to_string_lossy(), MAX_LOG_BYTES);
-                            lines.push(LogLine {
-                                level,
-                                message: text,
-                            });
-                        }
-                        Ok(())
-                    })?,
-                )?;
-            }
-            g.raw_set("log", log)?;
-
-            let json = lua.create_table()?;
-            let cap = limits.memory_bytes();
-            json.set(
-                "encode",
-                lua.create_function(move |_, v: Value| {
-                    let bytes = encode_bounded(&v, cap)?;
-                    String::from_utf8(bytes).map_err(mlua::Error::external)
-                })?,
-            )?;
-            json.set(
-                "decode",
-                lua.create_function(|lua, s: LuaString| {
-                    let value: Json = serde_json::from_slice(&s.as_bytes())
-                        .map_err(|e| mlua::Error::RuntimeError(format!("json.decode: {e}")))?;
-                    lua.to_value_with(&value, ser_options())
-                })?,
-            )?;
-            g.raw_set("json", json)?;
-            #[cfg(test)]
-            g.raw_set(
-                "__test_block",
-                lua.create_function(|_, ms: u64| {
-                    // Stands for C code the interrupt cannot reach (unit tests only).
-                    std::thread::sleep(Duration::from_millis(ms));
-                    Ok(())
-                })?,
-            )?;
-            lua.sandbox(true)?;
-            Ok(())
-        })();
-        setup.map_err(|e| format!("cannot build the sandbox: {e}"))?;
-
-        {
-            let budget = budget.clone();
-            let counter = Cell::new(0u32);
-            lua.set_interrupt(move |lua| {
-                let n = counter.get().wrapping_add(1);
-                counter.set(n);
-                if !n.is_multiple_of(CLOCK_EVERY) && !budget.tripped.load(Ordering::Relaxed) {
-                    return Ok(VmState::Continue);
-                }
-                budget.peak.fetch_max(lua.used_memory(), Ordering::Relaxed);
-                let cancelled = match budget.cancel.lock() {
-                    Ok(g) => g.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)),
-                    Err(_) => false,
-                };
-                if cancelled {
-                    budget.cancelled.store(true, Ordering::Relaxed);
-                    return Err(mlua::Error::RuntimeError(
-                        "cancelled: the thread was killed".into(),
-                    ));
-                }
-                let over = match budget.deadline.lock() {
-                    Ok(mut g) => g.as_mut().is_some_and(Deadline::passed),
-                    Err(_) => false,
-                };
-                if over || budget.tripped.load(Ordering::Relaxed) {
-                    budget.tripped.store(true, Ordering::Relaxed);
-                    return Err(mlua::Error::RuntimeError("cpu budget exceeded".into()));
-                }
-                Ok(VmState::Continue)
-            });
-        }
+        interrupt_on_budget(&lua, budget.clone());
         lua.set_memory_limit(limits.memory_bytes())
             .map_err(|e| format!("cannot set the memory limit: {e}"))?;
 
