@@ -125,33 +125,7 @@ pub(super) fn check_nats(
         }
         return None;
     };
-    let key = Some("organism.nats.url");
-    if s.url.trim().is_empty() {
-        c.push(
-            None,
-            key,
-            "must not be empty: a URL like nats://127.0.0.1:4222",
-        );
-    }
-    for url in s.url.split(',') {
-        match reqwest::Url::parse(url.trim()) {
-            Ok(u) if matches!(u.scheme(), "nats" | "tls") && u.has_host() => {
-                if u.password().is_some() || !u.username().is_empty() {
-                    c.push(
-                        None,
-                        key,
-                        "holds a credential; name an environment variable in \
-                         `credentials_env` instead",
-                    );
-                }
-            }
-            _ => c.push(
-                None,
-                key,
-                format!("`{}` is not a URL like nats://127.0.0.1:4222", url.trim()),
-            ),
-        }
-    }
+    check_nats_urls(&s.url, c);
     let prefix = s
         .stream_prefix
         .unwrap_or_else(|| NatsConfig::default_prefix(organism_name));
@@ -234,6 +208,38 @@ pub(super) fn check_nats(
         deliver_timeout,
         max_deliver: max_deliver.max(1),
     })
+}
+
+/// `organism.nats.url`: one or more `nats://` (or `tls://`) URLs, comma-separated, none
+/// holding a credential (that goes in `credentials_env`).
+fn check_nats_urls(urls: &str, c: &mut Collector) {
+    let key = Some("organism.naturls");
+    if urls.trim().is_empty() {
+        c.push(
+            None,
+            key,
+            "must not be empty: a URL like nats://127.0.0.1:4222",
+        );
+    }
+    for url in urls.split(',') {
+        match reqwest::Url::parse(url.trim()) {
+            Ok(u) if matches!(u.scheme(), "nats" | "tls") && u.has_host() => {
+                if u.password().is_some() || !u.username().is_empty() {
+                    c.push(
+                        None,
+                        key,
+                        "holds a credential; name an environment variable in \
+                         `credentials_env` instead",
+                    );
+                }
+            }
+            _ => c.push(
+                None,
+                key,
+                format!("`{}` is not a URL like nats://127.0.0.1:4222", url.trim()),
+            ),
+        }
+    }
 }
 
 /// The value of the environment variable `var` that a file names for a secret, or `None`
