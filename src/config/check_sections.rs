@@ -213,7 +213,7 @@ pub(super) fn check_nats(
 /// `organism.nats.url`: one or more `nats://` (or `tls://`) URLs, comma-separated, none
 /// holding a credential (that goes in `credentials_env`).
 fn check_nats_urls(urls: &str, c: &mut Collector) {
-    let key = Some("organism.naturls");
+    let key = Some("organism.nats.url");
     if urls.trim().is_empty() {
         c.push(
             None,
