@@ -182,43 +182,11 @@ impl Session {
                 }
             },
         };
-        let (tx, mut rx) = mpsc::channel::<Message>(options.client_queue.max(1));
+        let (tx, rx) = mpsc::channel::<Message>(options.client_queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let writer_queued = queued.clone();
         let write_timeout = options.heartbeat * 2;
-        let mut writer = tokio::spawn(async move {
-            // Frames already queued go out together: fed one by one, flushed (written to the
-            // socket) once, so a busy client costs one write per batch, not per frame.
-            let mut batch = Vec::with_capacity(WRITE_BATCH);
-            while let Some(first) = rx.recv().await {
-                batch.push(first);
-                while batch.len() < WRITE_BATCH {
-                    match rx.try_recv() {
-                        Ok(msg) => batch.push(msg),
-                        Err(_) => break,
-                    }
-                }
-                let len: usize = batch.iter().map(frame_len).sum();
-                let closing = batch.iter().any(|m| matches!(m, Message::Close(_)));
-                let frames = std::mem::take(&mut batch);
-                let sent = tokio::time::timeout(write_timeout, async {
-                    for msg in frames {
-                        let last = matches!(msg, Message::Close(_));
-                        sink.feed(msg).await?;
-                        if last {
-                            break;
-                        }
-                    }
-                    sink.flush().await
-                })
-                .await;
-                writer_queued.fetch_sub(len, Ordering::Relaxed);
-                if !matches!(sent, Ok(Ok(()))) || closing {
-                    break;
-                }
-            }
-            let _ = tokio::time::timeout(write_timeout, sink.close()).await;
-        });
+        let mut writer = tokio::spawn(write_frames(sink, rx, writer_queued, write_timeout));
 
         let hub = state.inner.organism.events();
         let sub = hub.subscribe_since(since);
@@ -257,26 +225,7 @@ impl Session {
         // The client's frames are read by their own task: polling the socket from the loop
         // below would try a read (and prepare a read buffer) for every event offered.
         let (in_tx, mut incoming) = mpsc::channel::<Option<Message>>(16);
-        let reader = tokio::spawn(async move {
-            loop {
-                match stream.next().await {
-                    Some(Ok(msg)) => {
-                        if in_tx.send(Some(msg)).await.is_err() {
-                            return;
-                        }
-                    }
-                    // A protocol error ends the session with its close code.
-                    Some(Err(e)) => {
-                        if let Some(frame) = protocol_close(e) {
-                            let _ = in_tx.send(Some(Message::Close(Some(frame)))).await;
-                        }
-                        break;
-                    }
-                    None => break,
-                }
-            }
-            let _ = in_tx.send(None).await;
-        });
+        let reader = tokio::spawn(read_frames(stream, in_tx));
         let reserve_tx = tx.clone();
         drop(tx);
         let closing = state.inner.closing.clone();
@@ -566,6 +515,73 @@ impl Session {
         self.state.count_dropped(self.ep, count);
         self.dropped = Some(Dropped::add(self.dropped, count, from_seq, to_seq));
     }
+}
+
+/// The writer task: drains a session's queue into its socket. Frames already queued go out
+/// together: fed one by one, flushed (written to the socket) once, so a busy client costs
+/// one write per batch, not per frame. Each batch has `write_timeout`; the bytes it carried
+/// are paid back to `queued`. Ends at a close frame, a failed write or the queue's end.
+async fn write_frames(
+    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut rx: mpsc::Receiver<Message>,
+    writer_queued: Arc<AtomicUsize>,
+    write_timeout: Duration,
+) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(msg) => batch.push(msg),
+                Err(_) => break,
+            }
+        }
+        let len: usize = batch.iter().map(frame_len).sum();
+        let closing = batch.iter().any(|m| matches!(m, Message::Close(_)));
+        let frames = std::mem::take(&mut batch);
+        let sent = tokio::time::timeout(write_timeout, async {
+            for msg in frames {
+                let last = matches!(msg, Message::Close(_));
+                sink.feed(msg).await?;
+                if last {
+                    break;
+                }
+            }
+            sink.flush().await
+        })
+        .await;
+        writer_queued.fetch_sub(len, Ordering::Relaxed);
+        if !matches!(sent, Ok(Ok(()))) || closing {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(write_timeout, sink.close()).await;
+}
+
+/// The reader task: a client's frames into `in_tx` (`None` once it is gone); a protocol
+/// error becomes the close frame it owes (1009, 1007, 1002).
+async fn read_frames(
+    mut stream: futures_util::stream::SplitStream<WebSocket>,
+    in_tx: mpsc::Sender<Option<Message>>,
+) {
+    loop {
+        match stream.next().await {
+            Some(Ok(msg)) => {
+                if in_tx.send(Some(msg)).await.is_err() {
+                    return;
+                }
+            }
+            // A protocol error ends the session with its close code.
+            Some(Err(e)) => {
+                if let Some(frame) = protocol_close(e) {
+                    let _ = in_tx.send(Some(Message::Close(Some(frame)))).await;
+                }
+                break;
+            }
+            None => break,
+        }
+    }
+    let _ = in_tx.send(None).await;
 }
 
 /// The agents and threads a `connected` snapshot shows a principal of `scope`: every agent
