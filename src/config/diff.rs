@@ -5,7 +5,7 @@
 use super::{ListenerConfig, OrganismConfig};
 
 /// What a reload changed. Also the body of the `reload` event.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReloadReport {
     /// The config revision now running.
     pub rev: u64,
@@ -16,10 +16,9 @@ pub struct ReloadReport {
 }
 
 /// One reason a reload was refused: the listener and key it is about, when it is about one.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReloadProblem {
     /// The line of the organism file it is at, when it is in the file.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<usize>,
     pub listener: Option<String>,
     pub key: Option<String>,

@@ -118,7 +118,7 @@ impl Event {
 }
 
 /// The message a `message_status` event is about.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone)]
 pub struct StatusAbout {
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
@@ -138,10 +138,9 @@ impl StatusAbout {
 }
 
 /// What happened. The API writes each as a frame (`api::frame`), in the seed API's shapes
-/// (`001_…txt`) with our additions. Its serde form (`{"message": {…}}`, snake case) is what
-/// the event mirror (`nats::mirror`) carries.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// (`001_…txt`) with our additions; the event mirror carries it in its own, versioned
+/// format (`nats::event_wire`).
+#[derive(Debug, Clone)]
 pub enum EventKind {
     AgentState {
         agent: String,

@@ -24,6 +24,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
+use super::event_wire::{WireKind, FORMAT};
 use super::link::Link;
 use crate::events::{Event, EventHub, EventKind, RecvError};
 use crate::time::Timestamp;
@@ -34,11 +35,15 @@ pub const SEQ_HEADER: &str = "Agentserver-Seq";
 /// Publishes awaiting JetStream's acknowledgement, at most.
 const WINDOW: usize = 256;
 
-/// One mirrored event as read back.
+/// One mirrored event as read back ([`parse`]).
 #[derive(Debug, Deserialize)]
 pub struct MirroredEvent {
+    /// The format's version ([`FORMAT`]); absent before versions were written: 1.
+    #[serde(default = "first_format")]
+    pub v: u32,
     pub seq: u64,
     pub timestamp: Timestamp,
+    #[serde(deserialize_with = "kind_from_wire")]
     pub kind: EventKind,
     /// The `/ws` frame the pump rendered.
     #[serde(default)]
@@ -47,6 +52,33 @@ pub struct MirroredEvent {
     /// events; for message status events it is the `/ws` frame.
     #[serde(default)]
     pub message_frame: Option<Box<RawValue>>,
+}
+
+fn first_format() -> u32 {
+    1
+}
+
+fn kind_from_wire<'de, D: serde::Deserializer<'de>>(d: D) -> Result<EventKind, D::Error> {
+    WireKind::deserialize(d).map(EventKind::from)
+}
+
+/// Reads one mirrored event: refused when it is of a format newer than this build reads
+/// (a newer pump's), rather than misread.
+pub fn parse(bytes: &[u8]) -> Result<MirroredEvent, String> {
+    #[derive(Deserialize)]
+    struct Version {
+        #[serde(default = "first_format")]
+        v: u32,
+    }
+    let version: Version = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    if version.v > FORMAT {
+        return Err(format!(
+            "an event of format {} (this build reads up to {FORMAT}): run the same version \
+             as the pump",
+            version.v
+        ));
+    }
+    serde_json::from_slice(bytes).map_err(|e| e.to_string())
 }
 
 /// An event's frames as the API renders them: for `/ws`, and for `/ws/messages` (when it
@@ -58,8 +90,8 @@ pub struct Frames {
 
 /// The body of one mirrored event: its `seq`, time, kind and frames (already JSON, written
 /// as they are; a status event's `/ws/messages` frame is its `/ws` frame, sent once).
-fn body_of(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
-    let kind = serde_json::to_string(&ev.kind).ok()?;
+pub(super) fn body_of(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
+    let kind = serde_json::to_string(&WireKind::from(&ev.kind)).ok()?;
     let timestamp = serde_json::to_string(&ev.timestamp).ok()?;
     let frame = frames.frame.as_deref().unwrap_or("null");
     let message_frame = match &frames.message_frame {
@@ -69,7 +101,7 @@ fn body_of(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
     };
     Some(
         format!(
-            "{{\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"frame\":{frame},\"message_frame\":{message_frame}}}",
+            "{{\"v\":{FORMAT},\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"frame\":{frame},\"message_frame\":{message_frame}}}",
             ev.seq,
         )
         .into(),
@@ -136,7 +168,7 @@ async fn last_mirrored(events: &stream::Stream) -> Result<u64, String> {
         .get_raw_message(state.last_sequence)
         .await
         .map_err(|e| e.to_string())?;
-    let parsed: MirroredEvent = serde_json::from_slice(&last.payload).map_err(|e| e.to_string())?;
+    let parsed = parse(&last.payload)?;
     Ok(parsed.seq)
 }
 
@@ -282,9 +314,7 @@ async fn stream_seq_after(events: &stream::Stream, first: u64, last: u64, seq: u
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         let at = match events.get_raw_message(mid).await {
-            Ok(m) => serde_json::from_slice::<MirroredEvent>(&m.payload)
-                .map(|e| e.seq)
-                .unwrap_or(0),
+            Ok(m) => parse(&m.payload).map(|e| e.seq).unwrap_or(0),
             Err(_) => 0,
         };
         if at > seq {
@@ -363,7 +393,7 @@ pub async fn read(
             None => return Ok(()),
         };
         let stream_seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        match serde_json::from_slice::<MirroredEvent>(&msg.payload) {
+        match parse(&msg.payload) {
             Ok(ev) => each(ev),
             Err(e) => {
                 tracing::warn!(error = %e, stream_seq, "an event in the stream that is not the pump's; skipped")

@@ -25,6 +25,7 @@
 //! Workers announce themselves on `<prefix>.alive.<listener>` every second; `/readyz` names
 //! a placed listener none has announced itself for lately ([`Placed::unserved`]).
 
+pub mod event_wire;
 mod link;
 pub mod mirror;
 mod placed;

@@ -38,7 +38,7 @@ pub enum MessageStatus {
 }
 
 /// One message in the log (SPEC §9 message object).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone)]
 pub struct MessageRecord {
     pub id: Arc<str>,
     pub thread_id: Arc<str>,
@@ -61,7 +61,7 @@ impl MessageRecord {
 }
 
 /// A thread: its status, participants and counters (the API's `Thread`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone)]
 pub struct ThreadInfo {
     pub id: String,
     pub status: ThreadStatus,

@@ -1,0 +1,671 @@
+//! The event mirror's format on JetStream: every event kind as the stream carries it, owned
+//! here so the core's types (`EventKind`, `MessageRecord`, `ThreadInfo`, the reload's
+//! report) carry no serde form of their own. The format is versioned ([`FORMAT`], the `v`
+//! of each mirrored event); a reader refuses an event of a version it does not know instead
+//! of misreading it, and `tests/fixtures/mirrored_events_v1.jsonl` is what this version
+//! writes, read back by a test.
+//!
+//! Version 1's shape is serde's of the core types as they were when the mirror began
+//! (`{"message": {"message": {…}}}`, snake case), so streams written before `v` existed
+//! read as version 1.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::diff::{ReloadProblem, ReloadReport};
+use crate::events::{AgentState, EventKind, OrganismStatus, StatusAbout};
+use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+use crate::time::Timestamp;
+
+/// The version of the format this build writes (and the newest it reads).
+pub const FORMAT: u32 = 1;
+
+/// One event kind on the stream.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(super) enum WireKind {
+    AgentState {
+        agent: String,
+        state: AgentState,
+        current_thread: Option<String>,
+    },
+    Message {
+        message: WireMessage,
+    },
+    MessageStatus {
+        id: String,
+        thread_id: String,
+        status: MessageStatus,
+        error: Option<String>,
+        about: Option<WireAbout>,
+    },
+    ThreadCreated {
+        thread: WireThread,
+    },
+    ThreadUpdated {
+        thread_id: String,
+        status: ThreadStatus,
+        message_count: u64,
+        error: Option<String>,
+    },
+    Error {
+        thread_id: Option<String>,
+        agent: Option<String>,
+        error: String,
+    },
+    OrganismState {
+        status: OrganismStatus,
+    },
+    Reload {
+        agent: Option<String>,
+        ok: bool,
+        error: Option<String>,
+        problems: Vec<WireProblem>,
+        diff: Option<WireReport>,
+    },
+    Audit {
+        who: Option<String>,
+        action: String,
+        target: Option<String>,
+        result: String,
+    },
+    Deployment {
+        agent: String,
+        tenant: Option<String>,
+        action: String,
+        version: Option<u64>,
+        from_version: Option<u64>,
+        author: Option<String>,
+        ok: bool,
+        error: Option<String>,
+    },
+    Log {
+        agent: String,
+        thread_id: Option<String>,
+        level: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireMessage {
+    id: Arc<str>,
+    thread_id: Arc<str>,
+    parent_id: Option<Arc<str>>,
+    slot_index: u64,
+    from: Arc<str>,
+    to: Option<Arc<str>>,
+    payload_type: Option<String>,
+    payload_xml: Arc<String>,
+    status: MessageStatus,
+    error: Option<String>,
+    timestamp: Timestamp,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireAbout {
+    from: Arc<str>,
+    to: Option<Arc<str>>,
+    payload_type: Option<String>,
+    slot_index: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireThread {
+    id: String,
+    status: ThreadStatus,
+    participants: Vec<String>,
+    message_count: u64,
+    created_at: Timestamp,
+    last_activity: Timestamp,
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireProblem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    line: Option<usize>,
+    listener: Option<String>,
+    key: Option<String>,
+    message: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireReport {
+    rev: u64,
+    added: Vec<String>,
+    removed: Vec<String>,
+    changed: Vec<String>,
+    unchanged: Vec<String>,
+}
+
+impl From<&MessageRecord> for WireMessage {
+    fn from(m: &MessageRecord) -> Self {
+        WireMessage {
+            id: m.id.clone(),
+            thread_id: m.thread_id.clone(),
+            parent_id: m.parent_id.clone(),
+            slot_index: m.slot_index,
+            from: m.from.clone(),
+            to: m.to.clone(),
+            payload_type: m.payload_type.clone(),
+            payload_xml: m.payload_xml.clone(),
+            status: m.status,
+            error: m.error.clone(),
+            timestamp: m.timestamp,
+        }
+    }
+}
+
+impl From<WireMessage> for MessageRecord {
+    fn from(m: WireMessage) -> Self {
+        MessageRecord {
+            id: m.id,
+            thread_id: m.thread_id,
+            parent_id: m.parent_id,
+            slot_index: m.slot_index,
+            from: m.from,
+            to: m.to,
+            payload_type: m.payload_type,
+            payload_xml: m.payload_xml,
+            status: m.status,
+            error: m.error,
+            timestamp: m.timestamp,
+        }
+    }
+}
+
+impl From<&ThreadInfo> for WireThread {
+    fn from(t: &ThreadInfo) -> Self {
+        WireThread {
+            id: t.id.clone(),
+            status: t.status,
+            participants: t.participants.clone(),
+            message_count: t.message_count,
+            created_at: t.created_at,
+            last_activity: t.last_activity,
+            error: t.error.clone(),
+        }
+    }
+}
+
+impl From<WireThread> for ThreadInfo {
+    fn from(t: WireThread) -> Self {
+        ThreadInfo {
+            id: t.id,
+            status: t.status,
+            participants: t.participants,
+            message_count: t.message_count,
+            created_at: t.created_at,
+            last_activity: t.last_activity,
+            error: t.error,
+        }
+    }
+}
+
+impl From<&ReloadProblem> for WireProblem {
+    fn from(p: &ReloadProblem) -> Self {
+        WireProblem {
+            line: p.line,
+            listener: p.listener.clone(),
+            key: p.key.clone(),
+            message: p.message.clone(),
+        }
+    }
+}
+
+impl From<WireProblem> for ReloadProblem {
+    fn from(p: WireProblem) -> Self {
+        ReloadProblem {
+            line: p.line,
+            listener: p.listener,
+            key: p.key,
+            message: p.message,
+        }
+    }
+}
+
+impl From<&ReloadReport> for WireReport {
+    fn from(r: &ReloadReport) -> Self {
+        WireReport {
+            rev: r.rev,
+            added: r.added.clone(),
+            removed: r.removed.clone(),
+            changed: r.changed.clone(),
+            unchanged: r.unchanged.clone(),
+        }
+    }
+}
+
+impl From<WireReport> for ReloadReport {
+    fn from(r: WireReport) -> Self {
+        ReloadReport {
+            rev: r.rev,
+            added: r.added,
+            removed: r.removed,
+            changed: r.changed,
+            unchanged: r.unchanged,
+        }
+    }
+}
+
+impl From<&EventKind> for WireKind {
+    fn from(k: &EventKind) -> Self {
+        match k {
+            EventKind::AgentState {
+                agent,
+                state,
+                current_thread,
+            } => WireKind::AgentState {
+                agent: agent.clone(),
+                state: *state,
+                current_thread: current_thread.clone(),
+            },
+            EventKind::Message { message } => WireKind::Message {
+                message: message.into(),
+            },
+            EventKind::MessageStatus {
+                id,
+                thread_id,
+                status,
+                error,
+                about,
+            } => WireKind::MessageStatus {
+                id: id.clone(),
+                thread_id: thread_id.clone(),
+                status: *status,
+                error: error.clone(),
+                about: about.as_ref().map(|a| WireAbout {
+                    from: a.from.clone(),
+                    to: a.to.clone(),
+                    payload_type: a.payload_type.clone(),
+                    slot_index: a.slot_index,
+                }),
+            },
+            EventKind::ThreadCreated { thread } => WireKind::ThreadCreated {
+                thread: thread.into(),
+            },
+            EventKind::ThreadUpdated {
+                thread_id,
+                status,
+                message_count,
+                error,
+            } => WireKind::ThreadUpdated {
+                thread_id: thread_id.clone(),
+                status: *status,
+                message_count: *message_count,
+                error: error.clone(),
+            },
+            EventKind::Error {
+                thread_id,
+                agent,
+                error,
+            } => WireKind::Error {
+                thread_id: thread_id.clone(),
+                agent: agent.clone(),
+                error: error.clone(),
+            },
+            EventKind::OrganismState { status } => WireKind::OrganismState { status: *status },
+            EventKind::Reload {
+                agent,
+                ok,
+                error,
+                problems,
+                diff,
+            } => WireKind::Reload {
+                agent: agent.clone(),
+                ok: *ok,
+                error: error.clone(),
+                problems: problems.iter().map(Into::into).collect(),
+                diff: diff.as_ref().map(Into::into),
+            },
+            EventKind::Audit {
+                who,
+                action,
+                target,
+                result,
+            } => WireKind::Audit {
+                who: who.clone(),
+                action: action.clone(),
+                target: target.clone(),
+                result: result.clone(),
+            },
+            EventKind::Deployment {
+                agent,
+                tenant,
+                action,
+                version,
+                from_version,
+                author,
+                ok,
+                error,
+            } => WireKind::Deployment {
+                agent: agent.clone(),
+                tenant: tenant.clone(),
+                action: action.clone(),
+                version: *version,
+                from_version: *from_version,
+                author: author.clone(),
+                ok: *ok,
+                error: error.clone(),
+            },
+            EventKind::Log {
+                agent,
+                thread_id,
+                level,
+                message,
+            } => WireKind::Log {
+                agent: agent.clone(),
+                thread_id: thread_id.clone(),
+                level: level.clone(),
+                message: message.clone(),
+            },
+        }
+    }
+}
+
+impl From<WireKind> for EventKind {
+    fn from(k: WireKind) -> Self {
+        match k {
+            WireKind::AgentState {
+                agent,
+                state,
+                current_thread,
+            } => EventKind::AgentState {
+                agent,
+                state,
+                current_thread,
+            },
+            WireKind::Message { message } => EventKind::Message {
+                message: message.into(),
+            },
+            WireKind::MessageStatus {
+                id,
+                thread_id,
+                status,
+                error,
+                about,
+            } => EventKind::MessageStatus {
+                id,
+                thread_id,
+                status,
+                error,
+                about: about.map(|a| StatusAbout {
+                    from: a.from,
+                    to: a.to,
+                    payload_type: a.payload_type,
+                    slot_index: a.slot_index,
+                }),
+            },
+            WireKind::ThreadCreated { thread } => EventKind::ThreadCreated {
+                thread: thread.into(),
+            },
+            WireKind::ThreadUpdated {
+                thread_id,
+                status,
+                message_count,
+                error,
+            } => EventKind::ThreadUpdated {
+                thread_id,
+                status,
+                message_count,
+                error,
+            },
+            WireKind::Error {
+                thread_id,
+                agent,
+                error,
+            } => EventKind::Error {
+                thread_id,
+                agent,
+                error,
+            },
+            WireKind::OrganismState { status } => EventKind::OrganismState { status },
+            WireKind::Reload {
+                agent,
+                ok,
+                error,
+                problems,
+                diff,
+            } => EventKind::Reload {
+                agent,
+                ok,
+                error,
+                problems: problems.into_iter().map(Into::into).collect(),
+                diff: diff.map(Into::into),
+            },
+            WireKind::Audit {
+                who,
+                action,
+                target,
+                result,
+            } => EventKind::Audit {
+                who,
+                action,
+                target,
+                result,
+            },
+            WireKind::Deployment {
+                agent,
+                tenant,
+                action,
+                version,
+                from_version,
+                author,
+                ok,
+                error,
+            } => EventKind::Deployment {
+                agent,
+                tenant,
+                action,
+                version,
+                from_version,
+                author,
+                ok,
+                error,
+            },
+            WireKind::Log {
+                agent,
+                thread_id,
+                level,
+                message,
+            } => EventKind::Log {
+                agent,
+                thread_id,
+                level,
+                message,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::super::mirror::{body_of, parse, Frames};
+    use super::*;
+    use crate::config::diff::{ReloadProblem, ReloadReport};
+    use crate::events::Event;
+    use crate::events::{AgentState, OrganismStatus, StatusAbout};
+    use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+
+    const FIXTURE: &str = "tests/fixtures/mirrored_events_v1.jsonl";
+
+    /// One event of each kind with every optional part given, as today's pump writes them.
+    fn events() -> Vec<Event> {
+        let t = Timestamp(1_764_000_000_123);
+        let message = MessageRecord {
+            id: Arc::from("m1"),
+            thread_id: Arc::from("t1"),
+            parent_id: Some(Arc::from("m0")),
+            slot_index: 2,
+            from: Arc::from("greeter"),
+            to: Some(Arc::from("shouter")),
+            payload_type: Some("{urn:x}Greeting".into()),
+            payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
+            status: MessageStatus::Delivered,
+            error: None,
+            timestamp: t,
+        };
+        let kinds = vec![
+            EventKind::AgentState {
+                agent: "greeter".into(),
+                state: AgentState::Processing,
+                current_thread: Some("t1".into()),
+            },
+            EventKind::Message { message },
+            EventKind::MessageStatus {
+                id: "m1".into(),
+                thread_id: "t1".into(),
+                status: MessageStatus::Failed,
+                error: Some("boom".into()),
+                about: Some(StatusAbout {
+                    from: Arc::from("greeter"),
+                    to: None,
+                    payload_type: None,
+                    slot_index: 2,
+                }),
+            },
+            EventKind::ThreadCreated {
+                thread: ThreadInfo {
+                    id: "t1".into(),
+                    status: ThreadStatus::Active,
+                    participants: vec!["api".into(), "greeter".into()],
+                    message_count: 1,
+                    created_at: t,
+                    last_activity: t,
+                    error: None,
+                },
+            },
+            EventKind::ThreadUpdated {
+                thread_id: "t1".into(),
+                status: ThreadStatus::Error,
+                message_count: 3,
+                error: Some("budget".into()),
+            },
+            EventKind::Error {
+                thread_id: None,
+                agent: Some("shouter".into()),
+                error: "lua: x".into(),
+            },
+            EventKind::OrganismState {
+                status: OrganismStatus::Paused,
+            },
+            EventKind::Reload {
+                agent: None,
+                ok: false,
+                error: Some("refused".into()),
+                problems: vec![ReloadProblem {
+                    line: Some(7),
+                    listener: Some("greeter".into()),
+                    key: Some("peers".into()),
+                    message: "names no listener".into(),
+                }],
+                diff: Some(ReloadReport {
+                    rev: 3,
+                    added: vec!["a".into()],
+                    removed: vec![],
+                    changed: vec!["b".into()],
+                    unchanged: vec!["c".into()],
+                }),
+            },
+            EventKind::Audit {
+                who: Some("key:ops".into()),
+                action: "POST /api/v1/organism/pause".into(),
+                target: None,
+                result: "204".into(),
+            },
+            EventKind::Deployment {
+                agent: "acme-bot".into(),
+                tenant: Some("acme".into()),
+                action: "deploy".into(),
+                version: Some(2),
+                from_version: Some(1),
+                author: Some("key:acme".into()),
+                ok: true,
+                error: None,
+            },
+            EventKind::Log {
+                agent: "shouter".into(),
+                thread_id: Some("t1".into()),
+                level: "warn".into(),
+                message: "careful".into(),
+            },
+        ];
+        kinds
+            .into_iter()
+            .enumerate()
+            .map(|(i, kind)| Event::numbered(i as u64 + 1, t, kind, None::<String>, ()))
+            .collect()
+    }
+
+    /// What this build writes is the fixture, byte for byte (a change of the format is a new
+    /// version, not a silent drift); `AGENTSERVER_BLESS=1` writes it anew.
+    #[test]
+    fn the_format_written_is_version_one_as_kept() {
+        let none = |_: &Event| Frames {
+            frame: None,
+            message_frame: None,
+        };
+        let written: String = events()
+            .iter()
+            .map(|ev| {
+                let body = body_of(ev, &none(ev)).unwrap();
+                String::from_utf8(body.to_vec()).unwrap() + "\n"
+            })
+            .collect();
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+        if std::env::var_os("AGENTSERVER_BLESS").is_some() {
+            // Lines from before versions are kept as they are: they are history.
+            let before: String = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| !l.starts_with("{\"v\""))
+                .map(|l| l.to_string() + "\n")
+                .collect();
+            std::fs::write(&path, written.clone() + &before).unwrap();
+        }
+        let kept = std::fs::read_to_string(&path).unwrap();
+        let kept: String = kept
+            .lines()
+            .filter(|l| l.starts_with("{\"v\""))
+            .map(|l| l.to_string() + "\n")
+            .collect();
+        assert_eq!(written, kept);
+    }
+
+    /// Every line of the fixture reads back as the event it was written from, those written
+    /// before the format had a version included; a newer format is refused, not misread.
+    #[test]
+    fn version_one_and_older_events_read_back_and_a_newer_format_is_refused() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+        let kept = std::fs::read_to_string(path).unwrap();
+        let expected = events();
+        let mut unversioned = 0;
+        for line in kept.lines().filter(|l| !l.trim().is_empty()) {
+            let ev = parse(line.as_bytes()).unwrap_or_else(|e| panic!("{e}: {line}"));
+            assert_eq!(ev.v, 1);
+            unversioned += usize::from(!line.starts_with("{\"v\""));
+            let want = &expected[ev.seq as usize - 1];
+            assert_eq!(
+                format!("{:?}", ev.kind),
+                format!("{:?}", want.kind),
+                "{line}"
+            );
+            assert_eq!(ev.timestamp, want.timestamp);
+        }
+        assert!(
+            unversioned >= 1,
+            "the fixture keeps a line from before versions"
+        );
+        let newer = kept
+            .lines()
+            .next()
+            .unwrap()
+            .replacen("{\"v\":1", "{\"v\":2", 1);
+        let e = parse(newer.as_bytes()).unwrap_err();
+        assert!(e.contains("format 2"), "{e}");
+    }
+}
