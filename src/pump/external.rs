@@ -324,6 +324,44 @@ impl Organism {
             })
             .map(|w| w.record.clone())
             .ok_or_else(not_waiting)?;
+        let payload_types = s.check_reply(&listener, &awaited.from, reply.to, &texts)?;
+        // Claim the wait; a timeout or a second callback racing this one finds it gone.
+        let record = s
+            .external
+            .waits
+            .take(agent, thread, |w| w.record.id == awaited.id)
+            .ok_or_else(not_waiting)?;
+        for text in texts {
+            s.route_output(
+                &listener,
+                &record,
+                Output {
+                    payload: text,
+                    to: reply.to.map(str::to_string),
+                },
+            );
+        }
+        s.end_wait(agent, thread);
+        Ok(ReplyReceipt {
+            thread_id: thread.to_string(),
+            in_reply_to: record.id.to_string(),
+            payload_types,
+        })
+    }
+}
+
+impl Shared {
+    /// Reads and checks each payload of a reply from `listener` to `from` (or `to`) as the
+    /// pump will carry it: acceptable XML, a route, valid for every receiver. The payload
+    /// types, or every problem found.
+    fn check_reply(
+        &self,
+        listener: &Arc<Listener>,
+        from: &Arc<str>,
+        to: Option<&str>,
+        texts: &[String],
+    ) -> Result<Vec<String>, ReplyError> {
+        let s = self;
         let mut problems = Vec::new();
         let mut payload_types = Vec::new();
         for (i, text) in texts.iter().enumerate() {
@@ -335,7 +373,7 @@ impl Organism {
                     continue;
                 }
             };
-            let targets = match s.route(&listener, &awaited.from, reply.to, &payload.payload_type) {
+            let targets = match s.route(&listener, from, to, &payload.payload_type) {
                 Ok(t) => t,
                 Err(reason) => {
                     problems.push(format!("payload {n} ({}): {reason}", payload.payload_type));
@@ -362,28 +400,7 @@ impl Organism {
         if !problems.is_empty() {
             return Err(ReplyError::Invalid(problems));
         }
-        // Claim the wait; a timeout or a second callback racing this one finds it gone.
-        let record = s
-            .external
-            .waits
-            .take(agent, thread, |w| w.record.id == awaited.id)
-            .ok_or_else(not_waiting)?;
-        for text in texts {
-            s.route_output(
-                &listener,
-                &record,
-                Output {
-                    payload: text,
-                    to: reply.to.map(str::to_string),
-                },
-            );
-        }
-        s.end_wait(agent, thread);
-        Ok(ReplyReceipt {
-            thread_id: thread.to_string(),
-            in_reply_to: record.id.to_string(),
-            payload_types,
-        })
+        Ok(payload_types)
     }
 }
 
