@@ -373,7 +373,7 @@ impl Shared {
                     continue;
                 }
             };
-            let targets = match s.route(&listener, from, to, &payload.payload_type) {
+            let targets = match s.route(listener, from, to, &payload.payload_type) {
                 Ok(t) => t,
                 Err(reason) => {
                     problems.push(format!("payload {n} ({}): {reason}", payload.payload_type));
