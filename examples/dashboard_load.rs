@@ -74,7 +74,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "rows",
             "heap_mb",
             "folded",
-            "prof",
         ] {
             line[k] = report[k].clone();
         }

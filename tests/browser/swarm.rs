@@ -55,23 +55,11 @@ pub const RECORD_FRAMES: &str = "(() => {
   if (window.frames_seen) {
     // Installed already: a new round starts from nothing.
     window.frames_seen = { gaps: [], long_tasks: [], last: performance.now() };
-    window.prof = {};
     return;
   }
   window.frames_seen = { gaps: [], long_tasks: [], last: performance.now() };
   const tick = (t) => { const f = window.frames_seen; f.gaps.push(t - f.last); f.last = t; requestAnimationFrame(tick); };
   requestAnimationFrame(tick);
-  window.prof = {};
-  for (const name of ['draw', 'renderGraph', 'flushRows', 'updateAgent', 'onFrame', 'refreshOrganism', 'loadOlder']) {
-    const orig = window[name];
-    window[name] = function (...a) {
-      const t = performance.now();
-      try { return orig.apply(this, a); } finally {
-        const p = window.prof[name] || (window.prof[name] = [0, 0, 0]);
-        const d = performance.now() - t; p[0] += d; p[1] += 1; p[2] = Math.max(p[2], d);
-      }
-    };
-  }
   new PerformanceObserver((l) => { for (const e of l.getEntries()) window.frames_seen.long_tasks.push(e.duration); })
     .observe({ type: 'longtask', buffered: false });
 })()";
@@ -87,5 +75,5 @@ pub const FRAME_REPORT: &str = "(() => {
     rows: state.log.length, rows_drawn: document.querySelectorAll('#messages tbody tr[data-id]').length,
     agents: document.querySelectorAll('#agent-list [data-agent]').length,
     heap_mb: performance.memory ? performance.memory.usedJSHeapSize / 1048576 : null,
-    flows: state.flows, folded: state.folded, dropped: state.dropped, prof: window.prof };
+    flows: state.flows, folded: state.folded, dropped: state.dropped };
 })()";

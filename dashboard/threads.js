@@ -1,0 +1,92 @@
+// The dashboard: threads.
+
+import { setHash } from './address.js';
+import { api, el, local, notice, time } from './api.js';
+import { $, state } from './state.js';
+import { selectTab } from './tabs.js';
+
+export const PAGE = 25;
+
+export async function loadThreads() {
+  const f = new FormData($('thread-filters'));
+  const id = String(f.get('id') || '').trim();
+  if (id) { openThread(id); return; }
+  const q = new URLSearchParams({ limit: String(PAGE), offset: String(state.threadPage * PAGE) });
+  const status = String(f.get('status') || '');
+  const agent = String(f.get('agent') || '').trim();
+  if (status) q.set('status', status);
+  if (agent) q.set('agent', agent);
+  try {
+    const page = await api('GET', '/threads?' + q);
+    $('thread-list').replaceChildren(...page.items.map((t) => el('li', {},
+      el('button', { type: 'button', class: 'link thread-' + t.status, 'data-thread': t.id,
+        onclick: () => openThread(t.id) }, t.id),
+      ` ${t.status} · ${t.message_count} messages · ${(t.participants || []).join(', ')}`)));
+    const last = Math.max(0, Math.ceil(page.total / PAGE) - 1);
+    $('threads-page').textContent = `page ${state.threadPage + 1} of ${last + 1} (${page.total} threads)`;
+  } catch (e) {
+    notice('Threads: ' + e.message);
+  }
+}
+
+$('thread-filters').addEventListener('submit', (ev) => { ev.preventDefault(); state.threadPage = 0; loadThreads(); });
+$('threads-prev').addEventListener('click', () => { state.threadPage = Math.max(0, state.threadPage - 1); loadThreads(); });
+$('threads-next').addEventListener('click', () => { state.threadPage += 1; loadThreads(); });
+
+export let threadTimer = null;
+export function openThread(id, message) {
+  // A thread newly opened is the address; one redrawn as it grows leaves it as it is.
+  if (id !== state.thread) setHash('#/threads/' + encodeURIComponent(id));
+  // Many events for one thread come at once: draw it once for them.
+  if (id !== state.thread) state.focus = null;
+  if (message) state.focus = message;
+  state.thread = id;
+  if (threadTimer) return;
+  threadTimer = setTimeout(() => { threadTimer = null; drawThread(state.thread); }, 100);
+}
+
+export async function drawThread(id) {
+  selectTab('threads');
+  let t;
+  try {
+    t = await api('GET', '/threads/' + encodeURIComponent(id));
+  } catch (e) {
+    $('thread').hidden = false;
+    $('thread-title').textContent = 'Thread ' + id;
+    $('thread-facts').textContent = e.message;
+    $('thread-tree').replaceChildren();
+    $('thread-timeline').replaceChildren();
+    return;
+  }
+  $('thread').hidden = false;
+  $('thread-title').textContent = 'Thread ' + t.id;
+  $('thread-facts').textContent = `${t.status} · ${t.message_count} messages${t.error ? ' · ' + t.error : ''}`;
+  $('thread-kill').disabled = t.status !== 'active';
+  const msgs = t.messages || [];
+  const children = new Map();
+  for (const m of msgs) {
+    const p = m.parent_id || '';
+    if (!children.has(p)) children.set(p, []);
+    children.get(p).push(m);
+  }
+  const ids = new Set(msgs.map((m) => m.id));
+  const branch = (m) => el('li', {}, messageText(m),
+    children.has(m.id) ? el('ul', {}, children.get(m.id).map(branch)) : null);
+  const roots = msgs.filter((m) => !m.parent_id || !ids.has(m.parent_id));
+  $('thread-tree').replaceChildren(...roots.map(branch));
+  $('thread-timeline').replaceChildren(...msgs.map((m) => el('li', {}, `${time(m.timestamp)} `, messageText(m))));
+}
+
+export function messageText(m) {
+  const type = local(m.payload_type);
+  return el('details', { class: 'status-' + m.status, 'data-message': m.id, open: state.focus === m.id },
+    el('summary', {}, `${m.from} → ${m.to || '—'} ${type} [${m.status}]${m.error ? ' ' + m.error : ''}`),
+    el('pre', { 'aria-label': 'payload as JSON' }, JSON.stringify(m.payload, null, 2)),
+    el('pre', { 'aria-label': 'payload as XML' }, m.payload_xml || ''));
+}
+
+$('thread-kill').addEventListener('click', async () => {
+  if (!state.thread || !confirm('Kill this thread?')) return;
+  try { await api('POST', `/threads/${encodeURIComponent(state.thread)}/kill`); openThread(state.thread); }
+  catch (e) { notice('Kill refused: ' + e.message); }
+});
