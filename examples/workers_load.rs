@@ -177,7 +177,7 @@ fn quantile(v: &mut [Duration], q: f64) -> f64 {
 
 async fn wait_served(o: &Organism) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !o.unserved_listeners().is_empty() {
+    while !o.metrics().unserved_listeners().is_empty() {
         if Instant::now() > deadline {
             return Err("no worker announced itself".into());
         }

@@ -546,6 +546,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     // Every refusal that reached the pump was recorded, and the organism still runs.
     assert!(
         s.organism
+            .metrics()
             .failure_count(agentserver::pump::FailureKind::InjectRefused)
             >= 5
     );

@@ -133,7 +133,8 @@ async fn malformed_and_unknown_inputs_get_precise_errors() {
         .unwrap_err();
     assert!(err.to_string().contains("thread id must be"), "{err}");
     assert_eq!(
-        o.failure_count(agentserver::pump::FailureKind::InjectRefused),
+        o.metrics()
+            .failure_count(agentserver::pump::FailureKind::InjectRefused),
         4
     );
     still_healthy(&o).await;

@@ -396,10 +396,10 @@ async fn reload_under_continuous_load_loses_and_duplicates_nothing() {
         }));
     }
     // Meanwhile: change b back and forth, and add and remove an unrelated listener.
-    until(&r.organism, || r.organism.pending() > 0).await;
+    until(&r.organism, || r.organism.metrics().pending() > 0).await;
     let mut busy_reloads = 0;
     for round in 0..6 {
-        if r.organism.pending() > 0 {
+        if r.organism.metrics().pending() > 0 {
             busy_reloads += 1;
         }
         let b = B.replace("second", &format!("second (round {round})"));
@@ -448,7 +448,7 @@ async fn a_schema_that_appears_after_the_file_naming_it_is_picked_up() {
     let (ok, error, diff) = next_reload(&mut events).await;
     assert!(ok, "{error:?}");
     assert_eq!(diff.unwrap().added, vec!["late".to_string()]);
-    assert!(!r.organism.config_stale());
+    assert!(!r.organism.metrics().config_stale());
 }
 
 #[tokio::test]

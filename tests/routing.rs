@@ -67,7 +67,7 @@ async fn to_a_listener_that_does_not_accept_the_type_is_undeliverable() {
         .as_deref()
         .unwrap()
         .contains("`b` does not accept payload type `Ping`"));
-    assert_eq!(o.failure_count(FailureKind::Undeliverable), 1);
+    assert_eq!(o.metrics().failure_count(FailureKind::Undeliverable), 1);
     let thread = o.threads().info(&r.thread_id).unwrap();
     assert!(thread.error.unwrap().contains("does not accept"));
 }
@@ -304,7 +304,7 @@ async fn handler_errors_fail_the_message_and_the_thread() {
         .as_deref()
         .unwrap()
         .contains("database unavailable"));
-    assert_eq!(o.failure_count(FailureKind::HandlerError), 1);
+    assert_eq!(o.metrics().failure_count(FailureKind::HandlerError), 1);
     // An error event names the thread and the agent.
     let mut saw_error = false;
     while let Ok(ev) = events.try_recv() {

@@ -202,7 +202,7 @@ async fn exceeding_the_thread_budget_fails_the_thread() {
     assert!(info.error.unwrap().contains("exceeded its budget of 20"));
     let ms = messages(&o, &r.thread_id);
     assert_eq!(with_status(&ms, MessageStatus::Failed).len(), 1);
-    assert_eq!(o.failure_count(FailureKind::Budget), 1);
+    assert_eq!(o.metrics().failure_count(FailureKind::Budget), 1);
 }
 
 #[tokio::test]
@@ -231,7 +231,7 @@ async fn a_panicking_handler_does_not_stop_others() {
         .as_deref()
         .unwrap()
         .contains("panicked: boom on one"));
-    assert_eq!(o.failure_count(FailureKind::HandlerPanic), 1);
+    assert_eq!(o.metrics().failure_count(FailureKind::HandlerPanic), 1);
     let later = inject(&o, "a", &ping(3), None);
     assert_eq!(settle(&o, &later.thread_id).await, ThreadStatus::Completed);
 }

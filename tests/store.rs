@@ -150,7 +150,8 @@ async fn restarted(path: &Path, threads: &[String], last_seq: u64) {
     );
     // Said, not silent: counted, and an `error` event.
     assert_eq!(
-        o.failure_count(agentserver::pump::FailureKind::Interrupted),
+        o.metrics()
+            .failure_count(agentserver::pump::FailureKind::Interrupted),
         1
     );
     let oldest = o.events().subscribe_since(Some(0)).resync_from.unwrap();

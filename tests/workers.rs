@@ -148,11 +148,11 @@ async fn two_workers_share_a_listener_and_keep_each_threads_order() {
     let dir = tempfile::tempdir().unwrap();
     let path = organism_file(dir.path(), &nats, 20, "");
     let o = Organism::builder().load(&path).unwrap();
-    assert_eq!(o.unserved_listeners(), vec!["relay".to_string()]);
+    assert_eq!(o.metrics().unserved_listeners(), vec!["relay".to_string()]);
     let (a, a_lines) = worker(&path, "a");
     let (b, b_lines) = worker(&path, "b");
     wait_until_async("both workers to announce themselves", || async {
-        o.unserved_listeners().is_empty()
+        o.metrics().unserved_listeners().is_empty()
     })
     .await;
 
@@ -180,7 +180,10 @@ async fn a_worker_killed_mid_call_loses_nothing_and_duplicates_nothing() {
     let path = organism_file(dir.path(), &nats, 200, "");
     let o = Organism::builder().load(&path).unwrap();
     let (mut a, _a_lines) = worker(&path, "a");
-    wait_until_async("worker a", || async { o.unserved_listeners().is_empty() }).await;
+    wait_until_async("worker a", || async {
+        o.metrics().unserved_listeners().is_empty()
+    })
+    .await;
 
     let threads = inject_all(&o, 6, 4);
     // Worker a alone holds deliveries mid-call: kill it without a chance to answer.
@@ -208,7 +211,10 @@ async fn nats_stopped_and_restarted_mid_load_loses_nothing() {
     let path = organism_file(dir.path(), &nats, 20, ", deliver_timeout_ms: 60000");
     let o = Organism::builder().load(&path).unwrap();
     let (w, w_lines) = worker(&path, "w");
-    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+    wait_until_async("the worker", || async {
+        o.metrics().unserved_listeners().is_empty()
+    })
+    .await;
 
     let threads = inject_all(&o, 6, 5);
     wait_until_async("some notes through", || async {
@@ -258,7 +264,7 @@ async fn with_no_worker_a_delivery_fails_with_the_reason() {
             && error.contains("no worker of it is running"),
         "{error}"
     );
-    assert_eq!(o.unserved_listeners(), vec!["relay".to_string()]);
+    assert_eq!(o.metrics().unserved_listeners(), vec!["relay".to_string()]);
 }
 
 /// A client of NATS that is not the worker the delivery went to answers it: with the wrong
@@ -339,7 +345,7 @@ async fn forged_and_invalid_results_are_refused() {
     ))
     .await;
     wait_until_async("the forged result to be refused", || async {
-        o.worker_results().0 == 1
+        o.metrics().worker_results().0 == 1
     })
     .await;
     assert_eq!(
@@ -422,7 +428,10 @@ async fn a_worker_reloads_its_file_to_run_the_pumps_version() {
     let workers_file = dir.path().join("worker.yaml");
     std::fs::write(&workers_file, pumps.replace("ms: 0,", "ms: 1,")).unwrap();
     let (w, w_lines) = worker(&workers_file, "w");
-    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+    wait_until_async("the worker", || async {
+        o.metrics().unserved_listeners().is_empty()
+    })
+    .await;
 
     let r = inject(&o, "relay", &note("v?"), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
@@ -464,11 +473,12 @@ async fn concurrency_bounds_deliveries_across_all_workers() {
     let (a, a_lines) = worker(&path, "a");
     let (b, b_lines) = worker(&path, "b");
     wait_until_async("both workers", || async {
-        o.unserved_listeners().is_empty()
+        o.metrics().unserved_listeners().is_empty()
     })
     .await;
     let in_flight = || {
-        o.handler_metrics()
+        o.metrics()
+            .handler_metrics()
             .into_iter()
             .filter(|(agent, _)| agent == "relay")
             .flat_map(|(_, ms)| ms)
@@ -544,7 +554,10 @@ async fn a_lua_handler_on_a_worker_logs_to_the_pumps_stream() {
     .unwrap();
     let o = Organism::builder().load(&path).unwrap();
     let (w, w_lines) = worker(&path, "w");
-    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+    wait_until_async("the worker", || async {
+        o.metrics().unserved_listeners().is_empty()
+    })
+    .await;
     let mut events = o.events().subscribe();
     let r = inject(&o, "relay", &note("lua"), None);
     assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
@@ -656,7 +669,10 @@ async fn deliveries_and_answers_over_nats_max_payload_fail_saying_so() {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
-    wait_until_async("the worker", || async { o.unserved_listeners().is_empty() }).await;
+    wait_until_async("the worker", || async {
+        o.metrics().unserved_listeners().is_empty()
+    })
+    .await;
 
     let error_of = |thread: &str| {
         messages(&o, thread)
@@ -724,7 +740,7 @@ listeners:
             .stderr(Stdio::null()),
     );
     wait_until_async("the worker to announce itself", || async {
-        o.unserved_listeners().is_empty()
+        o.metrics().unserved_listeners().is_empty()
     })
     .await;
     let crossing = inject(&o, "relay", &note("for beta"), None);

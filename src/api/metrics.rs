@@ -126,7 +126,7 @@ fn organism_metrics(out: &mut String, organism: &Organism, info: &OrganismInfo) 
             out,
             "agentserver_failures_total{{kind=\"{}\"}} {}",
             kind.as_str(),
-            organism.failure_count(kind)
+            organism.metrics().failure_count(kind)
         );
     }
 }
@@ -140,7 +140,7 @@ fn handler_metrics(out: &mut String, organism: &Organism, agents: &[AgentInfo]) 
         "Time spent in a listener's handler per call.",
     );
     for a in agents {
-        if let Some(h) = organism.handler_time(&a.name) {
+        if let Some(h) = organism.metrics().handler_time(&a.name) {
             histogram(out, "agentserver_handler_seconds", &a.name, &h);
         }
     }
@@ -160,7 +160,7 @@ fn handler_metrics(out: &mut String, organism: &Organism, agents: &[AgentInfo]) 
     }
     // Handler-kind metrics (Lua), grouped by name so each has one HELP/TYPE header.
     let mut by_name: Vec<(&'static str, &'static str, &'static str, Vec<String>)> = Vec::new();
-    let handler_metrics = organism.handler_metrics();
+    let handler_metrics = organism.metrics().handler_metrics();
     for (agent, metrics) in &handler_metrics {
         for m in metrics {
             let mut labels = vec![format!("agent=\"{}\"", label(agent))];
@@ -284,7 +284,7 @@ fn reload_metrics(out: &mut String, organism: &Organism) {
     let _ = writeln!(
         out,
         "agentserver_config_stale {}",
-        u8::from(organism.config_stale())
+        u8::from(organism.metrics().config_stale())
     );
     header(
         out,
@@ -292,13 +292,13 @@ fn reload_metrics(out: &mut String, organism: &Organism) {
         "counter",
         "Organism reloads, by result.",
     );
-    let (ok, failed) = organism.reload_counts();
+    let (ok, failed) = organism.metrics().reload_counts();
     let _ = writeln!(out, "agentserver_reloads_total{{result=\"ok\"}} {ok}");
     let _ = writeln!(
         out,
         "agentserver_reloads_total{{result=\"failed\"}} {failed}"
     );
-    if let Some((up, _)) = organism.nats_link() {
+    if let Some((up, _)) = organism.metrics().nats_link() {
         header(
             out,
             "agentserver_nats_connected",

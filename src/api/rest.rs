@@ -615,7 +615,7 @@ pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
             format!("store: {e}"),
         ));
     }
-    if let Some((false, url)) = s.inner.organism.nats_link() {
+    if let Some((false, url)) = s.inner.organism.metrics().nats_link() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
@@ -625,7 +625,7 @@ pub async fn readyz(State(s): State<ApiState>) -> ApiResult<Json<Health>> {
             ),
         ));
     }
-    let unserved = s.inner.organism.unserved_listeners();
+    let unserved = s.inner.organism.metrics().unserved_listeners();
     if !unserved.is_empty() {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

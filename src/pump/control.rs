@@ -56,7 +56,7 @@ impl Organism {
             self.wait_idle(Duration::from_millis(s.limits.stop_grace_ms))
                 .await;
             return StopReport {
-                drained: self.pending() == 0,
+                drained: self.metrics().pending() == 0,
                 killed_threads: 0,
                 uncommitted: None,
             };
@@ -66,7 +66,7 @@ impl Organism {
         });
         let grace = Duration::from_millis(s.limits.stop_grace_ms);
         let held = self.control().paused_backlog();
-        tracing::info!(pending = self.pending(), paused_backlog = ?held, grace_ms = s.limits.stop_grace_ms, "stopping: draining what can move");
+        tracing::info!(pending = self.metrics().pending(), paused_backlog = ?held, grace_ms = s.limits.stop_grace_ms, "stopping: draining what can move");
         let drained = self.wait_drained(grace).await;
         let mut killed_threads = 0;
         if !drained {
@@ -123,16 +123,17 @@ impl Organism {
         // Idle is announced at zero only: a paused backlog is looked at again often.
         self.wait_for(
             limit,
-            || self.pending() <= held(),
+            || self.metrics().pending() <= held(),
             Some(Duration::from_millis(50)),
         )
         .await;
-        self.pending() == 0
+        self.metrics().pending() == 0
     }
 
     /// Waits until nothing is pending, up to `limit`. Returns whether it got there.
     pub(super) async fn wait_idle(&self, limit: Duration) -> bool {
-        self.wait_for(limit, || self.pending() == 0, None).await
+        self.wait_for(limit, || self.metrics().pending() == 0, None)
+            .await
     }
 
     /// Waits until `done` holds, up to `limit`, looking again whenever the organism goes

@@ -36,6 +36,7 @@ mod external;
 mod gate;
 mod history;
 mod inject;
+mod metrics;
 mod reload;
 mod route;
 pub mod worker;
@@ -64,6 +65,7 @@ use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};
 pub use history::History;
+pub use metrics::Metrics;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
 
@@ -498,16 +500,6 @@ impl Organism {
         &self.shared.threads
     }
 
-    /// Messages queued or being handled, organism-wide.
-    pub fn pending(&self) -> usize {
-        self.shared.load.pending.load(Ordering::SeqCst)
-    }
-
-    /// How many failures of `kind` happened.
-    pub fn failure_count(&self, kind: FailureKind) -> u64 {
-        self.shared.load.failures[kind as usize].load(Ordering::Relaxed)
-    }
-
     pub fn status(&self) -> OrganismStatus {
         match self.shared.life.status.load(Ordering::SeqCst) {
             STATUS_STOPPING => OrganismStatus::Stopping,
@@ -529,42 +521,10 @@ impl Organism {
             agent_count: topo.order.len(),
             active_threads: s.threads.active_count(),
             total_messages: s.load.earlier_messages + s.threads.total_messages(),
-            pending_messages: self.pending(),
+            pending_messages: self.metrics().pending(),
             config_rev: s.reloading.config_rev.load(Ordering::Relaxed),
             last_seq: s.events.last_seq(),
         }
-    }
-
-    /// Every listener with its live state, in config order.
-    /// The listeners placed on workers that no worker has announced itself for lately
-    /// (empty without `organism.nats`).
-    pub fn unserved_listeners(&self) -> Vec<String> {
-        let Some(placed) = &self.shared.placed else {
-            return Vec::new();
-        };
-        let topo = self.shared.topo();
-        placed.unserved(
-            topo.order
-                .iter()
-                .filter(|l| l.config.placement == config::Placement::Workers)
-                .map(|l| l.name()),
-        )
-    }
-
-    /// With listeners placed on workers: whether the link to NATS is up now, and its URL.
-    pub fn nats_link(&self) -> Option<(bool, String)> {
-        let placed = self.shared.placed.as_ref()?;
-        let (up, url) = placed.link_state();
-        Some((up, url.to_string()))
-    }
-
-    /// Workers' results refused (malformed, or a nonce that does not match: not from the
-    /// worker the delivery went to) and results for no open delivery (duplicates, late).
-    pub fn worker_results(&self) -> (u64, u64) {
-        self.shared
-            .placed
-            .as_ref()
-            .map_or((0, 0), |p| p.result_counts())
     }
 
     pub fn agents(&self) -> Vec<AgentInfo> {
@@ -579,26 +539,6 @@ impl Organism {
     /// One listener with its live state.
     pub fn agent(&self, name: &str) -> Result<AgentInfo, ControlError> {
         Ok(self.agent_info(self.listener(name)?.as_ref()))
-    }
-
-    /// Each listener's handler-specific metrics (Lua calls, errors by kind, memory, …).
-    pub fn handler_metrics(&self) -> Vec<(String, Vec<crate::listener::HandlerMetric>)> {
-        self.shared
-            .topo()
-            .order
-            .iter()
-            .map(|l| (l.name().to_string(), l.handler.metrics()))
-            .filter(|(_, m)| !m.is_empty())
-            .collect()
-    }
-
-    /// The handler-time histogram of a listener.
-    pub fn handler_time(&self, name: &str) -> Option<Arc<crate::stats::Histogram>> {
-        self.shared
-            .topo()
-            .listeners
-            .get(name)
-            .map(|l| l.stats.handler_time.clone())
     }
 
     fn agent_info(&self, l: &Listener) -> AgentInfo {

@@ -424,19 +424,6 @@ impl Organism {
         }
     }
 
-    /// True when the last reload failed: the file describes something other than what runs.
-    pub fn config_stale(&self) -> bool {
-        self.shared.reloading.config_stale.load(Ordering::SeqCst)
-    }
-
-    /// Reloads that succeeded and failed since start.
-    pub fn reload_counts(&self) -> (u64, u64) {
-        (
-            self.shared.reloading.reloads_ok.load(Ordering::Relaxed),
-            self.shared.reloading.reloads_failed.load(Ordering::Relaxed),
-        )
-    }
-
     /// Watches the organism file, every XSD and script it references, and the directories
     /// they are in (so a file that appears later, or is saved by rename, is seen), polling
     /// every `interval`; a change stable for one interval triggers a reload. Stops with the

@@ -92,7 +92,7 @@ pub async fn run(config: OrganismConfig, options: RunOptions) -> Result<(), Stri
 
 /// What a stop will wait for, in one line.
 fn stop_outlook(organism: &Organism) -> String {
-    let pending = organism.pending();
+    let pending = organism.metrics().pending();
     let held = organism.control().paused_backlog();
     let held_count: usize = held.iter().map(|(_, n)| n).sum();
     let grace = organism.config().limits.stop_grace_ms as f64 / 1000.0;
