@@ -1,8 +1,8 @@
 //! Who a client is and what it may see, whatever door it came through: the [`Principal`] a
 //! credential stands for (API keys, JWTs, revocation), its [`Scope`] among the organism's
 //! listeners, key creation, the rate limits on credentials and the audit log. The HTTP
-//! edge (`api::auth`) reads credentials from requests and answers refusals; the CLI and
-//! the gateway use this module directly.
+//! edges (`api::auth` for the API and the gateway) read credentials from requests and
+//! answer refusals; the CLI's `keys` uses this module directly.
 //!
 //! A refused credential is refused the same whatever the reason; the reason
 //! ([`Refused::Invalid`]) is for the log, never for the client.
