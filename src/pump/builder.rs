@@ -242,39 +242,58 @@ impl OrganismBuilder {
             },
             thread_waiters: Default::default(),
         });
-        let mut listeners = crate::hash::SeededMap::default();
-        let mut order = Vec::new();
-        for lc in &config.listeners {
-            let handler =
-                shared
-                    .build_handler(lc, None)
-                    .map_err(|message| BuildError::Handler {
-                        listener: lc.name.to_string(),
-                        message,
-                    })?;
-            let l = Arc::new(Listener::new(lc.clone(), handler, None));
-            listeners.insert(lc.name.clone(), l.clone());
-            order.push(l);
-        }
+        let (listeners, order) = build_listeners(&shared, &config)?;
         shared.set_topology(Arc::new(Topology {
             config,
             listeners,
             order,
         }));
         let organism = Organism { shared };
-        if organism.shared.placed.is_some() {
-            organism.watch_placed();
-        }
-        organism.report_interrupted(&recovered);
-        organism.shared.note_file_scripts(|_| true);
-        if let Some(store) = &organism.shared.store {
-            let maintenance = store.start_maintenance(
-                &organism.shared.life.runtime,
-                organism.shared.events.clone(),
-                organism.shared.topo().config.retention,
-            );
-            *crate::sync::lock(&organism.shared.life.maintenance) = Some(maintenance);
-        }
+        organism.begin(&recovered);
         Ok(organism)
+    }
+}
+
+/// A topology's listeners: by name, and in config order.
+type Built = (
+    crate::hash::SeededMap<crate::config::ListenerName, Arc<Listener>>,
+    Vec<Arc<Listener>>,
+);
+
+/// Every listener of `config`, built by the code a reload uses, by name and in config order.
+fn build_listeners(shared: &Shared, config: &OrganismConfig) -> Result<Built, BuildError> {
+    let mut listeners = crate::hash::SeededMap::default();
+    let mut order = Vec::new();
+    for lc in &config.listeners {
+        let handler = shared
+            .build_handler(lc, None)
+            .map_err(|message| BuildError::Handler {
+                listener: lc.name.to_string(),
+                message,
+            })?;
+        let l = Arc::new(Listener::new(lc.clone(), handler, None));
+        listeners.insert(lc.name.clone(), l.clone());
+        order.push(l);
+    }
+    Ok((listeners, order))
+}
+
+impl Organism {
+    /// What a built organism starts: watching its workers, reporting what a past run left
+    /// unfinished, keeping its file's scripts as versions, and the store's maintenance.
+    fn begin(&self, recovered: &crate::store::Recovered) {
+        if self.shared.placed.is_some() {
+            self.watch_placed();
+        }
+        self.report_interrupted(recovered);
+        self.shared.note_file_scripts(|_| true);
+        if let Some(store) = &self.shared.store {
+            let maintenance = store.start_maintenance(
+                &self.shared.life.runtime,
+                self.shared.events.clone(),
+                self.shared.topo().config.retention,
+            );
+            *crate::sync::lock(&self.shared.life.maintenance) = Some(maintenance);
+        }
     }
 }
