@@ -94,28 +94,13 @@ pub(super) fn writer(
             (received + held_before).saturating_sub(held.len()),
             Ordering::Relaxed,
         );
-        for op in prunes {
-            if let Op::Prune {
-                excess,
-                cutoff,
-                done,
-            } = op
-            {
-                // At least twice what arrived since the last chunk, so pruning outpaces
-                // arrivals (the writer's backlog, and so inject's 429, pays for it).
-                let chunk = PRUNE_CHUNK.max(2 * arrived_since_prune);
-                arrived_since_prune = 0;
-                let result = prune_chunk(&mut conn, excess, cutoff, chunk);
-                // Thread numbers and messages may be gone with their rows.
-                cache.pruned();
-                if let Ok(p) = &result {
-                    health
-                        .pruned
-                        .fetch_add(p.by_age + p.by_count, Ordering::Relaxed);
-                }
-                let _ = done.send(result);
-            }
-        }
+        run_prunes(
+            &mut conn,
+            &mut cache,
+            prunes,
+            &mut arrived_since_prune,
+            &health,
+        );
         for op in batch.drain(..) {
             if let Op::Flush(done) = op {
                 let _ = done.send(());
@@ -126,6 +111,39 @@ pub(super) fn writer(
                 tracing::error!(store = %path.display(), lost = held.len(), "store closed with writes that could not be committed");
             }
             return;
+        }
+    }
+}
+
+/// Runs the batch's pruning requests, each in its own transactions after the batch, a chunk
+/// at least twice what arrived since the last one, and answers each.
+fn run_prunes(
+    conn: &mut Connection,
+    cache: &mut Cache,
+    prunes: Vec<Op>,
+    arrived_since_prune: &mut u64,
+    health: &Health,
+) {
+    for op in prunes {
+        if let Op::Prune {
+            excess,
+            cutoff,
+            done,
+        } = op
+        {
+            // At least twice what arrived since the last chunk, so pruning outpaces
+            // arrivals (the writer's backlog, and so inject's 429, pays for it).
+            let chunk = PRUNE_CHUNK.max(2 * *arrived_since_prune);
+            *arrived_since_prune = 0;
+            let result = prune_chunk(conn, excess, cutoff, chunk);
+            // Thread numbers and messages may be gone with their rows.
+            cache.pruned();
+            if let Ok(p) = &result {
+                health
+                    .pruned
+                    .fetch_add(p.by_age + p.by_count, Ordering::Relaxed);
+            }
+            let _ = done.send(result);
         }
     }
 }
