@@ -26,6 +26,8 @@
 //! a placed listener none has announced itself for lately ([`Placed::unserved`]).
 
 pub mod event_wire;
+#[cfg(test)]
+mod format_tests;
 mod link;
 pub mod mirror;
 mod placed;

@@ -1,0 +1,188 @@
+//! The event mirror's format, version 1, as written and read back: what
+//! `tests/fixtures/mirrored_events_v1.jsonl` holds (see `event_wire`).
+
+use std::sync::Arc;
+
+use super::mirror::{body_of, parse, Frames};
+use crate::config::diff::{ReloadProblem, ReloadReport};
+use crate::events::{AgentState, Event, EventKind, OrganismStatus, StatusAbout};
+use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+use crate::time::Timestamp;
+
+const FIXTURE: &str = "tests/fixtures/mirrored_events_v1.jsonl";
+
+/// One event of each kind with every optional part given, as today's pump writes them.
+fn events() -> Vec<Event> {
+    let t = Timestamp(1_764_000_000_123);
+    let message = MessageRecord {
+        id: Arc::from("m1"),
+        thread_id: Arc::from("t1"),
+        parent_id: Some(Arc::from("m0")),
+        slot_index: 2,
+        from: Arc::from("greeter"),
+        to: Some(Arc::from("shouter")),
+        payload_type: Some("{urn:x}Greeting".into()),
+        payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
+        status: MessageStatus::Delivered,
+        error: None,
+        timestamp: t,
+    };
+    let kinds = vec![
+        EventKind::AgentState {
+            agent: "greeter".into(),
+            state: AgentState::Processing,
+            current_thread: Some("t1".into()),
+        },
+        EventKind::Message { message },
+        EventKind::MessageStatus {
+            id: "m1".into(),
+            thread_id: "t1".into(),
+            status: MessageStatus::Failed,
+            error: Some("boom".into()),
+            about: Some(StatusAbout {
+                from: Arc::from("greeter"),
+                to: None,
+                payload_type: None,
+                slot_index: 2,
+            }),
+        },
+        EventKind::ThreadCreated {
+            thread: ThreadInfo {
+                id: "t1".into(),
+                status: ThreadStatus::Active,
+                participants: vec!["api".into(), "greeter".into()],
+                message_count: 1,
+                created_at: t,
+                last_activity: t,
+                error: None,
+            },
+        },
+        EventKind::ThreadUpdated {
+            thread_id: "t1".into(),
+            status: ThreadStatus::Error,
+            message_count: 3,
+            error: Some("budget".into()),
+        },
+        EventKind::Error {
+            thread_id: None,
+            agent: Some("shouter".into()),
+            error: "lua: x".into(),
+        },
+        EventKind::OrganismState {
+            status: OrganismStatus::Paused,
+        },
+        EventKind::Reload {
+            agent: None,
+            ok: false,
+            error: Some("refused".into()),
+            problems: vec![ReloadProblem {
+                line: Some(7),
+                listener: Some("greeter".into()),
+                key: Some("peers".into()),
+                message: "names no listener".into(),
+            }],
+            diff: Some(ReloadReport {
+                rev: 3,
+                added: vec!["a".into()],
+                removed: vec![],
+                changed: vec!["b".into()],
+                unchanged: vec!["c".into()],
+            }),
+        },
+        EventKind::Audit {
+            who: Some("key:ops".into()),
+            action: "POST /api/v1/organism/pause".into(),
+            target: None,
+            result: "204".into(),
+        },
+        EventKind::Deployment {
+            agent: "acme-bot".into(),
+            tenant: Some("acme".into()),
+            action: "deploy".into(),
+            version: Some(2),
+            from_version: Some(1),
+            author: Some("key:acme".into()),
+            ok: true,
+            error: None,
+        },
+        EventKind::Log {
+            agent: "shouter".into(),
+            thread_id: Some("t1".into()),
+            level: "warn".into(),
+            message: "careful".into(),
+        },
+    ];
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| Event::numbered(i as u64 + 1, t, kind, None::<String>, ()))
+        .collect()
+}
+
+/// What this build writes is the fixture, byte for byte (a change of the format is a new
+/// version, not a silent drift); `AGENTSERVER_BLESS=1` writes it anew.
+#[test]
+fn the_format_written_is_version_one_as_kept() {
+    let none = |_: &Event| Frames {
+        frame: None,
+        message_frame: None,
+    };
+    let written: String = events()
+        .iter()
+        .map(|ev| {
+            let body = body_of(ev, &none(ev)).unwrap();
+            String::from_utf8(body.to_vec()).unwrap() + "\n"
+        })
+        .collect();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    if std::env::var_os("AGENTSERVER_BLESS").is_some() {
+        // Lines from before versions are kept as they are: they are history.
+        let before: String = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.starts_with("{\"v\""))
+            .map(|l| l.to_string() + "\n")
+            .collect();
+        std::fs::write(&path, written.clone() + &before).unwrap();
+    }
+    let kept = std::fs::read_to_string(&path).unwrap();
+    let kept: String = kept
+        .lines()
+        .filter(|l| l.starts_with("{\"v\""))
+        .map(|l| l.to_string() + "\n")
+        .collect();
+    assert_eq!(written, kept);
+}
+
+/// Every line of the fixture reads back as the event it was written from, those written
+/// before the format had a version included; a newer format is refused, not misread.
+#[test]
+fn version_one_and_older_events_read_back_and_a_newer_format_is_refused() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    let kept = std::fs::read_to_string(path).unwrap();
+    let expected = events();
+    let mut unversioned = 0;
+    for line in kept.lines().filter(|l| !l.trim().is_empty()) {
+        let ev = parse(line.as_bytes()).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(ev.v, 1);
+        unversioned += usize::from(!line.starts_with("{\"v\""));
+        let want = &expected[ev.seq as usize - 1];
+        assert_eq!(
+            format!("{:?}", ev.kind),
+            format!("{:?}", want.kind),
+            "{line}"
+        );
+        assert_eq!(ev.timestamp, want.timestamp);
+    }
+    assert!(
+        unversioned >= 1,
+        "the fixture keeps a line from before versions"
+    );
+    let newer = kept
+        .lines()
+        .next()
+        .unwrap()
+        .replacen("{\"v\":1", "{\"v\":2", 1);
+    let e = parse(newer.as_bytes()).unwrap_err();
+    assert!(e.contains("format 2"), "{e}");
+}
