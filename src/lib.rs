@@ -46,8 +46,8 @@
 //!     payload_xml: "<Note>hi</Note>".into(),
 //!     thread_id: None,
 //! })?;
-//! organism.wait_thread(&receipt.thread_id).await;
-//! let log = organism.thread_messages(&receipt.thread_id).unwrap_or_default();
+//! organism.history().wait_thread(&receipt.thread_id).await;
+//! let log = organism.history().thread_messages(&receipt.thread_id).unwrap_or_default();
 //! assert_eq!(&*log[1].payload_xml, "<Note>HI</Note>");
 //! assert_eq!(log[1].to.as_deref(), Some("api")); // a terminal output: the caller's answer
 //! # Ok(())

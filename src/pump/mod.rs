@@ -314,7 +314,7 @@ pub(crate) struct Shared {
     external: Externals,
     /// The link to workers, with `organism.nats` (fixed for the process).
     placed: Option<Arc<crate::nats::Placed>>,
-    /// [`Organism::wait_thread`] callers, woken when their thread stops being active.
+    /// [`History::wait_thread`](history::History::wait_thread) callers, woken when their thread stops being active.
     thread_waiters: std::sync::Mutex<
         crate::hash::SeededMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>,
     >,

@@ -108,7 +108,7 @@ pub struct StatusChange {
     pub error: Option<String>,
 }
 
-/// What [`ThreadRegistry::open`] did.
+/// What [`ThreadRegistry::open`](super::ThreadRegistry::open) did.
 pub struct Opened {
     pub id: Arc<str>,
     /// The thread is new: publish `thread_created`.
