@@ -4,7 +4,7 @@ import { followHash } from './address.js';
 import { api, notice } from './api.js';
 import { clearLog } from './log.js';
 import { refreshOrganism } from './organism.js';
-import { $, ROLES, state } from './state.js';
+import { $, ROLES, forgetAll, state } from './state.js';
 import { connect, setConnection } from './stream.js';
 
 export function signedOut(why) {
@@ -20,18 +20,9 @@ export function signedOut(why) {
 /// Forgets everything a credential was shown: the stream, what it said, the views.
 export function reset() {
   const ws = state.ws;
-  state.ws = null;
+  forgetAll();
   if (ws) ws.close();
-  state.lastSeq = 0;
-  state.dropped = 0;
-  state.folded = 0;
-  state.selected = null;
-  state.thread = null;
-  state.agents = new Map();
-  state.sources = new Map();
-  if (state.graph) { state.graph.destroy(); state.graph = null; }
   clearLog();
-  state.inbox = [];
   $('agent-list').replaceChildren();
   $('thread-list').replaceChildren();
   $('thread').hidden = true;
