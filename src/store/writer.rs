@@ -59,6 +59,15 @@ pub(super) fn writer(
             .iter()
             .filter(|op| matches!(op, Op::Event(e) if matches!(e.kind, EventKind::Message { .. })))
             .count() as u64;
+        // In `seq` order: a publisher numbers its event, then hands it to the store, and two
+        // publishers can hand theirs over in the other order. Sorted, a batch writes its
+        // messages in the stream's order (as `restore` does from the mirror), and a status
+        // never comes before its message. Stable, and what is not an event goes last (a
+        // flush is answered after the commit wherever it stands).
+        batch.sort_by_key(|op| match op {
+            Op::Event(e) => e.seq,
+            _ => u64::MAX,
+        });
         batch.push(Op::Seq(health.latest_seq.load(Ordering::Relaxed)));
         let writes = coalescer.coalesce(&batch);
         let result = commit(&mut conn, &mut cache, &writes);
