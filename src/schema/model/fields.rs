@@ -34,14 +34,20 @@ impl SchemaModel {
         let decl = self.root(local_name)?;
         let mut budget = MAX_FIELDS;
         Some(match self.element_type(decl, 0) {
-            Ty::Complex(ct) => self.fields_of(ct, 0, &mut budget),
+            Ty::Complex(ct) => self.fields_of(self.parts_of(ct, 0), 0, &mut budget),
             _ => Vec::new(),
         })
     }
 
-    fn fields_of(&self, ct: &Node, depth: usize, budget: &mut usize) -> Vec<Field> {
+    /// A complex type's parts, read once: the caller decides from them whether it is a
+    /// leaf to a form, and its fields are made from the same parts.
+    fn parts_of<'a>(&'a self, ct: &'a Node, depth: usize) -> Parts<'a> {
         let mut parts = Parts::default();
         self.parts(ct, depth, &mut parts);
+        parts
+    }
+
+    fn fields_of(&self, parts: Parts<'_>, depth: usize, budget: &mut usize) -> Vec<Field> {
         let mut out = Vec::new();
         for (name, decl) in parts.children {
             if *budget == 0 {
@@ -52,13 +58,12 @@ impl SchemaModel {
                 Ty::Leaf(l) => (Some(l), None),
                 Ty::Any => (Some(Leaf::Text), None),
                 Ty::Complex(c) => {
-                    let mut inner = Parts::default();
-                    self.parts(c, depth + 1, &mut inner);
+                    let inner = self.parts_of(c, depth + 1);
                     match (inner.children.is_empty(), inner.text) {
                         // Simple content (text, with attributes): a leaf to a form.
                         (true, Some(l)) => (Some(l), None),
                         _ if depth + 1 >= MAX_FIELD_DEPTH => (None, Some(Vec::new())),
-                        _ => (None, Some(self.fields_of(c, depth + 1, budget))),
+                        _ => (None, Some(self.fields_of(inner, depth + 1, budget))),
                     }
                 }
             };
