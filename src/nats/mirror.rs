@@ -70,15 +70,21 @@ pub fn parse(bytes: &[u8]) -> Result<MirroredEvent, String> {
         #[serde(default = "first_format")]
         v: u32,
     }
-    let version: Version = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    if version.v > FORMAT {
-        return Err(format!(
-            "an event of format {} (this build reads up to {FORMAT}): run the same version \
-             as the pump",
-            version.v
-        ));
+    let newer = |v: u32| {
+        format!(
+            "an event of format {v} (this build reads up to {FORMAT}): run the same version \
+             as the pump"
+        )
+    };
+    // Read once; only an event that does not read is looked at again, for its version.
+    match serde_json::from_slice::<MirroredEvent>(bytes) {
+        Ok(ev) if ev.v > FORMAT => Err(newer(ev.v)),
+        Ok(ev) => Ok(ev),
+        Err(e) => match serde_json::from_slice::<Version>(bytes) {
+            Ok(Version { v }) if v > FORMAT => Err(newer(v)),
+            _ => Err(e.to_string()),
+        },
     }
-    serde_json::from_slice(bytes).map_err(|e| e.to_string())
 }
 
 /// An event's frames as the API renders them: for `/ws`, and for `/ws/messages` (when it
