@@ -1,13 +1,21 @@
 //! Who a session is: the credential of its upgrade request or first frame, what a tenant's
 //! session sees, and its end when the credential is revoked or expires.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+use futures_util::StreamExt;
+use serde::Deserialize;
+
+use crate::api::auth::{unauthorized, AuthPending, Principal, Refused};
+use crate::api::error::ApiError;
 
 /// Who opens a session: known from the upgrade request, or (`principal: None`) still to
 /// present a credential in its first frame; and from which address.
 pub struct Who {
-    pub(super) principal: Option<Principal>,
-    pub(super) remote: Option<std::net::IpAddr>,
+    pub(in crate::api) principal: Option<Principal>,
+    pub(in crate::api) remote: Option<std::net::IpAddr>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Who {
@@ -43,82 +51,6 @@ pub const AUTH_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Close codes of sessions refused or ended for their credential.
 pub(in crate::api) const CLOSE_UNAUTHORIZED: u16 = 4401;
-
-impl Session {
-    /// What the session's principal sees now.
-    pub(super) fn scope(&mut self) -> Scope {
-        let Some((config, scope)) = &mut self.tenant_view else {
-            return Scope::default();
-        };
-        let now = self.state.inner.organism.config();
-        if !Arc::ptr_eq(config, &now) {
-            *scope = self.principal.scope(&now);
-            *config = now;
-        }
-        scope.clone()
-    }
-
-    /// Whether a tenant's session sees `ev` (every event, for an organism-wide one).
-    pub(super) fn sees(&mut self, ev: &Event) -> bool {
-        if self.tenant_view.is_none() {
-            return true;
-        }
-        let scope = self.scope();
-        let threads = self.state.inner.organism.threads();
-        let thread = |id: &str| {
-            threads
-                .info(id)
-                .is_some_and(|t| scope.sees_thread(&t.participants))
-        };
-        match &ev.kind {
-            EventKind::AgentState { agent, .. } | EventKind::Log { agent, .. } => scope.sees(agent),
-            EventKind::Message { message } => {
-                scope.sees_message(&message.from, message.to.as_deref())
-            }
-            EventKind::MessageStatus { about: Some(a), .. } => {
-                scope.sees_message(&a.from, a.to.as_deref())
-            }
-            EventKind::MessageStatus { thread_id, .. }
-            | EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
-            EventKind::ThreadCreated { thread: t } => {
-                scope.sees_thread(&t.participants) || thread(&t.id)
-            }
-            EventKind::Error { agent: Some(a), .. } => scope.sees(a),
-            EventKind::Error {
-                thread_id: Some(t), ..
-            } => thread(t),
-            EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
-            EventKind::Deployment { tenant, .. } => {
-                tenant.is_some() && *tenant == self.principal.tenant
-            }
-            EventKind::OrganismState { .. } => true,
-            EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
-        }
-    }
-
-    /// Whether the session's credential still holds (looked up off the async workers).
-    pub(super) async fn still_valid(&self) -> bool {
-        let Some(auth) = self.state.inner.auth.clone() else {
-            return true;
-        };
-        let p = self.principal.clone();
-        tokio::task::spawn_blocking(move || auth.still_valid(&p))
-            .await
-            .unwrap_or(false)
-    }
-
-    pub(super) fn close_unauthorized(&self) {
-        tracing::info!(
-            endpoint = self.ep.path(),
-            principal = ?self.principal.name,
-            "closing a WebSocket session: its credential was revoked or expired"
-        );
-        let _ = self.tx.try_send(Message::Close(Some(CloseFrame {
-            code: CLOSE_UNAUTHORIZED,
-            reason: Utf8Bytes::from_static("credential revoked or expired"),
-        })));
-    }
-}
 
 /// Waits up to [`AUTH_FRAME_TIMEOUT`] for `{"cmd": "auth", "token": …}` as the session's
 /// first frame. Err: the close reason (the same whatever was wrong; the log has the detail).

@@ -1,0 +1,695 @@
+//! One stream session, whoever serves it: the pump's `/ws` and `/ws/messages`, and a
+//! gateway's. What differs is the [`Source`]: where events, snapshots and scopes come from,
+//! and which commands it runs (a gateway's are read-only).
+//!
+//! Each client is three tasks. The session task reads the source's event hub (after
+//! replaying retained events for `?since=`), filters, and offers each frame to a bounded
+//! queue with `try_send`: it never waits on the client, so a slow client costs the pump
+//! nothing. When the queue (or its byte budget) is full, frames are dropped for that client
+//! and counted; a `dropped` frame (`count`, `from_seq`, `to_seq`) goes out as soon as there is
+//! room. The writer task drains the queue into the socket with a write timeout; the reader
+//! task hands the client's frames to the session. Pings go out every heartbeat; a client
+//! silent for two heartbeats is closed.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::ws::{close_code, CloseFrame, Message, Utf8Bytes, WebSocket};
+use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::frames::frame_len;
+use super::{dropped_frame, first_frame_auth, protocol_close, text, Dropped, Folding, Who};
+use super::{WsQuery, CLOSE_UNAUTHORIZED};
+use crate::api::auth::{Authenticator, Principal, Scope};
+use crate::api::error::ApiError;
+use crate::api::filter::Filter;
+use crate::api::{ApiOptions, Endpoint};
+use crate::config::Limits;
+use crate::events::{Event, EventKind, Receiver, RecvError, Subscription, TryRecvError};
+use crate::time::Timestamp;
+
+/// Frames written to a client's socket per flush, at most.
+const WRITE_BATCH: usize = 256;
+
+/// Events a session takes from the hub in one turn of its loop, at most (then it checks its
+/// client, heartbeat and shutdown again).
+const OFFER_BATCH: usize = 256;
+
+/// What serves a session: its events, its `connected` snapshot, its principals' scopes and
+/// its commands.
+pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
+    /// What a tenant's scope is made from (the organism's config, the latest mirrored
+    /// snapshot): when it changes, scopes are made again.
+    type Basis: Send + Sync;
+
+    /// The close reason a client gets when the server stops.
+    const STOPPING: &'static str;
+
+    fn basis(&self) -> Self::Basis;
+    fn same(a: &Self::Basis, b: &Self::Basis) -> bool;
+    fn scope(&self, p: &Principal, basis: &Self::Basis) -> Scope;
+
+    /// Whether a principal of `scope` sees the thread `id` (false when it is not known).
+    fn sees_thread(&self, scope: &Scope, id: &str) -> bool;
+
+    /// The frame `ev` goes out as on `ep` (`None`: not one of that stream's).
+    fn frame<'e>(&self, ep: Endpoint, ev: &'e Event) -> Option<&'e Utf8Bytes>;
+
+    /// The limits a `subscribe` filter is checked against.
+    fn limits(&self) -> Limits;
+    fn auth(&self) -> Option<Arc<Authenticator>>;
+    /// Cancelled when the server stops.
+    fn closing(&self) -> CancellationToken;
+    /// `n` frames were not sent to a client of `ep`.
+    fn count_dropped(&self, _ep: Endpoint, _n: u64) {}
+
+    /// Subscribes the session to the events after `since` (or the latest), queueing what
+    /// comes before them (`resync_required`, `connected`); with the `since` it resumes
+    /// from. `None` ends the session.
+    fn open(
+        s: &mut Session<Self>,
+        since: Option<u64>,
+    ) -> impl Future<Output = Option<(Subscription, Option<u64>)>> + Send;
+
+    /// Runs one command (its `request_id` and `cmd` taken out): the ack's extra fields.
+    fn execute(
+        s: &mut Session<Self>,
+        cmd: &str,
+        map: Map<String, Value>,
+    ) -> impl Future<Output = Result<Map<String, Value>, ApiError>> + Send;
+}
+
+/// The filter a connection's query asks for, checked against `limits`. The `/ws`-only
+/// options are ignored on `/ws/messages`.
+pub(in crate::api) fn query_filter(
+    q: &WsQuery,
+    ep: Endpoint,
+    limits: &Limits,
+) -> Result<Filter, ApiError> {
+    let events = ep == Endpoint::Events;
+    let mut filter = Filter::from_query(
+        q.threads.as_deref(),
+        q.agents.as_deref(),
+        q.events.as_deref().filter(|_| events),
+        q.payload_types.as_deref(),
+    );
+    if events {
+        filter.coalesce_ms = q.coalesce_ms;
+        filter.max_messages_per_s = q.max_messages_per_s;
+    }
+    filter
+        .prepare(limits)
+        .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
+    Ok(filter)
+}
+
+pub(in crate::api) struct Session<S: Source> {
+    pub(in crate::api) source: S,
+    pub(in crate::api) ep: Endpoint,
+    pub(in crate::api) principal: Principal,
+    /// The client's address, for the audit log.
+    pub(in crate::api) remote: Option<std::net::IpAddr>,
+    /// What a tenant's principal sees, with what it was made from; `None` for an
+    /// organism-wide principal, which sees everything.
+    tenant_view: Option<(S::Basis, Scope)>,
+    pub(in crate::api) filter: Filter,
+    options: ApiOptions,
+    tx: mpsc::Sender<Message>,
+    queued: Arc<AtomicUsize>,
+    /// The last event `seq` this session has looked at.
+    pub(in crate::api) seen: u64,
+    dropped: Option<Dropped>,
+    folding: Folding,
+    /// Set when a control frame (an answer) found the client's queue full: the client sends
+    /// commands but does not read, and is closed.
+    overflow: bool,
+}
+
+/// What ended a session's loop.
+enum End {
+    /// The writer ended (the client is gone or did not take its frames).
+    Writer,
+    Other,
+}
+
+/// Serves one client of `ep` from `source` until either side ends: its credential first
+/// (from the upgrade, or its first frame), then what the source opens with, then events.
+pub(in crate::api) async fn run<S: Source>(
+    socket: WebSocket,
+    source: S,
+    ep: Endpoint,
+    who: Who,
+    filter: Filter,
+    since: Option<u64>,
+    options: ApiOptions,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let remote = who.remote;
+    let principal = match who.principal {
+        Some(p) => p,
+        None => match first_frame_auth(source.auth(), &mut stream, remote).await {
+            Ok(p) => p,
+            Err(reason) => {
+                let _ = tokio::time::timeout(
+                    options.heartbeat,
+                    sink.send(close(CLOSE_UNAUTHORIZED, Utf8Bytes::from(reason))),
+                )
+                .await;
+                return;
+            }
+        },
+    };
+    let (tx, rx) = mpsc::channel::<Message>(options.client_queue.max(1));
+    let queued = Arc::new(AtomicUsize::new(0));
+    let write_timeout = options.heartbeat * 2;
+    let mut writer = tokio::spawn(write_frames(sink, rx, queued.clone(), write_timeout));
+    let tenant_view = principal.tenant.is_some().then(|| {
+        let basis = source.basis();
+        let scope = source.scope(&principal, &basis);
+        (basis, scope)
+    });
+    let mut session = Session {
+        source,
+        ep,
+        principal,
+        remote,
+        tenant_view,
+        filter,
+        options,
+        tx: tx.clone(),
+        queued,
+        seen: 0,
+        dropped: None,
+        folding: Folding::default(),
+        overflow: false,
+    };
+    let mut end = End::Other;
+    if let Some((sub, since)) = S::open(&mut session, since).await {
+        session.seen = match (since, sub.resync_from) {
+            (Some(s), None) => s,
+            _ => sub.seq,
+        };
+        for ev in &sub.replay {
+            session.offer(ev);
+        }
+        end = session.serve(stream, sub.live, &mut writer, tx).await;
+    }
+    // A client closed for not reading gets a second to take its close frame; others
+    // get the write timeout to take what is queued.
+    let wait = if session.overflow {
+        Duration::from_secs(1)
+    } else {
+        write_timeout
+    };
+    drop(session);
+    if matches!(end, End::Other) && tokio::time::timeout(wait, &mut writer).await.is_err() {
+        writer.abort();
+    }
+}
+
+fn close(code: u16, reason: Utf8Bytes) -> Message {
+    Message::Close(Some(CloseFrame { code, reason }))
+}
+
+/// How often what folding holds back goes out (a subscription may change it).
+struct Flush {
+    every: Option<Duration>,
+    tick: tokio::time::Interval,
+}
+
+impl Flush {
+    fn new(every: Option<Duration>) -> Flush {
+        let mut tick = tokio::time::interval(every.unwrap_or(Duration::from_secs(3600)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Flush { every, tick }
+    }
+}
+
+impl<S: Source> Session<S> {
+    /// The loop: the client's frames, the credential, the dropped notice, folding's flush,
+    /// the heartbeat and the events, until one ends it.
+    async fn serve(
+        &mut self,
+        stream: SplitStream<WebSocket>,
+        mut live: Receiver,
+        writer: &mut JoinHandle<()>,
+        reserve_tx: mpsc::Sender<Message>,
+    ) -> End {
+        // The client's frames are read by their own task: polling the socket from the loop
+        // below would try a read (and prepare a read buffer) for every event offered.
+        let (in_tx, mut incoming) = mpsc::channel::<Option<Message>>(16);
+        let reader = tokio::spawn(read_frames(stream, in_tx));
+        let closing = self.source.closing();
+        // Made once: a fresh `cancelled()` per loop turn costs a notifier registration for
+        // every event offered.
+        let stopping = closing.cancelled();
+        tokio::pin!(stopping);
+        let mut heartbeat = tokio::time::interval(self.options.heartbeat);
+        heartbeat.tick().await;
+        let mut last_heard = Instant::now();
+        // A session on a credential that can end (a key, an expiring token) looks at it
+        // again every second, and at once when the API revokes a key.
+        let auth = self.source.auth();
+        let watched =
+            auth.is_some() && (self.principal.key_id.is_some() || self.principal.expires.is_some());
+        let mut recheck = tokio::time::interval(Duration::from_secs(1));
+        let mut flush = Flush::new(self.flush_every());
+        let end = loop {
+            if self.flush_every() != flush.every {
+                // A new subscription: what the old one held back goes out first.
+                self.flush_folded();
+                flush = Flush::new(self.flush_every());
+            }
+            let revoked = async {
+                match &auth {
+                    Some(a) if watched => a.revoked.notified().await,
+                    _ => std::future::pending().await,
+                }
+            };
+            // Biased, with the event stream last: the client's commands, the dropped notice
+            // and the heartbeat are never starved by a busy stream.
+            let ended = tokio::select! {
+                biased;
+                _ = &mut stopping => {
+                    let _ = self.tx.try_send(close(close_code::AWAY, Utf8Bytes::from_static(S::STOPPING)));
+                    Some(End::Other)
+                }
+                _ = revoked, if watched => self.recheck().await,
+                _ = recheck.tick(), if watched => self.recheck().await,
+                frame = incoming.recv() => self.heard(frame, &mut last_heard).await,
+                permit = reserve_tx.reserve(), if self.dropped.is_some() => {
+                    if let (Ok(permit), Some(d)) = (permit, self.dropped.take()) {
+                        let frame = dropped_frame(d);
+                        self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
+                        permit.send(frame);
+                    }
+                    None
+                }
+                _ = flush.tick.tick(), if flush.every.is_some() => {
+                    self.flush_folded();
+                    None
+                }
+                _ = heartbeat.tick() => self.beat(last_heard),
+                _ = &mut *writer => Some(End::Writer),
+                r = live.recv() => self.take(r, &mut live),
+            };
+            if let Some(end) = ended {
+                break end;
+            }
+        };
+        reader.abort();
+        end
+    }
+
+    /// A frame from the client (`None`: it is gone).
+    async fn heard(
+        &mut self,
+        frame: Option<Option<Message>>,
+        last_heard: &mut Instant,
+    ) -> Option<End> {
+        match frame {
+            Some(Some(Message::Text(t))) => {
+                *last_heard = Instant::now();
+                self.command(t.as_str()).await;
+                if self.overflow {
+                    tracing::info!(endpoint = self.ep.path(), "closing a WebSocket client that sends commands but does not read their answers");
+                    let reason = "not reading: answers over the client queue";
+                    let _ = self
+                        .tx
+                        .try_send(close(close_code::POLICY, Utf8Bytes::from_static(reason)));
+                    return Some(End::Other);
+                }
+                None
+            }
+            // The reader's close for a protocol error: sent, then the session ends.
+            Some(Some(Message::Close(Some(frame)))) if frame.code >= 1002 => {
+                let _ = self.tx.try_send(Message::Close(Some(frame)));
+                Some(End::Other)
+            }
+            Some(Some(Message::Close(_))) | Some(None) | None => Some(End::Other),
+            Some(Some(_)) => {
+                *last_heard = Instant::now();
+                None
+            }
+        }
+    }
+
+    /// The heartbeat: a ping, or the end of a client silent for two heartbeats.
+    fn beat(&self, last_heard: Instant) -> Option<End> {
+        if last_heard.elapsed() > self.options.heartbeat * 2 {
+            tracing::info!(
+                endpoint = self.ep.path(),
+                "closing a WebSocket client that stopped answering"
+            );
+            return Some(End::Other);
+        }
+        let _ = self.tx.try_send(Message::Ping(Default::default()));
+        None
+    }
+
+    /// An event from the hub, and what else is already published.
+    fn take(&mut self, r: Result<Arc<Event>, RecvError>, live: &mut Receiver) -> Option<End> {
+        match r {
+            Ok(ev) => self.offer(&ev),
+            Err(RecvError::Lagged(n)) => self.lost(n),
+            Err(RecvError::Closed) => return Some(End::Other),
+        }
+        for _ in 0..OFFER_BATCH {
+            // Lent, not cloned: 50 sessions taking a reference to each event on two cores
+            // contend for its count.
+            match live.try_recv_with(|ev| self.offer(ev)) {
+                Ok(()) => {}
+                Err(TryRecvError::Lagged(n)) => self.lost(n),
+                Err(_) => break,
+            }
+        }
+        None
+    }
+
+    /// Looks at the credential again; ends a session whose credential no longer holds.
+    async fn recheck(&mut self) -> Option<End> {
+        if self.still_valid().await {
+            return None;
+        }
+        tracing::info!(
+            endpoint = self.ep.path(),
+            principal = ?self.principal.name,
+            "closing a WebSocket session: its credential was revoked or expired"
+        );
+        let reason = Utf8Bytes::from_static("credential revoked or expired");
+        let _ = self.tx.try_send(close(CLOSE_UNAUTHORIZED, reason));
+        Some(End::Other)
+    }
+
+    /// Whether the session's credential still holds (looked up off the async workers).
+    async fn still_valid(&self) -> bool {
+        let Some(auth) = self.source.auth() else {
+            return true;
+        };
+        let p = self.principal.clone();
+        tokio::task::spawn_blocking(move || auth.still_valid(&p))
+            .await
+            .unwrap_or(false)
+    }
+
+    /// What the session's principal sees now.
+    pub(in crate::api) fn scope(&mut self) -> Scope {
+        let Some((basis, scope)) = &mut self.tenant_view else {
+            return Scope::default();
+        };
+        let now = self.source.basis();
+        if !S::same(basis, &now) {
+            *scope = self.source.scope(&self.principal, &now);
+            *basis = now;
+        }
+        scope.clone()
+    }
+
+    /// Whether a tenant's session sees `ev` (every event, for an organism-wide one).
+    fn sees(&mut self, ev: &Event) -> bool {
+        if self.tenant_view.is_none() {
+            return true;
+        }
+        let scope = self.scope();
+        let thread = |id: &str| self.source.sees_thread(&scope, id);
+        match &ev.kind {
+            EventKind::AgentState { agent, .. } | EventKind::Log { agent, .. } => scope.sees(agent),
+            EventKind::Message { message } => {
+                scope.sees_message(&message.from, message.to.as_deref())
+            }
+            EventKind::MessageStatus { about: Some(a), .. } => {
+                scope.sees_message(&a.from, a.to.as_deref())
+            }
+            EventKind::MessageStatus { thread_id, .. }
+            | EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
+            EventKind::ThreadCreated { thread: t } => {
+                scope.sees_thread(&t.participants) || thread(&t.id)
+            }
+            EventKind::Error { agent: Some(a), .. } => scope.sees(a),
+            EventKind::Error {
+                thread_id: Some(t), ..
+            } => thread(t),
+            EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
+            EventKind::Deployment { tenant, .. } => {
+                tenant.is_some() && *tenant == self.principal.tenant
+            }
+            EventKind::OrganismState { .. } => true,
+            EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
+        }
+    }
+
+    /// Answers one command frame with `ack` or `error`, carrying its `request_id`.
+    async fn command(&mut self, raw: &str) {
+        let mut request_id = Value::Null;
+        let mut cmd = String::new();
+        let reply = match serde_json::from_str::<Value>(raw) {
+            Ok(Value::Object(mut map)) => {
+                request_id = map.remove("request_id").unwrap_or(Value::Null);
+                match map.remove("cmd") {
+                    Some(Value::String(c)) => {
+                        cmd = c;
+                        S::execute(self, &cmd, map).await
+                    }
+                    _ => Err(ApiError::bad_request("a command needs a `cmd` string").at("cmd")),
+                }
+            }
+            Ok(_) | Err(_) => Err(ApiError::bad_request(
+                "a command is a JSON object with a `cmd` field",
+            )),
+        };
+        // Not the hub's latest: an answer never carries a `seq` ahead of the events this
+        // connection has been offered, so a client resuming from the highest `seq` it saw
+        // loses nothing.
+        let mut frame = json!({
+            "event": "ack",
+            "seq": self.seen,
+            "timestamp": Timestamp::now(),
+            "request_id": request_id,
+            "cmd": cmd,
+        });
+        let extra = match reply {
+            Ok(fields) => fields,
+            Err(e) => {
+                frame["event"] = json!("error");
+                let mut fields = Map::new();
+                fields.insert("status".into(), json!(e.status.as_u16()));
+                fields.insert("code".into(), json!(e.body.code));
+                fields.insert("error".into(), json!(e.body.message));
+                fields.insert("details".into(), json!(e.body.details));
+                fields.insert("where".into(), json!(e.body.location));
+                fields
+            }
+        };
+        if let Some(obj) = frame.as_object_mut() {
+            obj.extend(extra);
+        }
+        self.control(frame);
+    }
+
+    /// `subscribe`: the session's filter becomes `spec`; the ack's fields.
+    pub(in crate::api) fn subscribe(
+        &mut self,
+        spec: Value,
+    ) -> Result<Map<String, Value>, ApiError> {
+        let mut filter: Filter = serde_json::from_value(spec)
+            .map_err(|e| ApiError::bad_request(format!("bad filter: {e}")).at("filter"))?;
+        filter
+            .prepare(&self.source.limits())
+            .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
+        self.filter = filter;
+        let mut out = Map::new();
+        out.insert("filter".into(), json!(self.filter));
+        Ok(out)
+    }
+
+    /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
+    /// queue like any frame; one that does not fit (by frames or bytes) is not queued, and
+    /// marks the session `overflow`: its client is closed. The first frames of a session
+    /// always fit (the queue is empty).
+    pub(in crate::api) fn control(&mut self, frame: Value) {
+        self.control_message(text(&frame));
+    }
+
+    pub(in crate::api) fn control_message(&mut self, msg: Message) {
+        let len = frame_len(&msg);
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued > 0 && queued + len > self.options.client_queue_bytes {
+            self.overflow = true;
+            return;
+        }
+        if !self.try_queue(msg) {
+            self.overflow = true;
+        }
+    }
+
+    /// Offers one event: filtered, then queued or counted as dropped.
+    fn offer(&mut self, ev: &Event) {
+        if ev.seq <= self.seen {
+            return;
+        }
+        self.seen = ev.seq;
+        if !self.sees(ev) {
+            return;
+        }
+        let passes = match self.ep {
+            Endpoint::Events => self.filter.passes(ev),
+            Endpoint::Messages => self.filter.passes_message(ev),
+        };
+        // Held back before it is written out: a folded event costs no rendering.
+        if !passes || (self.ep == Endpoint::Events && self.folding.hold(&self.filter, ev)) {
+            return;
+        }
+        let Some(frame) = self.source.frame(self.ep, ev) else {
+            return;
+        };
+        if !self.gap_told() {
+            // Even the gap's notice does not fit: this one joins the gap.
+            self.drop_one(ev.seq);
+            return;
+        }
+        let budget = self.options.client_queue_bytes;
+        if self.queued.load(Ordering::Relaxed) + frame.len() > budget
+            || !self.try_queue(Message::Text(frame.clone()))
+        {
+            self.drop_one(ev.seq);
+        }
+    }
+
+    /// How often held-back frames go out: the coalescing interval, or every second for the
+    /// message rate alone; `None` when the client folds nothing.
+    fn flush_every(&self) -> Option<Duration> {
+        Folding::every(&self.filter)
+    }
+
+    /// Sends the notice of frames dropped, if any is owed, before anything later (its `seq`
+    /// is its gap's end, so nothing sent after the gap may go first). False if it is owed
+    /// and does not fit.
+    fn gap_told(&mut self) -> bool {
+        let Some(d) = self.dropped else {
+            return true;
+        };
+        if !self.try_queue(dropped_frame(d)) {
+            return false;
+        }
+        self.dropped = None;
+        true
+    }
+
+    /// Sends what folding held back: the agents' latest states in one `agent_states` frame,
+    /// and a `folded` frame counting the message events not sent. Both carry the `seq` of
+    /// the last event offered, as answers do, so `seq` never goes back.
+    fn flush_folded(&mut self) {
+        if self.folding.is_empty() || !self.gap_told() {
+            // Held on until the gap's notice has gone out.
+            return;
+        }
+        if let Some(frame) = self.folding.states_frame(self.seen) {
+            if !self.try_queue(frame) {
+                self.drop_one(self.seen);
+            }
+        }
+        if let Some((frame, f)) = self.folding.folded_frame(self.seen) {
+            if !self.try_queue(frame) {
+                self.folding.folded = Some(f);
+            }
+        }
+    }
+
+    /// Queues a frame if there is room, keeping the byte count the writer pays back.
+    fn try_queue(&self, msg: Message) -> bool {
+        let len = frame_len(&msg);
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        if self.tx.try_send(msg).is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn drop_one(&mut self, seq: u64) {
+        self.note_dropped(1, seq, seq);
+    }
+
+    /// The channel skipped `n` events after the last one seen.
+    fn lost(&mut self, n: u64) {
+        let from = self.seen + 1;
+        self.seen += n;
+        self.note_dropped(n, from, self.seen);
+    }
+
+    fn note_dropped(&mut self, count: u64, from_seq: u64, to_seq: u64) {
+        self.source.count_dropped(self.ep, count);
+        self.dropped = Some(Dropped::add(self.dropped, count, from_seq, to_seq));
+    }
+}
+
+/// The writer task: drains a session's queue into its socket. Frames already queued go out
+/// together: fed one by one, flushed (written to the socket) once, so a busy client costs
+/// one write per batch, not per frame. Each batch has `write_timeout`; the bytes it carried
+/// are paid back to `queued`. Ends at a close frame, a failed write or the queue's end.
+async fn write_frames(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut rx: mpsc::Receiver<Message>,
+    writer_queued: Arc<AtomicUsize>,
+    write_timeout: Duration,
+) {
+    let mut batch = Vec::with_capacity(WRITE_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(msg) => batch.push(msg),
+                Err(_) => break,
+            }
+        }
+        let len: usize = batch.iter().map(frame_len).sum();
+        let closing = batch.iter().any(|m| matches!(m, Message::Close(_)));
+        let frames = std::mem::take(&mut batch);
+        let sent = tokio::time::timeout(write_timeout, async {
+            for msg in frames {
+                let last = matches!(msg, Message::Close(_));
+                sink.feed(msg).await?;
+                if last {
+                    break;
+                }
+            }
+            sink.flush().await
+        })
+        .await;
+        writer_queued.fetch_sub(len, Ordering::Relaxed);
+        if !matches!(sent, Ok(Ok(()))) || closing {
+            break;
+        }
+    }
+    let _ = tokio::time::timeout(write_timeout, sink.close()).await;
+}
+
+/// The reader task: a client's frames into `in_tx` (`None` once it is gone); a protocol
+/// error becomes the close frame it owes (1009, 1007, 1002).
+async fn read_frames(mut stream: SplitStream<WebSocket>, in_tx: mpsc::Sender<Option<Message>>) {
+    loop {
+        match stream.next().await {
+            Some(Ok(msg)) => {
+                if in_tx.send(Some(msg)).await.is_err() {
+                    return;
+                }
+            }
+            // A protocol error ends the session with its close code.
+            Some(Err(e)) => {
+                if let Some(frame) = protocol_close(e) {
+                    let _ = in_tx.send(Some(Message::Close(Some(frame)))).await;
+                }
+                break;
+            }
+            None => break,
+        }
+    }
+    let _ = in_tx.send(None).await;
+}
