@@ -444,7 +444,49 @@ listeners:
     let hello = next_json(&mut tenant_ws).await;
     assert_eq!(hello["event"], "connected", "{hello}");
     assert_eq!(agent_names(&hello), ["t1"]);
+    // Its events are the pump's rule for a tenant: its own agents' states, no one else's.
+    let ours = inject(&o, "t1", "<Note>acme's again</Note>", None);
+    settle(&o, &ours.thread_id).await;
+    let on_ws = |thread: String| {
+        move |f: &Value| f["event"] == "message" && f["message"]["thread_id"] == thread.as_str()
+    };
+    let seen = read_until(&mut tenant_ws, on_ws(ours.thread_id.to_string())).await;
+    let states: Vec<&Value> = seen
+        .iter()
+        .filter(|f| f["event"] == "agent_state")
+        .map(|f| &f["agent"])
+        .collect();
+    assert!(states.iter().all(|a| **a == "t1"), "{seen:?}");
     drop(tenant_ws);
+
+    // `subscribe` narrows a gateway session as it does the pump's; other commands are refused.
+    let mut narrowed = ws_with_key(&url.replace("/ws/messages", "/ws"), Some(&everyone))
+        .await
+        .unwrap();
+    assert_eq!(next_json(&mut narrowed).await["event"], "connected");
+    send_json(
+        &mut narrowed,
+        serde_json::json!({"cmd": "subscribe", "request_id": "s", "agents": ["t1"], "events": ["message"]}),
+    )
+    .await;
+    let ack = read_until(&mut narrowed, |f| f["request_id"] == "s").await;
+    let ack = ack.last().unwrap();
+    assert_eq!(
+        (&ack["event"], &ack["filter"]["agents"]),
+        (&"ack".into(), &serde_json::json!(["t1"])),
+        "{ack}"
+    );
+    let theirs = inject(&o, "a", "<Note>not t1's</Note>", None);
+    settle(&o, &theirs.thread_id).await;
+    let ours = inject(&o, "t1", "<Note>t1's</Note>", None);
+    settle(&o, &ours.thread_id).await;
+    let seen = read_until(&mut narrowed, on_ws(ours.thread_id.to_string())).await;
+    assert!(
+        seen.iter()
+            .all(|f| f["event"] == "message" && f["message"]["thread_id"] == *ours.thread_id),
+        "{seen:?}"
+    );
+    drop(narrowed);
 
     // Its scope follows the organism: an agent created through the API, then a listener a
     // reload adds, are seen by the session opened before either (once the pump's next

@@ -1,8 +1,9 @@
 //! `agentserver gateway`: the event and message streams (`/ws`, `/ws/messages`) served from
 //! an organism's mirrored events (`nats::mirror`), so any number of gateways on any number
-//! of machines serve observers without touching the pump. Read-only: every command gets an
-//! error frame. Sessions start with the pump's mirrored snapshot and fold as the pump's do
-//! (`ws::Folding`).
+//! of machines serve observers without touching the pump. Its sessions are the pump's
+//! (`ws::session`, with this mirror as their `Source`): they start with the pump's mirrored
+//! snapshot, filter, fold and report what a client missed as the pump's do. Read-only:
+//! `subscribe` changes a session's filter, every other command gets a `read_only` error.
 //!
 //! One ordered consumer per gateway feeds a local [`EventHub`] with the pump's own `seq`s
 //! and the frames the pump rendered, so every client of this gateway shares one copy of each
@@ -21,31 +22,27 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Utf8Bytes, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use futures_util::{SinkExt, StreamExt};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Authenticator, Principal, Scope};
 use super::error::ApiError;
-use super::filter::Filter;
-use super::ws::{
-    dropped_frame, first_frame_auth, resync_frame, text, Dropped, Folding, WsQuery,
-    CLOSE_UNAUTHORIZED,
-};
+use super::ws::session::{self, query_filter, subscribe_spec, Session, Source};
+use super::ws::{resync_frame, Who, WsQuery};
+use super::{ApiOptions, Endpoint};
 use crate::config::{Limits, NatsConfig, OrganismConfig};
-use crate::events::{Event, EventHub, RecvError};
+use crate::events::{Event, EventHub, Subscription};
 use crate::nats::mirror::{follow_snapshots, read, ReadFrom, Snapshot};
 use crate::nats::Link;
-use crate::time::Timestamp;
 
 mod view;
-use view::{connected, sees};
+use view::connected;
 
 /// Events a gateway holds for `?since=` and for clients that fall behind, by default.
 pub const DEFAULT_RETAIN: usize = 65_536;
@@ -59,9 +56,6 @@ const SNAPSHOT_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// The largest frame a client may send (every command is refused anyway).
 const MAX_COMMAND_BYTES: usize = 64 << 10;
-
-/// A frame not taken by its client in this long closes the client.
-const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often a client is pinged; one silent for two of these is closed.
 const HEARTBEAT: Duration = Duration::from_secs(20);
@@ -288,13 +282,6 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))
 }
 
-/// Which stream a session serves.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Stream {
-    Events,
-    Messages,
-}
-
 /// A request's parts a session needs: its headers and the client's address.
 struct Caller {
     headers: axum::http::HeaderMap,
@@ -325,7 +312,7 @@ async fn ws_events(
     caller: Caller,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
-    upgrade(ws, gate, caller, q, Stream::Events)
+    upgrade(ws, gate, caller, q, Endpoint::Events)
 }
 
 async fn ws_messages(
@@ -334,32 +321,24 @@ async fn ws_messages(
     caller: Caller,
     Query(q): Query<WsQuery>,
 ) -> Result<Response, ApiError> {
-    upgrade(ws, gate, caller, q, Stream::Messages)
+    upgrade(ws, gate, caller, q, Endpoint::Messages)
 }
 
-/// Who a session is for: no one to check (no `--auth-from`), a principal from the upgrade's
-/// header, or one to come in the first frame (a browser cannot set the header).
-enum Credential {
-    Unchecked,
-    Known(Principal, Scope),
-    FirstFrame,
-}
-
+/// Who a session is for: no one to check (no `--auth-from`: the implicit principal), a
+/// principal from the upgrade's header, or one to come in the first frame (a browser cannot
+/// set the header).
 fn upgrade(
     ws: WebSocketUpgrade,
     gate: Gate,
     caller: Caller,
     q: WsQuery,
-    stream: Stream,
+    ep: Endpoint,
 ) -> Result<Response, ApiError> {
-    let who = match &gate.access {
-        None => Credential::Unchecked,
+    let principal = match &gate.access {
+        None => None,
         Some(a) => match crate::api::auth::authenticate(&a.auth, &caller.headers) {
-            Ok(principal) => {
-                let scope = gate.scope(&principal);
-                Credential::Known(principal, scope)
-            }
-            Err(super::auth::Refused::Missing) => Credential::FirstFrame,
+            Ok(principal) => Some(principal),
+            Err(super::auth::Refused::Missing) => None,
             Err(refused) => {
                 if let super::auth::Refused::Invalid(why) = &refused {
                     tracing::info!(from = %caller.from, "gateway refused a credential: {why}");
@@ -375,95 +354,108 @@ fn upgrade(
             }
         },
     };
-    let from = caller.from;
-    let mut filter = Filter::from_query(
-        q.threads.as_deref(),
-        q.agents.as_deref(),
-        q.events.as_deref().filter(|_| stream == Stream::Events),
-        q.payload_types.as_deref(),
-    );
-    if stream == Stream::Events {
-        filter.coalesce_ms = q.coalesce_ms;
-        filter.max_messages_per_s = q.max_messages_per_s;
-    }
-    filter
-        .prepare(&gate.limits)
-        .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
+    let who = Who {
+        principal,
+        remote: Some(caller.from),
+    };
+    let filter = query_filter(&q, ep, &gate.limits)?;
+    let options = ApiOptions {
+        heartbeat: HEARTBEAT,
+        ..ApiOptions::default()
+    };
     Ok(ws
         .max_message_size(MAX_COMMAND_BYTES)
         .max_frame_size(MAX_COMMAND_BYTES)
-        .on_upgrade(move |socket| session(socket, gate, stream, who, from, filter, q.since)))
+        .on_upgrade(move |socket| session::run(socket, gate, ep, who, filter, q.since, options)))
 }
 
-type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+/// The mirrored events and snapshots, as a session's [`Source`]: read-only.
+impl Source for Gate {
+    type Basis = Option<Arc<Snapshot>>;
+    const STOPPING: &'static str = "gateway stopping";
 
-/// The answer to any command: a gateway changes nothing.
-fn read_only(command: &str, seq: u64) -> Message {
-    let parsed: Option<serde_json::Value> = serde_json::from_str(command).ok();
-    let field = |name: &str| parsed.as_ref().and_then(|v| v.get(name)).cloned();
-    text(&json!({
-        "event": "error",
-        "seq": seq,
-        "timestamp": Timestamp::now(),
-        "request_id": field("request_id"),
-        "cmd": field("cmd"),
-        "status": 405,
-        "code": "read_only",
-        "error": "a gateway is read-only: send commands to the organism's own API",
-    }))
-}
+    fn basis(&self) -> Self::Basis {
+        self.snapshot.borrow().clone()
+    }
 
-/// Sends one frame; false if the client did not take it within [`SEND_TIMEOUT`].
-async fn send(sink: &mut Sink, msg: Message) -> bool {
-    matches!(
-        tokio::time::timeout(SEND_TIMEOUT, sink.send(msg)).await,
-        Ok(Ok(()))
-    )
-}
-
-async fn session(
-    socket: WebSocket,
-    gate: Gate,
-    stream: Stream,
-    who: Credential,
-    from: std::net::IpAddr,
-    filter: Filter,
-    since: Option<u64>,
-) {
-    let (mut sink, mut incoming) = socket.split();
-    let mut who: Option<(Principal, Scope)> = match (who, &gate.access) {
-        (Credential::Known(p, s), _) => Some((p, s)),
-        (Credential::FirstFrame, Some(a)) => {
-            match first_frame_auth(Some(a.auth.clone()), &mut incoming, Some(from)).await {
-                Ok(p) => {
-                    let scope = gate.scope(&p);
-                    Some((p, scope))
-                }
-                Err(reason) => {
-                    let _ = send(
-                        &mut sink,
-                        Message::Close(Some(CloseFrame {
-                            code: CLOSE_UNAUTHORIZED,
-                            reason: Utf8Bytes::from(reason),
-                        })),
-                    )
-                    .await;
-                    return;
-                }
-            }
+    fn same(a: &Self::Basis, b: &Self::Basis) -> bool {
+        match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
         }
-        _ => None,
-    };
+    }
+
+    fn scope(&self, p: &Principal, basis: &Self::Basis) -> Scope {
+        self.scope_in(p, basis.as_deref())
+    }
+
+    /// A gateway keeps no threads: a tenant sees what names its listeners.
+    fn sees_thread(&self, _: &Scope, _: &str) -> bool {
+        false
+    }
+
+    fn frame<'e>(&self, ep: Endpoint, ev: &'e Event) -> Option<&'e Utf8Bytes> {
+        match ep {
+            Endpoint::Messages => ev
+                .message_frame::<Option<Utf8Bytes>>(|_| None)
+                .and_then(Option::as_ref),
+            // An event mirrored without its frame has an empty one here: not sent.
+            Endpoint::Events => ev
+                .frame::<Utf8Bytes>(|_| Utf8Bytes::from_static(""))
+                .filter(|f| !f.is_empty()),
+        }
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn auth(&self) -> Option<Arc<Authenticator>> {
+        self.access.as_ref().map(|a| a.auth.clone())
+    }
+
+    fn closing(&self) -> CancellationToken {
+        self.closing.clone()
+    }
+
+    async fn open(
+        s: &mut Session<Self>,
+        since: Option<u64>,
+    ) -> Option<(Subscription, Option<u64>)> {
+        open(s, since).await
+    }
+
+    /// `subscribe` changes what the session shows; anything else changes the organism,
+    /// which a gateway does not.
+    async fn execute(
+        s: &mut Session<Self>,
+        cmd: &str,
+        map: Map<String, Value>,
+    ) -> Result<Map<String, Value>, ApiError> {
+        if cmd == "subscribe" {
+            return s.subscribe(subscribe_spec(map)?);
+        }
+        Err(ApiError::new(
+            axum::http::StatusCode::METHOD_NOT_ALLOWED,
+            "read_only",
+            "a gateway is read-only: send commands to the organism's own API",
+        ))
+    }
+}
+
+/// A session's start: a client that came before the first event gets everything from it
+/// on; others without `since`, the latest snapshot first and the events after it; one
+/// whose `since` is no longer held, `resync_required` and a fresh snapshot, as at the pump.
+async fn open(s: &mut Session<Gate>, since: Option<u64>) -> Option<(Subscription, Option<u64>)> {
+    let gate = s.source.clone();
     let came_first = gate.hub.borrow().is_none();
     let fed = tokio::select! {
-        _ = gate.closing.cancelled() => return,
+        _ = gate.closing.cancelled() => return None,
         h = crate::nats::first_some(&gate.hub, None) => h,
     };
-    let Some((hub, before)) = fed else { return };
-    // A client that came before the first event gets everything from it on; others
-    // without `since`, the latest snapshot first and the events after it.
+    let (hub, before) = fed?;
     let latest = gate.snapshot.borrow().clone();
-    let snapshot = match latest {
+    let snapshot = match latest.clone() {
         Some(s) => Some(s),
         // Events, but no snapshot yet: the pump's first is on its way (a little).
         None if since.is_none() && !came_first => {
@@ -472,7 +464,7 @@ async fn session(
         }
         None => None,
     };
-    let since = match (since, snapshot) {
+    let mut since = match (since, snapshot) {
         (Some(s), _) => Some(s),
         (None, _) if came_first => Some(before),
         (None, Some(snap)) => {
@@ -484,155 +476,23 @@ async fn session(
                     break;
                 }
             }
-            if !send(&mut sink, connected(&snap, stream, who.as_ref(), &filter)).await {
-                return;
-            }
+            let scope = s.scope();
+            s.control_message(connected(&snap, s.ep, &scope, &s.filter));
             Some(snap.seq.min(hub.last_seq()))
         }
         (None, None) => None,
     };
     let mut sub = hub.subscribe_since(since);
     if let Some(oldest) = sub.resync_from {
-        if !send(&mut sink, text(&resync_frame(sub.seq, since, oldest))).await {
-            return;
-        }
+        s.control(resync_frame(sub.seq, since, oldest));
         // As at the pump: a fresh snapshot, then what follows it.
         let latest = gate.snapshot.borrow().clone();
-        if let Some(snap) = latest.filter(|s| s.seq + 1 >= oldest) {
-            if !send(&mut sink, connected(&snap, stream, who.as_ref(), &filter)).await {
-                return;
-            }
-            sub = hub.subscribe_since(Some(snap.seq.min(hub.last_seq())));
+        if let Some(snap) = latest.filter(|snap| snap.seq + 1 >= oldest) {
+            let scope = s.scope();
+            s.control_message(connected(&snap, s.ep, &scope, &s.filter));
+            since = Some(snap.seq.min(hub.last_seq()));
+            sub = hub.subscribe_since(since);
         }
     }
-    // `/ws` folding, as at the pump: agents' states coalesced, message events past a rate
-    // counted instead of sent.
-    let mut folding = Folding::default();
-    let frame_of = |ev: &Event, folding: &mut Folding, who: &Option<(Principal, Scope)>| {
-        if who.as_ref().is_some_and(|(_, s)| !sees(s, ev)) {
-            return None;
-        }
-        if stream == Stream::Events && filter.passes(ev) && folding.hold(&filter, ev) {
-            return None;
-        }
-        match stream {
-            Stream::Messages if filter.passes_message(ev) => {
-                let frame = ev.message_frame::<Option<Utf8Bytes>>(|_| None)?;
-                frame.clone().map(Message::Text)
-            }
-            // An event mirrored without its frame has an empty one here: not sent.
-            Stream::Events if filter.passes(ev) => ev
-                .frame::<Utf8Bytes>(|_| Utf8Bytes::from_static(""))
-                .filter(|f| !f.is_empty())
-                .map(|f| Message::Text(f.clone())),
-            _ => None,
-        }
-    };
-    for ev in &sub.replay {
-        if let Some(m) = frame_of(ev, &mut folding, &who) {
-            if !send(&mut sink, m).await {
-                return;
-            }
-        }
-    }
-    let mut live = sub.live;
-    let mut snapshots = gate.snapshot.clone();
-    snapshots.mark_unchanged();
-    let mut seen = sub.replay.last().map_or(sub.seq, |e| e.seq);
-    let mut heartbeat = tokio::time::interval(HEARTBEAT);
-    heartbeat.tick().await;
-    // A credential that can end (a key, an expiring token) is looked at again every second.
-    let watched = who
-        .as_ref()
-        .is_some_and(|(p, _)| p.key_id.is_some() || p.expires.is_some());
-    let mut recheck = tokio::time::interval(Duration::from_secs(1));
-    let flush_every = Folding::every(&filter);
-    let mut flush = tokio::time::interval(flush_every.unwrap_or(Duration::from_secs(3600)));
-    flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_heard = tokio::time::Instant::now();
-    loop {
-        let out = tokio::select! {
-            _ = flush.tick(), if flush_every.is_some() => {
-                // What folding held back goes out, at the last seq offered.
-                if let Some(m) = folding.states_frame(seen) {
-                    if !send(&mut sink, m).await {
-                        return;
-                    }
-                }
-                folding.folded_frame(seen).map(|(m, _)| m)
-            }
-            _ = gate.closing.cancelled() => {
-                let _ = send(&mut sink, Message::Close(Some(CloseFrame {
-                    code: axum::extract::ws::close_code::AWAY,
-                    reason: Utf8Bytes::from_static("gateway stopping"),
-                }))).await;
-                return;
-            }
-            m = incoming.next() => match m {
-                Some(Err(e)) => {
-                    if let Some(frame) = super::ws::protocol_close(e) {
-                        let _ = send(&mut sink, Message::Close(Some(frame))).await;
-                    }
-                    return;
-                }
-                Some(Ok(Message::Close(_))) | None => return,
-                Some(Ok(Message::Text(t))) => {
-                    last_heard = tokio::time::Instant::now();
-                    Some(read_only(t.as_str(), seen))
-                }
-                Some(Ok(_)) => { last_heard = tokio::time::Instant::now(); continue }
-            },
-            _ = recheck.tick(), if watched => {
-                let valid = match (&gate.access, &who) {
-                    (Some(a), Some((p, _))) => {
-                        let (auth, p) = (a.auth.clone(), p.clone());
-                        // A key's lookup reads the store: off the async workers.
-                        tokio::task::spawn_blocking(move || auth.still_valid(&p))
-                            .await
-                            .unwrap_or(false)
-                    }
-                    _ => true,
-                };
-                if valid {
-                    continue;
-                }
-                let _ = send(&mut sink, Message::Close(Some(CloseFrame {
-                    code: CLOSE_UNAUTHORIZED,
-                    reason: Utf8Bytes::from_static("credential revoked or expired"),
-                }))).await;
-                return;
-            }
-            _ = heartbeat.tick() => {
-                if last_heard.elapsed() > HEARTBEAT * 2 {
-                    return;
-                }
-                Some(Message::Ping(Default::default()))
-            }
-            r = live.recv() => match r {
-                Ok(ev) => {
-                    seen = ev.seq;
-                    // A reload or an agent change moves the tenants' scopes: the newest
-                    // snapshot says how.
-                    if snapshots.has_changed().unwrap_or(false) {
-                        snapshots.mark_unchanged();
-                        if let Some((p, scope)) = who.as_mut() {
-                            *scope = gate.scope(p);
-                        }
-                    }
-                    frame_of(&ev, &mut folding, &who)
-                }
-                Err(RecvError::Lagged(n)) => {
-                    let (from, to) = (seen + 1, seen + n);
-                    seen = to;
-                    Some(dropped_frame(Dropped::add(None, n, from, to)))
-                }
-                Err(RecvError::Closed) => return,
-            },
-        };
-        if let Some(m) = out {
-            if !send(&mut sink, m).await {
-                return;
-            }
-        }
-    }
+    Some((sub, since))
 }

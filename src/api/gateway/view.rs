@@ -1,14 +1,14 @@
-//! What a gateway's session shows: the `connected` frame of the mirrored snapshot and the
-//! events, as much of them as its principal's scope sees, which follows the snapshot.
+//! What a gateway's session shows: the `connected` frame of the mirrored snapshot, as much
+//! of it as its principal's scope sees, which follows the snapshot.
 
 use axum::extract::ws::Message;
 use serde_json::json;
 
-use super::{Gate, Stream};
+use super::Gate;
 use crate::api::auth::{Principal, Scope};
 use crate::api::filter::Filter;
 use crate::api::ws::text;
-use crate::events::Event;
+use crate::api::Endpoint;
 use crate::nats::mirror::Snapshot;
 use crate::time::Timestamp;
 
@@ -16,8 +16,8 @@ use crate::time::Timestamp;
 /// much of it as `who` sees.
 pub(super) fn connected(
     snapshot: &Snapshot,
-    stream: Stream,
-    who: Option<&(Principal, Scope)>,
+    ep: Endpoint,
+    scope: &Scope,
     filter: &Filter,
 ) -> Message {
     let mut frame = json!({
@@ -26,18 +26,17 @@ pub(super) fn connected(
         "timestamp": Timestamp::now(),
         "organism": snapshot.organism,
     });
-    if stream == Stream::Events {
-        let scope = who.map(|(_, s)| s);
+    if ep == Endpoint::Events {
         let agents: Vec<&serde_json::Value> = snapshot
             .agents
             .iter()
-            .filter(|a| scope.is_none_or(|s| a["name"].as_str().is_some_and(|n| s.sees(n))))
+            .filter(|a| scope.everything() || a["name"].as_str().is_some_and(|n| scope.sees(n)))
             .collect();
         let threads: Vec<&serde_json::Value> = snapshot
             .threads
             .iter()
             .filter(|t| {
-                scope.is_none_or(|s| {
+                scope.everything() || {
                     let participants: Vec<String> = t["participants"]
                         .as_array()
                         .map(|p| {
@@ -46,8 +45,8 @@ pub(super) fn connected(
                                 .collect()
                         })
                         .unwrap_or_default();
-                    s.sees_thread(&participants)
-                })
+                    scope.sees_thread(&participants)
+                }
             })
             .collect();
         frame["agents"] = json!(agents);
@@ -58,33 +57,16 @@ pub(super) fn connected(
 }
 
 impl Gate {
-    /// What `p` sees now: its tenant's listeners as the latest mirrored snapshot lists them
-    /// (the file's and the API's agents, as of the last reload or agent change), or as the
-    /// `--auth-from` file does until a snapshot comes.
-    pub(super) fn scope(&self, p: &Principal) -> Scope {
-        let latest = self.snapshot.borrow().clone();
-        match (
-            latest.as_ref().and_then(|s| s.tenants.as_ref()),
-            &self.access,
-        ) {
+    /// What `p` sees by `latest`: its tenant's listeners as the latest mirrored snapshot
+    /// lists them (the file's and the API's agents, as of the last reload or agent change),
+    /// or as the `--auth-from` file does until a snapshot comes.
+    pub(super) fn scope_in(&self, p: &Principal, latest: Option<&Snapshot>) -> Scope {
+        match (latest.and_then(|s| s.tenants.as_ref()), &self.access) {
             (Some(tenants), _) => {
                 p.scope_in(tenants.iter().map(|(l, t)| (l.as_str(), Some(t.as_str()))))
             }
             (None, Some(a)) => p.scope(&a.config),
             (None, None) => Scope::default(),
         }
-    }
-}
-
-/// Whether a principal of `scope` sees `ev` (a tenant's: messages from or to its agents).
-pub(super) fn sees(scope: &Scope, ev: &Event) -> bool {
-    match &ev.kind {
-        crate::events::EventKind::Message { message } => {
-            scope.sees_message(&message.from, message.to.as_deref())
-        }
-        crate::events::EventKind::MessageStatus {
-            about: Some(about), ..
-        } => scope.sees_message(&about.from, about.to.as_deref()),
-        _ => scope.everything(),
     }
 }

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::session::Session;
+use super::session::{subscribe_spec, Session};
 use super::{Pump, WS_IDENTITY};
 use crate::api::auth::{command_least, command_rule, unknown_thread, Need, On, Seen};
 use crate::api::error::ApiError;
@@ -152,22 +152,14 @@ enum Command {
 }
 
 impl Command {
-    fn read(cmd: &str, mut map: Map<String, Value>) -> Result<Command, ApiError> {
+    fn read(cmd: &str, map: Map<String, Value>) -> Result<Command, ApiError> {
         let agent = |map: &Map<String, Value>| match map.get("agent") {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(a)) => Ok(Some(a.clone())),
             Some(_) => Err(ApiError::bad_request("`agent` must be a name").at("agent")),
         };
         Ok(match cmd {
-            "subscribe" => Command::Subscribe(match map.remove("filter") {
-                Some(f) if map.is_empty() => f,
-                Some(_) => {
-                    return Err(ApiError::bad_request(
-                        "give the filter either under `filter` or at the top level, not both",
-                    ))
-                }
-                None => Value::Object(map),
-            }),
+            "subscribe" => Command::Subscribe(subscribe_spec(map)?),
             "inject" => Command::Inject(Box::new(
                 serde_json::from_value(Value::Object(map))
                     .map_err(|e| ApiError::bad_request(format!("bad inject: {e}")))?,

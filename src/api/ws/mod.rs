@@ -5,6 +5,7 @@ mod access;
 mod commands;
 mod frames;
 pub(in crate::api) mod session;
+mod socket;
 
 pub use access::Who;
 pub(in crate::api) use access::{first_frame_auth, CLOSE_UNAUTHORIZED};

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{close_code, CloseFrame, Message, Utf8Bytes, WebSocket};
-use futures_util::stream::{SplitSink, SplitStream};
+use futures_util::stream::SplitStream;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -25,7 +25,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::frames::frame_len;
-use super::{dropped_frame, first_frame_auth, protocol_close, text, Dropped, Folding, Who};
+use super::socket::{read_frames, write_frames};
+use super::{dropped_frame, first_frame_auth, text, Dropped, Folding, Who};
 use super::{WsQuery, CLOSE_UNAUTHORIZED};
 use crate::api::auth::{Authenticator, Principal, Scope};
 use crate::api::error::ApiError;
@@ -34,9 +35,6 @@ use crate::api::{ApiOptions, Endpoint};
 use crate::config::Limits;
 use crate::events::{Event, EventKind, Receiver, RecvError, Subscription, TryRecvError};
 use crate::time::Timestamp;
-
-/// Frames written to a client's socket per flush, at most.
-const WRITE_BATCH: usize = 256;
 
 /// Events a session takes from the hub in one turn of its loop, at most (then it checks its
 /// client, heartbeat and shutdown again).
@@ -108,6 +106,17 @@ pub(in crate::api) fn query_filter(
         .prepare(limits)
         .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
     Ok(filter)
+}
+
+/// The filter a `subscribe` command gives: under `filter`, or its other fields.
+pub(in crate::api) fn subscribe_spec(mut map: Map<String, Value>) -> Result<Value, ApiError> {
+    match map.remove("filter") {
+        Some(f) if map.is_empty() => Ok(f),
+        Some(_) => Err(ApiError::bad_request(
+            "give the filter either under `filter` or at the top level, not both",
+        )),
+        None => Ok(Value::Object(map)),
+    }
 }
 
 pub(in crate::api) struct Session<S: Source> {
@@ -628,68 +637,4 @@ impl<S: Source> Session<S> {
         self.source.count_dropped(self.ep, count);
         self.dropped = Some(Dropped::add(self.dropped, count, from_seq, to_seq));
     }
-}
-
-/// The writer task: drains a session's queue into its socket. Frames already queued go out
-/// together: fed one by one, flushed (written to the socket) once, so a busy client costs
-/// one write per batch, not per frame. Each batch has `write_timeout`; the bytes it carried
-/// are paid back to `queued`. Ends at a close frame, a failed write or the queue's end.
-async fn write_frames(
-    mut sink: SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<Message>,
-    writer_queued: Arc<AtomicUsize>,
-    write_timeout: Duration,
-) {
-    let mut batch = Vec::with_capacity(WRITE_BATCH);
-    while let Some(first) = rx.recv().await {
-        batch.push(first);
-        while batch.len() < WRITE_BATCH {
-            match rx.try_recv() {
-                Ok(msg) => batch.push(msg),
-                Err(_) => break,
-            }
-        }
-        let len: usize = batch.iter().map(frame_len).sum();
-        let closing = batch.iter().any(|m| matches!(m, Message::Close(_)));
-        let frames = std::mem::take(&mut batch);
-        let sent = tokio::time::timeout(write_timeout, async {
-            for msg in frames {
-                let last = matches!(msg, Message::Close(_));
-                sink.feed(msg).await?;
-                if last {
-                    break;
-                }
-            }
-            sink.flush().await
-        })
-        .await;
-        writer_queued.fetch_sub(len, Ordering::Relaxed);
-        if !matches!(sent, Ok(Ok(()))) || closing {
-            break;
-        }
-    }
-    let _ = tokio::time::timeout(write_timeout, sink.close()).await;
-}
-
-/// The reader task: a client's frames into `in_tx` (`None` once it is gone); a protocol
-/// error becomes the close frame it owes (1009, 1007, 1002).
-async fn read_frames(mut stream: SplitStream<WebSocket>, in_tx: mpsc::Sender<Option<Message>>) {
-    loop {
-        match stream.next().await {
-            Some(Ok(msg)) => {
-                if in_tx.send(Some(msg)).await.is_err() {
-                    return;
-                }
-            }
-            // A protocol error ends the session with its close code.
-            Some(Err(e)) => {
-                if let Some(frame) = protocol_close(e) {
-                    let _ = in_tx.send(Some(Message::Close(Some(frame)))).await;
-                }
-                break;
-            }
-            None => break,
-        }
-    }
-    let _ = in_tx.send(None).await;
 }
