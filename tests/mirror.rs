@@ -371,7 +371,7 @@ async fn a_gateway_with_the_organisms_auth_checks_credentials_and_tenants() {
   store: o.db
   allowed_origins: [\"http://dash.example:3000\"]
   nats: {{url: {}, stream_prefix: {}}}
-auth: {{methods: [keys]}}
+auth: {{methods: [keys], failed_auth_per_minute: 3}}
 listeners:
 {CHAIN}
   - {{name: t1, description: acme's, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}}
@@ -554,6 +554,24 @@ listeners:
     );
     assert_eq!(close_code(&mut tenant).await, 4401);
     assert_eq!(ws_with_key(&url, Some(&acme)).await.err(), Some(401));
+    // That was the address's third failure this minute: the next is answered as the pump
+    // answers it, 429 `rate_limited` with `Retry-After`.
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Error};
+    let mut request = url.as_str().into_client_request().unwrap();
+    let bearer = "Bearer ask_nonsense".parse().unwrap();
+    request.headers_mut().insert("authorization", bearer);
+    let Err(Error::Http(r)) = tokio_tungstenite::connect_async(request).await else {
+        panic!("a refusal")
+    };
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let body: Value = serde_json::from_slice(r.body().as_deref().unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
     mirror.stop().await;
 }
 

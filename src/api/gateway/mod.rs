@@ -343,12 +343,9 @@ fn upgrade(
                 if let super::auth::Refused::Invalid(why) = &refused {
                     tracing::info!(from = %caller.from, "gateway refused a credential: {why}");
                 }
-                if a.auth.limits.failed_auth(caller.from).is_err() {
-                    return Err(ApiError::new(
-                        axum::http::StatusCode::TOO_MANY_REQUESTS,
-                        "too_many_failures",
-                        "too many failed authentications from this address",
-                    ));
+                // The pump's answer: 429 `rate_limited` with `Retry-After`.
+                if let Err(limited) = a.auth.limits.failed_auth(caller.from) {
+                    return Err(ApiError::from(limited));
                 }
                 return Err(super::auth::unauthorized(&refused));
             }
