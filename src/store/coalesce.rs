@@ -210,151 +210,29 @@ impl Coalescer {
         into.clear();
         messages.clear();
         threads.clear();
-        let hash = |id: &str| std::hash::BuildHasher::hash_one(&*seed, id);
-        fn message_id<'a>(w: &Write<'a>) -> &'a str {
-            match w {
-                Write::Message { m, .. } => &m.id,
-                _ => "",
-            }
-        }
-        fn thread_id<'a>(w: &Write<'a>) -> &'a str {
-            match w {
-                Write::Thread { id, .. } | Write::Touch { id, .. } => id,
-                _ => "",
-            }
-        }
+        let mut index = Index {
+            messages,
+            threads,
+            seed,
+        };
         for op in batch {
             let Some(w) = Write::of(op) else {
                 into.push(None);
                 continue;
             };
-            // A message or status change touches its thread: folded into the batch's write
-            // of that thread, or a touch of its own (placed before this operation's write,
-            // whose position the maps below record).
-            let touched = match w {
-                Write::Message { m, error, .. } => {
-                    Some((&*m.thread_id, m.slot_index + 1, error, m.timestamp))
-                }
-                Write::Status {
-                    thread_id,
-                    error,
-                    at,
-                    ..
-                } => Some((thread_id, 0, error, at)),
-                _ => None,
+            index.touch(&mut writes, &w);
+            let earlier = index.earlier(&writes, &w);
+            let unmerged = match earlier {
+                Some(at) => merge(&mut writes[at], w).err(),
+                None => Some(w),
             };
-            if let Some((thread, count, e, t)) = touched {
-                let found = threads
-                    .find(hash(thread), |&i| thread_id(&writes[i]) == thread)
-                    .copied();
-                if !found.is_some_and(|i| writes[i].touch(count, e, t)) {
-                    threads.insert_unique(hash(thread), writes.len(), |&i| {
-                        hash(thread_id(&writes[i]))
-                    });
-                    writes.push(Write::Touch {
-                        id: thread,
-                        message_count: count,
-                        error: e,
-                        at: t,
-                    });
-                }
-            }
-            let earlier = match w {
-                Write::Message { m, .. } => {
-                    // A message written twice (again after a retry): a later status change
-                    // belongs to its last write.
-                    let entry = messages.entry(
-                        hash(&m.id),
-                        |&i| message_id(&writes[i]) == &*m.id,
-                        |&i| hash(message_id(&writes[i])),
-                    );
-                    match entry {
-                        hashbrown::hash_table::Entry::Occupied(mut e) => {
-                            *e.get_mut() = writes.len()
-                        }
-                        hashbrown::hash_table::Entry::Vacant(e) => {
-                            e.insert(writes.len());
-                        }
-                    }
-                    None
-                }
-                Write::Status { id, .. } => messages
-                    .find(hash(id), |&i| message_id(&writes[i]) == id)
-                    .copied(),
-                Write::Thread { id, .. } => {
-                    let first = threads
-                        .find(hash(id), |&i| thread_id(&writes[i]) == id)
-                        .copied();
-                    if first.is_none() {
-                        threads.insert_unique(hash(id), writes.len(), |&i| {
-                            hash(thread_id(&writes[i]))
-                        });
-                    }
-                    first
-                }
-                // Made above, never read from an operation.
-                Write::Seq(_) | Write::Touch { .. } => None,
-            };
-            match (earlier.map(|at| &mut writes[at]), w) {
-                (
-                    Some(Write::Message { status, error, .. }),
-                    Write::Status {
-                        status: s,
-                        error: e,
-                        ..
-                    },
-                ) => {
-                    (*status, *error) = (s, e);
-                }
-                (
-                    Some(Write::Thread {
-                        status,
-                        message_count,
-                        created_at,
-                        error,
-                        at,
-                        ..
-                    }),
-                    Write::Thread {
-                        status: s,
-                        message_count: c,
-                        created_at: created,
-                        error: e,
-                        at: t,
-                        ..
-                    },
-                ) => {
-                    *status = s;
-                    *message_count = (*message_count).max(c);
-                    *created_at = created_at.or(created);
-                    *at = (*at).max(t);
-                    // The row keeps an error once given (the thread statements in `Writes`).
-                    if e.is_some() {
-                        *error = e;
-                    }
-                }
-                // A thread event after a touch of the same thread: the touch becomes the
-                // thread's write, with the larger count.
-                (Some(slot), thread @ Write::Thread { .. })
-                    if matches!(slot, Write::Touch { .. }) =>
-                {
-                    if let Write::Touch {
-                        message_count,
-                        error,
-                        at,
-                        ..
-                    } = std::mem::replace(slot, thread)
-                    {
-                        slot.touch(message_count, error, at);
-                    }
-                }
-                _ => {
+            match unmerged {
+                None => into.push(earlier),
+                Some(w) => {
                     into.push(Some(writes.len()));
                     writes.push(w);
-                    continue;
                 }
             }
-            into.push(earlier);
         }
         writes
     }
@@ -366,4 +244,171 @@ impl Coalescer {
         writes.clear();
         self.writes = writes.into_iter().map(|_| Write::Seq(0)).collect();
     }
+}
+
+/// Where a batch's message inserts (by message id) and thread writes (by thread id) are in
+/// its writes.
+struct Index<'m> {
+    messages: &'m mut hashbrown::HashTable<usize>,
+    threads: &'m mut hashbrown::HashTable<usize>,
+    seed: &'m crate::hash::SeededState,
+}
+
+fn message_id<'a>(w: &Write<'a>) -> &'a str {
+    match w {
+        Write::Message { m, .. } => &m.id,
+        _ => "",
+    }
+}
+
+fn thread_id<'a>(w: &Write<'a>) -> &'a str {
+    match w {
+        Write::Thread { id, .. } | Write::Touch { id, .. } => id,
+        _ => "",
+    }
+}
+
+impl Index<'_> {
+    fn hash(&self, id: &str) -> u64 {
+        std::hash::BuildHasher::hash_one(self.seed, id)
+    }
+
+    /// The batch's write of `thread` so far.
+    fn thread(&self, writes: &[Write<'_>], thread: &str) -> Option<usize> {
+        self.threads
+            .find(self.hash(thread), |&i| thread_id(&writes[i]) == thread)
+            .copied()
+    }
+
+    /// Records that the thread write at `at` (about to be pushed) is `thread`'s.
+    fn add_thread(&mut self, writes: &[Write<'_>], thread: &str, at: usize) {
+        let seed = self.seed;
+        let hash = |id: &str| std::hash::BuildHasher::hash_one(seed, id);
+        self.threads
+            .insert_unique(hash(thread), at, |&i| hash(thread_id(&writes[i])));
+    }
+
+    /// A message or status change touches its thread: folded into the batch's write of that
+    /// thread, or a touch of its own (placed before the operation's own write, whose position
+    /// [`Index::earlier`] records).
+    fn touch<'a>(&mut self, writes: &mut Vec<Write<'a>>, w: &Write<'a>) {
+        let (thread, count, e, t) = match *w {
+            Write::Message { m, error, .. } => {
+                (&*m.thread_id, m.slot_index + 1, error, m.timestamp)
+            }
+            Write::Status {
+                thread_id,
+                error,
+                at,
+                ..
+            } => (thread_id, 0, error, at),
+            _ => return,
+        };
+        let found = self.thread(writes, thread);
+        if !found.is_some_and(|i| writes[i].touch(count, e, t)) {
+            self.add_thread(writes, thread, writes.len());
+            writes.push(Write::Touch {
+                id: thread,
+                message_count: count,
+                error: e,
+                at: t,
+            });
+        }
+    }
+
+    /// The earlier write `w` folds into, if any; records where `w` goes if it is pushed.
+    fn earlier(&mut self, writes: &[Write<'_>], w: &Write<'_>) -> Option<usize> {
+        match w {
+            Write::Message { m, .. } => {
+                // A message written twice (again after a retry): a later status change
+                // belongs to its last write.
+                let seed = self.seed;
+                let hash = |id: &str| std::hash::BuildHasher::hash_one(seed, id);
+                let entry = self.messages.entry(
+                    hash(&m.id),
+                    |&i| message_id(&writes[i]) == &*m.id,
+                    |&i| hash(message_id(&writes[i])),
+                );
+                match entry {
+                    hashbrown::hash_table::Entry::Occupied(mut e) => *e.get_mut() = writes.len(),
+                    hashbrown::hash_table::Entry::Vacant(e) => {
+                        e.insert(writes.len());
+                    }
+                }
+                None
+            }
+            Write::Status { id, .. } => self
+                .messages
+                .find(self.hash(id), |&i| message_id(&writes[i]) == *id)
+                .copied(),
+            Write::Thread { id, .. } => {
+                let first = self.thread(writes, id);
+                if first.is_none() {
+                    self.add_thread(writes, id, writes.len());
+                }
+                first
+            }
+            // Made by `touch`, never read from an operation.
+            Write::Seq(_) | Write::Touch { .. } => None,
+        }
+    }
+}
+
+/// Folds `w` into the earlier write `slot`: a status change into its message's insert, a
+/// thread write into the thread's first; `w` back if they do not fold.
+fn merge<'a>(slot: &mut Write<'a>, w: Write<'a>) -> Result<(), Write<'a>> {
+    match (slot, w) {
+        (
+            Write::Message { status, error, .. },
+            Write::Status {
+                status: s,
+                error: e,
+                ..
+            },
+        ) => {
+            (*status, *error) = (s, e);
+        }
+        (
+            Write::Thread {
+                status,
+                message_count,
+                created_at,
+                error,
+                at,
+                ..
+            },
+            Write::Thread {
+                status: s,
+                message_count: c,
+                created_at: created,
+                error: e,
+                at: t,
+                ..
+            },
+        ) => {
+            *status = s;
+            *message_count = (*message_count).max(c);
+            *created_at = created_at.or(created);
+            *at = (*at).max(t);
+            // The row keeps an error once given (the thread statements in `Writes`).
+            if e.is_some() {
+                *error = e;
+            }
+        }
+        // A thread event after a touch of the same thread: the touch becomes the thread's
+        // write, with the larger count.
+        (slot @ Write::Touch { .. }, thread @ Write::Thread { .. }) => {
+            if let Write::Touch {
+                message_count,
+                error,
+                at,
+                ..
+            } = std::mem::replace(slot, thread)
+            {
+                slot.touch(message_count, error, at);
+            }
+        }
+        (_, w) => return Err(w),
+    }
+    Ok(())
 }

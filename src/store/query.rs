@@ -316,73 +316,15 @@ impl Store {
         page: Page,
     ) -> rusqlite::Result<(u64, Vec<MessageRecord>)> {
         use rusqlite::types::Value as V;
-        let mut clauses = vec!["b.agent = ?".to_string()];
-        let mut args = vec![V::Integer(rows.agent)];
-        let mut sum_clauses = vec!["agent = ?".to_string()];
-        if let Some(types) = &rows.types {
-            clauses.push(format!("b.type IN ({})", in_list(types.len())));
-            sum_clauses.push(format!("type IN ({})", in_list(types.len())));
-            args.extend(types.iter().map(|t| V::Integer(*t)));
-        }
-        if let Some(s) = filter.status {
-            clauses.push("b.status = ?".into());
-            sum_clauses.push("status = ?".into());
-            args.push(V::Text(status_str(s).to_string()));
-        }
-        let windowed = filter.since.is_some() || filter.until.is_some();
-        let known_total = if windowed {
-            None
-        } else {
-            Some(tx.query_row(
-                &format!(
-                    "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE {}",
-                    sum_clauses.join(" AND ")
-                ),
-                params_from_iter(args.iter()),
-                |r| get_u64(r, 0),
-            )?)
+        let Some(Blocks {
+            sql,
+            args: block_args,
+            known_total,
+        }) = Blocks::of(tx, filter, rows)?
+        else {
+            return Ok((0, Vec::new()));
         };
-        // A block lies wholly inside the window when its time range does; otherwise its
-        // matching rows are counted one by one.
-        let mut whole = Vec::new();
-        let mut whole_args = Vec::new();
-        for (bound, first, edge, inside) in [
-            (filter.since, "MIN", "t.max_ts >= ?", "t.min_ts >= ?"),
-            (filter.until, "MAX", "t.min_ts < ?", "t.max_ts < ?"),
-        ] {
-            let Some(ts) = bound else { continue };
-            let ts = ts.0 as i64;
-            let block: Option<i64> = tx.query_row(
-                &format!("SELECT {first}(block) FROM block_times t WHERE {}", edge),
-                params![ts],
-                |r| r.get(0),
-            )?;
-            let Some(block) = block else {
-                return Ok((0, Vec::new()));
-            };
-            clauses.push(format!(
-                "b.block {} ?",
-                if first == "MIN" { ">=" } else { "<=" }
-            ));
-            args.push(V::Integer(block));
-            whole.push(inside);
-            whole_args.push(V::Integer(ts));
-        }
-        let (join, whole) = if windowed {
-            (
-                "JOIN block_times t ON t.block = b.block",
-                whole.join(" AND "),
-            )
-        } else {
-            ("", "1".to_string())
-        };
-        let mut block_args = whole_args;
-        block_args.extend(args);
-        let mut blocks = tx.prepare(&format!(
-            "SELECT b.block, SUM(b.n), {whole} FROM blocks b {join} WHERE {} \
-             GROUP BY b.block HAVING SUM(b.n) > 0 ORDER BY b.block",
-            clauses.join(" AND ")
-        ))?;
+        let mut blocks = tx.prepare(&sql)?;
         let in_block = format!(
             "m.seq BETWEEN ? AND ?{}",
             rows.matching
@@ -544,5 +486,96 @@ impl Store {
                 error,
             }))
         })
+    }
+}
+
+/// The query of the blocks holding a filter's messages (without a thread), in write order,
+/// each with its kept count and whether the time window holds it whole.
+struct Blocks {
+    sql: String,
+    args: Vec<rusqlite::types::Value>,
+    /// The kept sum, without a time window.
+    known_total: Option<u64>,
+}
+
+impl Blocks {
+    /// `None` when the time window holds no block.
+    fn of(
+        tx: &rusqlite::Transaction<'_>,
+        filter: &MessageFilter,
+        rows: &Rows,
+    ) -> rusqlite::Result<Option<Blocks>> {
+        use rusqlite::types::Value as V;
+        let mut clauses = vec!["b.agent = ?".to_string()];
+        let mut args = vec![V::Integer(rows.agent)];
+        let mut sum_clauses = vec!["agent = ?".to_string()];
+        if let Some(types) = &rows.types {
+            clauses.push(format!("b.type IN ({})", in_list(types.len())));
+            sum_clauses.push(format!("type IN ({})", in_list(types.len())));
+            args.extend(types.iter().map(|t| V::Integer(*t)));
+        }
+        if let Some(s) = filter.status {
+            clauses.push("b.status = ?".into());
+            sum_clauses.push("status = ?".into());
+            args.push(V::Text(status_str(s).to_string()));
+        }
+        let windowed = filter.since.is_some() || filter.until.is_some();
+        let known_total = if windowed {
+            None
+        } else {
+            Some(tx.query_row(
+                &format!(
+                    "SELECT COALESCE(SUM(n), 0) FROM message_counts WHERE {}",
+                    sum_clauses.join(" AND ")
+                ),
+                params_from_iter(args.iter()),
+                |r| get_u64(r, 0),
+            )?)
+        };
+        // A block lies wholly inside the window when its time range does; otherwise its
+        // matching rows are counted one by one.
+        let mut whole = Vec::new();
+        let mut whole_args = Vec::new();
+        for (bound, first, edge, inside) in [
+            (filter.since, "MIN", "t.max_ts >= ?", "t.min_ts >= ?"),
+            (filter.until, "MAX", "t.min_ts < ?", "t.max_ts < ?"),
+        ] {
+            let Some(ts) = bound else { continue };
+            let ts = ts.0 as i64;
+            let block: Option<i64> = tx.query_row(
+                &format!("SELECT {first}(block) FROM block_times t WHERE {}", edge),
+                params![ts],
+                |r| r.get(0),
+            )?;
+            let Some(block) = block else {
+                return Ok(None);
+            };
+            clauses.push(format!(
+                "b.block {} ?",
+                if first == "MIN" { ">=" } else { "<=" }
+            ));
+            args.push(V::Integer(block));
+            whole.push(inside);
+            whole_args.push(V::Integer(ts));
+        }
+        let (join, whole) = if windowed {
+            (
+                "JOIN block_times t ON t.block = b.block",
+                whole.join(" AND "),
+            )
+        } else {
+            ("", "1".to_string())
+        };
+        let mut block_args = whole_args;
+        block_args.extend(args);
+        Ok(Some(Blocks {
+            sql: format!(
+                "SELECT b.block, SUM(b.n), {whole} FROM blocks b {join} WHERE {} \
+                 GROUP BY b.block HAVING SUM(b.n) > 0 ORDER BY b.block",
+                clauses.join(" AND ")
+            ),
+            args: block_args,
+            known_total,
+        }))
     }
 }

@@ -116,6 +116,42 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
         }
     }
     store.flush(i);
+    let filters = many_filters();
+    let pages = [
+        Page::new(Some(50), Some(0)),
+        Page::new(Some(7), Some(255)),
+        Page::new(Some(50), Some(250)),
+        Page::new(Some(100), Some(700)),
+        Page::new(Some(50), Some(10_000)),
+    ];
+    assert_counts_match_rows(&store, &filters, &pages);
+    // Status changes a batch later, in blocks written long before.
+    for t in (0..120u64).step_by(3) {
+        for slot in 0..12u64 {
+            store.record(
+                i,
+                &EventKind::MessageStatus {
+                    id: format!("t{t:03}-{slot}"),
+                    thread_id: format!("t{t:03}"),
+                    status: MessageStatus::Delivered,
+                    error: None,
+                    about: None,
+                },
+            );
+        }
+    }
+    store.flush(i);
+    assert_counts_match_rows(&store, &filters, &pages);
+    // Pruning the oldest threads empties whole blocks and cuts others.
+    assert_eq!(store.prune(Some(700), None).unwrap(), 1440 - 696);
+    assert_counts_match_rows(&store, &filters, &pages);
+    assert_eq!(store.prune(Some(0), None).unwrap(), 696);
+    assert_counts_match_rows(&store, &filters, &pages);
+}
+
+/// Filters of every kind the block walk answers: agents, types (qualified or not), statuses,
+/// time windows cutting blocks, empty windows, and a thread.
+fn many_filters() -> Vec<MessageFilter> {
     let window = |since: Option<u64>, until: Option<u64>, f: MessageFilter| MessageFilter {
         since: since.map(Timestamp),
         until: until.map(Timestamp),
@@ -125,7 +161,7 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
         agent: Some(a.into()),
         ..Default::default()
     };
-    let filters = vec![
+    vec![
         MessageFilter::default(),
         agent("a"),
         agent("api"),
@@ -168,37 +204,7 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
                 ..Default::default()
             },
         ),
-    ];
-    let pages = [
-        Page::new(Some(50), Some(0)),
-        Page::new(Some(7), Some(255)),
-        Page::new(Some(50), Some(250)),
-        Page::new(Some(100), Some(700)),
-        Page::new(Some(50), Some(10_000)),
-    ];
-    assert_counts_match_rows(&store, &filters, &pages);
-    // Status changes a batch later, in blocks written long before.
-    for t in (0..120u64).step_by(3) {
-        for slot in 0..12u64 {
-            store.record(
-                i,
-                &EventKind::MessageStatus {
-                    id: format!("t{t:03}-{slot}"),
-                    thread_id: format!("t{t:03}"),
-                    status: MessageStatus::Delivered,
-                    error: None,
-                    about: None,
-                },
-            );
-        }
-    }
-    store.flush(i);
-    assert_counts_match_rows(&store, &filters, &pages);
-    // Pruning the oldest threads empties whole blocks and cuts others.
-    assert_eq!(store.prune(Some(700), None).unwrap(), 1440 - 696);
-    assert_counts_match_rows(&store, &filters, &pages);
-    assert_eq!(store.prune(Some(0), None).unwrap(), 696);
-    assert_counts_match_rows(&store, &filters, &pages);
+    ]
 }
 
 #[test]
