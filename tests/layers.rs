@@ -257,6 +257,73 @@ fn files_stay_short_and_pump_imports_by_name() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// The functions of `text` longer than `most` lines, as `(name, first line, lines)`. Reads
+/// rustfmt's layout: a function's body ends at the first `}` alone on a line at the indent
+/// of its `fn`; a signature that ends in `;` has no body.
+fn long_functions(text: &str, most: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = &line[..line.len() - code.len()];
+        let mut words = code.split_whitespace().peekable();
+        let mut name = None;
+        while let Some(w) = words.next() {
+            if w == "fn" {
+                name = words.next().map(|n| {
+                    n.chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect::<String>()
+                });
+                break;
+            }
+            if !(w.starts_with("pub") || ["async", "const", "unsafe", "extern"].contains(&w)) {
+                break;
+            }
+        }
+        let Some(name) = name else { continue };
+        let Some(open) = lines[i..].iter().position(|l| {
+            let l = l.trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        let opened = lines[i + open].trim_end();
+        if !opened.ends_with('{') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if let Some(end) = lines[i + open..].iter().position(|l| l.trim_end() == close) {
+            let length = open + end + 1;
+            if length > most {
+                out.push((name, i + 1, length));
+            }
+        }
+    }
+    out
+}
+
+/// A function is read whole too: at most 120 lines, tests included.
+#[test]
+fn functions_stay_short() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for (_, file, text) in sources(&root.join("src")) {
+        for (name, line, length) in long_functions(&text, 120) {
+            found.push(format!(
+                "{file}:{line}: `{name}` is {length} lines (at most 120)"
+            ));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The reading itself: a long function is found, a short one and a declaration are not.
+    let long = format!(
+        "fn a() {{\n{}}}\nfn b();\nfn c() {{ 1 }}\n",
+        "    x;\n".repeat(130)
+    );
+    assert_eq!(long_functions(&long, 120), [("a".to_string(), 1, 132)]);
+}
+
 /// No two files of one module use each other (`super::a` in `b.rs` and `super::b` in
 /// `a.rs`), nor any longer circle of sibling files; `mod.rs` (which declares them all) is
 /// not counted.
