@@ -1,7 +1,7 @@
 // The dashboard: addresses: #/agents/NAME and #/threads/ID can be shared and reloaded.
 
 import { api, el } from './api.js';
-import { begin } from './graph.js';
+import { begin, rememberAgent } from './graph.js';
 import { $, API, state } from './state.js';
 import { openThread } from './threads.js';
 
@@ -31,7 +31,7 @@ export async function selectAgent(name) {
   }
   try {
     const a = await api('GET', '/agents/' + encodeURIComponent(name));
-    state.agents.set(name, a);
+    rememberAgent(name, a);
     if (current()) showAgentFacts(a);
   } catch (e) { if (current()) $('agent-result').textContent = e.message; }
   const show = (id) => (text) => { if (current()) $(id).textContent = text; };

@@ -250,6 +250,16 @@ export function flow(from, to, label, refused) {
   setTimeout(() => e.removeClass('flow refused'), 600);
 }
 
+/// An agent as its own answer describes it (`GET /agents/{name}`).
+export function rememberAgent(name, a) {
+  state.agents.set(name, a);
+}
+
+/// A new animation frame: no edge lit in it yet.
+export function newFrame() {
+  state.flowsThisFrame = 0;
+}
+
 export function updateAgent(name, fields) {
   const a = state.agents.get(name);
   if (!a) return;

@@ -6,10 +6,22 @@ import { selectTab } from './tabs.js';
 
 export async function refreshOrganism() {
   try {
-    state.organism = await api('GET', '/organism');
+    setOrganism(await api('GET', '/organism'));
   } catch (e) {
-    return;
+    // Shown again with the next answer or snapshot.
   }
+}
+
+/// The organism's status changed (`organism_state`).
+export function setOrganismStatus(status) {
+  if (!state.organism) return;
+  state.organism.status = status;
+  showOrganism();
+}
+
+/// What the organism is now (an answer, or a stream's snapshot), shown.
+export function setOrganism(o) {
+  state.organism = o;
   showOrganism();
 }
 

@@ -12,7 +12,7 @@ export const state = {
   /// signin.js: the credential, and who it is (`GET /me`).
   token: sessionStorage.getItem('agentserver-token') || '',
   me: null,
-  /// organism.js, stream.js (the snapshot's).
+  /// organism.js: the organism, from its answer or a stream's snapshot.
   organism: null,
   /// graph.js: every agent by name.
   agents: new Map(),
@@ -26,7 +26,7 @@ export const state = {
   log: [],
   logById: new Map(),
   rows: new Map(),
-  /// graph.js: edges lit, in all and in this frame (stream.js starts each frame at 0).
+  /// graph.js: edges lit, in all and in this frame.
   flows: 0,
   flowsThisFrame: 0,
   /// graph.js: injector name → the agents it sent to.

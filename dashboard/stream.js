@@ -1,9 +1,9 @@
 // The dashboard: the event stream.
 
 import { api, el } from './api.js';
-import { allAgents, renderGraph, setAgents, updateAgent } from './graph.js';
+import { allAgents, newFrame, renderGraph, setAgents, updateAgent } from './graph.js';
 import { flushRows, loadOlder, onMessage, onStatus } from './log.js';
-import { refreshOrganism, showOrganism } from './organism.js';
+import { refreshOrganism, setOrganism, setOrganismStatus } from './organism.js';
 import { $, state } from './state.js';
 import { loadThreads, openThread } from './threads.js';
 
@@ -67,7 +67,7 @@ export function draw() {
   state.drawing = false;
   const frames = state.inbox;
   state.inbox = [];
-  state.flowsThisFrame = 0;
+  newFrame();
   // The newest state of each agent wins within a frame.
   const states = new Map();
   // The canvas redraws once for all the frame's changes.
@@ -92,7 +92,7 @@ export function onFrame(f) {
     case 'connected':
       state.retry = 0;
       setConnection('live');
-      if (f.organism) { state.organism = f.organism; showOrganism(); }
+      if (f.organism) setOrganism(f.organism);
       if (f.agents) setAgents(f.agents);
       else allAgents().then(setAgents).catch(() => {});
       if (f.threads && !$('view-threads').hidden) loadThreads();
@@ -127,7 +127,7 @@ export function onFrame(f) {
       }
       break;
     case 'organism_state':
-      if (state.organism) { state.organism.status = f.status; showOrganism(); }
+      setOrganismStatus(f.status);
       break;
     case 'reload':
       organismEvent(f.ok ? `reload ${f.agent || 'organism'}: ok` : `reload ${f.agent || 'organism'} failed: ${f.error || ''}`);

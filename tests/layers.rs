@@ -378,3 +378,111 @@ fn sibling_files_import_no_circle() {
     circles.dedup();
     assert!(circles.is_empty(), "{}", circles.join("\n"));
 }
+
+/// The dashboard's fields of `state`, each with the modules `state.js` names as its owners
+/// (the `/// a.js, b.js: …` line above it).
+fn dashboard_owners(state_js: &str) -> BTreeMap<String, Vec<String>> {
+    let mut owners = BTreeMap::new();
+    let body = state_js
+        .split("export const state = {")
+        .nth(1)
+        .and_then(|b| b.split("\n};").next())
+        .unwrap_or("");
+    let mut current: Vec<String> = Vec::new();
+    for line in body.lines().map(str::trim) {
+        if let Some(comment) = line.strip_prefix("///") {
+            let named: Vec<String> = comment
+                .split(':')
+                .next()
+                .unwrap_or("")
+                .split(',')
+                .map(str::trim)
+                .filter(|m| m.ends_with(".js"))
+                .map(str::to_string)
+                .collect();
+            // A comment's second line names no one: the first's owners hold.
+            if !named.is_empty() {
+                current = named;
+            }
+        } else if let Some((field, _)) = line.split_once(':') {
+            if field.chars().all(|c| c.is_alphanumeric() || c == '_') && !field.is_empty() {
+                owners.insert(field.to_string(), current.clone());
+            }
+        }
+    }
+    owners
+}
+
+/// Where `js` changes a field of `state`: `(field, line)` for an assignment to it or into
+/// it, an increment, or a call that changes a collection in place.
+fn state_writes(js: &str) -> Vec<(String, usize)> {
+    const CHANGING: [&str; 9] = [
+        ".set(", ".delete(", ".clear(", ".push(", ".pop(", ".shift(", ".unshift(", ".splice(",
+        ".length =",
+    ];
+    let mut out = Vec::new();
+    for (n, line) in js.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find("state.") {
+            let before = rest[..at].chars().last();
+            rest = &rest[at + "state.".len()..];
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+                continue;
+            }
+            let field: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let after = rest[field.len()..].trim_start();
+            // An assignment to the field, or to a part of it (`state.a.b = …`, `state.a[k] = …`).
+            let target_end = after
+                .find(|c: char| !(c.is_alphanumeric() || "_.[]'\"".contains(c)))
+                .unwrap_or(after.len());
+            let (path, op) = after.split_at(target_end);
+            let op = op.trim_start();
+            let assigns = (op.starts_with('=') && !op.starts_with("=="))
+                || ["+=", "-=", "++", "--", "||=", "&&=", "??="]
+                    .iter()
+                    .any(|o| op.starts_with(o));
+            let changes = CHANGING.iter().any(|c| after.starts_with(c));
+            if (assigns && !path.contains('(')) || changes {
+                out.push((field, n + 1));
+            }
+        }
+    }
+    out
+}
+
+/// The dashboard's state is changed only by the module `state.js` names beside each field
+/// (and by `state.js`'s own `forgetAll`); every field written is declared there.
+#[test]
+fn dashboard_state_is_changed_only_by_its_owner() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboard");
+    let owners = dashboard_owners(&std::fs::read_to_string(dir.join("state.js")).unwrap());
+    assert!(owners.len() > 20, "{owners:?}");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.ends_with(".js") || name == "state.js" {
+            continue;
+        }
+        for (field, line) in state_writes(&std::fs::read_to_string(&path).unwrap()) {
+            match owners.get(&field) {
+                None => found.push(format!("{name}:{line}: state.{field} is not in state.js")),
+                Some(o) if !o.contains(&name) => found.push(format!(
+                    "{name}:{line}: changes state.{field}, which {} owns",
+                    o.join(", ")
+                )),
+                Some(_) => {}
+            }
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    // The reading itself.
+    let writes = state_writes(
+        "state.a = 1;\nif (state.b == 2) state.c.d = 3;\nstate.e.set(k, v); f(state.g);\nstate.h++;",
+    );
+    let fields: Vec<&str> = writes.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(fields, ["a", "c", "e", "h"]);
+}
