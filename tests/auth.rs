@@ -1552,14 +1552,10 @@ async fn failed_authentications_and_injects_are_rate_limited_with_retry_after() 
             .unwrap();
         statuses.push(r.status().as_u16());
         if r.status() == 429 {
-            let retry: u64 = r.headers()["retry-after"]
-                .to_str()
-                .unwrap()
-                .parse()
-                .unwrap();
-            assert!((1..=60).contains(&retry), "{retry}");
+            let retry = r.headers().get("retry-after").cloned();
+            let retry = retry.as_ref().map(|v| v.to_str().unwrap());
             let e: Value = r.json().await.unwrap();
-            assert_eq!(e["error"]["code"], "rate_limited");
+            assert_rate_limited(429, retry, &e);
         }
     }
     assert_eq!(statuses, [401, 401, 401, 429, 429]);

@@ -417,7 +417,14 @@ fn dashboard_owners(state_js: &str) -> BTreeMap<String, Vec<String>> {
 /// it, an increment, or a call that changes a collection in place.
 fn state_writes(js: &str) -> Vec<(String, usize)> {
     const CHANGING: [&str; 9] = [
-        ".set(", ".delete(", ".clear(", ".push(", ".pop(", ".shift(", ".unshift(", ".splice(",
+        ".set(",
+        ".delete(",
+        ".clear(",
+        ".push(",
+        ".pop(",
+        ".shift(",
+        ".unshift(",
+        ".splice(",
         ".length =",
     ];
     let mut out = Vec::new();

@@ -368,3 +368,12 @@ pub async fn protocol_error_closes(
     }
     codes
 }
+
+/// A refusal for too many failed credentials, as the API and a gateway give it: 429,
+/// `Retry-After` between 1 and 60 seconds, code `rate_limited`.
+pub fn assert_rate_limited(status: u16, retry_after: Option<&str>, body: &serde_json::Value) {
+    assert_eq!(status, 429, "{body}");
+    let retry: u64 = retry_after.expect("Retry-After").parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(body["error"]["code"], "rate_limited", "{body}");
+}
