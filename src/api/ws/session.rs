@@ -199,17 +199,23 @@ pub(in crate::api) async fn run<S: Source>(
         folding: Folding::default(),
         overflow: false,
     };
-    let mut end = End::Other;
-    if let Some((sub, since)) = S::open(&mut session, since).await {
-        session.seen = match (since, sub.resync_from) {
-            (Some(s), None) => s,
-            _ => sub.seq,
-        };
-        for ev in &sub.replay {
-            session.offer(ev);
+    let end = match S::open(&mut session, since).await {
+        Some((sub, since)) => {
+            session.seen = match (since, sub.resync_from) {
+                (Some(s), None) => s,
+                _ => sub.seq,
+            };
+            for ev in &sub.replay {
+                session.offer(ev);
+            }
+            session.serve(stream, sub.live, &mut writer, tx).await
         }
-        end = session.serve(stream, sub.live, &mut writer, tx).await;
-    }
+        None => {
+            // The queue ends with the session, and the writer with it.
+            drop(tx);
+            End::Other
+        }
+    };
     // A client closed for not reading gets a second to take its close frame; others
     // get the write timeout to take what is queued.
     let wait = if session.overflow {
