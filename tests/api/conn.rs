@@ -1,13 +1,11 @@
 //! What one client's connections may cost the server: a connection cap that keeps it
 //! answering, a header-read timeout, an idle timeout. Real sockets against a real server.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use agentserver::api::ApiOptions;
 use agentserver::Organism;
-use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -145,7 +143,7 @@ fn with_few_file_descriptors_every_client_is_answered() {
         env!("CARGO_BIN_EXE_agentserver"),
         path.to_str().unwrap(),
     ]);
-    let (_child, url) = common::child::serve(cmd, std::process::Stdio::null());
+    let (_child, url) = crate::common::child::serve(cmd, std::process::Stdio::null());
     let addr = url.trim_start_matches("http://").to_string();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (ok, refused) = rt.block_on(async {

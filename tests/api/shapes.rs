@@ -1,16 +1,14 @@
 //! The API's documents held still: the served OpenAPI document, and the JSON shape of every
 //! REST answer and WebSocket frame a typed thread produces, compared with the files in
 //! `tests/fixtures/`. A change to either is a change of the API: make it on purpose and
-//! write the new files with `AGENTSERVER_BLESS=1 cargo test --test api_shapes`.
-
-mod common;
+//! write the new files with `AGENTSERVER_BLESS=1 cargo test --test api shapes`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::common::*;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::Organism;
-use common::*;
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> PathBuf {

@@ -1,10 +1,8 @@
 //! The REST API against a real server on 127.0.0.1:0 with a real HTTP client.
 
-mod common;
-
+use crate::common::*;
 use agentserver::api::ApiOptions;
 use agentserver::Organism;
-use common::*;
 use serde_json::{json, Value};
 
 async fn chain() -> Served {

@@ -1,12 +1,10 @@
 //! Hostile XML is refused before it can do harm, and the organism keeps working after it.
 
-mod common;
-
+use crate::common::*;
 use agentserver::pump::InjectError;
 use agentserver::threads::ThreadStatus;
 use agentserver::xml::XmlError;
 use agentserver::{InjectRequest, Organism};
-use common::*;
 
 fn attempt(o: &Organism, xml: &str) -> Result<agentserver::InjectReceipt, InjectError> {
     o.inject(InjectRequest {

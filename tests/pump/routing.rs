@@ -1,13 +1,11 @@
 //! Routing (SPEC §6) against the real pump: payload types, `to`, broadcast, peers, replies,
 //! identity.
 
-mod common;
-
+use crate::common::*;
 use agentserver::listener::{Delivery, FnHandler, HandlerError, Output};
 use agentserver::pump::{FailureKind, InjectError};
 use agentserver::threads::{MessageStatus, ThreadStatus};
 use agentserver::{InjectRequest, Organism};
-use common::*;
 
 fn emitting(outputs: Vec<Output>) -> impl agentserver::listener::Handler {
     FnHandler(move |_d: Delivery| {

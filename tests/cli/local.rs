@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-mod child;
+use crate::child;
 
 fn send(payload: &str) -> std::process::Output {
     let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");

@@ -1,13 +1,11 @@
 //! Ordering, fairness and control (SPEC §6, §7) against the real pump.
 
-mod common;
-
+use crate::common::*;
 use agentserver::events::{AgentState, OrganismStatus};
 use agentserver::listener::{Delivery, FnHandler, Output};
 use agentserver::pump::{FailureKind, InjectError};
 use agentserver::threads::{MessageStatus, ThreadError, ThreadStatus};
 use agentserver::{InjectRequest, Organism};
-use common::*;
 
 fn n_of(xml: &str) -> i64 {
     let start = xml.find("<n>").unwrap() + 3;

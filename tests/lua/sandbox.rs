@@ -1,11 +1,9 @@
 //! The hostile-script suite: every case fails its own message with a precise reason and leaves
 //! the organism, the listener and other listeners healthy. Real Luau, real pump.
 
-mod common;
-
+use crate::common::*;
 use agentserver::threads::{MessageStatus, ThreadStatus};
 use agentserver::Organism;
-use common::*;
 
 const GOOD: &str = r#"
 function handle(payload, meta)

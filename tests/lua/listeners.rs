@@ -1,15 +1,13 @@
 //! Lua listeners end to end: the bridge, outputs, the schema DSL, logs, metrics, and script
 //! reload by API and by file watch. Real Luau, real libxml2, a real server.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::events::EventKind;
 use agentserver::threads::ThreadStatus;
 use agentserver::Organism;
-use common::*;
 use serde_json::json;
 
 const ORDER_XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema" targetNamespace="urn:shop" elementFormDefault="qualified">

@@ -1,12 +1,10 @@
 //! `/ws` and `/ws/messages` against a real server with real tokio-tungstenite clients.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use agentserver::api::ApiOptions;
 use agentserver::Organism;
-use common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 

@@ -1,18 +1,16 @@
 //! Hot reload of the organism (SPEC §12): by editing the file (watched), by the API, under
 //! load. Real files, real Lua, real HTTP and WebSocket clients.
 
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::*;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::events::EventKind;
 use agentserver::listener::{Delivery, FnHandler, Output};
 use agentserver::threads::{MessageStatus, ThreadStatus};
 use agentserver::{InjectRequest, Organism, OrganismBuilder, ReloadReport};
-use common::*;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 

@@ -4,7 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-mod child;
+use crate::child;
 use child::{agentserver, wait_exit, wait_until, Running, WAIT};
 use std::sync::mpsc;
 

@@ -2,11 +2,9 @@
 //! WebSocket upgrades and control requests, form and text bodies, rebound host names.
 //! A real server on 127.0.0.1:0, real HTTP and WebSocket clients sending browser headers.
 
-mod common;
-
+use crate::common::*;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::Organism;
-use common::*;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
