@@ -221,6 +221,15 @@ impl Filter {
     }
 
     /// For `/ws/messages`: messages, and the status changes of messages, that match.
+    /// Whether every `message` event passes, whatever its thread, agents or type (`/ws`:
+    /// and `message` is among the events asked for, or none are named).
+    pub fn takes_every_message(&self, events_too: bool) -> bool {
+        self.threads.is_empty()
+            && self.agents.is_empty()
+            && self.payload_types.is_empty()
+            && (!events_too || self.events.is_empty() || self.events.iter().any(|e| e == "message"))
+    }
+
     pub fn passes_message(&self, event: &Event) -> bool {
         let (thread, from, to, payload_type) = match &event.kind {
             EventKind::Message { message } => (

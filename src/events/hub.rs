@@ -67,7 +67,15 @@ struct Ring {
     floor: AtomicU64,
     /// Held by the one publisher letting go of old events at a time.
     trimming: std::sync::Mutex<()>,
+    /// What each of the last [`KINDS_PER_SLOT`] rings' worth of events was, kept after its
+    /// event is gone: `seq << 1 | 1` for a `message` event, `seq << 1` for any other. A
+    /// receiver that lagged counts the messages it lost here ([`Receiver::messages_among`]).
+    kinds: Box<[AtomicU64]>,
 }
+
+/// How many rings' worth of events [`Ring::kinds`] remembers (at most [`MAX_KINDS`]).
+const KINDS_PER_SLOT: usize = 16;
+const MAX_KINDS: usize = 1 << 20;
 
 /// One place in the ring. The event's `seq` is kept beside it, so telling which event a slot
 /// holds never reads the event (a publisher finds there one published a ring ago, long gone
@@ -161,6 +169,23 @@ impl Receiver {
             ring: ring.clone(),
             next,
         }
+    }
+
+    /// Of the events `from..=to` (ones this receiver lost), how many were `message` events,
+    /// and how many are no longer known (published longer ago than the hub remembers, or
+    /// still on their way).
+    pub fn messages_among(&self, from: u64, to: u64) -> (u64, u64) {
+        let kinds = &self.ring.kinds;
+        let (mut messages, mut unknown) = (0, 0);
+        for seq in from..=to {
+            let kind = kinds[(seq % kinds.len() as u64) as usize].load(Ordering::Acquire);
+            if kind >> 1 != seq {
+                unknown += 1;
+            } else if kind & 1 == 1 {
+                messages += 1;
+            }
+        }
+        (messages, unknown)
     }
 
     /// The next event, if it is published.
@@ -285,6 +310,9 @@ impl EventHub {
                 byte_budget: AtomicUsize::new(usize::MAX),
                 floor: AtomicU64::new(0),
                 trimming: std::sync::Mutex::new(()),
+                kinds: (0..(capacity * KINDS_PER_SLOT).min(MAX_KINDS))
+                    .map(|_| AtomicU64::new(0))
+                    .collect(),
             }),
             sink,
         }
@@ -332,6 +360,9 @@ impl EventHub {
         let ring = &*self.ring;
         let seq = event.seq;
         let weight = event.weight();
+        let message = u64::from(matches!(event.kind, EventKind::Message { .. }));
+        let kinds = &ring.kinds;
+        kinds[(seq % kinds.len() as u64) as usize].store(seq << 1 | message, Ordering::Release);
         let retired = {
             let mut slot = crate::sync::write(ring.slot(seq));
             if slot.seq > seq {

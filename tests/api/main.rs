@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod accounting;
 mod conn;
 mod hostile_input;
 mod origins;

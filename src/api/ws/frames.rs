@@ -15,10 +15,14 @@ pub(in crate::api) fn text(value: &Value) -> Message {
     Message::Text(Utf8Bytes::from(value.to_string()))
 }
 
-/// Frames not sent to this client, waiting to be reported.
+/// Frames not sent to this client, waiting to be reported: `count` in all, of which
+/// `messages` were `message` events dropped at the client's queue and `lagged` events the
+/// session fell behind the hub for (their kinds unknown).
 #[derive(Debug, Clone, Copy)]
 pub(in crate::api) struct Dropped {
     count: u64,
+    messages: u64,
+    lagged: u64,
     from_seq: u64,
     to_seq: u64,
 }
@@ -33,6 +37,8 @@ impl Dropped {
         match this {
             None => Dropped {
                 count,
+                messages: 0,
+                lagged: 0,
                 from_seq,
                 to_seq,
             },
@@ -40,8 +46,16 @@ impl Dropped {
                 count: d.count + count,
                 from_seq: d.from_seq,
                 to_seq,
+                ..d
             },
         }
+    }
+
+    /// Says how many of those just added were messages, and how many lost behind the hub.
+    pub(in crate::api) fn of_which(mut self, messages: u64, lagged: u64) -> Dropped {
+        self.messages += messages;
+        self.lagged += lagged;
+        self
     }
 }
 
@@ -173,6 +187,8 @@ pub(in crate::api) fn dropped_frame(d: Dropped) -> Message {
         "seq": d.to_seq,
         "timestamp": Timestamp::now(),
         "count": d.count,
+        "messages": d.messages,
+        "lagged": d.lagged,
         "from_seq": d.from_seq,
         "to_seq": d.to_seq,
     }))

@@ -40,6 +40,13 @@ use crate::time::Timestamp;
 /// client, heartbeat and shutdown again).
 const OFFER_BATCH: usize = 256;
 
+/// How long a session may take, when the server stops, to tell its client what it missed
+/// and close.
+pub const FINISH: Duration = Duration::from_secs(5);
+
+/// Events a stopping session takes from the hub, at most.
+const FINISH_EVENTS: usize = 1 << 16;
+
 /// What serves a session: its events, its `connected` snapshot, its principals' scopes and
 /// its commands.
 pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
@@ -293,7 +300,7 @@ impl<S: Source> Session<S> {
             let ended = tokio::select! {
                 biased;
                 _ = &mut stopping => {
-                    let _ = self.tx.try_send(close(close_code::AWAY, Utf8Bytes::from_static(S::STOPPING)));
+                    self.finish(&mut live, &reserve_tx).await;
                     Some(End::Other)
                 }
                 _ = revoked, if watched => self.recheck().await,
@@ -321,6 +328,34 @@ impl<S: Source> Session<S> {
         };
         reader.abort();
         end
+    }
+
+    /// The server stops: the events the hub holds now are offered, what was dropped or
+    /// folded is told, then the close goes, each waiting for room in the client's queue (up
+    /// to [`FINISH`] in all). So a reader's messages received and announced add up when it
+    /// is closed, as at any other moment.
+    async fn finish(&mut self, live: &mut Receiver, room: &mpsc::Sender<Message>) {
+        let deadline = tokio::time::Instant::now() + FINISH;
+        // At most a ring's worth: an organism still running keeps publishing.
+        for _ in 0..FINISH_EVENTS {
+            match live.try_recv_with(|ev| self.offer(ev)) {
+                Ok(()) => {}
+                Err(TryRecvError::Lagged(n)) => self.lost(n, live),
+                Err(_) => break,
+            }
+        }
+        let mut last = Vec::with_capacity(4);
+        last.extend(self.dropped.take().map(dropped_frame));
+        last.extend(self.folding.states_frame(self.seen));
+        last.extend(self.folding.folded_frame(self.seen).map(|(frame, _)| frame));
+        last.push(close(close_code::AWAY, Utf8Bytes::from_static(S::STOPPING)));
+        for frame in last {
+            let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, room.reserve()).await else {
+                return;
+            };
+            self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
+            permit.send(frame);
+        }
     }
 
     /// A frame from the client (`None`: it is gone).
@@ -373,7 +408,7 @@ impl<S: Source> Session<S> {
     fn take(&mut self, r: Result<Arc<Event>, RecvError>, live: &mut Receiver) -> Option<End> {
         match r {
             Ok(ev) => self.offer(&ev),
-            Err(RecvError::Lagged(n)) => self.lost(n),
+            Err(RecvError::Lagged(n)) => self.lost(n, live),
             Err(RecvError::Closed) => return Some(End::Other),
         }
         for _ in 0..OFFER_BATCH {
@@ -381,7 +416,7 @@ impl<S: Source> Session<S> {
             // contend for its count.
             match live.try_recv_with(|ev| self.offer(ev)) {
                 Ok(()) => {}
-                Err(TryRecvError::Lagged(n)) => self.lost(n),
+                Err(TryRecvError::Lagged(n)) => self.lost(n, live),
                 Err(_) => break,
             }
         }
@@ -566,14 +601,14 @@ impl<S: Source> Session<S> {
         };
         if !self.gap_told() {
             // Even the gap's notice does not fit: this one joins the gap.
-            self.drop_one(ev.seq);
+            self.drop_one(ev);
             return;
         }
         let budget = self.options.client_queue_bytes;
         if self.queued.load(Ordering::Relaxed) + frame.len() > budget
             || !self.try_queue(Message::Text(frame.clone()))
         {
-            self.drop_one(ev.seq);
+            self.drop_one(ev);
         }
     }
 
@@ -607,7 +642,7 @@ impl<S: Source> Session<S> {
         }
         if let Some(frame) = self.folding.states_frame(self.seen) {
             if !self.try_queue(frame) {
-                self.drop_one(self.seen);
+                self.note_dropped(1, self.seen, self.seen, 0, 0);
             }
         }
         if let Some((frame, f)) = self.folding.folded_frame(self.seen) {
@@ -628,19 +663,32 @@ impl<S: Source> Session<S> {
         true
     }
 
-    fn drop_one(&mut self, seq: u64) {
-        self.note_dropped(1, seq, seq);
+    fn drop_one(&mut self, ev: &Event) {
+        let message = matches!(ev.kind, EventKind::Message { .. });
+        self.note_dropped(1, ev.seq, ev.seq, u64::from(message), 0);
     }
 
-    /// The channel skipped `n` events after the last one seen.
-    fn lost(&mut self, n: u64) {
+    /// The hub skipped `n` events after the last one seen: the messages among them are
+    /// counted as dropped where this session would have sent every message (no filter that
+    /// narrows them, no tenant's scope); the others, and events the hub no longer
+    /// remembers, as `lagged`.
+    fn lost(&mut self, n: u64, live: &Receiver) {
         let from = self.seen + 1;
         self.seen += n;
-        self.note_dropped(n, from, self.seen);
+        let (messages, unknown) = live.messages_among(from, self.seen);
+        let every = self.tenant_view.is_none()
+            && self.filter.takes_every_message(self.ep == Endpoint::Events);
+        let (messages, lagged) = if every {
+            (messages, unknown)
+        } else {
+            (0, messages + unknown)
+        };
+        self.note_dropped(n, from, self.seen, messages, lagged);
     }
 
-    fn note_dropped(&mut self, count: u64, from_seq: u64, to_seq: u64) {
+    fn note_dropped(&mut self, count: u64, from_seq: u64, to_seq: u64, messages: u64, lagged: u64) {
         self.source.count_dropped(self.ep, count);
-        self.dropped = Some(Dropped::add(self.dropped, count, from_seq, to_seq));
+        let d = Dropped::add(self.dropped, count, from_seq, to_seq).of_which(messages, lagged);
+        self.dropped = Some(d);
     }
 }

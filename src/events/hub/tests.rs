@@ -223,3 +223,40 @@ fn publishers_on_many_threads_reach_every_receiver_in_seq_order_and_the_sink_onc
     assert_eq!(sunk, all);
     assert_eq!(hub.last_seq(), THREADS * EACH);
 }
+
+#[test]
+fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_remembers() {
+    let hub = EventHub::new(4);
+    let mut rx = hub.subscribe();
+    let message = |id: &str| EventKind::Message {
+        message: crate::threads::MessageRecord {
+            id: Arc::from(id),
+            thread_id: Arc::from("t"),
+            parent_id: None,
+            slot_index: 0,
+            from: Arc::from("a"),
+            to: Some(Arc::from("b")),
+            payload_type: Some("Note".into()),
+            payload_xml: crate::xml::SharedXml::new("<Note/>".into()),
+            status: crate::threads::MessageStatus::Pending,
+            error: None,
+            timestamp: crate::time::Timestamp(0),
+        },
+    };
+    // 1..=10: messages at 2, 3, 5 and 9; lost: 1..=6, which hold three of them.
+    for seq in 1..=10u64 {
+        if [2, 3, 5, 9].contains(&seq) {
+            hub.publish(message(&seq.to_string()));
+        } else {
+            organism_state(&hub);
+        }
+    }
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Lagged(6));
+    assert_eq!(rx.messages_among(1, 6), (3, 0));
+    // Beyond what the hub remembers (16 rings of 4): unknown.
+    for _ in 0..100 {
+        organism_state(&hub);
+    }
+    assert_eq!(rx.messages_among(1, 6), (0, 6));
+    assert_eq!(rx.messages_among(100, 110), (0, 0));
+}
