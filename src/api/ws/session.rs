@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::frames::frame_len;
 use super::socket::{read_frames, write_frames};
-use super::{dropped_frame, first_frame_auth, text, Dropped, Folding, Who};
+use super::{dropped_frame, first_frame_auth, Dropped, Folding, Who};
 use super::{WsQuery, CLOSE_UNAUTHORIZED};
 use crate::api::auth::{Authenticator, Principal, Scope};
 use crate::api::error::ApiError;
@@ -134,18 +134,18 @@ pub(in crate::api) struct Session<S: Source> {
     pub(in crate::api) remote: Option<std::net::IpAddr>,
     /// What a tenant's principal sees, with what it was made from; `None` for an
     /// organism-wide principal, which sees everything.
-    tenant_view: Option<(S::Basis, Scope)>,
+    pub(super) tenant_view: Option<(S::Basis, Scope)>,
     pub(in crate::api) filter: Filter,
-    options: ApiOptions,
-    tx: mpsc::Sender<Message>,
-    queued: Arc<AtomicUsize>,
+    pub(super) options: ApiOptions,
+    pub(super) tx: mpsc::Sender<Message>,
+    pub(super) queued: Arc<AtomicUsize>,
     /// The last event `seq` this session has looked at.
     pub(in crate::api) seen: u64,
-    dropped: Option<Dropped>,
-    folding: Folding,
+    pub(super) dropped: Option<Dropped>,
+    pub(super) folding: Folding,
     /// Set when a control frame (an answer) found the client's queue full: the client sends
     /// commands but does not read, and is closed.
-    overflow: bool,
+    pub(super) overflow: bool,
 }
 
 /// What ended a session's loop.
@@ -463,7 +463,7 @@ impl<S: Source> Session<S> {
     }
 
     /// Whether a tenant's session sees `ev` (every event, for an organism-wide one).
-    fn sees(&mut self, ev: &Event) -> bool {
+    pub(super) fn sees(&mut self, ev: &Event) -> bool {
         if self.tenant_view.is_none() {
             return true;
         }
@@ -557,138 +557,5 @@ impl<S: Source> Session<S> {
         let mut out = Map::new();
         out.insert("filter".into(), json!(self.filter));
         Ok(out)
-    }
-
-    /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
-    /// queue like any frame; one that does not fit (by frames or bytes) is not queued, and
-    /// marks the session `overflow`: its client is closed. The first frames of a session
-    /// always fit (the queue is empty).
-    pub(in crate::api) fn control(&mut self, frame: Value) {
-        self.control_message(text(&frame));
-    }
-
-    pub(in crate::api) fn control_message(&mut self, msg: Message) {
-        let len = frame_len(&msg);
-        let queued = self.queued.load(Ordering::Relaxed);
-        if queued > 0 && queued + len > self.options.client_queue_bytes {
-            self.overflow = true;
-            return;
-        }
-        if !self.try_queue(msg) {
-            self.overflow = true;
-        }
-    }
-
-    /// Offers one event: filtered, then queued or counted as dropped.
-    fn offer(&mut self, ev: &Event) {
-        if ev.seq <= self.seen {
-            return;
-        }
-        self.seen = ev.seq;
-        if !self.sees(ev) {
-            return;
-        }
-        let passes = match self.ep {
-            Endpoint::Events => self.filter.passes(ev),
-            Endpoint::Messages => self.filter.passes_message(ev),
-        };
-        // Held back before it is written out: a folded event costs no rendering.
-        if !passes || (self.ep == Endpoint::Events && self.folding.hold(&self.filter, ev)) {
-            return;
-        }
-        let Some(frame) = self.source.frame(self.ep, ev) else {
-            return;
-        };
-        if !self.gap_told() {
-            // Even the gap's notice does not fit: this one joins the gap.
-            self.drop_one(ev);
-            return;
-        }
-        let budget = self.options.client_queue_bytes;
-        if self.queued.load(Ordering::Relaxed) + frame.len() > budget
-            || !self.try_queue(Message::Text(frame.clone()))
-        {
-            self.drop_one(ev);
-        }
-    }
-
-    /// How often held-back frames go out: the coalescing interval, or every second for the
-    /// message rate alone; `None` when the client folds nothing.
-    fn flush_every(&self) -> Option<Duration> {
-        Folding::every(&self.filter)
-    }
-
-    /// Sends the notice of frames dropped, if any is owed, before anything later (its `seq`
-    /// is its gap's end, so nothing sent after the gap may go first). False if it is owed
-    /// and does not fit.
-    fn gap_told(&mut self) -> bool {
-        let Some(d) = self.dropped else {
-            return true;
-        };
-        if !self.try_queue(dropped_frame(d)) {
-            return false;
-        }
-        self.dropped = None;
-        true
-    }
-
-    /// Sends what folding held back: the agents' latest states in one `agent_states` frame,
-    /// and a `folded` frame counting the message events not sent. Both carry the `seq` of
-    /// the last event offered, as answers do, so `seq` never goes back.
-    fn flush_folded(&mut self) {
-        if self.folding.is_empty() || !self.gap_told() {
-            // Held on until the gap's notice has gone out.
-            return;
-        }
-        if let Some(frame) = self.folding.states_frame(self.seen) {
-            if !self.try_queue(frame) {
-                self.note_dropped(1, self.seen, self.seen, 0, 0);
-            }
-        }
-        if let Some((frame, f)) = self.folding.folded_frame(self.seen) {
-            if !self.try_queue(frame) {
-                self.folding.folded = Some(f);
-            }
-        }
-    }
-
-    /// Queues a frame if there is room, keeping the byte count the writer pays back.
-    fn try_queue(&self, msg: Message) -> bool {
-        let len = frame_len(&msg);
-        self.queued.fetch_add(len, Ordering::Relaxed);
-        if self.tx.try_send(msg).is_err() {
-            self.queued.fetch_sub(len, Ordering::Relaxed);
-            return false;
-        }
-        true
-    }
-
-    fn drop_one(&mut self, ev: &Event) {
-        let message = matches!(ev.kind, EventKind::Message { .. });
-        self.note_dropped(1, ev.seq, ev.seq, u64::from(message), 0);
-    }
-
-    /// The hub skipped `n` events after the last one seen: the messages among them are
-    /// counted as dropped where this session would have sent every message (no filter that
-    /// narrows them, no tenant's scope); the others, and events the hub no longer
-    /// remembers, as `lagged`.
-    fn lost(&mut self, n: u64, live: &Receiver) {
-        let from = self.seen + 1;
-        self.seen += n;
-        let (messages, unknown) = live.messages_among(from, self.seen);
-        let every = self.tenant_view.is_none()
-            && self.filter.takes_every_message(self.ep == Endpoint::Events);
-        let (messages, lagged) = if every {
-            (messages, unknown)
-        } else {
-            (0, messages + unknown)
-        };
-        self.note_dropped(n, from, self.seen, messages, lagged);
-    }
-
-    fn note_dropped(&mut self, count: u64, from_seq: u64, to_seq: u64, messages: u64, lagged: u64) {
-        self.source.count_dropped(self.ep, count);
-        let d = Dropped::add(self.dropped, count, from_seq, to_seq).of_which(messages, lagged);
-        self.dropped = Some(d);
     }
 }

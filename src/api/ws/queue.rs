@@ -1,0 +1,157 @@
+//! What a session queues for its client: events offered (filtered, folded, or dropped and
+//! counted when the client's queue is full), control frames, and the notices of what was
+//! dropped or folded.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::ws::Message;
+use serde_json::Value;
+
+use super::frames::frame_len;
+use super::session::{Session, Source};
+use super::{dropped_frame, text, Dropped, Folding};
+use crate::api::Endpoint;
+use crate::events::{Event, EventKind, Receiver};
+
+impl<S: Source> Session<S> {
+    /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
+    /// queue like any frame; one that does not fit (by frames or bytes) is not queued, and
+    /// marks the session `overflow`: its client is closed. The first frames of a session
+    /// always fit (the queue is empty).
+    pub(in crate::api) fn control(&mut self, frame: Value) {
+        self.control_message(text(&frame));
+    }
+
+    pub(in crate::api) fn control_message(&mut self, msg: Message) {
+        let len = frame_len(&msg);
+        let queued = self.queued.load(Ordering::Relaxed);
+        if queued > 0 && queued + len > self.options.client_queue_bytes {
+            self.overflow = true;
+            return;
+        }
+        if !self.try_queue(msg) {
+            self.overflow = true;
+        }
+    }
+
+    /// Offers one event: filtered, then queued or counted as dropped.
+    pub(super) fn offer(&mut self, ev: &Event) {
+        if ev.seq <= self.seen {
+            return;
+        }
+        self.seen = ev.seq;
+        if !self.sees(ev) {
+            return;
+        }
+        let passes = match self.ep {
+            Endpoint::Events => self.filter.passes(ev),
+            Endpoint::Messages => self.filter.passes_message(ev),
+        };
+        // Held back before it is written out: a folded event costs no rendering.
+        if !passes || (self.ep == Endpoint::Events && self.folding.hold(&self.filter, ev)) {
+            return;
+        }
+        let Some(frame) = self.source.frame(self.ep, ev) else {
+            return;
+        };
+        if !self.gap_told() {
+            // Even the gap's notice does not fit: this one joins the gap.
+            self.drop_one(ev);
+            return;
+        }
+        let budget = self.options.client_queue_bytes;
+        if self.queued.load(Ordering::Relaxed) + frame.len() > budget
+            || !self.try_queue(Message::Text(frame.clone()))
+        {
+            self.drop_one(ev);
+        }
+    }
+
+    /// How often held-back frames go out: the coalescing interval, or every second for the
+    /// message rate alone; `None` when the client folds nothing.
+    pub(super) fn flush_every(&self) -> Option<Duration> {
+        Folding::every(&self.filter)
+    }
+
+    /// Sends the notice of frames dropped, if any is owed, before anything later (its `seq`
+    /// is its gap's end, so nothing sent after the gap may go first). False if it is owed
+    /// and does not fit.
+    pub(super) fn gap_told(&mut self) -> bool {
+        let Some(d) = self.dropped else {
+            return true;
+        };
+        if !self.try_queue(dropped_frame(d)) {
+            return false;
+        }
+        self.dropped = None;
+        true
+    }
+
+    /// Sends what folding held back: the agents' latest states in one `agent_states` frame,
+    /// and a `folded` frame counting the message events not sent. Both carry the `seq` of
+    /// the last event offered, as answers do, so `seq` never goes back.
+    pub(super) fn flush_folded(&mut self) {
+        if self.folding.is_empty() || !self.gap_told() {
+            // Held on until the gap's notice has gone out.
+            return;
+        }
+        if let Some(frame) = self.folding.states_frame(self.seen) {
+            if !self.try_queue(frame) {
+                self.note_dropped(1, self.seen, self.seen, 0, 0);
+            }
+        }
+        if let Some((frame, f)) = self.folding.folded_frame(self.seen) {
+            if !self.try_queue(frame) {
+                self.folding.folded = Some(f);
+            }
+        }
+    }
+
+    /// Queues a frame if there is room, keeping the byte count the writer pays back.
+    pub(super) fn try_queue(&self, msg: Message) -> bool {
+        let len = frame_len(&msg);
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        if self.tx.try_send(msg).is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn drop_one(&mut self, ev: &Event) {
+        let message = matches!(ev.kind, EventKind::Message { .. });
+        self.note_dropped(1, ev.seq, ev.seq, u64::from(message), 0);
+    }
+
+    /// The hub skipped `n` events after the last one seen: the messages among them are
+    /// counted as dropped where this session would have sent every message (no filter that
+    /// narrows them, no tenant's scope); the others, and events the hub no longer
+    /// remembers, as `lagged`.
+    pub(super) fn lost(&mut self, n: u64, live: &Receiver) {
+        let from = self.seen + 1;
+        self.seen += n;
+        let (messages, unknown) = live.messages_among(from, self.seen);
+        let every = self.tenant_view.is_none()
+            && self.filter.takes_every_message(self.ep == Endpoint::Events);
+        let (messages, lagged) = if every {
+            (messages, unknown)
+        } else {
+            (0, messages + unknown)
+        };
+        self.note_dropped(n, from, self.seen, messages, lagged);
+    }
+
+    pub(super) fn note_dropped(
+        &mut self,
+        count: u64,
+        from_seq: u64,
+        to_seq: u64,
+        messages: u64,
+        lagged: u64,
+    ) {
+        self.source.count_dropped(self.ep, count);
+        let d = Dropped::add(self.dropped, count, from_seq, to_seq).of_which(messages, lagged);
+        self.dropped = Some(d);
+    }
+}
