@@ -1,0 +1,237 @@
+//! Allocations per hop: the three-hop chain (forward → forward → sink, XSD at every hop)
+//! with the SQLite store on and with `store: memory`, counted by a global allocator that
+//! wraps the binary's (mimalloc) and by counting hooks for libxml2's allocations. Printed,
+//! never asserted: a figure for BENCHMARKS.md, and a way to see what a change costs.
+//!
+//! Run: `cargo bench --bench allocs` (`-- N` for N measured threads, default 20,000).
+//! `ALLOCS_SITES=1` also samples one allocation in 97 of the measured run with its
+//! backtrace and prints the code that made the most (the first frames in `agentserver`).
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agentserver::{InjectError, InjectRequest, Organism};
+
+/// Counts every allocation (and reallocation) and its bytes, then hands it to mimalloc.
+struct Counting;
+
+static RUST_ALLOCS: AtomicU64 = AtomicU64::new(0);
+static RUST_BYTES: AtomicU64 = AtomicU64::new(0);
+static XML_ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+/// Set while the measured run is sampled for sites.
+static SAMPLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static SITES: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+thread_local! {
+    /// Set while this thread records a site (whose own allocations are not sampled).
+    static RECORDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Allocations seen while sampling, the recording's own left out.
+static SAMPLED: AtomicU64 = AtomicU64::new(0);
+
+/// One allocation in 97, while sampling: its backtrace's first frames in this crate.
+fn sample(_: u64) {
+    if !SAMPLING.load(Ordering::Relaxed) || RECORDING.with(|r| r.get()) {
+        return;
+    }
+    if SAMPLED.fetch_add(1, Ordering::Relaxed) % 97 != 0 {
+        return;
+    }
+    RECORDING.with(|r| r.set(true));
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    // The first lines of this crate's source the allocation was made from.
+    let site: Vec<&str> = trace
+        .lines()
+        .map(str::trim)
+        .filter_map(|l| l.strip_prefix("at "))
+        .filter(|l| l.contains("/src/") && !l.contains("/rustc/") && !l.contains("/.cargo/"))
+        .map(|l| l.rsplit_once("/src/").map_or(l, |(_, f)| f))
+        .take(3)
+        .collect();
+    if let Ok(mut sites) = SITES.lock() {
+        sites.push(site.join("  <  "));
+    }
+    RECORDING.with(|r| r.set(false));
+}
+
+// SAFETY: every call is passed to mimalloc's `GlobalAlloc` with the same arguments.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        sample(RUST_ALLOCS.fetch_add(1, Ordering::Relaxed));
+        RUST_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        sample(RUST_ALLOCS.fetch_add(1, Ordering::Relaxed));
+        RUST_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        sample(RUST_ALLOCS.fetch_add(1, Ordering::Relaxed));
+        RUST_BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// libxml2's allocations, counted, to mimalloc (as the binary routes them).
+fn count_libxml2() {
+    use std::os::raw::{c_char, c_void};
+    unsafe extern "C" fn free(p: *mut c_void) {
+        // SAFETY: libxml2 frees only what these hooks gave it.
+        unsafe { libmimalloc_sys::mi_free(p) }
+    }
+    unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+        XML_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: plain allocation.
+        unsafe { libmimalloc_sys::mi_malloc(size) }
+    }
+    unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+        XML_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as `free`.
+        unsafe { libmimalloc_sys::mi_realloc(p, size) }
+    }
+    unsafe extern "C" fn strdup(s: *const c_char) -> *mut c_char {
+        XML_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: libxml2 passes a NUL-terminated string; the copy includes the NUL.
+        unsafe {
+            let len = std::ffi::CStr::from_ptr(s).to_bytes_with_nul().len();
+            let copy = libmimalloc_sys::mi_malloc(len).cast::<c_char>();
+            if !copy.is_null() {
+                std::ptr::copy_nonoverlapping(s, copy, len);
+            }
+            copy
+        }
+    }
+    // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
+    let set = unsafe {
+        libxml::bindings::xmlMemSetup(Some(free), Some(malloc), Some(realloc), Some(strdup))
+    };
+    assert_eq!(set, 0, "libxml2's allocator is set before it allocates");
+}
+
+const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
+
+fn organism(dir: &std::path::Path, store: &str) -> Organism {
+    std::fs::write(dir.join("t.xsd"), XSD).expect("xsd");
+    let yaml = format!(
+        "organism: {{ name: allocs, store: {store} }}
+listeners:
+  - {{ name: a, description: a, kind: native, handler: forward, schema: t.xsd, config: {{ to: b }} }}
+  - {{ name: b, description: b, kind: native, handler: forward, schema: t.xsd, config: {{ to: c }} }}
+  - {{ name: c, description: c, kind: native, handler: sink, schema: t.xsd }}
+"
+    );
+    let path = dir.join(format!("{}.yaml", store.replace(['/', '.'], "_")));
+    std::fs::write(&path, yaml).expect("yaml");
+    Organism::builder().load(&path).expect("organism")
+}
+
+/// Injects `threads` threads, 256 in flight, and waits for every one.
+async fn run(o: &Organism, threads: usize) {
+    let mut waiting = std::collections::VecDeque::new();
+    for i in 0..threads {
+        let receipt = loop {
+            let request = InjectRequest {
+                from: "api".into(),
+                to: "a".into(),
+                payload_xml: format!("<Note>message {i}</Note>"),
+                thread_id: None,
+            };
+            match o.inject(request) {
+                Ok(r) => break r,
+                Err(InjectError::StoreBehind) => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await
+                }
+                Err(e) => panic!("inject refused: {e}"),
+            }
+        };
+        waiting.push_back(receipt.thread_id);
+        if waiting.len() >= 256 {
+            if let Some(t) = waiting.pop_front() {
+                o.history().wait_thread(&t).await;
+            }
+        }
+    }
+    for t in waiting {
+        o.history().wait_thread(&t).await;
+    }
+}
+
+fn main() {
+    count_libxml2();
+    let threads: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(20_000);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("dir");
+    println!("store     allocations/hop  bytes/hop  libxml2 allocations/hop  ({threads} threads, 3 hops each)");
+    for store in ["memory", "s.db"] {
+        let _guard = rt.enter();
+        let o = organism(dir.path(), store);
+        rt.block_on(run(&o, threads / 10 + 1));
+        let before = (
+            RUST_ALLOCS.load(Ordering::Relaxed),
+            RUST_BYTES.load(Ordering::Relaxed),
+            XML_ALLOCS.load(Ordering::Relaxed),
+        );
+        let sampling = std::env::var_os("ALLOCS_SITES").is_some();
+        SAMPLING.store(sampling, Ordering::Relaxed);
+        rt.block_on(run(&o, threads));
+        SAMPLING.store(false, Ordering::Relaxed);
+        let hops = (threads * 3) as f64;
+        let per_hop =
+            |now: &AtomicU64, then: u64| (now.load(Ordering::Relaxed) - then) as f64 / hops;
+        println!(
+            "{:<9} {:>15.1}  {:>9.0}  {:>23.1}",
+            if store == "memory" {
+                "memory"
+            } else {
+                "sqlite"
+            },
+            per_hop(&RUST_ALLOCS, before.0),
+            per_hop(&RUST_BYTES, before.1),
+            per_hop(&XML_ALLOCS, before.2),
+        );
+        rt.block_on(o.stop());
+        if sampling {
+            print_sites(hops);
+        }
+    }
+}
+
+/// The sampled sites, most first, as allocations per hop.
+fn print_sites(hops: f64) {
+    let sites = std::mem::take(&mut *SITES.lock().expect("sites"));
+    let mut counts = std::collections::HashMap::new();
+    for s in sites {
+        *counts.entry(s).or_insert(0u64) += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    for (site, n) in counts.into_iter().take(25) {
+        println!("  {:>5.2}/hop  {site}", n as f64 * 97.0 / hops);
+    }
+    let sampled = SAMPLED.swap(0, Ordering::Relaxed) as f64 / hops;
+    println!("  ({sampled:.1} allocations/hop while sampling, the sampling's own left out)");
+    if false {}
+}
