@@ -32,11 +32,11 @@ thread_local! {
 static SAMPLED: AtomicU64 = AtomicU64::new(0);
 
 /// One allocation in 97, while sampling: its backtrace's first frames in this crate.
-fn sample(_: u64) {
+fn sample() {
     if !SAMPLING.load(Ordering::Relaxed) || RECORDING.with(|r| r.get()) {
         return;
     }
-    if SAMPLED.fetch_add(1, Ordering::Relaxed) % 97 != 0 {
+    if !SAMPLED.fetch_add(1, Ordering::Relaxed).is_multiple_of(97) {
         return;
     }
     RECORDING.with(|r| r.set(true));
@@ -59,21 +59,24 @@ fn sample(_: u64) {
 // SAFETY: every call is passed to mimalloc's `GlobalAlloc` with the same arguments.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        sample(RUST_ALLOCS.fetch_add(1, Ordering::Relaxed));
+        RUST_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        sample();
         RUST_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: as the caller's contract.
         unsafe { mimalloc::MiMalloc.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        sample(RUST_ALLOCS.fetch_add(1, Ordering::Relaxed));
+        RUST_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        sample();
         RUST_BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
         // SAFETY: as the caller's contract.
         unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        sample(RUST_ALLOCS.fetch_add(1, Ordering::Relaxed));
+        RUST_ALLOCS.fetch_add(1, Ordering::Relaxed);
+        sample();
         RUST_BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
         // SAFETY: as the caller's contract.
         unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
@@ -227,11 +230,10 @@ fn print_sites(hops: f64) {
         *counts.entry(s).or_insert(0u64) += 1;
     }
     let mut counts: Vec<_> = counts.into_iter().collect();
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     for (site, n) in counts.into_iter().take(25) {
         println!("  {:>5.2}/hop  {site}", n as f64 * 97.0 / hops);
     }
     let sampled = SAMPLED.swap(0, Ordering::Relaxed) as f64 / hops;
     println!("  ({sampled:.1} allocations/hop while sampling, the sampling's own left out)");
-    if false {}
 }

@@ -108,8 +108,8 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
             },
         },
         _ => EventKind::MessageStatus {
-            id: format!("{t}-{hop}"),
-            thread_id: t.to_string(),
+            id: format!("{t}-{hop}").into(),
+            thread_id: t.into(),
             status: MessageStatus::Delivered,
             error: None,
             about: None,

@@ -248,7 +248,7 @@ async fn with_no_worker_a_delivery_fails_with_the_reason() {
         loop {
             let ev = events.recv().await.unwrap();
             if let agentserver::events::EventKind::AgentState { agent, state, .. } = &ev.kind {
-                if agent == "relay" && *state == agentserver::events::AgentState::Waiting {
+                if &**agent == "relay" && *state == agentserver::events::AgentState::Waiting {
                     return;
                 }
             }

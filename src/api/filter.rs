@@ -243,7 +243,7 @@ impl Filter {
                 about: Some(a),
                 ..
             } => (
-                thread_id.as_str(),
+                &**thread_id,
                 &*a.from,
                 a.to.as_deref(),
                 a.payload_type.as_deref(),

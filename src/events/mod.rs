@@ -142,17 +142,19 @@ impl StatusAbout {
 /// format (`nats::event_wire`).
 #[derive(Debug, Clone)]
 pub enum EventKind {
+    /// Names shared with the listener and the thread (`Arc<str>`): published twice a hop,
+    /// they are not copied.
     AgentState {
-        agent: String,
+        agent: Arc<str>,
         state: AgentState,
-        current_thread: Option<String>,
+        current_thread: Option<Arc<str>>,
     },
     Message {
         message: MessageRecord,
     },
     MessageStatus {
-        id: String,
-        thread_id: String,
+        id: Arc<str>,
+        thread_id: Arc<str>,
         status: MessageStatus,
         error: Option<String>,
         /// Which message this is (sender, receiver, type, slot): lets `/ws/messages` filter
@@ -236,8 +238,8 @@ impl EventKind {
     pub fn thread_id(&self) -> Option<&str> {
         match self {
             EventKind::Message { message } => Some(&message.thread_id),
-            EventKind::MessageStatus { thread_id, .. }
-            | EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
+            EventKind::MessageStatus { thread_id, .. } => Some(thread_id),
+            EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
             EventKind::ThreadCreated { thread } => Some(&thread.id),
             EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
                 thread_id.as_deref()
@@ -253,7 +255,7 @@ impl EventKind {
     /// The agents this event names (sender and receiver of a message), if any.
     pub fn agents(&self) -> Vec<&str> {
         match self {
-            EventKind::AgentState { agent, .. } => vec![agent.as_str()],
+            EventKind::AgentState { agent, .. } => vec![&**agent],
             EventKind::Message { message } => {
                 let mut v = vec![&*message.from];
                 v.extend(message.to.as_deref());

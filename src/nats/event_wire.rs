@@ -26,16 +26,16 @@ pub const FORMAT: u32 = 1;
 #[serde(rename_all = "snake_case")]
 pub(super) enum WireKind {
     AgentState {
-        agent: String,
+        agent: Arc<str>,
         state: AgentState,
-        current_thread: Option<String>,
+        current_thread: Option<Arc<str>>,
     },
     Message {
         message: WireMessage,
     },
     MessageStatus {
-        id: String,
-        thread_id: String,
+        id: Arc<str>,
+        thread_id: Arc<str>,
         status: MessageStatus,
         error: Option<String>,
         about: Option<WireAbout>,

@@ -29,6 +29,8 @@ pub(crate) struct Listener {
     pub(crate) config: ListenerConfig,
     /// What it was built from ([`crate::config::diff::fingerprint`]): a reload compares it.
     pub(crate) fingerprint: String,
+    /// Its name, shared by the `agent_state` events it publishes (twice a hop).
+    pub(crate) label: Arc<str>,
     pub(crate) handler: Arc<dyn Handler>,
     queue: Mutex<Queue>,
     /// Counters, kept by the listener that replaces this one in a reload.
@@ -102,6 +104,7 @@ impl Listener {
     ) -> Self {
         Listener {
             fingerprint: crate::config::diff::fingerprint(&config),
+            label: Arc::from(config.name.as_str()),
             config,
             handler,
             queue: Mutex::new(Queue::default()),
@@ -322,9 +325,9 @@ impl Shared {
         }
         q.state = Some(state);
         Some(EventKind::AgentState {
-            agent: listener.name().to_string(),
+            agent: listener.label.clone(),
             state,
-            current_thread: current.map(|t| t.to_string()),
+            current_thread: current.cloned(),
         })
     }
 

@@ -432,8 +432,8 @@ impl Shared {
             error.clone(),
         );
         self.events.publish(EventKind::MessageStatus {
-            id: record.id.to_string(),
-            thread_id: record.thread_id.to_string(),
+            id: record.id.clone(),
+            thread_id: record.thread_id.clone(),
             status,
             error,
             about: Some(StatusAbout::of(record)),

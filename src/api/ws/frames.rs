@@ -59,12 +59,15 @@ impl Dropped {
     }
 }
 
+/// An agent's latest state held back: its `seq`, state and thread.
+type Held = (u64, crate::events::AgentState, Option<std::sync::Arc<str>>);
+
 /// What a `/ws` session holds back when its client asked for fewer frames
 /// (`coalesce_ms`, `max_messages_per_s`), until the next flush.
 #[derive(Default)]
 pub(in crate::api) struct Folding {
     /// Each agent's latest state: its `seq`, state and thread.
-    states: crate::hash::SeededMap<String, (u64, crate::events::AgentState, Option<String>)>,
+    states: crate::hash::SeededMap<std::sync::Arc<str>, Held>,
     /// States replaced by a later one of the same agent before a flush.
     replaced: u64,
     /// The current second of message traffic: when it began, and how many were sent in it.

@@ -470,15 +470,16 @@ impl<S: Source> Session<S> {
         let scope = self.scope();
         let thread = |id: &str| self.source.sees_thread(&scope, id);
         match &ev.kind {
-            EventKind::AgentState { agent, .. } | EventKind::Log { agent, .. } => scope.sees(agent),
+            EventKind::AgentState { agent, .. } => scope.sees(agent),
+            EventKind::Log { agent, .. } => scope.sees(agent),
             EventKind::Message { message } => {
                 scope.sees_message(&message.from, message.to.as_deref())
             }
             EventKind::MessageStatus { about: Some(a), .. } => {
                 scope.sees_message(&a.from, a.to.as_deref())
             }
-            EventKind::MessageStatus { thread_id, .. }
-            | EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
+            EventKind::MessageStatus { thread_id, .. } => thread(thread_id),
+            EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
             EventKind::ThreadCreated { thread: t } => {
                 scope.sees_thread(&t.participants) || thread(&t.id)
             }

@@ -180,7 +180,7 @@ fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_free
         store.record(
             2,
             &EventKind::MessageStatus {
-                id: format!("new-{slot}"),
+                id: format!("new-{slot}").into(),
                 thread_id: "new".into(),
                 status: MessageStatus::Delivered,
                 error: None,

@@ -46,7 +46,7 @@ fn kept_counts_stay_exact_through_status_changes_and_pruning() {
             store.record(
                 2,
                 &EventKind::MessageStatus {
-                    id: format!("{t}-{slot}"),
+                    id: format!("{t}-{slot}").into(),
                     thread_id: t.into(),
                     status,
                     error: None,

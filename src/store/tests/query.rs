@@ -131,8 +131,8 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
             store.record(
                 i,
                 &EventKind::MessageStatus {
-                    id: format!("t{t:03}-{slot}"),
-                    thread_id: format!("t{t:03}"),
+                    id: format!("t{t:03}-{slot}").into(),
+                    thread_id: format!("t{t:03}").into(),
                     status: MessageStatus::Delivered,
                     error: None,
                     about: None,

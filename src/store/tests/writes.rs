@@ -49,7 +49,7 @@ fn a_thread_row_follows_its_messages_between_its_status_changes() {
         store.record(
             10 + seq as u64,
             &EventKind::MessageStatus {
-                id: format!("a-{slot}"),
+                id: format!("a-{slot}").into(),
                 thread_id: "a".into(),
                 status: MessageStatus::Failed,
                 error: Some(error.into()),
@@ -243,7 +243,7 @@ fn a_status_change_finds_its_message_whether_or_not_the_writer_remembers_it() {
         store.record(
             2,
             &EventKind::MessageStatus {
-                id: format!("t-{slot}"),
+                id: format!("t-{slot}").into(),
                 thread_id: "t".into(),
                 status,
                 error: None,
