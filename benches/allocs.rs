@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use agentserver::{InjectError, InjectRequest, Organism};
 
+mod common;
+
 /// Counts every allocation (and reallocation) and its bytes, then hands it to mimalloc.
 struct Counting;
 
@@ -127,23 +129,6 @@ fn count_libxml2() {
     assert_eq!(set, 0, "libxml2's allocator is set before it allocates");
 }
 
-const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
-
-fn organism(dir: &std::path::Path, store: &str) -> Organism {
-    std::fs::write(dir.join("t.xsd"), XSD).expect("xsd");
-    let yaml = format!(
-        "organism: {{ name: allocs, store: {store} }}
-listeners:
-  - {{ name: a, description: a, kind: native, handler: forward, schema: t.xsd, config: {{ to: b }} }}
-  - {{ name: b, description: b, kind: native, handler: forward, schema: t.xsd, config: {{ to: c }} }}
-  - {{ name: c, description: c, kind: native, handler: sink, schema: t.xsd }}
-"
-    );
-    let path = dir.join(format!("{}.yaml", store.replace(['/', '.'], "_")));
-    std::fs::write(&path, yaml).expect("yaml");
-    Organism::builder().load(&path).expect("organism")
-}
-
 /// Injects `threads` threads, 256 in flight, and waits for every one.
 async fn run(o: &Organism, threads: usize) {
     let mut waiting = std::collections::VecDeque::new();
@@ -177,10 +162,12 @@ async fn run(o: &Organism, threads: usize) {
 
 fn main() {
     count_libxml2();
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this once, briefly.
+    let benching = std::env::args().any(|a| a == "--bench");
     let threads: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
-        .unwrap_or(20_000);
+        .unwrap_or(if benching { 20_000 } else { 100 });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -190,7 +177,7 @@ fn main() {
     println!("store     allocations/hop  bytes/hop  libxml2 allocations/hop  ({threads} threads, 3 hops each)");
     for store in ["memory", "s.db"] {
         let _guard = rt.enter();
-        let o = organism(dir.path(), store);
+        let o = common::chain(dir.path(), store);
         rt.block_on(run(&o, threads / 10 + 1));
         let before = (
             RUST_ALLOCS.load(Ordering::Relaxed),

@@ -7,28 +7,18 @@
 use agentserver::{InjectError, InjectRequest, Organism};
 use criterion::{criterion_group, Criterion, Throughput};
 
+mod common;
+
 /// The allocator the `agentserver` binary uses, so the figures are the binary's.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema"><xs:element name="Note" type="xs:string"/></xs:schema>"#;
 /// Threads injected per iteration; each makes three validated hops.
 const THREADS: usize = 200;
 
 fn organism(rt: &tokio::runtime::Runtime, dir: &std::path::Path, store: &str) -> Organism {
-    std::fs::write(dir.join("t.xsd"), XSD).expect("xsd");
-    let yaml = format!(
-        "organism: {{ name: bench, store: {store} }}
-listeners:
-  - {{ name: a, description: a, kind: native, handler: forward, schema: t.xsd, config: {{ to: b }} }}
-  - {{ name: b, description: b, kind: native, handler: forward, schema: t.xsd, config: {{ to: c }} }}
-  - {{ name: c, description: c, kind: native, handler: sink, schema: t.xsd }}
-"
-    );
-    let path = dir.join(format!("{}.yaml", store.replace(['/', '.'], "_")));
-    std::fs::write(&path, yaml).expect("yaml");
     let _guard = rt.enter();
-    Organism::builder().load(&path).expect("organism")
+    common::chain(dir, store)
 }
 
 async fn run_batch(o: &Organism) {
