@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             slot_index: slot,
             from: Arc::from(from),
             to: Some(Arc::from(to)),
-            payload_type: Some(if i % 3 == 0 { "Shouted" } else { "Greeting" }.to_string()),
+            payload_type: Some(Arc::from(if i % 3 == 0 { "Shouted" } else { "Greeting" })),
             payload_xml: Arc::new(format!("<Greeting><name>n{i}</name></Greeting>")),
             // One in a thousand failed: a rare status, as dashboards filter for.
             status: if i % 1000 == 7 {

@@ -122,7 +122,7 @@ impl Event {
 pub struct StatusAbout {
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
-    pub payload_type: Option<String>,
+    pub payload_type: Option<Arc<str>>,
     pub slot_index: u64,
 }
 

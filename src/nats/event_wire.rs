@@ -96,7 +96,7 @@ pub(super) struct WireMessage {
     slot_index: u64,
     from: Arc<str>,
     to: Option<Arc<str>>,
-    payload_type: Option<String>,
+    payload_type: Option<Arc<str>>,
     payload_xml: Arc<String>,
     status: MessageStatus,
     error: Option<String>,
@@ -107,7 +107,7 @@ pub(super) struct WireMessage {
 pub(super) struct WireAbout {
     from: Arc<str>,
     to: Option<Arc<str>>,
-    payload_type: Option<String>,
+    payload_type: Option<Arc<str>>,
     slot_index: u64,
 }
 

@@ -49,7 +49,7 @@ impl Shared {
                 parent_id,
                 from,
                 to: Some(listener.config.name.arc()),
-                payload_type: Some(valid.payload_type().to_string()),
+                payload_type: Some(valid.payload_type().written()),
                 payload_xml: valid.xml_arc(),
                 status: MessageStatus::Pending,
                 error: None,

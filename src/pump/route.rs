@@ -65,7 +65,7 @@ const GENERIC_UNDELIVERABLE: &str = "undeliverable";
 struct Refusal {
     from: Arc<str>,
     to: Option<Arc<str>>,
-    payload_type: Option<String>,
+    payload_type: Option<Arc<str>>,
     payload_xml: SharedXml,
     status: MessageStatus,
     error: String,
@@ -106,7 +106,7 @@ impl Shared {
                 let refusal = Refusal {
                     from,
                     to: self.shown_target(listener, output.to.as_deref()),
-                    payload_type: Some(payload.payload_type.to_string()),
+                    payload_type: Some(payload.payload_type.written()),
                     payload_xml: payload.xml,
                     status: MessageStatus::Undeliverable,
                     error: reason,
@@ -242,7 +242,7 @@ impl Shared {
                     parent_id,
                     from,
                     to: Some(to),
-                    payload_type: Some(payload.payload_type.to_string()),
+                    payload_type: Some(payload.payload_type.written()),
                     payload_xml: payload.xml,
                     status: MessageStatus::Terminal,
                     error: None,
@@ -276,7 +276,7 @@ impl Shared {
                 }
             }
             Err(reason) => {
-                let payload_type = payload.payload_type.to_string();
+                let payload_type = payload.payload_type.written();
                 let m = NewMessage {
                     id: new_id(),
                     parent_id,

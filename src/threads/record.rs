@@ -46,7 +46,8 @@ pub struct MessageRecord {
     pub slot_index: u64,
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
-    pub payload_type: Option<String>,
+    /// Shared with the payload type it was read as, and with every copy of the record.
+    pub payload_type: Option<Arc<str>>,
     pub payload_xml: SharedXml,
     pub status: MessageStatus,
     pub error: Option<String>,
@@ -123,7 +124,7 @@ pub struct NewMessage {
     pub parent_id: Option<Arc<str>>,
     pub from: Arc<str>,
     pub to: Option<Arc<str>>,
-    pub payload_type: Option<String>,
+    pub payload_type: Option<Arc<str>>,
     pub payload_xml: SharedXml,
     pub status: MessageStatus,
     pub error: Option<String>,

@@ -66,6 +66,8 @@ impl Default for XmlLimits {
 pub struct PayloadType {
     ns: Option<Arc<str>>,
     local: Arc<str>,
+    /// The display form, written once: every message of this type shares it.
+    written: Arc<str>,
 }
 
 /// The local name of a payload type's display form (`Local` or `{namespace}Local`).
@@ -83,10 +85,18 @@ pub fn type_named(written: &str, wanted: &str) -> bool {
 
 impl PayloadType {
     pub fn new(ns: Option<&str>, local: &str) -> Self {
-        PayloadType {
-            ns: ns.filter(|n| !n.is_empty()).map(Arc::from),
-            local: Arc::from(local),
-        }
+        let ns: Option<Arc<str>> = ns.filter(|n| !n.is_empty()).map(Arc::from);
+        let local: Arc<str> = Arc::from(local);
+        let written = match &ns {
+            None => local.clone(),
+            Some(ns) => Arc::from(format!("{{{ns}}}{local}")),
+        };
+        PayloadType { ns, local, written }
+    }
+
+    /// The display form (`Local` or `{namespace}Local`), shared.
+    pub fn written(&self) -> Arc<str> {
+        self.written.clone()
     }
 
     /// Parses the display form: `local` or `{namespace}local`.
@@ -135,10 +145,7 @@ impl PayloadType {
 
 impl fmt::Display for PayloadType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.ns {
-            Some(ns) => write!(f, "{{{ns}}}{}", self.local),
-            None => f.write_str(&self.local),
-        }
+        f.write_str(&self.written)
     }
 }
 

@@ -98,7 +98,7 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
             };
             let m = MessageRecord {
                 to: to.map(Arc::from),
-                payload_type: types[(i % 4) as usize].map(str::to_string),
+                payload_type: types[(i % 4) as usize].map(Arc::from),
                 status: if i % 37 == 5 {
                     MessageStatus::Failed
                 } else {
