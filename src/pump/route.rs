@@ -465,5 +465,5 @@ impl Shared {
 }
 
 pub(crate) fn new_id() -> Arc<str> {
-    Arc::from(uuid::Uuid::now_v7().to_string())
+    crate::threads::new_id()
 }

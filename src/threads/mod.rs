@@ -20,7 +20,7 @@ mod record;
 pub use query::{glob_match, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 
 pub use record::{
-    valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Quota, StatusChange,
+    new_id, valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Quota, StatusChange,
     ThreadError, ThreadInfo, ThreadStatus,
 };
 
@@ -160,7 +160,7 @@ impl ThreadRegistry {
         let id: Arc<str> = match requested {
             Some(r) if !valid_thread_id(r) => return Err(ThreadError::InvalidId),
             Some(r) => Arc::from(r),
-            None => Arc::from(uuid::Uuid::now_v7().to_string()),
+            None => new_id(),
         };
         let mut shard = lock(self.shard(&id));
         if let Some(e) = shard.threads.get_mut(&id) {

@@ -138,3 +138,10 @@ pub fn valid_thread_id(id: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
+
+/// A new id for a thread or a message: a UUID v7 (time-ordered), written straight into its
+/// shared text (one allocation, not a `String` copied into an `Arc`).
+pub fn new_id() -> Arc<str> {
+    let mut buf = uuid::Uuid::encode_buffer();
+    Arc::from(&*uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf))
+}
