@@ -9,7 +9,7 @@ use crate::schema::ValidatedPayload;
 use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError};
 
 use super::dispatch::{Job, Listener};
-use super::{route, Shared};
+use super::Shared;
 
 /// A validated payload on its way into a thread.
 pub(crate) struct Admission {
@@ -45,7 +45,7 @@ impl Shared {
         let record = self.threads.append(
             thread,
             NewMessage {
-                id: route::new_id(),
+                id: crate::threads::new_id(),
                 parent_id,
                 from,
                 to: Some(listener.config.name.arc()),

@@ -29,8 +29,6 @@ pub(crate) struct Listener {
     pub(crate) config: ListenerConfig,
     /// What it was built from ([`crate::config::diff::fingerprint`]): a reload compares it.
     pub(crate) fingerprint: String,
-    /// Its name, shared by the `agent_state` events it publishes (twice a hop).
-    pub(crate) label: Arc<str>,
     pub(crate) handler: Arc<dyn Handler>,
     queue: Mutex<Queue>,
     /// Counters, kept by the listener that replaces this one in a reload.
@@ -104,7 +102,6 @@ impl Listener {
     ) -> Self {
         Listener {
             fingerprint: crate::config::diff::fingerprint(&config),
-            label: Arc::from(config.name.as_str()),
             config,
             handler,
             queue: Mutex::new(Queue::default()),
@@ -325,7 +322,8 @@ impl Shared {
         }
         q.state = Some(state);
         Some(EventKind::AgentState {
-            agent: listener.label.clone(),
+            // The config's shared name: published twice a hop, never copied.
+            agent: listener.config.name.arc(),
             state,
             current_thread: current.cloned(),
         })

@@ -238,7 +238,7 @@ impl Shared {
         let listener = match target {
             Target::Terminal(to) => {
                 let m = NewMessage {
-                    id: new_id(),
+                    id: crate::threads::new_id(),
                     parent_id,
                     from,
                     to: Some(to),
@@ -278,7 +278,7 @@ impl Shared {
             Err(reason) => {
                 let payload_type = payload.payload_type.written();
                 let m = NewMessage {
-                    id: new_id(),
+                    id: crate::threads::new_id(),
                     parent_id,
                     from,
                     to: Some(listener.config.name.arc()),
@@ -328,7 +328,7 @@ impl Shared {
         } = refusal;
         let error = self.clip_error(error);
         let m = NewMessage {
-            id: new_id(),
+            id: crate::threads::new_id(),
             parent_id: Some(parent.id.clone()),
             from,
             to,
@@ -339,7 +339,7 @@ impl Shared {
         };
         self.append(&parent.thread_id, m)
             .unwrap_or_else(|| MessageRecord {
-                id: new_id(),
+                id: crate::threads::new_id(),
                 thread_id: parent.thread_id.clone(),
                 parent_id: Some(parent.id.clone()),
                 slot_index: 0,
@@ -462,8 +462,4 @@ impl Shared {
             self.send_huh(&sender, &failed, kind);
         }
     }
-}
-
-pub(crate) fn new_id() -> Arc<str> {
-    crate::threads::new_id()
 }

@@ -1,5 +1,5 @@
-//! Who a session is: the credential of its upgrade request or first frame, what a tenant's
-//! session sees, and its end when the credential is revoked or expires.
+//! Who a session is: the credential of its upgrade request or first frame. (What a tenant's
+//! session sees, and its end when the credential is revoked or expires, are in `session.rs`.)
 
 use std::sync::Arc;
 use std::time::Duration;
