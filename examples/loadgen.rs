@@ -345,6 +345,11 @@ async fn run(
             "received_fraction_min": (min * 1000.0).round() / 1000.0,
             "received_fraction_mean": (mean * 1000.0).round() / 1000.0,
             "lagged_max": checks.iter().map(|c| c.lagged).max(),
+            "status_frames_per_message": (checks.iter().map(|c| c.statuses).sum::<u64>() as f64
+                / checks.iter().map(|c| c.messages).sum::<u64>().max(1) as f64
+                * 1000.0)
+                .round()
+                / 1000.0,
         }));
     }
     Ok(json!({
@@ -423,6 +428,8 @@ struct OrderCheck {
     dropped: u64,
     lagged: u64,
     last_seq: u64,
+    /// `message_status` frames: status changes a message's frame did not show.
+    statuses: u64,
 }
 
 impl OrderCheck {
@@ -430,6 +437,11 @@ impl OrderCheck {
         if text.starts_with(r#"{"event":"dropped""#) {
             self.dropped += number_after(text, r#""messages":"#);
             self.lagged += number_after(text, r#""lagged":"#);
+            return;
+        }
+        // On `/ws/messages` only a status frame (its `/ws` frame) starts with its `seq`.
+        if text.starts_with(r#"{"seq""#) {
+            self.statuses += 1;
             return;
         }
         if !text.starts_with(r#"{"event":"message""#) {

@@ -53,6 +53,46 @@ pub fn message_frame<'e>(ev: &'e Event, organism: &Organism) -> Option<&'e Utf8B
     .and_then(Option::as_ref)
 }
 
+/// For a `message_status` event, the `/ws/messages` frame of the message it is about
+/// (`held`, that message's frame as a client holds it) showing the event's status and error
+/// instead: rendered once, for every client that still holds the message's frame when its
+/// status changes. `None` for other events.
+pub fn merged_frame<'e>(ev: &'e Event, held: &Utf8Bytes) -> Option<&'e Utf8Bytes> {
+    let EventKind::MessageStatus { status, error, .. } = &ev.kind else {
+        return None;
+    };
+    ev.merged_frame(|_| with_status(held, (*status).into(), error.as_deref()))
+        .and_then(Option::as_ref)
+}
+
+/// Whether `frame`, a message's `/ws/messages` frame, is message `id`'s (its `id` is the
+/// first field after `event` and `seq`).
+pub fn frame_of(frame: &str, id: &str) -> bool {
+    frame
+        .strip_prefix(r#"{"event":"message","seq":"#)
+        .map(|rest| rest.trim_start_matches(|c: char| c.is_ascii_digit()))
+        .and_then(|rest| rest.strip_prefix(r#","id":""#))
+        .and_then(|rest| rest.strip_prefix(id))
+        .is_some_and(|rest| rest.starts_with('"'))
+}
+
+/// `frame`, a message's `/ws/messages` frame (whose last fields are `status` and `error`),
+/// showing `status` and `error`. `None` if it does not end with them. (Inside a JSON string
+/// every `"` is escaped, so `,"status":"` is found only as the field itself.)
+fn with_status(frame: &str, status: MessageStatus, error: Option<&str>) -> Option<Utf8Bytes> {
+    let at = frame.rfind(r#","status":""#)?;
+    let status = serde_json::to_string(&status).ok()?;
+    let error = serde_json::to_string(&error).ok()?;
+    let mut merged = String::with_capacity(at + status.len() + error.len() + 24);
+    merged.push_str(&frame[..at]);
+    merged.push_str(r#","status":"#);
+    merged.push_str(&status);
+    merged.push_str(r#","error":"#);
+    merged.push_str(&error);
+    merged.push('}');
+    Some(Utf8Bytes::from(merged))
+}
+
 #[derive(Serialize)]
 struct Frame<'a> {
     seq: u64,

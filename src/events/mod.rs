@@ -38,6 +38,7 @@ pub struct Event {
     /// bytes (`api::frame`), so every WebSocket client sends the same buffer.
     frame: OnceLock<Rendered>,
     message_frame: OnceLock<Rendered>,
+    merged_frame: OnceLock<Rendered>,
 }
 
 impl Event {
@@ -50,6 +51,7 @@ impl Event {
             kind,
             frame: OnceLock::new(),
             message_frame: OnceLock::new(),
+            merged_frame: OnceLock::new(),
         }
     }
 
@@ -69,6 +71,7 @@ impl Event {
             kind,
             frame: OnceLock::new(),
             message_frame: OnceLock::new(),
+            merged_frame: OnceLock::new(),
         };
         if let Some(f) = frame {
             let _ = event.frame.set(Box::new(f));
@@ -81,9 +84,7 @@ impl Event {
     /// asks, then shared by every client. There is one renderer (the API's); `None` only if a
     /// caller asks for another type than the one rendered.
     pub fn frame<T: Any + Send + Sync>(&self, render: impl FnOnce(&Event) -> T) -> Option<&T> {
-        self.frame
-            .get_or_init(|| Box::new(render(self)))
-            .downcast_ref()
+        self.rendered(&self.frame, render)
     }
 
     /// The event's frame for the message stream, rendered once as [`Event::frame`] is.
@@ -91,9 +92,25 @@ impl Event {
         &self,
         render: impl FnOnce(&Event) -> T,
     ) -> Option<&T> {
-        self.message_frame
-            .get_or_init(|| Box::new(render(self)))
-            .downcast_ref()
+        self.rendered(&self.message_frame, render)
+    }
+
+    /// For a status event, the frame of the message it is about showing this status (which a
+    /// client still holding the message's frame sends instead of both), rendered once as
+    /// [`Event::frame`] is.
+    pub fn merged_frame<T: Any + Send + Sync>(
+        &self,
+        render: impl FnOnce(&Event) -> T,
+    ) -> Option<&T> {
+        self.rendered(&self.merged_frame, render)
+    }
+
+    fn rendered<'a, T: Any + Send + Sync>(
+        &'a self,
+        cell: &'a OnceLock<Rendered>,
+        render: impl FnOnce(&Event) -> T,
+    ) -> Option<&'a T> {
+        cell.get_or_init(|| Box::new(render(self))).downcast_ref()
     }
 
     /// The event's type name as it appears in `event`.

@@ -167,7 +167,10 @@ async fn every_answer_and_frame_of_a_typed_thread_keeps_its_shape() {
     let delivered = |v: &Value| v["status"] == "delivered" && v["to"] == "b";
     let read = [
         ("/ws", read_until(&mut events, done).await),
-        ("/ws/messages", read_until(&mut messages, delivered).await),
+        (
+            "/ws/messages",
+            fold_statuses(read_until(&mut messages, delivered).await),
+        ),
     ];
     for (stream, seen) in read {
         for v in seen {

@@ -285,6 +285,28 @@ pub async fn next_json(ws: &mut Ws) -> serde_json::Value {
     }
 }
 
+/// `/ws/messages` frames as a client keeps them: each `message_status` frame folded into its
+/// message's frame (when that came before), so that a status a session merged into the
+/// message's frame and one it sent apart compare equal.
+pub fn fold_statuses(frames: Vec<serde_json::Value>) -> Vec<serde_json::Value> {
+    let mut kept: Vec<serde_json::Value> = Vec::new();
+    for f in frames {
+        if f["event"] == "message_status" {
+            let message = kept
+                .iter_mut()
+                .rev()
+                .find(|m| m["event"] == "message" && m["id"] == f["id"]);
+            if let Some(m) = message {
+                m["status"] = f["status"].clone();
+                m["error"] = f["error"].clone();
+                continue;
+            }
+        }
+        kept.push(f);
+    }
+    kept
+}
+
 /// Reads frames until one satisfies `pred`; returns every frame read, the match last.
 pub async fn read_until(
     ws: &mut Ws,

@@ -4,6 +4,7 @@
 mod access;
 mod commands;
 mod frames;
+mod held;
 mod queue;
 pub(in crate::api) mod session;
 mod socket;

@@ -3,14 +3,16 @@
 //! dropped or folded.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::Message;
+use axum::extract::ws::{Message, Utf8Bytes};
 use serde_json::Value;
 
 use super::frames::frame_len;
 use super::session::{Session, Source};
 use super::{dropped_frame, text, Dropped, Folding};
+use crate::api::frame::merged_frame;
 use crate::api::Endpoint;
 use crate::events::{Event, EventKind, Receiver};
 
@@ -24,6 +26,8 @@ impl<S: Source> Session<S> {
     }
 
     pub(in crate::api) fn control_message(&mut self, msg: Message) {
+        // Frames held go first: an answer's `seq` is the last event offered.
+        self.send_held();
         let len = frame_len(&msg);
         let queued = self.queued.load(Ordering::Relaxed);
         if queued > 0 && queued + len > self.options.client_queue_bytes {
@@ -35,7 +39,9 @@ impl<S: Source> Session<S> {
         }
     }
 
-    /// Offers one event: filtered, then queued or counted as dropped.
+    /// Offers one event: filtered, then queued or counted as dropped. On `/ws/messages` a
+    /// frame is held a while before it is queued (`held.rs`): a status change that comes
+    /// meanwhile goes in its message's frame instead of a frame of its own.
     pub(super) fn offer(&mut self, ev: &Event) {
         if ev.seq <= self.seen {
             return;
@@ -55,16 +61,62 @@ impl<S: Source> Session<S> {
         let Some(frame) = self.source.frame(self.ep, ev) else {
             return;
         };
+        if self.ep == Endpoint::Events {
+            let message = matches!(ev.kind, EventKind::Message { .. });
+            return self.send(frame.clone(), ev.seq, message);
+        }
+        match &ev.kind {
+            EventKind::MessageStatus {
+                id, about: Some(_), ..
+            } => {
+                if let Some(held) = self.held.message(id) {
+                    if let Some(merged) = merged_frame(ev, held) {
+                        *held = merged.clone();
+                        return;
+                    }
+                }
+                self.hold(frame.clone(), ev.seq, None);
+            }
+            EventKind::Message { message } => self.hold(frame.clone(), ev.seq, Some(&message.id)),
+            _ => self.hold(frame.clone(), ev.seq, None),
+        }
+    }
+
+    fn hold(&mut self, frame: Utf8Bytes, seq: u64, message: Option<&Arc<str>>) {
+        if self.held.push(frame, seq, message) {
+            self.send_held();
+        }
+    }
+
+    /// The end of a holding period: what was held through all of it goes out.
+    pub(super) fn send_due(&mut self) {
+        for (frame, seq, message) in self.held.due() {
+            self.send(frame, seq, message);
+        }
+    }
+
+    /// Queues every frame held, in order.
+    pub(super) fn send_held(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        for (frame, seq, message) in self.held.all() {
+            self.send(frame, seq, message);
+        }
+    }
+
+    /// Queues the frame of event `seq`, or counts it as dropped (a message's, if `message`).
+    fn send(&mut self, frame: Utf8Bytes, seq: u64, message: bool) {
+        let dropped = |s: &mut Self| s.note_dropped(1, seq, seq, u64::from(message), 0);
         if !self.gap_told() {
             // Even the gap's notice does not fit: this one joins the gap.
-            self.drop_one(ev);
-            return;
+            return dropped(self);
         }
         let budget = self.options.client_queue_bytes;
         if self.queued.load(Ordering::Relaxed) + frame.len() > budget
-            || !self.try_queue(Message::Text(frame.clone()))
+            || !self.try_queue(Message::Text(frame))
         {
-            self.drop_one(ev);
+            dropped(self);
         }
     }
 
@@ -119,16 +171,13 @@ impl<S: Source> Session<S> {
         true
     }
 
-    pub(super) fn drop_one(&mut self, ev: &Event) {
-        let message = matches!(ev.kind, EventKind::Message { .. });
-        self.note_dropped(1, ev.seq, ev.seq, u64::from(message), 0);
-    }
-
     /// The hub skipped `n` events after the last one seen: the messages among them are
     /// counted as dropped where this session would have sent every message (no filter that
     /// narrows them, no tenant's scope); the others, and events the hub no longer
     /// remembers, as `lagged`.
     pub(super) fn lost(&mut self, n: u64, live: &Receiver) {
+        // What came before the gap goes out before its notice.
+        self.send_held();
         let from = self.seen + 1;
         self.seen += n;
         let (messages, unknown) = live.messages_among(from, self.seen);

@@ -143,6 +143,8 @@ pub(in crate::api) struct Session<S: Source> {
     pub(in crate::api) seen: u64,
     pub(super) dropped: Option<Dropped>,
     pub(super) folding: Folding,
+    /// `/ws/messages`: frames of this turn of the loop, not yet queued (`queue.rs`).
+    pub(super) held: super::held::Held,
     /// Set when a control frame (an answer) found the client's queue full: the client sends
     /// commands but does not read, and is closed.
     pub(super) overflow: bool,
@@ -204,6 +206,7 @@ pub(in crate::api) async fn run<S: Source>(
         seen: 0,
         dropped: None,
         folding: Folding::default(),
+        held: Default::default(),
         overflow: false,
     };
     let end = match S::open(&mut session, since).await {
@@ -215,6 +218,7 @@ pub(in crate::api) async fn run<S: Source>(
             for ev in &sub.replay {
                 session.offer(ev);
             }
+            session.send_held();
             session.serve(stream, sub.live, &mut writer, tx).await
         }
         None => {
@@ -283,7 +287,17 @@ impl<S: Source> Session<S> {
             auth.is_some() && (self.principal.key_id.is_some() || self.principal.expires.is_some());
         let mut recheck = tokio::time::interval(Duration::from_secs(1));
         let mut flush = Flush::new(self.flush_every());
+        // When held frames go out (`/ws/messages`): set again when a new hold begins.
+        let hold = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(hold);
+        let mut armed = None;
         let end = loop {
+            if self.held.until != armed {
+                if let Some(t) = self.held.until {
+                    hold.as_mut().reset(t);
+                }
+                armed = self.held.until;
+            }
             if self.flush_every() != flush.every {
                 // A new subscription: what the old one held back goes out first.
                 self.flush_folded();
@@ -312,6 +326,11 @@ impl<S: Source> Session<S> {
                         self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
                         permit.send(frame);
                     }
+                    None
+                }
+                () = &mut hold, if self.held.until.is_some() => {
+                    self.send_due();
+                    armed = None;
                     None
                 }
                 _ = flush.tick.tick(), if flush.every.is_some() => {
@@ -344,6 +363,7 @@ impl<S: Source> Session<S> {
                 Err(_) => break,
             }
         }
+        self.send_held();
         let mut last = Vec::with_capacity(4);
         last.extend(self.dropped.take().map(dropped_frame));
         last.extend(self.folding.states_frame(self.seen));

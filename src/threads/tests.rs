@@ -1,0 +1,97 @@
+//! The registry's own tests.
+
+use super::*;
+
+fn msg(status: MessageStatus) -> NewMessage {
+    NewMessage {
+        id: Arc::from("m"),
+        parent_id: None,
+        from: Arc::from("api"),
+        to: Some(Arc::from("a")),
+        payload_type: Some("X".into()),
+        payload_xml: crate::xml::SharedXml::new("<X/>".into()),
+        status,
+        error: None,
+    }
+}
+
+#[test]
+fn thread_completes_when_quiescent_and_errors_after_a_failure() {
+    let r = ThreadRegistry::new(10, 100, usize::MAX);
+    let t = r.open(None, None).unwrap().id;
+    r.append(&t, msg(MessageStatus::Pending)).unwrap();
+    let done = r.finish_one(&t).unwrap();
+    assert_eq!(done.status, ThreadStatus::Completed);
+
+    let again = r.open(Some(&t), None).unwrap();
+    assert!(again.reactivated.is_some());
+    r.append(&t, msg(MessageStatus::Pending)).unwrap();
+    r.set_message_status(&t, 1, MessageStatus::Failed, Some("boom".into()));
+    assert_eq!(r.finish_one(&t).unwrap().status, ThreadStatus::Error);
+    assert_eq!(r.info(&t).unwrap().participants, vec!["api", "a"]);
+}
+
+#[test]
+fn invalid_and_killed_threads_are_refused() {
+    let r = ThreadRegistry::new(10, 100, usize::MAX);
+    assert_eq!(
+        r.open(Some("bad id!"), None).err(),
+        Some(ThreadError::InvalidId)
+    );
+    let t = r.open(Some("t-1"), None).unwrap().id;
+    r.kill(&t).unwrap();
+    assert!(matches!(
+        r.open(Some("t-1"), None),
+        Err(ThreadError::Killed(_))
+    ));
+}
+
+#[test]
+fn budget_is_enforced_per_thread() {
+    let r = ThreadRegistry::new(2, 100, usize::MAX);
+    let t = r.open(None, None).unwrap().id;
+    r.append(&t, msg(MessageStatus::Pending)).unwrap();
+    r.append(&t, msg(MessageStatus::Pending)).unwrap();
+    let over = r.append(&t, msg(MessageStatus::Pending)).unwrap();
+    assert_eq!(over.status, MessageStatus::Failed);
+    assert!(r.info(&t).unwrap().error.unwrap().contains("budget of 2"));
+}
+
+#[test]
+fn an_owner_has_at_most_its_quota_of_active_threads() {
+    let r = ThreadRegistry::new(10, 100, usize::MAX);
+    let q = || {
+        Some(Quota {
+            owner: "acme",
+            max: 2,
+            key: "tenants.acme.max_active_threads",
+        })
+    };
+    let a = r.open(None, q()).unwrap().id;
+    let b = r.open(None, q()).unwrap().id;
+    let refused = r.open(None, q()).err().unwrap();
+    assert_eq!(
+        refused.to_string(),
+        "tenant `acme` has 2 active threads, its limit (tenants.acme.max_active_threads)"
+    );
+    // Others are not counted against it; continuing an active thread opens nothing.
+    r.open(None, None).unwrap();
+    r.open(Some(&a), q()).unwrap();
+    assert_eq!(r.active_owned("acme"), 2);
+
+    // A thread that finishes or is killed frees its place.
+    r.append(&a, msg(MessageStatus::Pending)).unwrap();
+    r.finish_one(&a).unwrap();
+    r.kill(&b).unwrap();
+    assert_eq!(r.active_owned("acme"), 0);
+    let c = r.open(None, q()).unwrap().id;
+    // Reviving a finished thread of the owner counts and is checked.
+    r.open(Some(&a), q()).unwrap();
+    assert!(r.open(None, q()).is_err());
+    r.settle(&c);
+    assert_eq!(r.active_owned("acme"), 1);
+    // Work owed (an external agent's reply) revives without the check.
+    r.hold(&c);
+    r.hold(&c);
+    assert_eq!(r.active_owned("acme"), 2);
+}
