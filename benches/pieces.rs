@@ -50,6 +50,7 @@ fn record(i: u64) -> MessageRecord {
         status: MessageStatus::Delivered,
         error: None,
         timestamp: Timestamp(1_700_000_000_000 + i),
+        seq: 0,
     }
 }
 

@@ -50,6 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             },
             error: None,
             timestamp: Timestamp(1_700_000_000_000 + i as u64),
+            seq: 0,
         };
         store.record(i as u64 + 1, &EventKind::Message { message: record });
     }

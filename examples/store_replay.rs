@@ -105,6 +105,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 status: MessageStatus::Pending,
                 error: None,
                 timestamp: Timestamp::now(),
+                seq: 0,
             },
         },
         _ => EventKind::MessageStatus {

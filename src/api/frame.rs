@@ -65,17 +65,6 @@ pub fn merged_frame<'e>(ev: &'e Event, held: &Utf8Bytes) -> Option<&'e Utf8Bytes
         .and_then(Option::as_ref)
 }
 
-/// Whether `frame`, a message's `/ws/messages` frame, is message `id`'s (its `id` is the
-/// first field after `event` and `seq`).
-pub fn frame_of(frame: &str, id: &str) -> bool {
-    frame
-        .strip_prefix(r#"{"event":"message","seq":"#)
-        .map(|rest| rest.trim_start_matches(|c: char| c.is_ascii_digit()))
-        .and_then(|rest| rest.strip_prefix(r#","id":""#))
-        .and_then(|rest| rest.strip_prefix(id))
-        .is_some_and(|rest| rest.starts_with('"'))
-}
-
 /// `frame`, a message's `/ws/messages` frame (whose last fields are `status` and `error`),
 /// showing `status` and `error`. `None` if it does not end with them. (Inside a JSON string
 /// every `"` is escaped, so `,"status":"` is found only as the field itself.)
@@ -368,6 +357,7 @@ mod tests {
             status: crate::threads::MessageStatus::Pending,
             error: None,
             timestamp: crate::time::Timestamp::now(),
+            seq: 0,
         }
     }
 

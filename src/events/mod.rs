@@ -141,6 +141,8 @@ pub struct StatusAbout {
     pub to: Option<Arc<str>>,
     pub payload_type: Option<Arc<str>>,
     pub slot_index: u64,
+    /// The `seq` of the `message` event that published it (0 if not known).
+    pub message_seq: u64,
 }
 
 impl StatusAbout {
@@ -150,6 +152,7 @@ impl StatusAbout {
             to: m.to.clone(),
             payload_type: m.payload_type.clone(),
             slot_index: m.slot_index,
+            message_seq: m.seq,
         }
     }
 }

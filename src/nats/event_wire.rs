@@ -109,6 +109,13 @@ pub(super) struct WireAbout {
     to: Option<Arc<str>>,
     payload_type: Option<Arc<str>>,
     slot_index: u64,
+    /// Absent (0) in streams written before it was added.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    message_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -172,6 +179,7 @@ impl From<WireMessage> for MessageRecord {
             status: m.status,
             error: m.error,
             timestamp: m.timestamp,
+            seq: 0,
         }
     }
 }
@@ -281,6 +289,7 @@ impl From<&EventKind> for WireKind {
                     to: a.to.clone(),
                     payload_type: a.payload_type.clone(),
                     slot_index: a.slot_index,
+                    message_seq: a.message_seq,
                 }),
             },
             EventKind::ThreadCreated { thread } => WireKind::ThreadCreated {
@@ -396,6 +405,7 @@ impl From<WireKind> for EventKind {
                     to: a.to,
                     payload_type: a.payload_type,
                     slot_index: a.slot_index,
+                    message_seq: a.message_seq,
                 }),
             },
             WireKind::ThreadCreated { thread } => EventKind::ThreadCreated {

@@ -26,6 +26,7 @@ fn events() -> Vec<Event> {
         status: MessageStatus::Delivered,
         error: None,
         timestamp: t,
+        seq: 0,
     };
     let kinds = vec![
         EventKind::AgentState {
@@ -44,6 +45,7 @@ fn events() -> Vec<Event> {
                 to: None,
                 payload_type: None,
                 slot_index: 2,
+                message_seq: 0,
             }),
         },
         EventKind::ThreadCreated {
@@ -185,4 +187,34 @@ fn version_one_and_older_events_read_back_and_a_newer_format_is_refused() {
         .replacen("{\"v\":1", "{\"v\":2", 1);
     let e = parse(newer.as_bytes()).unwrap_err();
     assert!(e.contains("format 2"), "{e}");
+}
+
+/// A status event's `message_seq` (added to version 1, absent when 0) reads back as written.
+#[test]
+fn a_status_events_message_seq_reads_back() {
+    let about = StatusAbout {
+        from: Arc::from("greeter"),
+        to: None,
+        payload_type: None,
+        slot_index: 2,
+        message_seq: 41,
+    };
+    let kind = EventKind::MessageStatus {
+        id: "m1".into(),
+        thread_id: "t1".into(),
+        status: MessageStatus::Delivered,
+        error: None,
+        about: Some(about),
+    };
+    let ev = Event::numbered(42, Timestamp(1), kind, None::<String>, ());
+    let none = Frames {
+        frame: None,
+        message_frame: None,
+    };
+    let body = body_of(&ev, &none).unwrap();
+    let back = parse(&body).unwrap();
+    let EventKind::MessageStatus { about: Some(a), .. } = back.kind else {
+        panic!("{:?}", back.kind)
+    };
+    assert_eq!(a.message_seq, 41);
 }

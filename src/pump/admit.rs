@@ -42,7 +42,7 @@ impl Shared {
             from,
             valid,
         } = admission;
-        let record = self.threads.append(
+        let mut record = self.threads.append(
             thread,
             NewMessage {
                 id: crate::threads::new_id(),
@@ -58,7 +58,7 @@ impl Shared {
         if record.status != MessageStatus::Pending {
             return Ok(Admitted::Held(record));
         }
-        self.events.publish(EventKind::Message {
+        record.seq = self.events.publish(EventKind::Message {
             message: record.clone(),
         });
         let id = record.id.clone();

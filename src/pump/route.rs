@@ -350,6 +350,7 @@ impl Shared {
                 status,
                 error: Some(error),
                 timestamp: crate::time::Timestamp::now(),
+                seq: 0,
             })
     }
 

@@ -221,6 +221,7 @@ pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageR
         status: parse_status(&status).unwrap_or(MessageStatus::Failed),
         error: r.get(9)?,
         timestamp: Timestamp(get_u64(r, 10)?),
+        seq: 0,
     })
 }
 

@@ -302,6 +302,7 @@ impl ThreadRegistry {
             status: m.status,
             error: m.error,
             timestamp: now,
+            seq: 0,
         };
         e.messages.push(record.clone());
         shard.appended += 1;

@@ -52,6 +52,9 @@ pub struct MessageRecord {
     pub status: MessageStatus,
     pub error: Option<String>,
     pub timestamp: Timestamp,
+    /// The `seq` of the event that published it, in the copy the pump queues (a status
+    /// event names it, `StatusAbout::message_seq`); 0 elsewhere.
+    pub seq: u64,
 }
 
 impl MessageRecord {

@@ -197,7 +197,6 @@ async fn feed(
     closing: CancellationToken,
 ) {
     let mut hub: Option<Arc<EventHub>> = None;
-    let mut ids = SharedIds::default();
     loop {
         let from = match &hub {
             None => ReadFrom::Last(retain as u64),
@@ -218,12 +217,10 @@ async fn feed(
                 .frame
                 .as_deref()
                 .map(|raw| Utf8Bytes::from(raw.get().to_string()));
-            let mut kind = ev.kind;
-            ids.share(&mut kind);
             h.publish_numbered(Event::numbered(
                 ev.seq,
                 ev.timestamp,
-                kind,
+                ev.kind,
                 frame,
                 message_frame,
             ));
@@ -237,43 +234,6 @@ async fn feed(
         }
         if !crate::nats::retry_after(&closing).await {
             return;
-        }
-    }
-}
-
-/// Message ids read back from the stream, at most, whose `Arc` a status event about the same
-/// message is given.
-const SHARED_IDS: usize = 1 << 16;
-
-/// The ids of the latest messages read back, so that a status event about one shares its
-/// id's `Arc` as at the pump (a `/ws/messages` session finds a message's held frame by that
-/// address, `ws/held.rs`).
-#[derive(Default)]
-struct SharedIds {
-    ids: crate::hash::SeededSet<Arc<str>>,
-    order: std::collections::VecDeque<Arc<str>>,
-}
-
-impl SharedIds {
-    fn share(&mut self, kind: &mut crate::events::EventKind) {
-        use crate::events::EventKind;
-        match kind {
-            EventKind::Message { message } => {
-                if self.ids.insert(message.id.clone()) {
-                    self.order.push_back(message.id.clone());
-                }
-                if self.order.len() > SHARED_IDS {
-                    if let Some(old) = self.order.pop_front() {
-                        self.ids.remove(&old);
-                    }
-                }
-            }
-            EventKind::MessageStatus { id, .. } => {
-                if let Some(shared) = self.ids.get(id) {
-                    *id = shared.clone();
-                }
-            }
-            _ => {}
         }
     }
 }

@@ -3,7 +3,6 @@
 //! dropped or folded.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{Message, Utf8Bytes};
@@ -66,23 +65,21 @@ impl<S: Source> Session<S> {
             return self.send(frame.clone(), ev.seq, message);
         }
         match &ev.kind {
-            EventKind::MessageStatus {
-                id, about: Some(_), ..
-            } => {
-                if let Some(held) = self.held.message(id) {
+            EventKind::MessageStatus { about: Some(a), .. } if a.message_seq > 0 => {
+                if let Some(held) = self.held.message(a.message_seq) {
                     if let Some(merged) = merged_frame(ev, held) {
                         *held = merged.clone();
                         return;
                     }
                 }
-                self.hold(frame.clone(), ev.seq, None);
+                self.hold(frame.clone(), ev.seq, false);
             }
-            EventKind::Message { message } => self.hold(frame.clone(), ev.seq, Some(&message.id)),
-            _ => self.hold(frame.clone(), ev.seq, None),
+            EventKind::Message { .. } => self.hold(frame.clone(), ev.seq, true),
+            _ => self.hold(frame.clone(), ev.seq, false),
         }
     }
 
-    fn hold(&mut self, frame: Utf8Bytes, seq: u64, message: Option<&Arc<str>>) {
+    fn hold(&mut self, frame: Utf8Bytes, seq: u64, message: bool) {
         if self.held.push(frame, seq, message) {
             self.send_held();
         }
@@ -90,8 +87,8 @@ impl<S: Source> Session<S> {
 
     /// The end of a holding period: what was held through all of it goes out.
     pub(super) fn send_due(&mut self) {
-        for (frame, seq, message) in self.held.due() {
-            self.send(frame, seq, message);
+        while let Some(h) = self.held.next_due() {
+            self.send(h.frame, h.seq, h.message);
         }
     }
 
@@ -100,8 +97,8 @@ impl<S: Source> Session<S> {
         if self.held.is_empty() {
             return;
         }
-        for (frame, seq, message) in self.held.all() {
-            self.send(frame, seq, message);
+        while let Some(h) = self.held.next() {
+            self.send(h.frame, h.seq, h.message);
         }
     }
 

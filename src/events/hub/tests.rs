@@ -241,6 +241,7 @@ fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_rememb
             status: crate::threads::MessageStatus::Pending,
             error: None,
             timestamp: crate::time::Timestamp(0),
+            seq: 0,
         },
     };
     // 1..=10: messages at 2, 3, 5 and 9; lost: 1..=6, which hold three of them.

@@ -21,6 +21,7 @@ fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord 
         status: MessageStatus::Pending,
         error: None,
         timestamp: Timestamp(ts),
+        seq: 0,
     }
 }
 
