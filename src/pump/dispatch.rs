@@ -61,9 +61,15 @@ pub(crate) struct Job {
     pub(crate) payload: ValidatedPayload,
 }
 
+/// Emptied per-thread queues a listener keeps for reuse, at most.
+const SPARE_QUEUES: usize = 64;
+
 #[derive(Default)]
 struct Queue {
     per_thread: SeededMap<Arc<str>, VecDeque<Job>>,
+    /// Emptied per-thread queues kept for the next threads (at most [`SPARE_QUEUES`]), so a
+    /// hop does not allocate one.
+    spare: Vec<VecDeque<Job>>,
     ready: VecDeque<Arc<str>>,
     busy: SeededSet<Arc<str>>,
     workers: usize,
@@ -272,7 +278,12 @@ impl Shared {
                 return;
             }
             let thread = job.record.thread_id.clone();
-            let jobs = q.per_thread.entry(thread.clone()).or_default();
+            let q = &mut *q;
+            let spare = &mut q.spare;
+            let jobs = q
+                .per_thread
+                .entry(thread.clone())
+                .or_insert_with(|| spare.pop().unwrap_or_default());
             jobs.push_back(job);
             let newly_waiting = jobs.len() == 1;
             q.depth += 1;
@@ -390,7 +401,10 @@ impl Shared {
                     None => (None, true),
                 };
                 if now_empty {
-                    q.per_thread.remove(&thread);
+                    let emptied = q.per_thread.remove(&thread);
+                    if q.spare.len() < SPARE_QUEUES {
+                        q.spare.extend(emptied.filter(|j| j.capacity() <= 8));
+                    }
                 }
                 let Some(job) = job else { continue };
                 q.depth -= 1;

@@ -19,6 +19,9 @@ use crate::xml::{
 /// The identity the pump uses for the notices it sends itself (`<huh>`).
 pub const SYSTEM_IDENTITY: &str = "system";
 
+/// Where an output goes: mostly one place, kept without allocating.
+pub(crate) type Targets = smallvec::SmallVec<[Target; 1]>;
+
 /// Where a routed message goes.
 pub(crate) enum Target {
     Listener(Arc<Listener>),
@@ -155,7 +158,7 @@ impl Shared {
         handled_from: &str,
         to: Option<&str>,
         payload_type: &PayloadType,
-    ) -> Result<Vec<Target>, String> {
+    ) -> Result<Targets, String> {
         let name = sender.name();
         let me = &sender.config;
         let tenant = me.tenant.as_deref();
@@ -166,7 +169,9 @@ impl Shared {
                 let found = topo.listeners.get(target);
                 let reachable = found.filter(|t| is_reply || me.may_reach(&t.config, true));
                 match (found, reachable) {
-                    (None, _) if is_reply => Ok(vec![Target::Terminal(Arc::from(target))]),
+                    (None, _) if is_reply => {
+                        Ok(smallvec::smallvec![Target::Terminal(Arc::from(target))])
+                    }
                     (_, None) if tenant.is_some() => Err(format!(
                         "`{name}` sent to `{target}`: no listener in its scope has that name"
                     )),
@@ -182,7 +187,7 @@ impl Shared {
                     (_, Some(t)) if !t.config.accepts_type(payload_type) => Err(format!(
                         "`{target}` does not accept payload type `{payload_type}`"
                     )),
-                    (_, Some(t)) => Ok(vec![Target::Listener(t.clone())]),
+                    (_, Some(t)) => Ok(smallvec::smallvec![Target::Listener(t.clone())]),
                 }
             }
             None => {
@@ -208,7 +213,7 @@ impl Shared {
                         None => format!("no listener accepts payload type `{payload_type}`"),
                     });
                 }
-                let allowed: Vec<Target> = accepting
+                let allowed: Targets = accepting
                     .iter()
                     .filter(|l| l.name() == handled_from || sender.allows(l.name()))
                     .map(|l| Target::Listener((*l).clone()))

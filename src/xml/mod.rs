@@ -83,9 +83,41 @@ pub fn type_named(written: &str, wanted: &str) -> bool {
     written == wanted || local_of(written) == wanted
 }
 
+/// Payload types a thread remembers having made (most recent last), so that the types of the
+/// payloads it reads share their strings instead of allocating them again.
+const REMEMBERED_TYPES: usize = 32;
+
+thread_local! {
+    static RECENT_TYPES: std::cell::RefCell<Vec<PayloadType>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl PayloadType {
+    /// The type of namespace `ns` (none if empty) and local name `local`: one this thread
+    /// made lately, shared, or a new one.
     pub fn new(ns: Option<&str>, local: &str) -> Self {
-        let ns: Option<Arc<str>> = ns.filter(|n| !n.is_empty()).map(Arc::from);
+        let ns = ns.filter(|n| !n.is_empty());
+        RECENT_TYPES.with(|recent| {
+            let Ok(mut recent) = recent.try_borrow_mut() else {
+                return PayloadType::make(ns, local);
+            };
+            let known = recent
+                .iter()
+                .rposition(|t| &*t.local == local && t.ns.as_deref() == ns);
+            if let Some(i) = known {
+                return recent[i].clone();
+            }
+            let made = PayloadType::make(ns, local);
+            if recent.len() == REMEMBERED_TYPES {
+                recent.remove(0);
+            }
+            recent.push(made.clone());
+            made
+        })
+    }
+
+    fn make(ns: Option<&str>, local: &str) -> Self {
+        let ns: Option<Arc<str>> = ns.map(Arc::from);
         let local: Arc<str> = Arc::from(local);
         let written = match &ns {
             None => local.clone(),
@@ -228,6 +260,24 @@ pub fn escape_text(s: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A type made again on the same thread shares the first one's strings; another
+    /// namespace or name is another type; the memory of types is bounded.
+    #[test]
+    fn payload_types_made_again_share_their_strings() {
+        let a = PayloadType::new(Some("urn:a"), "Note");
+        let b = PayloadType::new(Some("urn:a"), "Note");
+        assert!(Arc::ptr_eq(&a.written(), &b.written()));
+        assert_eq!(&*b.written(), "{urn:a}Note");
+        let c = PayloadType::new(None, "Note");
+        assert_eq!(&*c.written(), "Note");
+        assert_ne!(a, c);
+        for i in 0..3 * REMEMBERED_TYPES {
+            PayloadType::new(None, &format!("T{i}"));
+        }
+        RECENT_TYPES.with(|r| assert_eq!(r.borrow().len(), REMEMBERED_TYPES));
+        assert_eq!(PayloadType::new(Some("urn:a"), "Note"), a);
+    }
 
     /// One rule, on a type and on its display form alike: the whole name or the local one.
     #[test]

@@ -121,10 +121,10 @@ pub(crate) fn normalize_element(
 ) -> Result<NormalizedPayload, XmlError> {
     let payload_type = {
         let (resolved, local) = reader.resolver().resolve_element(root.name());
-        let local = local.as_ref().to_owned();
+        let local = local.into_inner();
         match resolved {
-            ResolveResult::Bound(ns) => PayloadType::new(Some(ns.as_ref()), &local),
-            ResolveResult::Unbound => PayloadType::new(None, &local),
+            ResolveResult::Bound(ns) => PayloadType::new(Some(ns.as_ref()), local),
+            ResolveResult::Unbound => PayloadType::new(None, local),
             ResolveResult::Unknown(prefix) => return Err(XmlError::UnknownPrefix(prefix.clone())),
         }
     };
