@@ -3,9 +3,9 @@
 //!
 //! Parsing yields what the envelope *claims*; the pump decides identity and thread itself.
 
+use super::reader::StrictReader;
 use quick_xml::events::Event;
 use quick_xml::name::ResolveResult;
-use quick_xml::NsReader;
 
 use super::normalize::{
     expect_only_misc_until_eof, next, normalize_element, resolve_reference, strict_reader,
@@ -29,7 +29,7 @@ fn env_err(msg: impl Into<String>) -> XmlError {
 }
 
 /// Which envelope element an event names, if it is in the envelope namespace.
-fn envelope_name(reader: &NsReader<&[u8]>, name: quick_xml::name::QName<'_>) -> Option<String> {
+fn envelope_name(reader: &StrictReader<'_>, name: quick_xml::name::QName<'_>) -> Option<String> {
     let (resolved, local) = reader.resolver().resolve_element(name);
     match resolved {
         ResolveResult::Bound(ns) if ns.as_ref() == ENVELOPE_NS => Some(local.as_ref().to_owned()),
@@ -145,7 +145,7 @@ pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlEr
 /// Skips whitespace and comments; returns the next element start (with whether it is empty),
 /// or `None` at an end tag.
 fn next_element<'i>(
-    reader: &mut NsReader<&'i [u8]>,
+    reader: &mut StrictReader<'i>,
     input: &str,
 ) -> Result<Option<(Event<'i>, bool)>, XmlError> {
     loop {
@@ -162,7 +162,7 @@ fn next_element<'i>(
     }
 }
 
-fn read_text(reader: &mut NsReader<&[u8]>, input: &str) -> Result<String, XmlError> {
+fn read_text(reader: &mut StrictReader<'_>, input: &str) -> Result<String, XmlError> {
     let mut text = String::new();
     loop {
         match next(reader, input)? {

@@ -20,6 +20,7 @@ mod envelope;
 mod extract;
 mod json;
 mod normalize;
+mod reader;
 
 use std::fmt;
 use std::sync::Arc;

@@ -10,7 +10,9 @@ use std::borrow::Cow;
 
 use quick_xml::events::{BytesRef, BytesStart, Event};
 use quick_xml::name::{PrefixDeclaration, ResolveResult};
-use quick_xml::{NsReader, XmlVersion};
+use quick_xml::XmlVersion;
+
+use super::reader::StrictReader;
 
 use super::{
     declaration_allowed_at, escape_text, guard, line_of, PayloadType, XmlError, XmlLimits,
@@ -66,23 +68,12 @@ pub(crate) fn misplaced_declaration(input: &str, pos: u64) -> XmlError {
     }
 }
 
-pub(crate) fn strict_reader(input: &str) -> NsReader<&[u8]> {
-    let mut reader = NsReader::from_str(input);
-    let config = reader.config_mut();
-    config.trim_text(false);
-    config.check_end_names = true;
-    config.check_comments = true;
-    config.expand_empty_elements = false;
-    config.allow_dangling_amp = false;
-    config.allow_unmatched_ends = false;
-    reader
+pub(crate) fn strict_reader(input: &str) -> StrictReader<'_> {
+    StrictReader::new(input)
 }
 
 /// Reads the next event, turning a reader error into [`XmlError::Malformed`] with its line.
-pub(crate) fn next<'i>(
-    reader: &mut NsReader<&'i [u8]>,
-    input: &str,
-) -> Result<Event<'i>, XmlError> {
+pub(crate) fn next<'i>(reader: &mut StrictReader<'i>, input: &str) -> Result<Event<'i>, XmlError> {
     reader.read_event().map_err(|e| XmlError::Malformed {
         line: line_of(input, reader.buffer_position()),
         message: e.to_string(),
@@ -90,7 +81,7 @@ pub(crate) fn next<'i>(
 }
 
 pub(crate) fn expect_only_misc_until_eof(
-    reader: &mut NsReader<&[u8]>,
+    reader: &mut StrictReader<'_>,
     input: &str,
 ) -> Result<(), XmlError> {
     loop {
@@ -112,7 +103,7 @@ pub(crate) fn expect_only_misc_until_eof(
 /// Normalizes the element whose start tag `root` was just read, through its end tag.
 /// `outer_depth` is how many elements enclose it (1 inside an envelope).
 pub(crate) fn normalize_element(
-    reader: &mut NsReader<&[u8]>,
+    reader: &mut StrictReader<'_>,
     input: &str,
     root: BytesStart<'_>,
     is_empty: bool,
@@ -255,7 +246,7 @@ fn write_start(
     e: &BytesStart<'_>,
     bindings: Option<Vec<(String, String)>>,
     input: &str,
-    reader: &NsReader<&[u8]>,
+    reader: &StrictReader<'_>,
     limits: &XmlLimits,
 ) -> Result<(), XmlError> {
     // Counted without the duplicate check (linear) before anything else reads them.
@@ -304,6 +295,28 @@ fn write_start(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The namespace resolver a thread keeps between documents carries nothing from one to
+    /// the next: a prefix bound in one (even one that failed halfway) is unknown in the next.
+    #[test]
+    fn a_documents_bindings_do_not_reach_the_next() {
+        let limits = XmlLimits::default();
+        let bound = normalize_payload(r#"<p:A xmlns:p="urn:x"><p:b/></p:A>"#, &limits).unwrap();
+        assert_eq!(bound.payload_type.to_string(), "{urn:x}A");
+        let unbound = normalize_payload("<p:A/>", &limits);
+        assert!(
+            matches!(unbound, Err(XmlError::UnknownPrefix(_))),
+            "{unbound:?}"
+        );
+        let broken = normalize_payload(r#"<q:A xmlns:q="urn:y"><q:b xmlns:r="urn:z">"#, &limits);
+        assert!(broken.is_err());
+        for doc in ["<q:A/>", "<r:A/>"] {
+            let r = normalize_payload(doc, &limits);
+            assert!(matches!(r, Err(XmlError::UnknownPrefix(_))), "{doc}: {r:?}");
+        }
+        let plain = normalize_payload("<A><b>1</b></A>", &limits).unwrap();
+        assert_eq!(plain.xml.as_str(), "<A><b>1</b></A>");
+    }
 
     fn norm(s: &str) -> Result<NormalizedPayload, XmlError> {
         normalize_payload(s, &XmlLimits::default())
