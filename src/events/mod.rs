@@ -126,7 +126,13 @@ impl Event {
         match &self.kind {
             // The record, and its two frames (`/ws`, `/ws/messages`) holding the payload.
             EventKind::Message { message } => message.weight() + 2 * message.payload_xml.len(),
-            EventKind::MessageStatus { error, .. } => OVERHEAD + text(error.as_ref()),
+            // With the message's frame showing this status (`merged_frame`), when rendered.
+            EventKind::MessageStatus { error, about, .. } => {
+                let merged = about
+                    .as_ref()
+                    .map_or(0, |a| a.message_bytes.saturating_mul(2));
+                OVERHEAD + text(error.as_ref()) + merged
+            }
             EventKind::Error { error, .. } => OVERHEAD + text(Some(error)),
             EventKind::Log { message, .. } => OVERHEAD + text(Some(message)),
             _ => OVERHEAD,
@@ -143,6 +149,8 @@ pub struct StatusAbout {
     pub slot_index: u64,
     /// The `seq` of the `message` event that published it (0 if not known).
     pub message_seq: u64,
+    /// Its payload's length: what the message's frame showing this status weighs.
+    pub message_bytes: usize,
 }
 
 impl StatusAbout {
@@ -153,6 +161,7 @@ impl StatusAbout {
             payload_type: m.payload_type.clone(),
             slot_index: m.slot_index,
             message_seq: m.seq,
+            message_bytes: m.payload_xml.len(),
         }
     }
 }

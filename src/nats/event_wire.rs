@@ -112,6 +112,9 @@ pub(super) struct WireAbout {
     /// Absent (0) in streams written before it was added.
     #[serde(default, skip_serializing_if = "is_zero")]
     message_seq: u64,
+    /// Absent (0) in streams written before it was added.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    message_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -290,6 +293,7 @@ impl From<&EventKind> for WireKind {
                     payload_type: a.payload_type.clone(),
                     slot_index: a.slot_index,
                     message_seq: a.message_seq,
+                    message_bytes: a.message_bytes as u64,
                 }),
             },
             EventKind::ThreadCreated { thread } => WireKind::ThreadCreated {
@@ -406,6 +410,9 @@ impl From<WireKind> for EventKind {
                     payload_type: a.payload_type,
                     slot_index: a.slot_index,
                     message_seq: a.message_seq,
+                    // Read back, it only weighs the event in a gateway's hub: a figure past a
+                    // gigabyte is not believed (it would empty the hub).
+                    message_bytes: usize::try_from(a.message_bytes).unwrap_or(0).min(1 << 30),
                 }),
             },
             WireKind::ThreadCreated { thread } => EventKind::ThreadCreated {

@@ -46,6 +46,7 @@ fn events() -> Vec<Event> {
                 payload_type: None,
                 slot_index: 2,
                 message_seq: 0,
+                message_bytes: 0,
             }),
         },
         EventKind::ThreadCreated {
@@ -198,6 +199,7 @@ fn a_status_events_message_seq_reads_back() {
         payload_type: None,
         slot_index: 2,
         message_seq: 41,
+        message_bytes: 300,
     };
     let kind = EventKind::MessageStatus {
         id: "m1".into(),
@@ -216,5 +218,5 @@ fn a_status_events_message_seq_reads_back() {
     let EventKind::MessageStatus { about: Some(a), .. } = back.kind else {
         panic!("{:?}", back.kind)
     };
-    assert_eq!(a.message_seq, 41);
+    assert_eq!((a.message_seq, a.message_bytes), (41, 300));
 }

@@ -4,10 +4,10 @@
 //!
 //! Each client is three tasks. The session task reads the source's event hub (after
 //! replaying retained events for `?since=`), filters, and offers each frame to a bounded
-//! queue with `try_send`: it never waits on the client, so a slow client costs the pump
-//! nothing. When the queue (or its byte budget) is full, frames are dropped for that client
-//! and counted; a `dropped` frame (`count`, `from_seq`, `to_seq`) goes out as soon as there is
-//! room. The writer task drains the queue into the socket with a write timeout; the reader
+//! queue with `try_send` (on `/ws/messages` after holding it briefly, `held.rs`): it never
+//! waits on the client, so a slow client costs the pump nothing. When the queue (or its
+//! byte budget) is full, frames are dropped for that client and counted; a `dropped` frame
+//! (`count`, `from_seq`, `to_seq`) goes out as soon as there is room. The writer task drains the queue into the socket with a write timeout; the reader
 //! task hands the client's frames to the session. Pings go out every heartbeat; a client
 //! silent for two heartbeats is closed.
 
@@ -143,7 +143,7 @@ pub(in crate::api) struct Session<S: Source> {
     pub(in crate::api) seen: u64,
     pub(super) dropped: Option<Dropped>,
     pub(super) folding: Folding,
-    /// `/ws/messages`: frames of this turn of the loop, not yet queued (`queue.rs`).
+    /// `/ws/messages`: frames held before they are queued (`held.rs`).
     pub(super) held: super::held::Held,
     /// Set when a control frame (an answer) found the client's queue full: the client sends
     /// commands but does not read, and is closed.
