@@ -29,7 +29,7 @@ async fn completed_threads(o: &Organism, n: usize) -> Vec<String> {
     for i in 0..n {
         let t = inject(o, "a", &format!("<Note>n{i}</Note>"), None);
         settle(o, &t.thread_id).await;
-        threads.push(t.thread_id);
+        threads.push(t.thread_id.to_string());
     }
     threads
 }
@@ -70,7 +70,7 @@ fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing(
             .history()
             .query_messages(
                 &MessageFilter {
-                    thread: Some(stuck.thread_id.clone()),
+                    thread: Some(stuck.thread_id.to_string()),
                     ..Default::default()
                 },
                 Page::default(),
@@ -87,7 +87,7 @@ fn history_filters_and_thread_states_survive_a_restart_and_seq_keeps_increasing(
         assert_eq!(listed.total, 1, "active since its second message");
         assert_eq!(listed.items[0].message_count, 2);
         assert!(listed.items[0].last_activity >= second);
-        threads.push(stuck.thread_id);
+        threads.push(stuck.thread_id.to_string());
         // While it runs, no second organism may write its file.
         let e = Organism::builder().load(&path).err().expect("refused");
         assert!(
@@ -247,7 +247,7 @@ async fn a_thread_is_found_the_moment_its_inject_is_answered() {
         .thread_page(&t.thread_id, Page::default())
         .unwrap()
         .expect("its messages at once");
-    assert_eq!(&*page.items[0].id, t.message_id.as_str());
+    assert_eq!(&*page.items[0].id, &*t.message_id);
     assert!(o
         .history()
         .thread_page("no-such-thread", Page::default())
@@ -260,12 +260,12 @@ async fn a_thread_is_found_the_moment_its_inject_is_answered() {
         .query_threads(&ThreadFilter::default(), Page::default())
         .unwrap();
     assert!(
-        listed.items.iter().any(|i| i.id.as_str() == t.thread_id),
+        listed.items.iter().any(|i| i.id.as_str() == &*t.thread_id),
         "{:?}",
         listed.items
     );
     let filter = MessageFilter {
-        thread: Some(t.thread_id.clone()),
+        thread: Some(t.thread_id.to_string()),
         ..Default::default()
     };
     let messages = o
@@ -335,11 +335,7 @@ async fn retention_prunes_the_oldest_threads_and_counts_it() {
         .query_threads(&ThreadFilter::default(), Page::default())
         .unwrap();
     let ids: Vec<&str> = left.items.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(
-        ids,
-        vec![threads[4].as_str(), threads[3].as_str()],
-        "the newest survive"
-    );
+    assert_eq!(ids, vec![&*threads[4], &*threads[3]], "the newest survive");
 }
 
 #[tokio::test]
@@ -725,14 +721,14 @@ async fn the_store_and_memory_show_the_same_history() {
         o.control().kill_thread(&killed.thread_id).unwrap();
         settle(&o, &killed.thread_id).await;
         o.control().resume_listener("b").unwrap();
-        threads.push(killed.thread_id);
+        threads.push(killed.thread_id.to_string());
         // Continued once it has completed.
         let again = inject(&o, "a", "<Note>more</Note>", Some(&threads[0]));
         settle(&o, &again.thread_id).await;
         // Injected straight to the last listener.
         let last = inject(&o, "c", "<Note>last</Note>", None);
         settle(&o, &last.thread_id).await;
-        threads.push(last.thread_id);
+        threads.push(last.thread_id.to_string());
         if let Some(s) = o.history().store() {
             s.flush(o.events().last_seq());
         }
@@ -776,7 +772,7 @@ async fn the_store_and_memory_show_the_same_failures() {
         std::fs::write(&path, kept.join("\n")).unwrap();
         assert_eq!(o.reload(None).unwrap().removed, vec!["c".to_string()]);
         settle(&o, &one.thread_id).await;
-        threads.push(one.thread_id);
+        threads.push(one.thread_id.to_string());
         if let Some(s) = o.history().store() {
             s.flush(o.events().last_seq());
         }

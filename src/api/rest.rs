@@ -418,8 +418,8 @@ pub async fn inject(
     let mut messages = all_messages(organism, &receipt.thread_id, &seen.scope)?;
     messages.truncate(fitting(&messages));
     Ok(json(&InjectResult {
-        thread_id: receipt.thread_id,
-        message_id: receipt.message_id,
+        thread_id: receipt.thread_id.to_string(),
+        message_id: receipt.message_id.to_string(),
         thread_status: thread_status.into(),
         messages: Message::all(&messages, &organism.schemas()),
     }))

@@ -296,8 +296,8 @@ pub struct InjectReceipt {
 impl From<crate::InjectReceipt> for InjectReceipt {
     fn from(r: crate::InjectReceipt) -> Self {
         InjectReceipt {
-            thread_id: r.thread_id,
-            message_id: r.message_id,
+            thread_id: r.thread_id.to_string(),
+            message_id: r.message_id.to_string(),
         }
     }
 }

@@ -430,8 +430,8 @@ pub struct InjectBody {
 pub async fn inject(remote: &Remote, body: &InjectBody) -> Result<InjectReceipt, ClientError> {
     let v = post_inject(remote, body, None).await?;
     Ok(InjectReceipt {
-        thread_id: v["thread_id"].as_str().unwrap_or_default().to_string(),
-        message_id: v["message_id"].as_str().unwrap_or_default().to_string(),
+        thread_id: Arc::from(v["thread_id"].as_str().unwrap_or_default()),
+        message_id: Arc::from(v["message_id"].as_str().unwrap_or_default()),
     })
 }
 

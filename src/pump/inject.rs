@@ -127,8 +127,8 @@ impl Organism {
         };
         match s.admit(&opened.id, &listener, admission)? {
             Admitted::Queued(message_id) => Ok(InjectReceipt {
-                thread_id: opened.id.to_string(),
-                message_id: message_id.to_string(),
+                thread_id: opened.id.clone(),
+                message_id,
             }),
             Admitted::Held(record) => {
                 // Over the thread's budget: logged as failed; the thread settles.

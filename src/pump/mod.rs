@@ -198,8 +198,9 @@ pub struct InjectRequest {
 /// The answer to an accepted inject.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InjectReceipt {
-    pub thread_id: String,
-    pub message_id: String,
+    /// Shared with the thread's records (not copied).
+    pub thread_id: Arc<str>,
+    pub message_id: Arc<str>,
 }
 
 /// A listener as observers see it: the seed's Agent object plus `kind`, `accepts` and

@@ -110,7 +110,9 @@ async fn next_reload(
 }
 
 fn note(o: &Organism, to: &str, text: &str) -> String {
-    inject(o, to, &format!("<Note>{text}</Note>"), None).thread_id
+    inject(o, to, &format!("<Note>{text}</Note>"), None)
+        .thread_id
+        .to_string()
 }
 
 #[tokio::test]
@@ -420,7 +422,7 @@ async fn reload_under_continuous_load_loses_and_duplicates_nothing() {
         assert_eq!(ms.len(), 3, "{ms:?}");
         for m in ms.iter().filter(|m| to_of(m) == "c") {
             assert_eq!(m.status, MessageStatus::Delivered);
-            *at_c.entry(t.clone()).or_default() += 1;
+            *at_c.entry(t.to_string()).or_default() += 1;
         }
     }
     assert_eq!(at_c.len(), threads.len(), "every thread reached c");

@@ -311,7 +311,7 @@ async fn handler_errors_fail_the_message_and_the_thread() {
         } = &ev.kind
         {
             saw_error =
-                thread_id.as_deref() == Some(r.thread_id.as_str()) && agent.as_deref() == Some("a");
+                thread_id.as_deref() == Some(&*r.thread_id) && agent.as_deref() == Some("a");
         }
     }
     assert!(saw_error);
