@@ -187,10 +187,15 @@ impl Filter {
         }
     }
 
+    /// Whether events named `name` are asked for (none named: every one).
+    fn event_ok(&self, name: &str) -> bool {
+        self.events.is_empty() || self.events.iter().any(|e| e == name)
+    }
+
     /// For `/ws`: does this event pass?
     pub fn passes(&self, event: &Event) -> bool {
         let kind = &event.kind;
-        if !self.events.is_empty() && !self.events.iter().any(|e| e == kind.name()) {
+        if !self.event_ok(kind.name()) {
             return false;
         }
         if !self.threads.is_empty() {
@@ -220,16 +225,16 @@ impl Filter {
         payload_type.is_some_and(|t| self.payload_types.iter().any(|w| type_named(t, w)))
     }
 
-    /// For `/ws/messages`: messages, and the status changes of messages, that match.
     /// Whether every `message` event passes, whatever its thread, agents or type (`/ws`:
     /// and `message` is among the events asked for, or none are named).
     pub fn takes_every_message(&self, events_too: bool) -> bool {
         self.threads.is_empty()
             && self.agents.is_empty()
             && self.payload_types.is_empty()
-            && (!events_too || self.events.is_empty() || self.events.iter().any(|e| e == "message"))
+            && (!events_too || self.event_ok("message"))
     }
 
+    /// For `/ws/messages`: messages, and the status changes of messages, that match.
     pub fn passes_message(&self, event: &Event) -> bool {
         let (thread, from, to, payload_type) = match &event.kind {
             EventKind::Message { message } => (

@@ -7,9 +7,7 @@ use super::reader::StrictReader;
 use quick_xml::events::Event;
 use quick_xml::name::ResolveResult;
 
-use super::normalize::{
-    expect_only_misc_until_eof, next, normalize_element, resolve_reference, strict_reader,
-};
+use super::normalize::{expect_only_misc_until_eof, next, normalize_element, resolve_reference};
 use super::{escape_text, guard, NormalizedPayload, XmlError, XmlLimits};
 
 /// The envelope namespace, shared with the Python xml-pipeline.
@@ -40,7 +38,7 @@ fn envelope_name(reader: &StrictReader<'_>, name: quick_xml::name::QName<'_>) ->
 /// Parses a whole envelope strictly. The payload is normalized (not schema-validated).
 pub fn parse_envelope(input: &str, limits: &XmlLimits) -> Result<Envelope, XmlError> {
     guard(input, limits)?;
-    let mut reader = strict_reader(input);
+    let mut reader = StrictReader::new(input);
 
     // <message>
     loop {

@@ -30,7 +30,7 @@ pub struct NormalizedPayload {
 /// Reads a standalone payload document strictly and normalizes it.
 pub fn normalize_payload(input: &str, limits: &XmlLimits) -> Result<NormalizedPayload, XmlError> {
     guard(input, limits)?;
-    let mut reader = strict_reader(input);
+    let mut reader = StrictReader::new(input);
     loop {
         let pos = reader.buffer_position();
         match next(&mut reader, input)? {
@@ -66,10 +66,6 @@ pub(crate) fn misplaced_declaration(input: &str, pos: u64) -> XmlError {
         line: line_of(input, pos),
         message: "an XML declaration is allowed only at the very start of the document".into(),
     }
-}
-
-pub(crate) fn strict_reader(input: &str) -> StrictReader<'_> {
-    StrictReader::new(input)
 }
 
 /// Reads the next event, turning a reader error into [`XmlError::Malformed`] with its line.
