@@ -19,7 +19,6 @@ struct Counting;
 
 static RUST_ALLOCS: AtomicU64 = AtomicU64::new(0);
 static RUST_BYTES: AtomicU64 = AtomicU64::new(0);
-static XML_ALLOCS: AtomicU64 = AtomicU64::new(0);
 
 /// Set while the measured run is sampled for sites.
 static SAMPLING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -93,42 +92,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// libxml2's allocations, counted, to mimalloc (as the binary routes them).
-fn count_libxml2() {
-    use std::os::raw::{c_char, c_void};
-    unsafe extern "C" fn free(p: *mut c_void) {
-        // SAFETY: libxml2 frees only what these hooks gave it.
-        unsafe { libmimalloc_sys::mi_free(p) }
-    }
-    unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
-        XML_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: plain allocation.
-        unsafe { libmimalloc_sys::mi_malloc(size) }
-    }
-    unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
-        XML_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as `free`.
-        unsafe { libmimalloc_sys::mi_realloc(p, size) }
-    }
-    unsafe extern "C" fn strdup(s: *const c_char) -> *mut c_char {
-        XML_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: libxml2 passes a NUL-terminated string; the copy includes the NUL.
-        unsafe {
-            let len = std::ffi::CStr::from_ptr(s).to_bytes_with_nul().len();
-            let copy = libmimalloc_sys::mi_malloc(len).cast::<c_char>();
-            if !copy.is_null() {
-                std::ptr::copy_nonoverlapping(s, copy, len);
-            }
-            copy
-        }
-    }
-    // SAFETY: first thing in the process; libxml2 has allocated nothing yet.
-    let set = unsafe {
-        libxml::bindings::xmlMemSetup(Some(free), Some(malloc), Some(realloc), Some(strdup))
-    };
-    assert_eq!(set, 0, "libxml2's allocator is set before it allocates");
-}
-
 /// Injects `threads` threads, 256 in flight, and waits for every one.
 async fn run(o: &Organism, threads: usize) {
     let mut waiting = std::collections::VecDeque::new();
@@ -161,7 +124,10 @@ async fn run(o: &Organism, threads: usize) {
 }
 
 fn main() {
-    count_libxml2();
+    // SAFETY: first thing in the process; libxml2 has allocated nothing yet. libxml2's
+    // allocations go to mimalloc, as the binary routes them, counted.
+    let set = unsafe { agentserver::schema::count_libxml2_allocations() };
+    assert!(set, "libxml2's allocator is set before it allocates");
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this once, briefly.
     let benching = std::env::args().any(|a| a == "--bench");
     let threads: usize = std::env::args()
@@ -182,15 +148,14 @@ fn main() {
         let before = (
             RUST_ALLOCS.load(Ordering::Relaxed),
             RUST_BYTES.load(Ordering::Relaxed),
-            XML_ALLOCS.load(Ordering::Relaxed),
+            agentserver::schema::libxml2_allocations(),
         );
         let sampling = std::env::var_os("ALLOCS_SITES").is_some();
         SAMPLING.store(sampling, Ordering::Relaxed);
         rt.block_on(run(&o, threads));
         SAMPLING.store(false, Ordering::Relaxed);
         let hops = (threads * 3) as f64;
-        let per_hop =
-            |now: &AtomicU64, then: u64| (now.load(Ordering::Relaxed) - then) as f64 / hops;
+        let per_hop = |now: u64, then: u64| (now - then) as f64 / hops;
         println!(
             "{:<9} {:>15.1}  {:>9.0}  {:>23.1}",
             if store == "memory" {
@@ -198,9 +163,9 @@ fn main() {
             } else {
                 "sqlite"
             },
-            per_hop(&RUST_ALLOCS, before.0),
-            per_hop(&RUST_BYTES, before.1),
-            per_hop(&XML_ALLOCS, before.2),
+            per_hop(RUST_ALLOCS.load(Ordering::Relaxed), before.0),
+            per_hop(RUST_BYTES.load(Ordering::Relaxed), before.1),
+            per_hop(agentserver::schema::libxml2_allocations(), before.2),
         );
         rt.block_on(o.stop());
         if sampling {

@@ -316,21 +316,59 @@ impl Schema {
 /// memory libxml2 took from one allocator must never be freed by the other. Embedders that
 /// use libxml2 themselves before starting an organism must not call it.
 pub unsafe fn use_mimalloc_for_libxml2() -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { libxml2_to_mimalloc::<false>() }
+}
+
+/// Allocations libxml2 made through [`count_libxml2_allocations`]' hooks.
+static LIBXML2_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// [`use_mimalloc_for_libxml2`], also counting every allocation libxml2 makes (read with
+/// [`libxml2_allocations`]): for a benchmark of allocations (`benches/allocs.rs`), not for
+/// serving (every thread's allocations touch one counter).
+///
+/// # Safety
+///
+/// As [`use_mimalloc_for_libxml2`].
+pub unsafe fn count_libxml2_allocations() -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { libxml2_to_mimalloc::<true>() }
+}
+
+/// libxml2's allocations (and reallocations) since [`count_libxml2_allocations`]; 0 without it.
+pub fn libxml2_allocations() -> u64 {
+    LIBXML2_ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// Sets libxml2's allocator to mimalloc, counting its allocations if `COUNT`.
+///
+/// # Safety
+///
+/// As [`use_mimalloc_for_libxml2`].
+unsafe fn libxml2_to_mimalloc<const COUNT: bool>() -> bool {
     use std::os::raw::{c_char, c_void};
 
+    fn tally<const COUNT: bool>() {
+        if COUNT {
+            LIBXML2_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
     unsafe extern "C" fn free(p: *mut c_void) {
         // SAFETY: libxml2 frees only what its allocator (mimalloc, from here on) gave it.
         unsafe { libmimalloc_sys::mi_free(p) }
     }
-    unsafe extern "C" fn malloc(size: usize) -> *mut c_void {
+    unsafe extern "C" fn malloc<const COUNT: bool>(size: usize) -> *mut c_void {
+        tally::<COUNT>();
         // SAFETY: plain allocation.
         unsafe { libmimalloc_sys::mi_malloc(size) }
     }
-    unsafe extern "C" fn realloc(p: *mut c_void, size: usize) -> *mut c_void {
+    unsafe extern "C" fn realloc<const COUNT: bool>(p: *mut c_void, size: usize) -> *mut c_void {
+        tally::<COUNT>();
         // SAFETY: as `free`.
         unsafe { libmimalloc_sys::mi_realloc(p, size) }
     }
-    unsafe extern "C" fn strdup(s: *const c_char) -> *mut c_char {
+    unsafe extern "C" fn strdup<const COUNT: bool>(s: *const c_char) -> *mut c_char {
+        tally::<COUNT>();
         // SAFETY: libxml2 passes a NUL-terminated string; the copy includes the NUL.
         unsafe {
             let len = std::ffi::CStr::from_ptr(s).to_bytes_with_nul().len();
@@ -343,7 +381,12 @@ pub unsafe fn use_mimalloc_for_libxml2() -> bool {
     }
     // SAFETY: the caller guarantees libxml2 holds no memory yet.
     unsafe {
-        libxml::bindings::xmlMemSetup(Some(free), Some(malloc), Some(realloc), Some(strdup)) == 0
+        libxml::bindings::xmlMemSetup(
+            Some(free),
+            Some(malloc::<COUNT>),
+            Some(realloc::<COUNT>),
+            Some(strdup::<COUNT>),
+        ) == 0
     }
 }
 
