@@ -134,11 +134,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse().ok())
         .unwrap_or(if benching { 20_000 } else { 100 });
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     let dir = tempfile::tempdir().expect("dir");
     println!("store     allocations/hop  bytes/hop  libxml2 allocations/hop  ({threads} threads, 3 hops each)");
     for store in ["memory", "s.db"] {

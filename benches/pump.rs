@@ -58,11 +58,7 @@ async fn on_workers(o: &Organism) {
 }
 
 fn bench(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let memory = organism(&rt, dir.path(), "memory");
     let sqlite = organism(&rt, dir.path(), "log.db");

@@ -1,4 +1,5 @@
-//! What the pump's benches share: the three-hop chain they measure.
+//! What the pump's benches share: the three-hop chain they measure, and the runtime they
+//! run it on.
 
 use agentserver::Organism;
 
@@ -19,4 +20,13 @@ listeners:
     let path = dir.join(format!("{}.yaml", store.replace(['/', '.'], "_")));
     std::fs::write(&path, yaml).expect("yaml");
     Organism::builder().load(&path).expect("organism")
+}
+
+/// The runtime the chain runs on: two workers, as on the two-core machine it is measured on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
