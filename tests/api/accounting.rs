@@ -3,8 +3,6 @@
 //! when the server stops, each one's message frames plus the messages its `dropped` frames
 //! announce equal the messages logged.
 
-use agentserver::api::ApiOptions;
-use agentserver::Organism;
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -53,18 +51,7 @@ async fn tally(mut ws: Ws) -> Tally {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn overloaded_readers_are_told_every_message_they_missed_up_to_the_close() {
-    let options = ApiOptions {
-        client_queue: 32,
-        client_queue_bytes: 64 * 1024,
-        ..ApiOptions::default()
-    };
-    let s = serve_with(
-        Organism::builder(),
-        "  max_pending_messages: 100000",
-        CHAIN,
-        options,
-    )
-    .await;
+    let s = crate::chain_with_small_queues(32, 64 * 1024).await;
     const READERS: usize = 20;
     let mut readers = Vec::new();
     for _ in 0..READERS {

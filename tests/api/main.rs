@@ -12,3 +12,29 @@ mod origins;
 mod rest;
 mod shapes;
 mod ws;
+
+use agentserver::api::ApiOptions;
+use agentserver::Organism;
+use common::{serve_with, Served, CHAIN};
+
+/// The chain a → b → c served with the API's defaults.
+async fn chain() -> Served {
+    serve_with(Organism::builder(), "", CHAIN, ApiOptions::default()).await
+}
+
+/// The chain served with each stream client's queue at `frames` frames and `bytes` bytes and
+/// room for 100,000 pending messages, so that a reader that does not read overflows it.
+async fn chain_with_small_queues(frames: usize, bytes: usize) -> Served {
+    let options = ApiOptions {
+        client_queue: frames,
+        client_queue_bytes: bytes,
+        ..ApiOptions::default()
+    };
+    serve_with(
+        Organism::builder(),
+        "  max_pending_messages: 100000",
+        CHAIN,
+        options,
+    )
+    .await
+}

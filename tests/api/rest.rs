@@ -1,13 +1,10 @@
 //! The REST API against a real server on 127.0.0.1:0 with a real HTTP client.
 
+use crate::chain;
 use crate::common::*;
 use agentserver::api::ApiOptions;
 use agentserver::Organism;
 use serde_json::{json, Value};
-
-async fn chain() -> Served {
-    serve_with(Organism::builder(), "", CHAIN, ApiOptions::default()).await
-}
 
 async fn wait_completed(s: &Served, thread: &str) {
     settle(&s.organism, thread).await;

@@ -3,14 +3,11 @@
 use std::time::Duration;
 
 use crate::common::*;
+use crate::{chain, chain_with_small_queues};
 use agentserver::api::ApiOptions;
 use agentserver::Organism;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-
-async fn chain() -> Served {
-    serve_with(Organism::builder(), "", CHAIN, ApiOptions::default()).await
-}
 
 /// The next `message` frame of `/ws/messages`, past status changes (tested on their own in
 /// `ws_messages_shows_each_status_change_of_a_message`).
@@ -413,18 +410,7 @@ async fn a_client_that_never_reads_gets_dropped_while_a_fast_one_gets_everything
     // Bounds small enough that the silent client overflows them long before the run ends
     // (its socket buffers fill first), with room enough that the reading client, sharing
     // this machine with the other tests, does not.
-    let options = ApiOptions {
-        client_queue: 64,
-        client_queue_bytes: 256 * 1024,
-        ..ApiOptions::default()
-    };
-    let s = serve_with(
-        Organism::builder(),
-        "  max_pending_messages: 100000",
-        CHAIN,
-        options,
-    )
-    .await;
+    let s = chain_with_small_queues(64, 256 * 1024).await;
     // The slow client: connected, never read until the end.
     let mut slow = ws_connect(&s.ws_url("/ws/messages")).await;
     let mut fast = ws_connect(&s.ws_url("/ws/messages")).await;
