@@ -7,9 +7,10 @@
 //! queue with `try_send` (on `/ws/messages` after holding it briefly, `held.rs`): it never
 //! waits on the client, so a slow client costs the pump nothing. When the queue (or its
 //! byte budget) is full, frames are dropped for that client and counted; a `dropped` frame
-//! (`count`, `from_seq`, `to_seq`) goes out as soon as there is room. The writer task drains the queue into the socket with a write timeout; the reader
-//! task hands the client's frames to the session. Pings go out every heartbeat; a client
-//! silent for two heartbeats is closed.
+//! (`count`, `from_seq`, `to_seq`) goes out as soon as there is room. The writer task
+//! drains the queue into the socket with a write timeout; the reader task hands the
+//! client's frames to the session. Pings go out every heartbeat; a client silent for two
+//! heartbeats is closed.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -322,9 +323,7 @@ impl<S: Source> Session<S> {
                 frame = incoming.recv() => self.heard(frame, &mut last_heard).await,
                 permit = reserve_tx.reserve(), if self.dropped.is_some() => {
                     if let (Ok(permit), Some(d)) = (permit, self.dropped.take()) {
-                        let frame = dropped_frame(d);
-                        self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
-                        permit.send(frame);
+                        self.send_reserved(permit, dropped_frame(d));
                     }
                     None
                 }
@@ -373,9 +372,14 @@ impl<S: Source> Session<S> {
             let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, room.reserve()).await else {
                 return;
             };
-            self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
-            permit.send(frame);
+            self.send_reserved(permit, frame);
         }
+    }
+
+    /// Sends `frame` in the room `permit` holds in the client's queue, counting its bytes.
+    fn send_reserved(&self, permit: mpsc::Permit<'_, Message>, frame: Message) {
+        self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
+        permit.send(frame);
     }
 
     /// A frame from the client (`None`: it is gone).
