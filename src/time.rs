@@ -112,3 +112,38 @@ mod tests {
         assert!(other < Duration::from_millis(10), "{other:?}");
     }
 }
+
+/// Where the wall-clock timers of the organism (approval timeouts) read the time: the
+/// system's clock, or one a test moves by hand ([`Clock::manual`]) to cross a timeout
+/// without waiting for it.
+#[derive(Clone, Default)]
+pub struct Clock(Option<std::sync::Arc<std::sync::atomic::AtomicU64>>);
+
+impl Clock {
+    /// The system's clock.
+    pub fn system() -> Clock {
+        Clock(None)
+    }
+
+    /// A clock that starts at the system's time now and moves only by [`Clock::advance`].
+    pub fn manual() -> Clock {
+        Clock(Some(std::sync::Arc::new(
+            std::sync::atomic::AtomicU64::new(Timestamp::now().0),
+        )))
+    }
+
+    pub fn now(&self) -> Timestamp {
+        match &self.0 {
+            None => Timestamp::now(),
+            Some(t) => Timestamp(t.load(std::sync::atomic::Ordering::SeqCst)),
+        }
+    }
+
+    /// Moves a manual clock forward (a system clock does not move by hand).
+    pub fn advance(&self, by: Duration) {
+        if let Some(t) = &self.0 {
+            let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+            t.fetch_add(ms, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}

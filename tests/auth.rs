@@ -177,6 +177,9 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
     let operator = [
         "/api/v1/inject",
         "/api/v1/threads/{id}/kill",
+        "/api/v1/threads/{id}/abort",
+        "/api/v1/inputs/{id}/approve",
+        "/api/v1/inputs/{id}/reject",
         "/api/v1/agents/{name}/pause",
         "/api/v1/agents/{name}/resume",
         "/api/v1/agents/{name}/reload",

@@ -428,7 +428,8 @@ listeners:
 }
 
 /// The organisms the project ships (a user's own file beside them is not this test's).
-const SHIPPED: [&str; 5] = [
+const SHIPPED: [&str; 6] = [
+    "approvals.yaml",
     "external-echo.yaml",
     "hello-workers.yaml",
     "hello-world.yaml",
@@ -638,4 +639,49 @@ fn a_wrong_value_names_its_line_and_key_in_a_users_words() {
         !shown.iter().any(|e| e.contains("not a global element")),
         "{shown:#?}"
     );
+}
+
+/// An approval gate's mistakes, each named by its key and line.
+#[test]
+fn approval_gates_are_checked_key_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), XSD).unwrap();
+    let gate = |approval: &str| {
+        let path = dir.path().join("o.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "organism: {{name: g, store: memory}}\nlisteners:\n  - name: pay\n    description: d\n    kind: native\n    handler: sink\n    schema: t.xsd\n    accepts: [A]\n    approval: {approval}\n"
+            ),
+        )
+        .unwrap();
+        match agentserver::Organism::builder().load_config(&path) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert_eq!(gate("{}"), "");
+    assert_eq!(gate("{types: [A], timeout: 30m, on_timeout: approve}"), "");
+    for (approval, key, says) in [
+        (
+            "{types: [B]}",
+            "approval.types",
+            "not a type this listener accepts",
+        ),
+        ("{timeout: 0}", "approval.timeout", "greater than 0"),
+        ("{timeout: forever}", "approval.timeout", "a duration"),
+        ("{timeout: 400d}", "approval.timeout", "at most 366d"),
+        ("{allow: []}", "approval.allow", "at least one"),
+        (
+            "{approvers: {role: viewer}}",
+            "approval.approvers.role",
+            "operator",
+        ),
+        ("{from: []}", "approval.from", "holds nothing"),
+        ("{notify: {url: x}}", "approval", "notify"),
+        ("{on_timeout: later}", "approval", "later"),
+    ] {
+        let e = gate(approval);
+        assert!(e.contains(key) && e.contains(says), "{approval}: {e}");
+    }
 }

@@ -147,6 +147,9 @@ impl From<ControlError> for ApiError {
                 ApiError::not_found("unknown_listener", e.to_string())
             }
             ControlError::UnknownThread(_) => ApiError::not_found("unknown_thread", e.to_string()),
+            ControlError::ThreadKilled(_) => {
+                ApiError::new(StatusCode::CONFLICT, "thread_killed", e.to_string())
+            }
             ControlError::NotReloadable(_) => {
                 ApiError::new(StatusCode::CONFLICT, "not_reloadable", e.to_string())
             }
@@ -185,6 +188,9 @@ impl From<InjectError> for ApiError {
             }
             InjectError::Thread(ThreadError::TooManyActive { .. }) => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_threads")
+            }
+            InjectError::Thread(ThreadError::TooManyHeld { .. }) => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_held")
             }
             InjectError::NoTarget => (StatusCode::BAD_REQUEST, "no_target"),
             InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
@@ -261,6 +267,32 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
             )
             .at(format!("line {}, column {}", e.line(), e.column()))
         })
+    }
+}
+
+/// A body that may be left out: none at all (no `Content-Type`, no bytes) is `None`; any
+/// bytes are read as [`JsonBody`] is.
+impl<T: DeserializeOwned, S: Send + Sync> axum::extract::OptionalFromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Option<Self>, Self::Rejection> {
+        if req.headers().contains_key(header::CONTENT_TYPE) {
+            return <JsonBody<T> as FromRequest<S>>::from_request(req, state)
+                .await
+                .map(Some);
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(body_unreadable)?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            "the body must be JSON with `Content-Type: application/json` (got `none`)",
+        )
+        .at("Content-Type"))
     }
 }
 

@@ -114,6 +114,20 @@ impl<'a> From<&'a StatusAbout> for About<'a> {
 #[derive(Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 enum Kind<'a> {
+    InputRequested {
+        input: Box<super::inputs::Input>,
+    },
+    InputResolved {
+        id: &'a str,
+        status: super::inputs::InputStatus,
+        decided_by: Option<&'a str>,
+        decision: Option<&'a str>,
+        reason: Option<&'a str>,
+        thread_id: &'a str,
+        listener: &'a str,
+        message_id: &'a str,
+        result_message_id: Option<&'a str>,
+    },
     AgentState {
         agent: &'a str,
         state: AgentState,
@@ -181,8 +195,26 @@ enum Kind<'a> {
 }
 
 impl<'a> Kind<'a> {
+    fn resolved(r: &'a crate::threads::InputRow) -> Self {
+        Kind::InputResolved {
+            id: &r.id,
+            status: r.status.into(),
+            decided_by: r.decided_by.as_deref(),
+            decision: r.decision.as_deref(),
+            reason: r.reason.as_deref(),
+            thread_id: &r.thread_id,
+            listener: &r.listener,
+            message_id: &r.message_id,
+            result_message_id: r.result.as_deref(),
+        }
+    }
+
     fn of(kind: &'a EventKind, organism: &Organism) -> Self {
         match kind {
+            EventKind::InputRequested { input } => Kind::InputRequested {
+                input: Box::new(super::inputs::Input::of(input, organism)),
+            },
+            EventKind::InputResolved { input } => Kind::resolved(input),
             EventKind::AgentState {
                 agent,
                 state,

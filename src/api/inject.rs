@@ -64,6 +64,25 @@ fn no_type(
     }
 }
 
+/// A JSON payload for `listener` written as the XML of the type it means (`wanted`, or the
+/// one type it accepts): what an inject and an approval's edit send as JSON.
+pub(super) fn json_to_xml(
+    listener: &crate::config::ListenerConfig,
+    wanted: Option<&str>,
+    json: &serde_json::Value,
+) -> Result<String, ApiError> {
+    let to = listener.name.as_str();
+    json_payload(&listener.accepts, wanted, json).map_err(|e| match e {
+        JsonPayloadError::Type(why) => no_type(&listener.accepts, to, wanted, why),
+        JsonPayloadError::Map(ty, e) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_payload",
+            format!("payload cannot be written as `{ty}`: {}", e.message),
+        )
+        .at(e.path),
+    })
+}
+
 /// Turns an inject body into the pump's request and injects it as the principal of `seen`
 /// (its name, or `default`): to a listener it sees, and into a thread it sees (or a new one).
 pub fn inject(
@@ -127,18 +146,7 @@ pub fn inject(
             }
             xml
         }
-        (Some(json), None) => {
-            let wanted = body.payload_type.as_deref();
-            json_payload(&listener.accepts, wanted, &json).map_err(|e| match e {
-                JsonPayloadError::Type(why) => no_type(&listener.accepts, &body.to, wanted, why),
-                JsonPayloadError::Map(ty, e) => ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_payload",
-                    format!("payload cannot be written as `{ty}`: {}", e.message),
-                )
-                .at(e.path),
-            })?
-        }
+        (Some(json), None) => json_to_xml(listener, body.payload_type.as_deref(), &json)?,
     };
     Ok(organism.inject(InjectRequest {
         from: seen.principal.identity(default).to_string(),

@@ -44,6 +44,7 @@ mod filter;
 mod frame;
 pub mod gateway;
 mod inject;
+mod inputs;
 pub mod keys;
 mod metrics;
 mod mirror;
@@ -311,6 +312,11 @@ fn router(
         .routes(routes!(rest::list_messages))
         .routes(routes!(rest::inject))
         .routes(routes!(rest::kill_thread))
+        .routes(routes!(inputs::abort_thread))
+        .routes(routes!(inputs::list_inputs))
+        .routes(routes!(inputs::get_input))
+        .routes(routes!(inputs::approve_input))
+        .routes(routes!(inputs::reject_input))
         .routes(routes!(rest::pause_agent))
         .routes(routes!(rest::resume_agent))
         .routes(routes!(rest::pause_organism))

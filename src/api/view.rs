@@ -49,8 +49,12 @@ macro_rules! mirror {
 mirror!(
     ThreadStatus = crate::threads::ThreadStatus {
         Active,
+        /// Nothing queued or running, at least one open input (a held message, a question).
+        Waiting,
         Completed,
         Error,
+        /// Stopped by an abort; the next inject to it revives it.
+        Aborted,
         Killed,
     }
 );
@@ -59,6 +63,8 @@ mirror!(
     MessageStatus = crate::threads::MessageStatus {
         /// Queued for, or being handled by, a listener.
         Pending,
+        /// Stopped at its listener's approval gate until a person decides.
+        Held,
         /// Handled by its listener without error.
         Delivered,
         /// Reached a non-listener identity (`api`, `cli`, …): logged, streamed, ended.
@@ -71,6 +77,10 @@ mirror!(
         Failed,
         /// Dropped or cancelled by a kill, or by stop after its grace period.
         Killed,
+        /// Refused at an approval gate by a person (not a failure).
+        Declined,
+        /// Replaced by an edited message.
+        Superseded,
     }
 );
 

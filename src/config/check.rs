@@ -95,6 +95,7 @@ pub(super) fn check_listeners(
         let (script, lua_limits) = check_lua(s, base, known, c);
         check_keys_apply(s, c);
         let (accepts, schema_origin) = check_schema(s, base, c);
+        let approval = super::approval::check_approval(s, &accepts, c);
         let peers = check_peers(s, &names, c);
         let (concurrency, config) = check_handler_config(s, &names, c);
         built.push(ListenerConfig {
@@ -115,6 +116,7 @@ pub(super) fn check_listeners(
             tenant: check_tenant(s, c),
             shared: s.shared,
             origin: ListenerOrigin::File,
+            approval,
         });
     }
 

@@ -80,6 +80,7 @@ pub fn fingerprint(l: &ListenerConfig) -> String {
             ),
             schemas,
             external,
+            &l.approval,
         )
     )
 }

@@ -45,6 +45,12 @@ pub struct Limits {
     /// Test-vector runs at once per tenant (the organism's own credentials count as one
     /// more); one more is answered 429 `too_many_tests`.
     pub max_tests_at_once: usize,
+    /// Messages held at approval gates at once, organism-wide; one more is refused (an
+    /// inject 429 `too_many_held`, a handler's output `failed`).
+    pub max_held_messages: usize,
+    /// Bytes of the payloads held at approval gates at once, organism-wide: refused as
+    /// `max_held_messages` is.
+    pub max_held_bytes: usize,
 }
 
 impl Limits {
@@ -78,13 +84,15 @@ impl Default for Limits {
             max_query_ms: 5_000,
             max_test_answer_bytes: 4 * 1024 * 1024,
             max_tests_at_once: 2,
+            max_held_messages: 10_000,
+            max_held_bytes: 64 * 1024 * 1024,
         }
     }
 }
 
 pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
     // Each limit, its value and the least it may be.
-    let checks: [(&str, u64, u64); 16] = [
+    let checks: [(&str, u64, u64); 18] = [
         ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
         ("limits.max_depth", l.max_depth as u64, 1),
         (
@@ -125,6 +133,8 @@ pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
             1024,
         ),
         ("limits.max_tests_at_once", l.max_tests_at_once as u64, 1),
+        ("limits.max_held_messages", l.max_held_messages as u64, 1),
+        ("limits.max_held_bytes", l.max_held_bytes as u64, 1024),
     ];
     for (key, value, least) in checks {
         if value < least {

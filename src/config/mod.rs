@@ -18,6 +18,7 @@
 //! redact. Pure data. `diff.rs`: what a reload changes (`ReloadReport`, `ReloadProblem`, the
 //! fingerprint a listener is compared by, the settings that need a restart).
 
+pub mod approval;
 mod check;
 mod check_sections;
 pub mod diff;

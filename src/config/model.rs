@@ -220,6 +220,7 @@ pub(crate) struct ListenerSection {
     pub shared: bool,
     #[serde(default)]
     pub placement: Placement,
+    pub approval: Option<super::approval::ApprovalSection>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.
@@ -285,6 +286,8 @@ pub struct ListenerConfig {
     pub shared: bool,
     /// Where it is defined: the organism file, or the API (with its live script version).
     pub origin: ListenerOrigin,
+    /// Its approval gate: messages it holds until a person decides.
+    pub approval: Option<Arc<super::approval::Approval>>,
 }
 
 /// Where a listener is defined.

@@ -135,6 +135,9 @@ impl Event {
             }
             EventKind::Error { error, .. } => OVERHEAD + text(Some(error)),
             EventKind::Log { message, .. } => OVERHEAD + text(Some(message)),
+            EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
+                OVERHEAD + 3 * input.payload_xml.len()
+            }
             _ => OVERHEAD,
         }
     }
@@ -236,6 +239,14 @@ pub enum EventKind {
         ok: bool,
         error: Option<String>,
     },
+    /// An input was opened: a message held at its listener's approval gate.
+    InputRequested {
+        input: Box<crate::threads::InputRow>,
+    },
+    /// An input was decided, expired or withdrawn (`input.status` says which).
+    InputResolved {
+        input: Box<crate::threads::InputRow>,
+    },
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -257,6 +268,8 @@ impl EventKind {
             EventKind::Error { .. } => "error",
             EventKind::OrganismState { .. } => "organism_state",
             EventKind::Log { .. } => "log",
+            EventKind::InputRequested { .. } => "input_requested",
+            EventKind::InputResolved { .. } => "input_resolved",
             EventKind::Reload { .. } => "reload",
             EventKind::Audit { .. } => "audit",
             EventKind::Deployment { .. } => "deployment",
@@ -272,6 +285,9 @@ impl EventKind {
             EventKind::ThreadCreated { thread } => Some(&thread.id),
             EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
                 thread_id.as_deref()
+            }
+            EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
+                Some(&input.thread_id)
             }
             EventKind::AgentState { .. }
             | EventKind::OrganismState { .. }
@@ -294,13 +310,16 @@ impl EventKind {
             EventKind::Log { agent, .. } => vec![agent.as_str()],
             EventKind::Reload { agent, .. } => agent.as_deref().into_iter().collect(),
             EventKind::Deployment { agent, .. } => vec![agent.as_str()],
+            EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
+                vec![input.listener.as_str()]
+            }
             _ => Vec::new(),
         }
     }
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 11] = [
+pub const EVENT_NAMES: [&str; 13] = [
     "agent_state",
     "message",
     "message_status",
@@ -312,6 +331,8 @@ pub const EVENT_NAMES: [&str; 11] = [
     "reload",
     "audit",
     "deployment",
+    "input_requested",
+    "input_resolved",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -68,46 +68,61 @@ impl Template {
 
     fn render(&self, d: &Delivery) -> Result<String, HandlerError> {
         let fields = d.payload.to_json();
-        let mut out = String::with_capacity(self.output.len() + 64);
-        let mut rest = self.output.as_str();
-        while let Some(open) = rest.find('{') {
-            out.push_str(&rest[..open]);
-            let after = &rest[open + 1..];
-            let close = after
-                .find('}')
-                .ok_or_else(|| HandlerError("template has an unclosed `{`".into()))?;
-            let (name, filter) = match after[..close].split_once('|') {
-                Some((n, f)) => (n.trim(), Some(f.trim())),
-                None => (after[..close].trim(), None),
-            };
-            let value = match name {
-                "@from" => d.meta.from.to_string(),
-                "@thread_id" => d.meta.thread_id.to_string(),
-                "@own_name" => d.meta.own_name.to_string(),
-                field => match fields.get(field) {
-                    Some(Value::String(s)) => s.clone(),
-                    Some(other) => other.to_string(),
-                    None => {
-                        return Err(HandlerError(format!(
-                            "template field `{field}` is not in the payload"
-                        )))
-                    }
-                },
-            };
-            let value = match filter {
-                Some("upper") => value.to_uppercase(),
-                Some("lower") => value.to_lowercase(),
-                None => value,
-                Some(other) => {
-                    return Err(HandlerError(format!("unknown template filter `{other}`")))
-                }
-            };
-            out.push_str(&escape_text(&value));
-            rest = &after[close + 1..];
-        }
-        out.push_str(rest);
-        Ok(out)
+        fill(
+            &self.output,
+            |v: &str| escape_text(v).into_owned(),
+            |name| match name {
+                "@from" => Some(d.meta.from.to_string()),
+                "@thread_id" => Some(d.meta.thread_id.to_string()),
+                "@own_name" => Some(d.meta.own_name.to_string()),
+                field => field_text(&fields, field),
+            },
+        )
+        .map_err(HandlerError)
     }
+}
+
+/// A top-level field of a payload's JSON view as text.
+pub fn field_text(fields: &Value, name: &str) -> Option<String> {
+    match fields.get(name)? {
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// Fills `{name}` and `{name|upper}` / `{name|lower}` in `template` with `value(name)`,
+/// each written through `write` (XML-escaped for a payload, as is for a line of text). The
+/// one template rule: the `template` handler's output and an approval gate's `prompt`.
+pub fn fill<W: AsRef<str>>(
+    template: &str,
+    write: impl Fn(&str) -> W,
+    value: impl Fn(&str) -> Option<String>,
+) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let close = after
+            .find('}')
+            .ok_or_else(|| "template has an unclosed `{`".to_string())?;
+        let (name, filter) = match after[..close].split_once('|') {
+            Some((n, f)) => (n.trim(), Some(f.trim())),
+            None => (after[..close].trim(), None),
+        };
+        let found =
+            value(name).ok_or_else(|| format!("template field `{name}` is not in the payload"))?;
+        let found = match filter {
+            Some("upper") => found.to_uppercase(),
+            Some("lower") => found.to_lowercase(),
+            None => found,
+            Some(other) => return Err(format!("unknown template filter `{other}`")),
+        };
+        out.push_str(write(&found).as_ref());
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
 }
 
 impl Handler for Template {

@@ -24,14 +24,36 @@ pub(crate) enum Admitted {
     Queued(Arc<str>),
     /// Logged but not queued: the thread was killed or is over its message budget (the
     /// record's status and error say which). Not published: the caller answers for it.
-    Held(MessageRecord),
+    NotQueued(MessageRecord),
+    /// Logged `failed`, not queued: the approval gates hold as much as they may. Not
+    /// published: the caller answers for it.
+    Refused(MessageRecord, ThreadError),
 }
 
 impl Shared {
     /// Logs `admission` as a pending message for `listener` in `thread` and, if the log keeps
-    /// it pending, publishes it, counts it and queues it. Fails only when the thread is not
-    /// in the registry.
+    /// it pending, publishes it, counts it and queues it; or, if the listener's approval gate
+    /// holds it, logs it `held` and opens its input (`inputs.rs`). Fails when the thread is
+    /// not in the registry, or the gates hold as much as they may.
     pub(crate) fn admit(
+        self: &Arc<Self>,
+        thread: &str,
+        listener: &Arc<Listener>,
+        admission: Admission,
+    ) -> Result<Admitted, ThreadError> {
+        if let Some(gate) = listener
+            .config
+            .approval
+            .as_ref()
+            .filter(|g| g.holds(admission.valid.payload_type(), &admission.from))
+        {
+            return self.hold(thread, listener, admission, gate.clone());
+        }
+        self.admit_now(thread, listener, admission)
+    }
+
+    /// [`Shared::admit`] past the gate: what an approved edit is admitted by.
+    pub(crate) fn admit_now(
         self: &Arc<Self>,
         thread: &str,
         listener: &Arc<Listener>,
@@ -56,7 +78,7 @@ impl Shared {
             },
         )?;
         if record.status != MessageStatus::Pending {
-            return Ok(Admitted::Held(record));
+            return Ok(Admitted::NotQueued(record));
         }
         record.seq = self.events.publish(EventKind::Message {
             message: record.clone(),

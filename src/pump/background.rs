@@ -51,3 +51,21 @@ impl Organism {
         });
     }
 }
+
+impl Organism {
+    /// Every [`super::inputs::EXPIRY_TICK`], applies the approval gates' `on_timeout` to the
+    /// inputs whose time passed on the organism's clock.
+    pub(crate) fn expire_inputs(&self) {
+        let shared = self.shared.clone();
+        self.spawn_background(|stopped| async move {
+            let mut every = tokio::time::interval(super::inputs::EXPIRY_TICK);
+            loop {
+                tokio::select! {
+                    _ = stopped.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                shared.expire_due();
+            }
+        });
+    }
+}

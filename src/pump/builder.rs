@@ -25,6 +25,7 @@ pub struct OrganismBuilder {
     registry: HandlerRegistry,
     event_capacity: Option<usize>,
     overrides: Overrides,
+    clock: crate::time::Clock,
 }
 
 /// Settings given outside the file (the command line's `--listen`, `--store`) that replace
@@ -120,6 +121,13 @@ impl OrganismBuilder {
         self
     }
 
+    /// The clock the organism's wall-clock timers (approval timeouts) read: the system's
+    /// by default; a test gives a [`crate::time::Clock::manual`] one to cross a timeout.
+    pub fn clock(mut self, clock: crate::time::Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// The native handler names available to a config.
     pub fn handler_names(&self) -> Vec<&str> {
         self.registry.names()
@@ -170,6 +178,10 @@ impl OrganismBuilder {
             s.set_read_budget(std::time::Duration::from_millis(config.limits.max_query_ms));
         }
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
+        let inputs_table = match &config.store {
+            Some(path) => Some(crate::store::inputs::InputsTable::open(path)?),
+            None => None,
+        };
         let sink: Option<crate::events::Sink> = store.clone().map(|s| {
             Box::new(move |event: &Arc<crate::events::Event>| s.record_event(event))
                 as crate::events::Sink
@@ -241,6 +253,7 @@ impl OrganismBuilder {
                 callbacks: Arc::default(),
             },
             thread_waiters: Default::default(),
+            inbox: super::inputs::Inbox::new(inputs_table, self.clock),
         });
         let (listeners, order) = build_listeners(&shared, &config)?;
         shared.set_topology(Arc::new(Topology {
@@ -286,6 +299,8 @@ impl Organism {
             self.watch_placed();
         }
         self.report_interrupted(recovered);
+        self.shared.restore_inputs();
+        self.expire_inputs();
         self.shared.note_file_scripts(|_| true);
         if let Some(store) = &self.shared.store {
             let maintenance = store.start_maintenance(

@@ -252,6 +252,7 @@ impl Control<'_> {
         let Some(change) = change else { return Ok(()) };
         s.publish_thread(change);
         s.drop_waits(id);
+        s.cancel_inputs(id, "thread killed");
         for l in &s.topo().order {
             for job in l.drop_thread(id) {
                 s.finish_message(
@@ -260,6 +261,38 @@ impl Control<'_> {
                     Some("thread killed".into()),
                 );
                 s.count_failure(FailureKind::Killed);
+                s.release(id);
+            }
+            s.kick(l);
+        }
+        Ok(())
+    }
+
+    /// Aborts a thread: running handlers cancelled, external waits ended, queued and held
+    /// messages `killed` with `why`, open inputs cancelled. The thread is `aborted`, which is
+    /// not final: the next inject to it revives it. Aborting an aborted thread changes
+    /// nothing; a killed one cannot be aborted.
+    pub fn abort_thread(self, id: &str, why: &str) -> Result<(), ControlError> {
+        let s = &self.organism.shared;
+        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
+            if let Ok(Some(info)) = store.thread(id) {
+                s.threads.adopt(&info);
+            }
+        }
+        let change = match s.threads.abort(id) {
+            Ok(c) => c,
+            Err(crate::threads::ThreadError::Killed(t)) => {
+                return Err(ControlError::ThreadKilled(t))
+            }
+            Err(_) => return Err(ControlError::UnknownThread(id.to_string())),
+        };
+        let Some(change) = change else { return Ok(()) };
+        s.publish_thread(change);
+        s.drop_waits(id);
+        s.cancel_inputs(id, why);
+        for l in &s.topo().order {
+            for job in l.drop_thread(id) {
+                s.finish_message(&job.record, MessageStatus::Killed, Some(why.to_string()));
                 s.release(id);
             }
             s.kick(l);

@@ -461,8 +461,12 @@ impl Shared {
         let cancel = self.threads.cancel_token(&thread);
         let mut failed = None;
 
+        let stopped = || match self.threads.status(&thread) {
+            Some(crate::threads::ThreadStatus::Aborted) => "thread aborted",
+            _ => "thread killed",
+        };
         if cancel.as_ref().is_none_or(|c| c.is_cancelled()) {
-            self.finish_message(&record, MessageStatus::Killed, Some("thread killed".into()));
+            self.finish_message(&record, MessageStatus::Killed, Some(stopped().into()));
         } else {
             let delivery = Delivery {
                 meta: Meta {
@@ -530,7 +534,7 @@ impl Shared {
                     self.finish_message(
                         &record,
                         MessageStatus::Killed,
-                        Some("thread killed while handling".into()),
+                        Some(format!("{} while handling", stopped())),
                     );
                 }
             }

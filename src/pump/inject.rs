@@ -130,7 +130,14 @@ impl Organism {
                 thread_id: opened.id.clone(),
                 message_id,
             }),
-            Admitted::Held(record) => {
+            Admitted::Refused(record, e) => {
+                s.events.publish(EventKind::Message { message: record });
+                if let Some(change) = s.threads.settle(&opened.id) {
+                    s.publish_thread(change);
+                }
+                Err(InjectError::Thread(e))
+            }
+            Admitted::NotQueued(record) => {
                 // Over the thread's budget: logged as failed; the thread settles.
                 s.events.publish(EventKind::Message { message: record });
                 if let Some(change) = s.threads.settle(&opened.id) {

@@ -36,6 +36,7 @@ mod external;
 mod gate;
 mod history;
 mod inject;
+mod inputs;
 mod metrics;
 mod reload;
 mod route;
@@ -65,6 +66,7 @@ use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};
 pub use history::History;
+pub use inputs::{DecideError, Decider, Inputs, Verdict};
 pub use metrics::Metrics;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
@@ -165,6 +167,8 @@ pub enum ControlError {
     UnknownListener(String),
     #[error("no thread `{0}`")]
     UnknownThread(String),
+    #[error("thread `{0}` was killed: a killed thread cannot be aborted")]
+    ThreadKilled(String),
     #[error("`{0}` has nothing to reload: native handlers are compiled in")]
     NotReloadable(String),
     #[error("reload of `{listener}` failed, the old version keeps running: {message}")]
@@ -319,6 +323,8 @@ pub(crate) struct Shared {
     thread_waiters: std::sync::Mutex<
         crate::hash::SeededMap<String, Vec<tokio::sync::oneshot::Sender<ThreadStatus>>>,
     >,
+    /// Messages held at approval gates, and their decisions.
+    inbox: inputs::Inbox,
 }
 
 /// Running, stopping or stopped, and paused: written by build, `pause`/`resume` and `stop`;

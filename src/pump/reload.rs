@@ -275,6 +275,7 @@ impl Shared {
                 self.fail_removed(name, job);
             }
             self.drop_agent_waits(name);
+            self.withdraw_inputs_of(name);
         }
         for name in &report.added {
             if let Some(new) = built.get(name) {

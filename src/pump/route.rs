@@ -276,8 +276,11 @@ impl Shared {
                     from,
                     valid,
                 };
-                if let Ok(Admitted::Held(record)) = self.admit(thread, &listener, admission) {
-                    self.after_append(&record, sender);
+                match self.admit(thread, &listener, admission) {
+                    Ok(Admitted::NotQueued(record) | Admitted::Refused(record, _)) => {
+                        self.after_append(&record, sender)
+                    }
+                    Ok(Admitted::Queued(_)) | Err(_) => {}
                 }
             }
             Err(reason) => {

@@ -81,6 +81,7 @@ pub mod agents;
 pub mod audit;
 mod coalesce;
 mod counts;
+pub mod inputs;
 pub mod keys;
 mod maintenance;
 mod open;
@@ -257,6 +258,9 @@ impl Word for MessageStatus {
             MessageStatus::Undeliverable => "undeliverable",
             MessageStatus::Failed => "failed",
             MessageStatus::Killed => "killed",
+            MessageStatus::Held => "held",
+            MessageStatus::Declined => "declined",
+            MessageStatus::Superseded => "superseded",
         }
     }
 }
@@ -268,6 +272,8 @@ impl Word for ThreadStatus {
             ThreadStatus::Completed => "completed",
             ThreadStatus::Error => "error",
             ThreadStatus::Killed => "killed",
+            ThreadStatus::Waiting => "waiting",
+            ThreadStatus::Aborted => "aborted",
         }
     }
 }

@@ -264,6 +264,34 @@ CREATE INDEX agent_deployments_agent ON agent_deployments(agent, id);
     r#"
 ALTER TABLE agent_versions ADD COLUMN cases TEXT;
 "#,
+    // v10: the inbox (`store::inputs`): messages held at approval gates and their decisions.
+    r#"
+CREATE TABLE inputs (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    status TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    listener TEXT NOT NULL,
+    tenant TEXT,
+    sender TEXT NOT NULL,
+    parent_id TEXT,
+    slot_index INTEGER NOT NULL,
+    payload_type TEXT NOT NULL,
+    payload_xml TEXT NOT NULL,
+    prompt TEXT,
+    requested_by TEXT,
+    created INTEGER NOT NULL,
+    expires INTEGER,
+    decided_by TEXT,
+    decided INTEGER,
+    decision TEXT,
+    reason TEXT,
+    result TEXT
+);
+CREATE INDEX inputs_status ON inputs(status, tenant);
+CREATE INDEX inputs_thread ON inputs(thread);
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),
@@ -366,6 +394,12 @@ pub(super) fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<(u6
         "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
         [],
     )? as u64;
+    // A thread with an open input waits for it: its held messages and questions are kept.
+    tx.execute(
+        "UPDATE threads SET status = 'waiting' WHERE status IN ('error', 'waiting') \
+         AND id IN (SELECT thread FROM inputs WHERE status = 'open')",
+        [],
+    )?;
     let pending = status_str(MessageStatus::Pending);
     let failed = status_str(MessageStatus::Failed);
     let blocks: Vec<i64> = tx

@@ -15,8 +15,10 @@ use crate::hash::SeededMap;
 use crate::sync::lock;
 use crate::time::Timestamp;
 
+mod input;
 mod query;
 mod record;
+pub use input::{InputFilter, InputKind, InputRow, InputStatus};
 pub use query::{glob_match, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 
 pub use record::{
@@ -34,6 +36,8 @@ struct Entry {
     error: Option<String>,
     /// Messages queued for or being handled by a listener.
     outstanding: u64,
+    /// Open inputs: messages held at a gate, questions to a person.
+    inputs: u64,
     /// Messages of this thread logged before it was (re)loaded here: slots continue after them.
     slot_base: u64,
     messages: Vec<MessageRecord>,
@@ -74,17 +78,24 @@ impl Entry {
         }
     }
 
-    /// Quiescent and not killed: completed, or error if a failure happened.
+    /// Quiescent and not killed: waiting while an input is open, else completed, or error
+    /// if a failure happened. True if the status changed.
     fn settle(&mut self) -> bool {
-        if self.status == ThreadStatus::Active && self.outstanding == 0 {
-            self.status = if self.error.is_some() {
-                ThreadStatus::Error
-            } else {
-                ThreadStatus::Completed
-            };
-            return true;
+        if !matches!(self.status, ThreadStatus::Active | ThreadStatus::Waiting)
+            || self.outstanding > 0
+        {
+            return false;
         }
-        false
+        let next = if self.inputs > 0 {
+            ThreadStatus::Waiting
+        } else if self.error.is_some() {
+            ThreadStatus::Error
+        } else {
+            ThreadStatus::Completed
+        };
+        let changed = next != self.status;
+        self.status = next;
+        changed
     }
 }
 
@@ -103,7 +114,7 @@ struct Shard {
 
 impl Shard {
     fn uncount_final(&mut self, to: Option<&Arc<str>>, status: MessageStatus) {
-        if status != MessageStatus::Pending {
+        if status.is_final() {
             let to = to.cloned().unwrap_or_else(|| Arc::from(""));
             if let Some(n) = self.finals.get_mut(&(to, status)) {
                 *n = n.saturating_sub(1);
@@ -112,7 +123,7 @@ impl Shard {
     }
 
     fn count_final(&mut self, to: Option<&Arc<str>>, status: MessageStatus) {
-        if status != MessageStatus::Pending {
+        if status.is_final() {
             let to = to.cloned().unwrap_or_else(|| Arc::from(""));
             *self.finals.entry((to, status)).or_default() += 1;
         }
@@ -195,6 +206,7 @@ impl ThreadRegistry {
             last_activity: now,
             error: None,
             outstanding: 0,
+            inputs: 0,
             slot_base: 0,
             messages: Vec::new(),
             cancel: CancellationToken::new(),
@@ -232,13 +244,14 @@ impl ThreadRegistry {
             last_activity: info.last_activity,
             error: info.error.clone(),
             outstanding: 0,
+            inputs: 0,
             slot_base: info.message_count,
             messages: Vec::new(),
             cancel,
             owner: None,
         };
         shard.threads.insert(id.clone(), entry);
-        if info.status != ThreadStatus::Active {
+        if info.status.is_finished() {
             shard.finished.push_back((id, 0));
         }
     }
@@ -266,6 +279,10 @@ impl ThreadRegistry {
         if e.status == ThreadStatus::Killed {
             m.status = MessageStatus::Killed;
             m.error = Some("thread killed".into());
+        } else if e.status == ThreadStatus::Aborted && !m.status.is_final() {
+            // Work that was under way when the thread was aborted does not go on.
+            m.status = MessageStatus::Killed;
+            m.error = Some("thread aborted".into());
         } else if e.count() >= self.max_messages && m.status == MessageStatus::Pending {
             m.status = MessageStatus::Failed;
             m.error = Some(
@@ -281,8 +298,10 @@ impl ThreadRegistry {
         if let Some(to) = &m.to {
             e.note_participant(to);
         }
-        if m.status == MessageStatus::Pending {
-            e.outstanding += 1;
+        match m.status {
+            MessageStatus::Pending => e.outstanding += 1,
+            MessageStatus::Held => e.inputs += 1,
+            _ => {}
         }
         if let Some(err) = &m.error {
             if e.error.is_none() {
@@ -322,7 +341,9 @@ impl ThreadRegistry {
         let shard = &mut *shard;
         let mut counted = None;
         if let Some(e) = shard.threads.get_mut(thread) {
-            if let Some(err) = &error {
+            // What an abort stops is not the thread's failure: it goes on after.
+            let aborted = status == MessageStatus::Killed && e.status == ThreadStatus::Aborted;
+            if let Some(err) = error.as_ref().filter(|_| !aborted) {
                 if e.error.is_none() {
                     e.error = Some(err.clone());
                 }
@@ -381,27 +402,29 @@ impl ThreadRegistry {
         let shard = &mut *shard;
         let e = shard.threads.get_mut(thread)?;
         e.outstanding = e.outstanding.saturating_sub(1);
-        if e.settle() {
-            self.deactivate(e.owner.as_ref());
-            let change = e.change(thread);
-            self.note_finished(shard, thread);
-            return Some(change);
-        }
-        None
+        self.settle_in(shard, thread)
     }
 
     /// Settles a thread that may have no outstanding work (e.g. its only message was refused).
     pub fn settle(&self, thread: &str) -> Option<StatusChange> {
         let mut shard = lock(self.shard(thread));
-        let shard = &mut *shard;
+        self.settle_in(&mut shard, thread)
+    }
+
+    fn settle_in(&self, shard: &mut Shard, thread: &str) -> Option<StatusChange> {
         let e = shard.threads.get_mut(thread)?;
-        if e.settle() {
-            self.deactivate(e.owner.as_ref());
-            let change = e.change(thread);
-            self.note_finished(shard, thread);
-            return Some(change);
+        let was = e.status;
+        if !e.settle() {
+            return None;
         }
-        None
+        if was == ThreadStatus::Active {
+            self.deactivate(e.owner.as_ref());
+        }
+        let change = e.change(thread);
+        if e.status.is_finished() {
+            self.note_finished(shard, thread);
+        }
+        Some(change)
     }
 
     /// A thread of `owner` becomes active: counted, and refused past `quota` if given.
@@ -463,7 +486,7 @@ impl ThreadRegistry {
                 let still_finished = shard
                     .threads
                     .get(&old)
-                    .is_some_and(|e| e.status != ThreadStatus::Active);
+                    .is_some_and(|e| e.status.is_finished());
                 if still_finished {
                     shard.threads.remove(&old);
                 }

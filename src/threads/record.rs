@@ -12,9 +12,21 @@ use crate::xml::SharedXml;
 #[serde(rename_all = "snake_case")]
 pub enum ThreadStatus {
     Active,
+    /// No queued or running work, and at least one open input (a held message, a question
+    /// to a person): not finished, and not counted as active against a tenant's quota.
+    Waiting,
     Completed,
     Error,
+    /// Stopped by an abort: not final, the next inject revives it.
+    Aborted,
     Killed,
+}
+
+impl ThreadStatus {
+    /// Done for now: completed, error, aborted or killed (not active, not waiting).
+    pub fn is_finished(self) -> bool {
+        !matches!(self, ThreadStatus::Active | ThreadStatus::Waiting)
+    }
 }
 
 /// Stored by these names (`snake_case`), as the API shows them.
@@ -23,6 +35,8 @@ pub enum ThreadStatus {
 pub enum MessageStatus {
     /// Queued for, or being handled by, a listener.
     Pending,
+    /// Stopped at its listener's approval gate, waiting for a person's decision.
+    Held,
     /// Handled by its listener without error.
     Delivered,
     /// Reached a non-listener identity (`api`, `cli`, …): logged, streamed, ended.
@@ -35,6 +49,17 @@ pub enum MessageStatus {
     Failed,
     /// Dropped or cancelled by a kill, or by stop after its grace period.
     Killed,
+    /// Refused at an approval gate by a person (not a failure).
+    Declined,
+    /// Replaced by an edited message.
+    Superseded,
+}
+
+impl MessageStatus {
+    /// Will not change again by itself (neither pending nor held).
+    pub fn is_final(self) -> bool {
+        !matches!(self, MessageStatus::Pending | MessageStatus::Held)
+    }
 }
 
 /// One message in the log (SPEC §9 message object).
@@ -86,6 +111,8 @@ pub enum ThreadError {
     NotFound(String),
     #[error("thread {id} exceeded its budget of {max} messages")]
     BudgetExceeded { id: String, max: u64 },
+    #[error("approval gates hold {held} ({limit} is the limit)")]
+    TooManyHeld { held: String, limit: &'static str },
     #[error("tenant `{owner}` has {max} active threads, its limit ({quota})")]
     TooManyActive {
         owner: String,

@@ -713,6 +713,11 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/agents/{name}/deployments", "get"),
         ("/api/v1/agents/{name}/scripts/{version}/test", "post"),
         ("/api/v1/me", "get"),
+        ("/api/v1/threads/{id}/abort", "post"),
+        ("/api/v1/inputs", "get"),
+        ("/api/v1/inputs/{id}", "get"),
+        ("/api/v1/inputs/{id}/approve", "post"),
+        ("/api/v1/inputs/{id}/reject", "post"),
     ];
     for (path, method) in expected {
         assert!(

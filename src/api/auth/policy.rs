@@ -46,8 +46,10 @@ pub enum On {
     Session,
     /// One listener (`inject`, and `pause`, `resume`, `reload` naming an agent).
     Agent,
-    /// One thread (`kill`).
+    /// One thread (`kill`, `abort`).
     Thread,
+    /// One input (`approve`, `reject`).
+    Input,
     /// The whole organism (`pause`, `resume`, `reload` naming no agent; `stop`).
     Organism,
 }
@@ -132,6 +134,11 @@ pub const TABLE: &[Rule] = &[
     route(GET, "/api/v1/messages", VIEWER, false),
     route(POST, "/api/v1/inject", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),
+    route(POST, "/api/v1/threads/{id}/abort", OPERATOR, false),
+    route(GET, "/api/v1/inputs", VIEWER, false),
+    route(GET, "/api/v1/inputs/{id}", VIEWER, false),
+    route(POST, "/api/v1/inputs/{id}/approve", OPERATOR, false),
+    route(POST, "/api/v1/inputs/{id}/reject", OPERATOR, false),
     route(POST, "/api/v1/agents/{name}/pause", OPERATOR, false),
     route(POST, "/api/v1/agents/{name}/resume", OPERATOR, false),
     route(POST, "/api/v1/agents/{name}/reload", OPERATOR, false),
@@ -156,6 +163,9 @@ pub const TABLE: &[Rule] = &[
     command("subscribe", On::Session, Role::Viewer),
     command("inject", On::Agent, Role::Operator),
     command("kill", On::Thread, Role::Operator),
+    command("abort", On::Thread, Role::Operator),
+    command("approve", On::Input, Role::Operator),
+    command("reject", On::Input, Role::Operator),
     command("pause", On::Agent, Role::Operator),
     command("resume", On::Agent, Role::Operator),
     command("reload", On::Agent, Role::Operator),

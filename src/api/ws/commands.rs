@@ -8,6 +8,7 @@ use super::{Pump, WS_IDENTITY};
 use crate::api::auth::{command_least, command_rule, unknown_thread, Need, On, Seen};
 use crate::api::error::ApiError;
 use crate::api::inject::{inject, InjectBody};
+use crate::api::inputs::{self, DecisionBody};
 use crate::api::rest::reload_blocking;
 use crate::api::Endpoint;
 
@@ -100,15 +101,37 @@ async fn run(
             out.insert("agent".into(), json!(a));
         }
         Command::Kill(t) => {
-            let visible = organism
-                .history()
-                .thread_info(&t)?
-                .is_some_and(|info| scope.sees_thread(&info.participants));
-            if !visible {
-                return Err(unknown_thread(&t));
-            }
+            see_thread(&organism, &scope, &t)?;
             organism.control().kill_thread(&t)?;
             out.insert("thread_id".into(), json!(t));
+        }
+        Command::Abort(t, reason) => {
+            see_thread(&organism, &scope, &t)?;
+            let seen = Seen {
+                principal: s.principal.clone(),
+                scope,
+            };
+            inputs::abort(&organism, &seen, &t, reason, WS_IDENTITY)?;
+            out.insert("thread_id".into(), json!(t));
+        }
+        Command::Approve(id, body) => {
+            let seen = Seen {
+                principal: s.principal.clone(),
+                scope,
+            };
+            let row = inputs::approve(&organism, &seen, &id, *body)?;
+            out.insert("input_id".into(), json!(id));
+            out.insert("status".into(), json!(row.status.as_str()));
+            out.insert("result_message_id".into(), json!(row.result));
+        }
+        Command::Reject(id, reason) => {
+            let seen = Seen {
+                principal: s.principal.clone(),
+                scope,
+            };
+            let row = inputs::reject(&organism, &seen, &id, reason)?;
+            out.insert("input_id".into(), json!(id));
+            out.insert("status".into(), json!(row.status.as_str()));
         }
         Command::ReloadAgent(a) => {
             let o = organism.clone();
@@ -129,11 +152,37 @@ async fn run(
     Ok(out)
 }
 
+/// Thread `t` exists and `scope` sees it; else the answer for a thread that does not.
+fn see_thread(
+    organism: &crate::Organism,
+    scope: &crate::access::Scope,
+    t: &str,
+) -> Result<(), ApiError> {
+    let visible = organism
+        .history()
+        .thread_info(t)?
+        .is_some_and(|info| scope.sees_thread(&info.participants));
+    if visible {
+        Ok(())
+    } else {
+        Err(unknown_thread(t))
+    }
+}
+
 fn unknown_command(cmd: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, reload, stop)"
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, approve, reject, reload, stop)"
     ))
     .at("cmd")
+}
+
+/// A field of a command that is text if given.
+fn text(map: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(v)) => Ok(Some(v.clone())),
+        Some(_) => Err(ApiError::bad_request(format!("`{key}` must be text")).at(key)),
+    }
 }
 
 /// A `/ws` command as what it does, read from its frame before anything is checked.
@@ -148,6 +197,12 @@ enum Command {
         if_rev: Option<u64>,
     },
     Kill(String),
+    /// A thread, and why.
+    Abort(String, Option<String>),
+    /// An input, and the decision's body.
+    Approve(String, Box<DecisionBody>),
+    /// An input, and why.
+    Reject(String, Option<String>),
     Stop,
 }
 
@@ -183,6 +238,31 @@ impl Command {
                     return Err(ApiError::bad_request("`kill` needs a `thread_id`").at("thread_id"))
                 }
             },
+            "abort" => Command::Abort(
+                text(&map, "thread_id")?.ok_or_else(|| {
+                    ApiError::bad_request("`abort` needs a `thread_id`").at("thread_id")
+                })?,
+                text(&map, "reason")?,
+            ),
+            "approve" | "reject" => {
+                let id = text(&map, "input_id")?.ok_or_else(|| {
+                    ApiError::bad_request(format!("`{cmd}` needs an `input_id`")).at("input_id")
+                })?;
+                let mut body = map;
+                body.remove("input_id");
+                let body: DecisionBody = serde_json::from_value(Value::Object(body))
+                    .map_err(|e| ApiError::bad_request(format!("bad {cmd}: {e}")))?;
+                if cmd == "approve" {
+                    Command::Approve(id, Box::new(body))
+                } else if body.payload.is_some() || body.payload_xml.is_some() {
+                    return Err(ApiError::bad_request(
+                        "a rejection takes only a `reason`; an edited payload goes with approve",
+                    )
+                    .at("payload"));
+                } else {
+                    Command::Reject(id, body.reason)
+                }
+            }
             "stop" => Command::Stop,
             _ => return Err(unknown_command(cmd)),
         })
@@ -194,7 +274,8 @@ impl Command {
             Command::Subscribe(_) => On::Session,
             Command::Inject(_) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
-            Command::Kill(_) => On::Thread,
+            Command::Kill(_) | Command::Abort(..) => On::Thread,
+            Command::Approve(..) | Command::Reject(..) => On::Input,
             Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
                 On::Organism
             }
@@ -213,13 +294,17 @@ impl Command {
 /// The audit entry's target of a `/ws` control command (`None` for `subscribe`, `inject`
 /// and anything unknown).
 fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
-    if !matches!(cmd, "pause" | "resume" | "reload" | "kill" | "stop") {
+    if !matches!(
+        cmd,
+        "pause" | "resume" | "reload" | "kill" | "abort" | "approve" | "reject" | "stop"
+    ) {
         return None;
     }
     let named = |k: &str| map.get(k).and_then(Value::as_str).map(str::to_string);
     Some(
         named("agent")
             .or_else(|| named("thread_id"))
+            .or_else(|| named("input_id"))
             .unwrap_or_else(|| "organism".into()),
     )
 }

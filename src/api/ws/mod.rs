@@ -33,6 +33,9 @@ use session::{query_filter, Session, Source};
 
 /// The identity `/ws` injects carry.
 pub const WS_IDENTITY: &str = "ws";
+/// Open inputs listed in a `connected` snapshot at most (`inputs_total` counts them all).
+const CONNECTED_INPUTS: usize = 100;
+
 /// Threads listed in a `connected` snapshot besides the active ones.
 const RECENT_THREADS: usize = 100;
 
@@ -61,7 +64,7 @@ pub struct WsQuery {
 }
 
 #[utoipa::path(get, path = "/ws", tag = "streams", params(WsQuery),
-    responses((status = 101, description = "WebSocket: a `connected` snapshot, then every event (JSON frames with `event`, `seq`, `timestamp`); commands `subscribe`, `inject`, `pause`, `resume`, `kill`, `reload`, `stop`, answered by `ack` or `error` with the `request_id`"),
+    responses((status = 101, description = "WebSocket: a `connected` snapshot, then every event (JSON frames with `event`, `seq`, `timestamp`); commands `subscribe`, `inject`, `pause`, `resume`, `kill`, `abort`, `approve`, `reject`, `reload`, `stop`, answered by `ack` or `error` with the `request_id`"),
               (status = 400, description = "Bad query parameter", body = super::error::ErrorResponse)))]
 pub async fn ws_events(
     ws: WebSocketUpgrade,
@@ -193,6 +196,22 @@ fn snapshot(s: &mut Session<Pump>, seq: u64) -> Value {
         let (agents, threads) = snapshot_lists(organism, &scope);
         frame["agents"] = json!(agents);
         frame["threads"] = json!(threads);
+        // The open inputs it may see, newest first, at most a page.
+        let filter = crate::threads::InputFilter {
+            status: Some(crate::threads::InputStatus::Open),
+            tenant: s.principal.tenant.clone(),
+            ..Default::default()
+        };
+        let page = crate::threads::Page::new(Some(CONNECTED_INPUTS), None);
+        let (items, total) = match organism.inputs().list(&filter, page) {
+            Ok(p) => (p.items, p.total),
+            Err(_) => (Vec::new(), 0),
+        };
+        frame["inputs"] = json!(items
+            .iter()
+            .map(|r| crate::api::inputs::Input::of(r, organism))
+            .collect::<Vec<_>>());
+        frame["inputs_total"] = json!(total);
     }
     frame["filter"] = json!(s.filter);
     frame
@@ -210,7 +229,7 @@ pub(in crate::api) fn snapshot_lists(
     agents.retain(|a| scope.sees(&a.name));
     let mut recent = 0;
     threads.retain(|t| {
-        t.status == crate::threads::ThreadStatus::Active || {
+        !t.status.is_finished() || {
             recent += 1;
             recent <= RECENT_THREADS
         }

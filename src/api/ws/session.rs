@@ -515,6 +515,9 @@ impl<S: Source> Session<S> {
             EventKind::Deployment { tenant, .. } => {
                 tenant.is_some() && *tenant == self.principal.tenant
             }
+            EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
+                scope.sees(&input.listener)
+            }
             EventKind::OrganismState { .. } => true,
             EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
         }

@@ -1,0 +1,440 @@
+//! Humans in the loop over HTTP. The inbox: `GET /api/v1/inputs` (a page, newest first,
+//! filtered), `GET /api/v1/inputs/{id}`, and the decisions `POST …/{id}/approve` (with a
+//! payload: an edit) and `POST …/{id}/reject`. Viewers read; deciding needs the gate's
+//! approvers (an operator by default). A tenant's credential sees and decides only its
+//! tenant's inputs; any other answers 404, as what does not exist. And
+//! `POST /api/v1/threads/{id}/abort`: stop a thread's work and keep the thread usable.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::auth::{unknown_thread, Seen, VisibleThread};
+use super::error::{ApiError, ErrorResponse, JsonBody, Params};
+use super::rest::page;
+use super::view::{Paged, Timestamp};
+use super::ApiState;
+use crate::pump::{DecideError, Decider, Verdict};
+use crate::threads::{InputFilter, InputRow};
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Where an input stands; only `open` changes, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InputStatus {
+    Open,
+    /// Let through, as it was or edited (`result_message_id`).
+    Approved,
+    /// Refused by a person: the message is `declined`.
+    Declined,
+    /// Nobody decided in time: the gate's `on_timeout` was applied (`decision`).
+    Expired,
+    /// Withdrawn: its thread was killed.
+    Cancelled,
+}
+
+impl From<crate::threads::InputStatus> for InputStatus {
+    fn from(s: crate::threads::InputStatus) -> Self {
+        use crate::threads::InputStatus as S;
+        match s {
+            S::Open => InputStatus::Open,
+            S::Approved => InputStatus::Approved,
+            S::Declined => InputStatus::Declined,
+            S::Expired => InputStatus::Expired,
+            S::Cancelled => InputStatus::Cancelled,
+        }
+    }
+}
+
+impl From<InputStatus> for crate::threads::InputStatus {
+    fn from(s: InputStatus) -> Self {
+        use crate::threads::InputStatus as S;
+        match s {
+            InputStatus::Open => S::Open,
+            InputStatus::Approved => S::Approved,
+            InputStatus::Declined => S::Declined,
+            InputStatus::Expired => S::Expired,
+            InputStatus::Cancelled => S::Cancelled,
+        }
+    }
+}
+
+/// What an input waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// A message held at its listener's approval gate.
+    Approval,
+}
+
+/// An input: a message held at an approval gate, and its decision once taken.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Input {
+    pub id: String,
+    pub kind: InputKind,
+    pub status: InputStatus,
+    pub thread_id: String,
+    /// The held message.
+    pub message_id: String,
+    /// The listener whose gate holds it.
+    pub listener: String,
+    /// The held message's sender.
+    pub from: String,
+    pub payload_type: String,
+    /// The held payload as JSON, typed by the listener's schema.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    pub payload_xml: String,
+    /// The gate's `prompt`, filled from the payload.
+    pub prompt: Option<String>,
+    pub created_at: Timestamp,
+    /// When the gate's `on_timeout` applies; `null`: never (`on_timeout: keep`).
+    pub expires_at: Option<Timestamp>,
+    /// What a decider may do with it now: `approve`, `reject`, `edit`.
+    pub allow: Vec<String>,
+    /// `key:NAME`, a token's subject, `timeout`, or `system`.
+    pub decided_by: Option<String>,
+    pub decided_at: Option<Timestamp>,
+    /// `approve`, `edit` or `reject`; for a cancellation, its cause.
+    pub decision: Option<String>,
+    pub reason: Option<String>,
+    /// The message an edit let through instead of the held one.
+    pub result_message_id: Option<String>,
+}
+
+impl Input {
+    pub fn of(r: &InputRow, organism: &crate::Organism) -> Self {
+        let schemas = organism.schemas();
+        let schema = schemas.get(&r.listener, &r.payload_type);
+        let allow = if r.status == crate::threads::InputStatus::Open {
+            organism
+                .inputs()
+                .allowed(&r.id)
+                .iter()
+                .map(|d| d.as_str().to_string())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Input {
+            id: r.id.clone(),
+            kind: match r.kind {
+                crate::threads::InputKind::Approval => InputKind::Approval,
+            },
+            status: r.status.into(),
+            thread_id: r.thread_id.clone(),
+            message_id: r.message_id.clone(),
+            listener: r.listener.clone(),
+            from: r.from.clone(),
+            payload_type: r.payload_type.clone(),
+            payload: crate::schema::payload_json(schema.map(|s| &**s), &r.payload_xml),
+            payload_xml: r.payload_xml.clone(),
+            prompt: r.prompt.clone(),
+            created_at: r.created.into(),
+            expires_at: r.expires.map(Into::into),
+            allow,
+            decided_by: r.decided_by.clone(),
+            decided_at: r.decided.map(Into::into),
+            decision: r.decision.clone(),
+            reason: r.reason.clone(),
+            result_message_id: r.result.clone(),
+        }
+    }
+}
+
+/// Filters of `/inputs`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct InputQuery {
+    pub status: Option<InputStatus>,
+    /// The listener whose gate holds it.
+    pub listener: Option<String>,
+    /// Thread id.
+    pub thread: Option<String>,
+    pub kind: Option<InputKind>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub limit: Option<u32>,
+    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
+    pub offset: Option<u32>,
+}
+
+/// A decision's body: why (kept on the input and in the audit log), and for an approval,
+/// optionally the payload to let through instead (an edit), as JSON or as XML.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// Why: kept on the input (at most `limits.max_error_bytes`).
+    pub reason: Option<String>,
+    /// The edited payload as JSON (approve only), written as the held type's XML.
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<serde_json::Value>,
+    /// The edited payload as XML (approve only).
+    pub payload_xml: Option<String>,
+    /// The edited payload's type, when `payload` is JSON and the listener accepts several.
+    pub payload_type: Option<String>,
+}
+
+/// A rejection's body.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RejectBody {
+    /// Why: kept on the input and in the declined message's error (at most
+    /// `limits.max_error_bytes`).
+    pub reason: Option<String>,
+}
+
+fn decider(seen: &Seen) -> Decider {
+    let p = &seen.principal;
+    Decider {
+        name: p.name.clone(),
+        role: p.role,
+        tenant: p.tenant.clone(),
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_input",
+        format!("no input `{id}`"),
+    )
+    .at("id")
+}
+
+impl From<DecideError> for ApiError {
+    fn from(e: DecideError) -> Self {
+        let message = e.to_string();
+        match e {
+            DecideError::NotFound(id) => not_found(&id),
+            DecideError::AlreadyDecided(first) => {
+                let first = serde_json::json!({
+                    "status": InputStatus::from(first.status),
+                    "decided_by": first.decided_by,
+                    "decision": first.decision,
+                    "reason": first.reason,
+                    "decided_at": first.decided.map(Timestamp::from),
+                });
+                ApiError::new(StatusCode::CONFLICT, "already_decided", message)
+                    .details(vec![first.to_string()])
+            }
+            DecideError::NotAnApprover(_) => {
+                ApiError::new(StatusCode::FORBIDDEN, "not_an_approver", message)
+            }
+            DecideError::NotAllowed { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, "decision_not_allowed", message)
+            }
+            DecideError::Invalid(e) => ApiError::from(e),
+            DecideError::Stopping => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message)
+            }
+            DecideError::Store(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_failed", message)
+            }
+        }
+    }
+}
+
+#[utoipa::path(get, path = "/api/v1/inputs", tag = "inputs", params(InputQuery),
+    responses((status = 200, description = "Inputs, newest first", body = Paged<Input>),
+              (status = 400, description = "A bad query parameter", body = ErrorResponse)))]
+pub async fn list_inputs(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Params(q): Params<InputQuery>,
+) -> ApiResult<Json<Paged<Input>>> {
+    let kind = q.kind.map(|k| match k {
+        InputKind::Approval => crate::threads::InputKind::Approval,
+    });
+    let filter = InputFilter {
+        status: q.status.map(Into::into),
+        listener: q.listener,
+        thread: q.thread,
+        kind,
+        tenant: seen.principal.tenant.clone(),
+    };
+    let organism = &s.inner.organism;
+    let found = organism
+        .inputs()
+        .list(&filter, page(q.limit, q.offset))
+        .map_err(ApiError::from)?;
+    Ok(Json(Paged {
+        items: found.items.iter().map(|r| Input::of(r, organism)).collect(),
+        total: found.total,
+        limit: found.limit,
+        offset: found.offset,
+    }))
+}
+
+/// The input `id` as `seen` may see it (a tenant's own), or 404.
+fn visible(organism: &crate::Organism, seen: &Seen, id: &str) -> ApiResult<InputRow> {
+    organism
+        .inputs()
+        .get(id)
+        .filter(|r| seen.principal.tenant.is_none() || r.tenant == seen.principal.tenant)
+        .ok_or_else(|| not_found(id))
+}
+
+#[utoipa::path(get, path = "/api/v1/inputs/{id}", tag = "inputs",
+    params(("id" = String, Path, description = "Input id")),
+    responses((status = 200, description = "The input", body = Input),
+              (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse)))]
+pub async fn get_input(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Input>> {
+    let row = visible(&s.inner.organism, &seen, &id)?;
+    Ok(Json(Input::of(&row, &s.inner.organism)))
+}
+
+/// The edited payload of an approval, as XML: `payload_xml`, or `payload` (JSON) written as
+/// the type the listener accepts (`payload_type`, else the held message's).
+fn edited_xml(
+    organism: &crate::Organism,
+    row: &InputRow,
+    body: &DecisionBody,
+) -> ApiResult<Option<String>> {
+    match (&body.payload, &body.payload_xml) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "give `payload` (JSON) or `payload_xml`, not both",
+        )
+        .at("payload")),
+        (None, Some(xml)) => Ok(Some(xml.clone())),
+        (Some(json), None) => {
+            let wanted = body.payload_type.as_deref().unwrap_or(&row.payload_type);
+            let config = organism.config();
+            let listener = config.listener(&row.listener).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "unknown_listener",
+                    format!(
+                        "`{}` was removed by a reload: its held message cannot be edited",
+                        row.listener
+                    ),
+                )
+            })?;
+            super::inject::json_to_xml(listener, Some(wanted), json).map(Some)
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/inputs/{id}/approve", tag = "inputs",
+    params(("id" = String, Path, description = "Input id")), request_body = DecisionBody,
+    responses((status = 200, description = "Approved: the message is queued (or, with a payload, the edited one)", body = Input),
+              (status = 403, description = "Not one of the gate's approvers, or a decision the gate does not allow", body = ErrorResponse),
+              (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
+              (status = 409, description = "Already decided: `details` carries the first decision", body = ErrorResponse),
+              (status = 422, description = "The edited payload is malformed or invalid", body = ErrorResponse)))]
+pub async fn approve_input(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(id): Path<String>,
+    body: Option<JsonBody<DecisionBody>>,
+) -> ApiResult<Json<Input>> {
+    let body = body.map(|JsonBody(b)| b).unwrap_or_default();
+    let row = approve(&s.inner.organism, &seen, &id, body)?;
+    Ok(Json(Input::of(&row, &s.inner.organism)))
+}
+
+/// Approves the input `id` as `seen` (REST and `/ws`): with a payload, an edit.
+pub(super) fn approve(
+    organism: &crate::Organism,
+    seen: &Seen,
+    id: &str,
+    body: DecisionBody,
+) -> ApiResult<InputRow> {
+    let row = visible(organism, seen, id)?;
+    let payload_xml = edited_xml(organism, &row, &body)?;
+    Ok(organism.inputs().decide(
+        id,
+        &decider(seen),
+        Verdict::Approve {
+            reason: body.reason,
+            payload_xml,
+        },
+    )?)
+}
+
+/// Rejects the input `id` as `seen` (REST and `/ws`).
+pub(super) fn reject(
+    organism: &crate::Organism,
+    seen: &Seen,
+    id: &str,
+    reason: Option<String>,
+) -> ApiResult<InputRow> {
+    visible(organism, seen, id)?;
+    Ok(organism
+        .inputs()
+        .decide(id, &decider(seen), Verdict::Reject { reason })?)
+}
+
+#[utoipa::path(post, path = "/api/v1/inputs/{id}/reject", tag = "inputs",
+    params(("id" = String, Path, description = "Input id")), request_body = RejectBody,
+    responses((status = 200, description = "Rejected: the message is `declined`", body = Input),
+              (status = 403, description = "Not one of the gate's approvers, or a decision the gate does not allow", body = ErrorResponse),
+              (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
+              (status = 409, description = "Already decided: `details` carries the first decision", body = ErrorResponse)))]
+pub async fn reject_input(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(id): Path<String>,
+    body: Option<JsonBody<RejectBody>>,
+) -> ApiResult<Json<Input>> {
+    let body = body.map(|JsonBody(b)| b).unwrap_or_default();
+    let row = reject(&s.inner.organism, &seen, &id, body.reason)?;
+    Ok(Json(Input::of(&row, &s.inner.organism)))
+}
+
+/// An abort's body.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AbortBody {
+    /// Why: the error of every message the abort stops (at most `limits.max_error_bytes`).
+    pub reason: Option<String>,
+}
+
+#[utoipa::path(post, path = "/api/v1/threads/{id}/abort", tag = "control",
+    params(("id" = String, Path, description = "Thread id")), request_body = AbortBody,
+    responses((status = 200, description = "Aborted: running handlers cancelled, queued and held messages `killed`, open inputs cancelled; the next inject revives it", body = super::view::Thread),
+              (status = 404, description = "No such thread", body = ErrorResponse),
+              (status = 409, description = "The thread was killed", body = ErrorResponse)))]
+pub async fn abort_thread(
+    State(s): State<ApiState>,
+    seen: Seen,
+    VisibleThread { id, .. }: VisibleThread,
+    body: Option<JsonBody<AbortBody>>,
+) -> ApiResult<Json<super::view::Thread>> {
+    let body = body.map(|JsonBody(b)| b).unwrap_or_default();
+    let organism = &s.inner.organism;
+    abort(organism, &seen, &id, body.reason, "api")?;
+    organism
+        .threads()
+        .info(&id)
+        .map(|t| Json(t.into()))
+        .ok_or_else(|| unknown_thread(&id))
+}
+
+/// Aborts thread `id` (already found visible) as `seen`, whose identity without a name is
+/// `default`: every message it stops says who and why.
+pub(super) fn abort(
+    organism: &crate::Organism,
+    seen: &Seen,
+    id: &str,
+    reason: Option<String>,
+    default: &str,
+) -> ApiResult<()> {
+    let who = seen.principal.identity(default);
+    let why = match reason {
+        Some(r) => format!("aborted by {who}: {r}"),
+        None => format!("aborted by {who}"),
+    };
+    let why = crate::clip::clip(why, organism.config().limits.max_error_bytes);
+    organism.control().abort_thread(id, &why)?;
+    Ok(())
+}

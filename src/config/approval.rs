@@ -1,0 +1,213 @@
+//! A listener's approval gate (`approval:`): which of its messages wait for a person's
+//! decision, who may decide, what they may do, and what happens when nobody does in time.
+//! Plain data, checked here; the pump enforces it (`pump::inputs`).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::{parse_age, Collector, ListenerSection, Role};
+use crate::schema::Schema;
+use crate::xml::PayloadType;
+
+/// How long a held message waits for a decision when `timeout` is not given.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest `timeout` (a year): a timer further away is a mistake.
+pub const MAX_APPROVAL_TIMEOUT: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// What a person may do with a held message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Decision {
+    /// Let it through as it is.
+    Approve,
+    /// Refuse it: the message is `declined`.
+    Reject,
+    /// Let a corrected payload through instead (validated again); the original is
+    /// `superseded`.
+    Edit,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Approve => "approve",
+            Decision::Reject => "reject",
+            Decision::Edit => "edit",
+        }
+    }
+}
+
+/// What happens to a held message nobody decided within `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnTimeout {
+    /// It is declined (the input `expired`).
+    #[default]
+    Reject,
+    /// It goes through (a soft gate).
+    Approve,
+    /// It stays held: no timer.
+    Keep,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ApprovalSection {
+    types: Option<Vec<String>>,
+    from: Option<Vec<String>>,
+    approvers: Option<ApproversSection>,
+    allow: Option<Vec<Decision>>,
+    timeout: Option<yaml_serde::Value>,
+    on_timeout: Option<OnTimeout>,
+    prompt: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproversSection {
+    role: Option<Role>,
+    #[serde(default)]
+    keys: Vec<String>,
+    #[serde(default)]
+    subjects: Vec<String>,
+    #[serde(default)]
+    distinct_from_sender: bool,
+}
+
+/// Who may decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approvers {
+    /// The least role (default `operator`).
+    pub role: Role,
+    /// API key names (`alice` for `key:alice`); empty: any key.
+    pub keys: Vec<String>,
+    /// JWT subjects; empty: any. With both lists given, either may match.
+    pub subjects: Vec<String>,
+    /// The principal that injected the thread may not decide (four eyes).
+    pub distinct_from_sender: bool,
+}
+
+/// A checked `approval:` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// The payload types held; `None`: every type the listener accepts.
+    pub types: Option<Vec<PayloadType>>,
+    /// Only messages from these senders are held; `None`: from anyone.
+    pub from: Option<Vec<String>>,
+    pub approvers: Approvers,
+    pub allow: Vec<Decision>,
+    /// `None` with `on_timeout: keep`.
+    pub timeout: Option<Duration>,
+    pub on_timeout: OnTimeout,
+    /// A line shown with the input, `{field}` filled from the payload's leaves.
+    pub prompt: Option<String>,
+}
+
+impl Approval {
+    /// Whether a message of `payload_type` from `from` waits at this gate.
+    pub fn holds(&self, payload_type: &PayloadType, from: &str) -> bool {
+        self.types
+            .as_ref()
+            .is_none_or(|ts| ts.iter().any(|t| t == payload_type))
+            && self
+                .from
+                .as_ref()
+                .is_none_or(|fs| fs.iter().any(|f| f == from))
+    }
+
+    pub fn allows(&self, d: Decision) -> bool {
+        self.allow.contains(&d)
+    }
+}
+
+/// Checks `s.approval` against the listener's accepted types and the organism's listener
+/// names; every problem is collected with its key.
+pub(super) fn check_approval(
+    s: &ListenerSection,
+    accepts: &[(PayloadType, std::sync::Arc<Schema>)],
+    c: &mut Collector,
+) -> Option<std::sync::Arc<Approval>> {
+    let section = s.approval.as_ref()?;
+    let l = Some(s.name.as_str());
+    let before = c.errors.len();
+    let types = section.types.as_ref().map(|ts| {
+        ts.iter()
+            .filter_map(|t| {
+                let found = accepts.iter().find(|(p, _)| p.is_written_as(t));
+                if found.is_none() {
+                    c.push(
+                        l,
+                        Some("approval.types"),
+                        format!("`{t}` is not a type this listener accepts"),
+                    );
+                }
+                found.map(|(p, _)| p.clone())
+            })
+            .collect::<Vec<_>>()
+    });
+    if section.from.as_ref().is_some_and(Vec::is_empty) {
+        c.push(
+            l,
+            Some("approval.from"),
+            "an empty list holds nothing: leave it out to hold messages from anyone",
+        );
+    }
+    let allow = section
+        .allow
+        .clone()
+        .unwrap_or_else(|| vec![Decision::Approve, Decision::Reject, Decision::Edit]);
+    if allow.is_empty() {
+        c.push(
+            l,
+            Some("approval.allow"),
+            "must allow at least one of approve, reject, edit",
+        );
+    }
+    let on_timeout = section.on_timeout.unwrap_or_default();
+    let timeout = match &section.timeout {
+        None => Some(DEFAULT_APPROVAL_TIMEOUT),
+        Some(yaml_serde::Value::Number(n)) => n.as_u64().map(Duration::from_secs),
+        Some(yaml_serde::Value::String(t)) => parse_age(t),
+        Some(_) => None,
+    }
+    .filter(|d| !d.is_zero() && *d <= MAX_APPROVAL_TIMEOUT);
+    if timeout.is_none() {
+        c.push(
+            l,
+            Some("approval.timeout"),
+            "must be seconds (3600) or a duration like 30m, 24h, 7d, greater than 0 and at most 366d",
+        );
+    }
+    let a = section.approvers.as_ref();
+    let approvers = Approvers {
+        role: a.and_then(|a| a.role).unwrap_or(Role::Operator),
+        keys: a.map(|a| a.keys.clone()).unwrap_or_default(),
+        subjects: a.map(|a| a.subjects.clone()).unwrap_or_default(),
+        distinct_from_sender: a.is_some_and(|a| a.distinct_from_sender),
+    };
+    if approvers.role == Role::Viewer {
+        c.push(
+            l,
+            Some("approval.approvers.role"),
+            "viewers only read: the least role that decides is operator",
+        );
+    }
+    if let Some(p) = &section.prompt {
+        if p.len() > 4096 {
+            c.push(l, Some("approval.prompt"), "must be at most 4096 bytes");
+        }
+    }
+    (c.errors.len() == before).then(|| {
+        std::sync::Arc::new(Approval {
+            types,
+            from: section.from.clone(),
+            approvers,
+            allow,
+            timeout: (on_timeout != OnTimeout::Keep).then_some(timeout).flatten(),
+            on_timeout,
+            prompt: section.prompt.clone(),
+        })
+    })
+}

@@ -1,0 +1,621 @@
+//! The inbox: messages held at approval gates until a person decides (`approval:` on a
+//! listener, `config::approval`).
+//!
+//! The gate is a pump property: [`Shared::admit`] asks the receiving listener's gate before
+//! it queues anything, for injects and handler outputs alike, and for listeners placed on
+//! workers (a delivery is published to workers only once queued). A held message is logged
+//! `held` and published; its input is written to the store's `inputs` table at once (with the
+//! message itself, so a restart restores it without the log) and kept here, with the
+//! validated payload, until it is decided. Its thread is `waiting` once nothing else runs.
+//!
+//! A decision removes the input from [`Held`] under its lock, so of two people deciding at
+//! once exactly one wins; the other is answered with the first decision. Approve queues the
+//! message (`pending`, at the back of its (listener, thread) queue); reject makes it
+//! `declined` (final, not a failure: no counter, no thread error); edit makes it
+//! `superseded` and admits the edited payload, validated again, with the same sender and
+//! parent. A timer (`timeout`, on the organism's [`Clock`]) applies `on_timeout`. A kill
+//! cancels the thread's inputs; a listener removed by a reload makes its held messages
+//! undeliverable when they are let through.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use crate::config::approval::{Approval, Decision};
+use crate::config::Role;
+use crate::events::EventKind;
+use crate::hash::SeededMap;
+use crate::schema::ValidatedPayload;
+use crate::store::inputs::InputsTable;
+use crate::sync::lock;
+use crate::threads::{
+    InputFilter, InputKind, InputRow, InputStatus, MessageRecord, MessageStatus, NewMessage, Page,
+    Paged, ThreadError,
+};
+use crate::time::{Clock, Timestamp};
+use crate::xml::normalize_payload;
+
+mod restore;
+pub(crate) use restore::EXPIRY_TICK;
+
+use super::admit::{Admission, Admitted};
+use super::dispatch::{Job, Listener};
+use super::{InjectError, Organism, Shared};
+
+/// Decided inputs kept in memory (newest), for a second decider's answer and for an
+/// organism without a store.
+const RECENT_DECIDED: usize = 4096;
+
+/// Who decides: a principal as the pump sees it (the API maps its own).
+#[derive(Debug, Clone)]
+pub struct Decider {
+    /// `key:NAME` for an API key, a JWT's `sub`; `None` without authentication.
+    pub name: Option<String>,
+    pub role: Role,
+    /// A tenant's principal decides only its tenant's inputs.
+    pub tenant: Option<String>,
+}
+
+impl Decider {
+    fn shown(&self) -> String {
+        self.name.clone().unwrap_or_else(|| "api".to_string())
+    }
+}
+
+/// What a person decides.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// Let it through; with a payload (XML), let that through instead (an edit).
+    Approve {
+        reason: Option<String>,
+        payload_xml: Option<String>,
+    },
+    Reject {
+        reason: Option<String>,
+    },
+}
+
+/// Why a decision was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideError {
+    #[error("no input `{0}`")]
+    NotFound(String),
+    #[error("input `{}` was already decided: {}", .0.id, .0.status.as_str())]
+    AlreadyDecided(Box<InputRow>),
+    #[error("{0}")]
+    NotAnApprover(String),
+    #[error("this gate does not allow `{decision}` (it allows: {allowed})")]
+    NotAllowed {
+        decision: &'static str,
+        allowed: String,
+    },
+    /// The edited payload: malformed, of a type the listener does not accept, or invalid.
+    #[error("{0}")]
+    Invalid(InjectError),
+    #[error("the organism is stopping")]
+    Stopping,
+    #[error("the store could not record the decision: {0}")]
+    Store(crate::store::StoreError),
+}
+
+/// One open input.
+struct Held {
+    row: InputRow,
+    record: MessageRecord,
+    /// `None` for an input restored after a restart: validated again when let through.
+    valid: Option<ValidatedPayload>,
+    /// The gate as it was when the message was held (a reload applies to new messages).
+    approval: Option<Arc<Approval>>,
+}
+
+/// The open inputs, the recently decided ones, and the table that keeps them.
+pub(crate) struct Inbox {
+    open: Mutex<SeededMap<Arc<str>, Held>>,
+    recent: Mutex<VecDeque<InputRow>>,
+    table: Option<InputsTable>,
+    pub(crate) clock: Clock,
+}
+
+impl Inbox {
+    pub(crate) fn new(table: Option<InputsTable>, clock: Clock) -> Self {
+        Inbox {
+            open: Mutex::default(),
+            recent: Mutex::default(),
+            table,
+            clock,
+        }
+    }
+
+    fn remember(&self, row: InputRow) {
+        let mut recent = lock(&self.recent);
+        if recent.len() >= RECENT_DECIDED {
+            recent.pop_front();
+        }
+        recent.push_back(row);
+    }
+
+    fn decided(&self, id: &str) -> Option<InputRow> {
+        if let Some(r) = lock(&self.recent).iter().rev().find(|r| r.id == id) {
+            return Some(r.clone());
+        }
+        self.table.as_ref()?.get(id).ok().flatten()
+    }
+
+    fn held_totals(&self) -> (usize, usize) {
+        let open = lock(&self.open);
+        (
+            open.len(),
+            open.values().map(|h| h.row.payload_xml.len()).sum(),
+        )
+    }
+}
+
+impl Organism {
+    /// The inbox: open and decided inputs, and decisions.
+    pub fn inputs(&self) -> Inputs<'_> {
+        Inputs { organism: self }
+    }
+}
+
+/// The inbox of an organism ([`Organism::inputs`]).
+#[derive(Clone, Copy)]
+pub struct Inputs<'a> {
+    organism: &'a Organism,
+}
+
+impl<'a> Inputs<'a> {
+    fn shared(self) -> &'a Arc<Shared> {
+        &self.organism.shared
+    }
+
+    /// One page of inputs, newest first: from the store when there is one, else from
+    /// memory (the open ones and the last decided).
+    pub fn list(
+        self,
+        filter: &InputFilter,
+        page: Page,
+    ) -> Result<Paged<InputRow>, crate::store::StoreError> {
+        let inbox = &self.shared().inbox;
+        if let Some(table) = &inbox.table {
+            return table.page(filter, page);
+        }
+        let mut all: Vec<InputRow> = lock(&inbox.recent).iter().cloned().collect();
+        all.extend(lock(&inbox.open).values().map(|h| h.row.clone()));
+        all.retain(|r| filter.matches(r));
+        all.sort_by(|a, b| b.created.cmp(&a.created).then(b.id.cmp(&a.id)));
+        Ok(page.cut(all))
+    }
+
+    /// One input, open or decided.
+    pub fn get(self, id: &str) -> Option<InputRow> {
+        let inbox = &self.shared().inbox;
+        if let Some(h) = lock(&inbox.open).get(id) {
+            return Some(h.row.clone());
+        }
+        inbox.decided(id)
+    }
+
+    /// Inputs open now.
+    pub fn open_count(self) -> usize {
+        lock(&self.shared().inbox.open).len()
+    }
+
+    /// The decisions the gate of an open input allows (every one for a decided input's).
+    pub fn allowed(self, id: &str) -> Vec<Decision> {
+        lock(&self.shared().inbox.open)
+            .get(id)
+            .and_then(|h| h.approval.as_ref().map(|a| a.allow.clone()))
+            .unwrap_or_else(|| vec![Decision::Approve, Decision::Reject, Decision::Edit])
+    }
+
+    /// Decides an open input. Exactly one decision of an input is taken; a later one is
+    /// answered [`DecideError::AlreadyDecided`] with the first.
+    pub fn decide(
+        self,
+        id: &str,
+        who: &Decider,
+        verdict: Verdict,
+    ) -> Result<InputRow, DecideError> {
+        let s = self.shared();
+        if s.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
+            return Err(DecideError::Stopping);
+        }
+        let decision = match &verdict {
+            Verdict::Approve {
+                payload_xml: Some(_),
+                ..
+            } => Decision::Edit,
+            Verdict::Approve { .. } => Decision::Approve,
+            Verdict::Reject { .. } => Decision::Reject,
+        };
+        // Checked on a look, then taken under the lock: validation runs outside it.
+        let (row, approval, listener) = {
+            let open = lock(&s.inbox.open);
+            match open.get(id) {
+                Some(h) => (h.row.clone(), h.approval.clone(), h.row.listener.clone()),
+                None => {
+                    drop(open);
+                    return Err(match s.inbox.decided(id) {
+                        Some(r) if in_scope(&r, who) => DecideError::AlreadyDecided(Box::new(r)),
+                        _ => DecideError::NotFound(id.to_string()),
+                    });
+                }
+            }
+        };
+        if !in_scope(&row, who) {
+            return Err(DecideError::NotFound(id.to_string()));
+        }
+        let topo = s.topo();
+        let approval = approval.or_else(|| {
+            topo.listeners
+                .get(listener.as_str())
+                .and_then(|l| l.config.approval.clone())
+        });
+        may_decide(approval.as_deref(), &row, who)?;
+        if let Some(a) = approval.as_deref().filter(|a| !a.allows(decision)) {
+            let allowed: Vec<&str> = a.allow.iter().map(|d| d.as_str()).collect();
+            return Err(DecideError::NotAllowed {
+                decision: decision.as_str(),
+                allowed: allowed.join(", "),
+            });
+        }
+        let edited = match &verdict {
+            Verdict::Approve {
+                payload_xml: Some(xml),
+                ..
+            } => Some(
+                s.validate_for(&listener, xml)
+                    .map_err(DecideError::Invalid)?,
+            ),
+            _ => None,
+        };
+        let (status, reason) = match verdict {
+            Verdict::Approve { reason, .. } => (InputStatus::Approved, reason),
+            Verdict::Reject { reason } => (InputStatus::Declined, reason),
+        };
+        let decided = InputRow {
+            status,
+            decided_by: Some(who.shown()),
+            decided: Some(s.inbox.clock.now()),
+            decision: Some(decision.as_str().to_string()),
+            reason: reason.map(|r| s.clip_error(r)),
+            ..row
+        };
+        s.close(decided, edited)
+    }
+
+    /// Applies `on_timeout` to every open input whose time has passed on the organism's
+    /// clock. Returns how many expired. (A background task calls it; tests may too.)
+    pub fn expire_due(self) -> usize {
+        self.shared().expire_due()
+    }
+}
+
+/// Whether `who` may see `row` at all (a tenant sees its own).
+fn in_scope(row: &InputRow, who: &Decider) -> bool {
+    who.tenant.is_none() || who.tenant == row.tenant
+}
+
+/// The gate's `approvers` against `who` (without a gate, an operator decides).
+fn may_decide(
+    approval: Option<&Approval>,
+    row: &InputRow,
+    who: &Decider,
+) -> Result<(), DecideError> {
+    let refuse = |why: String| Err(DecideError::NotAnApprover(why));
+    let least = approval.map_or(Role::Operator, |a| a.approvers.role);
+    if who.role < least {
+        return refuse(format!("deciding this input needs the role {least}"));
+    }
+    let Some(a) = approval else { return Ok(()) };
+    let name = who.name.as_deref();
+    let key = name.and_then(|n| n.strip_prefix("key:"));
+    let subject = name.filter(|n| !n.starts_with("key:"));
+    let listed = !a.approvers.keys.is_empty() || !a.approvers.subjects.is_empty();
+    let named = key.is_some_and(|k| a.approvers.keys.iter().any(|x| x == k))
+        || subject.is_some_and(|s| a.approvers.subjects.iter().any(|x| x == s));
+    if listed && !named {
+        return refuse("this gate names its approvers, and this credential is not one".into());
+    }
+    if a.approvers.distinct_from_sender && name.is_some() && row.requested_by.as_deref() == name {
+        return refuse(
+            "this gate needs a second person: the credential that started the thread cannot decide"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// The gate of `listener` holds this admission: logs it `held`, opens its input, and
+    /// lets the thread wait. Past `limits.max_held_messages` / `max_held_bytes` it is logged
+    /// `failed` instead ([`Admitted::Refused`]).
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        thread: &str,
+        listener: &Arc<Listener>,
+        admission: Admission,
+        approval: Arc<Approval>,
+    ) -> Result<Admitted, ThreadError> {
+        let full = self.gates_full(admission.valid.xml().len());
+        if let Some(e) = full {
+            let record = self.threads.append(
+                thread,
+                NewMessage {
+                    id: crate::threads::new_id(),
+                    parent_id: admission.parent_id,
+                    from: admission.from,
+                    to: Some(listener.config.name.arc()),
+                    payload_type: Some(admission.valid.payload_type().written()),
+                    payload_xml: admission.valid.xml_arc(),
+                    status: MessageStatus::Failed,
+                    error: Some(e.to_string()),
+                },
+            )?;
+            self.count_failure(super::FailureKind::Undeliverable);
+            return Ok(Admitted::Refused(record, e));
+        }
+        let Admission {
+            parent_id,
+            from,
+            valid,
+        } = admission;
+        let requested_by = self
+            .threads
+            .first_sender(thread)
+            .or_else(|| Some(from.clone()));
+        let mut record = self.threads.append(
+            thread,
+            NewMessage {
+                id: crate::threads::new_id(),
+                parent_id,
+                from,
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(valid.payload_type().written()),
+                payload_xml: valid.xml_arc(),
+                status: MessageStatus::Held,
+                error: None,
+            },
+        )?;
+        if record.status != MessageStatus::Held {
+            return Ok(Admitted::NotQueued(record));
+        }
+        record.seq = self.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        let row = self.input_row(
+            &record,
+            &valid,
+            listener,
+            &approval,
+            requested_by.map(|r| r.to_string()),
+        );
+        if let Some(table) = &self.inbox.table {
+            if let Err(e) = table.insert(&row) {
+                self.events.publish(EventKind::Error {
+                    thread_id: Some(thread.to_string()),
+                    agent: Some(row.listener.clone()),
+                    error: self.clip_error(format!(
+                        "the held message {} is not in the store's inbox, so a restart would lose it: {e}",
+                        row.message_id
+                    )),
+                });
+            }
+        }
+        let id: Arc<str> = Arc::from(row.id.as_str());
+        let message_id = record.id.clone();
+        self.events.publish(EventKind::InputRequested {
+            input: Box::new(row.clone()),
+        });
+        lock(&self.inbox.open).insert(
+            id,
+            Held {
+                row,
+                record,
+                valid: Some(valid),
+                approval: Some(approval),
+            },
+        );
+        if let Some(change) = self.threads.settle(thread) {
+            self.publish_thread(change);
+        }
+        Ok(Admitted::Queued(message_id))
+    }
+
+    /// Whether the gates hold as much as they may, one more payload of `size` bytes
+    /// counted: the limit passed, as the refusal.
+    fn gates_full(&self, size: usize) -> Option<ThreadError> {
+        let (count, bytes) = self.inbox.held_totals();
+        if count >= self.limits.max_held_messages {
+            Some(ThreadError::TooManyHeld {
+                held: format!("{count} messages"),
+                limit: "limits.max_held_messages",
+            })
+        } else if bytes + size > self.limits.max_held_bytes {
+            Some(ThreadError::TooManyHeld {
+                held: format!("{bytes} bytes of payloads"),
+                limit: "limits.max_held_bytes",
+            })
+        } else {
+            None
+        }
+    }
+
+    /// The open input of `record`, held at `listener`'s gate `approval`.
+    fn input_row(
+        &self,
+        record: &MessageRecord,
+        valid: &ValidatedPayload,
+        listener: &Listener,
+        approval: &Approval,
+        requested_by: Option<String>,
+    ) -> InputRow {
+        let now = self.inbox.clock.now();
+        let prompt = approval.prompt.as_deref().map(|p| {
+            let fields = valid.to_json();
+            crate::listener::fill(
+                p,
+                |v: &str| v.to_string(),
+                |name| crate::listener::field_text(&fields, name),
+            )
+            .unwrap_or_else(|_| p.to_string())
+        });
+        let ms = |t: std::time::Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        InputRow {
+            id: crate::threads::new_id().to_string(),
+            kind: InputKind::Approval,
+            status: InputStatus::Open,
+            thread_id: record.thread_id.to_string(),
+            message_id: record.id.to_string(),
+            listener: listener.name().to_string(),
+            tenant: listener.config.tenant.clone(),
+            from: record.from.to_string(),
+            parent_id: record.parent_id.as_ref().map(|p| p.to_string()),
+            slot_index: record.slot_index,
+            payload_type: valid.payload_type().written().to_string(),
+            payload_xml: valid.xml().to_string(),
+            prompt,
+            requested_by,
+            created: now,
+            expires: approval
+                .timeout
+                .map(|t| Timestamp(now.0.saturating_add(ms(t)))),
+            decided_by: None,
+            decided: None,
+            decision: None,
+            reason: None,
+            result: None,
+        }
+    }
+
+    /// A payload `listener` accepts, from XML: normalized and validated as an inject is.
+    fn validate_for(&self, listener: &str, xml: &str) -> Result<ValidatedPayload, InjectError> {
+        let payload = normalize_payload(xml, &self.xml_limits)?;
+        let topo = self.topo();
+        let l = topo
+            .listeners
+            .get(listener)
+            .ok_or_else(|| InjectError::UnknownListener(listener.to_string()))?;
+        let schema =
+            l.config
+                .schema_for(&payload.payload_type)
+                .ok_or_else(|| InjectError::NotAccepted {
+                    listener: listener.to_string(),
+                    payload_type: payload.payload_type.to_string(),
+                })?;
+        schema.validate(payload).map_err(InjectError::Invalid)
+    }
+
+    /// Takes the open input `decided.id` (whoever takes it decides) and applies `decided`:
+    /// recorded, published, and the held message let through (approved or expired by
+    /// approval, `edited` instead of it when given), declined, or killed (cancelled).
+    fn close(
+        self: &Arc<Self>,
+        mut decided: InputRow,
+        edited: Option<ValidatedPayload>,
+    ) -> Result<InputRow, DecideError> {
+        let Some(held) = lock(&self.inbox.open).remove(decided.id.as_str()) else {
+            return Err(match self.inbox.decided(&decided.id) {
+                Some(r) => DecideError::AlreadyDecided(Box::new(r)),
+                None => DecideError::NotFound(decided.id),
+            });
+        };
+        let record = held.record;
+        let thread = record.thread_id.clone();
+        let topo = self.topo();
+        let listener = topo.listeners.get(decided.listener.as_str()).cloned();
+        let lets_through = decided.decision.as_deref() != Some("reject")
+            && matches!(decided.status, InputStatus::Approved | InputStatus::Expired);
+        let declined_by = || {
+            let by = decided.decided_by.as_deref().unwrap_or("?");
+            self.clip_error(match &decided.reason {
+                Some(r) => format!("declined by {by}: {r}"),
+                None => format!("declined by {by}"),
+            })
+        };
+        let (status, error) = match (lets_through, &listener, &edited) {
+            (true, None, _) => (
+                MessageStatus::Undeliverable,
+                Some(format!(
+                    "`{}` was removed by a reload before its held message was let through",
+                    decided.listener
+                )),
+            ),
+            (true, Some(_), Some(_)) => (MessageStatus::Superseded, None),
+            (true, Some(_), None) => (MessageStatus::Pending, None),
+            (false, None, _) if decided.status == InputStatus::Cancelled => {
+                (MessageStatus::Undeliverable, decided.decision.clone())
+            }
+            (false, ..) if decided.status == InputStatus::Cancelled => {
+                (MessageStatus::Killed, decided.decision.clone())
+            }
+            (false, ..) => (MessageStatus::Declined, Some(declined_by())),
+        };
+        if let (MessageStatus::Superseded, Some(l), Some(valid)) = (status, &listener, edited) {
+            // The edit: a new message, same sender and parent, let through at once.
+            if let Some(change) = self.threads.wake(&thread) {
+                self.publish_thread(change);
+            }
+            let admission = Admission {
+                parent_id: record.parent_id.clone(),
+                from: record.from.clone(),
+                valid,
+            };
+            if let Ok(Admitted::Queued(id)) = self.admit_now(&thread, l, admission) {
+                decided.result = Some(id.to_string());
+            }
+        }
+        if let Some(table) = &self.inbox.table {
+            // The decision is taken (in memory, and told); a store that failed to keep it
+            // is reported: the input would be open again after a restart.
+            if let Err(e) = table.decide(&decided) {
+                self.events.publish(EventKind::Error {
+                    thread_id: Some(thread.to_string()),
+                    agent: Some(decided.listener.clone()),
+                    error: self.clip_error(format!(
+                        "the decision of input {} is not in the store: {e}",
+                        decided.id
+                    )),
+                });
+            }
+        }
+        if status == MessageStatus::Undeliverable {
+            self.count_failure(super::FailureKind::Undeliverable);
+        }
+        let change = self
+            .threads
+            .close_input(&thread, Some((record.slot_index, status, error.clone())));
+        if let Some(change) = change {
+            self.publish_thread(change);
+        }
+        self.events.publish(EventKind::MessageStatus {
+            id: record.id.clone(),
+            thread_id: record.thread_id.clone(),
+            status,
+            error,
+            about: Some(crate::events::StatusAbout::of(&record)),
+        });
+        if let (MessageStatus::Pending, Some(l)) = (status, &listener) {
+            let mut record = record;
+            record.status = MessageStatus::Pending;
+            self.add_pending(1);
+            let valid = match held.valid {
+                Some(v) => Ok(v),
+                None => self.validate_for(l.name(), &record.payload_xml),
+            };
+            match valid {
+                Ok(payload) => self.enqueue(l, Job { record, payload }),
+                Err(e) => {
+                    // Restored after a restart, and its listener's schema changed since.
+                    self.fail_message(&record, super::FailureKind::Invalid, e.to_string());
+                    self.release(&thread);
+                }
+            }
+        }
+        self.events.publish(EventKind::InputResolved {
+            input: Box::new(decided.clone()),
+        });
+        self.inbox.remember(decided.clone());
+        Ok(decided)
+    }
+}

@@ -1,0 +1,148 @@
+//! What ends or re-arms an input apart from a person's decision: the gate's timer
+//! (`on_timeout`, on the organism's clock), a kill or an abort (cancelled), and a start
+//! (the store's open inputs held again).
+
+use std::sync::Arc;
+
+use super::{Held, InputRow, InputStatus, Shared};
+use crate::config::approval::OnTimeout;
+use crate::events::EventKind;
+use crate::sync::lock;
+use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+
+impl Shared {
+    /// Applies `on_timeout` to the open inputs whose time has passed. Returns how many.
+    pub(crate) fn expire_due(self: &Arc<Self>) -> usize {
+        let now = self.inbox.clock.now();
+        let due: Vec<(InputRow, OnTimeout)> = lock(&self.inbox.open)
+            .values()
+            .filter(|h| h.row.expires.is_some_and(|t| t <= now))
+            .map(|h| {
+                let on = h
+                    .approval
+                    .as_ref()
+                    .map_or(OnTimeout::Reject, |a| a.on_timeout);
+                (h.row.clone(), on)
+            })
+            .collect();
+        let mut n = 0;
+        for (row, on) in due {
+            let decision = match on {
+                OnTimeout::Approve => "approve",
+                OnTimeout::Reject | OnTimeout::Keep => "reject",
+            };
+            let decided = InputRow {
+                status: InputStatus::Expired,
+                decided_by: Some("timeout".to_string()),
+                decided: Some(now),
+                decision: Some(decision.to_string()),
+                reason: Some("nobody decided before the gate's timeout".to_string()),
+                ..row
+            };
+            if self.close(decided, None).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Withdraws every open input of `thread` (killed or aborted): its held messages are
+    /// `killed` with `why`.
+    pub(crate) fn cancel_inputs(self: &Arc<Self>, thread: &str, why: &str) {
+        self.withdraw(|h| h.row.thread_id == thread, why);
+    }
+
+    /// Withdraws every open input of `listener`, removed by a reload: its held messages are
+    /// `undeliverable`.
+    pub(crate) fn withdraw_inputs_of(self: &Arc<Self>, listener: &str) {
+        let why =
+            format!("`{listener}` was removed by a reload before its held message was let through");
+        self.withdraw(|h| h.row.listener == listener, &why);
+    }
+
+    fn withdraw(self: &Arc<Self>, which: impl Fn(&Held) -> bool, why: &str) {
+        let ids: Vec<InputRow> = lock(&self.inbox.open)
+            .values()
+            .filter(|h| which(h))
+            .map(|h| h.row.clone())
+            .collect();
+        for row in ids {
+            let decided = InputRow {
+                status: InputStatus::Cancelled,
+                decided_by: Some(crate::pump::SYSTEM_IDENTITY.to_string()),
+                decided: Some(self.inbox.clock.now()),
+                decision: Some(why.to_string()),
+                ..row
+            };
+            let _ = self.close(decided, None);
+        }
+    }
+
+    /// Opens again, after a restart, the inputs the store holds open: each held message is
+    /// held again in its thread (which waits), its timer counted from its `expires`.
+    pub(crate) fn restore_inputs(&self) {
+        let Some(table) = &self.inbox.table else {
+            return;
+        };
+        let rows = match table.open_inputs() {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.events.publish(EventKind::Error {
+                    thread_id: None,
+                    agent: None,
+                    error: self.clip_error(format!("the inbox could not be read back: {e}")),
+                });
+                return;
+            }
+        };
+        let store = self.store.as_ref();
+        for row in rows {
+            if !self.threads.contains(&row.thread_id) {
+                let info = store
+                    .and_then(|s| s.thread(&row.thread_id).ok().flatten())
+                    .unwrap_or_else(|| ThreadInfo {
+                        id: row.thread_id.clone(),
+                        status: ThreadStatus::Waiting,
+                        participants: vec![row.from.clone(), row.listener.clone()],
+                        message_count: row.slot_index + 1,
+                        created_at: row.created,
+                        last_activity: row.created,
+                        error: None,
+                    });
+                self.threads.adopt(&info);
+            }
+            self.threads.open_input(&row.thread_id);
+            let record = MessageRecord {
+                id: Arc::from(row.message_id.as_str()),
+                thread_id: Arc::from(row.thread_id.as_str()),
+                parent_id: row.parent_id.as_deref().map(Arc::from),
+                slot_index: row.slot_index,
+                from: Arc::from(row.from.as_str()),
+                to: Some(Arc::from(row.listener.as_str())),
+                payload_type: Some(Arc::from(row.payload_type.as_str())),
+                payload_xml: Arc::new(row.payload_xml.clone()),
+                status: MessageStatus::Held,
+                error: None,
+                timestamp: row.created,
+                seq: 0,
+            };
+            let approval = self
+                .topo()
+                .listeners
+                .get(row.listener.as_str())
+                .and_then(|l| l.config.approval.clone());
+            lock(&self.inbox.open).insert(
+                Arc::from(row.id.as_str()),
+                Held {
+                    row,
+                    record,
+                    valid: None,
+                    approval,
+                },
+            );
+        }
+    }
+}
+
+/// How often open inputs are looked at for a timeout that passed.
+pub(crate) const EXPIRY_TICK: std::time::Duration = std::time::Duration::from_millis(250);

@@ -1,0 +1,229 @@
+//! The inbox of an organism, in its store file (`inputs`, schema v10): each message held at
+//! an approval gate, with the held message itself (so an input restored after a restart
+//! needs nothing else), and its decision. Written at once on its own connection, like the
+//! audit log: an input is opened and decided at a person's pace, and each must survive the
+//! process ending however it ends. Decided rows are bounded by [`MAX_DECIDED_INPUTS`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+
+use super::open::side_connection;
+use super::{err, ms, StoreError};
+use crate::sync::lock;
+use crate::threads::{InputFilter, InputKind, InputRow, InputStatus, Page, Paged};
+use crate::time::Timestamp;
+
+/// Decided inputs kept at most; past it the oldest decided go first.
+pub const MAX_DECIDED_INPUTS: i64 = 1_000_000;
+
+fn word<T: serde::Serialize>(v: T) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn parse<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
+    super::parse_status(s)
+}
+
+const COLUMNS: &str = "id, kind, status, thread, message_id, listener, tenant, sender, parent_id, \
+     slot_index, payload_type, payload_xml, prompt, requested_by, created, expires, decided_by, \
+     decided, decision, reason, result";
+
+fn stamp(v: Option<i64>) -> Option<Timestamp> {
+    v.map(|t| Timestamp(t.max(0) as u64))
+}
+
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InputRow> {
+    let text = |i: usize| -> rusqlite::Result<String> { r.get(i) };
+    Ok(InputRow {
+        id: text(0)?,
+        kind: parse(&text(1)?).unwrap_or(InputKind::Approval),
+        status: parse(&text(2)?).unwrap_or(InputStatus::Cancelled),
+        thread_id: text(3)?,
+        message_id: text(4)?,
+        listener: text(5)?,
+        tenant: r.get(6)?,
+        from: text(7)?,
+        parent_id: r.get(8)?,
+        slot_index: r.get::<_, i64>(9)?.max(0) as u64,
+        payload_type: text(10)?,
+        payload_xml: text(11)?,
+        prompt: r.get(12)?,
+        requested_by: r.get(13)?,
+        created: Timestamp(r.get::<_, i64>(14)?.max(0) as u64),
+        expires: stamp(r.get(15)?),
+        decided_by: r.get(16)?,
+        decided: stamp(r.get(17)?),
+        decision: r.get(18)?,
+        reason: r.get(19)?,
+        result: r.get(20)?,
+    })
+}
+
+/// The `inputs` table, on its own connection.
+pub struct InputsTable {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl InputsTable {
+    pub fn open(path: &Path) -> Result<InputsTable, StoreError> {
+        Ok(InputsTable {
+            path: path.to_path_buf(),
+            conn: Mutex::new(side_connection(path)?),
+        })
+    }
+
+    fn fail(&self, e: rusqlite::Error) -> StoreError {
+        err(&self.path, e)
+    }
+
+    /// Records a new open input.
+    pub fn insert(&self, r: &InputRow) -> Result<(), StoreError> {
+        let conn = lock(&self.conn);
+        conn.prepare_cached(&format!(
+            "INSERT INTO inputs ({COLUMNS}) VALUES \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
+        ))
+        .and_then(|mut st| {
+            st.execute(params![
+                r.id,
+                word(r.kind),
+                word(r.status),
+                r.thread_id,
+                r.message_id,
+                r.listener,
+                r.tenant,
+                r.from,
+                r.parent_id,
+                r.slot_index as i64,
+                r.payload_type,
+                r.payload_xml,
+                r.prompt,
+                r.requested_by,
+                ms(r.created),
+                r.expires.map(ms),
+                r.decided_by,
+                r.decided.map(ms),
+                r.decision,
+                r.reason,
+                r.result,
+            ])
+        })
+        .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    /// Records the decision of an open input (`r` as decided). False if it was not open.
+    pub fn decide(&self, r: &InputRow) -> Result<bool, StoreError> {
+        let conn = lock(&self.conn);
+        let n = conn
+            .prepare_cached(
+                "UPDATE inputs SET status = ?2, decided_by = ?3, decided = ?4, decision = ?5, \
+                 reason = ?6, result = ?7 WHERE id = ?1 AND status = 'open'",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    r.id,
+                    word(r.status),
+                    r.decided_by,
+                    r.decided.map(ms),
+                    r.decision,
+                    r.reason,
+                    r.result,
+                ])
+            })
+            .map_err(|e| self.fail(e))?;
+        let rowid: i64 = conn
+            .query_row("SELECT rowid FROM inputs WHERE id = ?1", [&r.id], |row| {
+                row.get(0)
+            })
+            .optional()
+            .map_err(|e| self.fail(e))?
+            .unwrap_or(0);
+        if rowid > 0 && rowid % 1024 == 0 {
+            conn.execute(
+                "DELETE FROM inputs WHERE status != 'open' AND rowid <= ?1",
+                params![rowid - MAX_DECIDED_INPUTS],
+            )
+            .map_err(|e| self.fail(e))?;
+        }
+        Ok(n > 0)
+    }
+
+    /// One input.
+    pub fn get(&self, id: &str) -> Result<Option<InputRow>, StoreError> {
+        lock(&self.conn)
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM inputs WHERE id = ?1"),
+                [id],
+                read_row,
+            )
+            .optional()
+            .map_err(|e| self.fail(e))
+    }
+
+    /// Every open input, oldest first: what a start restores.
+    pub fn open_inputs(&self) -> Result<Vec<InputRow>, StoreError> {
+        let conn = lock(&self.conn);
+        let mut st = conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM inputs WHERE status = 'open' ORDER BY rowid"
+            ))
+            .map_err(|e| self.fail(e))?;
+        let rows = st
+            .query_map([], read_row)
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(|e| self.fail(e))?;
+        Ok(rows)
+    }
+
+    /// One page of inputs, newest first, with the total.
+    pub fn page(&self, f: &InputFilter, page: Page) -> Result<Paged<InputRow>, StoreError> {
+        use rusqlite::types::Value as V;
+        let mut clauses = vec!["1".to_string()];
+        let mut args: Vec<V> = Vec::new();
+        let mut eq = |column: &str, v: Option<String>| {
+            if let Some(v) = v {
+                clauses.push(format!("{column} = ?"));
+                args.push(V::Text(v));
+            }
+        };
+        eq("status", f.status.map(word));
+        eq("listener", f.listener.clone());
+        eq("thread", f.thread.clone());
+        eq("kind", f.kind.map(word));
+        eq("tenant", f.tenant.clone());
+        let filter = clauses.join(" AND ");
+        let conn = lock(&self.conn);
+        let total: i64 = conn
+            .query_row(
+                &format!("SELECT COUNT(*) FROM inputs WHERE {filter}"),
+                params_from_iter(args.iter()),
+                |r| r.get(0),
+            )
+            .map_err(|e| self.fail(e))?;
+        let mut all = args.clone();
+        all.push(V::Integer(i64::try_from(page.limit).unwrap_or(i64::MAX)));
+        all.push(V::Integer(i64::try_from(page.offset).unwrap_or(i64::MAX)));
+        let items = conn
+            .prepare(&format!(
+                "SELECT {COLUMNS} FROM inputs WHERE {filter} ORDER BY rowid DESC LIMIT ? OFFSET ?"
+            ))
+            .and_then(|mut st| {
+                st.query_map(params_from_iter(all.iter()), read_row)?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+            })
+            .map_err(|e| self.fail(e))?;
+        Ok(Paged {
+            items,
+            total: total.max(0) as u64,
+            limit: page.limit,
+            offset: page.offset,
+        })
+    }
+}

@@ -1,0 +1,205 @@
+//! What an input is: a message held at an approval gate, waiting for a person's decision,
+//! as the pump keeps it, the store writes it and the API shows it; and how a thread waits
+//! for its inputs (`waiting`), is woken, or is aborted.
+
+use std::sync::Arc;
+
+use super::{lock, MessageStatus, StatusChange, ThreadError, ThreadRegistry, ThreadStatus};
+use crate::time::Timestamp;
+
+/// What an input waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// A message held at its listener's approval gate.
+    Approval,
+}
+
+/// Where an input stands. Only `open` changes, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputStatus {
+    Open,
+    /// Let through (as it was, or edited: `result` names the new message).
+    Approved,
+    /// Refused by a person.
+    Declined,
+    /// Nobody decided in time; the gate's `on_timeout` was applied (`decision` says which).
+    Expired,
+    /// Withdrawn: its thread was killed or aborted, or its listener removed.
+    Cancelled,
+}
+
+impl InputStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputStatus::Open => "open",
+            InputStatus::Approved => "approved",
+            InputStatus::Declined => "declined",
+            InputStatus::Expired => "expired",
+            InputStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One input: what waits, for whom, and how it was decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRow {
+    pub id: String,
+    pub kind: InputKind,
+    pub status: InputStatus,
+    pub thread_id: String,
+    /// The held message.
+    pub message_id: String,
+    /// The listener whose gate holds it.
+    pub listener: String,
+    pub tenant: Option<String>,
+    /// The held message's sender, parent, slot, type and payload.
+    pub from: String,
+    pub parent_id: Option<String>,
+    pub slot_index: u64,
+    pub payload_type: String,
+    pub payload_xml: String,
+    pub prompt: Option<String>,
+    /// The identity that injected the thread's first message (`key:alice`), when known:
+    /// what `distinct_from_sender` compares a decider with.
+    pub requested_by: Option<String>,
+    pub created: Timestamp,
+    pub expires: Option<Timestamp>,
+    /// `key:alice`, a JWT `sub`, `timeout`, or `system` (a cancellation).
+    pub decided_by: Option<String>,
+    pub decided: Option<Timestamp>,
+    /// `approve`, `edit`, `reject`, or for a cancellation what caused it.
+    pub decision: Option<String>,
+    pub reason: Option<String>,
+    /// The message an edit let through instead.
+    pub result: Option<String>,
+}
+
+/// Which inputs to read (all given must match).
+#[derive(Debug, Clone, Default)]
+pub struct InputFilter {
+    pub status: Option<InputStatus>,
+    pub listener: Option<String>,
+    pub thread: Option<String>,
+    pub kind: Option<InputKind>,
+    /// A tenant's principal sees only its tenant's inputs.
+    pub tenant: Option<String>,
+}
+
+impl InputFilter {
+    pub fn matches(&self, r: &InputRow) -> bool {
+        self.status.is_none_or(|s| r.status == s)
+            && self.listener.as_deref().is_none_or(|l| r.listener == l)
+            && self.thread.as_deref().is_none_or(|t| r.thread_id == t)
+            && self.kind.is_none_or(|k| r.kind == k)
+            && self
+                .tenant
+                .as_deref()
+                .is_none_or(|t| r.tenant.as_deref() == Some(t))
+    }
+}
+
+impl ThreadRegistry {
+    /// An input of the thread was opened apart from a message appended held (a question to
+    /// a person, or one restored after a restart): the thread waits for it once quiet.
+    pub fn open_input(&self, thread: &str) -> Option<StatusChange> {
+        let mut shard = lock(self.shard(thread));
+        let e = shard.threads.get_mut(thread)?;
+        e.inputs += 1;
+        self.settle_in(&mut shard, thread)
+    }
+
+    /// An open input of the thread was decided or withdrawn. With `held` (the slot of a
+    /// message held at a gate), that message takes `status`: `Pending` queues it again (the
+    /// thread is active), anything else is final. Returns the thread's change, if any.
+    pub fn close_input(
+        &self,
+        thread: &str,
+        held: Option<(u64, MessageStatus, Option<String>)>,
+    ) -> Option<StatusChange> {
+        let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
+        let e = shard.threads.get_mut(thread)?;
+        e.inputs = e.inputs.saturating_sub(1);
+        e.last_activity = Timestamp::now();
+        let mut counted = None;
+        let mut revived = None;
+        if let Some((slot, status, error)) = held {
+            let index = slot.checked_sub(e.slot_base).map(|i| i as usize);
+            // A failure is the thread's (first) error; a decline or a cancellation is not.
+            let failed = matches!(status, MessageStatus::Undeliverable | MessageStatus::Failed);
+            if failed && e.error.is_none() {
+                e.error = error.clone();
+            }
+            if let Some(m) = index.and_then(|i| e.messages.get_mut(i)) {
+                counted = Some((m.to.clone(), m.status, status));
+                m.status = status;
+                m.error = error;
+            }
+            if status == MessageStatus::Pending && e.status != ThreadStatus::Killed {
+                e.outstanding += 1;
+                if e.status != ThreadStatus::Active {
+                    // Work approved is never refused: counted, not checked.
+                    let _ = self.activate(e.owner.as_ref(), None);
+                    e.status = ThreadStatus::Active;
+                    revived = Some(e.change(thread));
+                }
+            }
+        }
+        if let Some((to, old, new)) = counted {
+            shard.uncount_final(to.as_ref(), old);
+            shard.count_final(to.as_ref(), new);
+        }
+        revived.or_else(|| self.settle_in(shard, thread))
+    }
+
+    /// A waiting thread gets work again (an edited message let through): it becomes active.
+    /// Returns the change, if any.
+    pub fn wake(&self, thread: &str) -> Option<StatusChange> {
+        let mut shard = lock(self.shard(thread));
+        let e = shard.threads.get_mut(thread)?;
+        if e.status != ThreadStatus::Waiting {
+            return None;
+        }
+        // Work approved is never refused: counted, not checked.
+        let _ = self.activate(e.owner.as_ref(), None);
+        e.status = ThreadStatus::Active;
+        Some(e.change(thread))
+    }
+
+    /// Who sent the thread's first message, if this registry holds it (the identity that
+    /// injected the thread).
+    pub fn first_sender(&self, thread: &str) -> Option<Arc<str>> {
+        let shard = lock(self.shard(thread));
+        let e = shard.threads.get(thread)?;
+        if e.slot_base > 0 {
+            return None;
+        }
+        e.messages.first().map(|m| m.from.clone())
+    }
+
+    /// Aborts a thread: it becomes `aborted` (not final: the next inject revives it), its
+    /// running handlers are cancelled (their token is, and the thread gets a fresh one for
+    /// what comes next). Returns the change; `None` if it was already aborted. A killed
+    /// thread cannot be aborted.
+    pub fn abort(&self, thread: &str) -> Result<Option<StatusChange>, ThreadError> {
+        let mut shard = lock(self.shard(thread));
+        let shard = &mut *shard;
+        let e = shard
+            .threads
+            .get_mut(thread)
+            .ok_or_else(|| ThreadError::NotFound(thread.to_string()))?;
+        match e.status {
+            ThreadStatus::Killed => return Err(ThreadError::Killed(thread.to_string())),
+            ThreadStatus::Aborted => return Ok(None),
+            ThreadStatus::Active => self.deactivate(e.owner.as_ref()),
+            _ => {}
+        }
+        e.status = ThreadStatus::Aborted;
+        std::mem::take(&mut e.cancel).cancel();
+        let change = e.change(thread);
+        self.note_finished(shard, thread);
+        Ok(Some(change))
+    }
+}

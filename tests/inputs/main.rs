@@ -1,0 +1,652 @@
+//! Approval gates and the inbox, as a client of the real API sees them: a message held at a
+//! gate waits (its thread `waiting`, its handler not run) until a person approves, rejects or
+//! edits it; decisions are exact under concurrency; timers apply `on_timeout` on a clock the
+//! test moves; a kill withdraws; held messages survive the process ending.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod access;
+mod restart;
+
+use std::time::Duration;
+
+use agentserver::api::ApiOptions;
+use agentserver::time::Clock;
+use agentserver::Organism;
+use common::{serve_with, wait_until_async, Served};
+use serde_json::{json, Value};
+
+const XSD_NOTE: &str = "schema: t.xsd, accepts: [Note]";
+
+/// `a` forwards every Note to `pay`, whose gate (`gate`, YAML flow) holds it; `pay`
+/// forwards to `c`, a sink.
+fn listeners(gate: &str) -> String {
+    format!(
+        "  - {{name: a, description: planner, kind: native, handler: forward, {XSD_NOTE}, config: {{to: pay}}}}
+  - {{name: pay, description: payments, kind: native, handler: forward, {XSD_NOTE}, config: {{to: c}}, approval: {gate}}}
+  - {{name: c, description: ledger, kind: native, handler: sink, {XSD_NOTE}}}"
+    )
+}
+
+async fn gated(gate: &str) -> Served {
+    gated_on(agentserver::Organism::builder(), gate).await
+}
+
+async fn gated_on(builder: agentserver::OrganismBuilder, gate: &str) -> Served {
+    serve_with(builder, "", &listeners(gate), ApiOptions::default()).await
+}
+
+/// The thread's messages, as `(to, status)` in slot order.
+async fn statuses(s: &Served, thread: &str) -> Vec<(String, String)> {
+    let (code, body) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    assert_eq!(code, 200, "{body}");
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            (
+                m["to"].as_str().unwrap_or("").to_string(),
+                m["status"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn thread_status(s: &Served, thread: &str) -> String {
+    let (_, body) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    body["status"].as_str().unwrap_or("").to_string()
+}
+
+/// Injects a Note to `a` and waits until its input is open; the thread and the input.
+async fn held(s: &Served, text: &str) -> (String, Value) {
+    let thread = s.inject_note("a", text).await;
+    let input = wait_for_input(s, &thread).await;
+    (thread, input)
+}
+
+async fn wait_for_input(s: &Served, thread: &str) -> Value {
+    let mut found = Value::Null;
+    for _ in 0..500 {
+        let (code, body) = s
+            .get(&format!("/api/v1/inputs?status=open&thread={thread}"))
+            .await;
+        assert_eq!(code, 200, "{body}");
+        if let Some(first) = body["items"].as_array().and_then(|a| a.first()) {
+            found = first.clone();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!found.is_null(), "an input opened for thread {thread}");
+    found
+}
+
+async fn wait_thread(s: &Served, thread: &str, want: &str) {
+    let o: &Organism = &s.organism;
+    let t = thread.to_string();
+    wait_until_async(&format!("thread {thread} {want}"), || {
+        let st = o.threads().status(&t);
+        let want = want.to_string();
+        async move { st.is_some_and(|st| format!("{st:?}").to_lowercase() == want) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_held_message_waits_for_approval_and_then_runs() {
+    let s = gated("{prompt: 'Pay {@n} -> {missing}'}").await;
+    let (thread, input) = held(&s, "refund 42").await;
+    wait_thread(&s, &thread, "waiting").await;
+    assert_eq!(input["status"], "open");
+    assert_eq!(input["listener"], "pay");
+    assert_eq!(input["from"], "a");
+    assert_eq!(input["payload_type"], "Note");
+    assert_eq!(input["payload_xml"], "<Note>refund 42</Note>");
+    assert_eq!(input["allow"], json!(["approve", "reject", "edit"]));
+    assert!(input["expires_at"].is_string(), "{input}");
+    // A prompt naming fields the payload lacks is shown as written.
+    assert_eq!(input["prompt"], "Pay {@n} -> {missing}");
+    // The handler has not run: nothing reached `c`, the held message says `held`.
+    assert_eq!(
+        statuses(&s, &thread).await,
+        vec![
+            ("a".into(), "delivered".into()),
+            ("pay".into(), "held".into())
+        ]
+    );
+    assert_eq!(thread_status(&s, &thread).await, "waiting");
+
+    let id = input["id"].as_str().expect("id");
+    let (code, one) = s.get(&format!("/api/v1/inputs/{id}")).await;
+    assert_eq!(code, 200);
+    assert_eq!(one["id"], id);
+
+    let (code, decided) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/approve"),
+            json!({"reason": "checked the invoice"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{decided}");
+    assert_eq!(decided["status"], "approved");
+    assert_eq!(decided["decision"], "approve");
+    assert_eq!(decided["reason"], "checked the invoice");
+    assert_eq!(decided["allow"], json!([]));
+    wait_thread(&s, &thread, "completed").await;
+    assert_eq!(
+        statuses(&s, &thread).await,
+        vec![
+            ("a".into(), "delivered".into()),
+            ("pay".into(), "delivered".into()),
+            ("c".into(), "delivered".into())
+        ]
+    );
+    let (_, open) = s.get("/api/v1/inputs?status=open").await;
+    assert_eq!(open["total"], 0);
+    let (_, all) = s.get("/api/v1/inputs?status=approved").await;
+    assert_eq!(all["total"], 1);
+}
+
+#[tokio::test]
+async fn a_rejection_declines_without_failing_and_a_second_decision_gets_the_first() {
+    let s = gated("{}").await;
+    let (thread, input) = held(&s, "too much").await;
+    let id = input["id"].as_str().expect("id");
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/reject"),
+            json!({"reason": "over the limit"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "declined");
+    wait_thread(&s, &thread, "completed").await;
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    assert_eq!(
+        t["error"],
+        Value::Null,
+        "a decline is not the thread's error"
+    );
+    let pay = &t["messages"][1];
+    assert_eq!(pay["status"], "declined");
+    assert_eq!(pay["error"], "declined by api: over the limit");
+    assert!(
+        !s.metrics().await.contains("reason=\"killed\"} 1"),
+        "no failure counted"
+    );
+
+    for (path, body) in [
+        ("approve", json!({})),
+        ("reject", json!({"reason": "again"})),
+    ] {
+        let (code, again) = s.post(&format!("/api/v1/inputs/{id}/{path}"), body).await;
+        assert_eq!(code, 409, "{again}");
+        assert_eq!(again["error"]["code"], "already_decided");
+        let first: Value = serde_json::from_str(
+            again["error"]["details"][0]
+                .as_str()
+                .expect("the first decision"),
+        )
+        .expect("JSON");
+        assert_eq!(first["status"], "declined");
+        assert_eq!(first["reason"], "over the limit");
+    }
+    let (code, body) = s
+        .post("/api/v1/inputs/no-such-input/approve", json!({}))
+        .await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_input");
+}
+
+#[tokio::test]
+async fn an_edit_is_validated_and_supersedes_the_held_message() {
+    let s = gated("{}").await;
+    let (thread, input) = held(&s, "pay 100").await;
+    let id = input["id"].as_str().expect("id");
+    // Invalid: not a type `pay` accepts. Nothing changes.
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/approve"),
+            json!({"payload_xml": "<Ping><n>x</n></Ping>"}),
+        )
+        .await;
+    assert_eq!(code, 422, "{body}");
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/approve"),
+            json!({"payload_xml": "<Note>pay 100", "reason": "typo"}),
+        )
+        .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(body["error"]["code"], "malformed_xml");
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/approve"),
+            json!({"payload": "x", "payload_xml": "<Note>x</Note>"}),
+        )
+        .await;
+    assert_eq!(code, 400, "{body}");
+    let (_, still) = s.get(&format!("/api/v1/inputs/{id}")).await;
+    assert_eq!(still["status"], "open");
+
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/approve"),
+            json!({"payload": "pay 90", "reason": "capped"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["decision"], "edit");
+    let edited = body["result_message_id"]
+        .as_str()
+        .expect("the edited message");
+    wait_thread(&s, &thread, "completed").await;
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    let ms = t["messages"].as_array().expect("messages");
+    assert_eq!(ms[1]["status"], "superseded");
+    let new = ms
+        .iter()
+        .find(|m| m["id"] == edited)
+        .expect("edited message");
+    assert_eq!(new["payload_xml"], "<Note>pay 90</Note>");
+    assert_eq!(new["from"], "a");
+    assert_eq!(new["parent_id"], ms[1]["parent_id"]);
+    assert_eq!(new["status"], "delivered");
+    let last = ms.last().expect("a last message");
+    assert_eq!(
+        (&last["to"], &last["payload_xml"]),
+        (&json!("c"), &json!("<Note>pay 90</Note>"))
+    );
+}
+
+#[tokio::test]
+async fn of_two_people_deciding_at_once_exactly_one_wins() {
+    let s = gated("{}").await;
+    for round in 0..5 {
+        let (_, input) = held(&s, &format!("race {round}")).await;
+        let id = input["id"].as_str().expect("id").to_string();
+        let (ap, rp) = (
+            format!("/api/v1/inputs/{id}/approve"),
+            format!("/api/v1/inputs/{id}/reject"),
+        );
+        let approve = s.post(&ap, json!({}));
+        let reject = s.post(&rp, json!({}));
+        let ((a, abody), (r, rbody)) = tokio::join!(approve, reject);
+        let mut codes = [a, r];
+        codes.sort();
+        assert_eq!(codes, [200, 409], "{abody} {rbody}");
+        let (winner, loser) = if a == 200 {
+            (abody, rbody)
+        } else {
+            (rbody, abody)
+        };
+        let first: Value = serde_json::from_str(
+            loser["error"]["details"][0]
+                .as_str()
+                .expect("first decision"),
+        )
+        .expect("JSON");
+        assert_eq!(first["status"], winner["status"]);
+    }
+}
+
+#[tokio::test]
+async fn three_held_messages_of_one_thread_are_decided_in_any_order() {
+    let s = gated("{}").await;
+    let thread = s.inject_note("a", "one").await;
+    for text in ["two", "three"] {
+        let (code, body) = s
+            .post(
+                "/api/v1/inject",
+                json!({"to": "a", "thread_id": thread, "payload_xml": format!("<Note>{text}</Note>")}),
+            )
+            .await;
+        assert_eq!(code, 202, "{body}");
+    }
+    let organism = s.organism.clone();
+    wait_until_async("three inputs open", || {
+        let n = organism.inputs().open_count();
+        async move { n == 3 }
+    })
+    .await;
+    let (_, open) = s.get(&format!("/api/v1/inputs?thread={thread}")).await;
+    let ids: Vec<String> = open["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["id"].as_str().expect("id").to_string())
+        .collect();
+    // Newest first: decide the middle one, then the newest, then the oldest.
+    for (id, verb) in [
+        (&ids[1], "reject"),
+        (&ids[0], "approve"),
+        (&ids[2], "approve"),
+    ] {
+        let (code, body) = s
+            .post(&format!("/api/v1/inputs/{id}/{verb}"), json!({}))
+            .await;
+        assert_eq!(code, 200, "{body}");
+        if verb != "approve" || id != &ids[2] {
+            assert_ne!(thread_status(&s, &thread).await, "completed");
+        }
+    }
+    wait_thread(&s, &thread, "completed").await;
+    let st = statuses(&s, &thread).await;
+    let count = |to: &str, status: &str| st.iter().filter(|(t, s)| t == to && s == status).count();
+    assert_eq!(count("pay", "delivered"), 2, "{st:?}");
+    assert_eq!(count("pay", "declined"), 1, "{st:?}");
+    assert_eq!(count("c", "delivered"), 2, "{st:?}");
+}
+
+#[tokio::test]
+async fn a_timeout_applies_the_gates_on_timeout_on_the_organisms_clock() {
+    for (on_timeout, message, reaches_c) in [
+        ("reject", "declined", false),
+        ("approve", "delivered", true),
+    ] {
+        let clock = Clock::manual();
+        let s = gated_on(
+            agentserver::Organism::builder().clock(clock.clone()),
+            &format!("{{timeout: 1h, on_timeout: {on_timeout}}}"),
+        )
+        .await;
+        let (thread, input) = held(&s, "late").await;
+        let id = input["id"].as_str().expect("id").to_string();
+        clock.advance(Duration::from_secs(59 * 60));
+        assert_eq!(s.organism.inputs().expire_due(), 0, "not yet");
+        clock.advance(Duration::from_secs(2 * 60));
+        let organism = s.organism.clone();
+        wait_until_async("the input expires", || {
+            let done = organism
+                .inputs()
+                .get(&id)
+                .is_some_and(|i| i.status != agentserver::threads::InputStatus::Open);
+            async move { done }
+        })
+        .await;
+        let (_, i) = s.get(&format!("/api/v1/inputs/{id}")).await;
+        assert_eq!(i["status"], "expired");
+        assert_eq!(i["decided_by"], "timeout");
+        assert_eq!(i["decision"], on_timeout);
+        wait_thread(&s, &thread, "completed").await;
+        let st = statuses(&s, &thread).await;
+        assert_eq!(st[1], ("pay".to_string(), message.to_string()), "{st:?}");
+        assert_eq!(st.iter().any(|(t, _)| t == "c"), reaches_c, "{st:?}");
+    }
+    // `keep`: no timer at all.
+    let clock = Clock::manual();
+    let s = gated_on(
+        agentserver::Organism::builder().clock(clock.clone()),
+        "{on_timeout: keep}",
+    )
+    .await;
+    let (_, input) = held(&s, "forever").await;
+    assert_eq!(input["expires_at"], Value::Null);
+    clock.advance(Duration::from_secs(400 * 24 * 3600));
+    assert_eq!(s.organism.inputs().expire_due(), 0);
+}
+
+#[tokio::test]
+async fn a_kill_withdraws_the_threads_inputs() {
+    let s = gated("{}").await;
+    let (thread, input) = held(&s, "doomed").await;
+    let (code, body) = s
+        .post(&format!("/api/v1/threads/{thread}/kill"), json!({}))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let id = input["id"].as_str().expect("id");
+    let (_, i) = s.get(&format!("/api/v1/inputs/{id}")).await;
+    assert_eq!(i["status"], "cancelled");
+    assert_eq!(i["decision"], "thread killed");
+    let st = statuses(&s, &thread).await;
+    assert_eq!(st[1], ("pay".into(), "killed".into()));
+    let (code, _) = s
+        .post(&format!("/api/v1/inputs/{id}/approve"), json!({}))
+        .await;
+    assert_eq!(code, 409);
+}
+
+#[tokio::test]
+async fn gates_hold_only_what_they_name_and_refuse_past_their_limit() {
+    // `from: [api]`: only what an injector sends to `pay` directly is held, not `a`'s.
+    let s = serve_with(
+        agentserver::Organism::builder(),
+        "  max_held_messages: 2",
+        &listeners("{from: [api], allow: [approve]}"),
+        ApiOptions::default(),
+    )
+    .await;
+    let via_a = s.inject_note("a", "routed").await;
+    wait_thread(&s, &via_a, "completed").await;
+    let direct = s.inject_note("pay", "direct").await;
+    let input = wait_for_input(&s, &direct).await;
+    assert_eq!(input["allow"], json!(["approve"]));
+    let id = input["id"].as_str().expect("id");
+    let (code, body) = s
+        .post(&format!("/api/v1/inputs/{id}/reject"), json!({}))
+        .await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(body["error"]["code"], "decision_not_allowed");
+    s.inject_note("pay", "second").await;
+    let (code, body) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "pay", "payload_xml": "<Note>third</Note>"}),
+        )
+        .await;
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_held");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limits.max_held_messages")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn the_event_stream_tells_of_inputs_opened_and_resolved() {
+    let s = gated("{}").await;
+    let mut ws = common::ws_connect(&s.ws_url("/ws")).await;
+    let _connected = common::next_json(&mut ws).await;
+    let (_, input) = held(&s, "watched").await;
+    let last = |mut v: Vec<Value>| v.pop().expect("a frame");
+    let requested = last(common::read_until(&mut ws, |f| f["event"] == "input_requested").await);
+    assert_eq!(requested["input"]["id"], input["id"]);
+    assert_eq!(requested["input"]["status"], "open");
+    let waiting = last(
+        common::read_until(&mut ws, |f| {
+            f["event"] == "thread_updated" && f["status"] == "waiting"
+        })
+        .await,
+    );
+    assert_eq!(waiting["thread_id"], input["thread_id"]);
+    let id = input["id"].as_str().expect("id");
+    s.post(&format!("/api/v1/inputs/{id}/approve"), json!({}))
+        .await;
+    let resolved = last(common::read_until(&mut ws, |f| f["event"] == "input_resolved").await);
+    assert_eq!(resolved["id"], input["id"]);
+    assert_eq!(resolved["status"], "approved");
+    assert_eq!(resolved["decided_by"], "api");
+}
+
+#[tokio::test]
+async fn an_abort_stops_running_queued_and_held_work_and_the_thread_goes_on() {
+    let scripts = tempfile::tempdir().unwrap();
+    let script = scripts.path().join("spin.lua");
+    std::fs::write(
+        &script,
+        "function handle(p, m) if p == 'spin' then while true do end end end",
+    )
+    .unwrap();
+    let s = serve_with(
+        agentserver::Organism::builder(),
+        "",
+        &format!(
+            "  - {{name: spin, description: a loop, kind: lua, script: {}, limits: {{cpu_ms: 600000, memory_mb: 16}}, {XSD_NOTE}}}
+  - {{name: pay, description: payments, kind: native, handler: sink, {XSD_NOTE}, approval: {{}}}}
+  - {{name: c, description: ledger, kind: native, handler: sink, {XSD_NOTE}}}",
+            script.display()
+        ),
+        ApiOptions::default(),
+    )
+    .await;
+    let thread = s.inject_note("spin", "spin").await;
+    let o = s.organism.clone();
+    wait_until_async("the loop runs", || {
+        let busy = o
+            .agent("spin")
+            .is_ok_and(|a| a.state == agentserver::events::AgentState::Processing);
+        async move { busy }
+    })
+    .await;
+    for (to, text) in [("spin", "queued"), ("pay", "held")] {
+        let (code, body) = s
+            .post(
+                "/api/v1/inject",
+                json!({"to": to, "thread_id": thread, "payload_xml": format!("<Note>{text}</Note>")}),
+            )
+            .await;
+        assert_eq!(code, 202, "{body}");
+    }
+    let input = wait_for_input(&s, &thread).await;
+
+    let (code, t) = s
+        .post(
+            &format!("/api/v1/threads/{thread}/abort"),
+            json!({"reason": "wrong customer"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{t}");
+    assert_eq!(t["status"], "aborted");
+    wait_until_async("the loop is stopped", || {
+        let idle = o
+            .agent("spin")
+            .is_ok_and(|a| a.state != agentserver::events::AgentState::Processing);
+        async move { idle }
+    })
+    .await;
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    let ms = t["messages"].as_array().expect("messages");
+    assert_eq!(ms[0]["status"], "killed", "{t}");
+    assert_eq!(ms[0]["error"], "thread aborted while handling");
+    for m in &ms[1..] {
+        assert_eq!(m["status"], "killed", "{t}");
+        assert_eq!(m["error"], "aborted by api: wrong customer");
+    }
+    let (_, i) = s
+        .get(&format!("/api/v1/inputs/{}", input["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(i["status"], "cancelled");
+
+    // Not final: the next inject revives it and completes.
+    let (code, body) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "c", "thread_id": thread, "payload_xml": "<Note>again</Note>"}),
+        )
+        .await;
+    assert_eq!(code, 202, "{body}");
+    wait_thread(&s, &thread, "completed").await;
+    let (code, again) = s
+        .post(&format!("/api/v1/threads/{thread}/kill"), json!({}))
+        .await;
+    assert_eq!(code, 200, "{again}");
+    let (code, body) = s
+        .post(&format!("/api/v1/threads/{thread}/abort"), json!({}))
+        .await;
+    assert_eq!(code, 409, "a killed thread stays killed: {body}");
+    let (code, _) = s.post("/api/v1/threads/nope/abort", json!({})).await;
+    assert_eq!(code, 404);
+}
+
+#[tokio::test]
+async fn a_reload_that_removes_a_gated_listener_makes_its_held_messages_undeliverable() {
+    let s = gated("{}").await;
+    let (thread, input) = held(&s, "orphan").await;
+    let path = s
+        .organism
+        .config()
+        .source
+        .clone()
+        .expect("the organism's file");
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    let without: String = yaml
+        .lines()
+        .filter(|l| !l.contains("name: pay"))
+        .map(|l| l.replace("config: {to: pay}", "config: {to: c}") + "\n")
+        .collect();
+    std::fs::write(&path, without).unwrap();
+    let (code, body) = s.post("/api/v1/organism/reload", json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    let id = input["id"].as_str().unwrap();
+    let (_, i) = s.get(&format!("/api/v1/inputs/{id}")).await;
+    assert_eq!(i["status"], "cancelled", "{i}");
+    wait_thread(&s, &thread, "error").await;
+    let st = statuses(&s, &thread).await;
+    assert_eq!(st[1], ("pay".into(), "undeliverable".into()), "{st:?}");
+}
+
+#[tokio::test]
+async fn ws_lists_open_inputs_on_connect_and_decides_them_by_command() {
+    let s = gated("{}").await;
+    let (_, first) = held(&s, "one").await;
+    let (second_thread, second) = held(&s, "two").await;
+    let mut ws = common::ws_connect(&s.ws_url("/ws")).await;
+    let connected = common::next_json(&mut ws).await;
+    assert_eq!(connected["event"], "connected");
+    assert_eq!(connected["inputs_total"], 2, "{connected}");
+    let listed: Vec<&Value> = connected["inputs"].as_array().unwrap().iter().collect();
+    assert_eq!(listed[0]["id"], second["id"], "newest first");
+    assert_eq!(listed[1]["id"], first["id"]);
+    let waiting = connected["threads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["status"] == "waiting")
+        .count();
+    assert_eq!(waiting, 2, "{connected}");
+
+    let ack = |v: Vec<Value>| v.into_iter().last().expect("a frame");
+    common::send_json(
+        &mut ws,
+        json!({"cmd": "approve", "request_id": 1, "input_id": first["id"], "reason": "ok"}),
+    )
+    .await;
+    let a = ack(common::read_until(&mut ws, |f| f["request_id"] == 1).await);
+    assert_eq!(a["event"], "ack", "{a}");
+    assert_eq!(a["status"], "approved");
+    common::send_json(
+        &mut ws,
+        json!({"cmd": "approve", "request_id": 2, "input_id": first["id"]}),
+    )
+    .await;
+    let again = ack(common::read_until(&mut ws, |f| f["request_id"] == 2).await);
+    assert_eq!(again["event"], "error", "{again}");
+    assert_eq!(again["code"], "already_decided", "{again}");
+    common::send_json(
+        &mut ws,
+        json!({"cmd": "reject", "request_id": 3, "input_id": second["id"], "payload_xml": "<Note/>"}),
+    )
+    .await;
+    let bad = ack(common::read_until(&mut ws, |f| f["request_id"] == 3).await);
+    assert_eq!(bad["event"], "error", "{bad}");
+    common::send_json(
+        &mut ws,
+        json!({"cmd": "abort", "request_id": 4, "thread_id": second_thread, "reason": "stop"}),
+    )
+    .await;
+    let a = ack(common::read_until(&mut ws, |f| f["request_id"] == 4).await);
+    assert_eq!(a["event"], "ack", "{a}");
+    let (_, i) = s
+        .get(&format!(
+            "/api/v1/inputs/{}",
+            second["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(i["status"], "cancelled");
+    assert_eq!(i["decision"], "aborted by ws: stop");
+    assert_eq!(thread_status(&s, &second_thread).await, "aborted");
+}
