@@ -180,6 +180,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/threads/{id}/abort",
         "/api/v1/inputs/{id}/approve",
         "/api/v1/inputs/{id}/reject",
+        "/api/v1/inputs/{id}/answer",
         "/api/v1/agents/{name}/pause",
         "/api/v1/agents/{name}/resume",
         "/api/v1/agents/{name}/reload",

@@ -685,3 +685,59 @@ fn approval_gates_are_checked_key_by_key() {
         assert!(e.contains(key) && e.contains(says), "{approval}: {e}");
     }
 }
+
+/// A `kind: human` listener's mistakes: a handler, a place on workers, a bad timeout; and
+/// `approvers` on any other kind.
+#[test]
+fn human_listeners_are_checked_key_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), XSD).unwrap();
+    let check = |listener: &str| {
+        let path = dir.path().join("o.yaml");
+        std::fs::write(
+            &path,
+            format!("organism: {{name: h, store: memory}}\nlisteners:\n  - {{name: r, description: d, schema: t.xsd, accepts: [A], {listener}}}\n"),
+        )
+        .unwrap();
+        match agentserver::Organism::builder().load_config(&path) {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert_eq!(check("kind: human"), "");
+    assert_eq!(
+        check("kind: human, reply_timeout: 2h, approvers: {role: admin, keys: [alice]}"),
+        ""
+    );
+    for (listener, key, says) in [
+        ("kind: human, handler: sink", "handler", "a person"),
+        (
+            "kind: human, placement: workers",
+            "placement",
+            "cannot be placed on workers",
+        ),
+        (
+            "kind: human, reply_timeout: never",
+            "reply_timeout",
+            "a duration",
+        ),
+        (
+            "kind: human, approvers: {role: viewer}",
+            "approvers.role",
+            "operator",
+        ),
+        (
+            "kind: human, script: x.lua",
+            "script",
+            "does not apply to a human listener",
+        ),
+        (
+            "kind: native, handler: sink, approvers: {role: admin}",
+            "approvers",
+            "kind: human",
+        ),
+    ] {
+        let e = check(listener);
+        assert!(e.contains(key) && e.contains(says), "{listener}: {e}");
+    }
+}

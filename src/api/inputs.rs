@@ -15,7 +15,7 @@ use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::rest::page;
 use super::view::{Paged, Timestamp};
 use super::ApiState;
-use crate::pump::{DecideError, Decider, Verdict};
+use crate::pump::{Answer, DecideError, Decider, Verdict};
 use crate::threads::{InputFilter, InputRow};
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -29,6 +29,8 @@ pub enum InputStatus {
     Approved,
     /// Refused by a person: the message is `declined`.
     Declined,
+    /// A question answered: its payloads were routed (`result_message_id`: the first).
+    Answered,
     /// Nobody decided in time: the gate's `on_timeout` was applied (`decision`).
     Expired,
     /// Withdrawn: its thread was killed.
@@ -42,6 +44,7 @@ impl From<crate::threads::InputStatus> for InputStatus {
             S::Open => InputStatus::Open,
             S::Approved => InputStatus::Approved,
             S::Declined => InputStatus::Declined,
+            S::Answered => InputStatus::Answered,
             S::Expired => InputStatus::Expired,
             S::Cancelled => InputStatus::Cancelled,
         }
@@ -55,6 +58,7 @@ impl From<InputStatus> for crate::threads::InputStatus {
             InputStatus::Open => S::Open,
             InputStatus::Approved => S::Approved,
             InputStatus::Declined => S::Declined,
+            InputStatus::Answered => S::Answered,
             InputStatus::Expired => S::Expired,
             InputStatus::Cancelled => S::Cancelled,
         }
@@ -67,6 +71,8 @@ impl From<InputStatus> for crate::threads::InputStatus {
 pub enum InputKind {
     /// A message held at its listener's approval gate.
     Approval,
+    /// A message to a `kind: human` listener, waiting for a person's answer.
+    Question,
 }
 
 /// An input: a message held at an approval gate, and its decision once taken.
@@ -113,7 +119,7 @@ impl Input {
                 .inputs()
                 .allowed(&r.id)
                 .iter()
-                .map(|d| d.as_str().to_string())
+                .map(|d| d.to_string())
                 .collect()
         } else {
             Vec::new()
@@ -122,6 +128,7 @@ impl Input {
             id: r.id.clone(),
             kind: match r.kind {
                 crate::threads::InputKind::Approval => InputKind::Approval,
+                crate::threads::InputKind::Question => InputKind::Question,
             },
             status: r.status.into(),
             thread_id: r.thread_id.clone(),
@@ -177,6 +184,38 @@ pub struct DecisionBody {
     pub payload_type: Option<String>,
 }
 
+/// One payload of an answer: JSON or XML, and where it goes.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerPayload {
+    /// The payload as JSON, written as the XML of `payload_type` (or the one type its
+    /// receiver accepts); its receiver is `to`, or the one who asked.
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<serde_json::Value>,
+    /// The payload as XML.
+    pub payload_xml: Option<String>,
+    pub payload_type: Option<String>,
+    /// Send it to this listener; without it, it is routed as the human listener's output
+    /// (by type among its peers, or back to the one who asked).
+    pub to: Option<String>,
+}
+
+/// An answer's body: one payload (`payload` or `payload_xml`, with `payload_type` and
+/// `to`), or several (`payloads`). All are checked before any is routed.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerBody {
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<serde_json::Value>,
+    pub payload_xml: Option<String>,
+    pub payload_type: Option<String>,
+    pub to: Option<String>,
+    /// Several payloads, routed in order.
+    pub payloads: Option<Vec<AnswerPayload>>,
+    /// Kept on the input.
+    pub reason: Option<String>,
+}
+
 /// A rejection's body.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -227,6 +266,11 @@ impl From<DecideError> for ApiError {
                 ApiError::new(StatusCode::FORBIDDEN, "decision_not_allowed", message)
             }
             DecideError::Invalid(e) => ApiError::from(e),
+            DecideError::InvalidAnswer(problems) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_payload", message)
+                    .details(problems)
+                    .at("payloads")
+            }
             DecideError::Stopping => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message)
             }
@@ -247,6 +291,7 @@ pub async fn list_inputs(
 ) -> ApiResult<Json<Paged<Input>>> {
     let kind = q.kind.map(|k| match k {
         InputKind::Approval => crate::threads::InputKind::Approval,
+        InputKind::Question => crate::threads::InputKind::Question,
     });
     let filter = InputFilter {
         status: q.status.map(Into::into),
@@ -389,6 +434,97 @@ pub async fn reject_input(
     let body = body.map(|JsonBody(b)| b).unwrap_or_default();
     let row = reject(&s.inner.organism, &seen, &id, body.reason)?;
     Ok(Json(Input::of(&row, &s.inner.organism)))
+}
+
+#[utoipa::path(post, path = "/api/v1/inputs/{id}/answer", tag = "inputs",
+    params(("id" = String, Path, description = "Input id")), request_body = AnswerBody,
+    responses((status = 200, description = "Answered: the payloads are routed as the human listener's outputs", body = Input),
+              (status = 403, description = "Not one of the listener's approvers, or not a question", body = ErrorResponse),
+              (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
+              (status = 409, description = "Already answered: `details` carries the first decision", body = ErrorResponse),
+              (status = 422, description = "A payload is malformed, has no route, or is invalid: nothing was routed", body = ErrorResponse)))]
+pub async fn answer_input(
+    State(s): State<ApiState>,
+    seen: Seen,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<AnswerBody>,
+) -> ApiResult<Json<Input>> {
+    let row = answer(&s.inner.organism, &seen, &id, body)?;
+    Ok(Json(Input::of(&row, &s.inner.organism)))
+}
+
+/// Answers the question `id` as `seen` (REST and `/ws`).
+pub(super) fn answer(
+    organism: &crate::Organism,
+    seen: &Seen,
+    id: &str,
+    body: AnswerBody,
+) -> ApiResult<InputRow> {
+    let row = visible(organism, seen, id)?;
+    let single = AnswerPayload {
+        payload: body.payload,
+        payload_xml: body.payload_xml,
+        payload_type: body.payload_type,
+        to: body.to,
+    };
+    let given = single.payload.is_some() || single.payload_xml.is_some();
+    let parts = match (given, body.payloads) {
+        (true, Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give one payload (`payload` or `payload_xml`) or `payloads`, not both",
+            )
+            .at("payloads"))
+        }
+        (true, None) => vec![single],
+        (false, Some(many)) => many,
+        (false, None) => {
+            return Err(ApiError::bad_request(
+                "an answer needs `payload`, `payload_xml` or `payloads`",
+            )
+            .at("payload"))
+        }
+    };
+    let config = organism.config();
+    let mut answers = Vec::with_capacity(parts.len());
+    for (i, p) in parts.into_iter().enumerate() {
+        let at = format!("payloads[{i}]");
+        let payload_xml = match (p.payload, p.payload_xml) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "give `payload` (JSON) or `payload_xml`, not both",
+                )
+                .at(at))
+            }
+            (None, None) => {
+                return Err(
+                    ApiError::bad_request("a payload needs `payload` or `payload_xml`").at(at),
+                )
+            }
+            (None, Some(xml)) => xml,
+            (Some(json), None) => {
+                let target = p.to.as_deref().unwrap_or(&row.from);
+                let listener = config
+                    .listener(target)
+                    .filter(|_| seen.scope.sees(target))
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "no_schema",
+                            format!("`{target}` is not a listener whose schema can write JSON as XML: give `payload_xml`"),
+                        )
+                        .at(at.clone())
+                    })?;
+                super::inject::json_to_xml(listener, p.payload_type.as_deref(), &json)?
+            }
+        };
+        answers.push(Answer {
+            payload_xml,
+            to: p.to,
+        });
+    }
+    Ok(organism
+        .inputs()
+        .answer(id, &decider(seen), answers, body.reason)?)
 }
 
 /// An abort's body.

@@ -317,6 +317,7 @@ fn router(
         .routes(routes!(inputs::get_input))
         .routes(routes!(inputs::approve_input))
         .routes(routes!(inputs::reject_input))
+        .routes(routes!(inputs::answer_input))
         .routes(routes!(rest::pause_agent))
         .routes(routes!(rest::resume_agent))
         .routes(routes!(rest::pause_organism))

@@ -66,7 +66,7 @@ pub(crate) struct ApprovalSection {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ApproversSection {
+pub(crate) struct ApproversSection {
     role: Option<Role>,
     #[serde(default)]
     keys: Vec<String>,
@@ -120,6 +120,78 @@ impl Approval {
     pub fn allows(&self, d: Decision) -> bool {
         self.allow.contains(&d)
     }
+}
+
+/// A `kind: human` listener's settings: who answers its questions, and how long one waits
+/// (`reply_timeout`; past it the question's message fails).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Human {
+    pub approvers: Approvers,
+    pub reply_timeout: Duration,
+}
+
+/// How long a question to a person waits when `reply_timeout` is not given.
+pub const DEFAULT_HUMAN_REPLY_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn approvers_of(a: Option<&ApproversSection>) -> Approvers {
+    Approvers {
+        role: a.and_then(|a| a.role).unwrap_or(Role::Operator),
+        keys: a.map(|a| a.keys.clone()).unwrap_or_default(),
+        subjects: a.map(|a| a.subjects.clone()).unwrap_or_default(),
+        distinct_from_sender: a.is_some_and(|a| a.distinct_from_sender),
+    }
+}
+
+/// Checks a `kind: human` listener: its `approvers` and `reply_timeout`, and that nothing
+/// only another kind takes is given. `None` for other kinds (whose `approvers` is refused).
+pub(super) fn check_human(s: &ListenerSection, c: &mut Collector) -> Option<std::sync::Arc<Human>> {
+    let l = Some(s.name.as_str());
+    if s.kind != super::ListenerKind::Human {
+        if s.approvers.is_some() {
+            c.push(
+                l,
+                Some("approvers"),
+                "is for `kind: human` listeners (a gate's approvers go in `approval.approvers`)",
+            );
+        }
+        return None;
+    }
+    let before = c.errors.len();
+    if s.placement == super::Placement::Workers {
+        c.push(
+            l,
+            Some("placement"),
+            "a person answers in the inbox: `kind: human` cannot be placed on workers",
+        );
+    }
+    let reply_timeout = match &s.reply_timeout {
+        None => Some(DEFAULT_HUMAN_REPLY_TIMEOUT),
+        Some(yaml_serde::Value::Number(n)) => n.as_u64().map(Duration::from_secs),
+        Some(yaml_serde::Value::String(t)) => parse_age(t),
+        Some(_) => None,
+    }
+    .filter(|d| !d.is_zero() && *d <= MAX_APPROVAL_TIMEOUT);
+    if reply_timeout.is_none() {
+        c.push(
+            l,
+            Some("reply_timeout"),
+            "must be seconds or a duration like 30m, 24h, 7d, greater than 0 and at most 366d",
+        );
+    }
+    let approvers = approvers_of(s.approvers.as_ref());
+    if approvers.role == Role::Viewer {
+        c.push(
+            l,
+            Some("approvers.role"),
+            "viewers only read: the least role that answers is operator",
+        );
+    }
+    (c.errors.len() == before).then(|| {
+        std::sync::Arc::new(Human {
+            approvers,
+            reply_timeout: reply_timeout.unwrap_or(DEFAULT_HUMAN_REPLY_TIMEOUT),
+        })
+    })
 }
 
 /// Checks `s.approval` against the listener's accepted types and the organism's listener
@@ -180,13 +252,7 @@ pub(super) fn check_approval(
             "must be seconds (3600) or a duration like 30m, 24h, 7d, greater than 0 and at most 366d",
         );
     }
-    let a = section.approvers.as_ref();
-    let approvers = Approvers {
-        role: a.and_then(|a| a.role).unwrap_or(Role::Operator),
-        keys: a.map(|a| a.keys.clone()).unwrap_or_default(),
-        subjects: a.map(|a| a.subjects.clone()).unwrap_or_default(),
-        distinct_from_sender: a.is_some_and(|a| a.distinct_from_sender),
-    };
+    let approvers = approvers_of(section.approvers.as_ref());
     if approvers.role == Role::Viewer {
         c.push(
             l,

@@ -96,6 +96,7 @@ pub(super) fn check_listeners(
         check_keys_apply(s, c);
         let (accepts, schema_origin) = check_schema(s, base, c);
         let approval = super::approval::check_approval(s, &accepts, c);
+        let human = super::approval::check_human(s, c);
         let peers = check_peers(s, &names, c);
         let (concurrency, config) = check_handler_config(s, &names, c);
         built.push(ListenerConfig {
@@ -117,6 +118,7 @@ pub(super) fn check_listeners(
             shared: s.shared,
             origin: ListenerOrigin::File,
             approval,
+            human,
         });
     }
 
@@ -218,6 +220,15 @@ fn check_kind(s: &ListenerSection, known: Known<'_>, c: &mut Collector) {
                 );
             }
         }
+        ListenerKind::Human => {
+            if s.handler.is_some() {
+                c.push(
+                    l,
+                    Some("handler"),
+                    "a human listener is answered by a person through the inbox, not a native handler",
+                );
+            }
+        }
     }
 }
 
@@ -294,7 +305,7 @@ fn check_keys_apply(s: &ListenerSection, c: &mut Collector) {
         (
             "reply_timeout",
             s.reply_timeout.is_some(),
-            s.kind == ListenerKind::External,
+            matches!(s.kind, ListenerKind::External | ListenerKind::Human),
         ),
     ] {
         if present && !applies {

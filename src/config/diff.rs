@@ -81,6 +81,7 @@ pub fn fingerprint(l: &ListenerConfig) -> String {
             schemas,
             external,
             &l.approval,
+            &l.human,
         )
     )
 }

@@ -28,6 +28,9 @@ pub enum ListenerKind {
     Native,
     Lua,
     External,
+    /// A person is the handler: each delivery opens a question in the inbox, answered by
+    /// payloads routed as this listener's outputs.
+    Human,
 }
 
 impl fmt::Display for ListenerKind {
@@ -36,6 +39,7 @@ impl fmt::Display for ListenerKind {
             ListenerKind::Native => "native",
             ListenerKind::Lua => "lua",
             ListenerKind::External => "external",
+            ListenerKind::Human => "human",
         })
     }
 }
@@ -221,6 +225,8 @@ pub(crate) struct ListenerSection {
     #[serde(default)]
     pub placement: Placement,
     pub approval: Option<super::approval::ApprovalSection>,
+    /// For `human`: who may answer.
+    pub approvers: Option<super::approval::ApproversSection>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.
@@ -288,6 +294,8 @@ pub struct ListenerConfig {
     pub origin: ListenerOrigin,
     /// Its approval gate: messages it holds until a person decides.
     pub approval: Option<Arc<super::approval::Approval>>,
+    /// For `human`: who answers, and how long a question waits.
+    pub human: Option<Arc<super::approval::Human>>,
 }
 
 /// Where a listener is defined.

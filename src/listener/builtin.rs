@@ -175,3 +175,18 @@ impl Handler for Delay {
         })
     }
 }
+
+/// The handler of a `kind: human` listener, which the pump never calls: each delivery to a
+/// person opens a question in the inbox instead. Called anyway, it fails and says so.
+pub struct Unanswerable;
+
+impl Handler for Unanswerable {
+    fn handle(&self, d: Delivery) -> HandlerFuture {
+        let name = d.meta.own_name.to_string();
+        Box::pin(async move {
+            Err(HandlerError(format!(
+                "`{name}` is answered by a person through the inbox, not by a handler"
+            )))
+        })
+    }
+}

@@ -17,7 +17,9 @@ use crate::config::{ListenerConfig, ListenerName};
 use crate::schema::ValidatedPayload;
 use crate::xml::PayloadType;
 
-pub use builtin::{field_text, fill, Delay, Echo, Forward, Sink, Template, MAX_DELAY_MS};
+pub use builtin::{
+    field_text, fill, Delay, Echo, Forward, Sink, Template, Unanswerable, MAX_DELAY_MS,
+};
 pub use external::{CallbackUrl, ExternalHandler};
 
 /// What a handler knows about the message it handles.

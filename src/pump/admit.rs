@@ -59,6 +59,9 @@ impl Shared {
         listener: &Arc<Listener>,
         admission: Admission,
     ) -> Result<Admitted, ThreadError> {
+        if listener.config.kind == crate::config::ListenerKind::Human {
+            return self.ask(thread, listener, admission);
+        }
         let Admission {
             parent_id,
             from,

@@ -354,7 +354,7 @@ impl Shared {
     /// Reads and checks each payload of a reply from `listener` to `from` (or `to`) as the
     /// pump will carry it: acceptable XML, a route, valid for every receiver. The payload
     /// types, or every problem found.
-    fn check_reply(
+    pub(crate) fn check_reply(
         &self,
         listener: &Arc<Listener>,
         from: &Arc<str>,

@@ -536,5 +536,7 @@ pub(crate) fn local_handler(
                 .map(|h| Arc::new(h) as Arc<dyn Handler>)
         }
         config::ListenerKind::Native => parts.registry.build(lc),
+        // The pump opens a question for each delivery (`inputs::ask`): nothing is called.
+        config::ListenerKind::Human => Ok(Arc::new(crate::listener::Unanswerable)),
     }
 }

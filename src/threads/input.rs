@@ -13,6 +13,8 @@ use crate::time::Timestamp;
 pub enum InputKind {
     /// A message held at its listener's approval gate.
     Approval,
+    /// A message delivered to a `kind: human` listener, waiting for a person's answer.
+    Question,
 }
 
 /// Where an input stands. Only `open` changes, once.
@@ -24,6 +26,8 @@ pub enum InputStatus {
     Approved,
     /// Refused by a person.
     Declined,
+    /// A question answered: the answer's payloads were routed.
+    Answered,
     /// Nobody decided in time; the gate's `on_timeout` was applied (`decision` says which).
     Expired,
     /// Withdrawn: its thread was killed or aborted, or its listener removed.
@@ -36,6 +40,7 @@ impl InputStatus {
             InputStatus::Open => "open",
             InputStatus::Approved => "approved",
             InputStatus::Declined => "declined",
+            InputStatus::Answered => "answered",
             InputStatus::Expired => "expired",
             InputStatus::Cancelled => "cancelled",
         }

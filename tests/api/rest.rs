@@ -718,6 +718,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/inputs/{id}", "get"),
         ("/api/v1/inputs/{id}/approve", "post"),
         ("/api/v1/inputs/{id}/reject", "post"),
+        ("/api/v1/inputs/{id}/answer", "post"),
     ];
     for (path, method) in expected {
         assert!(

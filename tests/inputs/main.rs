@@ -650,3 +650,135 @@ async fn ws_lists_open_inputs_on_connect_and_decides_them_by_command() {
     assert_eq!(i["decision"], "aborted by ws: stop");
     assert_eq!(thread_status(&s, &second_thread).await, "aborted");
 }
+
+/// `reviewer` is a person: it takes a Ping and may answer with a Pong to `writer` and a
+/// Note to `c`.
+fn with_reviewer(extra: &str) -> String {
+    format!(
+        "  - {{name: reviewer, description: a person, kind: human, schema: t.xsd, accepts: [Ping], peers: [writer, c]{extra}}}
+  - {{name: writer, description: writes, kind: native, handler: sink, schema: t.xsd, accepts: [Pong]}}
+  - {{name: c, description: ledger, kind: native, handler: sink, {XSD_NOTE}}}"
+    )
+}
+
+async fn asked(s: &Served) -> (String, Value) {
+    let (code, body) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "reviewer", "payload_xml": "<Ping><n>7</n></Ping>"}),
+        )
+        .await;
+    assert_eq!(code, 202, "{body}");
+    let thread = body["thread_id"].as_str().unwrap().to_string();
+    let input = wait_for_input(s, &thread).await;
+    (thread, input)
+}
+
+#[tokio::test]
+async fn a_person_answers_a_question_with_payloads_routed_as_the_listeners_outputs() {
+    let s = serve_with(
+        agentserver::Organism::builder(),
+        "",
+        &with_reviewer(""),
+        ApiOptions::default(),
+    )
+    .await;
+    let (thread, input) = asked(&s).await;
+    assert_eq!(input["kind"], "question");
+    assert_eq!(input["allow"], json!(["answer"]));
+    wait_thread(&s, &thread, "waiting").await;
+    let question = input["message_id"].as_str().unwrap().to_string();
+    let id = input["id"].as_str().unwrap();
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    assert_eq!(t["messages"][0]["status"], "delivered", "{t}");
+
+    // Not an approval.
+    let (code, body) = s
+        .post(&format!("/api/v1/inputs/{id}/approve"), json!({}))
+        .await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(body["error"]["code"], "decision_not_allowed");
+    // All or nothing: the second payload is of a type no peer takes.
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/answer"),
+            json!({"payloads": [
+                {"payload": {"n": 8}, "to": "writer"},
+                {"payload_xml": "<Ping><n>1</n></Ping>"},
+            ]}),
+        )
+        .await;
+    assert_eq!(code, 422, "{body}");
+    assert!(
+        body["error"]["details"][0]
+            .as_str()
+            .unwrap()
+            .contains("payload 2"),
+        "{body}"
+    );
+    let (_, still) = s.get(&format!("/api/v1/inputs/{id}")).await;
+    assert_eq!(still["status"], "open");
+    assert_eq!(statuses(&s, &thread).await.len(), 1, "nothing was routed");
+
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/answer"),
+            json!({"payloads": [
+                {"payload": {"n": 8}, "to": "writer"},
+                {"payload_xml": "<Note>seen</Note>", "to": "c"},
+            ], "reason": "looks fine"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["status"], "answered");
+    wait_thread(&s, &thread, "completed").await;
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    let ms = t["messages"].as_array().unwrap();
+    assert_eq!(ms.len(), 3, "{t}");
+    for (m, to, xml) in [
+        (&ms[1], "writer", "<Pong><n>8</n></Pong>"),
+        (&ms[2], "c", "<Note>seen</Note>"),
+    ] {
+        assert_eq!(m["from"], "reviewer");
+        assert_eq!(m["to"], to);
+        assert_eq!(m["payload_xml"], xml);
+        assert_eq!(m["parent_id"], question.as_str());
+        assert_eq!(m["status"], "delivered");
+    }
+    let (code, _) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/answer"),
+            json!({"payload_xml": "<Note>again</Note>", "to": "c"}),
+        )
+        .await;
+    assert_eq!(code, 409);
+}
+
+#[tokio::test]
+async fn an_unanswered_question_fails_after_its_reply_timeout() {
+    let clock = Clock::manual();
+    let s = serve_with(
+        agentserver::Organism::builder().clock(clock.clone()),
+        "",
+        &with_reviewer(", reply_timeout: 2h"),
+        ApiOptions::default(),
+    )
+    .await;
+    let (thread, input) = asked(&s).await;
+    clock.advance(Duration::from_secs(3 * 3600));
+    wait_thread(&s, &thread, "error").await;
+    let (_, i) = s
+        .get(&format!("/api/v1/inputs/{}", input["id"].as_str().unwrap()))
+        .await;
+    assert_eq!(i["status"], "expired");
+    assert_eq!(i["decision"], "no answer");
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    assert_eq!(t["messages"][0]["status"], "failed", "{t}");
+    assert!(
+        t["messages"][0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("reply timeout"),
+        "{t}"
+    );
+}

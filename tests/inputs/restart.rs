@@ -1,6 +1,6 @@
-//! Held messages survive the process ending however it ends: the real binary, a real store
-//! file, `kill -9` with 100 messages held, then every input still open, the threads
-//! `waiting`, and an approval after the restart delivers.
+//! Held messages and questions survive the process ending however it ends: the real binary,
+//! a real store file, `kill -9` with 100 messages held and 10 questions open, then every input
+//! still open, the threads `waiting`, and an approval and an answer after the restart route.
 
 use serde_json::{json, Value};
 
@@ -8,13 +8,15 @@ use super::common::child::{agentserver, serve, Running};
 use super::common::{wait_until_async, TEST_XSD};
 
 const HELD: usize = 100;
+const QUESTIONS: usize = 10;
 
 fn organism(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
     let yaml = format!(
         "organism:\n  name: gated\n  store: {}\nlisteners:\n\
   - {{name: pay, description: payments, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {{to: c}}, approval: {{timeout: 7d}}}}\n\
-  - {{name: c, description: ledger, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}}\n",
+  - {{name: c, description: ledger, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}}\n\
+  - {{name: reviewer, description: a person, kind: human, schema: t.xsd, accepts: [Ping], peers: [c]}}\n",
         dir.join("log.db").display()
     );
     let path = dir.join("organism.yaml");
@@ -57,17 +59,49 @@ fn held_messages_survive_kill_9_and_an_approval_then_delivers() {
                     .to_string(),
             );
         }
+        for i in 0..QUESTIONS {
+            let r: Value = http
+                .post(format!("{url}/api/v1/inject"))
+                .json(&json!({"to": "reviewer", "payload_xml": format!("<Ping><n>{i}</n></Ping>")}))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert!(r["thread_id"].is_string(), "{r}");
+        }
         threads
     });
     let open = get(format!("{url}/api/v1/inputs?status=open&limit=0"));
-    assert_eq!(open["total"], HELD, "{open}");
+    assert_eq!(open["total"], HELD + QUESTIONS, "{open}");
 
     child.kill().unwrap(); // SIGKILL: no stop at all.
     child.wait().unwrap();
     let (child, url) = start();
 
     let open = get(format!("{url}/api/v1/inputs?status=open&limit=1000"));
-    assert_eq!(open["total"], HELD, "every input is open again: {open}");
+    assert_eq!(open["total"], HELD + QUESTIONS, "every input is open again");
+    let questions = get(format!("{url}/api/v1/inputs?status=open&kind=question"));
+    assert_eq!(questions["total"], QUESTIONS, "{questions}");
+    let q = &questions["items"][0];
+    let qt = get(format!(
+        "{url}/api/v1/threads/{}",
+        q["thread_id"].as_str().unwrap()
+    ));
+    assert_eq!(qt["status"], "waiting", "{qt}");
+    rt.block_on(async {
+        let r = http
+            .post(format!(
+                "{url}/api/v1/inputs/{}/answer",
+                q["id"].as_str().unwrap()
+            ))
+            .json(&json!({"payload": "answered after a restart", "to": "c"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    });
     let t = get(format!("{url}/api/v1/threads/{}", threads[0]));
     assert_eq!(t["status"], "waiting", "{t}");
     assert_eq!(t["messages"][0]["status"], "held", "{t}");
@@ -109,6 +143,6 @@ fn held_messages_survive_kill_9_and_an_approval_then_delivers() {
         .await;
     });
     let open = get(format!("{url}/api/v1/inputs?status=open&limit=0"));
-    assert_eq!(open["total"], HELD - 1);
+    assert_eq!(open["total"], HELD + QUESTIONS - 2);
     drop(child);
 }

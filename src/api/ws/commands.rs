@@ -8,7 +8,7 @@ use super::{Pump, WS_IDENTITY};
 use crate::api::auth::{command_least, command_rule, unknown_thread, Need, On, Seen};
 use crate::api::error::ApiError;
 use crate::api::inject::{inject, InjectBody};
-use crate::api::inputs::{self, DecisionBody};
+use crate::api::inputs::{self, AnswerBody, DecisionBody};
 use crate::api::rest::reload_blocking;
 use crate::api::Endpoint;
 
@@ -124,6 +124,15 @@ async fn run(
             out.insert("status".into(), json!(row.status.as_str()));
             out.insert("result_message_id".into(), json!(row.result));
         }
+        Command::Answer(id, body) => {
+            let seen = Seen {
+                principal: s.principal.clone(),
+                scope,
+            };
+            let row = inputs::answer(&organism, &seen, &id, *body)?;
+            out.insert("input_id".into(), json!(id));
+            out.insert("status".into(), json!(row.status.as_str()));
+        }
         Command::Reject(id, reason) => {
             let seen = Seen {
                 principal: s.principal.clone(),
@@ -171,7 +180,7 @@ fn see_thread(
 
 fn unknown_command(cmd: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, approve, reject, reload, stop)"
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, approve, reject, answer, reload, stop)"
     ))
     .at("cmd")
 }
@@ -203,6 +212,8 @@ enum Command {
     Approve(String, Box<DecisionBody>),
     /// An input, and why.
     Reject(String, Option<String>),
+    /// A question, and its answer.
+    Answer(String, Box<AnswerBody>),
     Stop,
 }
 
@@ -244,6 +255,16 @@ impl Command {
                 })?,
                 text(&map, "reason")?,
             ),
+            "answer" => {
+                let id = text(&map, "input_id")?.ok_or_else(|| {
+                    ApiError::bad_request("`answer` needs an `input_id`").at("input_id")
+                })?;
+                let mut body = map;
+                body.remove("input_id");
+                let body: AnswerBody = serde_json::from_value(Value::Object(body))
+                    .map_err(|e| ApiError::bad_request(format!("bad answer: {e}")))?;
+                Command::Answer(id, Box::new(body))
+            }
             "approve" | "reject" => {
                 let id = text(&map, "input_id")?.ok_or_else(|| {
                     ApiError::bad_request(format!("`{cmd}` needs an `input_id`")).at("input_id")
@@ -275,7 +296,7 @@ impl Command {
             Command::Inject(_) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
             Command::Kill(_) | Command::Abort(..) => On::Thread,
-            Command::Approve(..) | Command::Reject(..) => On::Input,
+            Command::Approve(..) | Command::Reject(..) | Command::Answer(..) => On::Input,
             Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
                 On::Organism
             }
@@ -296,7 +317,7 @@ impl Command {
 fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
     if !matches!(
         cmd,
-        "pause" | "resume" | "reload" | "kill" | "abort" | "approve" | "reject" | "stop"
+        "pause" | "resume" | "reload" | "kill" | "abort" | "approve" | "reject" | "answer" | "stop"
     ) {
         return None;
     }

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crate::config::approval::{Approval, Decision};
+use crate::config::approval::{Approval, Approvers, Decision, Human};
 use crate::config::Role;
 use crate::events::EventKind;
 use crate::hash::SeededMap;
@@ -35,7 +35,9 @@ use crate::threads::{
 use crate::time::{Clock, Timestamp};
 use crate::xml::normalize_payload;
 
+mod ask;
 mod restore;
+pub use ask::Answer;
 pub(crate) use restore::EXPIRY_TICK;
 
 use super::admit::{Admission, Admitted};
@@ -92,6 +94,9 @@ pub enum DecideError {
     /// The edited payload: malformed, of a type the listener does not accept, or invalid.
     #[error("{0}")]
     Invalid(InjectError),
+    /// An answer's payloads: every problem found (none was routed).
+    #[error("{} of the answer's payloads cannot be accepted; nothing was", .0.len())]
+    InvalidAnswer(Vec<String>),
     #[error("the organism is stopping")]
     Stopping,
     #[error("the store could not record the decision: {0}")]
@@ -106,6 +111,8 @@ struct Held {
     valid: Option<ValidatedPayload>,
     /// The gate as it was when the message was held (a reload applies to new messages).
     approval: Option<Arc<Approval>>,
+    /// For a question: the human listener's settings when it was asked.
+    human: Option<Arc<Human>>,
 }
 
 /// The open inputs, the recently decided ones, and the table that keeps them.
@@ -200,12 +207,58 @@ impl<'a> Inputs<'a> {
         lock(&self.shared().inbox.open).len()
     }
 
-    /// The decisions the gate of an open input allows (every one for a decided input's).
-    pub fn allowed(self, id: &str) -> Vec<Decision> {
-        lock(&self.shared().inbox.open)
+    /// What a person may do with an open input now: `answer` a question; for a held
+    /// message, what its gate allows (`approve`, `reject`, `edit`). Nothing once decided.
+    pub fn allowed(self, id: &str) -> Vec<&'static str> {
+        let open = lock(&self.shared().inbox.open);
+        let Some(h) = open.get(id) else {
+            return Vec::new();
+        };
+        if h.row.kind == InputKind::Question {
+            return vec!["answer"];
+        }
+        let all = [Decision::Approve, Decision::Reject, Decision::Edit];
+        all.into_iter()
+            .filter(|d| h.approval.as_ref().is_none_or(|a| a.allows(*d)))
+            .map(Decision::as_str)
+            .collect()
+    }
+
+    /// The open input `id` as `who` may decide it (checked against its gate's approvers, or
+    /// its human listener's): its row, and the gate. Not found outside `who`'s scope; already
+    /// decided with the first decision.
+    fn look(
+        self,
+        id: &str,
+        who: &Decider,
+    ) -> Result<(InputRow, Option<Arc<Approval>>), DecideError> {
+        let s = self.shared();
+        if s.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
+            return Err(DecideError::Stopping);
+        }
+        let looked = lock(&s.inbox.open)
             .get(id)
-            .and_then(|h| h.approval.as_ref().map(|a| a.allow.clone()))
-            .unwrap_or_else(|| vec![Decision::Approve, Decision::Reject, Decision::Edit])
+            .map(|h| (h.row.clone(), h.approval.clone(), h.human.clone()));
+        let Some((row, approval, human)) = looked else {
+            return Err(match s.inbox.decided(id) {
+                Some(r) if in_scope(&r, who) => DecideError::AlreadyDecided(Box::new(r)),
+                _ => DecideError::NotFound(id.to_string()),
+            });
+        };
+        if !in_scope(&row, who) {
+            return Err(DecideError::NotFound(id.to_string()));
+        }
+        // Restored after a restart: the listener's settings now.
+        let topo = s.topo();
+        let now = topo.listeners.get(row.listener.as_str());
+        let approval = approval.or_else(|| now.and_then(|l| l.config.approval.clone()));
+        let human = human.or_else(|| now.and_then(|l| l.config.human.clone()));
+        let approvers = match row.kind {
+            InputKind::Approval => approval.as_ref().map(|a| &a.approvers),
+            InputKind::Question => human.as_ref().map(|h| &h.approvers),
+        };
+        may_decide(approvers, &row, who)?;
+        Ok((row, approval))
     }
 
     /// Decides an open input. Exactly one decision of an input is taken; a later one is
@@ -217,9 +270,6 @@ impl<'a> Inputs<'a> {
         verdict: Verdict,
     ) -> Result<InputRow, DecideError> {
         let s = self.shared();
-        if s.life.status.load(Ordering::SeqCst) != super::STATUS_RUNNING {
-            return Err(DecideError::Stopping);
-        }
         let decision = match &verdict {
             Verdict::Approve {
                 payload_xml: Some(_),
@@ -228,30 +278,14 @@ impl<'a> Inputs<'a> {
             Verdict::Approve { .. } => Decision::Approve,
             Verdict::Reject { .. } => Decision::Reject,
         };
-        // Checked on a look, then taken under the lock: validation runs outside it.
-        let (row, approval, listener) = {
-            let open = lock(&s.inbox.open);
-            match open.get(id) {
-                Some(h) => (h.row.clone(), h.approval.clone(), h.row.listener.clone()),
-                None => {
-                    drop(open);
-                    return Err(match s.inbox.decided(id) {
-                        Some(r) if in_scope(&r, who) => DecideError::AlreadyDecided(Box::new(r)),
-                        _ => DecideError::NotFound(id.to_string()),
-                    });
-                }
-            }
-        };
-        if !in_scope(&row, who) {
-            return Err(DecideError::NotFound(id.to_string()));
+        let (row, approval) = self.look(id, who)?;
+        let listener = row.listener.clone();
+        if row.kind == InputKind::Question {
+            return Err(DecideError::NotAllowed {
+                decision: decision.as_str(),
+                allowed: "answer".into(),
+            });
         }
-        let topo = s.topo();
-        let approval = approval.or_else(|| {
-            topo.listeners
-                .get(listener.as_str())
-                .and_then(|l| l.config.approval.clone())
-        });
-        may_decide(approval.as_deref(), &row, who)?;
         if let Some(a) = approval.as_deref().filter(|a| !a.allows(decision)) {
             let allowed: Vec<&str> = a.allow.iter().map(|d| d.as_str()).collect();
             return Err(DecideError::NotAllowed {
@@ -298,26 +332,26 @@ fn in_scope(row: &InputRow, who: &Decider) -> bool {
 
 /// The gate's `approvers` against `who` (without a gate, an operator decides).
 fn may_decide(
-    approval: Option<&Approval>,
+    approvers: Option<&Approvers>,
     row: &InputRow,
     who: &Decider,
 ) -> Result<(), DecideError> {
     let refuse = |why: String| Err(DecideError::NotAnApprover(why));
-    let least = approval.map_or(Role::Operator, |a| a.approvers.role);
+    let least = approvers.map_or(Role::Operator, |a| a.role);
     if who.role < least {
         return refuse(format!("deciding this input needs the role {least}"));
     }
-    let Some(a) = approval else { return Ok(()) };
+    let Some(a) = approvers else { return Ok(()) };
     let name = who.name.as_deref();
     let key = name.and_then(|n| n.strip_prefix("key:"));
     let subject = name.filter(|n| !n.starts_with("key:"));
-    let listed = !a.approvers.keys.is_empty() || !a.approvers.subjects.is_empty();
-    let named = key.is_some_and(|k| a.approvers.keys.iter().any(|x| x == k))
-        || subject.is_some_and(|s| a.approvers.subjects.iter().any(|x| x == s));
+    let listed = !a.keys.is_empty() || !a.subjects.is_empty();
+    let named = key.is_some_and(|k| a.keys.iter().any(|x| x == k))
+        || subject.is_some_and(|s| a.subjects.iter().any(|x| x == s));
     if listed && !named {
         return refuse("this gate names its approvers, and this credential is not one".into());
     }
-    if a.approvers.distinct_from_sender && name.is_some() && row.requested_by.as_deref() == name {
+    if a.distinct_from_sender && name.is_some() && row.requested_by.as_deref() == name {
         return refuse(
             "this gate needs a second person: the credential that started the thread cannot decide"
                 .into(),
@@ -337,23 +371,8 @@ impl Shared {
         admission: Admission,
         approval: Arc<Approval>,
     ) -> Result<Admitted, ThreadError> {
-        let full = self.gates_full(admission.valid.xml().len());
-        if let Some(e) = full {
-            let record = self.threads.append(
-                thread,
-                NewMessage {
-                    id: crate::threads::new_id(),
-                    parent_id: admission.parent_id,
-                    from: admission.from,
-                    to: Some(listener.config.name.arc()),
-                    payload_type: Some(admission.valid.payload_type().written()),
-                    payload_xml: admission.valid.xml_arc(),
-                    status: MessageStatus::Failed,
-                    error: Some(e.to_string()),
-                },
-            )?;
-            self.count_failure(super::FailureKind::Undeliverable);
-            return Ok(Admitted::Refused(record, e));
+        if let Some(e) = self.gates_full(admission.valid.xml().len()) {
+            return self.refuse_full(thread, listener, admission, e);
         }
         let Admission {
             parent_id,
@@ -387,39 +406,87 @@ impl Shared {
             &record,
             &valid,
             listener,
-            &approval,
+            approval.prompt.as_deref(),
+            approval.timeout,
             requested_by.map(|r| r.to_string()),
         );
+        let message_id = record.id.clone();
+        self.open_input(Held {
+            row,
+            record,
+            valid: Some(valid),
+            approval: Some(approval),
+            human: None,
+        });
+        if let Some(change) = self.threads.settle(thread) {
+            self.publish_thread(change);
+        }
+        Ok(Admitted::Queued(message_id))
+    }
+
+    /// Logs `admission` `failed` for `e` (the inbox is full): not published, the caller
+    /// answers for it.
+    fn refuse_full(
+        &self,
+        thread: &str,
+        listener: &Listener,
+        admission: Admission,
+        e: ThreadError,
+    ) -> Result<Admitted, ThreadError> {
+        let record = self.threads.append(
+            thread,
+            NewMessage {
+                id: crate::threads::new_id(),
+                parent_id: admission.parent_id,
+                from: admission.from,
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(admission.valid.payload_type().written()),
+                payload_xml: admission.valid.xml_arc(),
+                status: MessageStatus::Failed,
+                error: Some(e.to_string()),
+            },
+        )?;
+        self.count_failure(super::FailureKind::Undeliverable);
+        Ok(Admitted::Refused(record, e))
+    }
+
+    /// Opens `held`'s input: written to the store's inbox (a failure is reported: a
+    /// restart would lose it), told (`input_requested`), kept open here.
+    fn open_input(&self, held: Held) {
+        let row = &held.row;
         if let Some(table) = &self.inbox.table {
-            if let Err(e) = table.insert(&row) {
+            if let Err(e) = table.insert(row) {
                 self.events.publish(EventKind::Error {
-                    thread_id: Some(thread.to_string()),
+                    thread_id: Some(row.thread_id.clone()),
                     agent: Some(row.listener.clone()),
                     error: self.clip_error(format!(
-                        "the held message {} is not in the store's inbox, so a restart would lose it: {e}",
+                        "the message {} is not in the store's inbox, so a restart would lose its input: {e}",
                         row.message_id
                     )),
                 });
             }
         }
-        let id: Arc<str> = Arc::from(row.id.as_str());
-        let message_id = record.id.clone();
         self.events.publish(EventKind::InputRequested {
             input: Box::new(row.clone()),
         });
-        lock(&self.inbox.open).insert(
-            id,
-            Held {
-                row,
-                record,
-                valid: Some(valid),
-                approval: Some(approval),
-            },
-        );
-        if let Some(change) = self.threads.settle(thread) {
-            self.publish_thread(change);
+        lock(&self.inbox.open).insert(Arc::from(row.id.as_str()), held);
+    }
+
+    /// Writes a decision to the store's inbox; a failure is reported (the input would be
+    /// open again after a restart).
+    fn record_decision(&self, decided: &InputRow) {
+        if let Some(table) = &self.inbox.table {
+            if let Err(e) = table.decide(decided) {
+                self.events.publish(EventKind::Error {
+                    thread_id: Some(decided.thread_id.clone()),
+                    agent: Some(decided.listener.clone()),
+                    error: self.clip_error(format!(
+                        "the decision of input {} is not in the store: {e}",
+                        decided.id
+                    )),
+                });
+            }
         }
-        Ok(Admitted::Queued(message_id))
     }
 
     /// Whether the gates hold as much as they may, one more payload of `size` bytes
@@ -441,17 +508,19 @@ impl Shared {
         }
     }
 
-    /// The open input of `record`, held at `listener`'s gate `approval`.
+    /// The open input of `record` at `listener`: its `prompt` filled from the payload,
+    /// expiring `timeout` from now.
     fn input_row(
         &self,
         record: &MessageRecord,
         valid: &ValidatedPayload,
         listener: &Listener,
-        approval: &Approval,
+        prompt: Option<&str>,
+        timeout: Option<std::time::Duration>,
         requested_by: Option<String>,
     ) -> InputRow {
         let now = self.inbox.clock.now();
-        let prompt = approval.prompt.as_deref().map(|p| {
+        let prompt = prompt.map(|p| {
             let fields = valid.to_json();
             crate::listener::fill(
                 p,
@@ -477,9 +546,7 @@ impl Shared {
             prompt,
             requested_by,
             created: now,
-            expires: approval
-                .timeout
-                .map(|t| Timestamp(now.0.saturating_add(ms(t)))),
+            expires: timeout.map(|t| Timestamp(now.0.saturating_add(ms(t)))),
             decided_by: None,
             decided: None,
             decision: None,
@@ -514,6 +581,9 @@ impl Shared {
         mut decided: InputRow,
         edited: Option<ValidatedPayload>,
     ) -> Result<InputRow, DecideError> {
+        if decided.kind == InputKind::Question {
+            return self.close_question(decided, Vec::new());
+        }
         let Some(held) = lock(&self.inbox.open).remove(decided.id.as_str()) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
@@ -565,20 +635,7 @@ impl Shared {
                 decided.result = Some(id.to_string());
             }
         }
-        if let Some(table) = &self.inbox.table {
-            // The decision is taken (in memory, and told); a store that failed to keep it
-            // is reported: the input would be open again after a restart.
-            if let Err(e) = table.decide(&decided) {
-                self.events.publish(EventKind::Error {
-                    thread_id: Some(thread.to_string()),
-                    agent: Some(decided.listener.clone()),
-                    error: self.clip_error(format!(
-                        "the decision of input {} is not in the store: {e}",
-                        decided.id
-                    )),
-                });
-            }
-        }
+        self.record_decision(&decided);
         if status == MessageStatus::Undeliverable {
             self.count_failure(super::FailureKind::Undeliverable);
         }

@@ -8,7 +8,7 @@ use super::{Held, InputRow, InputStatus, Shared};
 use crate::config::approval::OnTimeout;
 use crate::events::EventKind;
 use crate::sync::lock;
-use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+use crate::threads::{InputKind, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
 
 impl Shared {
     /// Applies `on_timeout` to the open inputs whose time has passed. Returns how many.
@@ -27,9 +27,10 @@ impl Shared {
             .collect();
         let mut n = 0;
         for (row, on) in due {
-            let decision = match on {
-                OnTimeout::Approve => "approve",
-                OnTimeout::Reject | OnTimeout::Keep => "reject",
+            let decision = match (row.kind, on) {
+                (InputKind::Question, _) => "no answer",
+                (_, OnTimeout::Approve) => "approve",
+                (_, OnTimeout::Reject | OnTimeout::Keep) => "reject",
             };
             let decided = InputRow {
                 status: InputStatus::Expired,
@@ -121,16 +122,18 @@ impl Shared {
                 to: Some(Arc::from(row.listener.as_str())),
                 payload_type: Some(Arc::from(row.payload_type.as_str())),
                 payload_xml: Arc::new(row.payload_xml.clone()),
-                status: MessageStatus::Held,
+                status: match row.kind {
+                    InputKind::Approval => MessageStatus::Held,
+                    InputKind::Question => MessageStatus::Delivered,
+                },
                 error: None,
                 timestamp: row.created,
                 seq: 0,
             };
-            let approval = self
-                .topo()
-                .listeners
-                .get(row.listener.as_str())
-                .and_then(|l| l.config.approval.clone());
+            let topo = self.topo();
+            let listener = topo.listeners.get(row.listener.as_str());
+            let approval = listener.and_then(|l| l.config.approval.clone());
+            let human = listener.and_then(|l| l.config.human.clone());
             lock(&self.inbox.open).insert(
                 Arc::from(row.id.as_str()),
                 Held {
@@ -138,6 +141,7 @@ impl Shared {
                     record,
                     valid: None,
                     approval,
+                    human,
                 },
             );
         }

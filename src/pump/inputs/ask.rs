@@ -1,0 +1,221 @@
+//! Questions to a person (`kind: human`): a message to a human listener is delivered to the
+//! inbox instead of a handler, as an open question; its thread waits. The answer is one or
+//! more payloads, every one checked (acceptable XML, a route, valid for each receiver)
+//! before any is routed, as the listener's outputs, children of the question's message: the
+//! same path an external agent's callback takes. No answer within `reply_timeout` fails the
+//! message (`reply timeout`).
+
+use std::sync::Arc;
+
+use super::{DecideError, Decider, Held, InputKind, InputRow, InputStatus, Inputs, Shared};
+use crate::events::EventKind;
+use crate::listener::Output;
+use crate::sync::lock;
+use crate::threads::{MessageStatus, NewMessage, ThreadError};
+
+use super::super::admit::{Admission, Admitted};
+use super::super::dispatch::Listener;
+use super::super::FailureKind;
+
+/// One payload of an answer: XML, and where it goes (`None`: routed as an output is, by
+/// type, or back to the asker).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub payload_xml: String,
+    pub to: Option<String>,
+}
+
+impl Shared {
+    /// Delivers `admission` to the person behind `listener`: logged `delivered`, its
+    /// question opened, the thread waiting once quiet. Past the inbox's limits it is logged
+    /// `failed` instead ([`Admitted::Refused`]).
+    pub(crate) fn ask(
+        self: &Arc<Self>,
+        thread: &str,
+        listener: &Arc<Listener>,
+        admission: Admission,
+    ) -> Result<Admitted, ThreadError> {
+        if let Some(e) = self.gates_full(admission.valid.xml().len()) {
+            return self.refuse_full(thread, listener, admission, e);
+        }
+        let human = listener.config.human.clone();
+        let Admission {
+            parent_id,
+            from,
+            valid,
+        } = admission;
+        let requested_by = self
+            .threads
+            .first_sender(thread)
+            .or_else(|| Some(from.clone()));
+        let mut record = self.threads.append(
+            thread,
+            NewMessage {
+                id: crate::threads::new_id(),
+                parent_id,
+                from,
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(valid.payload_type().written()),
+                payload_xml: valid.xml_arc(),
+                status: MessageStatus::Delivered,
+                error: None,
+            },
+        )?;
+        if record.status != MessageStatus::Delivered {
+            return Ok(Admitted::NotQueued(record));
+        }
+        record.seq = self.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        let timeout = human
+            .as_ref()
+            .map_or(crate::config::approval::DEFAULT_HUMAN_REPLY_TIMEOUT, |h| {
+                h.reply_timeout
+            });
+        let mut row = self.input_row(
+            &record,
+            &valid,
+            listener,
+            None,
+            Some(timeout),
+            requested_by.map(|r| r.to_string()),
+        );
+        row.kind = InputKind::Question;
+        let message_id = record.id.clone();
+        self.open_input(Held {
+            row,
+            record,
+            valid: None,
+            approval: None,
+            human,
+        });
+        if let Some(change) = self.threads.open_input(thread) {
+            self.publish_thread(change);
+        }
+        Ok(Admitted::Queued(message_id))
+    }
+
+    /// Takes the open question `decided.id` (whoever takes it decides) and applies
+    /// `decided`: answered (its payloads routed as the listener's outputs), expired (the
+    /// message fails: no reply in time) or cancelled.
+    pub(super) fn close_question(
+        self: &Arc<Self>,
+        mut decided: InputRow,
+        answers: Vec<Answer>,
+    ) -> Result<InputRow, DecideError> {
+        let Some(held) = lock(&self.inbox.open).remove(decided.id.as_str()) else {
+            return Err(match self.inbox.decided(&decided.id) {
+                Some(r) => DecideError::AlreadyDecided(Box::new(r)),
+                None => DecideError::NotFound(decided.id),
+            });
+        };
+        let record = held.record;
+        let thread = record.thread_id.clone();
+        let listener = self
+            .topo()
+            .listeners
+            .get(decided.listener.as_str())
+            .cloned();
+        match (decided.status, &listener) {
+            (InputStatus::Answered, Some(l)) => {
+                if let Some(change) = self.threads.wake(&thread) {
+                    self.publish_thread(change);
+                }
+                for a in answers {
+                    self.route_output(
+                        l,
+                        &record,
+                        Output {
+                            payload: a.payload_xml,
+                            to: a.to,
+                        },
+                    );
+                }
+            }
+            (InputStatus::Expired, _) => {
+                let timeout = held.human.as_ref().map(|h| h.reply_timeout.as_secs());
+                self.fail_message(
+                    &record,
+                    FailureKind::ReplyTimeout,
+                    format!(
+                        "reply timeout: nobody answered `{}` within {} s",
+                        decided.listener,
+                        timeout.unwrap_or(0)
+                    ),
+                );
+            }
+            _ => {}
+        }
+        self.record_decision(&decided);
+        if let Some(change) = self.threads.close_input(&thread, None) {
+            self.publish_thread(change);
+        }
+        decided.result = None;
+        self.events.publish(EventKind::InputResolved {
+            input: Box::new(decided.clone()),
+        });
+        self.inbox.remember(decided.clone());
+        Ok(decided)
+    }
+}
+
+impl Inputs<'_> {
+    /// Answers an open question: every payload is checked before any is routed (all or
+    /// none), then each goes out as the human listener's output, a child of the question's
+    /// message. Exactly one answer of a question is taken.
+    pub fn answer(
+        self,
+        id: &str,
+        who: &Decider,
+        answers: Vec<Answer>,
+        reason: Option<String>,
+    ) -> Result<InputRow, DecideError> {
+        let s = self.shared();
+        let (row, _) = self.look(id, who)?;
+        if row.kind != InputKind::Question {
+            return Err(DecideError::NotAllowed {
+                decision: "answer",
+                allowed: self.allowed(id).join(", "),
+            });
+        }
+        if answers.is_empty() {
+            return Err(DecideError::InvalidAnswer(vec![
+                "an answer holds at least one payload".to_string(),
+            ]));
+        }
+        let topo = s.topo();
+        let listener = topo
+            .listeners
+            .get(row.listener.as_str())
+            .cloned()
+            .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
+        let asker: Arc<str> = Arc::from(row.from.as_str());
+        let mut problems = Vec::new();
+        for (i, a) in answers.iter().enumerate() {
+            if let Err(crate::pump::ReplyError::Invalid(found)) = s.check_reply(
+                &listener,
+                &asker,
+                a.to.as_deref(),
+                std::slice::from_ref(&a.payload_xml),
+            ) {
+                problems.extend(
+                    found
+                        .into_iter()
+                        .map(|p| p.replacen("payload 1", &format!("payload {}", i + 1), 1)),
+                );
+            }
+        }
+        if !problems.is_empty() {
+            return Err(DecideError::InvalidAnswer(problems));
+        }
+        let decided = InputRow {
+            status: InputStatus::Answered,
+            decided_by: Some(who.shown()),
+            decided: Some(s.inbox.clock.now()),
+            decision: Some("answer".to_string()),
+            reason: reason.map(|r| s.clip_error(r)),
+            ..row
+        };
+        s.close_question(decided, answers)
+    }
+}
