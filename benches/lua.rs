@@ -83,6 +83,7 @@ listeners:
             from: Arc::from("api"),
             own_name: ListenerName::new("greeter"),
             payload_type: payload.payload_type().clone(),
+            approval: None,
         },
         payload,
     };

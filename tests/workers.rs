@@ -832,3 +832,73 @@ async fn readyz_and_a_metric_show_the_link_to_nats() {
     stop_worker(w, w_lines);
     server.shutdown().await;
 }
+
+/// An approval gate holds for a listener placed on workers too: nothing reaches the work
+/// stream until a person approves, and the worker's Lua handler sees who did.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gate_holds_a_placed_listeners_message_until_approved() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, "");
+    std::fs::write(
+        dir.path().join("relay.lua"),
+        "function handle(p, m)\n  return { to = 'collector', xml = '<Note>approved by ' .. m.approval.by .. '</Note>' }\nend\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replacen(
+            "kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {ms: 0, to: collector},",
+            "kind: lua, script: relay.lua, schema: t.xsd, accepts: [Note], approval: {},",
+            1,
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let (w, w_lines) = worker(&path, "w");
+    wait_until_async("the worker", || async {
+        o.metrics().unserved_listeners().is_empty()
+    })
+    .await;
+    let r = inject(&o, "relay", &note("pay"), None);
+    wait_until_async("the input", || async { o.inputs().open_count() == 1 }).await;
+    assert_eq!(
+        o.threads().status(&r.thread_id),
+        Some(ThreadStatus::Waiting)
+    );
+    assert_eq!(
+        queued(&js, &nats.prefix()).await,
+        0,
+        "nothing went to the workers"
+    );
+    let filter = agentserver::threads::InputFilter::default();
+    let input = o
+        .inputs()
+        .list(&filter, agentserver::threads::Page::new(None, None))
+        .unwrap()
+        .items
+        .remove(0);
+    let boss = agentserver::pump::Decider {
+        name: Some("key:boss".into()),
+        role: agentserver::config::Role::Operator,
+        tenant: None,
+    };
+    o.inputs()
+        .decide(
+            &input.id,
+            &boss,
+            agentserver::pump::Verdict::Approve {
+                reason: None,
+                payload_xml: None,
+            },
+        )
+        .unwrap();
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
+    assert_eq!(
+        collected(&o, &[r.thread_id.to_string()]),
+        vec![(r.thread_id.to_string(), note("approved by key:boss"))]
+    );
+    stop_worker(w, w_lines);
+}

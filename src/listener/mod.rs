@@ -31,6 +31,18 @@ pub struct Meta {
     pub from: Arc<str>,
     pub own_name: ListenerName,
     pub payload_type: PayloadType,
+    /// For a message a person let through an approval gate: who, when, why.
+    pub approval: Option<Arc<Approved>>,
+}
+
+/// A person's approval of a held message, as its handler sees it (Lua `meta.approval`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Approved {
+    /// `key:NAME`, a token's subject, or `timeout` (`on_timeout: approve`).
+    pub by: String,
+    /// RFC 3339.
+    pub at: crate::time::Timestamp,
+    pub reason: Option<String>,
 }
 
 /// One message handed to a handler.

@@ -399,13 +399,16 @@ impl LuaHandler {
             .find(|(t, _)| t == delivery.payload.payload_type())
             .map(|(_, s)| &**s);
         let payload = crate::schema::payload_json(schema, delivery.payload.xml());
-        let meta = json!({
+        let mut meta = json!({
             "thread_id": &*delivery.meta.thread_id,
             "message_id": &*delivery.meta.message_id,
             "from": &*delivery.meta.from,
             "own_name": delivery.meta.own_name.as_str(),
             "payload_type": delivery.meta.payload_type.local_name(),
         });
+        if let Some(a) = &delivery.meta.approval {
+            meta["approval"] = json!({"by": a.by, "at": a.at, "reason": a.reason});
+        }
         let thread = delivery.meta.thread_id.to_string();
         let sender = delivery.meta.from.to_string();
         let h = self.0.clone();

@@ -37,6 +37,7 @@ fn delivery(schema: &Schema, text: &str) -> Delivery {
             from: Arc::from("api"),
             own_name: crate::config::ListenerName::new("l"),
             payload_type: payload.payload_type().clone(),
+            approval: None,
         },
         payload,
     }

@@ -459,6 +459,7 @@ impl Handler for PlacedHandler {
             payload_xml: delivery.payload.xml().to_string(),
             nonce,
             version: self.version.clone(),
+            approval: delivery.meta.approval.as_deref().cloned(),
         };
         let subject = self.subject.clone();
         Box::pin(Self::call(

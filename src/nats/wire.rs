@@ -20,6 +20,9 @@ pub struct WorkItem {
     /// [`listener_version`] of the listener as the pump runs it: a worker whose file
     /// differs reloads it, and refuses the delivery if it still differs.
     pub version: String,
+    /// The approval that let it through a gate, if one did (Lua `meta.approval`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::listener::Approved>,
 }
 
 /// A worker's answer to one [`WorkItem`] (subject `<prefix>.results`).

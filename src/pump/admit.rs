@@ -16,6 +16,8 @@ pub(crate) struct Admission {
     pub parent_id: Option<Arc<str>>,
     pub from: Arc<str>,
     pub valid: ValidatedPayload,
+    /// Let through an approval gate (an edit): shown to the handler.
+    pub approval: Option<Arc<crate::listener::Approved>>,
 }
 
 /// What the log made of an admission.
@@ -66,6 +68,7 @@ impl Shared {
             parent_id,
             from,
             valid,
+            approval,
         } = admission;
         let mut record = self.threads.append(
             thread,
@@ -93,6 +96,7 @@ impl Shared {
             Job {
                 record,
                 payload: valid,
+                approval,
             },
         );
         Ok(Admitted::Queued(id))

@@ -59,6 +59,8 @@ pub(crate) struct Retired {
 pub(crate) struct Job {
     pub(crate) record: MessageRecord,
     pub(crate) payload: ValidatedPayload,
+    /// Let through an approval gate by a person: shown to the handler.
+    pub(crate) approval: Option<Arc<crate::listener::Approved>>,
 }
 
 /// Emptied per-thread queues a listener keeps for reuse, at most.
@@ -475,6 +477,7 @@ impl Shared {
                     from: record.from.clone(),
                     own_name: listener.config.name.clone(),
                     payload_type: job.payload.payload_type().clone(),
+                    approval: job.approval,
                 },
                 payload: job.payload,
             };

@@ -124,6 +124,7 @@ impl Organism {
             parent_id: None,
             from: Arc::from(from),
             valid,
+            approval: None,
         };
         match s.admit(&opened.id, &listener, admission)? {
             Admitted::Queued(message_id) => Ok(InjectReceipt {

@@ -314,6 +314,7 @@ impl Shared {
             Ok(payload) => Some(Job {
                 record: job.record,
                 payload,
+                approval: job.approval,
             }),
             Err((status, kind, error)) => {
                 self.fail_job(to.name(), job, status, kind, error);

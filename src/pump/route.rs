@@ -275,6 +275,7 @@ impl Shared {
                     parent_id,
                     from,
                     valid,
+                    approval: None,
                 };
                 match self.admit(thread, &listener, admission) {
                     Ok(Admitted::NotQueued(record) | Admitted::Refused(record, _)) => {

@@ -399,6 +399,7 @@ impl Worker {
                 from: item.from.as_str().into(),
                 own_name: served.config.name.clone(),
                 payload_type,
+                approval: item.approval.clone().map(std::sync::Arc::new),
             },
             payload,
         };

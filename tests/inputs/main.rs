@@ -782,3 +782,47 @@ async fn an_unanswered_question_fails_after_its_reply_timeout() {
         "{t}"
     );
 }
+
+#[tokio::test]
+async fn a_lua_handler_sees_who_approved_its_message() {
+    let scripts = tempfile::tempdir().unwrap();
+    let script = scripts.path().join("pay.lua");
+    std::fs::write(
+        &script,
+        "function handle(p, m)
+           local a = m.approval
+           local said = a and (a.by .. ' at ' .. a.at .. ': ' .. (a.reason or '-')) or 'no approval'
+           return { to = 'c', xml = '<Note>' .. said .. '</Note>' }
+         end",
+    )
+    .unwrap();
+    let s = serve_with(
+        agentserver::Organism::builder(),
+        "",
+        &format!(
+            "  - {{name: pay, description: pays, kind: lua, script: {}, {XSD_NOTE}, peers: [c], approval: {{from: [api]}}}}
+  - {{name: c, description: ledger, kind: native, handler: sink, {XSD_NOTE}}}",
+            script.display()
+        ),
+        ApiOptions::default(),
+    )
+    .await;
+    let thread = s.inject_note("pay", "refund").await;
+    let input = wait_for_input(&s, &thread).await;
+    let id = input["id"].as_str().unwrap();
+    let (code, decided) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/approve"),
+            json!({"reason": "ok by me"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{decided}");
+    wait_thread(&s, &thread, "completed").await;
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    let said = t["messages"][1]["payload_xml"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let at = decided["decided_at"].as_str().unwrap();
+    assert_eq!(said, format!("<Note>api at {at}: ok by me</Note>"), "{t}");
+}

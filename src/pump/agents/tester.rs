@@ -194,6 +194,7 @@ impl Tester {
                 from: std::sync::Arc::from(TEST_SENDER),
                 own_name: self.listener.name.clone(),
                 payload_type: ty,
+                approval: None,
             },
             payload,
         };

@@ -43,6 +43,7 @@ impl Shared {
             parent_id,
             from,
             valid,
+            ..
         } = admission;
         let requested_by = self
             .threads

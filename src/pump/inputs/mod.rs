@@ -325,6 +325,15 @@ impl<'a> Inputs<'a> {
     }
 }
 
+/// What a handler is told of the decision that let a held message through.
+fn approved(decided: &InputRow) -> Option<Arc<crate::listener::Approved>> {
+    Some(Arc::new(crate::listener::Approved {
+        by: decided.decided_by.clone()?,
+        at: decided.decided?,
+        reason: decided.reason.clone(),
+    }))
+}
+
 /// Whether `who` may see `row` at all (a tenant sees its own).
 fn in_scope(row: &InputRow, who: &Decider) -> bool {
     who.tenant.is_none() || who.tenant == row.tenant
@@ -378,6 +387,7 @@ impl Shared {
             parent_id,
             from,
             valid,
+            ..
         } = admission;
         let requested_by = self
             .threads
@@ -630,6 +640,7 @@ impl Shared {
                 parent_id: record.parent_id.clone(),
                 from: record.from.clone(),
                 valid,
+                approval: approved(&decided),
             };
             if let Ok(Admitted::Queued(id)) = self.admit_now(&thread, l, admission) {
                 decided.result = Some(id.to_string());
@@ -661,7 +672,14 @@ impl Shared {
                 None => self.validate_for(l.name(), &record.payload_xml),
             };
             match valid {
-                Ok(payload) => self.enqueue(l, Job { record, payload }),
+                Ok(payload) => self.enqueue(
+                    l,
+                    Job {
+                        record,
+                        payload,
+                        approval: approved(&decided),
+                    },
+                ),
                 Err(e) => {
                     // Restored after a restart, and its listener's schema changed since.
                     self.fail_message(&record, super::FailureKind::Invalid, e.to_string());
