@@ -57,6 +57,7 @@ pub fn render(state: &ApiState) -> String {
     flow_metrics(&mut out, &agents, &info);
     store_metrics(&mut out, organism);
     reload_metrics(&mut out, organism);
+    input_metrics(&mut out, organism);
     api_metrics(&mut out, state);
     out
 }
@@ -349,6 +350,65 @@ fn api_metrics(out: &mut String, state: &ApiState) {
             "agentserver_ws_dropped_events_total{{endpoint=\"{}\"}} {}",
             ep.path(),
             state.dropped(ep)
+        );
+    }
+}
+
+/// The inbox: inputs open now, decisions taken and how long their inputs waited.
+fn input_metrics(out: &mut String, organism: &Organism) {
+    header(
+        out,
+        "agentserver_inputs_open",
+        "gauge",
+        "Inputs waiting for a person: held messages (approval) and questions, by listener.",
+    );
+    for (listener, kind, n) in organism.inputs().open_by_listener() {
+        let kind = match kind {
+            crate::threads::InputKind::Approval => "approval",
+            crate::threads::InputKind::Question => "question",
+        };
+        let _ = writeln!(
+            out,
+            "agentserver_inputs_open{{listener=\"{}\",kind=\"{kind}\"}} {n}",
+            label(&listener)
+        );
+    }
+    let decisions = organism.inputs().decisions();
+    header(
+        out,
+        "agentserver_input_decisions_total",
+        "counter",
+        "Inputs closed since start, by listener and decision (approve, edit, reject, answer, expired, cancelled).",
+    );
+    for (listener, decision, n, _) in &decisions {
+        let _ = writeln!(
+            out,
+            "agentserver_input_decisions_total{{listener=\"{}\",decision=\"{}\"}} {n}",
+            label(listener),
+            label(decision)
+        );
+    }
+    header(
+        out,
+        "agentserver_input_wait_seconds",
+        "summary",
+        "How long closed inputs waited for their decision, by listener.",
+    );
+    let mut waits: std::collections::BTreeMap<&str, (u64, f64)> = Default::default();
+    for (listener, _, n, secs) in &decisions {
+        let w = waits.entry(listener).or_default();
+        w.0 += n;
+        w.1 += secs;
+    }
+    for (listener, (n, secs)) in waits {
+        let l = label(listener);
+        let _ = writeln!(
+            out,
+            "agentserver_input_wait_seconds_sum{{listener=\"{l}\"}} {secs}"
+        );
+        let _ = writeln!(
+            out,
+            "agentserver_input_wait_seconds_count{{listener=\"{l}\"}} {n}"
         );
     }
 }

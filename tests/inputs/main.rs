@@ -119,6 +119,12 @@ async fn a_held_message_waits_for_approval_and_then_runs() {
     assert_eq!(thread_status(&s, &thread).await, "waiting");
 
     let id = input["id"].as_str().expect("id");
+    assert!(
+        s.metrics()
+            .await
+            .contains("agentserver_inputs_open{listener=\"pay\",kind=\"approval\"} 1"),
+        "the open input is a gauge"
+    );
     let (code, one) = s.get(&format!("/api/v1/inputs/{id}")).await;
     assert_eq!(code, 200);
     assert_eq!(one["id"], id);
@@ -147,6 +153,14 @@ async fn a_held_message_waits_for_approval_and_then_runs() {
     assert_eq!(open["total"], 0);
     let (_, all) = s.get("/api/v1/inputs?status=approved").await;
     assert_eq!(all["total"], 1);
+    let metrics = s.metrics().await;
+    assert!(
+        metrics
+            .contains("agentserver_input_decisions_total{listener=\"pay\",decision=\"approve\"} 1")
+            && metrics.contains("agentserver_input_wait_seconds_count{listener=\"pay\"} 1")
+            && !metrics.contains("agentserver_inputs_open{"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -119,6 +119,9 @@ struct Held {
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
     recent: Mutex<VecDeque<InputRow>>,
+    /// Decisions since start by (listener, decision): how many, and the seconds their
+    /// inputs waited.
+    decisions: Mutex<SeededMap<(String, String), (u64, f64)>>,
     table: Option<InputsTable>,
     pub(crate) clock: Clock,
 }
@@ -128,12 +131,28 @@ impl Inbox {
         Inbox {
             open: Mutex::default(),
             recent: Mutex::default(),
+            decisions: Mutex::default(),
             table,
             clock,
         }
     }
 
     fn remember(&self, row: InputRow) {
+        let decision = match row.status {
+            InputStatus::Expired => "expired".to_string(),
+            InputStatus::Cancelled => "cancelled".to_string(),
+            _ => row.decision.clone().unwrap_or_default(),
+        };
+        let waited = row
+            .decided
+            .map_or(0.0, |d| d.0.saturating_sub(row.created.0) as f64 / 1000.0);
+        let mut decisions = lock(&self.decisions);
+        let entry = decisions
+            .entry((row.listener.clone(), decision))
+            .or_default();
+        entry.0 += 1;
+        entry.1 += waited;
+        drop(decisions);
         let mut recent = lock(&self.recent);
         if recent.len() >= RECENT_DECIDED {
             recent.pop_front();
@@ -205,6 +224,38 @@ impl<'a> Inputs<'a> {
     /// Inputs open now.
     pub fn open_count(self) -> usize {
         lock(&self.shared().inbox.open).len()
+    }
+
+    /// Inputs open now by (listener, kind), sorted.
+    pub fn open_by_listener(self) -> Vec<(String, InputKind, u64)> {
+        let mut counts: std::collections::BTreeMap<(String, &'static str), (InputKind, u64)> =
+            Default::default();
+        for h in lock(&self.shared().inbox.open).values() {
+            let kind = match h.row.kind {
+                InputKind::Approval => "approval",
+                InputKind::Question => "question",
+            };
+            counts
+                .entry((h.row.listener.clone(), kind))
+                .or_insert((h.row.kind, 0))
+                .1 += 1;
+        }
+        counts
+            .into_iter()
+            .map(|((l, _), (k, n))| (l, k, n))
+            .collect()
+    }
+
+    /// Decisions since start by (listener, decision: `approve`, `edit`, `reject`,
+    /// `answer`, `expired`, `cancelled`): how many, and the seconds their inputs waited in
+    /// all. Sorted.
+    pub fn decisions(self) -> Vec<(String, String, u64, f64)> {
+        let mut v: Vec<_> = lock(&self.shared().inbox.decisions)
+            .iter()
+            .map(|((l, d), (n, s))| (l.clone(), d.clone(), *n, *s))
+            .collect();
+        v.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        v
     }
 
     /// What a person may do with an open input now: `answer` a question; for a held
