@@ -180,6 +180,28 @@ enum Command {
         #[command(subcommand)]
         action: client::agents::AgentsCommand,
     },
+    /// The inbox of a running server: list, show, approve (or edit), reject, answer.
+    Inputs {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Print the server's JSON answers.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        action: client::inputs::InputsCommand,
+    },
+    /// Abort a thread on a running server: its work stops, the thread stays usable.
+    Abort {
+        #[command(flatten)]
+        server: ServerArgs,
+        thread: String,
+        /// Why: every message the abort stops says it.
+        #[arg(long)]
+        reason: Option<String>,
+        /// Print the server's JSON answer.
+        #[arg(long)]
+        json: bool,
+    },
     /// Upload, list, deploy and roll back an agent's script versions on a running server.
     Scripts {
         #[command(flatten)]
@@ -255,6 +277,21 @@ fn main() -> ExitCode {
             action,
         } => with_runtime(agent_command("agents", server, async move |r| {
             client::agents::agents(r, action, json).await
+        })),
+        Command::Inputs {
+            server,
+            json,
+            action,
+        } => with_runtime(agent_command("inputs", server, async move |r| {
+            client::inputs::inputs(r, action, json).await
+        })),
+        Command::Abort {
+            server,
+            thread,
+            reason,
+            json,
+        } => with_runtime(agent_command("abort", server, async move |r| {
+            client::inputs::abort(r, &thread, reason, json).await
         })),
         Command::Scripts {
             server,

@@ -116,7 +116,7 @@ fn refusal(status: u16, body: &str) -> String {
     text
 }
 
-fn read(path: &Path) -> Result<String, Failed> {
+pub(super) fn read(path: &Path) -> Result<String, Failed> {
     std::fs::read_to_string(path).map_err(|e| Failed {
         code: 2,
         message: format!("cannot read {}: {e}", path.display()),
@@ -234,7 +234,7 @@ fn version_line(v: &Value) -> String {
     )
 }
 
-fn path_part(name: &str) -> String {
+pub(super) fn path_part(name: &str) -> String {
     name.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),

@@ -2,6 +2,7 @@
 //! `scripts` (`agents.rs`), and anyone embedding.
 
 pub mod agents;
+pub mod inputs;
 pub mod keys;
 pub mod stream;
 

@@ -392,3 +392,96 @@ async fn http_get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Respon
         .send()
         .await
 }
+
+/// The README's walk through `organisms/approvals.yaml`, as a user types it: a refund waits
+/// at the payments gate, `inputs list` shows it, `inputs approve --payload` lets an edited
+/// one through to the ledger; another is rejected; `abort` stops a third's thread.
+#[test]
+fn the_approvals_example_walks_through_the_inbox_from_the_command_line() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/approvals.yaml");
+    let mut run = agentserver();
+    run.args([
+        "run",
+        example,
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "memory",
+    ]);
+    let (mut server, url) = child::serve(run, Stdio::inherit());
+    let cli = |args: &[&str]| -> (Option<i32>, String, String) {
+        // `--url` goes with the command, before a subcommand (`inputs --url U list`).
+        let out = agentserver()
+            .arg(args[0])
+            .args(["--url", &url])
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let inject = |amount: u32| -> String {
+        let (code, out, err) = cli(&[
+            "inject",
+            "--to",
+            "planner",
+            &format!(r#"{{"customer": "acme-42", "amount": {amount}}}"#),
+        ]);
+        assert_eq!(code, Some(0), "{err}");
+        let receipt: serde_json::Value = serde_json::from_str(&out).unwrap();
+        receipt["thread_id"].as_str().unwrap().to_string()
+    };
+    let open_line = |thread: &str| -> String {
+        let mut found = String::new();
+        wait_until("the refund waits at the gate", || {
+            let (_, out, _) = cli(&["inputs", "list", "--thread", thread]);
+            found = out.lines().next().unwrap_or_default().to_string();
+            found.contains("open")
+        });
+        found
+    };
+    let first = inject(120);
+    let line = open_line(&first);
+    assert!(
+        line.contains("Refund 120 to acme-42") && line.contains("payments"),
+        "{line}"
+    );
+    let id = line.split(' ').next().unwrap().to_string();
+    let (code, out, err) = cli(&[
+        "inputs",
+        "approve",
+        &id,
+        "--payload",
+        r#"{"customer": "acme-42", "amount": 100}"#,
+        "--reason",
+        "capped",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("approved") && out.contains("[edit by api]"),
+        "{out}"
+    );
+    let (code, _, err) = cli(&["inputs", "reject", &id]);
+    assert_eq!(code, Some(1), "a second decision is refused");
+    assert!(err.contains("409 already_decided"), "{err}");
+
+    let second = inject(5000);
+    let id2 = open_line(&second).split(' ').next().unwrap().to_string();
+    let (code, out, err) = cli(&["inputs", "reject", &id2, "--reason", "too much"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("declined"), "{out}");
+
+    let third = inject(7);
+    open_line(&third);
+    let (code, out, err) = cli(&["abort", &third, "--reason", "duplicate"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out.trim(), format!("thread {third} aborted"));
+    let (_, out, _) = cli(&["inputs", "list", "--status", "all", "--thread", &third]);
+    assert!(out.contains("cancelled"), "{out}");
+
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut server), Some(0));
+}
