@@ -178,12 +178,18 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
                 "must be at least 1 (leave it out for no limit)",
             );
         }
-        if section.max_active_threads == Some(0) {
-            c.push(
-                None,
-                Some(&format!("tenants.{name}.max_active_threads")),
-                "must be at least 1",
-            );
+        for (key, value) in [
+            ("max_active_threads", section.max_active_threads),
+            ("max_open_inputs", section.max_open_inputs),
+            ("max_waiting_threads", section.max_waiting_threads),
+        ] {
+            if value == Some(0) {
+                c.push(
+                    None,
+                    Some(&format!("tenants.{name}.{key}")),
+                    "must be at least 1",
+                );
+            }
         }
         if name == "default" {
             continue;

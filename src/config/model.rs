@@ -458,6 +458,12 @@ pub struct TenantQuotas {
     /// Threads opened by an inject to one of the tenant's listeners that may be active at
     /// once (another inject that would open or revive one is refused).
     pub max_active_threads: usize,
+    /// Inputs (held messages, questions) of the tenant's listeners open at once; one more
+    /// is refused (an inject 429 `too_many_held`, a handler's output `failed`).
+    pub max_open_inputs: usize,
+    /// Threads waiting on the tenant's inputs at once, apart from `max_active_threads`, so
+    /// a backlog of waiting threads does not block new work.
+    pub max_waiting_threads: usize,
 }
 
 impl Default for TenantQuotas {
@@ -471,6 +477,8 @@ impl Default for TenantQuotas {
             max_concurrency: 4,
             inject_per_s: None,
             max_active_threads: 1000,
+            max_open_inputs: 1000,
+            max_waiting_threads: 1000,
         }
     }
 }
@@ -487,6 +495,8 @@ pub(crate) struct TenantSection {
     pub max_concurrency: Option<usize>,
     pub inject_per_s: Option<u32>,
     pub max_active_threads: Option<usize>,
+    pub max_open_inputs: Option<usize>,
+    pub max_waiting_threads: Option<usize>,
 }
 
 impl TenantSection {
@@ -500,6 +510,8 @@ impl TenantSection {
             max_concurrency: self.max_concurrency.unwrap_or(base.max_concurrency),
             inject_per_s: self.inject_per_s.or(base.inject_per_s),
             max_active_threads: self.max_active_threads.unwrap_or(base.max_active_threads),
+            max_open_inputs: self.max_open_inputs.unwrap_or(base.max_open_inputs),
+            max_waiting_threads: self.max_waiting_threads.unwrap_or(base.max_waiting_threads),
         }
     }
 }

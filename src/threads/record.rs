@@ -112,7 +112,7 @@ pub enum ThreadError {
     #[error("thread {id} exceeded its budget of {max} messages")]
     BudgetExceeded { id: String, max: u64 },
     #[error("approval gates hold {held} ({limit} is the limit)")]
-    TooManyHeld { held: String, limit: &'static str },
+    TooManyHeld { held: String, limit: String },
     #[error("tenant `{owner}` has {max} active threads, its limit ({quota})")]
     TooManyActive {
         owner: String,

@@ -253,3 +253,43 @@ async fn the_event_stream_shows_a_tenant_only_its_own_inputs() {
         assert!(!f.to_string().contains("acme"), "{f}");
     }
 }
+
+#[tokio::test]
+async fn a_tenants_inbox_quotas_are_its_own_and_named_when_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let note = "schema: t.xsd, accepts: [Note]";
+    let yaml = format!(
+        "organism:\n  name: quotas\n  store: memory\ntenants:\n  acme: {{max_open_inputs: 3, max_waiting_threads: 2}}\nlisteners:
+  - {{name: acme-pay, description: d, kind: native, handler: sink, {note}, tenant: acme, approval: {{}}}}
+  - {{name: globex-pay, description: d, kind: native, handler: sink, {note}, tenant: globex, approval: {{}}}}
+"
+    );
+    let path = dir.path().join("organism.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let send = |to: &str, thread: Option<&str>| {
+        o.inject(agentserver::InjectRequest {
+            from: "api".into(),
+            to: to.into(),
+            payload_xml: "<Note>x</Note>".into(),
+            thread_id: thread.map(str::to_string),
+        })
+    };
+    let first = send("acme-pay", None).unwrap();
+    send("acme-pay", None).unwrap();
+    // A third waiting thread is one too many...
+    let e = send("acme-pay", None).unwrap_err().to_string();
+    assert!(e.contains("tenants.acme.max_waiting_threads"), "{e}");
+    // ...but a thread that already waits may hold one more, up to the inputs' quota.
+    send("acme-pay", Some(&first.thread_id)).unwrap();
+    let e = send("acme-pay", Some(&first.thread_id))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tenants.acme.max_open_inputs"), "{e}");
+    // Another tenant is not held back by acme's backlog.
+    for _ in 0..3 {
+        send("globex-pay", None).unwrap();
+    }
+    assert_eq!(o.inputs().open_count(), 6);
+}

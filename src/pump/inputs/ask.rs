@@ -35,7 +35,7 @@ impl Shared {
         listener: &Arc<Listener>,
         admission: Admission,
     ) -> Result<Admitted, ThreadError> {
-        if let Some(e) = self.gates_full(admission.valid.xml().len()) {
+        if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
             return self.refuse_full(thread, listener, admission, e);
         }
         let human = listener.config.human.clone();

@@ -167,6 +167,22 @@ impl Inbox {
         self.table.as_ref()?.get(id).ok().flatten()
     }
 
+    /// A tenant's open inputs, the threads they are in, and whether `thread` is one.
+    fn tenant_totals(&self, tenant: &str, thread: &str) -> (usize, usize, bool) {
+        let open = lock(&self.open);
+        let mut threads = std::collections::HashSet::new();
+        let mut inputs = 0;
+        for h in open
+            .values()
+            .filter(|h| h.row.tenant.as_deref() == Some(tenant))
+        {
+            inputs += 1;
+            threads.insert(h.row.thread_id.as_str());
+        }
+        let waits = threads.contains(thread);
+        (inputs, threads.len(), waits)
+    }
+
     fn held_totals(&self) -> (usize, usize) {
         let open = lock(&self.open);
         (
@@ -431,7 +447,7 @@ impl Shared {
         admission: Admission,
         approval: Arc<Approval>,
     ) -> Result<Admitted, ThreadError> {
-        if let Some(e) = self.gates_full(admission.valid.xml().len()) {
+        if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
             return self.refuse_full(thread, listener, admission, e);
         }
         let Admission {
@@ -550,19 +566,37 @@ impl Shared {
         }
     }
 
-    /// Whether the gates hold as much as they may, one more payload of `size` bytes
-    /// counted: the limit passed, as the refusal.
-    fn gates_full(&self, size: usize) -> Option<ThreadError> {
+    /// Whether the inbox holds as much as it may, one more input of `listener`'s in
+    /// `thread` with a payload of `size` bytes counted: organism-wide (`limits`), and for a
+    /// tenant's listener its `max_open_inputs` and `max_waiting_threads`. The limit passed,
+    /// as the refusal.
+    fn gates_full(&self, thread: &str, listener: &Listener, size: usize) -> Option<ThreadError> {
+        if let Some(tenant) = listener.config.tenant.as_deref() {
+            let (q, key) = self.topo().config.tenants.of(tenant);
+            let (inputs, threads, this_waits) = self.inbox.tenant_totals(tenant, thread);
+            if inputs >= q.max_open_inputs {
+                return Some(ThreadError::TooManyHeld {
+                    held: format!("{inputs} open inputs of tenant `{tenant}`"),
+                    limit: format!("{key}.max_open_inputs"),
+                });
+            }
+            if !this_waits && threads >= q.max_waiting_threads {
+                return Some(ThreadError::TooManyHeld {
+                    held: format!("{threads} waiting threads of tenant `{tenant}`"),
+                    limit: format!("{key}.max_waiting_threads"),
+                });
+            }
+        }
         let (count, bytes) = self.inbox.held_totals();
         if count >= self.limits.max_held_messages {
             Some(ThreadError::TooManyHeld {
                 held: format!("{count} messages"),
-                limit: "limits.max_held_messages",
+                limit: "limits.max_held_messages".into(),
             })
         } else if bytes + size > self.limits.max_held_bytes {
             Some(ThreadError::TooManyHeld {
                 held: format!("{bytes} bytes of payloads"),
-                limit: "limits.max_held_bytes",
+                limit: "limits.max_held_bytes".into(),
             })
         } else {
             None
