@@ -193,6 +193,7 @@ impl From<InjectError> for ApiError {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_held")
             }
             InjectError::NoTarget => (StatusCode::BAD_REQUEST, "no_target"),
+            InjectError::ThreadBusy(_) => (StatusCode::CONFLICT, "thread_busy"),
             InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
             InjectError::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed"),
         };

@@ -33,6 +33,20 @@ pub struct InjectBody {
     /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}`.
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
+    /// When `thread_id` names a thread with work queued or running: `enqueue` (default)
+    /// after it; `reject` (409 `thread_busy`); `interrupt` its queued messages
+    /// (`superseded`), then deliver; `rollback`: abort the thread first.
+    pub if_busy: Option<IfBusy>,
+}
+
+/// What an inject does to a busy thread (`if_busy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IfBusy {
+    Enqueue,
+    Reject,
+    Interrupt,
+    Rollback,
 }
 
 /// Why a JSON payload's type was not found among what `to` accepts, as an answer.
@@ -148,6 +162,16 @@ pub fn inject(
         }
         (Some(json), None) => json_to_xml(listener, body.payload_type.as_deref(), &json)?,
     };
+    if let (Some(t), Some(mode)) = (&body.thread_id, body.if_busy) {
+        let who = seen.principal.identity(default);
+        let mode = match mode {
+            IfBusy::Enqueue => crate::pump::IfBusy::Enqueue,
+            IfBusy::Reject => crate::pump::IfBusy::Reject,
+            IfBusy::Interrupt => crate::pump::IfBusy::Interrupt,
+            IfBusy::Rollback => crate::pump::IfBusy::Rollback,
+        };
+        organism.control().steer(t, mode, who)?;
+    }
     Ok(organism.inject(InjectRequest {
         from: seen.principal.identity(default).to_string(),
         to: body.to,

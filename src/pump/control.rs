@@ -9,9 +9,10 @@ use crate::threads::MessageStatus;
 
 use super::dispatch::Listener;
 use super::{
-    ControlError, FailureKind, Organism, StopReport, Uncommitted, STATUS_RUNNING, STATUS_STOPPED,
-    STATUS_STOPPING,
+    ControlError, FailureKind, IfBusy, InjectError, Organism, StopReport, Uncommitted,
+    STATUS_RUNNING, STATUS_STOPPED, STATUS_STOPPING,
 };
+use crate::threads::ThreadStatus;
 
 impl Organism {
     /// Control of what runs: pause, resume, reload a listener, kill a thread.
@@ -296,6 +297,37 @@ impl Control<'_> {
                 s.release(id);
             }
             s.kick(l);
+        }
+        Ok(())
+    }
+
+    /// Makes room in a busy thread (one with work queued or running) for an inject, as
+    /// `mode` says: nothing (`Enqueue`), refuse (`Reject`: [`InjectError::ThreadBusy`]),
+    /// supersede its queued messages (`Interrupt`: running handlers finish), or abort it
+    /// (`Rollback`). A thread that is not busy is left as it is.
+    pub fn steer(self, id: &str, mode: IfBusy, who: &str) -> Result<(), InjectError> {
+        let s = &self.organism.shared;
+        if mode == IfBusy::Enqueue || s.threads.status(id) != Some(ThreadStatus::Active) {
+            return Ok(());
+        }
+        match mode {
+            IfBusy::Enqueue => {}
+            IfBusy::Reject => return Err(InjectError::ThreadBusy(id.to_string())),
+            IfBusy::Interrupt => {
+                let why = format!("superseded: {who} interrupted the thread with a new message");
+                for l in &s.topo().order {
+                    for job in l.drop_thread(id) {
+                        s.finish_message(&job.record, MessageStatus::Superseded, Some(why.clone()));
+                        s.release(id);
+                    }
+                    s.kick(l);
+                }
+            }
+            IfBusy::Rollback => {
+                let why = format!("aborted by {who}: rolled back by a new message");
+                // Only a killed thread cannot be aborted, and the inject says so next.
+                let _ = self.abort_thread(id, &why);
+            }
         }
         Ok(())
     }

@@ -463,9 +463,12 @@ impl Shared {
         let cancel = self.threads.cancel_token(&thread);
         let mut failed = None;
 
-        let stopped = || match self.threads.status(&thread) {
-            Some(crate::threads::ThreadStatus::Aborted) => "thread aborted",
-            _ => "thread killed",
+        let stopped = || {
+            if self.threads.aborted_at(&thread, record.slot_index) {
+                "thread aborted"
+            } else {
+                "thread killed"
+            }
         };
         if cancel.as_ref().is_none_or(|c| c.is_cancelled()) {
             self.finish_message(&record, MessageStatus::Killed, Some(stopped().into()));

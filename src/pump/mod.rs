@@ -154,10 +154,27 @@ pub enum InjectError {
     Thread(#[from] ThreadError),
     #[error("the envelope has no <to>: say which listener receives it")]
     NoTarget,
+    #[error(
+        "thread `{0}` is busy (work queued or running), and the inject said `if_busy: reject`"
+    )]
+    ThreadBusy(String),
     #[error("the message store is behind; try again shortly")]
     StoreBehind,
     #[error("the message store cannot write, so nothing new is accepted: {0}")]
     StoreFailed(String),
+}
+
+/// What an inject does to a thread with work queued or running ([`Control::steer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IfBusy {
+    /// Queue after the work under way.
+    Enqueue,
+    /// Refuse the inject.
+    Reject,
+    /// Supersede the thread's queued messages (running handlers finish), then deliver.
+    Interrupt,
+    /// Abort the thread first.
+    Rollback,
 }
 
 /// Why a control call failed.

@@ -106,6 +106,15 @@ impl InputFilter {
 }
 
 impl ThreadRegistry {
+    /// Whether the message at `slot` was in the thread when it was last aborted (so a stop
+    /// of it now is that abort's).
+    pub fn aborted_at(&self, thread: &str, slot: u64) -> bool {
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .is_some_and(|e| slot < e.abort_mark)
+    }
+
     /// An input of the thread was opened apart from a message appended held (a question to
     /// a person, or one restored after a restart): the thread waits for it once quiet.
     pub fn open_input(&self, thread: &str) -> Option<StatusChange> {
@@ -202,6 +211,7 @@ impl ThreadRegistry {
             _ => {}
         }
         e.status = ThreadStatus::Aborted;
+        e.abort_mark = e.count();
         std::mem::take(&mut e.cancel).cancel();
         let change = e.change(thread);
         self.note_finished(shard, thread);

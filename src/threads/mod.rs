@@ -38,6 +38,9 @@ struct Entry {
     outstanding: u64,
     /// Open inputs: messages held at a gate, questions to a person.
     inputs: u64,
+    /// The thread's message count when it was last aborted: a message below it killed
+    /// later was stopped by that abort (not the thread's failure).
+    abort_mark: u64,
     /// Messages of this thread logged before it was (re)loaded here: slots continue after them.
     slot_base: u64,
     messages: Vec<MessageRecord>,
@@ -207,6 +210,7 @@ impl ThreadRegistry {
             error: None,
             outstanding: 0,
             inputs: 0,
+            abort_mark: 0,
             slot_base: 0,
             messages: Vec::new(),
             cancel: CancellationToken::new(),
@@ -245,6 +249,7 @@ impl ThreadRegistry {
             error: info.error.clone(),
             outstanding: 0,
             inputs: 0,
+            abort_mark: 0,
             slot_base: info.message_count,
             messages: Vec::new(),
             cancel,
@@ -341,9 +346,11 @@ impl ThreadRegistry {
         let shard = &mut *shard;
         let mut counted = None;
         if let Some(e) = shard.threads.get_mut(thread) {
-            // What an abort stops is not the thread's failure: it goes on after.
-            let aborted = status == MessageStatus::Killed && e.status == ThreadStatus::Aborted;
-            if let Some(err) = error.as_ref().filter(|_| !aborted) {
+            // What an abort stops, a person declines or a newer message supersedes is not
+            // the thread's failure: it goes on after.
+            let not_failed = matches!(status, MessageStatus::Declined | MessageStatus::Superseded)
+                || (status == MessageStatus::Killed && slot < e.abort_mark);
+            if let Some(err) = error.as_ref().filter(|_| !not_failed) {
                 if e.error.is_none() {
                     e.error = Some(err.clone());
                 }

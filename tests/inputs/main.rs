@@ -840,3 +840,92 @@ async fn a_lua_handler_sees_who_approved_its_message() {
     let at = decided["decided_at"].as_str().unwrap();
     assert_eq!(said, format!("<Note>api at {at}: ok by me</Note>"), "{t}");
 }
+
+#[tokio::test]
+async fn if_busy_steers_an_inject_into_a_thread_with_work_under_way() {
+    let valve = common::Valve::closed();
+    let s = serve_with(
+        agentserver::Organism::builder().handler("valve", valve.clone()),
+        "",
+        &format!("  - {{name: slow, description: waits for the test, kind: native, handler: valve, {XSD_NOTE}}}"),
+        ApiOptions::default(),
+    )
+    .await;
+    let o = s.organism.clone();
+    let send = |thread: Option<String>, text: &'static str, mode: Option<&'static str>| {
+        let s = &s;
+        async move {
+            let mut body = json!({"to": "slow", "payload_xml": format!("<Note>{text}</Note>")});
+            if let Some(t) = thread {
+                body["thread_id"] = json!(t);
+            }
+            if let Some(m) = mode {
+                body["if_busy"] = json!(m);
+            }
+            s.post("/api/v1/inject", body).await
+        }
+    };
+    // A thread busy with `a` (running) and `b` (queued).
+    let busy = || async {
+        let (_, r) = send(None, "a", None).await;
+        let t = r["thread_id"].as_str().unwrap().to_string();
+        send(Some(t.clone()), "b", None).await;
+        let o = o.clone();
+        wait_until_async("a runs, b waits", || {
+            let depth = o.agent("slow").map(|a| a.queue_depth).unwrap_or(0);
+            async move { depth == 1 }
+        })
+        .await;
+        t
+    };
+    let texts = |t: &str| {
+        let t = t.to_string();
+        let s = &s;
+        async move {
+            let (_, body) = s.get(&format!("/api/v1/threads/{t}")).await;
+            body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    format!(
+                        "{}:{}",
+                        m["payload_xml"]
+                            .as_str()
+                            .unwrap()
+                            .trim_start_matches("<Note>")
+                            .trim_end_matches("</Note>"),
+                        m["status"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+
+    let t = busy().await;
+    let (code, body) = send(Some(t.clone()), "c", Some("reject")).await;
+    assert_eq!(code, 409, "{body}");
+    assert_eq!(body["error"]["code"], "thread_busy");
+
+    let (code, body) = send(Some(t.clone()), "c", Some("interrupt")).await;
+    assert_eq!(code, 202, "{body}");
+    valve.open(2);
+    wait_thread(&s, &t, "completed").await;
+    assert_eq!(
+        texts(&t).await,
+        ["a:delivered", "b:superseded", "c:delivered"]
+    );
+
+    let t = busy().await;
+    let (code, body) = send(Some(t.clone()), "c", Some("rollback")).await;
+    assert_eq!(code, 202, "{body}");
+    valve.open(1);
+    wait_thread(&s, &t, "completed").await;
+    assert_eq!(texts(&t).await, ["a:killed", "b:killed", "c:delivered"]);
+
+    // An idle thread is not busy: every mode just delivers.
+    let (code, body) = send(Some(t.clone()), "d", Some("reject")).await;
+    assert_eq!(code, 202, "{body}");
+    valve.open(1);
+    wait_thread(&s, &t, "completed").await;
+}
