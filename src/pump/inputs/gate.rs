@@ -1,0 +1,371 @@
+//! The approval gate: a message held (logged `held`, its input opened and kept), the
+//! inbox's limits, and a decision applied (approved, edited, declined, withdrawn). What is
+//! shared with questions (`ask.rs`) is here: the limits, an input opened, a decision kept.
+
+use std::sync::Arc;
+
+use super::{approved, DecideError, Held, InputKind, InputRow, InputStatus, Shared};
+use crate::config::approval::Approval;
+use crate::events::EventKind;
+use crate::schema::ValidatedPayload;
+use crate::sync::lock;
+use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError};
+use crate::time::Timestamp;
+use crate::xml::normalize_payload;
+
+use super::super::admit::{Admission, Admitted};
+use super::super::dispatch::{Job, Listener};
+use super::super::InjectError;
+
+impl Shared {
+    /// The gate of `listener` holds this admission: logs it `held`, opens its input, and
+    /// lets the thread wait. Past `limits.max_held_messages` / `max_held_bytes` it is logged
+    /// `failed` instead ([`Admitted::Refused`]).
+    pub(crate) fn hold(
+        self: &Arc<Self>,
+        thread: &str,
+        listener: &Arc<Listener>,
+        admission: Admission,
+        approval: Arc<Approval>,
+    ) -> Result<Admitted, ThreadError> {
+        if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
+            return self.refuse_full(thread, listener, admission, e);
+        }
+        let Admission {
+            parent_id,
+            from,
+            valid,
+            ..
+        } = admission;
+        let requested_by = self
+            .threads
+            .first_sender(thread)
+            .or_else(|| Some(from.clone()));
+        let mut record = self.threads.append(
+            thread,
+            NewMessage {
+                id: crate::threads::new_id(),
+                parent_id,
+                from,
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(valid.payload_type().written()),
+                payload_xml: valid.xml_arc(),
+                status: MessageStatus::Held,
+                error: None,
+            },
+        )?;
+        if record.status != MessageStatus::Held {
+            return Ok(Admitted::NotQueued(record));
+        }
+        record.seq = self.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        let row = self.input_row(
+            &record,
+            &valid,
+            listener,
+            approval.prompt.as_deref(),
+            approval.timeout,
+            requested_by.map(|r| r.to_string()),
+        );
+        let message_id = record.id.clone();
+        self.open_input(Held {
+            row,
+            record,
+            valid: Some(valid),
+            approval: Some(approval),
+            human: None,
+        });
+        if let Some(change) = self.threads.settle(thread) {
+            self.publish_thread(change);
+        }
+        Ok(Admitted::Queued(message_id))
+    }
+
+    /// Logs `admission` `failed` for `e` (the inbox is full): not published, the caller
+    /// answers for it.
+    pub(super) fn refuse_full(
+        &self,
+        thread: &str,
+        listener: &Listener,
+        admission: Admission,
+        e: ThreadError,
+    ) -> Result<Admitted, ThreadError> {
+        let record = self.threads.append(
+            thread,
+            NewMessage {
+                id: crate::threads::new_id(),
+                parent_id: admission.parent_id,
+                from: admission.from,
+                to: Some(listener.config.name.arc()),
+                payload_type: Some(admission.valid.payload_type().written()),
+                payload_xml: admission.valid.xml_arc(),
+                status: MessageStatus::Failed,
+                error: Some(e.to_string()),
+            },
+        )?;
+        self.count_failure(crate::pump::FailureKind::Undeliverable);
+        Ok(Admitted::Refused(record, e))
+    }
+
+    /// Opens `held`'s input: written to the store's inbox (a failure is reported: a
+    /// restart would lose it), told (`input_requested`), kept open here.
+    pub(super) fn open_input(&self, held: Held) {
+        let row = &held.row;
+        if let Some(table) = &self.inbox.table {
+            if let Err(e) = table.insert(row) {
+                self.events.publish(EventKind::Error {
+                    thread_id: Some(row.thread_id.clone()),
+                    agent: Some(row.listener.clone()),
+                    error: self.clip_error(format!(
+                        "the message {} is not in the store's inbox, so a restart would lose its input: {e}",
+                        row.message_id
+                    )),
+                });
+            }
+        }
+        self.events.publish(EventKind::InputRequested {
+            input: Box::new(row.clone()),
+        });
+        lock(&self.inbox.open).insert(Arc::from(row.id.as_str()), held);
+    }
+
+    /// Writes a decision to the store's inbox; a failure is reported (the input would be
+    /// open again after a restart).
+    pub(super) fn record_decision(&self, decided: &InputRow) {
+        if let Some(table) = &self.inbox.table {
+            if let Err(e) = table.decide(decided) {
+                self.events.publish(EventKind::Error {
+                    thread_id: Some(decided.thread_id.clone()),
+                    agent: Some(decided.listener.clone()),
+                    error: self.clip_error(format!(
+                        "the decision of input {} is not in the store: {e}",
+                        decided.id
+                    )),
+                });
+            }
+        }
+    }
+
+    /// Whether the inbox holds as much as it may, one more input of `listener`'s in
+    /// `thread` with a payload of `size` bytes counted: organism-wide (`limits`), and for a
+    /// tenant's listener its `max_open_inputs` and `max_waiting_threads`. The limit passed,
+    /// as the refusal.
+    pub(super) fn gates_full(
+        &self,
+        thread: &str,
+        listener: &Listener,
+        size: usize,
+    ) -> Option<ThreadError> {
+        if let Some(tenant) = listener.config.tenant.as_deref() {
+            let (q, key) = self.topo().config.tenants.of(tenant);
+            let (inputs, threads, this_waits) = self.inbox.tenant_totals(tenant, thread);
+            if inputs >= q.max_open_inputs {
+                return Some(ThreadError::TooManyHeld {
+                    held: format!("{inputs} open inputs of tenant `{tenant}`"),
+                    limit: format!("{key}.max_open_inputs"),
+                });
+            }
+            if !this_waits && threads >= q.max_waiting_threads {
+                return Some(ThreadError::TooManyHeld {
+                    held: format!("{threads} waiting threads of tenant `{tenant}`"),
+                    limit: format!("{key}.max_waiting_threads"),
+                });
+            }
+        }
+        let (count, bytes) = self.inbox.held_totals();
+        if count >= self.limits.max_held_messages {
+            Some(ThreadError::TooManyHeld {
+                held: format!("{count} messages"),
+                limit: "limits.max_held_messages".into(),
+            })
+        } else if bytes + size > self.limits.max_held_bytes {
+            Some(ThreadError::TooManyHeld {
+                held: format!("{bytes} bytes of payloads"),
+                limit: "limits.max_held_bytes".into(),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// The open input of `record` at `listener`: its `prompt` filled from the payload,
+    /// expiring `timeout` from now.
+    pub(super) fn input_row(
+        &self,
+        record: &MessageRecord,
+        valid: &ValidatedPayload,
+        listener: &Listener,
+        prompt: Option<&str>,
+        timeout: Option<std::time::Duration>,
+        requested_by: Option<String>,
+    ) -> InputRow {
+        let now = self.inbox.clock.now();
+        let prompt = prompt.map(|p| {
+            let fields = valid.to_json();
+            crate::listener::fill(
+                p,
+                |v: &str| v.to_string(),
+                |name| crate::listener::field_text(&fields, name),
+            )
+            .unwrap_or_else(|_| p.to_string())
+        });
+        let ms = |t: std::time::Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
+        InputRow {
+            id: crate::threads::new_id().to_string(),
+            kind: InputKind::Approval,
+            status: InputStatus::Open,
+            thread_id: record.thread_id.to_string(),
+            message_id: record.id.to_string(),
+            listener: listener.name().to_string(),
+            tenant: listener.config.tenant.clone(),
+            from: record.from.to_string(),
+            parent_id: record.parent_id.as_ref().map(|p| p.to_string()),
+            slot_index: record.slot_index,
+            payload_type: valid.payload_type().written().to_string(),
+            payload_xml: valid.xml().to_string(),
+            prompt,
+            requested_by,
+            created: now,
+            expires: timeout.map(|t| Timestamp(now.0.saturating_add(ms(t)))),
+            decided_by: None,
+            decided: None,
+            decision: None,
+            reason: None,
+            result: None,
+        }
+    }
+
+    /// A payload `listener` accepts, from XML: normalized and validated as an inject is.
+    pub(super) fn validate_for(
+        &self,
+        listener: &str,
+        xml: &str,
+    ) -> Result<ValidatedPayload, InjectError> {
+        let payload = normalize_payload(xml, &self.xml_limits)?;
+        let topo = self.topo();
+        let l = topo
+            .listeners
+            .get(listener)
+            .ok_or_else(|| InjectError::UnknownListener(listener.to_string()))?;
+        let schema =
+            l.config
+                .schema_for(&payload.payload_type)
+                .ok_or_else(|| InjectError::NotAccepted {
+                    listener: listener.to_string(),
+                    payload_type: payload.payload_type.to_string(),
+                })?;
+        schema.validate(payload).map_err(InjectError::Invalid)
+    }
+
+    /// Takes the open input `decided.id` (whoever takes it decides) and applies `decided`:
+    /// recorded, published, and the held message let through (approved or expired by
+    /// approval, `edited` instead of it when given), declined, or killed (cancelled).
+    pub(super) fn close(
+        self: &Arc<Self>,
+        mut decided: InputRow,
+        edited: Option<ValidatedPayload>,
+    ) -> Result<InputRow, DecideError> {
+        if decided.kind == InputKind::Question {
+            return self.close_question(decided, Vec::new());
+        }
+        let Some(held) = lock(&self.inbox.open).remove(decided.id.as_str()) else {
+            return Err(match self.inbox.decided(&decided.id) {
+                Some(r) => DecideError::AlreadyDecided(Box::new(r)),
+                None => DecideError::NotFound(decided.id),
+            });
+        };
+        let record = held.record;
+        let thread = record.thread_id.clone();
+        let topo = self.topo();
+        let listener = topo.listeners.get(decided.listener.as_str()).cloned();
+        let lets_through = decided.decision.as_deref() != Some("reject")
+            && matches!(decided.status, InputStatus::Approved | InputStatus::Expired);
+        let declined_by = || {
+            let by = decided.decided_by.as_deref().unwrap_or("?");
+            self.clip_error(match &decided.reason {
+                Some(r) => format!("declined by {by}: {r}"),
+                None => format!("declined by {by}"),
+            })
+        };
+        let (status, error) = match (lets_through, &listener, &edited) {
+            (true, None, _) => (
+                MessageStatus::Undeliverable,
+                Some(format!(
+                    "`{}` was removed by a reload before its held message was let through",
+                    decided.listener
+                )),
+            ),
+            (true, Some(_), Some(_)) => (MessageStatus::Superseded, None),
+            (true, Some(_), None) => (MessageStatus::Pending, None),
+            (false, None, _) if decided.status == InputStatus::Cancelled => {
+                (MessageStatus::Undeliverable, decided.decision.clone())
+            }
+            (false, ..) if decided.status == InputStatus::Cancelled => {
+                (MessageStatus::Killed, decided.decision.clone())
+            }
+            (false, ..) => (MessageStatus::Declined, Some(declined_by())),
+        };
+        if let (MessageStatus::Superseded, Some(l), Some(valid)) = (status, &listener, edited) {
+            // The edit: a new message, same sender and parent, let through at once.
+            if let Some(change) = self.threads.wake(&thread) {
+                self.publish_thread(change);
+            }
+            let admission = Admission {
+                parent_id: record.parent_id.clone(),
+                from: record.from.clone(),
+                valid,
+                approval: approved(&decided),
+            };
+            if let Ok(Admitted::Queued(id)) = self.admit_now(&thread, l, admission) {
+                decided.result = Some(id.to_string());
+            }
+        }
+        self.record_decision(&decided);
+        if status == MessageStatus::Undeliverable {
+            self.count_failure(crate::pump::FailureKind::Undeliverable);
+        }
+        let change = self
+            .threads
+            .close_input(&thread, Some((record.slot_index, status, error.clone())));
+        if let Some(change) = change {
+            self.publish_thread(change);
+        }
+        self.events.publish(EventKind::MessageStatus {
+            id: record.id.clone(),
+            thread_id: record.thread_id.clone(),
+            status,
+            error,
+            about: Some(crate::events::StatusAbout::of(&record)),
+        });
+        if let (MessageStatus::Pending, Some(l)) = (status, &listener) {
+            let mut record = record;
+            record.status = MessageStatus::Pending;
+            self.add_pending(1);
+            let valid = match held.valid {
+                Some(v) => Ok(v),
+                None => self.validate_for(l.name(), &record.payload_xml),
+            };
+            match valid {
+                Ok(payload) => self.enqueue(
+                    l,
+                    Job {
+                        record,
+                        payload,
+                        approval: approved(&decided),
+                    },
+                ),
+                Err(e) => {
+                    // Restored after a restart, and its listener's schema changed since.
+                    self.fail_message(&record, crate::pump::FailureKind::Invalid, e.to_string());
+                    self.release(&thread);
+                }
+            }
+        }
+        self.events.publish(EventKind::InputResolved {
+            input: Box::new(decided.clone()),
+        });
+        self.inbox.remember(decided.clone());
+        Ok(decided)
+    }
+}
