@@ -678,7 +678,14 @@ fn approval_gates_are_checked_key_by_key() {
             "operator",
         ),
         ("{from: []}", "approval.from", "holds nothing"),
-        ("{notify: {url: x}}", "approval", "notify"),
+        ("{notify: {url: x}}", "approval.notify.url", "not a URL"),
+        ("{notify: {url: 'ftp://h/x'}}", "approval.notify.url", "http://"),
+        (
+            "{notify: {url: 'http://h/x', secret_env: CONFIG_TEST_UNSET_VARIABLE}}",
+            "approval.notify.secret_env",
+            "CONFIG_TEST_UNSET_VARIABLE",
+        ),
+        ("{escalate_to: x}", "approval", "escalate_to"),
         ("{on_timeout: later}", "approval", "later"),
     ] {
         let e = gate(approval);

@@ -390,6 +390,17 @@ fn input_metrics(out: &mut String, organism: &Organism) {
     }
     header(
         out,
+        "agentserver_input_notify_failures_total",
+        "counter",
+        "Notification attempts of approval gates (approval.notify) that failed.",
+    );
+    let _ = writeln!(
+        out,
+        "agentserver_input_notify_failures_total {}",
+        organism.inputs().notify_failures()
+    );
+    header(
+        out,
         "agentserver_input_wait_seconds",
         "summary",
         "How long closed inputs waited for their decision, by listener.",

@@ -62,6 +62,34 @@ pub(crate) struct ApprovalSection {
     timeout: Option<yaml_serde::Value>,
     on_timeout: Option<OnTimeout>,
     prompt: Option<String>,
+    notify: Option<NotifySection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifySection {
+    url: String,
+    secret_env: Option<String>,
+}
+
+/// Where a gate tells of each input it opens: `POST {input, links}` to `url`, signed with
+/// the secret (`X-Agentserver-Signature: sha256=<HMAC-SHA256 of the body>`) when one is
+/// given. `Debug` hides the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Notify {
+    pub url: String,
+    pub secret_env: Option<String>,
+    pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for Notify {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Notify")
+            .field("url", &super::display_url(&self.url))
+            .field("secret_env", &self.secret_env)
+            .field("secret", &self.secret.as_ref().map(|_| "<hidden>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -103,6 +131,7 @@ pub struct Approval {
     pub on_timeout: OnTimeout,
     /// A line shown with the input, `{field}` filled from the payload's leaves.
     pub prompt: Option<String>,
+    pub notify: Option<Notify>,
 }
 
 impl Approval {
@@ -260,6 +289,31 @@ pub(super) fn check_approval(
             "viewers only read: the least role that decides is operator",
         );
     }
+    let notify = section.notify.as_ref().map(|n| {
+        match reqwest::Url::parse(&n.url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+            Ok(_) => c.push(
+                l,
+                Some("approval.notify.url"),
+                "must be an http:// or https:// URL",
+            ),
+            Err(e) => c.push(l, Some("approval.notify.url"), format!("is not a URL: {e}")),
+        }
+        let secret = n.secret_env.as_deref().and_then(|var| {
+            super::check_sections::env_secret(
+                var,
+                l,
+                "approval.notify.secret_env",
+                "the notifications' signing secret",
+                c,
+            )
+        });
+        Notify {
+            url: n.url.clone(),
+            secret_env: n.secret_env.clone(),
+            secret,
+        }
+    });
     if let Some(p) = &section.prompt {
         if p.len() > 4096 {
             c.push(l, Some("approval.prompt"), "must be at most 4096 bytes");
@@ -274,6 +328,7 @@ pub(super) fn check_approval(
             timeout: (on_timeout != OnTimeout::Keep).then_some(timeout).flatten(),
             on_timeout,
             prompt: section.prompt.clone(),
+            notify,
         })
     })
 }

@@ -66,7 +66,7 @@ use dispatch::Listener;
 pub use dispatch::ListenerSnapshot;
 pub use external::{ExternalReply, ReplyError, ReplyReceipt};
 pub use history::History;
-pub use inputs::{Answer, DecideError, Decider, Inputs, Verdict};
+pub use inputs::{notify_signature, Answer, DecideError, Decider, Inputs, Verdict};
 pub use metrics::Metrics;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;

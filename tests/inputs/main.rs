@@ -929,3 +929,70 @@ async fn if_busy_steers_an_inject_into_a_thread_with_work_under_way() {
     valve.open(1);
     wait_thread(&s, &t, "completed").await;
 }
+
+#[tokio::test]
+async fn a_gate_notifies_of_each_input_signed_and_tries_again_after_a_failure() {
+    use std::sync::{Arc, Mutex};
+    type Seen = Arc<Mutex<Vec<(Option<String>, String)>>>;
+    let seen: Seen = Arc::default();
+    let hook = {
+        let seen = seen.clone();
+        axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+                let seen = seen.clone();
+                async move {
+                    let sig = headers
+                        .get("x-agentserver-signature")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let mut seen = seen.lock().unwrap();
+                    seen.push((sig, body));
+                    // The first attempt fails: the gate must try again.
+                    if seen.len() == 1 {
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                    } else {
+                        axum::http::StatusCode::NO_CONTENT
+                    }
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, hook).await });
+    std::env::set_var("INPUTS_TEST_HMAC", "the gate's secret");
+    let s = gated(&format!(
+        "{{notify: {{url: 'http://{addr}/hook', secret_env: INPUTS_TEST_HMAC}}}}"
+    ))
+    .await;
+    let (_, input) = held(&s, "tell someone").await;
+    let seen2 = seen.clone();
+    wait_until_async("two attempts", || {
+        let n = seen2.lock().unwrap().len();
+        async move { n >= 2 }
+    })
+    .await;
+    let attempts = seen.lock().unwrap().clone();
+    for (sig, body) in &attempts {
+        assert_eq!(
+            sig.as_deref(),
+            Some(
+                agentserver::pump::notify_signature("the gate's secret", body.as_bytes()).as_str()
+            )
+        );
+        let v: Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["input"]["id"], input["id"]);
+        assert_eq!(v["input"]["payload_xml"], "<Note>tell someone</Note>");
+        assert_eq!(
+            v["links"]["approve"],
+            format!("/api/v1/inputs/{}/approve", input["id"].as_str().unwrap())
+        );
+    }
+    assert!(
+        s.metrics()
+            .await
+            .contains("agentserver_input_notify_failures_total 1"),
+        "the failed attempt is counted"
+    );
+}

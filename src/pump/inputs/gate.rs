@@ -68,6 +68,9 @@ impl Shared {
             approval.timeout,
             requested_by.map(|r| r.to_string()),
         );
+        if let Some(n) = &approval.notify {
+            self.notify(n, &row);
+        }
         let message_id = record.id.clone();
         self.open_input(Held {
             row,

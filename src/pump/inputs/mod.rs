@@ -32,8 +32,10 @@ use crate::time::Clock;
 
 mod ask;
 mod gate;
+mod notify;
 mod restore;
 pub use ask::Answer;
+pub use notify::signature as notify_signature;
 pub(crate) use restore::EXPIRY_TICK;
 
 use super::{InjectError, Organism, Shared};
@@ -116,6 +118,8 @@ pub(crate) struct Inbox {
     /// Decisions since start by (listener, decision): how many, and the seconds their
     /// inputs waited.
     decisions: Mutex<SeededMap<(String, String), (u64, f64)>>,
+    /// Notification attempts that failed (`approval.notify`).
+    notify_failures: std::sync::atomic::AtomicU64,
     table: Option<InputsTable>,
     pub(crate) clock: Clock,
 }
@@ -126,6 +130,7 @@ impl Inbox {
             open: Mutex::default(),
             recent: Mutex::default(),
             decisions: Mutex::default(),
+            notify_failures: Default::default(),
             table,
             clock,
         }
@@ -234,6 +239,14 @@ impl<'a> Inputs<'a> {
     /// Inputs open now.
     pub fn open_count(self) -> usize {
         lock(&self.shared().inbox.open).len()
+    }
+
+    /// Notification attempts that failed since start (`approval.notify`).
+    pub fn notify_failures(self) -> u64 {
+        self.shared()
+            .inbox
+            .notify_failures
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Inputs open now by (listener, kind), sorted.
