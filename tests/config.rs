@@ -679,13 +679,31 @@ fn approval_gates_are_checked_key_by_key() {
         ),
         ("{from: []}", "approval.from", "holds nothing"),
         ("{notify: {url: x}}", "approval.notify.url", "not a URL"),
-        ("{notify: {url: 'ftp://h/x'}}", "approval.notify.url", "http://"),
+        (
+            "{notify: {url: 'ftp://h/x'}}",
+            "approval.notify.url",
+            "http://",
+        ),
         (
             "{notify: {url: 'http://h/x', secret_env: CONFIG_TEST_UNSET_VARIABLE}}",
             "approval.notify.secret_env",
             "CONFIG_TEST_UNSET_VARIABLE",
         ),
-        ("{escalate_to: x}", "approval", "escalate_to"),
+        (
+            "{escalate_to: x}",
+            "approval.escalate_to",
+            "on_timeout: escalate",
+        ),
+        (
+            "{on_timeout: escalate}",
+            "approval.escalate_to",
+            "needs `escalate_to`",
+        ),
+        (
+            "{on_timeout: escalate, escalate_to: pay}",
+            "approval.escalate_to",
+            "not a `kind: human` listener",
+        ),
         ("{on_timeout: later}", "approval", "later"),
     ] {
         let e = gate(approval);

@@ -33,6 +33,8 @@ pub enum InputStatus {
     Answered,
     /// Nobody decided in time: the gate's `on_timeout` was applied (`decision`).
     Expired,
+    /// Nobody decided in time: a new input holds the message for `escalate_to`'s approvers.
+    Escalated,
     /// Withdrawn: its thread was killed.
     Cancelled,
 }
@@ -46,6 +48,7 @@ impl From<crate::threads::InputStatus> for InputStatus {
             S::Declined => InputStatus::Declined,
             S::Answered => InputStatus::Answered,
             S::Expired => InputStatus::Expired,
+            S::Escalated => InputStatus::Escalated,
             S::Cancelled => InputStatus::Cancelled,
         }
     }
@@ -60,6 +63,7 @@ impl From<InputStatus> for crate::threads::InputStatus {
             InputStatus::Declined => S::Declined,
             InputStatus::Answered => S::Answered,
             InputStatus::Expired => S::Expired,
+            InputStatus::Escalated => S::Escalated,
             InputStatus::Cancelled => S::Cancelled,
         }
     }

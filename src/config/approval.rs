@@ -50,6 +50,9 @@ pub enum OnTimeout {
     Approve,
     /// It stays held: no timer.
     Keep,
+    /// Its input passes to `escalate_to`'s approvers (a `kind: human` listener's), with that
+    /// listener's `reply_timeout`; past that, it is declined.
+    Escalate,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,6 +66,7 @@ pub(crate) struct ApprovalSection {
     on_timeout: Option<OnTimeout>,
     prompt: Option<String>,
     notify: Option<NotifySection>,
+    escalate_to: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -132,9 +136,27 @@ pub struct Approval {
     /// A line shown with the input, `{field}` filled from the payload's leaves.
     pub prompt: Option<String>,
     pub notify: Option<Notify>,
+    /// For `on_timeout: escalate`: the `kind: human` listener whose approvers take over.
+    pub escalate_to: Option<String>,
 }
 
 impl Approval {
+    /// The gate `approval: {}` writes: every type, from anyone, an operator decides, every
+    /// decision allowed, declined after [`DEFAULT_APPROVAL_TIMEOUT`].
+    pub fn default_gate() -> Approval {
+        Approval {
+            types: None,
+            from: None,
+            approvers: approvers_of(None),
+            allow: vec![Decision::Approve, Decision::Reject, Decision::Edit],
+            timeout: Some(DEFAULT_APPROVAL_TIMEOUT),
+            on_timeout: OnTimeout::Reject,
+            prompt: None,
+            notify: None,
+            escalate_to: None,
+        }
+    }
+
     /// Whether a message of `payload_type` from `from` waits at this gate.
     pub fn holds(&self, payload_type: &PayloadType, from: &str) -> bool {
         self.types
@@ -168,6 +190,26 @@ fn approvers_of(a: Option<&ApproversSection>) -> Approvers {
         keys: a.map(|a| a.keys.clone()).unwrap_or_default(),
         subjects: a.map(|a| a.subjects.clone()).unwrap_or_default(),
         distinct_from_sender: a.is_some_and(|a| a.distinct_from_sender),
+    }
+}
+
+/// An `escalate_to` names a `kind: human` listener of the organism (checked once every
+/// listener is built).
+pub(super) fn check_escalations(built: &[super::ListenerConfig], c: &mut Collector) {
+    for l in built {
+        let Some(to) = l.approval.as_ref().and_then(|a| a.escalate_to.as_deref()) else {
+            continue;
+        };
+        if !built
+            .iter()
+            .any(|h| h.name.as_str() == to && h.human.is_some())
+        {
+            c.push(
+                Some(l.name.as_str()),
+                Some("approval.escalate_to"),
+                format!("`{to}` is not a `kind: human` listener of this organism"),
+            );
+        }
     }
 }
 
@@ -221,6 +263,33 @@ pub(super) fn check_human(s: &ListenerSection, c: &mut Collector) -> Option<std:
             reply_timeout: reply_timeout.unwrap_or(DEFAULT_HUMAN_REPLY_TIMEOUT),
         })
     })
+}
+
+/// A gate's `notify`: an http(s) URL, and the secret of `secret_env` if named.
+fn check_notify(n: &NotifySection, l: Option<&str>, c: &mut Collector) -> Notify {
+    match reqwest::Url::parse(&n.url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
+        Ok(_) => c.push(
+            l,
+            Some("approval.notify.url"),
+            "must be an http:// or https:// URL",
+        ),
+        Err(e) => c.push(l, Some("approval.notify.url"), format!("is not a URL: {e}")),
+    }
+    let secret = n.secret_env.as_deref().and_then(|var| {
+        super::check_sections::env_secret(
+            var,
+            l,
+            "approval.notify.secret_env",
+            "the notifications' signing secret",
+            c,
+        )
+    });
+    Notify {
+        url: n.url.clone(),
+        secret_env: n.secret_env.clone(),
+        secret,
+    }
 }
 
 /// Checks `s.approval` against the listener's accepted types and the organism's listener
@@ -282,6 +351,19 @@ pub(super) fn check_approval(
         );
     }
     let approvers = approvers_of(section.approvers.as_ref());
+    match (on_timeout, &section.escalate_to) {
+        (OnTimeout::Escalate, None) => c.push(
+            l,
+            Some("approval.escalate_to"),
+            "`on_timeout: escalate` needs `escalate_to`: a `kind: human` listener whose approvers take over",
+        ),
+        (OnTimeout::Escalate, Some(_)) | (_, None) => {}
+        (_, Some(_)) => c.push(
+            l,
+            Some("approval.escalate_to"),
+            "is for `on_timeout: escalate`",
+        ),
+    }
     if approvers.role == Role::Viewer {
         c.push(
             l,
@@ -289,31 +371,7 @@ pub(super) fn check_approval(
             "viewers only read: the least role that decides is operator",
         );
     }
-    let notify = section.notify.as_ref().map(|n| {
-        match reqwest::Url::parse(&n.url) {
-            Ok(url) if matches!(url.scheme(), "http" | "https") && url.has_host() => {}
-            Ok(_) => c.push(
-                l,
-                Some("approval.notify.url"),
-                "must be an http:// or https:// URL",
-            ),
-            Err(e) => c.push(l, Some("approval.notify.url"), format!("is not a URL: {e}")),
-        }
-        let secret = n.secret_env.as_deref().and_then(|var| {
-            super::check_sections::env_secret(
-                var,
-                l,
-                "approval.notify.secret_env",
-                "the notifications' signing secret",
-                c,
-            )
-        });
-        Notify {
-            url: n.url.clone(),
-            secret_env: n.secret_env.clone(),
-            secret,
-        }
-    });
+    let notify = section.notify.as_ref().map(|n| check_notify(n, l, c));
     if let Some(p) = &section.prompt {
         if p.len() > 4096 {
             c.push(l, Some("approval.prompt"), "must be at most 4096 bytes");
@@ -329,6 +387,7 @@ pub(super) fn check_approval(
             on_timeout,
             prompt: section.prompt.clone(),
             notify,
+            escalate_to: section.escalate_to.clone(),
         })
     })
 }

@@ -123,6 +123,7 @@ pub(super) fn check_listeners(
     }
 
     check_agent_types(&built, c);
+    super::approval::check_escalations(&built, c);
     built
 }
 

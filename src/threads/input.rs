@@ -30,6 +30,9 @@ pub enum InputStatus {
     Answered,
     /// Nobody decided in time; the gate's `on_timeout` was applied (`decision` says which).
     Expired,
+    /// Nobody decided in time, and the gate passed the message on to `escalate_to`'s
+    /// approvers: a new input holds it.
+    Escalated,
     /// Withdrawn: its thread was killed or aborted, or its listener removed.
     Cancelled,
 }
@@ -42,6 +45,7 @@ impl InputStatus {
             InputStatus::Declined => "declined",
             InputStatus::Answered => "answered",
             InputStatus::Expired => "expired",
+            InputStatus::Escalated => "escalated",
             InputStatus::Cancelled => "cancelled",
         }
     }

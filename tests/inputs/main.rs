@@ -996,3 +996,83 @@ async fn a_gate_notifies_of_each_input_signed_and_tries_again_after_a_failure() 
         "the failed attempt is counted"
     );
 }
+
+#[tokio::test]
+async fn an_escalation_passes_a_held_message_to_a_supervisors_approvers() {
+    let clock = Clock::manual();
+    let s = serve_with(
+        agentserver::Organism::builder().clock(clock.clone()),
+        "",
+        &format!(
+            "  - {{name: pay, description: payments, kind: native, handler: forward, {XSD_NOTE}, config: {{to: c}}, approval: {{timeout: 1h, on_timeout: escalate, escalate_to: supervisor}}}}
+  - {{name: supervisor, description: a person, kind: human, {XSD_NOTE}, reply_timeout: 2h, approvers: {{role: admin}}}}
+  - {{name: c, description: ledger, kind: native, handler: sink, {XSD_NOTE}}}"
+        ),
+        ApiOptions::default(),
+    )
+    .await;
+    let thread = s.inject_note("pay", "big one").await;
+    let first = wait_for_input(&s, &thread).await;
+    clock.advance(Duration::from_secs(3601));
+    let o = s.organism.clone();
+    let first_id = first["id"].as_str().unwrap().to_string();
+    wait_until_async("the escalation", || {
+        let done = o
+            .inputs()
+            .get(&first_id)
+            .is_some_and(|i| i.status == agentserver::threads::InputStatus::Escalated);
+        async move { done }
+    })
+    .await;
+    let second = wait_for_input(&s, &thread).await;
+    assert_ne!(second["id"], first["id"]);
+    assert_eq!(
+        second["message_id"], first["message_id"],
+        "the same held message"
+    );
+    assert_eq!(thread_status(&s, &thread).await, "waiting");
+    let (_, old) = s.get(&format!("/api/v1/inputs/{first_id}")).await;
+    assert_eq!(old["decision"], "escalate to supervisor");
+    // The supervisor's approvers now decide: an operator may not.
+    let id = second["id"].as_str().unwrap();
+    let verdict = || agentserver::pump::Verdict::Approve {
+        reason: None,
+        payload_xml: None,
+    };
+    let operator = agentserver::pump::Decider {
+        name: Some("key:op".into()),
+        role: agentserver::config::Role::Operator,
+        tenant: None,
+    };
+    let e = o.inputs().decide(id, &operator, verdict()).unwrap_err();
+    assert!(
+        matches!(e, agentserver::pump::DecideError::NotAnApprover(_)),
+        "{e}"
+    );
+    let (code, body) = s
+        .post(&format!("/api/v1/inputs/{id}/approve"), json!({}))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    wait_thread(&s, &thread, "completed").await;
+    // Unanswered there too, it is declined.
+    let t2 = s.inject_note("pay", "forgotten").await;
+    let held_first = wait_for_input(&s, &t2).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    clock.advance(Duration::from_secs(3601));
+    wait_until_async("the second escalation", || {
+        let done = o
+            .inputs()
+            .get(&held_first)
+            .is_some_and(|i| i.status == agentserver::threads::InputStatus::Escalated);
+        async move { done }
+    })
+    .await;
+    clock.advance(Duration::from_secs(2 * 3600 + 1));
+    wait_thread(&s, &t2, "completed").await;
+    assert_eq!(
+        statuses(&s, &t2).await,
+        vec![("pay".to_string(), "declined".to_string())]
+    );
+}

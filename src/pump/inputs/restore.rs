@@ -29,6 +29,10 @@ impl Shared {
         for (row, on) in due {
             let decision = match (row.kind, on) {
                 (InputKind::Question, _) => "no answer",
+                (_, OnTimeout::Escalate) => {
+                    n += usize::from(self.escalate(row, now));
+                    continue;
+                }
                 (_, OnTimeout::Approve) => "approve",
                 (_, OnTimeout::Reject | OnTimeout::Keep) => "reject",
             };
@@ -45,6 +49,67 @@ impl Shared {
             }
         }
         n
+    }
+
+    /// `on_timeout: escalate`: the input closes `escalated` and a new one holds the same
+    /// message for `escalate_to`'s approvers, expiring after its `reply_timeout` (then
+    /// declined). False if the input was decided meanwhile.
+    fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
+        let Some(mut held) = lock(&self.inbox.open).remove(row.id.as_str()) else {
+            return false;
+        };
+        let gate = held.approval.clone();
+        let to = gate.as_ref().and_then(|a| a.escalate_to.clone());
+        let topo = self.topo();
+        let human = to
+            .as_deref()
+            .and_then(|t| topo.listeners.get(t))
+            .and_then(|l| l.config.human.clone());
+        let decided = InputRow {
+            status: InputStatus::Escalated,
+            decided_by: Some("timeout".to_string()),
+            decided: Some(now),
+            decision: Some(format!("escalate to {}", to.as_deref().unwrap_or("?"))),
+            reason: Some("nobody decided before the gate's timeout".to_string()),
+            ..row.clone()
+        };
+        self.record_decision(&decided);
+        self.events.publish(EventKind::InputResolved {
+            input: Box::new(decided.clone()),
+        });
+        self.inbox.remember(decided);
+        let timeout = human
+            .as_ref()
+            .map_or(crate::config::approval::DEFAULT_APPROVAL_TIMEOUT, |h| {
+                h.reply_timeout
+            });
+        let mut escalated = gate
+            .as_deref()
+            .cloned()
+            .unwrap_or_else(crate::config::approval::Approval::default_gate);
+        if let Some(h) = &human {
+            escalated.approvers = h.approvers.clone();
+        }
+        escalated.timeout = Some(timeout);
+        escalated.on_timeout = OnTimeout::Reject;
+        escalated.escalate_to = None;
+        escalated.notify = None;
+        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        held.row = InputRow {
+            id: crate::threads::new_id().to_string(),
+            status: InputStatus::Open,
+            created: now,
+            expires: Some(crate::time::Timestamp(now.0.saturating_add(ms))),
+            decided_by: None,
+            decided: None,
+            decision: None,
+            reason: None,
+            result: None,
+            ..row
+        };
+        held.approval = Some(Arc::new(escalated));
+        self.open_input(held);
+        true
     }
 
     /// Withdraws every open input of `thread` (killed or aborted): its held messages are
