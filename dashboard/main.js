@@ -9,12 +9,13 @@ import { flushRows } from './log.js';
 import { start } from './signin.js';
 import { $, state } from './state.js';
 import { injectTypes } from './inject.js';
+import { loadInbox } from './inbox.js';
 import './organism.js';
 import './stream.js';
 import './tabs.js';
 import './threads.js';
 
 // For a developer's console and the browser tests: the state and the hooks they drive.
-Object.assign(window, { $, state, api, selectAgent, renderGraph, flushRows, injectTypes });
+Object.assign(window, { $, state, api, selectAgent, renderGraph, flushRows, injectTypes, loadInbox });
 
 start();

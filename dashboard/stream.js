@@ -1,5 +1,6 @@
 // The dashboard: the event stream.
 
+import { refreshInbox } from './inbox.js';
 import { api, el } from './api.js';
 import { allAgents, newFrame, renderGraph, setAgents, updateAgent } from './graph.js';
 import { flushRows, loadOlder, onMessage, onStatus } from './log.js';
@@ -96,6 +97,8 @@ export function onFrame(f) {
       if (f.agents) setAgents(f.agents);
       else allAgents().then(setAgents).catch(() => {});
       if (f.threads && !$('view-threads').hidden) loadThreads();
+      // The inbox's count shows on its tab whatever view is open.
+      refreshInbox();
       // The log opens on the latest page of what came before.
       if (!state.log.length) loadOlder();
       break;
@@ -144,6 +147,10 @@ export function onFrame(f) {
         }).catch(() => {});
         refreshOrganism();
       }
+      break;
+    case 'input_requested':
+    case 'input_resolved':
+      refreshInbox();
       break;
     case 'deployment':
       organismEvent(`${f.action} ${f.agent} v${f.version ?? ''}${f.ok ? '' : ' refused: ' + (f.error || '')}`);

@@ -3,6 +3,7 @@
 import { allAgents, updateAgent } from './graph.js';
 import { refreshOrganism } from './organism.js';
 import { $, state } from './state.js';
+import { loadInbox } from './inbox.js';
 import { loadThreads } from './threads.js';
 
 export function selectTab(name) {
@@ -12,6 +13,7 @@ export function selectTab(name) {
     $(t.getAttribute('aria-controls')).hidden = !on;
   }
   if (name === 'threads' && !$('thread-list').children.length) loadThreads();
+  if (name === 'inbox') loadInbox();
 }
 
 for (const t of document.querySelectorAll('[role="tab"]')) {

@@ -61,7 +61,8 @@ export async function drawThread(id) {
   $('thread').hidden = false;
   $('thread-title').textContent = 'Thread ' + t.id;
   $('thread-facts').textContent = `${t.status} · ${t.message_count} messages${t.error ? ' · ' + t.error : ''}`;
-  $('thread-kill').disabled = t.status !== 'active';
+  $('thread-kill').disabled = t.status === 'killed';
+  $('thread-abort').disabled = !['active', 'waiting'].includes(t.status);
   const msgs = t.messages || [];
   const children = new Map();
   for (const m of msgs) {
@@ -84,6 +85,12 @@ export function messageText(m) {
     el('pre', { 'aria-label': 'payload as JSON' }, JSON.stringify(m.payload, null, 2)),
     el('pre', { 'aria-label': 'payload as XML' }, m.payload_xml || ''));
 }
+
+$('thread-abort').addEventListener('click', async () => {
+  if (!state.thread || !confirm('Abort this thread? Its work stops; the thread stays usable.')) return;
+  try { await api('POST', `/threads/${encodeURIComponent(state.thread)}/abort`, { reason: 'from the dashboard' }); openThread(state.thread); }
+  catch (e) { notice('Abort refused: ' + e.message); }
+});
 
 $('thread-kill').addEventListener('click', async () => {
   if (!state.thread || !confirm('Kill this thread?')) return;

@@ -858,3 +858,60 @@ async fn the_inject_form_follows_nested_optional_and_repeated_elements() {
     o.stop().await;
     server.shutdown().await;
 }
+
+/// The Inbox as an operator uses it: a held message shows with its payload and the tab its
+/// count; Approve from the page lets it through and the thread completes; a question is
+/// answered from the page; axe finds nothing on the tab.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inbox_approves_and_answers_from_the_page() {
+    let (o, _d) = organism(
+        Organism::builder(),
+        "  - { name: a, description: forwards pings, kind: native, handler: forward, schema: t.xsd, accepts: [Ping], peers: [b], config: { to: b } }
+  - { name: b, description: keeps pings, kind: native, handler: sink, schema: t.xsd, accepts: [Ping], approval: { prompt: 'Ping {n} to b' } }
+  - { name: person, description: answers, kind: human, schema: t.xsd, accepts: [Pong], peers: [b] }",
+    );
+    let (server, base) = serve(&o).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    until_live(&mut c).await;
+    let held = inject(&o, "a", &ping(7), None);
+    c.wait(
+        "$('tab-inbox').textContent === 'Inbox (1)'",
+        "the inbox's count on its tab",
+    )
+    .await;
+    c.click("#tab-inbox").await;
+    c.wait(
+        "document.querySelector('#inbox-list li.input-open')?.innerText.includes('Ping 7 to b')",
+        "the held message with its prompt",
+    )
+    .await;
+    assert!(c.axe_violations().await.is_empty(), "axe on the inbox");
+    c.click("#inbox-list li.input-open button.approve").await;
+    assert_eq!(settle(&o, &held.thread_id).await, agentserver::threads::ThreadStatus::Completed);
+    c.wait(
+        "$('tab-inbox').textContent === 'Inbox'",
+        "the inbox empty again",
+    )
+    .await;
+
+    let asked = inject(&o, "person", "<Pong><n>1</n></Pong>", None);
+    c.wait(
+        "document.querySelector('#inbox-list li.input-open textarea[aria-label^=\"Answer\"]')",
+        "the question",
+    )
+    .await;
+    c.eval("document.querySelector('#inbox-list li.input-open textarea[aria-label^=\"Answer\"]').value = '<Ping><n>2</n></Ping>'")
+        .await;
+    c.click("#inbox-list li.input-open button.answer").await;
+    c.wait(
+        "document.querySelector('#inbox-list li.input-open')?.innerText.includes('Ping 2 to b')",
+        "the answer, held in turn at b's gate",
+    )
+    .await;
+    let ms = messages(&o, &asked.thread_id);
+    assert_eq!(ms.len(), 2, "{ms:?}");
+    assert_eq!((&*ms[1].from, ms[1].parent_id.as_deref()), ("person", Some(&*ms[0].id)));
+    keep_screenshot(&mut c, "dashboard-inbox").await;
+    drop(server);
+}
