@@ -888,7 +888,10 @@ async fn the_inbox_approves_and_answers_from_the_page() {
     .await;
     assert!(c.axe_violations().await.is_empty(), "axe on the inbox");
     c.click("#inbox-list li.input-open button.approve").await;
-    assert_eq!(settle(&o, &held.thread_id).await, agentserver::threads::ThreadStatus::Completed);
+    assert_eq!(
+        settle(&o, &held.thread_id).await,
+        agentserver::threads::ThreadStatus::Completed
+    );
     c.wait(
         "$('tab-inbox').textContent === 'Inbox'",
         "the inbox empty again",
@@ -911,7 +914,10 @@ async fn the_inbox_approves_and_answers_from_the_page() {
     .await;
     let ms = messages(&o, &asked.thread_id);
     assert_eq!(ms.len(), 2, "{ms:?}");
-    assert_eq!((&*ms[1].from, ms[1].parent_id.as_deref()), ("person", Some(&*ms[0].id)));
+    assert_eq!(
+        (&*ms[1].from, ms[1].parent_id.as_deref()),
+        ("person", Some(&*ms[0].id))
+    );
     keep_screenshot(&mut c, "dashboard-inbox").await;
     drop(server);
 }

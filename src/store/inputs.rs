@@ -72,9 +72,14 @@ pub struct InputsTable {
 
 impl InputsTable {
     pub fn open(path: &Path) -> Result<InputsTable, StoreError> {
+        let conn = side_connection(path)?;
+        // As the log's writer: a commit survives the process ending however it ends (the
+        // WAL is the OS's once written); only a crash of the machine may lose the last.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(|e| err(path, e))?;
         Ok(InputsTable {
             path: path.to_path_buf(),
-            conn: Mutex::new(side_connection(path)?),
+            conn: Mutex::new(conn),
         })
     }
 

@@ -1076,3 +1076,78 @@ async fn an_escalation_passes_a_held_message_to_a_supervisors_approvers() {
         vec![("pay".to_string(), "declined".to_string())]
     );
 }
+
+/// A client that decides the moment it hears of an input always finds it open (an input is
+/// open before it is told), for held messages and questions alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_can_be_decided_the_moment_it_is_told() {
+    let s = serve_with(
+        agentserver::Organism::builder(),
+        "",
+        &format!(
+            "{}\n  - {{name: person, description: answers, kind: human, {XSD_NOTE}, peers: [c]}}",
+            listeners("{}")
+        ),
+        ApiOptions::default(),
+    )
+    .await;
+    let o = s.organism.clone();
+    let mut events = o.events().subscribe();
+    let decider = o.clone();
+    let decisions = tokio::spawn(async move {
+        let who = agentserver::pump::Decider {
+            name: None,
+            role: agentserver::config::Role::Admin,
+            tenant: None,
+        };
+        let mut failed = Vec::new();
+        let mut n = 0;
+        while n < 200 {
+            let ev = events.recv().await.unwrap();
+            if let agentserver::events::EventKind::InputRequested { input } = &ev.kind {
+                n += 1;
+                let r = match input.kind {
+                    agentserver::threads::InputKind::Approval => decider.inputs().decide(
+                        &input.id,
+                        &who,
+                        agentserver::pump::Verdict::Approve {
+                            reason: None,
+                            payload_xml: None,
+                        },
+                    ),
+                    agentserver::threads::InputKind::Question => decider.inputs().answer(
+                        &input.id,
+                        &who,
+                        vec![agentserver::pump::Answer {
+                            payload_xml: "<Note>answer</Note>".into(),
+                            to: Some("c".into()),
+                        }],
+                        None,
+                    ),
+                };
+                if let Err(e) = r {
+                    failed.push(e.to_string());
+                }
+            }
+        }
+        failed
+    });
+    let mut threads = Vec::new();
+    for i in 0..100 {
+        for to in ["a", "person"] {
+            let r = common::inject(&o, to, &format!("<Note>{i}</Note>"), None);
+            threads.push(r.thread_id);
+        }
+    }
+    let failed = tokio::time::timeout(common::WAIT, decisions)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(failed.is_empty(), "{failed:?}");
+    for t in threads {
+        assert_eq!(
+            common::settle(&o, &t).await,
+            agentserver::threads::ThreadStatus::Completed
+        );
+    }
+}

@@ -83,6 +83,10 @@ impl Shared {
         );
         row.kind = InputKind::Question;
         let message_id = record.id.clone();
+        // Counted by the thread before anyone can answer it.
+        if let Some(change) = self.threads.open_input(thread) {
+            self.publish_thread(change);
+        }
         self.open_input(Held {
             row,
             record,
@@ -90,9 +94,6 @@ impl Shared {
             approval: None,
             human,
         });
-        if let Some(change) = self.threads.open_input(thread) {
-            self.publish_thread(change);
-        }
         Ok(Admitted::Queued(message_id))
     }
 

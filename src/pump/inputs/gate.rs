@@ -112,7 +112,8 @@ impl Shared {
     }
 
     /// Opens `held`'s input: written to the store's inbox (a failure is reported: a
-    /// restart would lose it), told (`input_requested`), kept open here.
+    /// restart would lose it), kept open here, then told (`input_requested`). The thread
+    /// must count it already (an answer may come the moment it is told).
     pub(super) fn open_input(&self, held: Held) {
         let row = &held.row;
         if let Some(table) = &self.inbox.table {
@@ -127,10 +128,12 @@ impl Shared {
                 });
             }
         }
-        self.events.publish(EventKind::InputRequested {
+        // Open before it is told: whoever hears of it may decide it at once.
+        let told = EventKind::InputRequested {
             input: Box::new(row.clone()),
-        });
+        };
         lock(&self.inbox.open).insert(Arc::from(row.id.as_str()), held);
+        self.events.publish(told);
     }
 
     /// Writes a decision to the store's inbox; a failure is reported (the input would be

@@ -1,0 +1,234 @@
+//! What an approval gate costs when a client approves at once: the chain a → b → c (store
+//! on), `b` ungated (A) or gated (B), in alternating rounds A B A B …; in B a client task
+//! approves each input the moment its `input_requested` event comes. Each round runs
+//! THREADS threads, 64 in flight, and reports threads/s and CPU per thread; then one more
+//! figure, measured in the same process: the CPU of one inbox write (an input opened and
+//! decided on the store's inputs table, no pump), the floor of what a gate adds.
+//!
+//! Run: `cargo run --release --example gate_load -- [THREADS] [ROUNDS]` (default 5000, 3).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use agentserver::events::EventKind;
+use agentserver::pump::{Decider, Verdict};
+use agentserver::{InjectRequest, Organism};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+  <xs:element name="Note"><xs:complexType><xs:sequence>
+    <xs:element name="text" type="xs:string"/></xs:sequence></xs:complexType></xs:element>
+</xs:schema>"#;
+
+const IN_FLIGHT: usize = 64;
+
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field(11) + field(12)) / 100.0
+}
+
+fn organism(dir: &std::path::Path, gated: bool) -> Organism {
+    std::fs::write(dir.join("t.xsd"), XSD).unwrap();
+    let gate = if gated { ", approval: {}" } else { "" };
+    let yaml = format!(
+        "organism: {{ name: gates, store: data.db }}
+limits: {{ max_held_messages: 100000 }}
+listeners:
+  - {{ name: a, description: a, kind: native, handler: forward, schema: t.xsd, accepts: [Note], concurrency: 2, config: {{ to: b }} }}
+  - {{ name: b, description: b, kind: native, handler: forward, schema: t.xsd, accepts: [Note], concurrency: 2, config: {{ to: c }}{gate} }}
+  - {{ name: c, description: c, kind: native, handler: sink, schema: t.xsd, accepts: [Note], concurrency: 2 }}
+"
+    );
+    let path = dir.join("o.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    Organism::builder().load(&path).unwrap()
+}
+
+/// One round: `threads` threads through the chain; (threads/s, CPU µs per thread).
+async fn round(gated: bool, threads: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let o = organism(dir.path(), gated);
+    let approver = if gated {
+        let o2 = o.clone();
+        let mut events = o.events().subscribe();
+        Some(tokio::spawn(async move {
+            let who = Decider {
+                name: Some("key:approver".into()),
+                role: agentserver::config::Role::Operator,
+                tenant: None,
+            };
+            loop {
+                let ev = match events.recv().await {
+                    Ok(ev) => ev,
+                    Err(agentserver::events::RecvError::Lagged(n)) => {
+                        eprintln!("the approver fell {n} events behind: some inputs stay open");
+                        continue;
+                    }
+                    Err(_) => return,
+                };
+                if let EventKind::InputRequested { input } = &ev.kind {
+                    let verdict = Verdict::Approve {
+                        reason: None,
+                        payload_xml: None,
+                    };
+                    let _ = o2.inputs().decide(&input.id, &who, verdict);
+                }
+            }
+        }))
+    } else {
+        None
+    };
+    // Completed threads free their place: counted from the event stream, no polling.
+    let sem = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let mut events = o.events().subscribe();
+    let freed = sem.clone();
+    let collector = tokio::spawn(async move {
+        let mut done = 0;
+        loop {
+            let ev = match events.recv().await {
+                Ok(ev) => ev,
+                Err(agentserver::events::RecvError::Lagged(n)) => {
+                    eprintln!("the collector fell {n} events behind: the round will not end");
+                    continue;
+                }
+                Err(_) => return,
+            };
+            if let EventKind::ThreadUpdated {
+                status: agentserver::threads::ThreadStatus::Completed,
+                ..
+            } = &ev.kind
+            {
+                done += 1;
+                freed.add_permits(1);
+                if done == threads {
+                    let _ = done_tx.send(());
+                    return;
+                }
+            }
+        }
+    });
+    let started = Instant::now();
+    let cpu = process_cpu_secs();
+    for i in 0..threads {
+        sem.acquire().await.unwrap().forget();
+        o.inject(InjectRequest {
+            from: "api".into(),
+            to: "a".into(),
+            payload_xml: format!("<Note><text>n{i}</text></Note>"),
+            thread_id: None,
+        })
+        .unwrap();
+    }
+    if tokio::time::timeout(Duration::from_secs(60), done_rx)
+        .await
+        .is_err()
+    {
+        let info = o.info();
+        eprintln!(
+            "stuck: {} inputs open, {} active threads, {} pending messages, {} messages",
+            o.inputs().open_count(),
+            info.active_threads,
+            info.pending_messages,
+            info.total_messages
+        );
+    }
+    collector.abort();
+    let secs = started.elapsed().as_secs_f64();
+    let cpu_us = (process_cpu_secs() - cpu) * 1e6 / threads as f64;
+    if let Some(a) = approver {
+        a.abort();
+    }
+    o.stop().await;
+    (threads as f64 / secs, cpu_us)
+}
+
+/// CPU µs of one inbox write pair (an input inserted, then decided) on a store file.
+fn inbox_write_cost(n: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let table = agentserver::store::inputs::InputsTable::open(&dir.path().join("i.db")).unwrap();
+    let now = agentserver::time::Timestamp::now();
+    let row = |i: usize| agentserver::threads::InputRow {
+        id: format!("i{i}"),
+        kind: agentserver::threads::InputKind::Approval,
+        status: agentserver::threads::InputStatus::Open,
+        thread_id: format!("t{i}"),
+        message_id: format!("m{i}"),
+        listener: "b".into(),
+        tenant: None,
+        from: "a".into(),
+        parent_id: None,
+        slot_index: 1,
+        payload_type: "Note".into(),
+        payload_xml: "<Note><text>n</text></Note>".into(),
+        prompt: None,
+        requested_by: Some("api".into()),
+        created: now,
+        expires: None,
+        decided_by: None,
+        decided: None,
+        decision: None,
+        reason: None,
+        result: None,
+    };
+    let cpu = process_cpu_secs();
+    for i in 0..n {
+        let mut r = row(i);
+        table.insert(&r).unwrap();
+        r.status = agentserver::threads::InputStatus::Approved;
+        r.decided_by = Some("key:approver".into());
+        r.decided = Some(now);
+        r.decision = Some("approve".into());
+        table.decide(&r).unwrap();
+    }
+    (process_cpu_secs() - cpu) * 1e6 / n as f64
+}
+
+fn main() {
+    unsafe { agentserver::schema::use_mimalloc_for_libxml2() };
+    let mut args = std::env::args().skip(1);
+    let threads: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5000);
+    let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(3);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for r in 0..rounds {
+        for gated in [false, true] {
+            let (rate, cpu) = rt.block_on(round(gated, threads));
+            println!(
+                "round {} {:8} {rate:>9.0} threads/s {cpu:>7.1} µs CPU/thread",
+                r + 1,
+                if gated { "gated" } else { "ungated" }
+            );
+            out.push((gated, rate, cpu));
+        }
+    }
+    let write = inbox_write_cost(threads);
+    println!("one inbox write pair (insert + decide): {write:.1} µs CPU");
+    let ratios: Vec<String> = out
+        .chunks(2)
+        .map(|p| format!("{:.2}", (p[1].2 - p[0].2) / write))
+        .collect();
+    println!(
+        "{}",
+        serde_json::json!({
+            "threads": threads,
+            "rounds": out.iter().map(|(g, rate, cpu)| serde_json::json!({"gated": g, "threads_per_s": rate.round(), "cpu_us_per_thread": (cpu * 10.0).round() / 10.0})).collect::<Vec<_>>(),
+            "inbox_write_pair_cpu_us": (write * 10.0).round() / 10.0,
+            "gate_cost_in_write_pairs_per_round": ratios,
+        })
+    );
+}
