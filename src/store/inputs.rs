@@ -120,6 +120,15 @@ impl InputsTable {
             ])
         })
         .map_err(|e| self.fail(e))?;
+        // Every 1024 rows, the decided ones past the bound go (the oldest first).
+        let rowid = conn.last_insert_rowid();
+        if rowid % 1024 == 0 {
+            conn.execute(
+                "DELETE FROM inputs WHERE status != 'open' AND rowid <= ?1",
+                params![rowid - MAX_DECIDED_INPUTS],
+            )
+            .map_err(|e| self.fail(e))?;
+        }
         Ok(())
     }
 
@@ -143,20 +152,6 @@ impl InputsTable {
                 ])
             })
             .map_err(|e| self.fail(e))?;
-        let rowid: i64 = conn
-            .query_row("SELECT rowid FROM inputs WHERE id = ?1", [&r.id], |row| {
-                row.get(0)
-            })
-            .optional()
-            .map_err(|e| self.fail(e))?
-            .unwrap_or(0);
-        if rowid > 0 && rowid % 1024 == 0 {
-            conn.execute(
-                "DELETE FROM inputs WHERE status != 'open' AND rowid <= ?1",
-                params![rowid - MAX_DECIDED_INPUTS],
-            )
-            .map_err(|e| self.fail(e))?;
-        }
         Ok(n > 0)
     }
 
