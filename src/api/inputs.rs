@@ -112,13 +112,59 @@ pub struct Input {
     pub reason: Option<String>,
     /// The message an edit let through instead of the held one.
     pub result_message_id: Option<String>,
+    /// What a decision may send, while the input is open: for a question, each receiver
+    /// and payload type an answer may be (the listener's peers in its scope, and the one
+    /// who asked); for a held message, the types an edit may be. Each names where its
+    /// fields are described (`GET /agents/{to}/fields?type=T`).
+    pub answers: Vec<AnswerTarget>,
+}
+
+/// A receiver and a payload type a decision may send.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AnswerTarget {
+    pub to: String,
+    pub payload_type: String,
+    /// The route describing the type's fields.
+    pub fields: String,
+}
+
+/// What the open input `r` may send: an edit's types, or an answer's receivers and types.
+fn answer_targets(r: &InputRow, config: &crate::config::OrganismConfig) -> Vec<AnswerTarget> {
+    let target = |to: &crate::config::ListenerConfig, t: &crate::xml::PayloadType| AnswerTarget {
+        to: to.name.to_string(),
+        payload_type: t.to_string(),
+        fields: format!("/api/v1/agents/{}/fields?type={}", to.name, t.local_name()),
+    };
+    let Some(me) = config.listener(&r.listener) else {
+        return Vec::new();
+    };
+    if r.kind == crate::threads::InputKind::Approval {
+        return me.accepts.iter().map(|(t, _)| target(me, t)).collect();
+    }
+    config
+        .listeners
+        .iter()
+        .filter(|to| to.name != me.name)
+        .filter(|to| {
+            let asked = to.name.as_str() == r.from;
+            let named = me.names_peer(to.name.as_str());
+            asked || ((me.peers.is_none() || named) && me.may_reach(to, named))
+        })
+        .flat_map(|to| to.accepts.iter().map(move |(t, _)| target(to, t)))
+        .collect()
 }
 
 impl Input {
     pub fn of(r: &InputRow, organism: &crate::Organism) -> Self {
         let schemas = organism.schemas();
         let schema = schemas.get(&r.listener, &r.payload_type);
-        let allow = if r.status == crate::threads::InputStatus::Open {
+        let open = r.status == crate::threads::InputStatus::Open;
+        let answers = if open {
+            answer_targets(r, &organism.config())
+        } else {
+            Vec::new()
+        };
+        let allow = if open {
             organism
                 .inputs()
                 .allowed(&r.id)
@@ -151,6 +197,7 @@ impl Input {
             decision: r.decision.clone(),
             reason: r.reason.clone(),
             result_message_id: r.result.clone(),
+            answers,
         }
     }
 }

@@ -105,6 +105,11 @@ async fn a_held_message_waits_for_approval_and_then_runs() {
     assert_eq!(input["payload_type"], "Note");
     assert_eq!(input["payload_xml"], "<Note>refund 42</Note>");
     assert_eq!(input["allow"], json!(["approve", "reject", "edit"]));
+    assert_eq!(
+        input["answers"],
+        json!([{"to": "pay", "payload_type": "Note", "fields": "/api/v1/agents/pay/fields?type=Note"}]),
+        "an edit is a Note for pay"
+    );
     assert!(input["expires_at"].is_string(), "{input}");
     // A prompt naming fields the payload lacks is shown as written.
     assert_eq!(input["prompt"], "Pay {@n} -> {missing}");
@@ -700,6 +705,28 @@ async fn a_person_answers_a_question_with_payloads_routed_as_the_listeners_outpu
     let (thread, input) = asked(&s).await;
     assert_eq!(input["kind"], "question");
     assert_eq!(input["allow"], json!(["answer"]));
+    let answers: Vec<(String, String)> = input["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["to"].as_str().unwrap().into(),
+                a["payload_type"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        answers,
+        vec![
+            ("writer".to_string(), "Pong".to_string()),
+            ("c".to_string(), "Note".to_string())
+        ]
+    );
+    assert_eq!(
+        input["answers"][0]["fields"],
+        "/api/v1/agents/writer/fields?type=Pong"
+    );
     wait_thread(&s, &thread, "waiting").await;
     let question = input["message_id"].as_str().unwrap().to_string();
     let id = input["id"].as_str().unwrap();
