@@ -98,16 +98,22 @@ fn gateway(nats: &Nats) -> (Running, String) {
 
 /// Frames until the one saying the note to `c` in `thread` was delivered: its status
 /// change, or (on `/ws/messages`) its message frame written after it.
-async fn frames_until_done(ws: &mut Ws, thread: &str) -> Vec<Value> {
+async fn frames_until_done(ws: &mut Ws, threads: &[String]) -> Vec<Value> {
+    // Threads end in any order: read until every one's last message is delivered.
+    let mut waiting: std::collections::HashSet<&str> = threads.iter().map(String::as_str).collect();
     let mut frames = Vec::new();
     loop {
         let f = next_json(ws).await;
         let done = (f["event"] == "message_status" || f["event"] == "message")
-            && f["thread_id"] == thread
             && f["to"] == "c"
             && f["status"] == "delivered";
-        frames.push(f);
         if done {
+            if let Some(t) = f["thread_id"].as_str() {
+                waiting.remove(t);
+            }
+        }
+        frames.push(f);
+        if waiting.is_empty() {
             return frames;
         }
     }
@@ -138,9 +144,8 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
         let r = inject(&o, "a", &format!("<Note>n{i}</Note>"), None);
         threads.push(r.thread_id.to_string());
     }
-    let last = threads.last().unwrap().clone();
-    let pump_frames = frames_until_done(&mut at_pump, &last).await;
-    let gateway_frames = frames_until_done(&mut at_gateway, &last).await;
+    let pump_frames = frames_until_done(&mut at_pump, &threads).await;
+    let gateway_frames = frames_until_done(&mut at_gateway, &threads).await;
     // One of them may start earlier (a gateway client that came before the gateway read
     // its first event gets everything it read): from the later start on, they are equal.
     // (The pump's first frame is its `connected` snapshot, which a gateway has no data for.)
@@ -175,8 +180,8 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
     let more = inject(&o, "a", "<Note>for /ws</Note>", None)
         .thread_id
         .to_string();
-    let a = not_connected(frames_until_done(&mut ws_pump, &more).await);
-    let b = not_connected(frames_until_done(&mut ws_gateway, &more).await);
+    let a = not_connected(frames_until_done(&mut ws_pump, std::slice::from_ref(&more)).await);
+    let b = not_connected(frames_until_done(&mut ws_gateway, std::slice::from_ref(&more)).await);
     assert_eq!(
         a.iter()
             .filter(|f| f["seq"].as_u64() >= b[0]["seq"].as_u64())
@@ -196,6 +201,23 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
         (&refused["event"], &refused["code"], &refused["request_id"]),
         (&"error".into(), &"read_only".into(), &"r1".into())
     );
+    // A gateway decides no input, aborts no thread: it reads.
+    for (i, cmd) in [
+        serde_json::json!({"cmd": "approve", "input_id": "x"}),
+        serde_json::json!({"cmd": "abort", "thread_id": more}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut cmd = cmd;
+        cmd["request_id"] = serde_json::json!(i);
+        send_json(&mut ws_gateway, cmd).await;
+        let refused = next_json(&mut ws_gateway).await;
+        assert_eq!(
+            (&refused["code"], &refused["request_id"]),
+            (&"read_only".into(), &i.into())
+        );
+    }
     let last = more;
 
     // ...and resumes with `since` exactly as the pump does.
@@ -206,8 +228,9 @@ async fn a_gateway_serves_the_pumps_message_stream_and_restore_rebuilds_its_stor
         server.local_addr()
     ))
     .await;
-    let a = fold_statuses(frames_until_done(&mut resumed, &last).await);
-    let b = fold_statuses(frames_until_done(&mut resumed_at_pump, &last).await);
+    let a = fold_statuses(frames_until_done(&mut resumed, std::slice::from_ref(&last)).await);
+    let b =
+        fold_statuses(frames_until_done(&mut resumed_at_pump, std::slice::from_ref(&last)).await);
     assert_eq!(a, b);
     let messages = |frames: &[Value]| -> Vec<Value> {
         frames
@@ -594,7 +617,7 @@ async fn a_gateway_started_on_an_empty_stream_serves_what_comes() {
     let o = Organism::builder().load(&path).unwrap();
     let mirror = Mirroring::start(&o);
     let r = inject(&o, "a", "<Note>first of all</Note>", None);
-    let frames = frames_until_done(&mut client, &r.thread_id).await;
+    let frames = frames_until_done(&mut client, &[r.thread_id.to_string()]).await;
     assert_eq!(frames[0]["event"], "message");
     assert_eq!(frames[0]["payload_xml"], "<Note>first of all</Note>");
     // Protocol errors close with their status codes here too (commands are at most 64 KiB).
@@ -625,7 +648,7 @@ async fn an_event_over_nats_max_payload_does_not_stop_the_mirror() {
     settle(&o, &large.thread_id).await;
     let small = inject(&o, "a", "<Note>after the large one</Note>", None);
     settle(&o, &small.thread_id).await;
-    let frames = frames_until_done(&mut client, &small.thread_id).await;
+    let frames = frames_until_done(&mut client, &[small.thread_id.to_string()]).await;
     // The large message events went without frames (their small status events go with
     // theirs, unless the message's frame had shown the status already).
     let large_thread = |f: &&Value| f["thread_id"] == *large.thread_id;

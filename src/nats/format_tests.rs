@@ -28,6 +28,29 @@ fn events() -> Vec<Event> {
         timestamp: t,
         seq: 0,
     };
+    let open = crate::threads::InputRow {
+        id: "i1".into(),
+        kind: crate::threads::InputKind::Approval,
+        status: crate::threads::InputStatus::Open,
+        thread_id: "t1".into(),
+        message_id: "m2".into(),
+        listener: "payments".into(),
+        tenant: Some("acme".into()),
+        from: "planner".into(),
+        parent_id: Some("m1".into()),
+        slot_index: 3,
+        payload_type: "Refund".into(),
+        payload_xml: "<Refund><amount>120</amount></Refund>".into(),
+        prompt: Some("Refund 120".into()),
+        requested_by: Some("key:alice".into()),
+        created: t,
+        expires: Some(Timestamp(t.0 + 86_400_000)),
+        decided_by: None,
+        decided: None,
+        decision: None,
+        reason: None,
+        result: None,
+    };
     let kinds = vec![
         EventKind::AgentState {
             agent: "greeter".into(),
@@ -113,6 +136,20 @@ fn events() -> Vec<Event> {
             thread_id: Some("t1".into()),
             level: "warn".into(),
             message: "careful".into(),
+        },
+        EventKind::InputRequested {
+            input: Box::new(open.clone()),
+        },
+        EventKind::InputResolved {
+            input: Box::new(crate::threads::InputRow {
+                status: crate::threads::InputStatus::Approved,
+                decided_by: Some("key:bob".into()),
+                decided: Some(Timestamp(t.0 + 60_000)),
+                decision: Some("edit".into()),
+                reason: Some("capped".into()),
+                result: Some("m3".into()),
+                ..open
+            }),
         },
     ];
     kinds
