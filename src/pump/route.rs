@@ -397,18 +397,33 @@ impl Shared {
 
     /// Tells a sending listener that accepts `huh` that its message failed.
     fn send_huh(self: &Arc<Self>, to: &Arc<Listener>, about: &MessageRecord, kind: FailureKind) {
-        let huh = PayloadType::huh();
-        if about.payload_type.as_deref() == Some(huh.to_string().as_str())
-            || !to.config.accepts_type(&huh)
-        {
-            return;
-        }
         let generic = match kind {
             FailureKind::Undeliverable => GENERIC_UNDELIVERABLE,
             FailureKind::Invalid | FailureKind::Malformed => "rejected: invalid payload",
             FailureKind::Budget => "thread budget exceeded",
             _ => "handler failed",
         };
+        self.send_huh_saying(to, about, generic);
+    }
+
+    /// Whether `to` takes a `<huh>` about `about` (it lists `huh`, and `about` is not one).
+    pub(crate) fn wants_huh(to: &Listener, about: &MessageRecord) -> bool {
+        let huh = PayloadType::huh();
+        about.payload_type.as_deref() != Some(huh.to_string().as_str())
+            && to.config.accepts_type(&huh)
+    }
+
+    /// Sends `to` a `<huh>` about `about` with the text `generic` (never the error itself,
+    /// which may name what `to` may not see), if it takes one.
+    pub(crate) fn send_huh_saying(
+        self: &Arc<Self>,
+        to: &Arc<Listener>,
+        about: &MessageRecord,
+        generic: &str,
+    ) {
+        if !Self::wants_huh(to, about) {
+            return;
+        }
         let xml = format!(
             "<huh xmlns=\"{SYSTEM_NS}\"><error>{}</error><payload_type>{}</payload_type><message_id>{}</message_id></huh>",
             escape_text(generic),

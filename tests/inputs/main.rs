@@ -1178,3 +1178,57 @@ async fn an_input_can_be_decided_the_moment_it_is_told() {
         );
     }
 }
+
+/// A sender that takes `<huh>` hears that a person declined its message (and only then);
+/// the thread completes once it has handled it.
+#[tokio::test]
+async fn a_decline_sends_a_huh_to_a_sender_that_takes_one() {
+    let scripts = tempfile::tempdir().unwrap();
+    let script = scripts.path().join("a.lua");
+    std::fs::write(
+        &script,
+        "function handle(p, m)
+           if m.payload_type == 'huh' then return nil end
+           return { to = 'pay', xml = '<Note>' .. p .. '</Note>' }
+         end",
+    )
+    .unwrap();
+    let s = serve_with(
+        agentserver::Organism::builder(),
+        "",
+        &format!(
+            "  - {{name: a, description: planner, kind: lua, script: {}, schema: t.xsd, accepts: [Note, huh], peers: [pay]}}
+  - {{name: pay, description: payments, kind: native, handler: sink, schema: t.xsd, accepts: [Note], approval: {{}}}}",
+            script.display()
+        ),
+        ApiOptions::default(),
+    )
+    .await;
+    let (thread, input) = held(&s, "refund").await;
+    let id = input["id"].as_str().unwrap();
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/reject"),
+            json!({"reason": "no"}),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    wait_thread(&s, &thread, "completed").await;
+    let (_, t) = s.get(&format!("/api/v1/threads/{thread}")).await;
+    let ms = t["messages"].as_array().unwrap();
+    let huh = ms.iter().find(|m| m["from"] == "system").expect("a huh");
+    assert_eq!(huh["to"], "a");
+    assert_eq!(huh["status"], "delivered");
+    assert_eq!(huh["parent_id"], input["message_id"]);
+    assert!(
+        huh["payload_xml"]
+            .as_str()
+            .unwrap()
+            .contains("declined by a person"),
+        "{huh}"
+    );
+    assert!(
+        !huh["payload_xml"].as_str().unwrap().contains("no"),
+        "the reason stays in the inbox"
+    );
+}

@@ -331,6 +331,18 @@ impl Shared {
         if status == MessageStatus::Undeliverable {
             self.count_failure(crate::pump::FailureKind::Undeliverable);
         }
+        // A sender that takes `<huh>` hears of a decline; it is sent while the thread still
+        // counts the held message, so the thread goes on until it is handled.
+        if status == MessageStatus::Declined {
+            if let Some(sender) = topo.listeners.get(&*record.from) {
+                if Self::wants_huh(sender, &record) {
+                    if let Some(change) = self.threads.wake(&thread) {
+                        self.publish_thread(change);
+                    }
+                    self.send_huh_saying(sender, &record, "declined by a person");
+                }
+            }
+        }
         let change = self
             .threads
             .close_input(&thread, Some((record.slot_index, status, error.clone())));
