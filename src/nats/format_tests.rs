@@ -12,22 +12,8 @@ use crate::time::Timestamp;
 const FIXTURE: &str = "tests/fixtures/mirrored_events_v1.jsonl";
 
 /// One event of each kind with every optional part given, as today's pump writes them.
-fn events() -> Vec<Event> {
-    let t = Timestamp(1_764_000_000_123);
-    let message = MessageRecord {
-        id: Arc::from("m1"),
-        thread_id: Arc::from("t1"),
-        parent_id: Some(Arc::from("m0")),
-        slot_index: 2,
-        from: Arc::from("greeter"),
-        to: Some(Arc::from("shouter")),
-        payload_type: Some("{urn:x}Greeting".into()),
-        payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
-        status: MessageStatus::Delivered,
-        error: None,
-        timestamp: t,
-        seq: 0,
-    };
+/// An input opened and decided (an edit), as the mirror carries them.
+fn input_events(t: Timestamp) -> Vec<EventKind> {
     let open = crate::threads::InputRow {
         id: "i1".into(),
         kind: crate::threads::InputKind::Approval,
@@ -50,6 +36,40 @@ fn events() -> Vec<Event> {
         decision: None,
         reason: None,
         result: None,
+    };
+    vec![
+        EventKind::InputRequested {
+            input: Box::new(open.clone()),
+        },
+        EventKind::InputResolved {
+            input: Box::new(crate::threads::InputRow {
+                status: crate::threads::InputStatus::Approved,
+                decided_by: Some("key:bob".into()),
+                decided: Some(Timestamp(t.0 + 60_000)),
+                decision: Some("edit".into()),
+                reason: Some("capped".into()),
+                result: Some("m3".into()),
+                ..open
+            }),
+        },
+    ]
+}
+
+fn events() -> Vec<Event> {
+    let t = Timestamp(1_764_000_000_123);
+    let message = MessageRecord {
+        id: Arc::from("m1"),
+        thread_id: Arc::from("t1"),
+        parent_id: Some(Arc::from("m0")),
+        slot_index: 2,
+        from: Arc::from("greeter"),
+        to: Some(Arc::from("shouter")),
+        payload_type: Some("{urn:x}Greeting".into()),
+        payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
+        status: MessageStatus::Delivered,
+        error: None,
+        timestamp: t,
+        seq: 0,
     };
     let kinds = vec![
         EventKind::AgentState {
@@ -137,21 +157,8 @@ fn events() -> Vec<Event> {
             level: "warn".into(),
             message: "careful".into(),
         },
-        EventKind::InputRequested {
-            input: Box::new(open.clone()),
-        },
-        EventKind::InputResolved {
-            input: Box::new(crate::threads::InputRow {
-                status: crate::threads::InputStatus::Approved,
-                decided_by: Some("key:bob".into()),
-                decided: Some(Timestamp(t.0 + 60_000)),
-                decision: Some("edit".into()),
-                reason: Some("capped".into()),
-                result: Some("m3".into()),
-                ..open
-            }),
-        },
     ];
+    let kinds = kinds.into_iter().chain(input_events(t));
     kinds
         .into_iter()
         .enumerate()
