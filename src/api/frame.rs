@@ -119,7 +119,7 @@ enum Kind<'a> {
     },
     InputResolved {
         id: &'a str,
-        status: super::inputs::InputStatus,
+        status: super::view::InputStatus,
         decided_by: Option<&'a str>,
         decision: Option<&'a str>,
         reason: Option<&'a str>,

@@ -13,71 +13,12 @@ use serde::{Deserialize, Serialize};
 use super::auth::{unknown_thread, Seen, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::rest::page;
-use super::view::{Paged, Timestamp};
+use super::view::{InputKind, InputStatus, Paged, Timestamp};
 use super::ApiState;
 use crate::pump::{Answer, DecideError, Decider, Verdict};
 use crate::threads::{InputFilter, InputRow};
 
 type ApiResult<T> = Result<T, ApiError>;
-
-/// Where an input stands; only `open` changes, once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum InputStatus {
-    Open,
-    /// Let through, as it was or edited (`result_message_id`).
-    Approved,
-    /// Refused by a person: the message is `declined`.
-    Declined,
-    /// A question answered: its payloads were routed (`result_message_id`: the first).
-    Answered,
-    /// Nobody decided in time: the gate's `on_timeout` was applied (`decision`).
-    Expired,
-    /// Nobody decided in time: a new input holds the message for `escalate_to`'s approvers.
-    Escalated,
-    /// Withdrawn: its thread was killed.
-    Cancelled,
-}
-
-impl From<crate::threads::InputStatus> for InputStatus {
-    fn from(s: crate::threads::InputStatus) -> Self {
-        use crate::threads::InputStatus as S;
-        match s {
-            S::Open => InputStatus::Open,
-            S::Approved => InputStatus::Approved,
-            S::Declined => InputStatus::Declined,
-            S::Answered => InputStatus::Answered,
-            S::Expired => InputStatus::Expired,
-            S::Escalated => InputStatus::Escalated,
-            S::Cancelled => InputStatus::Cancelled,
-        }
-    }
-}
-
-impl From<InputStatus> for crate::threads::InputStatus {
-    fn from(s: InputStatus) -> Self {
-        use crate::threads::InputStatus as S;
-        match s {
-            InputStatus::Open => S::Open,
-            InputStatus::Approved => S::Approved,
-            InputStatus::Declined => S::Declined,
-            InputStatus::Answered => S::Answered,
-            InputStatus::Expired => S::Expired,
-            InputStatus::Escalated => S::Escalated,
-            InputStatus::Cancelled => S::Cancelled,
-        }
-    }
-}
-
-/// What an input waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum InputKind {
-    /// A message held at its listener's approval gate.
-    Approval,
-    /// A message to a `kind: human` listener, waiting for a person's answer.
-    Question,
-}
 
 /// An input: a message held at an approval gate, and its decision once taken.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -176,10 +117,7 @@ impl Input {
         };
         Input {
             id: r.id.clone(),
-            kind: match r.kind {
-                crate::threads::InputKind::Approval => InputKind::Approval,
-                crate::threads::InputKind::Question => InputKind::Question,
-            },
+            kind: r.kind.into(),
             status: r.status.into(),
             thread_id: r.thread_id.clone(),
             message_id: r.message_id.clone(),
@@ -340,10 +278,7 @@ pub async fn list_inputs(
     seen: Seen,
     Params(q): Params<InputQuery>,
 ) -> ApiResult<Json<Paged<Input>>> {
-    let kind = q.kind.map(|k| match k {
-        InputKind::Approval => crate::threads::InputKind::Approval,
-        InputKind::Question => crate::threads::InputKind::Question,
-    });
+    let kind = q.kind.map(Into::into);
     let filter = InputFilter {
         status: q.status.map(Into::into),
         listener: q.listener,

@@ -85,6 +85,35 @@ mirror!(
 );
 
 mirror!(
+    /// Where an input stands; only `open` changes, once.
+    InputStatus = crate::threads::InputStatus {
+        Open,
+        /// Let through, as it was or edited (`result_message_id`).
+        Approved,
+        /// Refused by a person: the message is `declined`.
+        Declined,
+        /// A question answered: its payloads were routed.
+        Answered,
+        /// Nobody decided in time: the gate's `on_timeout` was applied (`decision`).
+        Expired,
+        /// Nobody decided in time: a new input holds the message for `escalate_to`'s approvers.
+        Escalated,
+        /// Withdrawn: its thread was killed or aborted, or its listener removed.
+        Cancelled,
+    }
+);
+
+mirror!(
+    /// What an input waits for.
+    InputKind = crate::threads::InputKind {
+        /// A message held at its listener's approval gate.
+        Approval,
+        /// A message to a `kind: human` listener, waiting for a person's answer.
+        Question,
+    }
+);
+
+mirror!(
     AgentState = crate::events::AgentState {
         Idle,
         Processing,

@@ -32,7 +32,53 @@ pub(crate) enum Admitted {
     Refused(MessageRecord, ThreadError),
 }
 
+impl Admission {
+    /// The message it is logged as for `listener`, with `status` (and `error`); its payload
+    /// and approval.
+    pub(crate) fn into_message(
+        self,
+        listener: &Listener,
+        status: MessageStatus,
+        error: Option<String>,
+    ) -> (
+        NewMessage,
+        ValidatedPayload,
+        Option<Arc<crate::listener::Approved>>,
+    ) {
+        let m = NewMessage {
+            id: crate::threads::new_id(),
+            parent_id: self.parent_id,
+            from: self.from,
+            to: Some(listener.config.name.arc()),
+            payload_type: Some(self.valid.payload_type().written()),
+            payload_xml: self.valid.xml_arc(),
+            status,
+            error,
+        };
+        (m, self.valid, self.approval)
+    }
+}
+
 impl Shared {
+    /// Logs `m` in `thread`; if the log keeps its status (the thread is not killed nor over
+    /// its budget), publishes it: `Ok` with its `seq`, else `Err` with the record as logged
+    /// (not published: the caller answers for it).
+    pub(crate) fn log_kept(
+        &self,
+        thread: &str,
+        m: NewMessage,
+    ) -> Result<Result<MessageRecord, MessageRecord>, ThreadError> {
+        let status = m.status;
+        let mut record = self.threads.append(thread, m)?;
+        if record.status != status {
+            return Ok(Err(record));
+        }
+        record.seq = self.events.publish(EventKind::Message {
+            message: record.clone(),
+        });
+        Ok(Ok(record))
+    }
+
     /// Logs `admission` as a pending message for `listener` in `thread` and, if the log keeps
     /// it pending, publishes it, counts it and queues it; or, if the listener's approval gate
     /// holds it, logs it `held` and opens its input (`inputs.rs`). Fails when the thread is
@@ -64,31 +110,11 @@ impl Shared {
         if listener.config.kind == crate::config::ListenerKind::Human {
             return self.ask(thread, listener, admission);
         }
-        let Admission {
-            parent_id,
-            from,
-            valid,
-            approval,
-        } = admission;
-        let mut record = self.threads.append(
-            thread,
-            NewMessage {
-                id: crate::threads::new_id(),
-                parent_id,
-                from,
-                to: Some(listener.config.name.arc()),
-                payload_type: Some(valid.payload_type().written()),
-                payload_xml: valid.xml_arc(),
-                status: MessageStatus::Pending,
-                error: None,
-            },
-        )?;
-        if record.status != MessageStatus::Pending {
-            return Ok(Admitted::NotQueued(record));
-        }
-        record.seq = self.events.publish(EventKind::Message {
-            message: record.clone(),
-        });
+        let (m, valid, approval) = admission.into_message(listener, MessageStatus::Pending, None);
+        let record = match self.log_kept(thread, m)? {
+            Ok(record) => record,
+            Err(record) => return Ok(Admitted::NotQueued(record)),
+        };
         let id = record.id.clone();
         self.add_pending(1);
         self.enqueue(

@@ -11,7 +11,7 @@ use super::{DecideError, Decider, Held, InputKind, InputRow, InputStatus, Inputs
 use crate::events::EventKind;
 use crate::listener::Output;
 use crate::sync::lock;
-use crate::threads::{MessageStatus, NewMessage, ThreadError};
+use crate::threads::{MessageStatus, ThreadError};
 
 use super::super::admit::{Admission, Admitted};
 use super::super::dispatch::Listener;
@@ -39,35 +39,15 @@ impl Shared {
             return self.refuse_full(thread, listener, admission, e);
         }
         let human = listener.config.human.clone();
-        let Admission {
-            parent_id,
-            from,
-            valid,
-            ..
-        } = admission;
         let requested_by = self
             .threads
             .first_sender(thread)
-            .or_else(|| Some(from.clone()));
-        let mut record = self.threads.append(
-            thread,
-            NewMessage {
-                id: crate::threads::new_id(),
-                parent_id,
-                from,
-                to: Some(listener.config.name.arc()),
-                payload_type: Some(valid.payload_type().written()),
-                payload_xml: valid.xml_arc(),
-                status: MessageStatus::Delivered,
-                error: None,
-            },
-        )?;
-        if record.status != MessageStatus::Delivered {
-            return Ok(Admitted::NotQueued(record));
-        }
-        record.seq = self.events.publish(EventKind::Message {
-            message: record.clone(),
-        });
+            .or_else(|| Some(admission.from.clone()));
+        let (m, valid, _) = admission.into_message(listener, MessageStatus::Delivered, None);
+        let record = match self.log_kept(thread, m)? {
+            Ok(record) => record,
+            Err(record) => return Ok(Admitted::NotQueued(record)),
+        };
         let timeout = human
             .as_ref()
             .map_or(crate::config::approval::DEFAULT_HUMAN_REPLY_TIMEOUT, |h| {

@@ -9,7 +9,7 @@ use crate::config::approval::Approval;
 use crate::events::EventKind;
 use crate::schema::ValidatedPayload;
 use crate::sync::lock;
-use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError};
+use crate::threads::{MessageRecord, MessageStatus, ThreadError};
 use crate::time::Timestamp;
 use crate::xml::normalize_payload;
 
@@ -31,35 +31,15 @@ impl Shared {
         if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
             return self.refuse_full(thread, listener, admission, e);
         }
-        let Admission {
-            parent_id,
-            from,
-            valid,
-            ..
-        } = admission;
         let requested_by = self
             .threads
             .first_sender(thread)
-            .or_else(|| Some(from.clone()));
-        let mut record = self.threads.append(
-            thread,
-            NewMessage {
-                id: crate::threads::new_id(),
-                parent_id,
-                from,
-                to: Some(listener.config.name.arc()),
-                payload_type: Some(valid.payload_type().written()),
-                payload_xml: valid.xml_arc(),
-                status: MessageStatus::Held,
-                error: None,
-            },
-        )?;
-        if record.status != MessageStatus::Held {
-            return Ok(Admitted::NotQueued(record));
-        }
-        record.seq = self.events.publish(EventKind::Message {
-            message: record.clone(),
-        });
+            .or_else(|| Some(admission.from.clone()));
+        let (m, valid, _) = admission.into_message(listener, MessageStatus::Held, None);
+        let record = match self.log_kept(thread, m)? {
+            Ok(record) => record,
+            Err(record) => return Ok(Admitted::NotQueued(record)),
+        };
         let row = self.input_row(
             &record,
             &valid,
@@ -94,19 +74,9 @@ impl Shared {
         admission: Admission,
         e: ThreadError,
     ) -> Result<Admitted, ThreadError> {
-        let record = self.threads.append(
-            thread,
-            NewMessage {
-                id: crate::threads::new_id(),
-                parent_id: admission.parent_id,
-                from: admission.from,
-                to: Some(listener.config.name.arc()),
-                payload_type: Some(admission.valid.payload_type().written()),
-                payload_xml: admission.valid.xml_arc(),
-                status: MessageStatus::Failed,
-                error: Some(e.to_string()),
-            },
-        )?;
+        let (m, _, _) =
+            admission.into_message(listener, MessageStatus::Failed, Some(e.to_string()));
+        let record = self.threads.append(thread, m)?;
         self.count_failure(crate::pump::FailureKind::Undeliverable);
         Ok(Admitted::Refused(record, e))
     }
