@@ -205,6 +205,9 @@ pub struct AnswerBody {
     pub reason: Option<String>,
 }
 
+/// Payloads one answer may hold.
+pub const MAX_ANSWER_PAYLOADS: usize = 100;
+
 /// A rejection's body.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -470,6 +473,17 @@ pub(super) fn answer(
             .at("payload"))
         }
     };
+    if parts.len() > MAX_ANSWER_PAYLOADS {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "too_many_payloads",
+            format!(
+                "an answer holds at most {MAX_ANSWER_PAYLOADS} payloads (this one {})",
+                parts.len()
+            ),
+        )
+        .at("payloads"));
+    }
     let config = organism.config();
     let mut answers = Vec::with_capacity(parts.len());
     for (i, p) in parts.into_iter().enumerate() {

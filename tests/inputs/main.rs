@@ -739,6 +739,18 @@ async fn a_person_answers_a_question_with_payloads_routed_as_the_listeners_outpu
         .await;
     assert_eq!(code, 403, "{body}");
     assert_eq!(body["error"]["code"], "decision_not_allowed");
+    // Bounded: at most 100 payloads in one answer.
+    let many: Vec<Value> = (0..101)
+        .map(|_| json!({"payload_xml": "<Note>x</Note>", "to": "c"}))
+        .collect();
+    let (code, body) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/answer"),
+            json!({ "payloads": many }),
+        )
+        .await;
+    assert_eq!(code, 422, "{body}");
+    assert_eq!(body["error"]["code"], "too_many_payloads");
     // All or nothing: the second payload is of a type no peer takes.
     let (code, body) = s
         .post(
@@ -1231,4 +1243,38 @@ async fn a_decline_sends_a_huh_to_a_sender_that_takes_one() {
         !huh["payload_xml"].as_str().unwrap().contains("no"),
         "the reason stays in the inbox"
     );
+}
+
+/// Decided inputs kept in memory (an organism without a store) are bounded by bytes, not
+/// only by count: large payloads push the oldest out.
+#[tokio::test]
+async fn decided_inputs_in_memory_are_bounded_by_bytes() {
+    let s = gated("{}").await;
+    let big = "x".repeat(900 * 1024);
+    let mut first = None;
+    for _ in 0..20 {
+        let (code, body) = s
+            .post(
+                "/api/v1/inject",
+                json!({"to": "pay", "payload_xml": format!("<Note>{big}</Note>")}),
+            )
+            .await;
+        assert_eq!(code, 202, "{body}");
+        let thread = body["thread_id"].as_str().unwrap().to_string();
+        let input = wait_for_input(&s, &thread).await;
+        let id = input["id"].as_str().unwrap().to_string();
+        let (code, _) = s
+            .post(&format!("/api/v1/inputs/{id}/reject"), json!({}))
+            .await;
+        assert_eq!(code, 200);
+        first.get_or_insert(id);
+    }
+    let (code, _) = s.get(&format!("/api/v1/inputs/{}", first.unwrap())).await;
+    assert_eq!(
+        code, 404,
+        "the oldest decided input was let go (16 MiB kept)"
+    );
+    let (_, page) = s.get("/api/v1/inputs?status=declined&limit=0").await;
+    let kept = page["total"].as_u64().unwrap();
+    assert!((10..20).contains(&kept), "{kept} kept");
 }

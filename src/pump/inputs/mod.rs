@@ -41,8 +41,18 @@ pub(crate) use restore::EXPIRY_TICK;
 use super::{InjectError, Organism, Shared};
 
 /// Decided inputs kept in memory (newest), for a second decider's answer and for an
-/// organism without a store.
+/// organism without a store: at most this many...
 const RECENT_DECIDED: usize = 4096;
+/// ...and at most this many bytes of them (payloads, prompts, reasons).
+const RECENT_DECIDED_BYTES: usize = 16 * 1024 * 1024;
+
+/// About how many bytes holding `r` costs.
+fn weight(r: &InputRow) -> usize {
+    256 + r.payload_xml.len()
+        + r.prompt.as_ref().map_or(0, String::len)
+        + r.reason.as_ref().map_or(0, String::len)
+        + r.decision.as_ref().map_or(0, String::len)
+}
 
 /// Who decides: a principal as the pump sees it (the API maps its own).
 #[derive(Debug, Clone)]
@@ -114,7 +124,8 @@ struct Held {
 /// The open inputs, the recently decided ones, and the table that keeps them.
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
-    recent: Mutex<VecDeque<InputRow>>,
+    /// The newest decided inputs, and what they weigh together.
+    recent: Mutex<(VecDeque<InputRow>, usize)>,
     /// Decisions since start by (listener, decision): how many, and the seconds their
     /// inputs waited.
     decisions: Mutex<SeededMap<(String, String), (u64, f64)>>,
@@ -153,14 +164,18 @@ impl Inbox {
         entry.1 += waited;
         drop(decisions);
         let mut recent = lock(&self.recent);
-        if recent.len() >= RECENT_DECIDED {
-            recent.pop_front();
+        let (rows, bytes) = &mut *recent;
+        *bytes += weight(&row);
+        rows.push_back(row);
+        while rows.len() > RECENT_DECIDED || (*bytes > RECENT_DECIDED_BYTES && rows.len() > 1) {
+            if let Some(old) = rows.pop_front() {
+                *bytes = bytes.saturating_sub(weight(&old));
+            }
         }
-        recent.push_back(row);
     }
 
     fn decided(&self, id: &str) -> Option<InputRow> {
-        if let Some(r) = lock(&self.recent).iter().rev().find(|r| r.id == id) {
+        if let Some(r) = lock(&self.recent).0.iter().rev().find(|r| r.id == id) {
             return Some(r.clone());
         }
         self.table.as_ref()?.get(id).ok().flatten()
@@ -220,7 +235,7 @@ impl<'a> Inputs<'a> {
         if let Some(table) = &inbox.table {
             return table.page(filter, page);
         }
-        let mut all: Vec<InputRow> = lock(&inbox.recent).iter().cloned().collect();
+        let mut all: Vec<InputRow> = lock(&inbox.recent).0.iter().cloned().collect();
         all.extend(lock(&inbox.open).values().map(|h| h.row.clone()));
         all.retain(|r| filter.matches(r));
         all.sort_by(|a, b| b.created.cmp(&a.created).then(b.id.cmp(&a.id)));
