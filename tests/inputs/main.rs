@@ -1278,3 +1278,66 @@ async fn decided_inputs_in_memory_are_bounded_by_bytes() {
     let kept = page["total"].as_u64().unwrap();
     assert!((10..20).contains(&kept), "{kept} kept");
 }
+
+/// Hostile bodies at the inbox's routes: each is refused with what was wrong and where, or
+/// bounded, and the input stays as it was.
+#[tokio::test]
+async fn the_inboxs_routes_refuse_or_bound_what_a_client_sends() {
+    let s = gated("{}").await;
+    let (_, input) = held(&s, "target").await;
+    let id = input["id"].as_str().unwrap();
+    let approve = format!("/api/v1/inputs/{id}/approve");
+    for (body, code, what) in [
+        (
+            json!({"payload_xml": "<!DOCTYPE x [<!ENTITY a 'b'>]><Note>&a;</Note>"}),
+            422,
+            "malformed_xml",
+        ),
+        (
+            json!({"payload_xml": format!("<Note>{}</Note>", "x".repeat(2 * 1024 * 1024))}),
+            413,
+            "too_large",
+        ),
+        (json!({"verdict": "yes"}), 400, "invalid_json"),
+        (
+            json!({"payload": {"nested": [1, 2]}}),
+            422,
+            "invalid_payload",
+        ),
+    ] {
+        let (got, answer) = s.post(&approve, body).await;
+        assert_eq!(got, code, "{answer}");
+        assert_eq!(answer["error"]["code"], what, "{answer}");
+    }
+    // Not JSON at all.
+    let r = s
+        .http
+        .post(s.url(&approve))
+        .header("content-type", "text/plain")
+        .body("approve it")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let (_, still) = s.get(&format!("/api/v1/inputs/{id}")).await;
+    assert_eq!(still["status"], "open", "nothing changed");
+    // A reason is kept, cut to limits.max_error_bytes.
+    let (code, decided) = s
+        .post(
+            &format!("/api/v1/inputs/{id}/reject"),
+            json!({"reason": "r".repeat(100_000)}),
+        )
+        .await;
+    assert_eq!(code, 200, "{decided}");
+    let reason = decided["reason"].as_str().unwrap();
+    assert!(
+        reason.len() <= 4096 && reason.ends_with("bytes cut]"),
+        "{}",
+        reason.len()
+    );
+    // Ids that are not ids.
+    for bad in ["%00", "..%2F..%2Fetc", &"a".repeat(5000)] {
+        let (code, _) = s.get(&format!("/api/v1/inputs/{bad}")).await;
+        assert_eq!(code, 404, "{bad}");
+    }
+}
