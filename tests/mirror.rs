@@ -741,3 +741,72 @@ async fn restore_and_gateway_refuse_an_organism_with_no_stream() {
     }
     assert!(!store.exists());
 }
+
+/// A gateway reads the inbox: its `connected` lists the open inputs (a summary, from the
+/// mirrored snapshot), the `input_requested`/`input_resolved` events come through, and a
+/// decision is refused `read_only`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_shows_the_inbox_and_decides_nothing() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats);
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    let gated = yaml.replacen(
+        "handler: sink, schema: t.xsd, accepts: [Note]}",
+        "handler: sink, schema: t.xsd, accepts: [Note], approval: {prompt: 'keep {x}?'}}",
+        1,
+    );
+    assert_ne!(gated, yaml, "c is gated");
+    std::fs::write(&path, gated).unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let mirror = Mirroring::start(&o);
+    let held = inject(&o, "a", "<Note>hold me</Note>", None);
+    let (_gateway, gw) = gateway(&nats);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Value::Null));
+    wait_until_async("a gateway snapshot with the open input", || {
+        let (gw, seen) = (gw.clone(), seen.clone());
+        async move {
+            let mut ws = ws_connect(&format!("{gw}/ws")).await;
+            let frame = next_json(&mut ws).await;
+            let ok = frame["inputs_total"] == 1;
+            *seen.lock().unwrap() = frame;
+            ok
+        }
+    })
+    .await;
+    let connected = seen.lock().unwrap().clone();
+    let input = &connected["inputs"][0];
+    assert_eq!(input["listener"], "c");
+    assert_eq!(input["thread_id"], &*held.thread_id);
+    assert_eq!(input["status"], "open");
+    assert!(input.get("payload_xml").is_none(), "a summary: {input}");
+
+    let mut ws = ws_connect(&format!("{gw}/ws")).await;
+    let _ = next_json(&mut ws).await;
+    send_json(
+        &mut ws,
+        serde_json::json!({"cmd": "approve", "request_id": 1, "input_id": input["id"]}),
+    )
+    .await;
+    let refused = read_until(&mut ws, |f| f["request_id"] == 1).await;
+    assert_eq!(refused.last().unwrap()["code"], "read_only");
+    let id = input["id"].as_str().unwrap().to_string();
+    let who = agentserver::pump::Decider {
+        name: None,
+        role: agentserver::config::Role::Admin,
+        tenant: None,
+    };
+    o.inputs()
+        .decide(
+            &id,
+            &who,
+            agentserver::pump::Verdict::Approve {
+                reason: None,
+                payload_xml: None,
+            },
+        )
+        .unwrap();
+    let resolved = read_until(&mut ws, |f| f["event"] == "input_resolved").await;
+    assert_eq!(resolved.last().unwrap()["id"], id.as_str());
+    mirror.stop().await;
+}

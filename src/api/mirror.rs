@@ -34,12 +34,38 @@ pub async fn mirror_events(
                     .iter()
                     .filter_map(|l| Some((l.name.to_string(), l.tenant.clone()?)))
                     .collect();
+                let open = crate::threads::InputFilter {
+                    status: Some(crate::threads::InputStatus::Open),
+                    ..Default::default()
+                };
+                let page =
+                    crate::threads::Page::new(Some(crate::nats::mirror::SNAPSHOT_INPUTS), None);
+                // A summary of each: a gateway shows what waits, not the payloads.
+                let inputs: Vec<serde_json::Value> = organism
+                    .inputs()
+                    .list(&open, page)
+                    .map(|p| p.items)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|r| {
+                        serde_json::json!({
+                            "id": r.id, "kind": view::InputKind::from(r.kind),
+                            "status": view::InputStatus::from(r.status),
+                            "thread_id": r.thread_id, "message_id": r.message_id,
+                            "listener": r.listener, "from": r.from,
+                            "payload_type": r.payload_type, "prompt": r.prompt,
+                            "created_at": view::Timestamp::from(r.created),
+                            "expires_at": r.expires.map(view::Timestamp::from),
+                        })
+                    })
+                    .collect();
                 serde_json::to_vec(&serde_json::json!({
                     "seq": seq,
                     "organism": view::Organism::from(organism.info()),
                     "agents": agents,
                     "threads": threads,
                     "tenants": tenants,
+                    "inputs": inputs,
                 }))
                 .ok()
                 .map(Into::into)

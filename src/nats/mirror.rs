@@ -469,7 +469,15 @@ pub struct Snapshot {
     /// a gateway's tenant scopes come from; absent from a pump that does not send it.
     #[serde(default)]
     pub tenants: Option<std::collections::BTreeMap<String, String>>,
+    /// The open inputs, newest first (at most [`SNAPSHOT_INPUTS`]), each without its
+    /// payload (`id, kind, status, thread_id, message_id, listener, from, payload_type,
+    /// prompt, created_at, expires_at`).
+    #[serde(default)]
+    pub inputs: Vec<serde_json::Value>,
 }
+
+/// Open inputs a mirrored snapshot lists at most.
+pub const SNAPSHOT_INPUTS: usize = 1000;
 
 /// Every snapshot from the latest on, until `stop`.
 pub async fn follow_snapshots(

@@ -49,8 +49,15 @@ pub(super) fn connected(
                 }
             })
             .collect();
+        let inputs: Vec<&serde_json::Value> = snapshot
+            .inputs
+            .iter()
+            .filter(|i| scope.everything() || i["listener"].as_str().is_some_and(|l| scope.sees(l)))
+            .collect();
         frame["agents"] = json!(agents);
         frame["threads"] = json!(threads);
+        frame["inputs_total"] = json!(inputs.len());
+        frame["inputs"] = json!(inputs);
     }
     frame["filter"] = json!(filter);
     text(&frame)
