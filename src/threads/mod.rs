@@ -143,6 +143,9 @@ pub struct ThreadRegistry {
     retain_finished: usize,
     /// Bytes of finished threads' messages kept, at most (oldest finished evicted first).
     retain_bytes: usize,
+    /// Bytes held elsewhere that count against `retain_bytes` (payloads held at approval
+    /// gates): finished threads keep that much less.
+    reserved: std::sync::atomic::AtomicUsize,
 }
 
 impl ThreadRegistry {
@@ -156,6 +159,7 @@ impl ThreadRegistry {
             max_messages: max_messages_per_thread,
             retain_finished,
             retain_bytes,
+            reserved: Default::default(),
         }
     }
 
@@ -373,6 +377,12 @@ impl ThreadRegistry {
         }
     }
 
+    /// Sets the bytes held elsewhere that count against the finished threads' byte budget.
+    pub fn reserve_bytes(&self, bytes: usize) {
+        self.reserved
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Records a failure on the thread (the first one is kept).
     pub fn record_error(&self, thread: &str, error: &str) {
         let mut shard = lock(self.shard(thread));
@@ -483,7 +493,8 @@ impl ThreadRegistry {
         shard.finished.push_back((Arc::from(thread), weight));
         shard.finished_bytes += weight;
         let cap = self.retain_finished / SHARDS + 1;
-        let byte_cap = self.retain_bytes / SHARDS;
+        let reserved = self.reserved.load(std::sync::atomic::Ordering::Relaxed);
+        let byte_cap = self.retain_bytes.saturating_sub(reserved) / SHARDS;
         // The thread just finished stays (its inject's answer may still read it).
         while shard.finished.len() > cap
             || (shard.finished_bytes > byte_cap && shard.finished.len() > 1)

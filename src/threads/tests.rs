@@ -95,3 +95,28 @@ fn an_owner_has_at_most_its_quota_of_active_threads() {
     r.hold(&c);
     assert_eq!(r.active_owned("acme"), 2);
 }
+
+/// Bytes reserved (payloads held at approval gates) count against what finished threads
+/// keep: with half the budget reserved, about half as many stay.
+#[test]
+fn reserved_bytes_leave_finished_threads_less_room() {
+    let retained = |reserved: usize| {
+        let r = ThreadRegistry::new(10, 100_000, SHARDS * 2_000);
+        r.reserve_bytes(reserved);
+        let big = "<X>".to_string() + &"x".repeat(600) + "</X>";
+        let mut ids = Vec::new();
+        for _ in 0..256 {
+            let t = r.open(None, None).unwrap().id;
+            let mut m = msg(MessageStatus::Pending);
+            m.payload_xml = crate::xml::SharedXml::new(big.clone());
+            r.append(&t, m).unwrap();
+            r.finish_one(&t).unwrap();
+            ids.push(t);
+        }
+        ids.iter().filter(|t| r.contains(t)).count()
+    };
+    let all = retained(0);
+    let half = retained(SHARDS * 1_000);
+    assert!(all >= 2 * SHARDS, "{all}");
+    assert!(half < all && half >= SHARDS, "{half} of {all}");
+}

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use super::{DecideError, Decider, Held, InputKind, InputRow, InputStatus, Inputs, Shared};
 use crate::events::EventKind;
 use crate::listener::Output;
-use crate::sync::lock;
 use crate::threads::{MessageStatus, ThreadError};
 
 use super::super::admit::{Admission, Admitted};
@@ -85,7 +84,7 @@ impl Shared {
         mut decided: InputRow,
         answers: Vec<Answer>,
     ) -> Result<InputRow, DecideError> {
-        let Some(held) = lock(&self.inbox.open).remove(decided.id.as_str()) else {
+        let Some(held) = self.take_open(decided.id.as_str()) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id),

@@ -8,7 +8,6 @@ use super::{approved, DecideError, Held, InputKind, InputRow, InputStatus, Share
 use crate::config::approval::Approval;
 use crate::events::EventKind;
 use crate::schema::ValidatedPayload;
-use crate::sync::lock;
 use crate::threads::{MessageRecord, MessageStatus, ThreadError};
 use crate::time::Timestamp;
 use crate::xml::normalize_payload;
@@ -102,7 +101,7 @@ impl Shared {
         let told = EventKind::InputRequested {
             input: Box::new(row.clone()),
         };
-        lock(&self.inbox.open).insert(Arc::from(row.id.as_str()), held);
+        self.keep_open(held);
         self.events.publish(told);
     }
 
@@ -245,7 +244,7 @@ impl Shared {
         if decided.kind == InputKind::Question {
             return self.close_question(decided, Vec::new());
         }
-        let Some(held) = lock(&self.inbox.open).remove(decided.id.as_str()) else {
+        let Some(held) = self.take_open(decided.id.as_str()) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id),

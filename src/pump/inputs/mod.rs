@@ -131,6 +131,8 @@ pub(crate) struct Inbox {
     decisions: Mutex<SeededMap<(String, String), (u64, f64)>>,
     /// Notification attempts that failed (`approval.notify`).
     notify_failures: std::sync::atomic::AtomicU64,
+    /// Bytes of the open inputs' payloads, changed with the open map.
+    held_bytes: std::sync::atomic::AtomicUsize,
     table: Option<InputsTable>,
     pub(crate) clock: Clock,
 }
@@ -142,6 +144,7 @@ impl Inbox {
             recent: Mutex::default(),
             decisions: Mutex::default(),
             notify_failures: Default::default(),
+            held_bytes: Default::default(),
             table,
             clock,
         }
@@ -198,11 +201,34 @@ impl Inbox {
     }
 
     fn held_totals(&self) -> (usize, usize) {
-        let open = lock(&self.open);
         (
-            open.len(),
-            open.values().map(|h| h.row.payload_xml.len()).sum(),
+            lock(&self.open).len(),
+            self.held_bytes.load(Ordering::Relaxed),
         )
+    }
+}
+
+impl Shared {
+    /// Keeps `held` open; its payload's bytes count against what history keeps in memory
+    /// (`limits.max_retained_bytes`).
+    fn keep_open(&self, held: Held) {
+        let bytes = held.row.payload_xml.len();
+        lock(&self.inbox.open).insert(Arc::from(held.row.id.as_str()), held);
+        let total = self.inbox.held_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.threads.reserve_bytes(total);
+    }
+
+    /// Takes the open input `id` (whoever takes it decides it).
+    fn take_open(&self, id: &str) -> Option<Held> {
+        let held = lock(&self.inbox.open).remove(id)?;
+        let bytes = held.row.payload_xml.len();
+        let total = self
+            .inbox
+            .held_bytes
+            .fetch_sub(bytes, Ordering::Relaxed)
+            .saturating_sub(bytes);
+        self.threads.reserve_bytes(total);
+        Some(held)
     }
 }
 

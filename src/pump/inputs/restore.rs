@@ -55,7 +55,7 @@ impl Shared {
     /// message for `escalate_to`'s approvers, expiring after its `reply_timeout` (then
     /// declined). False if the input was decided meanwhile.
     fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
-        let Some(mut held) = lock(&self.inbox.open).remove(row.id.as_str()) else {
+        let Some(mut held) = self.take_open(row.id.as_str()) else {
             return false;
         };
         let gate = held.approval.clone();
@@ -199,16 +199,13 @@ impl Shared {
             let listener = topo.listeners.get(row.listener.as_str());
             let approval = listener.and_then(|l| l.config.approval.clone());
             let human = listener.and_then(|l| l.config.human.clone());
-            lock(&self.inbox.open).insert(
-                Arc::from(row.id.as_str()),
-                Held {
-                    row,
-                    record,
-                    valid: None,
-                    approval,
-                    human,
-                },
-            );
+            self.keep_open(Held {
+                row,
+                record,
+                valid: None,
+                approval,
+                human,
+            });
         }
     }
 }
