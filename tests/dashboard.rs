@@ -888,10 +888,13 @@ async fn the_inbox_approves_and_answers_from_the_page() {
     .await;
     assert!(c.axe_violations().await.is_empty(), "axe on the inbox");
     c.click("#inbox-list li.input-open button.approve").await;
-    assert_eq!(
-        settle(&o, &held.thread_id).await,
-        agentserver::threads::ThreadStatus::Completed
-    );
+    // The thread waits until the page's approval lands, then completes.
+    wait_until_async("the approved thread completes", || {
+        let done = o.threads().status(&held.thread_id)
+            == Some(agentserver::threads::ThreadStatus::Completed);
+        async move { done }
+    })
+    .await;
     c.wait(
         "$('tab-inbox').textContent === 'Inbox'",
         "the inbox empty again",
