@@ -47,10 +47,9 @@ impl Shared {
             approval.timeout,
             requested_by.map(|r| r.to_string()),
         );
-        if let Some(n) = &approval.notify {
-            self.notify(n, &row);
-        }
         let message_id = record.id.clone();
+        // Told once open: whoever is notified may decide at once.
+        let notify = approval.notify.clone().map(|n| (n, row.clone()));
         self.open_input(Held {
             row,
             record,
@@ -58,6 +57,9 @@ impl Shared {
             approval: Some(approval),
             human: None,
         });
+        if let Some((n, row)) = notify {
+            self.notify(&n, &row);
+        }
         if let Some(change) = self.threads.settle(thread) {
             self.publish_thread(change);
         }
