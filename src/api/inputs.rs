@@ -140,6 +140,24 @@ impl Input {
     }
 }
 
+/// An input without its payload, as a `connected` frame (the pump's and a gateway's)
+/// lists it: bounded whatever the payloads weigh.
+pub fn summary(r: &InputRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": r.id,
+        "kind": InputKind::from(r.kind),
+        "status": InputStatus::from(r.status),
+        "thread_id": r.thread_id,
+        "message_id": r.message_id,
+        "listener": r.listener,
+        "from": r.from,
+        "payload_type": r.payload_type,
+        "prompt": r.prompt,
+        "created_at": Timestamp::from(r.created),
+        "expires_at": r.expires.map(Timestamp::from),
+    })
+}
+
 /// Filters of `/inputs`.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -47,17 +47,7 @@ pub async fn mirror_events(
                     .map(|p| p.items)
                     .unwrap_or_default()
                     .iter()
-                    .map(|r| {
-                        serde_json::json!({
-                            "id": r.id, "kind": view::InputKind::from(r.kind),
-                            "status": view::InputStatus::from(r.status),
-                            "thread_id": r.thread_id, "message_id": r.message_id,
-                            "listener": r.listener, "from": r.from,
-                            "payload_type": r.payload_type, "prompt": r.prompt,
-                            "created_at": view::Timestamp::from(r.created),
-                            "expires_at": r.expires.map(view::Timestamp::from),
-                        })
-                    })
+                    .map(super::inputs::summary)
                     .collect();
                 serde_json::to_vec(&serde_json::json!({
                     "seq": seq,

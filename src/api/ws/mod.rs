@@ -209,7 +209,7 @@ fn snapshot(s: &mut Session<Pump>, seq: u64) -> Value {
         };
         frame["inputs"] = json!(items
             .iter()
-            .map(|r| crate::api::inputs::Input::of(r, organism))
+            .map(crate::api::inputs::summary)
             .collect::<Vec<_>>());
         frame["inputs_total"] = json!(total);
     }
