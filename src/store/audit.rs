@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use rusqlite::{params, params_from_iter, Connection};
+use rusqlite::{params, Connection};
 
 use super::open::side_connection;
-use super::{err, ms, StoreError};
+use super::{err, ms, page_of, StoreError};
 use crate::sync::lock;
 use crate::threads::{Page, Paged};
 use crate::time::Timestamp;
@@ -132,45 +132,26 @@ impl AuditTable {
             args.push(V::Integer(ms(t)));
         }
         let filter = clauses.join(" AND ");
-        let conn = lock(&self.conn);
-        let total: i64 = conn
-            .query_row(
-                &format!("SELECT COUNT(*) FROM audit WHERE {filter}"),
-                params_from_iter(args.iter()),
-                |r| r.get(0),
-            )
-            .map_err(|e| self.fail(e))?;
-        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX);
-        let offset = i64::try_from(page.offset).unwrap_or(i64::MAX);
-        let mut all = args.clone();
-        all.push(V::Integer(limit));
-        all.push(V::Integer(offset));
-        let items = conn
-            .prepare(&format!(
-                "SELECT ts, who, role, tenant, action, target, result, remote FROM audit \
-                 WHERE {filter} ORDER BY id DESC LIMIT ? OFFSET ?"
-            ))
-            .and_then(|mut st| {
-                st.query_map(params_from_iter(all.iter()), |r| {
-                    Ok(AuditRow {
-                        ts: Timestamp(r.get::<_, i64>(0)?.max(0) as u64),
-                        who: r.get(1)?,
-                        role: r.get(2)?,
-                        tenant: r.get(3)?,
-                        action: r.get(4)?,
-                        target: r.get(5)?,
-                        result: r.get(6)?,
-                        remote: r.get(7)?,
-                    })
-                })?
-                .collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .map_err(|e| self.fail(e))?;
-        Ok(Paged {
-            items,
-            total: total.max(0) as u64,
-            limit: page.limit,
-            offset: page.offset,
-        })
+        let columns = "ts, who, role, tenant, action, target, result, remote";
+        page_of(
+            &lock(&self.conn),
+            ("audit", columns, "id DESC"),
+            &filter,
+            &args,
+            page,
+            |r| {
+                Ok(AuditRow {
+                    ts: Timestamp(r.get::<_, i64>(0)?.max(0) as u64),
+                    who: r.get(1)?,
+                    role: r.get(2)?,
+                    tenant: r.get(3)?,
+                    action: r.get(4)?,
+                    target: r.get(5)?,
+                    result: r.get(6)?,
+                    remote: r.get(7)?,
+                })
+            },
+        )
+        .map_err(|e| self.fail(e))
     }
 }

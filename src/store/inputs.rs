@@ -7,10 +7,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::open::side_connection;
-use super::{err, ms, StoreError};
+use super::{err, ms, page_of, StoreError};
 use crate::sync::lock;
 use crate::threads::{InputFilter, InputKind, InputRow, InputStatus, Page, Paged};
 use crate::time::Timestamp;
@@ -199,31 +199,14 @@ impl InputsTable {
         eq("kind", f.kind.map(word));
         eq("tenant", f.tenant.clone());
         let filter = clauses.join(" AND ");
-        let conn = lock(&self.conn);
-        let total: i64 = conn
-            .query_row(
-                &format!("SELECT COUNT(*) FROM inputs WHERE {filter}"),
-                params_from_iter(args.iter()),
-                |r| r.get(0),
-            )
-            .map_err(|e| self.fail(e))?;
-        let mut all = args.clone();
-        all.push(V::Integer(i64::try_from(page.limit).unwrap_or(i64::MAX)));
-        all.push(V::Integer(i64::try_from(page.offset).unwrap_or(i64::MAX)));
-        let items = conn
-            .prepare(&format!(
-                "SELECT {COLUMNS} FROM inputs WHERE {filter} ORDER BY rowid DESC LIMIT ? OFFSET ?"
-            ))
-            .and_then(|mut st| {
-                st.query_map(params_from_iter(all.iter()), read_row)?
-                    .collect::<rusqlite::Result<Vec<_>>>()
-            })
-            .map_err(|e| self.fail(e))?;
-        Ok(Paged {
-            items,
-            total: total.max(0) as u64,
-            limit: page.limit,
-            offset: page.offset,
-        })
+        page_of(
+            &lock(&self.conn),
+            ("inputs", COLUMNS, "rowid DESC"),
+            &filter,
+            &args,
+            page,
+            read_row,
+        )
+        .map_err(|e| self.fail(e))
     }
 }

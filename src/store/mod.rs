@@ -235,6 +235,40 @@ fn ms(t: crate::time::Timestamp) -> i64 {
     i64::try_from(t.0).unwrap_or(i64::MAX)
 }
 
+/// One page of a side table's rows, newest first, with its total: `SELECT {columns} FROM
+/// {table} WHERE {filter} ORDER BY {order}` at `page`, and the count of the same filter,
+/// with the same `args`. What the audit log and the inbox page with.
+fn page_of<T>(
+    conn: &rusqlite::Connection,
+    (table, columns, order): (&str, &str, &str),
+    filter: &str,
+    args: &[rusqlite::types::Value],
+    page: crate::threads::Page,
+    read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<crate::threads::Paged<T>> {
+    use rusqlite::types::Value as V;
+    let total: i64 = conn.query_row(
+        &format!("SELECT COUNT(*) FROM {table} WHERE {filter}"),
+        rusqlite::params_from_iter(args.iter()),
+        |r| r.get(0),
+    )?;
+    let mut all = args.to_vec();
+    all.push(V::Integer(i64::try_from(page.limit).unwrap_or(i64::MAX)));
+    all.push(V::Integer(i64::try_from(page.offset).unwrap_or(i64::MAX)));
+    let items = conn
+        .prepare(&format!(
+            "SELECT {columns} FROM {table} WHERE {filter} ORDER BY {order} LIMIT ? OFFSET ?"
+        ))?
+        .query_map(rusqlite::params_from_iter(all.iter()), read)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok(crate::threads::Paged {
+        items,
+        total: total.max(0) as u64,
+        limit: page.limit,
+        offset: page.offset,
+    })
+}
+
 fn err(path: &Path, message: impl std::fmt::Display) -> StoreError {
     StoreError {
         path: path.display().to_string(),
