@@ -284,9 +284,6 @@ impl From<DecideError> for ApiError {
             DecideError::Stopping => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message)
             }
-            DecideError::Store(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "store_failed", message)
-            }
         }
     }
 }
@@ -312,12 +309,7 @@ pub async fn list_inputs(
         .inputs()
         .list(&filter, page(q.limit, q.offset))
         .map_err(ApiError::from)?;
-    Ok(Json(Paged {
-        items: found.items.iter().map(|r| Input::of(r, organism)).collect(),
-        total: found.total,
-        limit: found.limit,
-        offset: found.offset,
-    }))
+    Ok(Json(Paged::map(found, |r| Input::of(&r, organism))))
 }
 
 /// The input `id` as `seen` may see it (a tenant's own), or 404.

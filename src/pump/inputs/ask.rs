@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use super::{DecideError, Decider, Held, InputKind, InputRow, InputStatus, Inputs, Shared};
+use super::{
+    DecideError, Decider, Held, InputKind, InputRow, InputStatus, Inputs, Opening, Shared,
+};
 use crate::events::EventKind;
 use crate::listener::Output;
 use crate::threads::{MessageStatus, ThreadError};
@@ -34,33 +36,22 @@ impl Shared {
         listener: &Arc<Listener>,
         admission: Admission,
     ) -> Result<Admitted, ThreadError> {
-        if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
-            return self.refuse_full(thread, listener, admission, e);
-        }
         let human = listener.config.human.clone();
-        let requested_by = self
-            .threads
-            .first_sender(thread)
-            .or_else(|| Some(admission.from.clone()));
-        let (m, valid, _) = admission.into_message(listener, MessageStatus::Delivered, None);
-        let record = match self.log_kept(thread, m)? {
-            Ok(record) => record,
-            Err(record) => return Ok(Admitted::NotQueued(record)),
-        };
         let timeout = human
             .as_ref()
             .map_or(crate::config::approval::DEFAULT_HUMAN_REPLY_TIMEOUT, |h| {
                 h.reply_timeout
             });
-        let mut row = self.input_row(
-            &record,
-            &valid,
-            listener,
-            None,
-            Some(timeout),
-            requested_by.map(|r| r.to_string()),
-        );
-        row.kind = InputKind::Question;
+        let opening = Opening {
+            status: MessageStatus::Delivered,
+            kind: InputKind::Question,
+            prompt: None,
+            timeout: Some(timeout),
+        };
+        let (record, _, row) = match self.log_input(thread, listener, admission, opening)? {
+            Ok(logged) => logged,
+            Err(answered) => return Ok(answered),
+        };
         let message_id = record.id.clone();
         // Counted by the thread before anyone can answer it.
         if let Some(change) = self.threads.open_input(thread) {

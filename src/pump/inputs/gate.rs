@@ -4,12 +4,13 @@
 
 use std::sync::Arc;
 
-use super::{approved, DecideError, Held, InputKind, InputRow, InputStatus, Shared};
+use super::{
+    approved, expires, DecideError, Held, InputKind, InputRow, InputStatus, Opening, Shared,
+};
 use crate::config::approval::Approval;
 use crate::events::EventKind;
 use crate::schema::ValidatedPayload;
 use crate::threads::{MessageRecord, MessageStatus, ThreadError};
-use crate::time::Timestamp;
 use crate::xml::normalize_payload;
 
 use super::super::admit::{Admission, Admitted};
@@ -27,26 +28,16 @@ impl Shared {
         admission: Admission,
         approval: Arc<Approval>,
     ) -> Result<Admitted, ThreadError> {
-        if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
-            return self.refuse_full(thread, listener, admission, e);
-        }
-        let requested_by = self
-            .threads
-            .first_sender(thread)
-            .or_else(|| Some(admission.from.clone()));
-        let (m, valid, _) = admission.into_message(listener, MessageStatus::Held, None);
-        let record = match self.log_kept(thread, m)? {
-            Ok(record) => record,
-            Err(record) => return Ok(Admitted::NotQueued(record)),
+        let opening = Opening {
+            status: MessageStatus::Held,
+            kind: InputKind::Approval,
+            prompt: approval.prompt.as_deref(),
+            timeout: approval.timeout,
         };
-        let row = self.input_row(
-            &record,
-            &valid,
-            listener,
-            approval.prompt.as_deref(),
-            approval.timeout,
-            requested_by.map(|r| r.to_string()),
-        );
+        let (record, valid, row) = match self.log_input(thread, listener, admission, opening)? {
+            Ok(logged) => logged,
+            Err(answered) => return Ok(answered),
+        };
         let message_id = record.id.clone();
         // Told once open: whoever is notified may decide at once.
         let notify = approval.notify.clone().map(|n| (n, row.clone()));
@@ -166,19 +157,30 @@ impl Shared {
         }
     }
 
-    /// The open input of `record` at `listener`: its `prompt` filled from the payload,
-    /// expiring `timeout` from now.
-    pub(super) fn input_row(
+    /// Logs `admission` for `listener` as `opening` says and makes its input's row: past
+    /// the inbox's limits it is logged `failed` instead, and a thread that does not keep it
+    /// (killed, over budget) logs it as it does; either is the answer (`Err`). Else the
+    /// record, its payload and the row, its prompt filled from the payload.
+    pub(super) fn log_input(
         &self,
-        record: &MessageRecord,
-        valid: &ValidatedPayload,
+        thread: &str,
         listener: &Listener,
-        prompt: Option<&str>,
-        timeout: Option<std::time::Duration>,
-        requested_by: Option<String>,
-    ) -> InputRow {
-        let now = self.inbox.clock.now();
-        let prompt = prompt.map(|p| {
+        admission: Admission,
+        opening: Opening<'_>,
+    ) -> Result<Result<(MessageRecord, ValidatedPayload, InputRow), Admitted>, ThreadError> {
+        if let Some(e) = self.gates_full(thread, listener, admission.valid.xml().len()) {
+            return self.refuse_full(thread, listener, admission, e).map(Err);
+        }
+        let requested_by = self
+            .threads
+            .first_sender(thread)
+            .unwrap_or_else(|| admission.from.clone());
+        let (m, valid, _) = admission.into_message(listener, opening.status, None);
+        let record = match self.log_kept(thread, m)? {
+            Ok(record) => record,
+            Err(record) => return Ok(Err(Admitted::NotQueued(record))),
+        };
+        let prompt = opening.prompt.map(|p| {
             let fields = valid.to_json();
             crate::listener::fill(
                 p,
@@ -187,10 +189,10 @@ impl Shared {
             )
             .unwrap_or_else(|_| p.to_string())
         });
-        let ms = |t: std::time::Duration| u64::try_from(t.as_millis()).unwrap_or(u64::MAX);
-        InputRow {
+        let now = self.inbox.clock.now();
+        let row = InputRow {
             id: crate::threads::new_id().to_string(),
-            kind: InputKind::Approval,
+            kind: opening.kind,
             status: InputStatus::Open,
             thread_id: record.thread_id.to_string(),
             message_id: record.id.to_string(),
@@ -202,15 +204,16 @@ impl Shared {
             payload_type: valid.payload_type().written().to_string(),
             payload_xml: valid.xml().to_string(),
             prompt,
-            requested_by,
+            requested_by: Some(requested_by.to_string()),
             created: now,
-            expires: timeout.map(|t| Timestamp(now.0.saturating_add(ms(t)))),
+            expires: opening.timeout.map(|t| expires(now, t)),
             decided_by: None,
             decided: None,
             decision: None,
             reason: None,
             result: None,
-        }
+        };
+        Ok(Ok((record, valid, row)))
     }
 
     /// A payload `listener` accepts, from XML: normalized and validated as an inject is.

@@ -105,8 +105,21 @@ pub enum DecideError {
     InvalidAnswer(Vec<String>),
     #[error("the organism is stopping")]
     Stopping,
-    #[error("the store could not record the decision: {0}")]
-    Store(crate::store::StoreError),
+}
+
+/// What an input is opened with: the status its message is logged with, its kind, its
+/// prompt (a template over the payload's fields) and how long it waits.
+pub(super) struct Opening<'a> {
+    pub status: crate::threads::MessageStatus,
+    pub kind: InputKind,
+    pub prompt: Option<&'a str>,
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// When an input opened `now` that waits `timeout` expires.
+fn expires(now: crate::time::Timestamp, timeout: std::time::Duration) -> crate::time::Timestamp {
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    crate::time::Timestamp(now.0.saturating_add(ms))
 }
 
 /// One open input.

@@ -94,12 +94,12 @@ impl Shared {
         escalated.on_timeout = OnTimeout::Reject;
         escalated.escalate_to = None;
         escalated.notify = None;
-        let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+
         held.row = InputRow {
             id: crate::threads::new_id().to_string(),
             status: InputStatus::Open,
             created: now,
-            expires: Some(crate::time::Timestamp(now.0.saturating_add(ms))),
+            expires: Some(super::expires(now, timeout)),
             decided_by: None,
             decided: None,
             decision: None,
