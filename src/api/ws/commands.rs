@@ -8,7 +8,7 @@ use super::{Pump, WS_IDENTITY};
 use crate::api::auth::{command_least, command_rule, unknown_thread, Need, On, Seen};
 use crate::api::error::ApiError;
 use crate::api::inject::{inject, InjectBody};
-use crate::api::inputs::{self, AnswerBody, DecisionBody};
+use crate::api::inputs::{self, AnswerBody, DecisionBody, RejectBody};
 use crate::api::rest::reload_blocking;
 use crate::api::Endpoint;
 
@@ -194,6 +194,21 @@ fn text(map: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError>
     }
 }
 
+/// A command on an input: its `input_id`, and the rest of its fields read as the REST
+/// route's body `T` (so both refuse the same fields).
+fn on_input<T: serde::de::DeserializeOwned>(
+    cmd: &str,
+    mut map: Map<String, Value>,
+) -> Result<(String, T), ApiError> {
+    let id = text(&map, "input_id")?.ok_or_else(|| {
+        ApiError::bad_request(format!("`{cmd}` needs an `input_id`")).at("input_id")
+    })?;
+    map.remove("input_id");
+    let body = serde_json::from_value(Value::Object(map))
+        .map_err(|e| ApiError::bad_request(format!("bad {cmd}: {e}")))?;
+    Ok((id, body))
+}
+
 /// A `/ws` command as what it does, read from its frame before anything is checked.
 enum Command {
     Subscribe(Value),
@@ -256,33 +271,17 @@ impl Command {
                 text(&map, "reason")?,
             ),
             "answer" => {
-                let id = text(&map, "input_id")?.ok_or_else(|| {
-                    ApiError::bad_request("`answer` needs an `input_id`").at("input_id")
-                })?;
-                let mut body = map;
-                body.remove("input_id");
-                let body: AnswerBody = serde_json::from_value(Value::Object(body))
-                    .map_err(|e| ApiError::bad_request(format!("bad answer: {e}")))?;
+                let (id, body) = on_input::<AnswerBody>(cmd, map)?;
                 Command::Answer(id, Box::new(body))
             }
-            "approve" | "reject" => {
-                let id = text(&map, "input_id")?.ok_or_else(|| {
-                    ApiError::bad_request(format!("`{cmd}` needs an `input_id`")).at("input_id")
-                })?;
-                let mut body = map;
-                body.remove("input_id");
-                let body: DecisionBody = serde_json::from_value(Value::Object(body))
-                    .map_err(|e| ApiError::bad_request(format!("bad {cmd}: {e}")))?;
-                if cmd == "approve" {
-                    Command::Approve(id, Box::new(body))
-                } else if body.payload.is_some() || body.payload_xml.is_some() {
-                    return Err(ApiError::bad_request(
-                        "a rejection takes only a `reason`; an edited payload goes with approve",
-                    )
-                    .at("payload"));
-                } else {
-                    Command::Reject(id, body.reason)
-                }
+            "approve" => {
+                let (id, body) = on_input::<DecisionBody>(cmd, map)?;
+                Command::Approve(id, Box::new(body))
+            }
+            "reject" => {
+                // The REST route's body: a `reason` only.
+                let (id, body) = on_input::<RejectBody>(cmd, map)?;
+                Command::Reject(id, body.reason)
             }
             "stop" => Command::Stop,
             _ => return Err(unknown_command(cmd)),
