@@ -40,39 +40,24 @@ fn held_messages_survive_kill_9_and_an_approval_then_delivers() {
     };
 
     let (mut child, url) = start();
-    let threads: Vec<String> = rt.block_on(async {
-        let mut threads = Vec::new();
-        for i in 0..HELD {
-            let r: Value = http
-                .post(format!("{url}/api/v1/inject"))
-                .json(&json!({"to": "pay", "payload_xml": format!("<Note>n{i}</Note>")}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            threads.push(
-                r["thread_id"]
-                    .as_str()
-                    .unwrap_or_else(|| panic!("{r}"))
-                    .to_string(),
-            );
-        }
-        for i in 0..QUESTIONS {
-            let r: Value = http
-                .post(format!("{url}/api/v1/inject"))
-                .json(&json!({"to": "reviewer", "payload_xml": format!("<Ping><n>{i}</n></Ping>")}))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            assert!(r["thread_id"].is_string(), "{r}");
-        }
-        threads
-    });
+    // Injects `xml` to `to`; the thread it opened.
+    let inject = |to: &str, xml: String| -> String {
+        let body = json!({"to": to, "payload_xml": xml});
+        let r: Value = rt.block_on(async {
+            let sent = http.post(format!("{url}/api/v1/inject")).json(&body).send();
+            sent.await.unwrap().json().await.unwrap()
+        });
+        r["thread_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{r}"))
+            .to_string()
+    };
+    let threads: Vec<String> = (0..HELD)
+        .map(|i| inject("pay", format!("<Note>n{i}</Note>")))
+        .collect();
+    for i in 0..QUESTIONS {
+        inject("reviewer", format!("<Ping><n>{i}</n></Ping>"));
+    }
     let open = get(format!("{url}/api/v1/inputs?status=open&limit=0"));
     assert_eq!(open["total"], HELD + QUESTIONS, "{open}");
 
