@@ -530,6 +530,17 @@ async fn a_paused_placed_listener_hands_nothing_to_workers() {
     assert_eq!(stop_worker(w, w_lines), 1);
 }
 
+/// Makes `relay` (in the organism file at `path`, made with no delay) a Lua listener
+/// running `script` (written beside it), with `extra` keys (YAML flow, each ending `,`).
+fn relay_in_lua(path: &Path, script: &str, extra: &str) {
+    std::fs::write(path.with_file_name("relay.lua"), script).unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
+    let relay = "kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {ms: 0, to: collector},";
+    assert!(text.contains(relay), "relay in the file");
+    let lua = format!("kind: lua, script: relay.lua, schema: t.xsd, accepts: [Note],{extra}");
+    std::fs::write(path, text.replacen(relay, &lua, 1)).unwrap();
+}
+
 /// A Lua handler on a worker runs in the same sandbox as in-process, and the lines it logs
 /// come back to the pump as the agent's `log` events of that thread.
 #[tokio::test(flavor = "multi_thread")]
@@ -537,21 +548,11 @@ async fn a_lua_handler_on_a_worker_logs_to_the_pumps_stream() {
     let nats = Nats::start();
     let dir = tempfile::tempdir().unwrap();
     let path = organism_file(dir.path(), &nats, 0, "");
-    std::fs::write(
-        dir.path().join("relay.lua"),
-        "function handle(p, m)\n  log.info('relaying for ' .. m.from)\n  log.warn('twice')\n  return { to = 'collector', type = 'Note', payload = p }\nend\n",
-    )
-    .unwrap();
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
+    relay_in_lua(
         &path,
-        text.replacen(
-            "kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {ms: 0, to: collector},",
-            "kind: lua, script: relay.lua, schema: t.xsd, accepts: [Note],",
-            1,
-        ),
-    )
-    .unwrap();
+        "function handle(p, m)\n  log.info('relaying for ' .. m.from)\n  log.warn('twice')\n  return { to = 'collector', type = 'Note', payload = p }\nend\n",
+        "",
+    );
     let o = Organism::builder().load(&path).unwrap();
     let (w, w_lines) = worker(&path, "w");
     wait_until_async("the worker", || async {
@@ -840,21 +841,11 @@ async fn a_gate_holds_a_placed_listeners_message_until_approved() {
     let nats = Nats::start();
     let dir = tempfile::tempdir().unwrap();
     let path = organism_file(dir.path(), &nats, 0, "");
-    std::fs::write(
-        dir.path().join("relay.lua"),
-        "function handle(p, m)\n  return { to = 'collector', xml = '<Note>approved by ' .. m.approval.by .. '</Note>' }\nend\n",
-    )
-    .unwrap();
-    let text = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
+    relay_in_lua(
         &path,
-        text.replacen(
-            "kind: native, handler: delay, schema: t.xsd, accepts: [Note], config: {ms: 0, to: collector},",
-            "kind: lua, script: relay.lua, schema: t.xsd, accepts: [Note], approval: {},",
-            1,
-        ),
-    )
-    .unwrap();
+        "function handle(p, m)\n  return { to = 'collector', xml = '<Note>approved by ' .. m.approval.by .. '</Note>' }\nend\n",
+        " approval: {},",
+    );
     let o = Organism::builder().load(&path).unwrap();
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
     let (w, w_lines) = worker(&path, "w");
