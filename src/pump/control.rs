@@ -240,33 +240,48 @@ impl Control<'_> {
     /// Kills a thread: queued messages dropped (logged `killed`), running handlers cancelled,
     /// further injects refused. Killing a killed thread is a no-op.
     pub fn kill_thread(self, id: &str) -> Result<(), ControlError> {
+        self.adopt_stored(id);
+        let change = self
+            .organism
+            .shared
+            .threads
+            .kill(id)
+            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
+        if let Some(change) = change {
+            self.wind_down(id, change, "thread killed", true);
+        }
+        Ok(())
+    }
+
+    /// A thread known only to the store (from before a restart, or evicted here) is
+    /// loaded, so that it can be stopped.
+    fn adopt_stored(self, id: &str) {
         let s = &self.organism.shared;
         if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
             if let Ok(Some(info)) = store.thread(id) {
                 s.threads.adopt(&info);
             }
         }
-        let change = s
-            .threads
-            .kill(id)
-            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
-        let Some(change) = change else { return Ok(()) };
+    }
+
+    /// What a kill and an abort do once the registry stopped the thread: its change told,
+    /// its external waits ended, its inputs withdrawn, its queued messages `killed` with
+    /// `why` (each a failure for a kill, not for an abort).
+    fn wind_down(self, id: &str, change: crate::threads::StatusChange, why: &str, failures: bool) {
+        let s = &self.organism.shared;
         s.publish_thread(change);
         s.drop_waits(id);
-        s.cancel_inputs(id, "thread killed");
+        s.cancel_inputs(id, why);
         for l in &s.topo().order {
             for job in l.drop_thread(id) {
-                s.finish_message(
-                    &job.record,
-                    MessageStatus::Killed,
-                    Some("thread killed".into()),
-                );
-                s.count_failure(FailureKind::Killed);
+                s.finish_message(&job.record, MessageStatus::Killed, Some(why.to_string()));
+                if failures {
+                    s.count_failure(FailureKind::Killed);
+                }
                 s.release(id);
             }
             s.kick(l);
         }
-        Ok(())
     }
 
     /// Aborts a thread: running handlers cancelled, external waits ended, queued and held
@@ -274,29 +289,16 @@ impl Control<'_> {
     /// not final: the next inject to it revives it. Aborting an aborted thread changes
     /// nothing; a killed one cannot be aborted.
     pub fn abort_thread(self, id: &str, why: &str) -> Result<(), ControlError> {
-        let s = &self.organism.shared;
-        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
-            if let Ok(Some(info)) = store.thread(id) {
-                s.threads.adopt(&info);
-            }
-        }
-        let change = match s.threads.abort(id) {
+        self.adopt_stored(id);
+        let change = match self.organism.shared.threads.abort(id) {
             Ok(c) => c,
             Err(crate::threads::ThreadError::Killed(t)) => {
                 return Err(ControlError::ThreadKilled(t))
             }
             Err(_) => return Err(ControlError::UnknownThread(id.to_string())),
         };
-        let Some(change) = change else { return Ok(()) };
-        s.publish_thread(change);
-        s.drop_waits(id);
-        s.cancel_inputs(id, why);
-        for l in &s.topo().order {
-            for job in l.drop_thread(id) {
-                s.finish_message(&job.record, MessageStatus::Killed, Some(why.to_string()));
-                s.release(id);
-            }
-            s.kick(l);
+        if let Some(change) = change {
+            self.wind_down(id, change, why, false);
         }
         Ok(())
     }

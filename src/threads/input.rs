@@ -202,23 +202,6 @@ impl ThreadRegistry {
     /// what comes next). Returns the change; `None` if it was already aborted. A killed
     /// thread cannot be aborted.
     pub fn abort(&self, thread: &str) -> Result<Option<StatusChange>, ThreadError> {
-        let mut shard = lock(self.shard(thread));
-        let shard = &mut *shard;
-        let e = shard
-            .threads
-            .get_mut(thread)
-            .ok_or_else(|| ThreadError::NotFound(thread.to_string()))?;
-        match e.status {
-            ThreadStatus::Killed => return Err(ThreadError::Killed(thread.to_string())),
-            ThreadStatus::Aborted => return Ok(None),
-            ThreadStatus::Active => self.deactivate(e.owner.as_ref()),
-            _ => {}
-        }
-        e.status = ThreadStatus::Aborted;
-        e.abort_mark = e.count();
-        std::mem::take(&mut e.cancel).cancel();
-        let change = e.change(thread);
-        self.note_finished(shard, thread);
-        Ok(Some(change))
+        self.stop(thread, ThreadStatus::Aborted)
     }
 }

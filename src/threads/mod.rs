@@ -515,20 +515,33 @@ impl ThreadRegistry {
     /// Marks a thread killed and cancels its running handlers. Returns the change, or an
     /// error if there is no such thread. Killing a killed thread changes nothing.
     pub fn kill(&self, thread: &str) -> Result<Option<StatusChange>, ThreadError> {
+        self.stop(thread, ThreadStatus::Killed)
+    }
+
+    /// Stops a thread, `to` killed (final: its token stays cancelled) or aborted (its
+    /// token is cancelled and replaced for what comes next, and its abort mark set):
+    /// running handlers are cancelled. Stopping it as it already is changes nothing; a
+    /// killed thread cannot be aborted.
+    fn stop(&self, thread: &str, to: ThreadStatus) -> Result<Option<StatusChange>, ThreadError> {
         let mut shard = lock(self.shard(thread));
         let shard = &mut *shard;
         let e = shard
             .threads
             .get_mut(thread)
             .ok_or_else(|| ThreadError::NotFound(thread.to_string()))?;
-        if e.status == ThreadStatus::Killed {
-            return Ok(None);
+        match e.status {
+            s if s == to => return Ok(None),
+            ThreadStatus::Killed => return Err(ThreadError::Killed(thread.to_string())),
+            ThreadStatus::Active => self.deactivate(e.owner.as_ref()),
+            _ => {}
         }
-        if e.status == ThreadStatus::Active {
-            self.deactivate(e.owner.as_ref());
+        e.status = to;
+        if to == ThreadStatus::Aborted {
+            e.abort_mark = e.count();
+            std::mem::take(&mut e.cancel).cancel();
+        } else {
+            e.cancel.cancel();
         }
-        e.status = ThreadStatus::Killed;
-        e.cancel.cancel();
         let change = e.change(thread);
         self.note_finished(shard, thread);
         Ok(Some(change))
