@@ -382,12 +382,21 @@ pub async fn approve_input(
     body: Option<JsonBody<DecisionBody>>,
 ) -> ApiResult<Json<Input>> {
     let body = body.map(|JsonBody(b)| b).unwrap_or_default();
-    let row = approve(&s.inner.organism, &seen, &id, body)?;
+    let row = approve(&s.inner.organism, &seen, &id, body).await?;
     Ok(Json(Input::of(&row, &s.inner.organism)))
 }
 
+/// A decision's answer, once the store has committed it: a 200 means it is on disk (at most
+/// [`crate::pump::READ_CATCH_UP`] later; the decision holds in memory either way).
+async fn on_disk(organism: &crate::Organism, row: InputRow) -> ApiResult<InputRow> {
+    if let Some(store) = organism.history().store() {
+        store.committed(crate::pump::READ_CATCH_UP).await;
+    }
+    Ok(row)
+}
+
 /// Approves the input `id` as `seen` (REST and `/ws`): with a payload, an edit.
-pub(super) fn approve(
+pub(super) async fn approve(
     organism: &crate::Organism,
     seen: &Seen,
     id: &str,
@@ -395,27 +404,29 @@ pub(super) fn approve(
 ) -> ApiResult<InputRow> {
     let row = visible(organism, seen, id)?;
     let payload_xml = edited_xml(organism, &row, &body)?;
-    Ok(organism.inputs().decide(
+    let row = organism.inputs().decide(
         id,
         &decider(seen),
         Verdict::Approve {
             reason: body.reason,
             payload_xml,
         },
-    )?)
+    )?;
+    on_disk(organism, row).await
 }
 
 /// Rejects the input `id` as `seen` (REST and `/ws`).
-pub(super) fn reject(
+pub(super) async fn reject(
     organism: &crate::Organism,
     seen: &Seen,
     id: &str,
     reason: Option<String>,
 ) -> ApiResult<InputRow> {
     visible(organism, seen, id)?;
-    Ok(organism
+    let row = organism
         .inputs()
-        .decide(id, &decider(seen), Verdict::Reject { reason })?)
+        .decide(id, &decider(seen), Verdict::Reject { reason })?;
+    on_disk(organism, row).await
 }
 
 #[utoipa::path(post, path = "/api/v1/inputs/{id}/reject", tag = "inputs",
@@ -431,7 +442,7 @@ pub async fn reject_input(
     body: Option<JsonBody<RejectBody>>,
 ) -> ApiResult<Json<Input>> {
     let body = body.map(|JsonBody(b)| b).unwrap_or_default();
-    let row = reject(&s.inner.organism, &seen, &id, body.reason)?;
+    let row = reject(&s.inner.organism, &seen, &id, body.reason).await?;
     Ok(Json(Input::of(&row, &s.inner.organism)))
 }
 
@@ -448,12 +459,12 @@ pub async fn answer_input(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<AnswerBody>,
 ) -> ApiResult<Json<Input>> {
-    let row = answer(&s.inner.organism, &seen, &id, body)?;
+    let row = answer(&s.inner.organism, &seen, &id, body).await?;
     Ok(Json(Input::of(&row, &s.inner.organism)))
 }
 
 /// Answers the question `id` as `seen` (REST and `/ws`).
-pub(super) fn answer(
+pub(super) async fn answer(
     organism: &crate::Organism,
     seen: &Seen,
     id: &str,
@@ -532,9 +543,10 @@ pub(super) fn answer(
             to: p.to,
         });
     }
-    Ok(organism
+    let row = organism
         .inputs()
-        .answer(id, &decider(seen), answers, body.reason)?)
+        .answer(id, &decider(seen), answers, body.reason)?;
+    on_disk(organism, row).await
 }
 
 /// An abort's body.

@@ -363,10 +363,7 @@ fn input_metrics(out: &mut String, organism: &Organism) {
         "Inputs waiting for a person: held messages (approval) and questions, by listener.",
     );
     for (listener, kind, n) in organism.inputs().open_by_listener() {
-        let kind = match kind {
-            crate::threads::InputKind::Approval => "approval",
-            crate::threads::InputKind::Question => "question",
-        };
+        let kind = kind.as_str();
         let _ = writeln!(
             out,
             "agentserver_inputs_open{{listener=\"{}\",kind=\"{kind}\"}} {n}",

@@ -96,6 +96,9 @@ pub(super) enum Write<'a> {
         at: Timestamp,
     },
     Seq(u64),
+    /// An input opened (`input_requested`), and one decided (`input_resolved`).
+    InputOpened(&'a crate::threads::InputRow),
+    InputDecided(&'a crate::threads::InputRow),
 }
 
 impl<'a> Write<'a> {
@@ -170,6 +173,8 @@ impl<'a> Write<'a> {
                 error: error.as_deref(),
                 at: event.timestamp,
             },
+            EventKind::InputRequested { input } => Write::InputOpened(input),
+            EventKind::InputResolved { input } => Write::InputDecided(input),
             _ => return None,
         })
     }
@@ -350,6 +355,7 @@ impl Index<'_> {
             }
             // Made by `touch`, never read from an operation.
             Write::Seq(_) | Write::Touch { .. } => None,
+            Write::InputOpened(_) | Write::InputDecided(_) => None,
         }
     }
 }

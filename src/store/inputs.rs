@@ -1,8 +1,11 @@
 //! The inbox of an organism, in its store file (`inputs`, schema v10): each message held at
 //! an approval gate, with the held message itself (so an input restored after a restart
-//! needs nothing else), and its decision. Written at once on its own connection, like the
-//! audit log: an input is opened and decided at a person's pace, and each must survive the
-//! process ending however it ends. Decided rows are bounded by [`MAX_DECIDED_INPUTS`].
+//! needs nothing else), and its decision. Written by the log's writer, from the
+//! `input_requested` and `input_resolved` events, in the transactions of the messages around
+//! them: an input is committed with or after its held message, and a decision before
+//! anything it caused (an event published after another is written in the same batch or a
+//! later one). Read here, on a connection of its own. Decided rows are bounded by
+//! [`MAX_DECIDED_INPUTS`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -17,13 +20,6 @@ use crate::time::Timestamp;
 
 /// Decided inputs kept at most; past it the oldest decided go first.
 pub const MAX_DECIDED_INPUTS: i64 = 1_000_000;
-
-fn word<T: serde::Serialize>(v: T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
 
 fn parse<T: serde::de::DeserializeOwned>(s: &str) -> Option<T> {
     super::parse_status(s)
@@ -64,7 +60,7 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InputRow> {
     })
 }
 
-/// The `inputs` table, on its own connection.
+/// The `inputs` table, read on its own connection.
 pub struct InputsTable {
     path: PathBuf,
     conn: Mutex<Connection>,
@@ -73,10 +69,6 @@ pub struct InputsTable {
 impl InputsTable {
     pub fn open(path: &Path) -> Result<InputsTable, StoreError> {
         let conn = side_connection(path)?;
-        // As the log's writer: a commit survives the process ending however it ends (the
-        // WAL is the OS's once written); only a crash of the machine may lose the last.
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(|e| err(path, e))?;
         Ok(InputsTable {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),
@@ -85,74 +77,6 @@ impl InputsTable {
 
     fn fail(&self, e: rusqlite::Error) -> StoreError {
         err(&self.path, e)
-    }
-
-    /// Records a new open input.
-    pub fn insert(&self, r: &InputRow) -> Result<(), StoreError> {
-        let conn = lock(&self.conn);
-        conn.prepare_cached(&format!(
-            "INSERT INTO inputs ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)"
-        ))
-        .and_then(|mut st| {
-            st.execute(params![
-                r.id,
-                word(r.kind),
-                word(r.status),
-                r.thread_id,
-                r.message_id,
-                r.listener,
-                r.tenant,
-                r.from,
-                r.parent_id,
-                r.slot_index as i64,
-                r.payload_type,
-                r.payload_xml,
-                r.prompt,
-                r.requested_by,
-                ms(r.created),
-                r.expires.map(ms),
-                r.decided_by,
-                r.decided.map(ms),
-                r.decision,
-                r.reason,
-                r.result,
-            ])
-        })
-        .map_err(|e| self.fail(e))?;
-        // Every 1024 rows, the decided ones past the bound go (the oldest first).
-        let rowid = conn.last_insert_rowid();
-        if rowid % 1024 == 0 {
-            conn.execute(
-                "DELETE FROM inputs WHERE status != 'open' AND rowid <= ?1",
-                params![rowid - MAX_DECIDED_INPUTS],
-            )
-            .map_err(|e| self.fail(e))?;
-        }
-        Ok(())
-    }
-
-    /// Records the decision of an open input (`r` as decided). False if it was not open.
-    pub fn decide(&self, r: &InputRow) -> Result<bool, StoreError> {
-        let conn = lock(&self.conn);
-        let n = conn
-            .prepare_cached(
-                "UPDATE inputs SET status = ?2, decided_by = ?3, decided = ?4, decision = ?5, \
-                 reason = ?6, result = ?7 WHERE id = ?1 AND status = 'open'",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    r.id,
-                    word(r.status),
-                    r.decided_by,
-                    r.decided.map(ms),
-                    r.decision,
-                    r.reason,
-                    r.result,
-                ])
-            })
-            .map_err(|e| self.fail(e))?;
-        Ok(n > 0)
     }
 
     /// One input.
@@ -193,10 +117,10 @@ impl InputsTable {
                 args.push(V::Text(v));
             }
         };
-        eq("status", f.status.map(word));
+        eq("status", f.status.map(|s| s.as_str().to_string()));
         eq("listener", f.listener.clone());
         eq("thread", f.thread.clone());
-        eq("kind", f.kind.map(word));
+        eq("kind", f.kind.map(|k| k.as_str().to_string()));
         eq("tenant", f.tenant.clone());
         let filter = clauses.join(" AND ");
         page_of(
@@ -209,4 +133,64 @@ impl InputsTable {
         )
         .map_err(|e| self.fail(e))
     }
+}
+
+/// [`COLUMNS`], written.
+const INSERT: &str =
+    "INSERT OR IGNORE INTO inputs (id, kind, status, thread, message_id, listener, \
+     tenant, sender, parent_id, slot_index, payload_type, payload_xml, prompt, requested_by, \
+     created, expires, decided_by, decided, decision, reason, result) VALUES (?1, ?2, ?3, ?4, ?5, \
+     ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)";
+
+/// Records a new open input (the writer, in its batch's transaction).
+pub(super) fn insert(conn: &Connection, r: &InputRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(INSERT)?.execute(params![
+        r.id,
+        r.kind.as_str(),
+        r.status.as_str(),
+        r.thread_id,
+        r.message_id,
+        r.listener,
+        r.tenant,
+        r.from,
+        r.parent_id,
+        r.slot_index as i64,
+        r.payload_type,
+        r.payload_xml,
+        r.prompt,
+        r.requested_by,
+        ms(r.created),
+        r.expires.map(ms),
+        r.decided_by,
+        r.decided.map(ms),
+        r.decision,
+        r.reason,
+        r.result,
+    ])?;
+    // Every 1024 rows, the decided ones past the bound go (the oldest first).
+    let rowid = conn.last_insert_rowid();
+    if rowid % 1024 == 0 {
+        conn.prepare_cached("DELETE FROM inputs WHERE status != 'open' AND rowid <= ?1")?
+            .execute(params![rowid - MAX_DECIDED_INPUTS])?;
+    }
+    Ok(())
+}
+
+/// Records the decision of an open input (`r` as decided; the writer, in its batch's
+/// transaction). An input decided already keeps its first decision.
+pub(super) fn decide(conn: &Connection, r: &InputRow) -> rusqlite::Result<()> {
+    conn.prepare_cached(
+        "UPDATE inputs SET status = ?2, decided_by = ?3, decided = ?4, decision = ?5, \
+         reason = ?6, result = ?7 WHERE id = ?1 AND status = 'open'",
+    )?
+    .execute(params![
+        r.id,
+        r.status.as_str(),
+        r.decided_by,
+        r.decided.map(ms),
+        r.decision,
+        r.reason,
+        r.result,
+    ])?;
+    Ok(())
 }

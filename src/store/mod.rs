@@ -168,7 +168,8 @@ enum Op {
     /// hub's own, shared with its observers, not copied.
     Event(Arc<Event>),
     Seq(u64),
-    Flush(mpsc::Sender<()>),
+    /// Called once everything sent before it is committed (or failed and held).
+    Flush(Box<dyn FnOnce() + Send>),
     /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).
     Prune {
         excess: u64,
@@ -400,6 +401,8 @@ impl Store {
                 | EventKind::MessageStatus { .. }
                 | EventKind::ThreadCreated { .. }
                 | EventKind::ThreadUpdated { .. }
+                | EventKind::InputRequested { .. }
+                | EventKind::InputResolved { .. }
         ) {
             self.send(Op::Event(event.clone()));
         }
@@ -421,15 +424,32 @@ impl Store {
             return;
         }
         let (done, wait) = mpsc::channel();
-        self.send(Op::Flush(done));
+        self.send(Op::Flush(Box::new(move || {
+            let _ = done.send(());
+        })));
         let _ = wait.recv_timeout(timeout);
+    }
+
+    /// [`Store::catch_up`] for async code: waits (up to `timeout`) without blocking the
+    /// caller's thread. A decision of an input is answered once it is on disk.
+    pub async fn committed(&self, timeout: Duration) {
+        if self.health.queued.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let (done, wait) = tokio::sync::oneshot::channel();
+        self.send(Op::Flush(Box::new(move || {
+            let _ = done.send(());
+        })));
+        let _ = tokio::time::timeout(timeout, wait).await;
     }
 
     /// Writes the last `seq` and waits until everything sent so far is committed.
     pub fn flush(&self, last_seq: u64) {
         self.send(Op::Seq(last_seq));
         let (done, wait) = mpsc::channel();
-        self.send(Op::Flush(done));
+        self.send(Op::Flush(Box::new(move || {
+            let _ = done.send(());
+        })));
         let _ = wait.recv_timeout(Duration::from_secs(30));
     }
 }

@@ -384,14 +384,17 @@ pub(super) fn open_connection(path: &Path, flags: OpenFlags) -> Result<Connectio
 }
 
 /// What a process that ended left unfinished, in one transaction: active threads become
-/// `error` and pending messages `failed`, both with the reason `interrupted` (SPEC §13; §8:
-/// no message stays `pending` with nothing left to handle it). Pending messages are read
+/// `error` and pending messages (and held ones without an open input) `failed`, both with the
+/// reason `interrupted` (SPEC §13; §8: no message stays `pending` with nothing left to handle
+/// it). Pending messages are read
 /// only in the blocks whose counts hold some, and their counts move with them. Returns
 /// (threads, messages).
 pub(super) fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<(u64, u64)> {
     let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
     let threads = tx.execute(
-        "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') WHERE status = 'active'",
+        "UPDATE threads SET status = 'error', error = COALESCE(error, 'interrupted') \
+         WHERE status = 'active' OR (status = 'waiting' \
+           AND id NOT IN (SELECT thread FROM inputs WHERE status = 'open'))",
         [],
     )? as u64;
     // A thread with an open input waits for it: its held messages and questions are kept.
@@ -400,32 +403,37 @@ pub(super) fn recover_interrupted(conn: &mut Connection) -> rusqlite::Result<(u6
          AND id IN (SELECT thread FROM inputs WHERE status = 'open')",
         [],
     )?;
-    let pending = status_str(MessageStatus::Pending);
+    // Pending messages, and held ones whose input was not committed (the process ended
+    // between the two batches): nothing will let them through.
     let failed = status_str(MessageStatus::Failed);
-    let blocks: Vec<i64> = tx
-        .prepare(
-            "SELECT block FROM blocks WHERE agent = 0 AND status = ?1 AND n > 0 GROUP BY block",
-        )?
-        .query_map(params![pending], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let held_without_input = "AND id NOT IN (SELECT message_id FROM inputs WHERE status = 'open')";
     let mut deltas = Deltas::default();
     let mut messages = 0;
-    {
-        let mut fail = tx.prepare(
+    for (status, unless) in [
+        (status_str(MessageStatus::Pending), ""),
+        (status_str(MessageStatus::Held), held_without_input),
+    ] {
+        let blocks: Vec<i64> = tx
+            .prepare(
+                "SELECT block FROM blocks WHERE agent = 0 AND status = ?1 AND n > 0 GROUP BY block",
+            )?
+            .query_map(params![status], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let mut fail = tx.prepare(&format!(
             "UPDATE messages SET status = ?3, error = COALESCE(error, 'interrupted')
-             WHERE seq >= ?1 AND seq < ?2 AND status = ?4
-             RETURNING seq, sender, receiver, payload_type",
-        )?;
+             WHERE seq >= ?1 AND seq < ?2 AND status = ?4 {unless}
+             RETURNING seq, sender, receiver, payload_type"
+        ))?;
         for block in blocks {
             let (first, end) = (block << BLOCK_BITS, (block + 1) << BLOCK_BITS);
-            let mut rows = fail.query(params![first, end, failed, pending])?;
+            let mut rows = fail.query(params![first, end, failed, status])?;
             while let Some(r) = rows.next()? {
                 let was = Counted {
                     seq: r.get(0)?,
                     from: r.get(1)?,
                     to: r.get(2)?,
                     payload_type: r.get(3)?,
-                    status: pending,
+                    status,
                 };
                 deltas.restate(was, failed);
                 messages += 1;

@@ -112,7 +112,7 @@ pub(super) fn writer(
         );
         for op in batch.drain(..) {
             if let Op::Flush(done) = op {
-                let _ = done.send(());
+                done();
             }
         }
         if last {

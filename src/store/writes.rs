@@ -556,6 +556,8 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             Write::Seq(s) => {
                 self.seq.execute(params![s as i64])?;
             }
+            Write::InputOpened(r) => super::inputs::insert(self.tx, r)?,
+            Write::InputDecided(r) => super::inputs::decide(self.tx, r)?,
         }
         Ok(())
     }

@@ -37,6 +37,15 @@ pub enum InputStatus {
     Cancelled,
 }
 
+impl InputKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InputKind::Approval => "approval",
+            InputKind::Question => "question",
+        }
+    }
+}
+
 impl InputStatus {
     pub fn as_str(self) -> &'static str {
         match self {

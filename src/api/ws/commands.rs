@@ -119,7 +119,7 @@ async fn run(
                 principal: s.principal.clone(),
                 scope,
             };
-            let row = inputs::approve(&organism, &seen, &id, *body)?;
+            let row = inputs::approve(&organism, &seen, &id, *body).await?;
             out.insert("input_id".into(), json!(id));
             out.insert("status".into(), json!(row.status.as_str()));
             out.insert("result_message_id".into(), json!(row.result));
@@ -129,7 +129,7 @@ async fn run(
                 principal: s.principal.clone(),
                 scope,
             };
-            let row = inputs::answer(&organism, &seen, &id, *body)?;
+            let row = inputs::answer(&organism, &seen, &id, *body).await?;
             out.insert("input_id".into(), json!(id));
             out.insert("status".into(), json!(row.status.as_str()));
         }
@@ -138,7 +138,7 @@ async fn run(
                 principal: s.principal.clone(),
                 scope,
             };
-            let row = inputs::reject(&organism, &seen, &id, reason)?;
+            let row = inputs::reject(&organism, &seen, &id, reason).await?;
             out.insert("input_id".into(), json!(id));
             out.insert("status".into(), json!(row.status.as_str()));
         }

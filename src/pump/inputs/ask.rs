@@ -10,7 +10,6 @@ use std::sync::Arc;
 use super::{
     DecideError, Decider, Held, InputKind, InputRow, InputStatus, Inputs, Opening, Shared,
 };
-use crate::events::EventKind;
 use crate::listener::Output;
 use crate::threads::{MessageStatus, ThreadError};
 
@@ -88,6 +87,8 @@ impl Shared {
             .listeners
             .get(decided.listener.as_str())
             .cloned();
+        decided.result = None;
+        self.resolved(&decided);
         match (decided.status, &listener) {
             (InputStatus::Answered, Some(l)) => {
                 if let Some(change) = self.threads.wake(&thread) {
@@ -118,15 +119,9 @@ impl Shared {
             }
             _ => {}
         }
-        self.record_decision(&decided);
         if let Some(change) = self.threads.close_input(&thread, None) {
             self.publish_thread(change);
         }
-        decided.result = None;
-        self.events.publish(EventKind::InputResolved {
-            input: Box::new(decided.clone()),
-        });
-        self.inbox.remember(decided.clone());
         Ok(decided)
     }
 }

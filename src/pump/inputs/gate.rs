@@ -73,46 +73,27 @@ impl Shared {
         Ok(Admitted::Refused(record, e))
     }
 
-    /// Opens `held`'s input: written to the store's inbox (a failure is reported: a
-    /// restart would lose it), kept open here, then told (`input_requested`). The thread
-    /// must count it already (an answer may come the moment it is told).
+    /// Opens `held`'s input: kept open here, then told (`input_requested`), which the
+    /// store's writer records in its inbox after the held message. The thread must count it
+    /// already (an answer may come the moment it is told).
     pub(super) fn open_input(&self, held: Held) {
-        let row = &held.row;
-        if let Some(table) = &self.inbox.table {
-            if let Err(e) = table.insert(row) {
-                self.events.publish(EventKind::Error {
-                    thread_id: Some(row.thread_id.clone()),
-                    agent: Some(row.listener.clone()),
-                    error: self.clip_error(format!(
-                        "the message {} is not in the store's inbox, so a restart would lose its input: {e}",
-                        row.message_id
-                    )),
-                });
-            }
-        }
         // Open before it is told: whoever hears of it may decide it at once.
         let told = EventKind::InputRequested {
-            input: Box::new(row.clone()),
+            input: Box::new(held.row.clone()),
         };
         self.keep_open(held);
         self.events.publish(told);
     }
 
-    /// Writes a decision to the store's inbox; a failure is reported (the input would be
-    /// open again after a restart).
-    pub(super) fn record_decision(&self, decided: &InputRow) {
-        if let Some(table) = &self.inbox.table {
-            if let Err(e) = table.decide(decided) {
-                self.events.publish(EventKind::Error {
-                    thread_id: Some(decided.thread_id.clone()),
-                    agent: Some(decided.listener.clone()),
-                    error: self.clip_error(format!(
-                        "the decision of input {} is not in the store: {e}",
-                        decided.id
-                    )),
-                });
-            }
-        }
+    /// Tells of a decision (`input_resolved`, which the store's writer records in its inbox)
+    /// before anything the decision causes is published: after a restart the store holds
+    /// either the decision and what followed, or the input still open and nothing that
+    /// followed.
+    pub(super) fn resolved(&self, decided: &InputRow) {
+        self.events.publish(EventKind::InputResolved {
+            input: Box::new(decided.clone()),
+        });
+        self.inbox.remember(decided.clone());
     }
 
     /// Whether the inbox holds as much as it may, one more input of `listener`'s in
@@ -301,7 +282,7 @@ impl Shared {
                 decided.result = Some(id.to_string());
             }
         }
-        self.record_decision(&decided);
+        self.resolved(&decided);
         if status == MessageStatus::Undeliverable {
             self.count_failure(crate::pump::FailureKind::Undeliverable);
         }
@@ -354,10 +335,6 @@ impl Shared {
                 }
             }
         }
-        self.events.publish(EventKind::InputResolved {
-            input: Box::new(decided.clone()),
-        });
-        self.inbox.remember(decided.clone());
         Ok(decided)
     }
 }

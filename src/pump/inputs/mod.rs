@@ -263,17 +263,20 @@ impl<'a> Inputs<'a> {
         &self.organism.shared
     }
 
-    /// One page of inputs, newest first: from the store when there is one, else from
-    /// memory (the open ones and the last decided).
+    /// One page of inputs, newest first: from the store when there is one (after it has
+    /// committed what was published before the call, [`super::READ_CATCH_UP`] at most),
+    /// else from memory (the open ones and the last decided).
     pub fn list(
         self,
         filter: &InputFilter,
         page: Page,
     ) -> Result<Paged<InputRow>, crate::store::StoreError> {
-        let inbox = &self.shared().inbox;
-        if let Some(table) = &inbox.table {
+        let s = self.shared();
+        if let (Some(table), Some(store)) = (&s.inbox.table, &s.store) {
+            store.catch_up(super::READ_CATCH_UP);
             return table.page(filter, page);
         }
+        let inbox = &s.inbox;
         let mut all: Vec<InputRow> = lock(&inbox.recent).0.iter().cloned().collect();
         all.extend(lock(&inbox.open).values().map(|h| h.row.clone()));
         all.retain(|r| filter.matches(r));
@@ -308,12 +311,8 @@ impl<'a> Inputs<'a> {
         let mut counts: std::collections::BTreeMap<(String, &'static str), (InputKind, u64)> =
             Default::default();
         for h in lock(&self.shared().inbox.open).values() {
-            let kind = match h.row.kind {
-                InputKind::Approval => "approval",
-                InputKind::Question => "question",
-            };
             counts
-                .entry((h.row.listener.clone(), kind))
+                .entry((h.row.listener.clone(), h.row.kind.as_str()))
                 .or_insert((h.row.kind, 0))
                 .1 += 1;
         }

@@ -73,11 +73,7 @@ impl Shared {
             reason: Some("nobody decided before the gate's timeout".to_string()),
             ..row.clone()
         };
-        self.record_decision(&decided);
-        self.events.publish(EventKind::InputResolved {
-            input: Box::new(decided.clone()),
-        });
-        self.inbox.remember(decided);
+        self.resolved(&decided);
         let timeout = human
             .as_ref()
             .map_or(crate::config::approval::DEFAULT_APPROVAL_TIMEOUT, |h| {

@@ -315,3 +315,119 @@ fn a_file_in_use_by_another_store_is_refused_until_that_one_is_gone() {
     assert_eq!(again.recovered().last_seq, 1);
     assert!(again.thread("t1").unwrap().is_some());
 }
+
+/// An input as the gate opens it for `thread`'s message in slot 0.
+fn input(thread: &str) -> crate::threads::InputRow {
+    crate::threads::InputRow {
+        id: format!("in-{thread}"),
+        kind: crate::threads::InputKind::Approval,
+        status: crate::threads::InputStatus::Open,
+        thread_id: thread.into(),
+        message_id: format!("{thread}-0"),
+        listener: "g".into(),
+        tenant: None,
+        from: "api".into(),
+        parent_id: None,
+        slot_index: 0,
+        payload_type: "Note".into(),
+        payload_xml: "<Note/>".into(),
+        prompt: None,
+        requested_by: Some("api".into()),
+        created: Timestamp(3),
+        expires: None,
+        decided_by: None,
+        decided: None,
+        decision: None,
+        reason: None,
+        result: None,
+    }
+}
+
+#[test]
+fn the_writer_keeps_inputs_and_a_held_message_without_its_input_is_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let held = |t: &str| MessageRecord {
+        status: MessageStatus::Held,
+        ..msg(t, 0, "api", "g", 3)
+    };
+    {
+        let store = Store::open(&path).unwrap();
+        // `kept` and `decided`: held messages whose inputs the writer recorded; `lost`: the
+        // process ended after its held message was committed and before its input was.
+        for (seq, t) in [(2, "kept"), (5, "lost"), (8, "decided")] {
+            thread(&store, t, ThreadStatus::Waiting, 1);
+            store.record(seq, &EventKind::Message { message: held(t) });
+            if t != "lost" {
+                store.record(
+                    seq + 1,
+                    &EventKind::InputRequested {
+                        input: Box::new(input(t)),
+                    },
+                );
+            }
+        }
+        let decided = crate::threads::InputRow {
+            status: crate::threads::InputStatus::Declined,
+            decided_by: Some("key:ops".into()),
+            decided: Some(Timestamp(9)),
+            decision: Some("reject".into()),
+            ..input("decided")
+        };
+        store.record(
+            10,
+            &EventKind::InputResolved {
+                input: Box::new(decided.clone()),
+            },
+        );
+        // A second decision of the same input (it never is in the pump) changes nothing.
+        store.record(
+            11,
+            &EventKind::InputResolved {
+                input: Box::new(crate::threads::InputRow {
+                    decision: Some("approve".into()),
+                    status: crate::threads::InputStatus::Approved,
+                    ..decided
+                }),
+            },
+        );
+        store.flush(11);
+    }
+    let store = Store::open(&path).unwrap();
+    let table = super::super::inputs::InputsTable::open(&path).unwrap();
+    let open: Vec<String> = table
+        .open_inputs()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(open, ["in-kept"]);
+    let decided = table.get("in-decided").unwrap().unwrap();
+    assert_eq!(
+        (decided.status, decided.decision.as_deref()),
+        (crate::threads::InputStatus::Declined, Some("reject"))
+    );
+    // The thread with an open input waits; a held message without one failed, and its
+    // thread with it.
+    let status = |t: &str| {
+        let t = store.thread(t).unwrap().unwrap();
+        (t.status, t.error)
+    };
+    assert_eq!(status("kept"), (ThreadStatus::Waiting, None));
+    assert_eq!(
+        status("lost"),
+        (ThreadStatus::Error, Some("interrupted".into()))
+    );
+    let rows = all_rows(&store);
+    let of = |id: &str| {
+        let m = rows.iter().find(|m| &*m.id == id).unwrap();
+        (m.status, m.error.clone())
+    };
+    assert_eq!(of("kept-0"), (MessageStatus::Held, None));
+    // As is one whose decision was committed and its let-through not: nothing would move it.
+    for id in ["lost-0", "decided-0"] {
+        assert_eq!(of(id), (MessageStatus::Failed, Some("interrupted".into())));
+    }
+    assert_eq!(store.recovered().interrupted_messages, 2);
+    assert_kept_counts_match_scans(&store);
+}
