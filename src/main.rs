@@ -165,6 +165,9 @@ enum Command {
         /// The payload type of a JSON payload, when the listener accepts several.
         #[arg(long = "type")]
         payload_type: Option<String>,
+        /// Name this inject: run again with the same key (and payload), it runs once.
+        #[arg(long)]
+        idempotency_key: Option<String>,
         /// `--wait` or `--wait=SECONDS`: wait (default 30 s, at most 60) until the thread is no longer
         /// active; print its messages as JSON lines; exit 0 if it completed, 1 otherwise.
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, require_equals = true, default_missing_value = "30")]
@@ -321,6 +324,7 @@ fn main() -> ExitCode {
             payload,
             thread,
             payload_type,
+            idempotency_key,
             wait,
         } => with_runtime(inject(
             server,
@@ -328,6 +332,7 @@ fn main() -> ExitCode {
                 to,
                 payload,
                 thread_id: thread,
+                idempotency_key,
                 payload_type,
             },
             wait,
@@ -389,6 +394,7 @@ struct InjectArgs {
     to: String,
     payload: String,
     thread_id: Option<String>,
+    idempotency_key: Option<String>,
     payload_type: Option<String>,
 }
 
@@ -404,6 +410,7 @@ async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> Exit
         to,
         payload,
         thread_id,
+        idempotency_key,
         payload_type,
     } = args;
     let text = match read_payload(&payload) {
@@ -430,6 +437,7 @@ async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> Exit
         payload_xml,
         payload_type,
         thread_id,
+        idempotency_key,
     };
     if let Some(seconds) = wait {
         return inject_and_wait(&remote, &body, seconds).await;

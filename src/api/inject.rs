@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::auth::{unknown_thread, Seen};
@@ -16,7 +16,7 @@ use crate::threads::valid_thread_id;
 use crate::xml::{root_local_name, PayloadType};
 
 /// `POST /api/v1/inject` and the `/ws` `inject` command.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InjectBody {
     /// The listener that receives the payload.
@@ -40,7 +40,7 @@ pub struct InjectBody {
 }
 
 /// What an inject does to a busy thread (`if_busy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum IfBusy {
     Enqueue,

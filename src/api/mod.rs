@@ -43,6 +43,7 @@ mod external;
 mod filter;
 mod frame;
 pub mod gateway;
+mod idempotency;
 mod inject;
 mod inputs;
 pub mod keys;
@@ -140,6 +141,8 @@ struct Inner {
     /// Test-vector runs under way, by tenant (`None`: the organism's own credentials):
     /// `limits.max_tests_at_once` permits each.
     tests_running: std::sync::Mutex<TestSlots>,
+    /// Injects' idempotency keys (`Idempotency-Key`).
+    keys: idempotency::Keys,
     openapi: String,
 }
 
@@ -347,6 +350,7 @@ fn router(
         .map(links)
         .and_then(|v| serde_json::to_string_pretty(&v))
         .unwrap_or_else(|_| "{}".into());
+    let keys = idempotency::Keys::load(&organism);
     let state = ApiState {
         inner: Arc::new(Inner {
             organism,
@@ -359,6 +363,7 @@ fn router(
             dropped: Default::default(),
             refused: Default::default(),
             tests_running: Default::default(),
+            keys,
             openapi,
         }),
     };

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::{unknown_thread, Scope, Seen, VisibleAgent, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
-use super::inject::{inject as do_inject, InjectBody};
+use super::idempotency::inject as idempotent_inject;
+use super::inject::InjectBody;
 use super::sanitize::{listener_view, organism_view, ConfigView};
 use super::view::{
     Agent, InjectReceipt, Message, MessageStatus, Organism, Paged, ReloadReport, Thread,
@@ -363,6 +364,19 @@ pub struct InjectQuery {
     pub wait: Option<u64>,
 }
 
+/// `POST /inject`'s header.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)] // read from the headers themselves; this is the document's
+pub struct IdempotencyHeader {
+    /// Names this inject: the same key with the same body, from the same principal, within
+    /// `limits.idempotency_window_ms`, answers the first answer again (with
+    /// `Idempotency-Replayed: true`) and creates nothing.
+    #[serde(rename = "Idempotency-Key")]
+    #[param(pattern = "^[!-~]{1,255}$", min_length = 1, max_length = 255)]
+    pub key: Option<String>,
+}
+
 /// The longest `?wait=` on inject, in seconds.
 pub const MAX_INJECT_WAIT: u64 = 60;
 
@@ -378,21 +392,23 @@ pub struct InjectResult<'a> {
     pub messages: Vec<Message<'a>>,
 }
 
-#[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody, params(InjectQuery),
+#[utoipa::path(post, path = "/api/v1/inject", tag = "control", request_body = InjectBody,
+    params(InjectQuery, IdempotencyHeader),
     responses((status = 202, description = "Validated and queued", body = InjectReceipt),
               (status = 200, description = "With `?wait=`: the thread settled (or the wait ran out: `thread_status` says which); its messages", body = InjectResult),
               (status = 400, description = "Bad JSON, missing or conflicting fields, bad thread id", body = ErrorResponse),
               (status = 404, description = "No such listener", body = ErrorResponse),
-              (status = 409, description = "The thread was killed or is over its budget", body = ErrorResponse),
+              (status = 409, description = "The thread was killed or is over its budget; or `idempotency_conflict`: the key was used with another body", body = ErrorResponse),
               (status = 413, description = "Body or payload too large", body = ErrorResponse),
               (status = 415, description = "Not `application/json`", body = ErrorResponse),
               (status = 422, description = "Payload malformed, not accepted, or invalid (validator messages in `details`)", body = ErrorResponse),
-              (status = 429, description = "Too many messages pending", body = ErrorResponse),
+              (status = 429, description = "Too many messages pending, or `too_many_idempotency_keys`", body = ErrorResponse),
               (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
 pub async fn inject(
     State(s): State<ApiState>,
     seen: Seen,
     Params(q): Params<InjectQuery>,
+    headers: axum::http::HeaderMap,
     JsonBody(body): JsonBody<InjectBody>,
 ) -> ApiResult<Response> {
     if q.wait.is_some_and(|w| w > MAX_INJECT_WAIT) {
@@ -402,9 +418,21 @@ pub async fn inject(
     }
     let organism = &s.inner.organism;
     s.limit_inject(&seen.principal)?;
-    let receipt = do_inject(organism, &seen, REST_IDENTITY, body)?;
+    let key = match headers.get("idempotency-key") {
+        Some(v) => Some(v.to_str().map_err(|_| {
+            ApiError::bad_request("an idempotency key is visible ASCII").at("Idempotency-Key")
+        })?),
+        None => None,
+    };
+    let once = idempotent_inject(&s.inner.keys, organism, &seen, REST_IDENTITY, body, key).await?;
+    let receipt = once.receipt;
+    let replayed = [(
+        "idempotency-replayed",
+        if once.replayed { "true" } else { "false" },
+    )];
     let Some(wait) = q.wait else {
-        return Ok((StatusCode::ACCEPTED, Json(InjectReceipt::from(receipt))).into_response());
+        let answer = Json(InjectReceipt::from(receipt));
+        return Ok((StatusCode::ACCEPTED, replayed, answer).into_response());
     };
     let waited = tokio::time::timeout(
         std::time::Duration::from_secs(wait),
@@ -417,12 +445,13 @@ pub async fn inject(
     };
     let mut messages = all_messages(organism, &receipt.thread_id, &seen.scope)?;
     messages.truncate(fitting(&messages));
-    Ok(json(&InjectResult {
+    let answer = json(&InjectResult {
         thread_id: receipt.thread_id.to_string(),
         message_id: receipt.message_id.to_string(),
         thread_status: thread_status.into(),
         messages: Message::all(&messages, &organism.schemas()),
-    }))
+    });
+    Ok((replayed, answer).into_response())
 }
 
 #[utoipa::path(post, path = "/api/v1/threads/{id}/kill", tag = "control",

@@ -120,12 +120,26 @@ impl Remote {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, ClientError> {
+        self.call_with(method, path, body, &[]).await
+    }
+
+    /// [`Remote::call`] with these request headers.
+    pub async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, ClientError> {
         let endpoint = format!("{}{path}", self.base);
-        let request = match method {
+        let mut request = match method {
             "GET" => self.http.get(&endpoint),
             "DELETE" => self.http.delete(&endpoint),
             _ => self.http.post(&endpoint),
         };
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
         let request = match body {
             Some(b) => request.json(&b),
             None => request,
@@ -425,6 +439,9 @@ pub struct InjectBody {
     pub payload_type: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub thread_id: Option<String>,
+    /// Sent as the `Idempotency-Key` header: a retry with the same key runs once.
+    #[serde(skip)]
+    pub idempotency_key: Option<String>,
 }
 
 /// Posts one inject to a running server.
@@ -456,7 +473,13 @@ async fn post_inject(
         None => "/api/v1/inject".to_string(),
     };
     let json = serde_json::to_value(body).map_err(|e| ClientError::Io(std::io::Error::other(e)))?;
-    remote.call("POST", &path, Some(json)).await
+    let key = body
+        .idempotency_key
+        .as_deref()
+        .map(|k| ("Idempotency-Key", k));
+    remote
+        .call_with("POST", &path, Some(json), key.as_slice())
+        .await
 }
 
 #[cfg(test)]

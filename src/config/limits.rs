@@ -51,6 +51,12 @@ pub struct Limits {
     /// Bytes of the payloads held at approval gates at once, organism-wide: refused as
     /// `max_held_messages` is.
     pub max_held_bytes: usize,
+    /// How long an inject's `Idempotency-Key` is kept (its first answer replayed), in
+    /// milliseconds.
+    pub idempotency_window_ms: u64,
+    /// Idempotency keys kept at once per tenant (and for the principals of no tenant
+    /// together); one more is answered 429 `too_many_idempotency_keys`.
+    pub max_idempotency_keys: usize,
 }
 
 impl Limits {
@@ -86,13 +92,15 @@ impl Default for Limits {
             max_tests_at_once: 2,
             max_held_messages: 10_000,
             max_held_bytes: 64 * 1024 * 1024,
+            idempotency_window_ms: 24 * 3600 * 1000,
+            max_idempotency_keys: 10_000,
         }
     }
 }
 
 pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
     // Each limit, its value and the least it may be.
-    let checks: [(&str, u64, u64); 18] = [
+    let checks: [(&str, u64, u64); 20] = [
         ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
         ("limits.max_depth", l.max_depth as u64, 1),
         (
@@ -135,6 +143,16 @@ pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
         ("limits.max_tests_at_once", l.max_tests_at_once as u64, 1),
         ("limits.max_held_messages", l.max_held_messages as u64, 1),
         ("limits.max_held_bytes", l.max_held_bytes as u64, 1024),
+        (
+            "limits.idempotency_window_ms",
+            l.idempotency_window_ms,
+            1000,
+        ),
+        (
+            "limits.max_idempotency_keys",
+            l.max_idempotency_keys as u64,
+            1,
+        ),
     ];
     for (key, value, least) in checks {
         if value < least {

@@ -473,6 +473,12 @@ impl Organism {
         OrganismBuilder::default()
     }
 
+    /// The time on the organism's clock (the system's, unless a test set its own): what
+    /// timeouts and windows are counted on.
+    pub fn now(&self) -> crate::time::Timestamp {
+        self.shared.inbox.clock.now()
+    }
+
     /// Work the last run left unfinished (SPEC §8: never silent): logged, counted as
     /// `interrupted` failures (one per message), and published as an `error` event.
     fn report_interrupted(&self, recovered: &crate::store::Recovered) {

@@ -99,6 +99,8 @@ pub(super) enum Write<'a> {
     /// An input opened (`input_requested`), and one decided (`input_resolved`).
     InputOpened(&'a crate::threads::InputRow),
     InputDecided(&'a crate::threads::InputRow),
+    /// An idempotency key's record, and the time before which older ones go.
+    Key(&'a super::idempotency::KeyRow, Timestamp),
 }
 
 impl<'a> Write<'a> {
@@ -131,6 +133,7 @@ impl<'a> Write<'a> {
         let event = match op {
             Op::Event(event) => event,
             Op::Seq(s) => return Some(Write::Seq(*s)),
+            Op::Key(k) => return Some(Write::Key(&k.0, k.1)),
             Op::Flush(_) | Op::Prune { .. } => return None,
         };
         Some(match &event.kind {
@@ -355,7 +358,7 @@ impl Index<'_> {
             }
             // Made by `touch`, never read from an operation.
             Write::Seq(_) | Write::Touch { .. } => None,
-            Write::InputOpened(_) | Write::InputDecided(_) => None,
+            Write::InputOpened(_) | Write::InputDecided(_) | Write::Key(..) => None,
         }
     }
 }

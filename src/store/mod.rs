@@ -81,6 +81,7 @@ pub mod agents;
 pub mod audit;
 mod coalesce;
 mod counts;
+pub mod idempotency;
 pub mod inputs;
 pub mod keys;
 mod maintenance;
@@ -168,6 +169,8 @@ enum Op {
     /// hub's own, shared with its observers, not copied.
     Event(Arc<Event>),
     Seq(u64),
+    /// An idempotency key's record, and the time before which older ones go.
+    Key(Box<(idempotency::KeyRow, Timestamp)>),
     /// Called once everything sent before it is committed (or failed and held).
     Flush(Box<dyn FnOnce() + Send>),
     /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).

@@ -292,6 +292,20 @@ CREATE TABLE inputs (
 CREATE INDEX inputs_status ON inputs(status, tenant);
 CREATE INDEX inputs_thread ON inputs(thread);
 "#,
+    // v11: idempotency keys of injects (`store::idempotency`).
+    r#"
+CREATE TABLE idempotency (
+    tenant TEXT NOT NULL,
+    principal TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body_hash BLOB NOT NULL,
+    thread_id TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    created INTEGER NOT NULL,
+    PRIMARY KEY (tenant, principal, key)
+);
+CREATE INDEX idempotency_created ON idempotency(created);
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

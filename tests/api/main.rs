@@ -8,6 +8,7 @@ mod common;
 mod accounting;
 mod conn;
 mod hostile_input;
+mod idempotency;
 mod origins;
 mod rest;
 mod shapes;

@@ -167,6 +167,40 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
         "{stderr}"
     );
 
+    // With an idempotency key, a retry runs once; the key with another payload is refused.
+    let keyed = |payload: &str| {
+        agentserver()
+            .args([
+                "inject",
+                "--url",
+                &url,
+                "--to",
+                "greeter",
+                "--idempotency-key",
+                "cli-1",
+                payload,
+            ])
+            .output()
+            .unwrap()
+    };
+    let receipts: Vec<serde_json::Value> = (0..2)
+        .map(|_| {
+            let out = keyed(r#"{"name": "Cy"}"#);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            serde_json::from_slice(&out.stdout).unwrap()
+        })
+        .collect();
+    assert_eq!(receipts[0]["thread_id"], receipts[1]["thread_id"]);
+    let out = keyed(r#"{"name": "Di"}"#);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("idempotency_conflict"), "{stderr}");
+
     // Stop through the API: the server drains and exits 0; tail says the stream ended and
     // exits 1.
     assert_eq!(stop(&url), 202);

@@ -7,7 +7,8 @@ use super::session::{subscribe_spec, Session};
 use super::{Pump, WS_IDENTITY};
 use crate::api::auth::{command_least, command_rule, unknown_thread, Need, On, Seen};
 use crate::api::error::ApiError;
-use crate::api::inject::{inject, InjectBody};
+use crate::api::idempotency::inject;
+use crate::api::inject::InjectBody;
 use crate::api::inputs::{self, AnswerBody, DecisionBody, RejectBody};
 use crate::api::rest::reload_blocking;
 use crate::api::Endpoint;
@@ -80,15 +81,19 @@ async fn run(
     let mut out = Map::new();
     match command {
         Command::Subscribe(spec) => return s.subscribe(spec),
-        Command::Inject(body) => {
+        Command::Inject(body, key) => {
             s.source.0.limit_inject(&s.principal)?;
             let seen = Seen {
                 principal: s.principal.clone(),
                 scope,
             };
-            let receipt = inject(&organism, &seen, WS_IDENTITY, *body)?;
-            out.insert("thread_id".into(), json!(receipt.thread_id));
-            out.insert("message_id".into(), json!(receipt.message_id));
+            let keys = &s.source.0.inner.keys;
+            let once = inject(keys, &organism, &seen, WS_IDENTITY, *body, key.as_deref()).await?;
+            out.insert("thread_id".into(), json!(once.receipt.thread_id));
+            out.insert("message_id".into(), json!(once.receipt.message_id));
+            if once.replayed {
+                out.insert("replayed".into(), json!(true));
+            }
         }
         Command::Pause(None) => organism.control().pause(),
         Command::Resume(None) => organism.control().resume(),
@@ -212,7 +217,8 @@ fn on_input<T: serde::de::DeserializeOwned>(
 /// A `/ws` command as what it does, read from its frame before anything is checked.
 enum Command {
     Subscribe(Value),
-    Inject(Box<InjectBody>),
+    /// The body, and its idempotency key.
+    Inject(Box<InjectBody>, Option<String>),
     /// `None`: the organism.
     Pause(Option<String>),
     Resume(Option<String>),
@@ -241,10 +247,20 @@ impl Command {
         };
         Ok(match cmd {
             "subscribe" => Command::Subscribe(subscribe_spec(map)?),
-            "inject" => Command::Inject(Box::new(
-                serde_json::from_value(Value::Object(map))
-                    .map_err(|e| ApiError::bad_request(format!("bad inject: {e}")))?,
-            )),
+            "inject" => {
+                let mut map = map;
+                let key = match map.remove("idempotency_key") {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(k)) => Some(k),
+                    Some(_) => {
+                        return Err(ApiError::bad_request("`idempotency_key` must be a string")
+                            .at("idempotency_key"))
+                    }
+                };
+                let body = serde_json::from_value(Value::Object(map))
+                    .map_err(|e| ApiError::bad_request(format!("bad inject: {e}")))?;
+                Command::Inject(Box::new(body), key)
+            }
             "pause" => Command::Pause(agent(&map)?),
             "resume" => Command::Resume(agent(&map)?),
             "reload" => match agent(&map)? {
@@ -292,7 +308,7 @@ impl Command {
     fn on(&self) -> On {
         match self {
             Command::Subscribe(_) => On::Session,
-            Command::Inject(_) | Command::ReloadAgent(_) => On::Agent,
+            Command::Inject(..) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
             Command::Kill(_) | Command::Abort(..) => On::Thread,
             Command::Approve(..) | Command::Reject(..) | Command::Answer(..) => On::Input,
