@@ -30,6 +30,8 @@
 //! - `rest-pair`: `rest` and `rest-auth` side by side in one process, requests alternating
 //!   between them, each organism at a quarter of peak; their percentiles and ratios.
 //!   `rest-pair-control`: the same with both sides `auth: none` (the method's own bias).
+//!   `rest-pair-keyed`: both `auth: none`, the second side's injects each with an
+//!   `Idempotency-Key` (what keeping a key costs).
 //! - `startup`: `organisms/hello-world.yaml` (Lua sandboxes, XSDs, the DSL) from nothing to
 //!   serving its API, 10 times; `--store memory` as in a trial, so no file is written.
 //! - `rss`: `chain` with retention (`max_messages: 100000`) through 5M messages (`--millions
@@ -464,6 +466,8 @@ struct RestTarget {
     server: ApiServer,
     url: String,
     key: Option<String>,
+    /// Each request names itself with an `Idempotency-Key` (`rest-pair-keyed`).
+    idempotent: bool,
 }
 
 impl RestTarget {
@@ -498,6 +502,7 @@ impl RestTarget {
             server,
             url,
             key,
+            idempotent: false,
         })
     }
 
@@ -549,6 +554,9 @@ impl RestTarget {
         let mut request = http.post(&self.url);
         if let Some(k) = &self.key {
             request = request.bearer_auth(k);
+        }
+        if self.idempotent {
+            request = request.header("Idempotency-Key", format!("load-{i}"));
         }
         let r = request
             .json(&json!({"to": "a", "payload_xml": payload(i)}))
@@ -623,13 +631,16 @@ async fn rest(
 /// organism carrying a quarter of the first one's peak as background load, so both see the
 /// same moment of this machine. Reports each side's percentiles and their ratio.
 /// With `control`, both sides are `auth: none` (`rest-pair-control`): how far apart the
-/// method puts two identical servers.
+/// method puts two identical servers. With `keyed`, both are `auth: none` and the second
+/// side's requests each carry an `Idempotency-Key` (`rest-pair-keyed`).
 async fn rest_pair(
     threads: usize,
     control: bool,
+    keyed: bool,
 ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
     let none = RestTarget::start("chain", false).await?;
-    let keys = RestTarget::start("chain", !control).await?;
+    let mut keys = RestTarget::start("chain", !control && !keyed).await?;
+    keys.idempotent = keyed;
     // Both sides run the same peak pass (so their stores and thread tables hold as much);
     // the background load is a quarter of the slower one's peak.
     let (peak_none, _) = drive(&none.organism, threads / 2 + 1, 3, None).await?;
@@ -680,7 +691,11 @@ async fn rest_pair(
     );
     let ratio = |q: f64, a: &mut Latencies, b: &mut Latencies| b.ms(q) / a.ms(q);
     Ok(json!({
-        "workload": if control { "rest-pair-control" } else { "rest-pair" },
+        "workload": match (control, keyed) {
+            (_, true) => "rest-pair-keyed",
+            (true, _) => "rest-pair-control",
+            _ => "rest-pair",
+        },
         "peak_hops_per_s": peak_hops.round(),
         "background_threads_per_s_each": per_tick * 1000,
         "background_refused": refused,
@@ -1243,11 +1258,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", driver.run(tenants(3.0))?);
             return Ok(());
         }
-        w @ ("rest-pair" | "rest-pair-control") => {
-            println!(
-                "{}",
-                driver.run(rest_pair(threads, w == "rest-pair-control"))?
-            );
+        w @ ("rest-pair" | "rest-pair-control" | "rest-pair-keyed") => {
+            let (control, keyed) = (w == "rest-pair-control", w == "rest-pair-keyed");
+            println!("{}", driver.run(rest_pair(threads, control, keyed))?);
             return Ok(());
         }
         "remote" => {
@@ -1273,7 +1286,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w @ ("chain" | "chain-memory" | "lua" | "fanout" | "ws50" | "ws50-auth") => vec![w],
         other => {
             return Err(format!(
-                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, rest-pair, rest-pair-control, tenants, \
+                "unknown workload `{other}` (chain, chain-memory, lua, fanout, ws50, ws50-auth, all, rest, rest-memory, rest-auth, rest-pair, rest-pair-control, rest-pair-keyed, tenants, \
                  remote, rss, startup)"
             )
             .into())
