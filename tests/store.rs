@@ -815,3 +815,43 @@ async fn a_stopped_organism_whose_handles_are_gone_leaves_its_file_to_the_next()
         again.stop().await;
     }
 }
+
+/// A thread continued again and again, each time after it finished, while other threads
+/// push finished ones out of memory: every message of it is in the store, each in its own
+/// slot (a thread let go of and taken up again continues after what was written).
+#[tokio::test]
+async fn a_thread_continued_after_each_finish_keeps_every_message() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!("organism: {{ name: durable, store: data.db }}\nlimits: {{ max_retained_bytes: 1048576 }}\nlisteners:\n{CHAIN}\n"),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let pad = "x".repeat(4000);
+    for i in 0..300 {
+        inject(&o, "a", &format!("<Note>{i} {pad}</Note>"), Some("kept"));
+        // Others finish in between, so `kept` is let go of from memory now and then.
+        let other = inject(&o, "a", &format!("<Note>other {i} {pad}</Note>"), None);
+        settle(&o, &other.thread_id).await;
+        wait_until_async("`kept` finishes", || async {
+            o.history()
+                .thread_info("kept")
+                .ok()
+                .flatten()
+                .is_some_and(|t| t.status == ThreadStatus::Completed)
+        })
+        .await;
+    }
+    let filter = agentserver::threads::MessageFilter {
+        thread: Some("kept".into()),
+        ..Default::default()
+    };
+    let page = o.history().query_messages(&filter, Page::ALL).unwrap();
+    assert_eq!(page.total, 900, "three hops for each of the 300 injects");
+    let slots: Vec<u64> = page.items.iter().map(|m| m.slot_index).collect();
+    assert_eq!(slots, (0..900).collect::<Vec<u64>>());
+    o.stop().await;
+}

@@ -258,6 +258,7 @@ impl Control<'_> {
     fn adopt_stored(self, id: &str) {
         let s = &self.organism.shared;
         if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
+            store.catch_up(super::READ_CATCH_UP);
             if let Ok(Some(info)) = store.thread(id) {
                 s.threads.adopt(&info);
             }

@@ -84,8 +84,10 @@ impl Organism {
                 return Err(InjectError::StoreBehind);
             }
             // A thread from before a restart, or evicted from memory, continues where its
-            // stored history ends.
+            // stored history ends: once the store has what was published (else its count
+            // is behind, and a new message would take the slot of one not yet written).
             if let Some(id) = thread_id.filter(|id| !s.threads.contains(id)) {
+                store.catch_up(super::READ_CATCH_UP);
                 if let Ok(Some(info)) = store.thread(id) {
                     s.threads.adopt(&info);
                 }

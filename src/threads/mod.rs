@@ -43,6 +43,9 @@ struct Entry {
     abort_mark: u64,
     /// Messages of this thread logged before it was (re)loaded here: slots continue after them.
     slot_base: u64,
+    /// While it counts among the finished threads kept: the number of its finish, and what
+    /// its messages weighed then.
+    finished: Option<(u64, usize)>,
     messages: Vec<MessageRecord>,
     cancel: CancellationToken,
     /// Whose active threads it counts among ([`Quota`]), while active.
@@ -105,10 +108,16 @@ impl Entry {
 #[derive(Default)]
 struct Shard {
     threads: SeededMap<Arc<str>, Entry>,
-    /// Finished threads, oldest first, with what their messages weighed when they finished.
-    finished: VecDeque<(Arc<str>, usize)>,
-    /// The sum of those weights.
+    /// Finished threads, oldest first, each with the number of its finish
+    /// ([`Entry::finished`]): an entry whose thread finished again since is stale and let go
+    /// of when it comes up.
+    finished: VecDeque<(Arc<str>, u64)>,
+    /// Threads finished now (the entries of `finished` not stale).
+    finished_now: usize,
+    /// What their messages weighed when they finished.
     finished_bytes: usize,
+    /// Finishes numbered so far.
+    finishes: u64,
     /// Messages appended here, ever.
     appended: u64,
     /// Messages that reached a final status, by receiver (`""` if none) and status.
@@ -216,6 +225,7 @@ impl ThreadRegistry {
             inputs: 0,
             abort_mark: 0,
             slot_base: 0,
+            finished: None,
             messages: Vec::new(),
             cancel: CancellationToken::new(),
         };
@@ -255,13 +265,15 @@ impl ThreadRegistry {
             inputs: 0,
             abort_mark: 0,
             slot_base: info.message_count,
+            finished: None,
             messages: Vec::new(),
             cancel,
             owner: None,
         };
+        let finished = info.status.is_finished();
         shard.threads.insert(id.clone(), entry);
-        if info.status.is_finished() {
-            shard.finished.push_back((id, 0));
+        if finished {
+            self.note_finished(&mut shard, &id);
         }
     }
 
@@ -486,28 +498,43 @@ impl ThreadRegistry {
     }
 
     fn note_finished(&self, shard: &mut Shard, thread: &str) {
-        let weight = shard
-            .threads
-            .get(thread)
-            .map_or(0, |e| e.messages.iter().map(MessageRecord::weight).sum());
-        shard.finished.push_back((Arc::from(thread), weight));
+        shard.finishes += 1;
+        let number = shard.finishes;
+        let Some(e) = shard.threads.get_mut(thread) else {
+            return;
+        };
+        let weight = e.messages.iter().map(MessageRecord::weight).sum();
+        // A thread that finishes again counts once, with what it weighs now.
+        if let Some((_, before)) = e.finished.replace((number, weight)) {
+            shard.finished_bytes -= before;
+            shard.finished_now -= 1;
+        }
+        shard.finished.push_back((Arc::from(thread), number));
         shard.finished_bytes += weight;
+        shard.finished_now += 1;
         let cap = self.retain_finished / SHARDS + 1;
         let reserved = self.reserved.load(std::sync::atomic::Ordering::Relaxed);
         let byte_cap = self.retain_bytes.saturating_sub(reserved) / SHARDS;
         // The thread just finished stays (its inject's answer may still read it).
-        while shard.finished.len() > cap
-            || (shard.finished_bytes > byte_cap && shard.finished.len() > 1)
+        while shard.finished_now > cap
+            || (shard.finished_bytes > byte_cap && shard.finished_now > 1)
         {
-            if let Some((old, weight)) = shard.finished.pop_front() {
-                shard.finished_bytes -= weight;
-                let still_finished = shard
-                    .threads
-                    .get(&old)
-                    .is_some_and(|e| e.status.is_finished());
-                if still_finished {
-                    shard.threads.remove(&old);
-                }
+            let Some((old, number)) = shard.finished.pop_front() else {
+                break;
+            };
+            let Some(e) = shard.threads.get_mut(&old) else {
+                continue;
+            };
+            // Stale: it finished again later (a later entry counts it).
+            let Some((_, weight)) = e.finished.filter(|(n, _)| *n == number) else {
+                continue;
+            };
+            e.finished = None;
+            shard.finished_bytes -= weight;
+            shard.finished_now -= 1;
+            // A thread revived since is kept (it counts again when it finishes).
+            if e.status.is_finished() {
+                shard.threads.remove(&old);
             }
         }
     }
