@@ -118,6 +118,13 @@ impl Guarded {
         let r = r.send().await.unwrap();
         let status = r.status().as_u16();
         let headers = r.headers().clone();
+        // An event stream does not end: its answer is its status and headers.
+        let streaming = headers
+            .get("content-type")
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if streaming {
+            return (status, headers, Value::Null);
+        }
         let text = r.text().await.unwrap();
         (
             status,
@@ -192,6 +199,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
     Some(match (method, path) {
         ("get", "/api/v1/keys" | "/api/v1/audit") => Role::Admin,
         ("get", _) => Role::Viewer,
+        ("post", "/api/v1/stream-tokens") => Role::Viewer,
         ("post", p) if operator.contains(&p) => Role::Operator,
         ("delete", "/api/v1/agents/{name}") => Role::Operator,
         ("post" | "delete", _) => Role::Admin,

@@ -924,3 +924,51 @@ async fn the_inbox_approves_and_answers_from_the_page() {
     keep_screenshot(&mut c, "dashboard-inbox").await;
     drop(server);
 }
+
+/// A browser's own `EventSource`, with a stream token, reads a thread from its history on:
+/// the snapshot, then a live message; the token does not open the stream twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_event_source_follows_a_thread_with_a_stream_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, keys) = with_keys(dir.path(), &[("watcher", Role::Viewer, None)]);
+    let (server, base) = serve(&o).await;
+    let first = inject(&o, "a", &ping(1), Some("followed"));
+    settle(&o, &first.thread_id).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/healthz")).await;
+    let url = c
+        .eval(&format!(
+            r#"(async () => {{
+              const r = await fetch('/api/v1/stream-tokens', {{method: 'POST',
+                headers: {{'Authorization': 'Bearer {key}', 'Content-Type': 'application/json'}},
+                body: JSON.stringify({{thread_id: 'followed'}})}});
+              const t = await r.json();
+              window.got = [];
+              window.es = new EventSource(t.url);
+              es.addEventListener('thread_snapshot', e => {{
+                const s = JSON.parse(e.data);
+                got.push('snapshot ' + s.messages.map(m => m.to).join(','));
+              }});
+              es.addEventListener('message', e => got.push('message ' + JSON.parse(e.data).message.payload.n));
+              return t.url;
+            }})()"#,
+            key = keys[0]
+        ))
+        .await;
+    let url = url.as_str().unwrap().to_string();
+    c.wait("got.length >= 1", "the snapshot").await;
+    assert_eq!(c.eval("got[0]").await, "snapshot a,b");
+    inject(&o, "a", &ping(2), Some("followed"));
+    c.wait("got.includes('message 2')", "the live message")
+        .await;
+    assert_eq!(
+        c.eval("got.filter(g => g === 'message 2').length").await,
+        2,
+        "api → a and a → b"
+    );
+    // The token was used: the same URL is refused, in the page too.
+    let status = c.eval(&format!("fetch('{url}').then(r => r.status)")).await;
+    assert_eq!(status, 401);
+    c.eval("es.close()").await;
+    server.shutdown().await;
+}

@@ -52,6 +52,7 @@ mod mirror;
 mod rest;
 mod sanitize;
 mod schema;
+mod stream;
 mod test_vectors;
 pub mod view;
 mod whole;
@@ -143,6 +144,8 @@ struct Inner {
     tests_running: std::sync::Mutex<TestSlots>,
     /// Injects' idempotency keys (`Idempotency-Key`).
     keys: idempotency::Keys,
+    /// Stream tokens waiting to be used (`POST /api/v1/stream-tokens`).
+    stream_tokens: stream::StreamTokens,
     openapi: String,
 }
 
@@ -318,6 +321,8 @@ fn router(
         .routes(routes!(inputs::abort_thread))
         .routes(routes!(inputs::list_inputs))
         .routes(routes!(inputs::get_input))
+        .routes(routes!(stream::thread_events))
+        .routes(routes!(stream::create_stream_token))
         .routes(routes!(inputs::approve_input))
         .routes(routes!(inputs::reject_input))
         .routes(routes!(inputs::answer_input))
@@ -364,6 +369,7 @@ fn router(
             refused: Default::default(),
             tests_running: Default::default(),
             keys,
+            stream_tokens: Default::default(),
             openapi,
         }),
     };

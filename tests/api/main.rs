@@ -12,6 +12,7 @@ mod idempotency;
 mod origins;
 mod rest;
 mod shapes;
+mod stream;
 mod ws;
 
 use agentserver::api::ApiOptions;

@@ -25,7 +25,7 @@ pub use policy::{
     command_least, command_rule, organism_wide, route_need, route_rule, Need, On, Role, Rule, Via,
     TABLE,
 };
-pub use visible::{unknown_thread, Seen, VisibleAgent, VisibleThread};
+pub use visible::{sees_event, unknown_thread, Seen, VisibleAgent, VisibleThread};
 
 /// The longest credential read; a longer one is refused unread.
 pub use crate::access::MAX_CREDENTIAL_BYTES;
@@ -148,6 +148,19 @@ pub(super) async fn guard(
         Need::Role(r) => r,
     };
     let p = match authenticate(&auth, request.headers()) {
+        // A browser's `EventSource` cannot send `Authorization`: a thread's event stream
+        // takes a stream token instead.
+        Err(Refused::Missing) if path == super::stream::THREAD_EVENTS => {
+            match stream_token(&state, &request) {
+                Some(p) => p,
+                None => {
+                    let refused = Refused::Invalid("the stream token was refused".into());
+                    let (response, row) = refusal(&auth, &request, refused);
+                    state.audit_maybe(row).await;
+                    return response;
+                }
+            }
+        }
         Err(refused) => {
             let (response, row) = refusal(&auth, &request, refused);
             state.audit_maybe(row).await;
@@ -178,6 +191,22 @@ pub(super) async fn guard(
             .await;
     }
     response
+}
+
+/// The principal of the request's `?st=` stream token, for the thread of its path; the
+/// token is used up.
+fn stream_token(state: &ApiState, request: &Request) -> Option<Principal> {
+    let token = request
+        .uri()
+        .query()?
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("st="))?;
+    let thread = request
+        .uri()
+        .path()
+        .strip_prefix("/api/v1/threads/")?
+        .strip_suffix("/events")?;
+    state.inner.stream_tokens.redeem(token, thread)
 }
 
 /// Whether a request is kept in the audit log: every request that may change something,

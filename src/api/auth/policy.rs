@@ -131,6 +131,8 @@ pub const TABLE: &[Rule] = &[
     route(GET, "/api/v1/threads", VIEWER, false),
     route(GET, "/api/v1/threads/{id}", VIEWER, false),
     route(GET, "/api/v1/threads/{id}/messages", VIEWER, false),
+    route(GET, "/api/v1/threads/{id}/events", VIEWER, false),
+    route(POST, "/api/v1/stream-tokens", VIEWER, false),
     route(GET, "/api/v1/messages", VIEWER, false),
     route(POST, "/api/v1/inject", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),

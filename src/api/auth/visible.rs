@@ -85,3 +85,40 @@ impl FromRequestParts<ApiState> for VisibleThread {
         }
     }
 }
+
+/// Whether a tenant's principal (of `principal_tenant`, seeing `scope`) sees `ev`; `thread`
+/// says whether it sees the thread of that id. What `/ws` and a thread's event stream show.
+pub fn sees_event(
+    scope: &crate::access::Scope,
+    principal_tenant: Option<&str>,
+    ev: &crate::events::Event,
+    thread: impl Fn(&str) -> bool,
+) -> bool {
+    use crate::events::EventKind;
+    match &ev.kind {
+        EventKind::AgentState { agent, .. } => scope.sees(agent),
+        EventKind::Log { agent, .. } => scope.sees(agent),
+        EventKind::Message { message } => scope.sees_message(&message.from, message.to.as_deref()),
+        EventKind::MessageStatus { about: Some(a), .. } => {
+            scope.sees_message(&a.from, a.to.as_deref())
+        }
+        EventKind::MessageStatus { thread_id, .. } => thread(thread_id),
+        EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
+        EventKind::ThreadCreated { thread: t } => {
+            scope.sees_thread(&t.participants) || thread(&t.id)
+        }
+        EventKind::Error { agent: Some(a), .. } => scope.sees(a),
+        EventKind::Error {
+            thread_id: Some(t), ..
+        } => thread(t),
+        EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
+        EventKind::Deployment { tenant, .. } => {
+            tenant.is_some() && tenant.as_deref() == principal_tenant
+        }
+        EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
+            scope.sees(&input.listener)
+        }
+        EventKind::OrganismState { .. } => true,
+        EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
+    }
+}

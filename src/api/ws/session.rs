@@ -34,7 +34,7 @@ use crate::api::error::ApiError;
 use crate::api::filter::Filter;
 use crate::api::{ApiOptions, Endpoint};
 use crate::config::Limits;
-use crate::events::{Event, EventKind, Receiver, RecvError, Subscription, TryRecvError};
+use crate::events::{Event, Receiver, RecvError, Subscription, TryRecvError};
 use crate::time::Timestamp;
 
 /// Events a session takes from the hub in one turn of its loop, at most (then it checks its
@@ -492,35 +492,8 @@ impl<S: Source> Session<S> {
             return true;
         }
         let scope = self.scope();
-        let thread = |id: &str| self.source.sees_thread(&scope, id);
-        match &ev.kind {
-            EventKind::AgentState { agent, .. } => scope.sees(agent),
-            EventKind::Log { agent, .. } => scope.sees(agent),
-            EventKind::Message { message } => {
-                scope.sees_message(&message.from, message.to.as_deref())
-            }
-            EventKind::MessageStatus { about: Some(a), .. } => {
-                scope.sees_message(&a.from, a.to.as_deref())
-            }
-            EventKind::MessageStatus { thread_id, .. } => thread(thread_id),
-            EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
-            EventKind::ThreadCreated { thread: t } => {
-                scope.sees_thread(&t.participants) || thread(&t.id)
-            }
-            EventKind::Error { agent: Some(a), .. } => scope.sees(a),
-            EventKind::Error {
-                thread_id: Some(t), ..
-            } => thread(t),
-            EventKind::Reload { agent: Some(a), .. } => scope.sees(a),
-            EventKind::Deployment { tenant, .. } => {
-                tenant.is_some() && *tenant == self.principal.tenant
-            }
-            EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
-                scope.sees(&input.listener)
-            }
-            EventKind::OrganismState { .. } => true,
-            EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
-        }
+        let tenant = self.principal.tenant.as_deref();
+        crate::api::auth::sees_event(&scope, tenant, ev, |id| self.source.sees_thread(&scope, id))
     }
 
     /// Answers one command frame with `ack` or `error`, carrying its `request_id`.

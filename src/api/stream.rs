@@ -1,0 +1,384 @@
+//! A thread's event stream (`GET /api/v1/threads/{id}/events`, Server-Sent Events): first a
+//! `thread_snapshot` read from the history (the thread, its messages in parts of at most
+//! [`MAX_SNAPSHOT_PART_BYTES`], its open inputs, `as_of_seq`), then every live event of the
+//! thread the principal sees, each with `id: <seq>`. The hub is subscribed before the
+//! history is read, so nothing falls between; a message the snapshot holds is not sent
+//! again. `Last-Event-ID` (or `?since=`) inside the hub's ring resumes exactly; past it, or
+//! after the stream fell behind, a fresh snapshot. Comments every [`HEARTBEAT`] keep proxies
+//! from closing an idle stream. Browsers (`EventSource` cannot send `Authorization`) present
+//! a stream token (`POST /api/v1/stream-tokens`): single-use, [`TOKEN_TTL`], bound to the
+//! principal and the thread, accepted as `?st=` on this route only.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::Json;
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+
+use super::auth::{sees_event, unknown_thread, Seen, VisibleThread};
+use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::view::{Message, Thread, Timestamp};
+use super::ApiState;
+use crate::access::{Principal, Scope};
+use crate::events::{Event, Receiver, RecvError};
+use crate::sync::lock;
+use crate::threads::{InputFilter, InputStatus, Page};
+use crate::Organism;
+
+/// The route's template (the auth guard takes a stream token on it alone).
+pub const THREAD_EVENTS: &str = "/api/v1/threads/{id}/events";
+/// Bytes of messages in one `thread_snapshot` part, at most (a larger message goes alone).
+pub const MAX_SNAPSHOT_PART_BYTES: usize = 1024 * 1024;
+/// Messages read from the history at a time while a snapshot is written.
+const SNAPSHOT_PAGE: usize = 64;
+/// How often an idle stream sends a comment.
+pub const HEARTBEAT: Duration = Duration::from_secs(15);
+/// How long a stream token may wait to be used.
+pub const TOKEN_TTL: Duration = Duration::from_secs(60);
+/// Stream tokens waiting to be used, at most (one more is 429 `too_many_stream_tokens`).
+pub const MAX_STREAM_TOKENS: usize = 10_000;
+
+/// The stream tokens waiting to be used: token → (whose, which thread, until when).
+#[derive(Default)]
+pub struct StreamTokens(Mutex<HashMap<String, (Principal, String, Instant)>>);
+
+impl StreamTokens {
+    fn issue(&self, p: &Principal, thread: &str) -> Result<String, ApiError> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_randomness",
+                e.to_string(),
+            )
+        })?;
+        let token = bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let mut tokens = lock(&self.0);
+        let now = Instant::now();
+        tokens.retain(|_, (_, _, until)| *until > now);
+        if tokens.len() >= MAX_STREAM_TOKENS {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_stream_tokens",
+                format!("{MAX_STREAM_TOKENS} stream tokens wait to be used; use or let them expire first"),
+            ));
+        }
+        tokens.insert(
+            token.clone(),
+            (p.clone(), thread.to_string(), now + TOKEN_TTL),
+        );
+        Ok(token)
+    }
+
+    /// The principal of `token`, if it is unused, unexpired and for `thread`; used up
+    /// either way.
+    pub fn redeem(&self, token: &str, thread: &str) -> Option<Principal> {
+        let (p, bound, until) = lock(&self.0).remove(token)?;
+        (bound == thread && until > Instant::now()).then_some(p)
+    }
+}
+
+/// `POST /api/v1/stream-tokens`'s body.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StreamTokenBody {
+    /// The thread whose event stream the token opens.
+    pub thread_id: String,
+}
+
+/// A stream token.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StreamToken {
+    /// Present as `?st=` on `GET /api/v1/threads/{thread_id}/events`, once.
+    pub token: String,
+    pub thread_id: String,
+    pub expires_at: Timestamp,
+    /// The stream's path with the token.
+    pub url: String,
+}
+
+#[utoipa::path(post, path = "/api/v1/stream-tokens", tag = "threads", request_body = StreamTokenBody,
+    responses((status = 201, description = "A single-use token for one thread's event stream, valid 60 s", body = StreamToken),
+              (status = 404, description = "No such thread (in this credential's scope)", body = ErrorResponse),
+              (status = 429, description = "Too many tokens wait to be used", body = ErrorResponse)))]
+pub async fn create_stream_token(
+    State(s): State<ApiState>,
+    seen: Seen,
+    JsonBody(body): JsonBody<StreamTokenBody>,
+) -> Result<(StatusCode, Json<StreamToken>), ApiError> {
+    let id = body.thread_id;
+    match s.inner.organism.history().thread_info(&id)? {
+        Some(info) if seen.scope.sees_thread(&info.participants) => {}
+        _ => return Err(unknown_thread(&id).at("thread_id")),
+    }
+    let token = s.inner.stream_tokens.issue(&seen.principal, &id)?;
+    let ttl = u64::try_from(TOKEN_TTL.as_millis()).unwrap_or(u64::MAX);
+    let expires = crate::time::Timestamp(crate::time::Timestamp::now().0.saturating_add(ttl));
+    Ok((
+        StatusCode::CREATED,
+        Json(StreamToken {
+            url: format!("/api/v1/threads/{id}/events?st={token}"),
+            token,
+            thread_id: id,
+            expires_at: expires.into(),
+        }),
+    ))
+}
+
+/// `GET /api/v1/threads/{id}/events`'s query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct EventsQuery {
+    /// Resume after this `seq` (as `Last-Event-ID`).
+    pub since: Option<u64>,
+    /// A stream token (`POST /api/v1/stream-tokens`), for a client that cannot send
+    /// `Authorization` (a browser's `EventSource`).
+    #[allow(dead_code)] // redeemed by the auth guard, before the handler
+    pub st: Option<String>,
+}
+
+#[utoipa::path(get, path = "/api/v1/threads/{id}/events", tag = "threads",
+    params(("id" = String, Path, description = "Thread id"), EventsQuery,
+           ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this `seq`")),
+    responses((status = 200, description = "`text/event-stream`: `thread_snapshot` part(s), then the thread's events, each `id: <seq>`", content_type = "text/event-stream", body = String),
+              (status = 404, description = "No such thread (in this credential's scope)", body = ErrorResponse)))]
+pub async fn thread_events(
+    State(s): State<ApiState>,
+    thread: VisibleThread,
+    seen: Seen,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let since = q.since.or_else(|| {
+        headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok())
+    });
+    let organism = s.inner.organism.clone();
+    let sub = organism.events().subscribe_since(since);
+    let start = match (since, sub.resync_from) {
+        (Some(_), None) => Phase::Replay(sub.replay.into()),
+        _ => Phase::Snapshot(0),
+    };
+    let state = Reader {
+        organism,
+        thread: thread.id,
+        scope: thread.scope,
+        tenant: seen.principal.tenant,
+        live: sub.live,
+        as_of: sub.seq,
+        phase: start,
+        sent: HashSet::new(),
+    };
+    let closing = s.inner.closing.clone();
+    let stream = futures_util::stream::unfold(state, |mut r| async move {
+        let ev = r.next().await?;
+        Some((Ok(ev), r))
+    });
+    let stream = futures_util::StreamExt::take_until(stream, closing.cancelled_owned());
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT))
+}
+
+/// Where a stream stands.
+enum Phase {
+    /// Writing the snapshot; the next part starts at this message.
+    Snapshot(usize),
+    /// Resuming: the retained events after the client's `seq`.
+    Replay(VecDeque<Arc<Event>>),
+    Live,
+}
+
+/// One client's stream of one thread.
+struct Reader {
+    organism: Organism,
+    thread: String,
+    scope: Scope,
+    tenant: Option<String>,
+    live: Receiver,
+    /// The last `seq` handed out when the hub was subscribed (the snapshot's cursor).
+    as_of: u64,
+    phase: Phase,
+    /// The messages the snapshot held (not sent again live).
+    sent: HashSet<Arc<str>>,
+}
+
+/// One `thread_snapshot` part.
+#[derive(Serialize)]
+struct SnapshotPart<'a> {
+    event: &'static str,
+    thread_id: &'a str,
+    /// The thread as it was read (the first part only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thread: Option<Thread>,
+    messages: Vec<Message<'a>>,
+    /// Its open inputs (the first part only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    inputs: Option<Vec<super::inputs::Input>>,
+    as_of_seq: u64,
+    part: usize,
+    /// More parts follow.
+    more: bool,
+}
+
+impl Reader {
+    /// The next event of the stream; `None` when it ends (the hub closed).
+    async fn next(&mut self) -> Option<SseEvent> {
+        loop {
+            match &mut self.phase {
+                Phase::Snapshot(offset) => {
+                    let offset = *offset;
+                    return Some(self.snapshot_part(offset));
+                }
+                Phase::Replay(events) => match events.pop_front() {
+                    Some(ev) => {
+                        if let Some(out) = self.live_event(&ev) {
+                            return Some(out);
+                        }
+                    }
+                    None => self.phase = Phase::Live,
+                },
+                Phase::Live => match self.live.recv().await {
+                    Ok(ev) => {
+                        if let Some(out) = self.live_event(&ev) {
+                            return Some(out);
+                        }
+                    }
+                    // Fell behind the hub: start again from a fresh snapshot.
+                    Err(RecvError::Lagged(_)) => {
+                        let sub = self.organism.events().subscribe_since(None);
+                        self.live = sub.live;
+                        self.as_of = sub.seq;
+                        self.sent.clear();
+                        self.phase = Phase::Snapshot(0);
+                    }
+                    Err(RecvError::Closed) => return None,
+                },
+            }
+        }
+    }
+
+    /// The event `ev` as this client sees it, if it is of the thread, visible, and not a
+    /// message the snapshot held.
+    fn live_event(&mut self, ev: &Event) -> Option<SseEvent> {
+        if ev.kind.thread_id() != Some(self.thread.as_str()) {
+            return None;
+        }
+        if !self.scope.everything()
+            && !sees_event(&self.scope, self.tenant.as_deref(), ev, |t| {
+                t == self.thread
+            })
+        {
+            return None;
+        }
+        if let crate::events::EventKind::Message { message } = &ev.kind {
+            if self.sent.remove(&message.id) {
+                return None;
+            }
+        }
+        let frame = super::frame::event_frame(ev, &self.organism)?;
+        Some(
+            SseEvent::default()
+                .id(ev.seq.to_string())
+                .event(ev.kind.name())
+                .data(frame.as_str()),
+        )
+    }
+
+    /// The snapshot's part from message `offset`: the thread and its open inputs with the
+    /// first, messages up to [`MAX_SNAPSHOT_PART_BYTES`]; the last part carries the
+    /// snapshot's `id` (so a client cut off within a snapshot asks for a fresh one).
+    fn snapshot_part(&mut self, offset: usize) -> SseEvent {
+        let history = self.organism.history();
+        let first = offset == 0;
+        let info = history.thread_info(&self.thread).ok().flatten();
+        let mut records = Vec::new();
+        let mut bytes = 0;
+        let mut next = offset;
+        let mut more = false;
+        'pages: loop {
+            let page = Page {
+                limit: SNAPSHOT_PAGE,
+                offset: next,
+            };
+            let items = self.page(page);
+            let n = items.len();
+            for m in items {
+                if bytes > 0 && bytes + m.payload_xml.len() > MAX_SNAPSHOT_PART_BYTES {
+                    more = true;
+                    break 'pages;
+                }
+                bytes += m.payload_xml.len();
+                next += 1;
+                records.push(m);
+            }
+            if n < SNAPSHOT_PAGE {
+                break;
+            }
+        }
+        self.sent.extend(records.iter().map(|m| m.id.clone()));
+        let inputs = first.then(|| self.open_inputs());
+        let schemas = self.organism.schemas();
+        let part = SnapshotPart {
+            event: "thread_snapshot",
+            thread_id: &self.thread,
+            thread: if first { info.map(Thread::from) } else { None },
+            messages: Message::all(&records, &schemas),
+            inputs,
+            as_of_seq: self.as_of,
+            part: offset,
+            more,
+        };
+        let data = serde_json::to_string(&part).unwrap_or_default();
+        let ev = SseEvent::default().event("thread_snapshot").data(data);
+        if more {
+            self.phase = Phase::Snapshot(next);
+            ev
+        } else {
+            self.phase = Phase::Live;
+            ev.id(self.as_of.to_string())
+        }
+    }
+
+    /// One page of the thread's messages the client sees.
+    fn page(&self, page: Page) -> Vec<crate::threads::MessageRecord> {
+        let history = self.organism.history();
+        let read = if self.scope.everything() {
+            history
+                .thread_page(&self.thread, page)
+                .map(|p| p.map(|p| p.items))
+        } else {
+            let filter = crate::threads::MessageFilter {
+                thread: Some(self.thread.clone()),
+                within: self.scope.within(),
+                ..Default::default()
+            };
+            history.query_messages(&filter, page).map(|p| Some(p.items))
+        };
+        read.ok().flatten().unwrap_or_default()
+    }
+
+    fn open_inputs(&self) -> Vec<super::inputs::Input> {
+        let filter = InputFilter {
+            status: Some(InputStatus::Open),
+            thread: Some(self.thread.clone()),
+            tenant: self.tenant.clone(),
+            ..Default::default()
+        };
+        let page = Page {
+            limit: 1000,
+            offset: 0,
+        };
+        let rows = self.organism.inputs().list(&filter, page).map(|p| p.items);
+        rows.unwrap_or_default()
+            .iter()
+            .filter(|r| self.scope.sees(&r.listener))
+            .map(|r| super::inputs::Input::of(r, &self.organism))
+            .collect()
+    }
+}
