@@ -140,7 +140,7 @@ enum Command {
         /// Only messages from or to agents matching this glob (`shout*`).
         #[arg(long)]
         agent: Option<String>,
-        /// Only this thread.
+        /// Only this thread: its history first, then live (its event stream).
         #[arg(long)]
         thread: Option<String>,
         /// Only this payload type (`Local` or `{namespace}Local`).

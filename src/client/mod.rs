@@ -2,6 +2,7 @@
 //! `scripts` (`agents.rs`), and anyone embedding.
 
 pub mod agents;
+mod follow;
 pub mod inputs;
 pub mod keys;
 pub mod stream;
@@ -296,7 +297,7 @@ async fn needs_no_credential(remote: &Remote) -> Result<(), ClientError> {
 }
 
 /// Streams `/ws/messages` to `out`, one line per message and per status change (or the raw
-/// JSON frames with `json`). Notices (`dropped`, `resync_required`) go to stderr. Ends with
+/// JSON frames with `json`); with a thread, that thread's event stream, its history first. Notices (`dropped`, `resync_required`) go to stderr. Ends with
 /// [`ClientError::Ended`] when the server ends the stream (it stopped, or went away).
 pub async fn tail(
     remote: &Remote,
@@ -304,10 +305,14 @@ pub async fn tail(
     json: bool,
     out: &mut (dyn Write + Send),
 ) -> Result<(), ClientError> {
-    let ws_url = tail_url(remote.url(), filter)?;
     if remote.token.is_none() {
         needs_no_credential(remote).await?;
     }
+    // One thread: its history first, then live.
+    if let Some(thread) = &filter.thread {
+        return follow::follow(remote, thread, filter, json, out).await;
+    }
+    let ws_url = tail_url(remote.url(), filter)?;
     let mut socket = outbound::websocket(&ws_url, remote.token.as_deref(), remote.tls.clone())
         .await
         .map_err(|e| match e {

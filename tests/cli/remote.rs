@@ -167,6 +167,17 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
         "{stderr}"
     );
 
+    // One thread's tail starts from its history.
+    let mut follow = agentserver();
+    follow.args(["tail", "--url", &url, "--thread", &thread]);
+    let (follow, follow_lines) = spawn_lines(follow);
+    let history = line_matching(&follow_lines, |l| l.contains("-> response-handler"));
+    assert!(
+        history.contains(&format!("{thread} #2")) && history.contains("HELLO, ADA!"),
+        "{history}"
+    );
+    drop(follow);
+
     // With an idempotency key, a retry runs once; the key with another payload is refused.
     let keyed = |payload: &str| {
         agentserver()
