@@ -35,8 +35,8 @@ use crate::Organism;
 pub const THREAD_EVENTS: &str = "/api/v1/threads/{id}/events";
 /// Bytes of messages in one `thread_snapshot` part, at most (a larger message goes alone).
 pub const MAX_SNAPSHOT_PART_BYTES: usize = 1024 * 1024;
-/// Messages read from the history at a time while a snapshot is written.
-const SNAPSHOT_PAGE: usize = 64;
+/// Messages in one snapshot part, at most (besides [`MAX_SNAPSHOT_PART_BYTES`]).
+const SNAPSHOT_PAGE: usize = 2048;
 /// How often an idle stream sends a comment.
 pub const HEARTBEAT: Duration = Duration::from_secs(15);
 /// How long a stream token may wait to be used.
@@ -187,8 +187,8 @@ pub async fn thread_events(
 
 /// Where a stream stands.
 enum Phase {
-    /// Writing the snapshot; the next part starts at this message.
-    Snapshot(usize),
+    /// Writing the snapshot; the next part starts at this slot.
+    Snapshot(u64),
     /// Resuming: the retained events after the client's `seq`.
     Replay(VecDeque<Arc<Event>>),
     Live,
@@ -221,6 +221,7 @@ struct SnapshotPart<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     inputs: Option<Vec<super::inputs::Input>>,
     as_of_seq: u64,
+    /// The slot this part starts at.
     part: usize,
     /// More parts follow.
     more: bool,
@@ -231,9 +232,9 @@ impl Reader {
     async fn next(&mut self) -> Option<SseEvent> {
         loop {
             match &mut self.phase {
-                Phase::Snapshot(offset) => {
-                    let offset = *offset;
-                    return Some(self.snapshot_part(offset));
+                Phase::Snapshot(from) => {
+                    let from = *from;
+                    return Some(self.snapshot_part(from));
                 }
                 Phase::Replay(events) => match events.pop_front() {
                     Some(ev) => {
@@ -290,48 +291,37 @@ impl Reader {
         )
     }
 
-    /// The snapshot's part from message `offset`: the thread and its open inputs with the
-    /// first, messages up to [`MAX_SNAPSHOT_PART_BYTES`]; the last part carries the
-    /// snapshot's `id` (so a client cut off within a snapshot asks for a fresh one).
-    fn snapshot_part(&mut self, offset: usize) -> SseEvent {
+    /// The snapshot's part from slot `from`: the thread and its open inputs with the first,
+    /// messages up to [`MAX_SNAPSHOT_PART_BYTES`]; the last part carries the snapshot's `id`
+    /// (so a client cut off within a snapshot asks for a fresh one).
+    fn snapshot_part(&mut self, from: u64) -> SseEvent {
         let history = self.organism.history();
-        let first = offset == 0;
-        let info = history.thread_info(&self.thread).ok().flatten();
-        let mut records = Vec::new();
-        let mut bytes = 0;
-        let mut next = offset;
-        let mut more = false;
-        'pages: loop {
-            let page = Page {
-                limit: SNAPSHOT_PAGE,
-                offset: next,
-            };
-            let items = self.page(page);
-            let n = items.len();
-            for m in items {
-                if bytes > 0 && bytes + m.payload_xml.len() > MAX_SNAPSHOT_PART_BYTES {
-                    more = true;
-                    break 'pages;
-                }
-                bytes += m.payload_xml.len();
-                next += 1;
-                records.push(m);
-            }
-            if n < SNAPSHOT_PAGE {
-                break;
-            }
-        }
+        let first = from == 0;
+        let info = first
+            .then(|| history.thread_info(&self.thread).ok().flatten())
+            .flatten();
+        let (slice, more) = history
+            .thread_slice(&self.thread, from, SNAPSHOT_PAGE, MAX_SNAPSHOT_PART_BYTES)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let next = slice.last().map_or(from, |m| m.slot_index + 1);
+        // A tenant's principal sees the messages of its listeners.
+        let records: Vec<_> = slice
+            .into_iter()
+            .filter(|m| self.scope.sees_message(&m.from, m.to.as_deref()))
+            .collect();
         self.sent.extend(records.iter().map(|m| m.id.clone()));
         let inputs = first.then(|| self.open_inputs());
         let schemas = self.organism.schemas();
         let part = SnapshotPart {
             event: "thread_snapshot",
             thread_id: &self.thread,
-            thread: if first { info.map(Thread::from) } else { None },
+            thread: info.map(Thread::from),
             messages: Message::all(&records, &schemas),
             inputs,
             as_of_seq: self.as_of,
-            part: offset,
+            part: usize::try_from(from).unwrap_or(usize::MAX),
             more,
         };
         let data = serde_json::to_string(&part).unwrap_or_default();
@@ -343,24 +333,6 @@ impl Reader {
             self.phase = Phase::Live;
             ev.id(self.as_of.to_string())
         }
-    }
-
-    /// One page of the thread's messages the client sees.
-    fn page(&self, page: Page) -> Vec<crate::threads::MessageRecord> {
-        let history = self.organism.history();
-        let read = if self.scope.everything() {
-            history
-                .thread_page(&self.thread, page)
-                .map(|p| p.map(|p| p.items))
-        } else {
-            let filter = crate::threads::MessageFilter {
-                thread: Some(self.thread.clone()),
-                within: self.scope.within(),
-                ..Default::default()
-            };
-            history.query_messages(&filter, page).map(|p| Some(p.items))
-        };
-        read.ok().flatten().unwrap_or_default()
     }
 
     fn open_inputs(&self) -> Vec<super::inputs::Input> {

@@ -85,6 +85,46 @@ impl<'a> History<'a> {
         }
     }
 
+    /// A thread's messages from slot `from` on, in slot order: at most `limit`, and no more
+    /// than fit in `max_bytes` of payloads (at least one); and whether more follow. Read by
+    /// slot (no count, no offset): from memory where the organism holds them, else from the
+    /// store. `None` for no such thread.
+    pub fn thread_slice(
+        self,
+        id: &str,
+        from: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Option<(Vec<MessageRecord>, bool)>, crate::store::StoreError> {
+        let shared = &self.organism.shared;
+        let held = shared.threads.log(id, from, limit.saturating_add(1));
+        match (held, &shared.store) {
+            (Some((base, live)), Some(store)) if from < base => {
+                let (mut part, more) = store.thread_slice(id, from, limit, max_bytes)?;
+                part.retain(|m| m.slot_index < base);
+                // The live part follows a store part that reached it (not one cut short).
+                let reached = part.last().is_none_or(|m| m.slot_index + 1 >= base);
+                if !reached || (more && part.len() == limit) {
+                    return Ok(Some((part, true)));
+                }
+                let used = part.iter().map(|m| m.payload_xml.len()).sum();
+                let room = limit - part.len();
+                let (live, more) = within(live, room, max_bytes, used);
+                part.extend(live);
+                Ok(Some((part, more)))
+            }
+            (Some((_, live)), _) => Ok(Some(within(live, limit, max_bytes, 0))),
+            (None, Some(store)) => {
+                let (part, more) = store.thread_slice(id, from, limit, max_bytes)?;
+                if part.is_empty() && store.thread(id)?.is_none() {
+                    return Ok(None);
+                }
+                Ok(Some((part, more)))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
     /// One page of a thread's messages in slot order, `None` for an unknown thread. What
     /// the organism holds in memory is live (every message, current statuses); slots before
     /// it (a thread continued after a restart) and threads no longer held come from the
@@ -99,7 +139,7 @@ impl<'a> History<'a> {
             ..Default::default()
         };
         match (
-            self.organism.shared.threads.log(id),
+            self.organism.shared.threads.log(id, 0, usize::MAX),
             &self.organism.shared.store,
         ) {
             (Some((0, live)), _) | (Some((_, live)), None) => Ok(Some(page.cut(live))),
@@ -166,4 +206,27 @@ impl<'a> History<'a> {
     pub fn thread_messages(self, id: &str) -> Option<Vec<MessageRecord>> {
         self.organism.shared.threads.messages(id)
     }
+}
+
+/// The first of `messages` that fit in `limit` and in `max_bytes` with `used` taken (at
+/// least one when nothing is), and whether any is left.
+fn within(
+    mut messages: Vec<MessageRecord>,
+    limit: usize,
+    max_bytes: usize,
+    used: usize,
+) -> (Vec<MessageRecord>, bool) {
+    let mut bytes = used;
+    let fit = messages
+        .iter()
+        .take(limit)
+        .take_while(|m| {
+            bytes += m.payload_xml.len();
+            bytes <= max_bytes
+        })
+        .count()
+        .max(usize::from(used == 0 && limit > 0 && !messages.is_empty()));
+    let more = messages.len() > fit;
+    messages.truncate(fit);
+    (messages, more)
 }

@@ -456,6 +456,49 @@ impl Store {
     }
 
     /// One thread, if stored.
+    /// Thread `id`'s messages from slot `from` on, in slot order: at most `limit`, and no
+    /// more than fit in `max_bytes` of payloads (at least one); and whether more follow.
+    /// Through the thread's slot index (no count, no offset); the sizes are read first, so
+    /// no more is loaded than is returned.
+    pub fn thread_slice(
+        &self,
+        id: &str,
+        from: u64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<(Vec<MessageRecord>, bool), StoreError> {
+        self.read(|tx| {
+            let from = i64::try_from(from).unwrap_or(i64::MAX);
+            let mut sizes = tx.prepare_cached(
+                "SELECT m.slot_index, octet_length(m.payload_xml) FROM messages m \
+                 JOIN threads t ON t.n = m.thread WHERE t.id = ?1 AND m.slot_index >= ?2 \
+                 ORDER BY m.slot_index LIMIT ?3",
+            )?;
+            let one_more = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
+            let mut rows = sizes.query(params![id, from, one_more])?;
+            let (mut last, mut bytes, mut taken, mut more) = (None, 0usize, 0usize, false);
+            while let Some(r) = rows.next()? {
+                let size = usize::try_from(r.get::<_, i64>(1)?).unwrap_or(0);
+                if taken == limit || (last.is_some() && bytes + size > max_bytes) {
+                    more = true;
+                    break;
+                }
+                bytes += size;
+                taken += 1;
+                last = Some(r.get::<_, i64>(0)?);
+            }
+            let Some(last) = last else {
+                return Ok((Vec::new(), false));
+            };
+            let mut st = tx.prepare_cached(&format!(
+                "SELECT {MESSAGE_COLUMNS} FROM {MESSAGES} WHERE t.id = ?1 AND m.slot_index >= ?2 \
+                 AND m.slot_index <= ?3 ORDER BY m.slot_index"
+            ))?;
+            let rows = st.query_map(params![id, from, last], row_to_message)?;
+            Ok((rows.collect::<rusqlite::Result<Vec<_>>>()?, more))
+        })
+    }
+
     pub fn thread(&self, id: &str) -> Result<Option<ThreadInfo>, StoreError> {
         self.read(|tx| {
             let row = tx

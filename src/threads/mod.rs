@@ -598,17 +598,19 @@ impl ThreadRegistry {
 
     /// The thread's message log, in slot order.
     pub fn messages(&self, thread: &str) -> Option<Vec<MessageRecord>> {
-        self.log(thread).map(|(_, messages)| messages)
+        self.log(thread, 0, usize::MAX)
+            .map(|(_, messages)| messages)
     }
 
     /// The part of the thread's log held here: the slot it starts at (above 0 for a thread
-    /// continued after a restart, whose earlier messages are only in the store) and its
-    /// messages from there, in slot order.
-    pub fn log(&self, thread: &str) -> Option<(u64, Vec<MessageRecord>)> {
-        lock(self.shard(thread))
-            .threads
-            .get(thread)
-            .map(|e| (e.slot_base, e.messages.clone()))
+    /// continued after a restart, whose earlier messages are only in the store) and at most
+    /// `limit` of its messages from slot `from` on (or from there), in slot order.
+    pub fn log(&self, thread: &str, from: u64, limit: usize) -> Option<(u64, Vec<MessageRecord>)> {
+        let shard = lock(self.shard(thread));
+        let e = shard.threads.get(thread)?;
+        let skip = usize::try_from(from.saturating_sub(e.slot_base)).unwrap_or(usize::MAX);
+        let part = e.messages.iter().skip(skip).take(limit).cloned().collect();
+        Some((e.slot_base, part))
     }
 
     /// Every retained thread, newest first.

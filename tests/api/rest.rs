@@ -719,6 +719,8 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/inputs/{id}/approve", "post"),
         ("/api/v1/inputs/{id}/reject", "post"),
         ("/api/v1/inputs/{id}/answer", "post"),
+        ("/api/v1/threads/{id}/events", "get"),
+        ("/api/v1/stream-tokens", "post"),
     ];
     for (path, method) in expected {
         assert!(
