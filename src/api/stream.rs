@@ -7,7 +7,8 @@
 //! after the stream fell behind, a fresh snapshot. Comments every [`HEARTBEAT`] keep proxies
 //! from closing an idle stream. Browsers (`EventSource` cannot send `Authorization`) present
 //! a stream token (`POST /api/v1/stream-tokens`): single-use, [`TOKEN_TTL`], bound to the
-//! principal and the thread, accepted as `?st=` on this route only.
+//! principal and the thread, accepted as `?st=` on this route only. A stream ends when its
+//! credential is revoked or expires, as a WebSocket session does.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -43,6 +44,8 @@ pub const HEARTBEAT: Duration = Duration::from_secs(15);
 pub const TOKEN_TTL: Duration = Duration::from_secs(60);
 /// Stream tokens waiting to be used, at most (one more is 429 `too_many_stream_tokens`).
 pub const MAX_STREAM_TOKENS: usize = 10_000;
+/// Stream tokens of one principal waiting to be used, at most (so one cannot take them all).
+pub const MAX_STREAM_TOKENS_EACH: usize = 100;
 
 /// The stream tokens waiting to be used: token → (whose, which thread, until when).
 #[derive(Default)]
@@ -62,11 +65,15 @@ impl StreamTokens {
         let mut tokens = lock(&self.0);
         let now = Instant::now();
         tokens.retain(|_, (_, _, until)| *until > now);
-        if tokens.len() >= MAX_STREAM_TOKENS {
+        let mine = tokens.values().filter(|(q, _, _)| q.name == p.name).count();
+        if tokens.len() >= MAX_STREAM_TOKENS || mine >= MAX_STREAM_TOKENS_EACH {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_stream_tokens",
-                format!("{MAX_STREAM_TOKENS} stream tokens wait to be used; use or let them expire first"),
+                format!(
+                    "{mine} of this credential's stream tokens ({MAX_STREAM_TOKENS_EACH} at most) and {} in all ({MAX_STREAM_TOKENS} at most) wait to be used; use them or let them expire first",
+                    tokens.len()
+                ),
             ));
         }
         tokens.insert(
@@ -170,11 +177,20 @@ pub async fn thread_events(
         organism,
         thread: thread.id,
         scope: thread.scope,
-        tenant: seen.principal.tenant,
+        tenant: seen.principal.tenant.clone(),
+        check: None,
         live: sub.live,
         as_of: sub.seq,
         phase: start,
         sent: HashSet::new(),
+    };
+    // A stream on a credential that can end (a key, an expiring token) ends with it, as a
+    // WebSocket session does: looked at every second, and at once on a revocation.
+    let watched = seen.principal.key_id.is_some() || seen.principal.expires.is_some();
+    let check = s.inner.auth.clone().filter(|_| watched);
+    let state = Reader {
+        check: check.map(|a| (a, seen.principal)),
+        ..state
     };
     let closing = s.inner.closing.clone();
     let stream = futures_util::stream::unfold(state, |mut r| async move {
@@ -206,6 +222,8 @@ struct Reader {
     phase: Phase,
     /// The messages the snapshot held (not sent again live).
     sent: HashSet<Arc<str>>,
+    /// The credential to look at again while the stream lasts, and whose it is.
+    check: Option<(Arc<crate::access::Authenticator>, Principal)>,
 }
 
 /// One `thread_snapshot` part.
@@ -244,7 +262,7 @@ impl Reader {
                     }
                     None => self.phase = Phase::Live,
                 },
-                Phase::Live => match self.live.recv().await {
+                Phase::Live => match self.recv().await? {
                     Ok(ev) => {
                         if let Some(out) = self.live_event(&ev) {
                             return Some(out);
@@ -260,6 +278,26 @@ impl Reader {
                     }
                     Err(RecvError::Closed) => return None,
                 },
+            }
+        }
+    }
+
+    /// The next event of the hub; `None` once the credential no longer holds.
+    async fn recv(&mut self) -> Option<Result<Arc<Event>, RecvError>> {
+        let Some((auth, p)) = &self.check else {
+            return Some(self.live.recv().await);
+        };
+        loop {
+            tokio::select! {
+                // Cancel-safe: a call given up loses no event.
+                r = self.live.recv() => return Some(r),
+                _ = auth.revoked.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            let (auth, p) = (auth.clone(), p.clone());
+            let valid = tokio::task::spawn_blocking(move || auth.still_valid(&p)).await;
+            if !valid.unwrap_or(false) {
+                return None;
             }
         }
     }

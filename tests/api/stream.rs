@@ -257,6 +257,11 @@ async fn stream_tokens_open_one_stream_once_and_nothing_else() {
         key
     };
     let (acme, beta) = (key("acme", "acme"), key("beta", "beta"));
+    let admin = {
+        let (key, row) = agentserver::access::new_key("root", Role::Admin, None, None).unwrap();
+        KeySource::of(&config).unwrap().add(&row).unwrap();
+        key
+    };
     let o = Organism::builder().build(config).unwrap();
     let server = ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
@@ -336,7 +341,43 @@ async fn stream_tokens_open_one_stream_once_and_nothing_else() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 401, "a token is for its thread only");
+    // One credential holds at most 100 unused tokens.
+    let mut refused = None;
+    for _ in 0..101 {
+        let (st, e) = token_for(acme.clone(), "acme-t").await;
+        if st != 201 {
+            refused = Some((st, e));
+            break;
+        }
+    }
+    let (st, e) = refused.expect("the 101st unused token is refused");
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (429, Some("too_many_stream_tokens")),
+        "{e}"
+    );
     drop(s);
+
+    // A stream on a key ends when the key is revoked.
+    let mut open = http()
+        .get(format!("{base}/api/v1/threads/acme-t/events"))
+        .bearer_auth(&acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(open.status().as_u16(), 200);
+    let revoked = http()
+        .delete(format!("{base}/api/v1/keys/acme"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert!(revoked.status().is_success(), "{}", revoked.status());
+    let ended = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(_)) = open.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream ends with its key");
     server.shutdown().await;
     o.stop().await;
 }
