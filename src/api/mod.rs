@@ -52,7 +52,7 @@ mod mirror;
 mod rest;
 mod sanitize;
 mod schema;
-mod stream;
+pub(crate) mod stream;
 mod test_vectors;
 pub mod view;
 mod whole;

@@ -329,66 +329,101 @@ impl Reader {
         )
     }
 
-    /// The snapshot's part from slot `from`: the thread and its open inputs with the first,
-    /// messages up to [`MAX_SNAPSHOT_PART_BYTES`]; the last part carries the snapshot's `id`
-    /// (so a client cut off within a snapshot asks for a fresh one).
+    /// The snapshot's part from slot `from` ([`snapshot_part`]); the last part carries the
+    /// snapshot's `id` (so a client cut off within a snapshot asks for a fresh one).
     fn snapshot_part(&mut self, from: u64) -> SseEvent {
-        let history = self.organism.history();
-        let first = from == 0;
-        let info = first
-            .then(|| history.thread_info(&self.thread).ok().flatten())
-            .flatten();
-        let (slice, more) = history
-            .thread_slice(&self.thread, from, SNAPSHOT_PAGE, MAX_SNAPSHOT_PART_BYTES)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
-        let next = slice.last().map_or(from, |m| m.slot_index + 1);
-        // A tenant's principal sees the messages of its listeners.
-        let records: Vec<_> = slice
-            .into_iter()
-            .filter(|m| self.scope.sees_message(&m.from, m.to.as_deref()))
-            .collect();
-        self.sent.extend(records.iter().map(|m| m.id.clone()));
-        let inputs = first.then(|| self.open_inputs());
-        let schemas = self.organism.schemas();
-        let part = SnapshotPart {
-            event: "thread_snapshot",
-            thread_id: &self.thread,
-            thread: info.map(Thread::from),
-            messages: Message::all(&records, &schemas),
-            inputs,
-            as_of_seq: self.as_of,
-            part: usize::try_from(from).unwrap_or(usize::MAX),
-            more,
-        };
-        let data = serde_json::to_string(&part).unwrap_or_default();
-        let ev = SseEvent::default().event("thread_snapshot").data(data);
-        if more {
-            self.phase = Phase::Snapshot(next);
+        let who = (&self.scope, self.tenant.as_deref());
+        let part = snapshot_part(&self.organism, who, &self.thread, from, self.as_of);
+        self.sent.extend(part.ids);
+        let ev = SseEvent::default().event("thread_snapshot").data(part.json);
+        if part.more {
+            self.phase = Phase::Snapshot(part.next);
             ev
         } else {
             self.phase = Phase::Live;
             ev.id(self.as_of.to_string())
         }
     }
+}
 
-    fn open_inputs(&self) -> Vec<super::inputs::Input> {
-        let filter = InputFilter {
-            status: Some(InputStatus::Open),
-            thread: Some(self.thread.clone()),
-            tenant: self.tenant.clone(),
-            ..Default::default()
-        };
-        let page = Page {
-            limit: 1000,
-            offset: 0,
-        };
-        let rows = self.organism.inputs().list(&filter, page).map(|p| p.items);
-        rows.unwrap_or_default()
-            .iter()
-            .filter(|r| self.scope.sees(&r.listener))
-            .map(|r| super::inputs::Input::of(r, &self.organism))
-            .collect()
+/// One part of a thread's snapshot.
+pub(super) struct Part {
+    /// The `thread_snapshot` frame.
+    pub json: String,
+    /// The slot the next part starts at.
+    pub next: u64,
+    pub more: bool,
+    /// The messages it holds (not to be sent again live).
+    pub ids: Vec<Arc<str>>,
+}
+
+/// The part of `thread`'s snapshot from slot `from`, as a principal of `scope` (and tenant)
+/// sees it: the thread and its open inputs with the first part, messages up to
+/// [`MAX_SNAPSHOT_PART_BYTES`], `as_of_seq` the `seq` its live events follow.
+pub(super) fn snapshot_part(
+    organism: &Organism,
+    (scope, tenant): (&Scope, Option<&str>),
+    thread: &str,
+    from: u64,
+    as_of: u64,
+) -> Part {
+    let history = organism.history();
+    let first = from == 0;
+    let info = first
+        .then(|| history.thread_info(thread).ok().flatten())
+        .flatten();
+    let (slice, more) = history
+        .thread_slice(thread, from, SNAPSHOT_PAGE, MAX_SNAPSHOT_PART_BYTES)
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let next = slice.last().map_or(from, |m| m.slot_index + 1);
+    // A tenant's principal sees the messages of its listeners.
+    let records: Vec<_> = slice
+        .into_iter()
+        .filter(|m| scope.sees_message(&m.from, m.to.as_deref()))
+        .collect();
+    let inputs = first.then(|| open_inputs(organism, scope, tenant, thread));
+    let schemas = organism.schemas();
+    let part = SnapshotPart {
+        event: "thread_snapshot",
+        thread_id: thread,
+        thread: info.map(Thread::from),
+        messages: Message::all(&records, &schemas),
+        inputs,
+        as_of_seq: as_of,
+        part: usize::try_from(from).unwrap_or(usize::MAX),
+        more,
+    };
+    Part {
+        json: serde_json::to_string(&part).unwrap_or_default(),
+        next,
+        more,
+        ids: records.iter().map(|m| m.id.clone()).collect(),
     }
+}
+
+/// The thread's open inputs a principal of `scope` (and tenant) sees.
+fn open_inputs(
+    organism: &Organism,
+    scope: &Scope,
+    tenant: Option<&str>,
+    thread: &str,
+) -> Vec<super::inputs::Input> {
+    let filter = InputFilter {
+        status: Some(InputStatus::Open),
+        thread: Some(thread.to_string()),
+        tenant: tenant.map(str::to_string),
+        ..Default::default()
+    };
+    let page = Page {
+        limit: 1000,
+        offset: 0,
+    };
+    let rows = organism.inputs().list(&filter, page).map(|p| p.items);
+    rows.unwrap_or_default()
+        .iter()
+        .filter(|r| scope.sees(&r.listener))
+        .map(|r| super::inputs::Input::of(r, organism))
+        .collect()
 }

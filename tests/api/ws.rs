@@ -944,3 +944,96 @@ async fn ws_messages_answers_go_after_the_frames_held() {
         assert!(mine.iter().all(|f| f["status"] == "delivered"), "{mine:?}");
     }
 }
+
+/// `subscribe` with `history: true`: the thread's messages so far as `thread_snapshot`,
+/// then the `ack`, then its live events, no message twice.
+#[tokio::test]
+async fn a_subscription_with_history_sends_the_thread_so_far_then_live() {
+    let s = chain().await;
+    let t = s.inject_note("a", "first").await;
+    settle(&s.organism, &t).await;
+    let before: Vec<String> = messages(&s.organism, &t)
+        .iter()
+        .map(|m| m.id.to_string())
+        .collect();
+    assert_eq!(before.len(), 3);
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    next_json(&mut ws).await; // connected
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": "h", "threads": [t], "history": true}),
+    )
+    .await;
+    let frames = read_until(&mut ws, |f| f["request_id"] == "h").await;
+    let snapshots: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["event"] == "thread_snapshot")
+        .collect();
+    let held: Vec<&str> = snapshots
+        .iter()
+        .flat_map(|f| f["messages"].as_array().unwrap())
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(held, before, "{frames:?}");
+    let ack = frames.last().unwrap();
+    assert_eq!(ack["event"], "ack", "{ack}");
+    let as_of = ack["history"][&t].as_u64().expect("the snapshot's seq");
+    assert_eq!(snapshots[0]["thread"]["id"], t);
+
+    // Live: the thread's new messages, each once, after the snapshot's seq.
+    let r = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "a", "payload_xml": "<Note>second</Note>", "thread_id": t}),
+        )
+        .await;
+    assert_eq!(r.0, 202);
+    let mut live = Vec::new();
+    while live.len() < 3 {
+        let f = next_json(&mut ws).await;
+        if f["event"] == "message" {
+            assert!(f["seq"].as_u64().unwrap() > as_of, "{f}");
+            let id = f["message"]["id"].as_str().unwrap().to_string();
+            assert!(!before.contains(&id) && !live.contains(&id), "{f}");
+            live.push(id);
+        }
+    }
+
+    // What it refuses: no threads, too many, another endpoint, not a boolean.
+    let many: Vec<String> = (0..17).map(|i| format!("t{i}")).collect();
+    for (spec, at) in [
+        (json!({"history": true}), "threads"),
+        (json!({"history": true, "threads": many}), "threads"),
+        (json!({"history": "yes", "threads": [t]}), "history"),
+        (
+            json!({"history": true, "threads": ["no-such-thread"]}),
+            "threads",
+        ),
+    ] {
+        let mut cmd = spec.clone();
+        cmd["cmd"] = json!("subscribe");
+        cmd["request_id"] = json!("bad");
+        send_json(&mut ws, cmd).await;
+        let e = read_until(&mut ws, |f| f["request_id"] == "bad")
+            .await
+            .pop()
+            .unwrap();
+        assert_eq!(
+            (e["event"].as_str(), e["where"].as_str()),
+            (Some("error"), Some(at)),
+            "{spec}: {e}"
+        );
+    }
+    let mut messages_ws = ws_connect(&s.ws_url("/ws/messages")).await;
+    next_json(&mut messages_ws).await;
+    send_json(
+        &mut messages_ws,
+        json!({"cmd": "subscribe", "request_id": "m", "threads": [t], "history": true}),
+    )
+    .await;
+    let e = read_until(&mut messages_ws, |f| f["request_id"] == "m")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(e["where"], "history", "{e}");
+}

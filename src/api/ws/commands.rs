@@ -80,7 +80,7 @@ async fn run(
     let organism = s.source.0.inner.organism.clone();
     let mut out = Map::new();
     match command {
-        Command::Subscribe(spec) => return s.subscribe(spec),
+        Command::Subscribe(spec) => return s.subscribe_with_history(spec, &scope).await,
         Command::Inject(body, key) => {
             s.source.0.limit_inject(&s.principal)?;
             let seen = Seen {

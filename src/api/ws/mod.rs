@@ -5,6 +5,7 @@ mod access;
 mod commands;
 mod frames;
 mod held;
+mod history;
 mod queue;
 pub(in crate::api) mod session;
 mod socket;

@@ -46,6 +46,16 @@ impl<S: Source> Session<S> {
             return;
         }
         self.seen = ev.seq;
+        if !self.snapshot_ids.is_empty() {
+            if let crate::events::EventKind::Message { message } = &ev.kind {
+                if self.snapshot_ids.remove(&message.id) {
+                    return;
+                }
+            }
+            if ev.seq >= self.history_until {
+                self.snapshot_ids.clear();
+            }
+        }
         if !self.sees(ev) {
             return;
         }
@@ -155,6 +165,18 @@ impl<S: Source> Session<S> {
                 self.folding.folded = Some(f);
             }
         }
+    }
+
+    /// Queues a frame, waiting for room (a snapshot the client asked for is not dropped);
+    /// false if the connection is gone.
+    pub(super) async fn queue_waiting(&self, msg: Message) -> bool {
+        let len = frame_len(&msg);
+        self.queued.fetch_add(len, Ordering::Relaxed);
+        if self.tx.send(msg).await.is_err() {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     /// Queues a frame if there is room, keeping the byte count the writer pays back.

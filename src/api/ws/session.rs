@@ -142,6 +142,10 @@ pub(in crate::api) struct Session<S: Source> {
     pub(super) queued: Arc<AtomicUsize>,
     /// The last event `seq` this session has looked at.
     pub(in crate::api) seen: u64,
+    /// Messages a `thread_snapshot` held (`history.rs`): not sent again as they come, until
+    /// the session has looked at every event up to `history_until`.
+    pub(super) snapshot_ids: std::collections::HashSet<Arc<str>>,
+    pub(super) history_until: u64,
     pub(super) dropped: Option<Dropped>,
     pub(super) folding: Folding,
     /// `/ws/messages`: frames held before they are queued (`held.rs`).
@@ -205,6 +209,8 @@ pub(in crate::api) async fn run<S: Source>(
         tx: tx.clone(),
         queued,
         seen: 0,
+        snapshot_ids: Default::default(),
+        history_until: 0,
         dropped: None,
         folding: Folding::default(),
         held: Default::default(),
