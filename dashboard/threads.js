@@ -2,7 +2,7 @@
 
 import { setHash } from './address.js';
 import { api, el, local, notice, time } from './api.js';
-import { $, state } from './state.js';
+import { $, API, state } from './state.js';
 import { selectTab } from './tabs.js';
 
 export const PAGE = 25;
@@ -45,25 +45,90 @@ export function openThread(id, message) {
   threadTimer = setTimeout(() => { threadTimer = null; drawThread(state.thread); }, 100);
 }
 
-export async function drawThread(id) {
+// The thread shown follows its event stream (`/threads/{id}/events`): its history, then
+// every change, so nothing is fetched again per event; after a break (a restart, the
+// network) it resumes from the last `seq` seen, or starts again from a fresh snapshot.
+let follow = null;
+
+export function drawThread(id) {
   selectTab('threads');
-  let t;
+  if (follow && follow.id === id) { render(follow); return; }
+  if (follow) follow.es?.close();
+  follow = { id, es: null, messages: new Map(), thread: null, seq: null, shown: false };
+  connect(follow);
+}
+
+async function connect(f) {
+  let url = API + '/threads/' + encodeURIComponent(f.id) + '/events';
   try {
-    t = await api('GET', '/threads/' + encodeURIComponent(id));
+    // A browser's EventSource cannot send the key: a single-use token for this stream.
+    if (state.token) url = (await api('POST', '/stream-tokens', { thread_id: f.id })).url;
   } catch (e) {
-    $('thread').hidden = false;
-    $('thread-title').textContent = 'Thread ' + id;
-    $('thread-facts').textContent = e.message;
-    $('thread-tree').replaceChildren();
-    $('thread-timeline').replaceChildren();
+    if (follow === f) failed(f, e.message);
     return;
   }
+  if (follow !== f) return;
+  if (f.seq !== null) url += (url.includes('?') ? '&' : '?') + 'since=' + f.seq;
+  const es = new EventSource(url);
+  f.es = es;
+  const on = (kind, apply) => es.addEventListener(kind, (e) => {
+    if (follow !== f) return;
+    const d = JSON.parse(e.data);
+    apply(d);
+    if (kind !== 'thread_snapshot' || !d.more) render(f);
+  });
+  on('thread_snapshot', (d) => {
+    if (d.part === 0) { f.messages = new Map(); if (d.thread) f.thread = d.thread; }
+    for (const m of d.messages) f.messages.set(m.id, m);
+    if (!d.more) f.seq = d.as_of_seq;
+  });
+  on('message', (d) => {
+    f.messages.set(d.message.id, d.message);
+    if (f.thread) f.thread.message_count = Math.max(f.thread.message_count, d.message.slot_index + 1);
+    f.seq = d.seq;
+  });
+  on('message_status', (d) => {
+    const m = f.messages.get(d.id);
+    if (m) { m.status = d.status; m.error = d.error; }
+    f.seq = d.seq;
+  });
+  on('thread_updated', (d) => {
+    if (f.thread) Object.assign(f.thread, { status: d.status, message_count: d.message_count, error: d.error });
+    f.seq = d.seq;
+  });
+  es.onerror = () => {
+    es.close();
+    if (follow !== f) return;
+    // Not there (or not this credential's): say so; else try again in a moment.
+    fetchThread(f).then((ok) => { if (ok) setTimeout(() => { if (follow === f) connect(f); }, 1000); });
+  };
+}
+
+/// Whether the thread can be read now (else what was wrong is shown).
+async function fetchThread(f) {
+  try { await api('GET', '/threads/' + encodeURIComponent(f.id)); return true; }
+  catch (e) { if (follow === f) failed(f, e.message); return e.status !== 404 && e.status !== 401 && e.status !== 403; }
+}
+
+function failed(f, why) {
+  $('thread').hidden = false;
+  $('thread-title').textContent = 'Thread ' + f.id;
+  $('thread-facts').textContent = why;
+  if (!f.shown) {
+    $('thread-tree').replaceChildren();
+    $('thread-timeline').replaceChildren();
+  }
+}
+
+function render(f) {
+  const t = f.thread || { id: f.id, status: 'active', message_count: f.messages.size };
+  f.shown = true;
   $('thread').hidden = false;
   $('thread-title').textContent = 'Thread ' + t.id;
   $('thread-facts').textContent = `${t.status} · ${t.message_count} messages${t.error ? ' · ' + t.error : ''}`;
   $('thread-kill').disabled = t.status === 'killed';
   $('thread-abort').disabled = !['active', 'waiting'].includes(t.status);
-  const msgs = t.messages || [];
+  const msgs = [...f.messages.values()].sort((a, b) => a.slot_index - b.slot_index);
   const children = new Map();
   for (const m of msgs) {
     const p = m.parent_id || '';

@@ -972,3 +972,54 @@ async fn a_browser_event_source_follows_a_thread_with_a_stream_token() {
     c.eval("es.close()").await;
     server.shutdown().await;
 }
+
+/// The thread view follows the thread's event stream: a message comes in without a reload
+/// of the page, and across a server restart (the same store) nothing is lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_thread_view_follows_its_stream_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("organism.yaml");
+    std::fs::write(
+        &path,
+        format!("organism: {{ name: kept, store: o.db }}\nlisteners:\n{LISTENERS}\n"),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let (server, base) = serve(&o).await;
+    let first = inject(&o, "a", &ping(1), Some("kept"));
+    settle(&o, &first.thread_id).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/#/threads/kept")).await;
+    let rows = "document.querySelectorAll('#thread-timeline > li').length";
+    let distinct = "new Set([...document.querySelectorAll('#thread-timeline details')].map(d => d.dataset.message)).size";
+    c.wait(&format!("{rows} === 2"), "the thread's history")
+        .await;
+    inject(&o, "a", &ping(2), Some("kept"));
+    c.wait(
+        &format!("{rows} === 4 && {distinct} === 4"),
+        "the live messages",
+    )
+    .await;
+
+    let addr = server.local_addr();
+    o.stop().await;
+    server.shutdown().await;
+    drop(o);
+    let o = Organism::builder().load(&path).unwrap();
+    let server = ApiServer::bind(o.clone(), &addr.to_string(), ApiOptions::default())
+        .await
+        .unwrap();
+    // The stream comes back on its own (resumed, or from a fresh snapshot): a message
+    // after the restart shows, none twice.
+    inject(&o, "a", &ping(3), Some("kept"));
+    c.wait(
+        &format!("{rows} === 6 && {distinct} === 6"),
+        "every message once",
+    )
+    .await;
+    assert!(c.text("#thread-facts").await.contains("6 messages"));
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}
