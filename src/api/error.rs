@@ -194,6 +194,7 @@ impl From<InjectError> for ApiError {
             }
             InjectError::NoTarget => (StatusCode::BAD_REQUEST, "no_target"),
             InjectError::ThreadBusy(_) => (StatusCode::CONFLICT, "thread_busy"),
+            InjectError::MessageIdTaken(_) => (StatusCode::CONFLICT, "message_id_taken"),
             InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
             InjectError::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed"),
         };

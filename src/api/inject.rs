@@ -33,6 +33,11 @@ pub struct InjectBody {
     /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}`.
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
+    /// The id of the message this inject makes, chosen by the client so it knows it before
+    /// the answer: `[A-Za-z0-9_-]{1,128}`, unused in the organism (else 409
+    /// `message_id_taken`).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
+    pub message_id: Option<String>,
     /// When `thread_id` names a thread with work queued or running: `enqueue` (default)
     /// after it; `reject` (409 `thread_busy`); `interrupt` its queued messages
     /// (`superseded`), then deliver; `rollback`: abort the thread first.
@@ -115,6 +120,18 @@ pub fn inject(
             .at("thread_id"));
         }
     }
+    if body
+        .message_id
+        .as_deref()
+        .is_some_and(|m| !valid_thread_id(m))
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_message_id",
+            "message_id must be 1-128 characters of A-Z a-z 0-9 _ -",
+        )
+        .at("message_id"));
+    }
     let config = organism.config();
     if let Some(t) = body
         .thread_id
@@ -172,10 +189,11 @@ pub fn inject(
         };
         organism.control().steer(t, mode, who)?;
     }
-    Ok(organism.inject(InjectRequest {
+    let request = InjectRequest {
         from: seen.principal.identity(default).to_string(),
         to: body.to,
         payload_xml,
         thread_id: body.thread_id,
-    })?)
+    };
+    Ok(organism.inject_with_id(request, body.message_id.as_deref())?)
 }

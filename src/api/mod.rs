@@ -47,6 +47,7 @@ mod idempotency;
 mod inject;
 mod inputs;
 pub mod keys;
+mod messages;
 mod metrics;
 mod mirror;
 mod rest;
@@ -321,6 +322,7 @@ fn router(
         .routes(routes!(inputs::abort_thread))
         .routes(routes!(inputs::list_inputs))
         .routes(routes!(inputs::get_input))
+        .routes(routes!(messages::get_message))
         .routes(routes!(stream::thread_events))
         .routes(routes!(stream::create_stream_token))
         .routes(routes!(inputs::approve_input))

@@ -26,7 +26,7 @@ use crate::time::Timestamp;
 /// The identity REST injects carry.
 pub const REST_IDENTITY: &str = "api";
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 pub(super) fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
     match value {
@@ -121,7 +121,7 @@ pub struct ThreadDetail<'a> {
 }
 
 /// `v` as a JSON answer, written now (a view borrows the records it shows).
-fn json<T: Serialize>(v: &T) -> Response {
+pub(super) fn json<T: Serialize>(v: &T) -> Response {
     Json(v).into_response()
 }
 

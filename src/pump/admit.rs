@@ -18,6 +18,8 @@ pub(crate) struct Admission {
     pub valid: ValidatedPayload,
     /// Let through an approval gate (an edit): shown to the handler.
     pub approval: Option<Arc<crate::listener::Approved>>,
+    /// The id a client chose for it (`message_id` on inject); else a new one.
+    pub id: Option<Arc<str>>,
 }
 
 /// What the log made of an admission.
@@ -46,7 +48,7 @@ impl Admission {
         Option<Arc<crate::listener::Approved>>,
     ) {
         let m = NewMessage {
-            id: crate::threads::new_id(),
+            id: self.id.unwrap_or_else(crate::threads::new_id),
             parent_id: self.parent_id,
             from: self.from,
             to: Some(listener.config.name.arc()),

@@ -254,6 +254,7 @@ impl OrganismBuilder {
             },
             thread_waiters: Default::default(),
             inbox: super::inputs::Inbox::new(inputs_table, self.clock),
+            client_ids: Default::default(),
         });
         let (listeners, order) = build_listeners(&shared, &config)?;
         shared.set_topology(Arc::new(Topology {

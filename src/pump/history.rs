@@ -52,6 +52,18 @@ impl<'a> History<'a> {
         }
     }
 
+    /// The message `id`: from the store when there is one (once it has what was published
+    /// before the call), else from the threads held in memory.
+    pub fn message(self, id: &str) -> Result<Option<MessageRecord>, crate::store::StoreError> {
+        match &self.organism.shared.store {
+            Some(store) => {
+                store.catch_up(READ_CATCH_UP);
+                store.message(id)
+            }
+            None => Ok(self.organism.shared.threads.find_message(id)),
+        }
+    }
+
     /// One page of threads: from the store when there is one (after it has committed what
     /// was published before the call, [`READ_CATCH_UP`] at most), else from memory.
     pub fn query_threads(

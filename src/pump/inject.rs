@@ -16,9 +16,20 @@ impl Organism {
     /// Injects one payload for a listener. Validated before this returns: an accepted inject
     /// is queued and logged; a refused one is counted and published as an `error` event.
     pub fn inject(&self, req: InjectRequest) -> Result<InjectReceipt, InjectError> {
+        self.inject_with_id(req, None)
+    }
+
+    /// [`Organism::inject`] with the message's id chosen by the client: `MessageIdTaken`
+    /// if a message of the organism has it. (Its form is the caller's to check.)
+    pub fn inject_with_id(
+        &self,
+        req: InjectRequest,
+        message_id: Option<&str>,
+    ) -> Result<InjectReceipt, InjectError> {
         let result = (|| {
             let payload = normalize_payload(&req.payload_xml, &self.shared.xml_limits)?;
-            self.inject_normalized(&req.from, &req.to, payload, req.thread_id.as_deref())
+            let thread = req.thread_id.as_deref();
+            self.inject_normalized(&req.from, &req.to, payload, thread, message_id)
         })();
         self.note_refusal(&result, &req.to);
         result
@@ -31,7 +42,7 @@ impl Organism {
         let result = (|| {
             let env = parse_envelope(xml, &self.shared.xml_limits)?;
             to = env.to.clone().ok_or(InjectError::NoTarget)?;
-            self.inject_normalized(identity, &to, env.payload, env.thread.as_deref())
+            self.inject_normalized(identity, &to, env.payload, env.thread.as_deref(), None)
         })();
         self.note_refusal(&result, &to);
         result
@@ -54,6 +65,7 @@ impl Organism {
         to: &str,
         payload: NormalizedPayload,
         thread_id: Option<&str>,
+        message_id: Option<&str>,
     ) -> Result<InjectReceipt, InjectError> {
         let s = &self.shared;
         if s.life.status.load(Ordering::SeqCst) != STATUS_RUNNING {
@@ -115,7 +127,20 @@ impl Organism {
             }
             None => None,
         };
-        let opened = s.threads.open(thread_id, quota)?;
+        // A client's id is taken before the thread opens; given back if nothing is logged.
+        let id = match message_id {
+            Some(m) => Some(s.client_ids.take(m, s.store.as_deref())?),
+            None => None,
+        };
+        let opened = match s.threads.open(thread_id, quota) {
+            Ok(opened) => opened,
+            Err(e) => {
+                if let Some(m) = message_id {
+                    s.client_ids.give_back(m);
+                }
+                return Err(e.into());
+            }
+        };
         if let Some(info) = opened.created {
             s.events.publish(EventKind::ThreadCreated { thread: info });
         }
@@ -127,30 +152,46 @@ impl Organism {
             from: Arc::from(from),
             valid,
             approval: None,
+            id,
         };
-        match s.admit(&opened.id, &listener, admission)? {
-            Admitted::Queued(message_id) => Ok(InjectReceipt {
-                thread_id: opened.id.clone(),
-                message_id,
-            }),
-            Admitted::Refused(record, e) => {
-                s.events.publish(EventKind::Message { message: record });
-                if let Some(change) = s.threads.settle(&opened.id) {
-                    s.publish_thread(change);
-                }
-                Err(InjectError::Thread(e))
+        let admitted = s.admit(&opened.id, &listener, admission).inspect_err(|_| {
+            if let Some(m) = message_id {
+                s.client_ids.give_back(m);
             }
-            Admitted::NotQueued(record) => {
-                // Over the thread's budget: logged as failed; the thread settles.
-                s.events.publish(EventKind::Message { message: record });
-                if let Some(change) = s.threads.settle(&opened.id) {
-                    s.publish_thread(change);
-                }
-                Err(InjectError::Thread(ThreadError::BudgetExceeded {
-                    id: opened.id.to_string(),
-                    max: s.limits.max_messages_per_thread,
-                }))
+        })?;
+        s.answer_admitted(&opened.id, admitted)
+    }
+}
+
+impl super::Shared {
+    /// An inject's answer for what its admission came to: a message logged but not queued
+    /// (the inbox full, the thread over its budget) is published here, and refused.
+    fn answer_admitted(
+        &self,
+        thread: &Arc<str>,
+        admitted: Admitted,
+    ) -> Result<InjectReceipt, InjectError> {
+        let (record, e) = match admitted {
+            Admitted::Queued(message_id) => {
+                return Ok(InjectReceipt {
+                    thread_id: thread.clone(),
+                    message_id,
+                })
             }
+            Admitted::Refused(record, e) => (record, e),
+            // Over the thread's budget: logged as failed.
+            Admitted::NotQueued(record) => (
+                record,
+                ThreadError::BudgetExceeded {
+                    id: thread.to_string(),
+                    max: self.limits.max_messages_per_thread,
+                },
+            ),
+        };
+        self.events.publish(EventKind::Message { message: record });
+        if let Some(change) = self.threads.settle(thread) {
+            self.publish_thread(change);
         }
+        Err(InjectError::Thread(e))
     }
 }

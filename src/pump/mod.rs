@@ -30,6 +30,7 @@ mod admit;
 pub mod agents;
 mod background;
 mod builder;
+mod client_ids;
 mod control;
 mod dispatch;
 mod external;
@@ -158,6 +159,8 @@ pub enum InjectError {
         "thread `{0}` is busy (work queued or running), and the inject said `if_busy: reject`"
     )]
     ThreadBusy(String),
+    #[error("a message with the id `{0}` exists: a message id names one message")]
+    MessageIdTaken(String),
     #[error("the message store is behind; try again shortly")]
     StoreBehind,
     #[error("the message store cannot write, so nothing new is accepted: {0}")]
@@ -342,6 +345,8 @@ pub(crate) struct Shared {
     >,
     /// Messages held at approval gates, and their decisions.
     inbox: inputs::Inbox,
+    /// Message ids chosen by clients, taken lately.
+    client_ids: client_ids::ClientIds,
 }
 
 /// Running, stopping or stopped, and paused: written by build, `pause`/`resume` and `stop`;

@@ -276,6 +276,7 @@ impl Shared {
                     from,
                     valid,
                     approval: None,
+                    id: None,
                 };
                 match self.admit(thread, &listener, admission) {
                     Ok(Admitted::NotQueued(record) | Admitted::Refused(record, _)) => {

@@ -306,6 +306,10 @@ CREATE TABLE idempotency (
 );
 CREATE INDEX idempotency_created ON idempotency(created);
 "#,
+    // v12: messages by id (`GET /messages/{id}`, a client's `message_id` used once).
+    r#"
+CREATE INDEX messages_id ON messages(id);
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

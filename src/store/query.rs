@@ -499,6 +499,27 @@ impl Store {
         })
     }
 
+    /// The message `id`, if the store has it (through the `messages_id` index).
+    pub fn message(&self, id: &str) -> Result<Option<MessageRecord>, StoreError> {
+        self.read(|tx| {
+            tx.prepare_cached(&format!(
+                "SELECT {MESSAGE_COLUMNS} FROM {MESSAGES} WHERE m.id = ?1 LIMIT 1"
+            ))?
+            .query_row(params![id], row_to_message)
+            .optional()
+        })
+    }
+
+    /// Whether a message has the id `id`.
+    pub fn message_exists(&self, id: &str) -> Result<bool, StoreError> {
+        self.read(|tx| {
+            tx.prepare_cached("SELECT 1 FROM messages WHERE id = ?1 LIMIT 1")?
+                .query_row(params![id], |_| Ok(()))
+                .optional()
+                .map(|r| r.is_some())
+        })
+    }
+
     pub fn thread(&self, id: &str) -> Result<Option<ThreadInfo>, StoreError> {
         self.read(|tx| {
             let row = tx

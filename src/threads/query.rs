@@ -155,6 +155,16 @@ impl ThreadFilter {
 }
 
 impl ThreadRegistry {
+    /// The message `id`, if a thread held here has it (every retained message looked at).
+    pub fn find_message(&self, id: &str) -> Option<MessageRecord> {
+        self.shards.iter().find_map(|s| {
+            let s = lock(s);
+            s.threads
+                .values()
+                .find_map(|e| e.messages.iter().find(|m| &*m.id == id).cloned())
+        })
+    }
+
     /// One page of the global message log.
     pub fn query_messages(&self, filter: &MessageFilter, page: Page) -> Paged<MessageRecord> {
         let mut all: Vec<MessageRecord> = match &filter.thread {

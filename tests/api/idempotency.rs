@@ -267,15 +267,148 @@ async fn a_key_is_its_principals_own_and_another_tenant_learns_nothing_from_it()
     let (st, replayed, third, _) = send(beta.clone(), "b1").await;
     assert_eq!((st, replayed.as_deref()), (202, Some("false")));
     assert_ne!(third, first);
-    let (st, _, _, e) = send(beta, "a1").await;
+    let (st, _, _, e) = send(beta.clone(), "a1").await;
     assert_eq!(st, 409, "beta's own key, used with another body: {e}");
     assert!(!e.to_string().contains(first.as_deref().unwrap()), "{e}");
     let (st, replayed, fourth, _) = send(org, "o").await;
     assert_eq!((st, replayed.as_deref()), (202, Some("false")));
     assert_ne!(fourth, first);
+    // A message is read by id in its tenant's scope only.
+    let message = b["message_id"].as_str().unwrap().to_string();
+    let read = |cred: String| {
+        let url = format!("{base}/api/v1/messages/{message}");
+        async move {
+            http()
+                .get(url)
+                .bearer_auth(cred)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(read(acme1.clone()).await, 200);
+    assert_eq!(read(beta.clone()).await, 404);
     // And acme's own credential replays its own.
     let (st, replayed, again, _) = send(acme1, "a1").await;
     assert_eq!((st, replayed.as_deref(), again), (202, Some("true"), first));
+    server.shutdown().await;
+    o.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_message_id_names_its_message_once_and_reads_it_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, server, base) = served(dir.path(), Clock::manual(), 3_600_000).await;
+    let post = |body: Value| {
+        let base = base.clone();
+        async move {
+            let r = http()
+                .post(format!("{base}/api/v1/inject"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (st, r) =
+        post(json!({"to": "a", "payload_xml": "<Note>mine</Note>", "message_id": "order-42-msg"}))
+            .await;
+    assert_eq!(
+        (st, r["message_id"].as_str()),
+        (202, Some("order-42-msg")),
+        "{r}"
+    );
+    let thread = r["thread_id"].as_str().unwrap().to_string();
+    settle(&o, &thread).await;
+    // Read back by id; its children carry it as their parent.
+    let m: Value = http()
+        .get(format!("{base}/api/v1/messages/order-42-msg"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (m["id"].as_str(), m["thread_id"].as_str(), m["to"].as_str()),
+        (Some("order-42-msg"), Some(thread.as_str()), Some("a")),
+        "{m}"
+    );
+    let child = messages(&o, &thread)
+        .into_iter()
+        .find(|c| c.parent_id.as_deref() == Some("order-42-msg"));
+    assert!(child.is_some(), "a's output names it as its parent");
+    // Used again (same thread or another): 409 naming it; nothing made.
+    let before = o.info().total_messages;
+    for extra in [json!({}), json!({"thread_id": thread})] {
+        let mut body =
+            json!({"to": "a", "payload_xml": "<Note>again</Note>", "message_id": "order-42-msg"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (st, e) = post(body).await;
+        assert_eq!(
+            (st, e["error"]["code"].as_str()),
+            (409, Some("message_id_taken")),
+            "{e}"
+        );
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("order-42-msg"),
+            "{e}"
+        );
+    }
+    assert_eq!(o.info().total_messages, before);
+    // Not an id: 400 naming the field; a refused inject leaves its id free.
+    for bad in ["", "has space", &"x".repeat(129)] {
+        let (st, e) = post(json!({"to": "a", "payload_xml": "<Note/>", "message_id": bad})).await;
+        assert_eq!(
+            (st, e["error"]["where"].as_str()),
+            (400, Some("message_id")),
+            "{bad:?}: {e}"
+        );
+    }
+    let (st, _) =
+        post(json!({"to": "nobody", "payload_xml": "<Note/>", "message_id": "free-1"})).await;
+    assert_eq!(st, 404);
+    let (st, _) =
+        post(json!({"to": "a", "payload_xml": "<Note>now</Note>", "message_id": "free-1"})).await;
+    assert_eq!(st, 202);
+    let r = http()
+        .get(format!("{base}/api/v1/messages/no-such"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+
+    // After a restart the id is still taken (the store knows it).
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    let (o, server, base) = served(dir.path(), Clock::manual(), 3_600_000).await;
+    let r = http()
+        .post(format!("{base}/api/v1/inject"))
+        .json(
+            &json!({"to": "a", "payload_xml": "<Note>after</Note>", "message_id": "order-42-msg"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+    let m: Value = http()
+        .get(format!("{base}/api/v1/messages/order-42-msg"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(m["id"], "order-42-msg");
     server.shutdown().await;
     o.stop().await;
 }

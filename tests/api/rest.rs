@@ -721,6 +721,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/inputs/{id}/answer", "post"),
         ("/api/v1/threads/{id}/events", "get"),
         ("/api/v1/stream-tokens", "post"),
+        ("/api/v1/messages/{id}", "get"),
     ];
     for (path, method) in expected {
         assert!(

@@ -134,6 +134,7 @@ pub const TABLE: &[Rule] = &[
     route(GET, "/api/v1/threads/{id}/events", VIEWER, false),
     route(POST, "/api/v1/stream-tokens", VIEWER, false),
     route(GET, "/api/v1/messages", VIEWER, false),
+    route(GET, "/api/v1/messages/{id}", VIEWER, false),
     route(POST, "/api/v1/inject", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/abort", OPERATOR, false),

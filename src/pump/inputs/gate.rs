@@ -277,6 +277,7 @@ impl Shared {
                 from: record.from.clone(),
                 valid,
                 approval: approved(&decided),
+                id: None,
             };
             if let Ok(Admitted::Queued(id)) = self.admit_now(&thread, l, admission) {
                 decided.result = Some(id.to_string());
