@@ -292,4 +292,24 @@ async fn a_tenants_inbox_quotas_are_its_own_and_named_when_reached() {
         send("globex-pay", None).unwrap();
     }
     assert_eq!(o.inputs().open_count(), 6);
+    // A decision frees its place: acme may hold one more again.
+    let filter = agentserver::threads::InputFilter {
+        thread: Some(first.thread_id.to_string()),
+        ..Default::default()
+    };
+    let page = agentserver::threads::Page {
+        limit: 10,
+        offset: 0,
+    };
+    let open = o.inputs().list(&filter, page).unwrap().items;
+    let who = agentserver::pump::Decider {
+        name: None,
+        role: agentserver::config::Role::Operator,
+        tenant: None,
+    };
+    let verdict = agentserver::pump::Verdict::Reject { reason: None };
+    o.inputs().decide(&open[0].id, &who, verdict).unwrap();
+    send("acme-pay", Some(&first.thread_id)).unwrap();
+    let e = send("acme-pay", None).unwrap_err().to_string();
+    assert!(e.contains("tenants.acme."), "still at its quotas: {e}");
 }

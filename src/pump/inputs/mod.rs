@@ -134,6 +134,13 @@ struct Held {
     human: Option<Arc<Human>>,
 }
 
+/// A tenant's open inputs: how many, and how many in each thread.
+#[derive(Default)]
+struct TenantOpen {
+    inputs: usize,
+    threads: std::collections::HashMap<String, usize>,
+}
+
 /// The open inputs, the recently decided ones, and the table that keeps them.
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
@@ -146,6 +153,9 @@ pub(crate) struct Inbox {
     notify_failures: std::sync::atomic::AtomicU64,
     /// Bytes of the open inputs' payloads, changed with the open map.
     held_bytes: std::sync::atomic::AtomicUsize,
+    /// Open inputs of each tenant's listeners: how many, and how many in each thread;
+    /// changed with the open map (so a tenant's quotas are looked up, not counted).
+    tenants: Mutex<SeededMap<String, TenantOpen>>,
     table: Option<InputsTable>,
     pub(crate) clock: Clock,
 }
@@ -158,6 +168,7 @@ impl Inbox {
             decisions: Mutex::default(),
             notify_failures: Default::default(),
             held_bytes: Default::default(),
+            tenants: Default::default(),
             table,
             clock,
         }
@@ -199,18 +210,31 @@ impl Inbox {
 
     /// A tenant's open inputs, the threads they are in, and whether `thread` is one.
     fn tenant_totals(&self, tenant: &str, thread: &str) -> (usize, usize, bool) {
-        let open = lock(&self.open);
-        let mut threads = std::collections::HashSet::new();
-        let mut inputs = 0;
-        for h in open
-            .values()
-            .filter(|h| h.row.tenant.as_deref() == Some(tenant))
-        {
-            inputs += 1;
-            threads.insert(h.row.thread_id.as_str());
+        match lock(&self.tenants).get(tenant) {
+            Some(t) => (t.inputs, t.threads.len(), t.threads.contains_key(thread)),
+            None => (0, 0, false),
         }
-        let waits = threads.contains(thread);
-        (inputs, threads.len(), waits)
+    }
+
+    /// Counts `row` among its tenant's open inputs (`up`), or no longer.
+    fn count_tenant(&self, row: &InputRow, up: bool) {
+        let Some(tenant) = &row.tenant else { return };
+        let mut tenants = lock(&self.tenants);
+        let t = tenants.entry(tenant.clone()).or_default();
+        let in_thread = t.threads.entry(row.thread_id.clone()).or_default();
+        if up {
+            t.inputs += 1;
+            *in_thread += 1;
+            return;
+        }
+        *in_thread = in_thread.saturating_sub(1);
+        if *in_thread == 0 {
+            t.threads.remove(&row.thread_id);
+        }
+        t.inputs = t.inputs.saturating_sub(1);
+        if t.inputs == 0 {
+            tenants.remove(tenant);
+        }
     }
 
     fn held_totals(&self) -> (usize, usize) {
@@ -226,6 +250,7 @@ impl Shared {
     /// (`limits.max_retained_bytes`).
     fn keep_open(&self, held: Held) {
         let bytes = held.row.payload_xml.len();
+        self.inbox.count_tenant(&held.row, true);
         lock(&self.inbox.open).insert(Arc::from(held.row.id.as_str()), held);
         let total = self.inbox.held_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.threads.reserve_bytes(total);
@@ -234,6 +259,7 @@ impl Shared {
     /// Takes the open input `id` (whoever takes it decides it).
     fn take_open(&self, id: &str) -> Option<Held> {
         let held = lock(&self.inbox.open).remove(id)?;
+        self.inbox.count_tenant(&held.row, false);
         let bytes = held.row.payload_xml.len();
         let total = self
             .inbox
