@@ -13,7 +13,7 @@ pub mod key;
 pub mod keys;
 pub mod limits;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub use crate::config::Role;
 use crate::config::{AuthMethod, OrganismConfig};
@@ -54,6 +54,12 @@ impl Principal {
             expires: None,
             inject_rate: None,
         }
+    }
+
+    /// Whether its credential can stop holding while a stream it opened lasts (a key can be
+    /// revoked, a token expires): such a stream looks at it again.
+    pub fn can_lapse(&self) -> bool {
+        self.key_id.is_some() || self.expires.is_some()
     }
 
     /// The identity its injects carry: its name, or `default` (`api`, `ws`) without one.
@@ -218,6 +224,14 @@ impl Authenticator {
             None => drop(used.insert(row.id.clone(), now)),
         }
         Ok(principal)
+    }
+
+    /// [`Authenticator::still_valid`] for async code: looked up off the async workers.
+    pub async fn still_holds(self: &Arc<Self>, p: &Principal) -> bool {
+        let (auth, p) = (self.clone(), p.clone());
+        tokio::task::spawn_blocking(move || auth.still_valid(&p))
+            .await
+            .unwrap_or(false)
     }
 
     /// Whether `p`'s credential still holds (not revoked, not expired).

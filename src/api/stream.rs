@@ -173,24 +173,19 @@ pub async fn thread_events(
         (Some(_), None) => Phase::Replay(sub.replay.into()),
         _ => Phase::Snapshot(0),
     };
+    // A stream on a credential that can end (a key, an expiring token) ends with it, as a
+    // WebSocket session does: looked at every second, and at once on a revocation.
+    let check = s.inner.auth.clone().filter(|_| seen.principal.can_lapse());
     let state = Reader {
         organism,
         thread: thread.id,
         scope: thread.scope,
         tenant: seen.principal.tenant.clone(),
-        check: None,
+        check: check.map(|a| (a, seen.principal)),
         live: sub.live,
         as_of: sub.seq,
         phase: start,
         sent: HashSet::new(),
-    };
-    // A stream on a credential that can end (a key, an expiring token) ends with it, as a
-    // WebSocket session does: looked at every second, and at once on a revocation.
-    let watched = seen.principal.key_id.is_some() || seen.principal.expires.is_some();
-    let check = s.inner.auth.clone().filter(|_| watched);
-    let state = Reader {
-        check: check.map(|a| (a, seen.principal)),
-        ..state
     };
     let closing = s.inner.closing.clone();
     let stream = futures_util::stream::unfold(state, |mut r| async move {
@@ -294,9 +289,7 @@ impl Reader {
                 _ = auth.revoked.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
-            let (auth, p) = (auth.clone(), p.clone());
-            let valid = tokio::task::spawn_blocking(move || auth.still_valid(&p)).await;
-            if !valid.unwrap_or(false) {
+            if !auth.still_holds(p).await {
                 return None;
             }
         }
@@ -383,7 +376,7 @@ pub(super) fn snapshot_part(
         .into_iter()
         .filter(|m| scope.sees_message(&m.from, m.to.as_deref()))
         .collect();
-    let inputs = first.then(|| open_inputs(organism, scope, tenant, thread));
+    let inputs = first.then(|| open_inputs(organism, tenant, thread));
     let schemas = organism.schemas();
     let part = SnapshotPart {
         event: "thread_snapshot",
@@ -403,10 +396,10 @@ pub(super) fn snapshot_part(
     }
 }
 
-/// The thread's open inputs a principal of `scope` (and tenant) sees.
+/// The thread's open inputs a principal of `tenant` sees (as `GET /inputs` lists them: a
+/// tenant's own).
 fn open_inputs(
     organism: &Organism,
-    scope: &Scope,
     tenant: Option<&str>,
     thread: &str,
 ) -> Vec<super::inputs::Input> {
@@ -423,7 +416,6 @@ fn open_inputs(
     let rows = organism.inputs().list(&filter, page).map(|p| p.items);
     rows.unwrap_or_default()
         .iter()
-        .filter(|r| scope.sees(&r.listener))
         .map(|r| super::inputs::Input::of(r, organism))
         .collect()
 }

@@ -256,13 +256,7 @@ impl Control<'_> {
     /// A thread known only to the store (from before a restart, or evicted here) is
     /// loaded, so that it can be stopped.
     fn adopt_stored(self, id: &str) {
-        let s = &self.organism.shared;
-        if let Some(store) = s.store.as_ref().filter(|_| !s.threads.contains(id)) {
-            store.catch_up(super::READ_CATCH_UP);
-            if let Ok(Some(info)) = store.thread(id) {
-                s.threads.adopt(&info);
-            }
-        }
+        self.organism.shared.adopt_stored(id);
     }
 
     /// What a kill and an abort do once the registry stopped the thread: its change told,

@@ -96,13 +96,9 @@ impl Organism {
                 return Err(InjectError::StoreBehind);
             }
             // A thread from before a restart, or evicted from memory, continues where its
-            // stored history ends: once the store has what was published (else its count
-            // is behind, and a new message would take the slot of one not yet written).
-            if let Some(id) = thread_id.filter(|id| !s.threads.contains(id)) {
-                store.catch_up(super::READ_CATCH_UP);
-                if let Ok(Some(info)) = store.thread(id) {
-                    s.threads.adopt(&info);
-                }
+            // stored history ends.
+            if let Some(id) = thread_id {
+                s.adopt_stored(id);
             }
         }
         let pending = s.load.pending.load(Ordering::SeqCst);
@@ -132,15 +128,12 @@ impl Organism {
             Some(m) => Some(s.client_ids.take(m, s.store.as_deref())?),
             None => None,
         };
-        let opened = match s.threads.open(thread_id, quota) {
-            Ok(opened) => opened,
-            Err(e) => {
-                if let Some(m) = message_id {
-                    s.client_ids.give_back(m);
-                }
-                return Err(e.into());
+        let give_back = |_: &ThreadError| {
+            if let Some(m) = message_id {
+                s.client_ids.give_back(m);
             }
         };
+        let opened = s.threads.open(thread_id, quota).inspect_err(give_back)?;
         if let Some(info) = opened.created {
             s.events.publish(EventKind::ThreadCreated { thread: info });
         }
@@ -154,16 +147,26 @@ impl Organism {
             approval: None,
             id,
         };
-        let admitted = s.admit(&opened.id, &listener, admission).inspect_err(|_| {
-            if let Some(m) = message_id {
-                s.client_ids.give_back(m);
-            }
-        })?;
+        let admitted = s
+            .admit(&opened.id, &listener, admission)
+            .inspect_err(give_back)?;
         s.answer_admitted(&opened.id, admitted)
     }
 }
 
 impl super::Shared {
+    /// Loads a thread the store has and memory does not (from before a restart, or
+    /// evicted), once the store has what was published: else its count is behind, and a
+    /// new message would take the slot of one not yet written.
+    pub(super) fn adopt_stored(&self, id: &str) {
+        if let Some(store) = self.store.as_ref().filter(|_| !self.threads.contains(id)) {
+            store.catch_up(super::READ_CATCH_UP);
+            if let Ok(Some(info)) = store.thread(id) {
+                self.threads.adopt(&info);
+            }
+        }
+    }
+
     /// An inject's answer for what its admission came to: a message logged but not queued
     /// (the inbox full, the thread over its budget) is published here, and refused.
     fn answer_admitted(

@@ -426,6 +426,12 @@ impl Store {
         if self.health.queued.load(Ordering::Relaxed) == 0 {
             return;
         }
+        self.wait_for_writer(timeout);
+    }
+
+    /// Sends a flush and waits (up to `timeout`) until the writer answers it: everything
+    /// sent before is committed.
+    fn wait_for_writer(&self, timeout: Duration) {
         let (done, wait) = mpsc::channel();
         self.send(Op::Flush(Box::new(move || {
             let _ = done.send(());
@@ -449,10 +455,6 @@ impl Store {
     /// Writes the last `seq` and waits until everything sent so far is committed.
     pub fn flush(&self, last_seq: u64) {
         self.send(Op::Seq(last_seq));
-        let (done, wait) = mpsc::channel();
-        self.send(Op::Flush(Box::new(move || {
-            let _ = done.send(());
-        })));
-        let _ = wait.recv_timeout(Duration::from_secs(30));
+        self.wait_for_writer(Duration::from_secs(30));
     }
 }

@@ -290,8 +290,7 @@ impl<S: Source> Session<S> {
         // A session on a credential that can end (a key, an expiring token) looks at it
         // again every second, and at once when the API revokes a key.
         let auth = self.source.auth();
-        let watched =
-            auth.is_some() && (self.principal.key_id.is_some() || self.principal.expires.is_some());
+        let watched = auth.is_some() && self.principal.can_lapse();
         let mut recheck = tokio::time::interval(Duration::from_secs(1));
         let mut flush = Flush::new(self.flush_every());
         // When held frames go out (`/ws/messages`): set again when a new hold begins.
@@ -470,13 +469,10 @@ impl<S: Source> Session<S> {
 
     /// Whether the session's credential still holds (looked up off the async workers).
     async fn still_valid(&self) -> bool {
-        let Some(auth) = self.source.auth() else {
-            return true;
-        };
-        let p = self.principal.clone();
-        tokio::task::spawn_blocking(move || auth.still_valid(&p))
-            .await
-            .unwrap_or(false)
+        match self.source.auth() {
+            Some(auth) => auth.still_holds(&self.principal).await,
+            None => true,
+        }
     }
 
     /// What the session's principal sees now.
