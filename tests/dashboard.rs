@@ -1006,7 +1006,17 @@ async fn the_thread_view_follows_its_stream_across_a_restart() {
     o.stop().await;
     server.shutdown().await;
     drop(o);
-    let o = Organism::builder().load(&path).unwrap();
+    // The page's stream lets go of the first organism (and its store file) as its
+    // connection closes.
+    let reload = std::sync::Mutex::new(None);
+    wait_until_async("the store file is free again", || {
+        let loaded = Organism::builder().load(&path).ok();
+        let free = loaded.is_some();
+        *reload.lock().unwrap() = loaded;
+        async move { free }
+    })
+    .await;
+    let o = reload.into_inner().unwrap().unwrap();
     let server = ApiServer::bind(o.clone(), &addr.to_string(), ApiOptions::default())
         .await
         .unwrap();
