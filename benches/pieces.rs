@@ -49,6 +49,7 @@ fn record(i: u64) -> MessageRecord {
         payload_xml: Arc::new(ORDER.to_string()),
         status: MessageStatus::Delivered,
         error: None,
+        origin: agentserver::threads::Origin::inject(),
         timestamp: Timestamp(1_700_000_000_000 + i),
         seq: 0,
     }

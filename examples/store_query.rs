@@ -49,6 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 MessageStatus::Delivered
             },
             error: None,
+            origin: agentserver::threads::Origin::inject(),
             timestamp: Timestamp(1_700_000_000_000 + i as u64),
             seq: 0,
         };

@@ -104,6 +104,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 payload_xml: Arc::new("<Note>load message number 12345</Note>".to_string()),
                 status: MessageStatus::Pending,
                 error: None,
+                origin: agentserver::threads::Origin::inject(),
                 timestamp: Timestamp::now(),
                 seq: 0,
             },

@@ -258,7 +258,7 @@ fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
 ) -> Result<Result<T, AgentError>, ApiError> {
-    tokio::task::spawn_blocking(f)
+    crate::events::spawn_blocking(f)
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
 }

@@ -6,8 +6,8 @@ use axum::extract::ws::Utf8Bytes;
 use serde::Serialize;
 
 use super::view::{
-    AgentState, Message, MessageStatus, OrganismStatus, ReloadProblem, ReloadReport, Thread,
-    ThreadStatus, Timestamp,
+    AgentState, CauseView, Message, MessageStatus, OrganismStatus, ReloadProblem, ReloadReport,
+    Thread, ThreadStatus, Timestamp,
 };
 use crate::events::{Event, EventKind, StatusAbout};
 use crate::Organism;
@@ -19,6 +19,7 @@ pub fn event_frame<'e>(ev: &'e Event, organism: &Organism) -> Option<&'e Utf8Byt
         let frame = Frame {
             seq: ev.seq,
             timestamp: ev.timestamp.into(),
+            origin: ev.cause.as_deref().map(CauseView::from),
             kind: Kind::of(&ev.kind, organism),
         };
         Utf8Bytes::from(serde_json::to_string(&frame).unwrap_or_default())
@@ -40,10 +41,12 @@ pub fn message_frame<'e>(ev: &'e Event, organism: &Organism) -> Option<&'e Utf8B
                 #[serde(flatten)]
                 message: Message<'a>,
             }
+            let mut message = Message::of(message, &organism.schemas());
+            message.origin.cause = ev.cause.as_deref().map(CauseView::from);
             serde_json::to_string(&MessageFrame {
                 event: "message",
                 seq: ev.seq,
-                message: Message::of(message, &organism.schemas()),
+                message,
             })
             .ok()
             .map(Utf8Bytes::from)
@@ -86,6 +89,8 @@ fn with_status(frame: &str, status: MessageStatus, error: Option<&str>) -> Optio
 struct Frame<'a> {
     seq: u64,
     timestamp: Timestamp,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    origin: Option<CauseView<'a>>,
     #[serde(flatten)]
     kind: Kind<'a>,
 }
@@ -388,6 +393,7 @@ mod tests {
             payload_xml: crate::xml::SharedXml::new("<Ping><n>7</n></Ping>".into()),
             status: crate::threads::MessageStatus::Pending,
             error: None,
+            origin: crate::threads::Origin::inject(),
             timestamp: crate::time::Timestamp::now(),
             seq: 0,
         }

@@ -36,6 +36,7 @@ mod agents;
 mod audit;
 pub mod auth;
 mod browser;
+mod cause;
 mod conn;
 mod dashboard;
 mod error;
@@ -251,7 +252,7 @@ impl ApiState {
         };
         let organism = self.inner.organism.clone();
         let _ =
-            tokio::task::spawn_blocking(move || auth.audit.record(row, organism.events())).await;
+            crate::events::spawn_blocking(move || auth.audit.record(row, organism.events())).await;
     }
 
     async fn audit_maybe(&self, row: Option<crate::store::audit::AuditRow>) {
@@ -395,6 +396,7 @@ fn router(
             state.clone(),
             record_refusals,
         ))
+        .layer(axum::middleware::from_fn(cause::request_id))
         .with_state(state.clone());
     (app, state)
 }

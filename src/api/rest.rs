@@ -536,7 +536,7 @@ pub async fn reload_blocking(
     if_rev: Option<u64>,
 ) -> ApiResult<ReloadReport> {
     let o = organism.clone();
-    tokio::task::spawn_blocking(move || o.reload(if_rev))
+    crate::events::spawn_blocking(move || o.reload(if_rev))
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
         .map(|r| ReloadReport::from(&r))
@@ -577,7 +577,7 @@ pub async fn reload_agent(
     let organism = s.inner.organism.clone();
     let target = name.clone();
     // Building sandboxes compiles and runs `init`: keep it off the async workers.
-    tokio::task::spawn_blocking(move || organism.control().reload_listener(&target))
+    crate::events::spawn_blocking(move || organism.control().reload_listener(&target))
         .await
         .map_err(|e| {
             ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())

@@ -85,6 +85,52 @@ mirror!(
 );
 
 mirror!(
+    /// Why a message exists.
+    OriginKind = crate::threads::OriginKind {
+        /// A client injected it.
+        Inject,
+        /// A listener's output while handling `of`.
+        Reply,
+        /// The pump's `<huh>` about `of`.
+        Notice,
+        /// A person's edit of the held message `of`, which it supersedes.
+        Edit,
+    }
+);
+
+/// Why a message exists, and the message it came of.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageOrigin<'a> {
+    pub kind: OriginKind,
+    /// The message it came of (`null` for an inject).
+    pub of: Option<&'a str>,
+    /// On `/ws/messages`, where a message's fields are its frame's: the command that made
+    /// it (as `origin` on every frame of `/ws`), when a client's command did.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    #[schema(inline)]
+    pub cause: Option<CauseView<'a>>,
+}
+
+/// The client's command an event was caused by: its `request_id` (`X-Request-Id` on REST,
+/// a `/ws` command's `request_id`) and the `/ws` connection (`conn` of its `connected`
+/// frame; `null` for REST).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CauseView<'a> {
+    #[schema(value_type = Object)]
+    pub request_id: &'a serde_json::Value,
+    pub conn: Option<&'a str>,
+}
+
+impl<'a> From<&'a crate::events::Cause> for CauseView<'a> {
+    fn from(c: &'a crate::events::Cause) -> Self {
+        CauseView {
+            request_id: &c.request_id,
+            conn: c.conn.as_deref(),
+        }
+    }
+}
+
+mirror!(
     /// Where an input stands; only `open` changes, once.
     InputStatus = crate::threads::InputStatus {
         Open,
@@ -182,6 +228,8 @@ pub struct Message<'a> {
     pub parent_id: Option<&'a str>,
     /// Position in its thread, from 0.
     pub slot_index: u64,
+    pub origin: MessageOrigin<'a>,
+    /// (`status` and `error` come last: `api::frame` shows a new status by rewriting them.)
     pub status: MessageStatus,
     /// What went wrong, for operators.
     pub error: Option<&'a str>,
@@ -205,6 +253,11 @@ impl<'a> Message<'a> {
             timestamp: m.timestamp.into(),
             parent_id: m.parent_id.as_deref(),
             slot_index: m.slot_index,
+            origin: MessageOrigin {
+                kind: m.origin.kind.into(),
+                of: m.origin.of.as_deref(),
+                cause: None,
+            },
             status: m.status.into(),
             error: m.error.as_deref(),
         }

@@ -8,8 +8,10 @@
 //! pump carries on. Each event's JSON is rendered at most once, however many observers send
 //! it.
 
+mod cause;
 mod hub;
 
+pub use cause::{spawn_blocking, valid_request_id, Cause, MAX_REQUEST_ID};
 pub use hub::{EventHub, Receiver, RecvError, Sink, Subscription, TryRecvError};
 
 use std::any::Any;
@@ -33,6 +35,8 @@ pub struct Event {
     pub seq: u64,
     pub timestamp: Timestamp,
     pub kind: EventKind,
+    /// The client's command that caused it, if one did ([`Cause`]).
+    pub cause: Option<Arc<Cause>>,
     /// The frames an observer rendered from this event, kept so that each is rendered once
     /// however many clients send it. Their type is the observer's: the API keeps shared
     /// bytes (`api::frame`), so every WebSocket client sends the same buffer.
@@ -42,13 +46,15 @@ pub struct Event {
 }
 
 impl Event {
-    /// Event `seq`, stamped now. (The hub numbers what it publishes; this is for feeding a
-    /// [`crate::store::Store`] directly.)
+    /// Event `seq`, stamped now, caused by the command running now ([`Cause::current`]).
+    /// (The hub numbers what it publishes; this is for feeding a [`crate::store::Store`]
+    /// directly.)
     pub fn new(seq: u64, kind: EventKind) -> Self {
         Event {
             seq,
             timestamp: Timestamp::now(),
             kind,
+            cause: Cause::current(),
             frame: OnceLock::new(),
             message_frame: OnceLock::new(),
             merged_frame: OnceLock::new(),
@@ -56,8 +62,8 @@ impl Event {
     }
 
     /// Event `seq` of another process, as it was stamped there, with its frames as that
-    /// process rendered them (the renderer's types), so that they are not rendered again
-    /// here.
+    /// process rendered them (the renderer's types, showing its cause), so that they are not
+    /// rendered again here.
     pub fn numbered<F: Any + Send + Sync, M: Any + Send + Sync>(
         seq: u64,
         timestamp: Timestamp,
@@ -69,6 +75,7 @@ impl Event {
             seq,
             timestamp,
             kind,
+            cause: None,
             frame: OnceLock::new(),
             message_frame: OnceLock::new(),
             merged_frame: OnceLock::new(),

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::config::diff::{ReloadProblem, ReloadReport};
 use crate::events::{AgentState, EventKind, OrganismStatus, StatusAbout};
 use crate::threads::{
-    InputKind, InputRow, InputStatus, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus,
+    InputKind, InputRow, InputStatus, MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo,
+    ThreadStatus,
 };
 use crate::time::Timestamp;
 
@@ -109,6 +110,16 @@ pub(super) struct WireMessage {
     status: MessageStatus,
     error: Option<String>,
     timestamp: Timestamp,
+    /// Only an origin its sender and parent do not imply (`Origin::implied`): absent in
+    /// streams written before it was added, and for most messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    origin: Option<WireOrigin>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireOrigin {
+    kind: OriginKind,
+    of: Option<Arc<str>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -172,13 +183,27 @@ impl From<&MessageRecord> for WireMessage {
             status: m.status,
             error: m.error.clone(),
             timestamp: m.timestamp,
+            origin: (m.origin != Origin::implied(m.parent_id.as_ref(), &m.from)).then(|| {
+                WireOrigin {
+                    kind: m.origin.kind,
+                    of: m.origin.of.clone(),
+                }
+            }),
         }
     }
 }
 
 impl From<WireMessage> for MessageRecord {
     fn from(m: WireMessage) -> Self {
+        let origin = match m.origin {
+            Some(o) => Origin {
+                kind: o.kind,
+                of: o.of,
+            },
+            None => Origin::implied(m.parent_id.as_ref(), &m.from),
+        };
         MessageRecord {
+            origin,
             id: m.id,
             thread_id: m.thread_id,
             parent_id: m.parent_id,

@@ -68,6 +68,7 @@ fn events() -> Vec<Event> {
         payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
         status: MessageStatus::Delivered,
         error: None,
+        origin: crate::threads::Origin::implied(Some(&Arc::from("m0")), "greeter"),
         timestamp: t,
         seq: 0,
     };
@@ -263,4 +264,37 @@ fn a_status_events_message_seq_reads_back() {
         panic!("{:?}", back.kind)
     };
     assert_eq!((a.message_seq, a.message_bytes), (41, 300));
+}
+
+/// A message's origin (added to version 1) is carried only when its sender and parent do not
+/// imply it, and reads back as written either way.
+#[test]
+fn a_messages_origin_reads_back() {
+    use crate::threads::Origin;
+    let none = Frames {
+        frame: None,
+        message_frame: None,
+    };
+    let reply = match events().remove(1).kind {
+        EventKind::Message { message } => message,
+        other => panic!("{other:?}"),
+    };
+    let edit = MessageRecord {
+        origin: Origin::edit(Arc::from("m9")),
+        ..reply.clone()
+    };
+    for (m, carried) in [(reply, false), (edit, true)] {
+        let origin = m.origin.clone();
+        let kind = EventKind::Message { message: m };
+        let ev = Event::numbered(7, Timestamp(1), kind, None::<String>, ());
+        let body = body_of(&ev, &none).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&body).contains("\"origin\""),
+            carried
+        );
+        let EventKind::Message { message } = parse(&body).unwrap().kind else {
+            panic!("not a message")
+        };
+        assert_eq!(message.origin, origin);
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::events::EventKind;
 use crate::schema::ValidatedPayload;
-use crate::threads::{MessageRecord, MessageStatus, NewMessage, ThreadError};
+use crate::threads::{MessageRecord, MessageStatus, NewMessage, Origin, ThreadError};
 
 use super::dispatch::{Job, Listener};
 use super::Shared;
@@ -20,6 +20,8 @@ pub(crate) struct Admission {
     pub approval: Option<Arc<crate::listener::Approved>>,
     /// The id a client chose for it (`message_id` on inject); else a new one.
     pub id: Option<Arc<str>>,
+    /// Why it exists, when its sender and parent do not say (an edit).
+    pub origin: Option<crate::threads::Origin>,
 }
 
 /// What the log made of an admission.
@@ -47,7 +49,11 @@ impl Admission {
         ValidatedPayload,
         Option<Arc<crate::listener::Approved>>,
     ) {
+        let origin = self
+            .origin
+            .unwrap_or_else(|| Origin::implied(self.parent_id.as_ref(), &self.from));
         let m = NewMessage {
+            origin,
             id: self.id.unwrap_or_else(crate::threads::new_id),
             parent_id: self.parent_id,
             from: self.from,

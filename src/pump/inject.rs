@@ -146,6 +146,7 @@ impl Organism {
             valid,
             approval: None,
             id,
+            origin: None,
         };
         let admitted = s
             .admit(&opened.id, &listener, admission)

@@ -11,13 +11,13 @@ use super::{FailureKind, Shared};
 use crate::events::EventKind;
 use crate::events::StatusAbout;
 use crate::listener::Output;
-use crate::threads::{MessageRecord, MessageStatus, NewMessage};
+use crate::threads::{MessageRecord, MessageStatus, NewMessage, Origin};
 use crate::xml::{
     escape_text, normalize_payload, NormalizedPayload, PayloadType, SharedXml, SYSTEM_NS,
 };
 
 /// The identity the pump uses for the notices it sends itself (`<huh>`).
-pub const SYSTEM_IDENTITY: &str = "system";
+pub const SYSTEM_IDENTITY: &str = crate::threads::SYSTEM_SENDER;
 
 /// Where an output goes: mostly one place, kept without allocating.
 pub(crate) type Targets = smallvec::SmallVec<[Target; 1]>;
@@ -243,6 +243,7 @@ impl Shared {
         let listener = match target {
             Target::Terminal(to) => {
                 let m = NewMessage {
+                    origin: Origin::implied(parent_id.as_ref(), &from),
                     id: crate::threads::new_id(),
                     parent_id,
                     from,
@@ -277,6 +278,7 @@ impl Shared {
                     valid,
                     approval: None,
                     id: None,
+                    origin: None,
                 };
                 match self.admit(thread, &listener, admission) {
                     Ok(Admitted::NotQueued(record) | Admitted::Refused(record, _)) => {
@@ -288,6 +290,7 @@ impl Shared {
             Err(reason) => {
                 let payload_type = payload.payload_type.written();
                 let m = NewMessage {
+                    origin: Origin::implied(parent_id.as_ref(), &from),
                     id: crate::threads::new_id(),
                     parent_id,
                     from,
@@ -338,6 +341,7 @@ impl Shared {
         } = refusal;
         let error = self.clip_error(error);
         let m = NewMessage {
+            origin: Origin::implied(Some(&parent.id), &from),
             id: crate::threads::new_id(),
             parent_id: Some(parent.id.clone()),
             from,
@@ -361,6 +365,7 @@ impl Shared {
                 error: Some(error),
                 timestamp: crate::time::Timestamp::now(),
                 seq: 0,
+                origin: Origin::implied(Some(&parent.id), SYSTEM_IDENTITY),
             })
     }
 

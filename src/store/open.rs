@@ -310,6 +310,12 @@ CREATE INDEX idempotency_created ON idempotency(created);
     r#"
 CREATE INDEX messages_id ON messages(id);
 "#,
+    // v13: a message's origin, where its sender and parent do not imply it
+    // (`threads::Origin::implied`): NULL for most.
+    r#"
+ALTER TABLE messages ADD COLUMN origin_kind TEXT;
+ALTER TABLE messages ADD COLUMN origin_of TEXT;
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

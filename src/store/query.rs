@@ -23,7 +23,7 @@ impl Where {
 }
 
 /// The columns [`row_to_message`] reads, from [`MESSAGES`].
-pub(super) const MESSAGE_COLUMNS: &str = "m.id, t.id, m.parent_id, m.slot_index, s.name, r.name, p.name, m.payload_xml, m.status, m.error, m.ts";
+pub(super) const MESSAGE_COLUMNS: &str = "m.id, t.id, m.parent_id, m.slot_index, s.name, r.name, p.name, m.payload_xml, m.status, m.error, m.ts, m.origin_kind, m.origin_of";
 
 /// Messages (`m`) with the names their numbers stand for. Every message has its thread's row
 /// (the writer adds one for a message whose thread was never recorded; pruning deletes both
@@ -209,12 +209,23 @@ pub(super) fn get_u64(r: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<u64> 
 
 pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageRecord> {
     let status: String = r.get(8)?;
+    let parent_id = r.get::<_, Option<String>>(2)?.map(Arc::from);
+    let from: Arc<str> = Arc::from(r.get::<_, String>(4)?);
+    let kind = r.get::<_, Option<String>>(11)?;
+    let origin = match kind.as_deref().and_then(OriginKind::parse) {
+        Some(kind) => Origin {
+            kind,
+            of: r.get::<_, Option<String>>(12)?.map(Arc::from),
+        },
+        None => Origin::implied(parent_id.as_ref(), &from),
+    };
     Ok(MessageRecord {
+        origin,
         id: Arc::from(r.get::<_, String>(0)?),
         thread_id: Arc::from(r.get::<_, String>(1)?),
-        parent_id: r.get::<_, Option<String>>(2)?.map(Arc::from),
+        parent_id,
         slot_index: get_u64(r, 3)?,
-        from: Arc::from(r.get::<_, String>(4)?),
+        from,
         to: r.get::<_, Option<String>>(5)?.map(Arc::from),
         payload_type: r.get(6)?,
         payload_xml: crate::xml::SharedXml::new(r.get::<_, String>(7)?),

@@ -12,7 +12,7 @@ pub(super) const THREADS_CACHED: usize = 65_536;
 pub(super) const MESSAGE_ROWS: usize = 16;
 
 /// Parameters per row of the writer's message insert.
-pub(super) const MESSAGE_PARAMS: usize = 12;
+pub(super) const MESSAGE_PARAMS: usize = 14;
 
 /// Thread rows per multi-row upsert, and the parameters of one.
 pub(super) const THREAD_ROWS: usize = 16;
@@ -241,7 +241,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
     ) -> rusqlite::Result<Writes<'t, 'c, 'o>> {
         let insert = |rows: usize| {
             format!(
-                "INSERT INTO messages (seq, id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts)
+                "INSERT INTO messages (seq, id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts, origin_kind, origin_of)
                  VALUES {} ON CONFLICT(thread, slot_index) DO NOTHING",
                 vec![format!("({})", in_list(MESSAGE_PARAMS)); rows].join(", ")
             )
@@ -432,7 +432,12 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             stmt.raw_bind_parameter(at + 9, &*m.payload_xml)?;
             stmt.raw_bind_parameter(at + 10, c.status)?;
             stmt.raw_bind_parameter(at + 11, new.error)?;
-            stmt.raw_bind_parameter(at + 12, m.timestamp.0 as i64)
+            stmt.raw_bind_parameter(at + 12, m.timestamp.0 as i64)?;
+            // Only an origin its sender and parent do not imply.
+            let origin =
+                Some(&m.origin).filter(|o| **o != Origin::implied(m.parent_id.as_ref(), &m.from));
+            stmt.raw_bind_parameter(at + 13, origin.map(|o| o.kind.name()))?;
+            stmt.raw_bind_parameter(at + 14, origin.and_then(|o| o.of.as_deref()))
         })?;
         for &NewMessage {
             m,

@@ -22,8 +22,8 @@ pub use input::{InputFilter, InputKind, InputRow, InputStatus};
 pub use query::{glob_match, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 
 pub use record::{
-    new_id, valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Quota, StatusChange,
-    ThreadError, ThreadInfo, ThreadStatus,
+    new_id, valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Origin, OriginKind,
+    Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus, SYSTEM_SENDER,
 };
 
 const SHARDS: usize = 16;
@@ -343,6 +343,7 @@ impl ThreadRegistry {
             error: m.error,
             timestamp: now,
             seq: 0,
+            origin: m.origin,
         };
         e.messages.push(record.clone());
         shard.appended += 1;

@@ -238,6 +238,7 @@ mod tests {
                 payload_xml: crate::xml::SharedXml::new("<X/>".into()),
                 status: MessageStatus::Terminal,
                 error: None,
+                origin: crate::threads::Origin::inject(),
             },
         )
         .unwrap();

@@ -80,6 +80,7 @@ pub struct MessageRecord {
     /// The `seq` of the event that published it, in the copy the pump queues (a status
     /// event names it, `StatusAbout::message_seq`); 0 elsewhere.
     pub seq: u64,
+    pub origin: Origin,
 }
 
 impl MessageRecord {
@@ -148,6 +149,78 @@ pub struct Opened {
     pub reactivated: Option<StatusChange>,
 }
 
+/// Why a message exists: `inject` (a client sent it), `reply` (a listener's output while
+/// handling `of`), `notice` (the pump's `<huh>` about `of`), `edit` (a person's edit of the
+/// held message `of`, which it supersedes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OriginKind {
+    Inject,
+    Reply,
+    Notice,
+    Edit,
+}
+
+impl OriginKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            OriginKind::Inject => "inject",
+            OriginKind::Reply => "reply",
+            OriginKind::Notice => "notice",
+            OriginKind::Edit => "edit",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Inject, Self::Reply, Self::Notice, Self::Edit]
+            .into_iter()
+            .find(|k| k.name() == s)
+    }
+}
+
+/// A message's `origin {kind, of}`: why it exists, and the message it came of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub kind: OriginKind,
+    pub of: Option<Arc<str>>,
+}
+
+impl Origin {
+    /// What a message's sender and parent imply, for every kind but an edit: a message
+    /// from `system` is a notice about its parent, one with a parent a reply to it, one
+    /// without an inject. (The store keeps only an origin that differs from this.)
+    pub fn implied(parent_id: Option<&Arc<str>>, from: &str) -> Self {
+        let kind = match parent_id {
+            Some(_) if from == SYSTEM_SENDER => OriginKind::Notice,
+            Some(_) => OriginKind::Reply,
+            None => OriginKind::Inject,
+        };
+        Origin {
+            kind,
+            of: parent_id.cloned(),
+        }
+    }
+
+    /// A client's inject.
+    pub fn inject() -> Self {
+        Origin {
+            kind: OriginKind::Inject,
+            of: None,
+        }
+    }
+
+    /// A person's edit of the held message `of`.
+    pub fn edit(of: Arc<str>) -> Self {
+        Origin {
+            kind: OriginKind::Edit,
+            of: Some(of),
+        }
+    }
+}
+
+/// The sender the pump's own messages have.
+pub const SYSTEM_SENDER: &str = "system";
+
 /// A message to append to a thread's log.
 pub struct NewMessage {
     pub id: Arc<str>,
@@ -158,6 +231,7 @@ pub struct NewMessage {
     pub payload_xml: SharedXml,
     pub status: MessageStatus,
     pub error: Option<String>,
+    pub origin: Origin,
 }
 
 /// Thread ids are `[A-Za-z0-9_-]{1,128}` (SPEC §6).

@@ -12,6 +12,7 @@ fn msg(status: MessageStatus) -> NewMessage {
         payload_xml: crate::xml::SharedXml::new("<X/>".into()),
         status,
         error: None,
+        origin: crate::threads::Origin::inject(),
     }
 }
 

@@ -6,6 +6,7 @@
 mod common;
 
 mod accounting;
+mod causes;
 mod conn;
 mod hostile_input;
 mod idempotency;

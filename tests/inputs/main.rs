@@ -272,6 +272,8 @@ async fn an_edit_is_validated_and_supersedes_the_held_message() {
     assert_eq!(new["payload_xml"], "<Note>pay 90</Note>");
     assert_eq!(new["from"], "a");
     assert_eq!(new["parent_id"], ms[1]["parent_id"]);
+    assert_eq!(new["origin"], json!({"kind": "edit", "of": ms[1]["id"]}));
+    assert_eq!(ms[1]["origin"], json!({"kind": "reply", "of": ms[0]["id"]}));
     assert_eq!(new["status"], "delivered");
     let last = ms.last().expect("a last message");
     assert_eq!(

@@ -150,7 +150,7 @@ async fn run(
         Command::ReloadAgent(a) => {
             let o = organism.clone();
             let name = a.clone();
-            tokio::task::spawn_blocking(move || o.control().reload_listener(&name))
+            crate::events::spawn_blocking(move || o.control().reload_listener(&name))
                 .await
                 .map_err(|e| ApiError::bad_request(e.to_string()))??;
             out.insert("agent".into(), json!(a));

@@ -191,6 +191,7 @@ fn snapshot(s: &mut Session<Pump>, seq: u64) -> Value {
         "event": "connected",
         "seq": seq,
         "timestamp": Timestamp::now(),
+        "conn": s.conn,
         "organism": info,
     });
     if s.ep == Endpoint::Events {

@@ -34,7 +34,7 @@ use crate::api::error::ApiError;
 use crate::api::filter::Filter;
 use crate::api::{ApiOptions, Endpoint};
 use crate::config::Limits;
-use crate::events::{Event, Receiver, RecvError, Subscription, TryRecvError};
+use crate::events::{Cause, Event, Receiver, RecvError, Subscription, TryRecvError};
 use crate::time::Timestamp;
 
 /// Events a session takes from the hub in one turn of its loop, at most (then it checks its
@@ -140,6 +140,9 @@ pub(in crate::api) struct Session<S: Source> {
     pub(super) options: ApiOptions,
     pub(super) tx: mpsc::Sender<Message>,
     pub(super) queued: Arc<AtomicUsize>,
+    /// The connection's id (`conn` of its `connected` frame and answers, and of the
+    /// `origin` of events its commands cause).
+    pub(in crate::api) conn: Arc<str>,
     /// The last event `seq` this session has looked at.
     pub(in crate::api) seen: u64,
     /// Messages a `thread_snapshot` held (`history.rs`): not sent again as they come, until
@@ -208,6 +211,7 @@ pub(in crate::api) async fn run<S: Source>(
         options,
         tx: tx.clone(),
         queued,
+        conn: crate::threads::new_id(),
         seen: 0,
         snapshot_ids: Default::default(),
         history_until: 0,
@@ -505,10 +509,11 @@ impl<S: Source> Session<S> {
         let reply = match serde_json::from_str::<Value>(raw) {
             Ok(Value::Object(mut map)) => {
                 request_id = map.remove("request_id").unwrap_or(Value::Null);
-                match map.remove("cmd") {
-                    Some(Value::String(c)) => {
+                match (map.remove("cmd"), self.cause(&request_id)) {
+                    (_, Err(e)) => Err(e),
+                    (Some(Value::String(c)), Ok(cause)) => {
                         cmd = c;
-                        S::execute(self, &cmd, map).await
+                        Cause::scope(cause, S::execute(self, &cmd, map)).await
                     }
                     _ => Err(ApiError::bad_request("a command needs a `cmd` string").at("cmd")),
                 }
@@ -526,6 +531,7 @@ impl<S: Source> Session<S> {
             "timestamp": Timestamp::now(),
             "request_id": request_id,
             "cmd": cmd,
+            "conn": self.conn,
         });
         let extra = match reply {
             Ok(fields) => fields,
@@ -544,6 +550,28 @@ impl<S: Source> Session<S> {
             obj.extend(extra);
         }
         self.control(frame);
+    }
+
+    /// The cause of what a command with `request_id` makes: none without one; a string
+    /// (printable ASCII, at most `MAX_REQUEST_ID` bytes) or a number, else refused.
+    fn cause(&self, request_id: &Value) -> Result<Option<Arc<Cause>>, ApiError> {
+        let ok = match request_id {
+            Value::Null => return Ok(None),
+            Value::Number(_) => true,
+            Value::String(s) => crate::events::valid_request_id(s),
+            _ => false,
+        };
+        if !ok {
+            return Err(ApiError::bad_request(format!(
+                "`request_id` is a number or 1 to {} printable ASCII characters without spaces",
+                crate::events::MAX_REQUEST_ID
+            ))
+            .at("request_id"));
+        }
+        Ok(Some(Arc::new(Cause {
+            request_id: request_id.clone(),
+            conn: Some(self.conn.clone()),
+        })))
     }
 
     /// `subscribe`: the session's filter becomes `spec`; the ack's fields.

@@ -240,6 +240,7 @@ fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_rememb
             payload_xml: crate::xml::SharedXml::new("<Note/>".into()),
             status: crate::threads::MessageStatus::Pending,
             error: None,
+            origin: crate::threads::Origin::inject(),
             timestamp: crate::time::Timestamp(0),
             seq: 0,
         },

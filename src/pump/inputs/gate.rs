@@ -278,6 +278,7 @@ impl Shared {
                 valid,
                 approval: approved(&decided),
                 id: None,
+                origin: Some(crate::threads::Origin::edit(record.id.clone())),
             };
             if let Ok(Admitted::Queued(id)) = self.admit_now(&thread, l, admission) {
                 decided.result = Some(id.to_string());

@@ -190,6 +190,11 @@ impl Shared {
                 error: None,
                 timestamp: row.created,
                 seq: 0,
+                // A held message is never an edit (an edit is let through at once).
+                origin: crate::threads::Origin::implied(
+                    row.parent_id.as_deref().map(Arc::from).as_ref(),
+                    &row.from,
+                ),
             };
             let topo = self.topo();
             let listener = topo.listeners.get(row.listener.as_str());

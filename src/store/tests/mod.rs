@@ -20,6 +20,7 @@ fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord 
         payload_xml: crate::xml::SharedXml::new("<Note xmlns=\"urn:x\">hi</Note>".into()),
         status: MessageStatus::Pending,
         error: None,
+        origin: crate::threads::Origin::inject(),
         timestamp: Timestamp(ts),
         seq: 0,
     }

@@ -147,10 +147,12 @@ fn a_version_1_file_is_migrated_with_its_history() {
 fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_freed() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_with(&dir.path().join("s.db"), Some(120)).unwrap();
+    // Rows of about 3 kB: one a page, away from SQLite's overflow threshold (near it, what
+    // pruning frees and what the held writes need are laid out differently).
     let big = |t: &str, slot: u64| MessageRecord {
         payload_xml: crate::xml::SharedXml::new(format!(
             "<Note xmlns=\"urn:x\">{}</Note>",
-            "x".repeat(4000)
+            "x".repeat(3000)
         )),
         // The new thread's receiver is an agent first named by writes that fail.
         ..msg(t, slot, "api", if t == "new" { "h" } else { "g" }, slot)

@@ -347,3 +347,48 @@ fn a_thread_begun_again_under_a_stored_id_keeps_its_row_and_gets_its_messages() 
     assert_eq!(threads.total, 2);
     assert_kept_counts_match_scans(&store);
 }
+
+#[test]
+fn a_message_keeps_its_origin_across_a_reopen() {
+    use crate::threads::{Origin, OriginKind};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let first = msg("t", 0, "api", "a", 1);
+    let reply = MessageRecord {
+        parent_id: Some(first.id.clone()),
+        origin: Origin::implied(Some(&first.id), "a"),
+        ..msg("t", 1, "a", "b", 2)
+    };
+    // An edit of an injected message: no parent, yet not an inject.
+    let edit = MessageRecord {
+        origin: Origin::edit(first.id.clone()),
+        ..msg("t", 2, "api", "a", 3)
+    };
+    let notice = MessageRecord {
+        parent_id: Some(reply.id.clone()),
+        origin: Origin::implied(Some(&reply.id), "system"),
+        ..msg("t", 3, "system", "a", 4)
+    };
+    {
+        let store = Store::open(&path).unwrap();
+        thread(&store, "t", ThreadStatus::Completed, 1);
+        for (seq, m) in [&first, &reply, &edit, &notice].into_iter().enumerate() {
+            store.record(seq as u64 + 2, &EventKind::Message { message: m.clone() });
+        }
+        store.flush(5);
+    }
+    let store = Store::open(&path).unwrap();
+    let origins: Vec<(OriginKind, Option<String>)> = all_rows(&store)
+        .into_iter()
+        .map(|m| (m.origin.kind, m.origin.of.as_deref().map(str::to_string)))
+        .collect();
+    assert_eq!(
+        origins,
+        [
+            (OriginKind::Inject, None),
+            (OriginKind::Reply, Some(first.id.to_string())),
+            (OriginKind::Edit, Some(first.id.to_string())),
+            (OriginKind::Notice, Some(reply.id.to_string())),
+        ]
+    );
+}
