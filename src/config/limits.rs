@@ -57,6 +57,10 @@ pub struct Limits {
     /// Idempotency keys kept at once per tenant (and for the principals of no tenant
     /// together); one more is answered 429 `too_many_idempotency_keys`.
     pub max_idempotency_keys: usize,
+    /// Messages a `/ws/messages` client reconnecting from past the event ring gets back from
+    /// the store at most (their payloads at most its queue's bytes); a larger gap is
+    /// `resync_required`. 0: never from the store.
+    pub max_replay_messages: usize,
 }
 
 impl Limits {
@@ -94,6 +98,7 @@ impl Default for Limits {
             max_held_bytes: 64 * 1024 * 1024,
             idempotency_window_ms: 24 * 3600 * 1000,
             max_idempotency_keys: 10_000,
+            max_replay_messages: 10_000,
         }
     }
 }

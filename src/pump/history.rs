@@ -97,6 +97,25 @@ impl<'a> History<'a> {
         }
     }
 
+    /// The messages published after event `since` and at or before `until`, as the store
+    /// has them once it has caught up ([`crate::store::Store::replay`]); unavailable without
+    /// a store.
+    pub fn replay(
+        self,
+        since: u64,
+        until: u64,
+        max_messages: usize,
+        max_bytes: usize,
+    ) -> Result<crate::store::Replay, crate::store::StoreError> {
+        let Some(store) = &self.organism.shared.store else {
+            return Ok(crate::store::Replay::Unavailable(
+                "the organism keeps no store",
+            ));
+        };
+        store.catch_up(READ_CATCH_UP);
+        store.replay(since, until, max_messages, max_bytes)
+    }
+
     /// A thread's messages from slot `from` on, in slot order: at most `limit`, and no more
     /// than fit in `max_bytes` of payloads (at least one); and whether more follow. Read by
     /// slot (no count, no offset): from memory where the organism holds them, else from the

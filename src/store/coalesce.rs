@@ -64,6 +64,8 @@ pub(super) enum Write<'a> {
         /// The message's status and error, or those of a later change in the same batch.
         status: MessageStatus,
         error: Option<&'a str>,
+        /// The `seq` of the event that published it.
+        event_seq: u64,
     },
     Status {
         id: &'a str,
@@ -141,6 +143,7 @@ impl<'a> Write<'a> {
                 m,
                 status: m.status,
                 error: m.error.as_deref(),
+                event_seq: event.seq,
             },
             EventKind::MessageStatus {
                 id,

@@ -88,6 +88,7 @@ mod maintenance;
 mod open;
 mod prune;
 mod query;
+mod replay;
 #[cfg(test)]
 mod tests;
 pub mod watched;
@@ -95,6 +96,7 @@ mod writer;
 mod writes;
 
 pub use maintenance::{Maintenance, RETENTION_INTERVAL};
+pub use replay::Replay;
 
 use coalesce::*;
 use counts::*;

@@ -316,6 +316,16 @@ CREATE INDEX messages_id ON messages(id);
 ALTER TABLE messages ADD COLUMN origin_kind TEXT;
 ALTER TABLE messages ADD COLUMN origin_of TEXT;
 "#,
+    // v14: the event that published each message, and per transaction the last message
+    // written with the newest event `seq` then: a `/ws/messages` reconnect from past the ring
+    // replays from here (`query::replay`).
+    r#"
+ALTER TABLE messages ADD COLUMN event_seq INTEGER;
+CREATE TABLE event_marks (
+    last_seq INTEGER PRIMARY KEY,
+    message_seq INTEGER NOT NULL
+);
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

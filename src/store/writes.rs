@@ -12,7 +12,7 @@ pub(super) const THREADS_CACHED: usize = 65_536;
 pub(super) const MESSAGE_ROWS: usize = 16;
 
 /// Parameters per row of the writer's message insert.
-pub(super) const MESSAGE_PARAMS: usize = 14;
+pub(super) const MESSAGE_PARAMS: usize = 15;
 
 /// Thread rows per multi-row upsert, and the parameters of one.
 pub(super) const THREAD_ROWS: usize = 16;
@@ -22,6 +22,7 @@ pub(super) const THREAD_PARAMS: usize = 7;
 /// same batch), its thread's number, its numbered attributes (its `seq` given).
 pub(super) struct NewMessage<'o> {
     pub(super) m: &'o MessageRecord,
+    pub(super) event_seq: u64,
     pub(super) status: MessageStatus,
     pub(super) error: Option<&'o str>,
     pub(super) thread: i64,
@@ -168,13 +169,30 @@ pub(super) fn delete_messages(
     deltas: &mut Deltas,
 ) -> rusqlite::Result<u64> {
     let mut gone = 0u64;
+    let mut newest: Option<i64> = None;
     let mut stmt = tx.prepare_cached(
-        "DELETE FROM messages WHERE thread = ?1 RETURNING seq, sender, receiver, payload_type, status",
+        "DELETE FROM messages WHERE thread = ?1 RETURNING seq, sender, receiver, payload_type, status, event_seq",
     )?;
     let mut rows = stmt.query(params![n])?;
     while let Some(r) = rows.next()? {
         deltas.add(stored_counted(r)?, -1);
+        newest = newest.max(r.get::<_, Option<i64>>(5)?);
         gone += 1;
+    }
+    drop(rows);
+    if let Some(e) = newest {
+        // A replay from before `e` would miss what was deleted (`query::replay`); the marks
+        // it no longer needs go (but the last one before `e`, where a replay after it starts).
+        tx.prepare_cached(
+            "INSERT INTO meta (key, value) VALUES ('pruned_event_seq', ?1) \
+             ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
+        )?
+        .execute(params![e])?;
+        tx.prepare_cached(
+            "DELETE FROM event_marks WHERE last_seq < \
+             (SELECT MAX(last_seq) FROM event_marks WHERE last_seq <= ?1)",
+        )?
+        .execute(params![e])?;
     }
     Ok(gone)
 }
@@ -231,6 +249,8 @@ pub(super) struct Writes<'t, 'c, 'o> {
     pub(super) touches: Vec<(&'o str, i64, Option<&'o str>, i64)>,
     pub(super) touch: rusqlite::CachedStatement<'t>,
     pub(super) seq: rusqlite::CachedStatement<'t>,
+    /// The store `seq` of the last message this transaction wrote, for its event mark.
+    pub(super) last_message: Option<i64>,
     pub(super) deltas: Deltas,
 }
 
@@ -241,7 +261,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
     ) -> rusqlite::Result<Writes<'t, 'c, 'o>> {
         let insert = |rows: usize| {
             format!(
-                "INSERT INTO messages (seq, id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts, origin_kind, origin_of)
+                "INSERT INTO messages (seq, id, thread, parent_id, slot_index, sender, receiver, payload_type, payload_xml, status, error, ts, origin_kind, origin_of, event_seq)
                  VALUES {} ON CONFLICT(thread, slot_index) DO NOTHING",
                 vec![format!("({})", in_list(MESSAGE_PARAMS)); rows].join(", ")
             )
@@ -288,6 +308,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             seq: tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('last_seq', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
             )?,
+            last_message: None,
             deltas: Deltas::default(),
         })
     }
@@ -437,7 +458,8 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             let origin =
                 Some(&m.origin).filter(|o| **o != Origin::implied(m.parent_id.as_ref(), &m.from));
             stmt.raw_bind_parameter(at + 13, origin.map(|o| o.kind.name()))?;
-            stmt.raw_bind_parameter(at + 14, origin.and_then(|o| o.of.as_deref()))
+            stmt.raw_bind_parameter(at + 14, origin.and_then(|o| o.of.as_deref()))?;
+            stmt.raw_bind_parameter(at + 15, new.event_seq as i64)
         })?;
         for &NewMessage {
             m,
@@ -472,7 +494,12 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
     /// Applies one write; count changes gather in `deltas`.
     pub(super) fn apply(&mut self, w: Write<'o>) -> rusqlite::Result<()> {
         match w {
-            Write::Message { m, status, error } => {
+            Write::Message {
+                m,
+                status,
+                error,
+                event_seq,
+            } => {
                 let thread = match self.thread_number(&m.thread_id)? {
                     Some(n) => n,
                     None => {
@@ -501,8 +528,10 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                     m.payload_type.as_deref(),
                     status_str(status),
                 )?;
+                self.last_message = Some(seq);
                 self.pending.push(NewMessage {
                     m,
+                    event_seq,
                     status,
                     error,
                     thread,
@@ -560,6 +589,15 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 .push((id, message_count as i64, error, at.0 as i64)),
             Write::Seq(s) => {
                 self.seq.execute(params![s as i64])?;
+                // Where a replay after event `s` may start (`query::replay`): every message
+                // up to this one was published at or before `s`.
+                if let Some(m) = self.last_message.take() {
+                    self.tx
+                        .prepare_cached(
+                            "INSERT OR REPLACE INTO event_marks (last_seq, message_seq) VALUES (?1, ?2)",
+                        )?
+                        .execute(params![s as i64, m])?;
+                }
             }
             Write::InputOpened(r) => super::inputs::insert(self.tx, r)?,
             Write::InputDecided(r) => super::inputs::decide(self.tx, r)?,

@@ -11,6 +11,7 @@ mod conn;
 mod hostile_input;
 mod idempotency;
 mod origins;
+mod replay;
 mod rest;
 mod shapes;
 mod stream;

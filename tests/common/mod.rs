@@ -183,17 +183,7 @@ pub async fn serve_with(
     options: agentserver::api::ApiOptions,
 ) -> Served {
     let (organism, dir) = organism_with(builder, limits, "breadth-first", listeners);
-    let server = agentserver::api::ApiServer::bind(organism.clone(), "127.0.0.1:0", options)
-        .await
-        .expect("server binds");
-    let base = format!("http://{}", server.local_addr());
-    Served {
-        organism,
-        server,
-        base,
-        http: http(),
-        _dir: dir,
-    }
+    Served::over(organism, dir, options).await
 }
 
 /// A three-listener chain a → b → c over `Note`, each forwarding, c a sink.
@@ -202,6 +192,25 @@ pub const CHAIN: &str = "  - {name: a, description: first, kind: native, handler
   - {name: c, description: last, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}";
 
 impl Served {
+    /// `organism` (its files in `dir`) served on a port of its own.
+    pub async fn over(
+        organism: Organism,
+        dir: tempfile::TempDir,
+        options: agentserver::api::ApiOptions,
+    ) -> Served {
+        let server = agentserver::api::ApiServer::bind(organism.clone(), "127.0.0.1:0", options)
+            .await
+            .expect("server binds");
+        let base = format!("http://{}", server.local_addr());
+        Served {
+            organism,
+            server,
+            base,
+            http: http(),
+            _dir: dir,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

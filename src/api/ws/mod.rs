@@ -7,6 +7,7 @@ mod frames;
 mod held;
 mod history;
 mod queue;
+mod replay;
 pub(in crate::api) mod session;
 mod socket;
 
@@ -163,6 +164,13 @@ impl Source for Pump {
         since: Option<u64>,
     ) -> Option<(crate::events::Subscription, Option<u64>)> {
         let sub = s.source.0.inner.organism.events().subscribe_since(since);
+        if let (Some(from), Some(_), Endpoint::Messages) = (since, sub.resync_from, s.ep) {
+            if from <= sub.seq {
+                if let Some((sub, until)) = replay::from_store(s, from, sub.seq).await {
+                    return Some((sub, Some(until)));
+                }
+            }
+        }
         if let Some(oldest) = sub.resync_from {
             s.control(resync_frame(sub.seq, since, oldest));
         }

@@ -208,3 +208,56 @@ fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
         "new is old by the clock; running stays"
     );
 }
+
+/// A replay gives exactly the messages published in its range, and refuses a range that
+/// pruning cut into or that holds more than its bounds.
+#[test]
+fn a_replay_is_whole_or_refused() {
+    use crate::store::Replay;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    // Threads t0..t9, two messages each, published at event seqs 10t+1 and 10t+2; each
+    // thread in batches of its own.
+    for t in 0..10u64 {
+        let id = format!("t{t}");
+        thread(&store, &id, ThreadStatus::Completed, t);
+        for slot in 0..2 {
+            store.record(
+                10 * t + 1 + slot,
+                &EventKind::Message {
+                    message: msg(&id, slot, "api", "g", t),
+                },
+            );
+        }
+        store.flush(10 * t + 5);
+    }
+    let ids = |r: Replay| match r {
+        Replay::Whole(rows) => rows
+            .into_iter()
+            .map(|(seq, m)| format!("{seq}:{}", m.id))
+            .collect::<Vec<_>>(),
+        Replay::Unavailable(why) => vec![why.to_string()],
+    };
+    assert_eq!(
+        ids(store.replay(22, 41, 100, 1 << 20).unwrap()),
+        ["31:t3-0", "32:t3-1", "41:t4-0"]
+    );
+    assert_eq!(
+        ids(store.replay(22, 41, 2, 1 << 20).unwrap()),
+        ["more messages than a replay holds"]
+    );
+    assert_eq!(
+        ids(store.replay(0, 100, 100, 10).unwrap()),
+        ["more messages than a replay holds"]
+    );
+    // Pruning the two oldest threads: a range from before their newest event is refused.
+    assert_eq!(store.prune(Some(16), None).unwrap(), 4);
+    assert_eq!(
+        ids(store.replay(5, 41, 100, 1 << 20).unwrap()),
+        ["messages of the gap were pruned"]
+    );
+    assert_eq!(
+        ids(store.replay(12, 22, 100, 1 << 20).unwrap()),
+        ["21:t2-0", "22:t2-1"]
+    );
+}
