@@ -67,6 +67,10 @@ async fn guarded() -> Guarded {
 }
 
 async fn guarded_with(listeners: &str) -> Guarded {
+    guarded_built(listeners, Organism::builder()).await
+}
+
+async fn guarded_built(listeners: &str, builder: agentserver::OrganismBuilder) -> Guarded {
     let dir = tempfile::tempdir().unwrap();
     // The matrix alone sends dozens of wrong credentials from one address.
     let path = write_organism_with(
@@ -80,7 +84,7 @@ async fn guarded_with(listeners: &str) -> Guarded {
         .into_iter()
         .map(|r| (r, add_key(&config, r.as_str(), r)))
         .collect();
-    let organism = Organism::builder().build(config).unwrap();
+    let organism = builder.build(config).unwrap();
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
         .await
         .unwrap();
@@ -1052,6 +1056,71 @@ const TENANTS: &str = "listeners:
   - {name: b2, description: beta out, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: beta}
   - {name: o, description: ours, kind: native, handler: sink, schema: t.xsd, accepts: [Note]}
 ";
+
+/// A tenant's `/ws/messages` reconnect from past the event ring, answered from the store,
+/// holds its own tenant's messages only.
+#[tokio::test]
+async fn a_tenants_replay_from_the_store_holds_only_its_own_messages() {
+    let g = guarded_built(TENANTS, Organism::builder().event_capacity(1024)).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
+    let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
+    let inject = |key: &str, to: &str| {
+        let (g, key, body) = (
+            &g,
+            key.to_string(),
+            json!({"to": to, "payload_xml": "<Note>x</Note>"}),
+        );
+        async move {
+            let (s, _, r) = g
+                .send(
+                    reqwest::Method::POST,
+                    "/api/v1/inject",
+                    Some(&key),
+                    Some(body),
+                )
+                .await;
+            assert_eq!(s, 202, "{r}");
+            r["thread_id"].as_str().unwrap().to_string()
+        }
+    };
+    let mut theirs = Vec::new();
+    let mut ours = Vec::new();
+    for i in 0..200 {
+        theirs.push(inject(&beta, "b1").await);
+        if i % 20 == 0 {
+            ours.push(inject(&acme, "a1").await);
+        }
+    }
+    ours.push(inject(&acme, "a1").await);
+    for t in theirs.iter().chain(&ours) {
+        settle(&g.organism, t).await;
+    }
+    assert!(g.organism.events().last_seq() > 2 * 1024, "past the ring");
+    let mut ws = ws_with_header(&g.ws_url("/ws/messages?since=1"), &acme).await;
+    let last = ours.last().unwrap().clone();
+    let frames = read_until(&mut ws, |v| {
+        v["thread_id"] == last.as_str() && v["to"] == "a2"
+    })
+    .await;
+    assert_eq!(
+        frames[0]["event"], "message",
+        "from the store: {}",
+        frames[0]
+    );
+    let threads: std::collections::BTreeSet<&str> = frames
+        .iter()
+        .filter_map(|f| f["thread_id"].as_str())
+        .collect();
+    assert_eq!(threads, ours.iter().map(String::as_str).collect());
+    for f in &frames {
+        let text = f.to_string();
+        assert!(
+            !text.contains("\"b1\"") && !text.contains("\"b2\""),
+            "a frame of beta's reached acme: {text}"
+        );
+    }
+}
 
 fn names(list: &Value, key: &str) -> Vec<String> {
     let mut v: Vec<String> = list["items"]
