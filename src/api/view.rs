@@ -106,8 +106,9 @@ pub struct MessageOrigin<'a> {
     pub of: Option<&'a str>,
     /// On `/ws/messages`, where a message's fields are its frame's: the command that made
     /// it (as `origin` on every frame of `/ws`), when a client's command did.
+    /// (Not in REST answers: left out of the document.)
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
-    #[schema(inline)]
+    #[schema(ignore)]
     pub cause: Option<CauseView<'a>>,
 }
 
