@@ -25,17 +25,57 @@ pub struct SchemaQuery {
     pub payload_type: Option<String>,
 }
 
+/// `/agents/{name}/schema` options: the payload type, and the form.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaFormatQuery {
+    /// Which accepted payload type's schema (default: the first).
+    #[serde(rename = "type")]
+    pub payload_type: Option<String>,
+    /// `xsd` (default): the XSD that validates it; `json-schema`: the JSON that inject takes
+    /// for it, as JSON Schema 2020-12 (what the XSD says beyond shape and leaf types, it
+    /// still checks).
+    #[param(inline)]
+    pub format: Option<SchemaFormat>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, utoipa::ToSchema)]
+pub enum SchemaFormat {
+    #[serde(rename = "xsd")]
+    Xsd,
+    #[serde(rename = "json-schema")]
+    JsonSchema,
+}
+
 #[utoipa::path(get, path = "/api/v1/agents/{name}/schema", tag = "agents",
-    params(("name" = String, Path, description = "Listener name"), SchemaQuery),
-    responses((status = 200, description = "The XSD that validates the listener's payloads", content_type = "application/xml", body = String),
+    params(("name" = String, Path, description = "Listener name"), SchemaFormatQuery),
+    responses((status = 200, description = "The XSD that validates the listener's payloads (`application/xml`), or with `format=json-schema` the JSON Schema of the JSON inject takes for it (`application/schema+json`)",
+               content((String = "application/xml"), (Object = "application/schema+json"))),
               (status = 404, description = "No such listener or payload type", body = ErrorResponse)))]
 pub async fn get_agent_schema(
     State(s): State<ApiState>,
     VisibleAgent(name): VisibleAgent,
-    Params(q): Params<SchemaQuery>,
+    Params(q): Params<SchemaFormatQuery>,
 ) -> ApiResult<Response> {
     let config = s.inner.organism.config();
-    let (_, schema) = accepted(&config, &name, q.payload_type.as_deref())?;
+    let (ty, schema) = accepted(&config, &name, q.payload_type.as_deref())?;
+    if let Some(SchemaFormat::JsonSchema) = q.format {
+        let mut doc = schema.json_schema(ty.local_name()).ok_or_else(|| {
+            ApiError::not_found(
+                "unknown_payload_type",
+                format!("`{name}`'s schema for `{ty}` is not one JSON Schema can be made of"),
+            )
+            .at("type")
+        })?;
+        doc["$schema"] = serde_json::json!("https://json-schema.org/draft/2020-12/schema");
+        doc["title"] = serde_json::json!(ty.to_string());
+        return Ok((
+            [(header::CONTENT_TYPE, "application/schema+json")],
+            doc.to_string(),
+        )
+            .into_response());
+    }
     Ok((
         [(header::CONTENT_TYPE, "application/xml; charset=utf-8")],
         schema.xsd().to_string(),

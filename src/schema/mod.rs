@@ -36,6 +36,7 @@ use quick_xml::Reader;
 use crate::xml::{NormalizedPayload, PayloadType, SharedXml};
 
 mod dsl;
+pub mod json_schema;
 mod model;
 mod parse;
 pub use dsl::fields_to_xsd;
@@ -236,6 +237,16 @@ impl Schema {
             .as_ref()
             .and_then(|m| m.fields(local_name))
             .unwrap_or_default()
+    }
+
+    /// The JSON Schema of the payload type `local_name` ([`json_schema`]): `None` when the
+    /// schema declares no such element, or is not one the model reads.
+    pub fn json_schema(&self, local_name: &str) -> Option<serde_json::Value> {
+        let model = self.model.as_ref()?;
+        if let Some(leaf) = model.root_leaf(local_name) {
+            return Some(json_schema::leaf(leaf, ""));
+        }
+        Some(json_schema::object(&model.fields(local_name)?))
     }
 
     /// Writes a JSON payload as XML for the payload type `local_name` of this schema, children

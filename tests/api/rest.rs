@@ -93,6 +93,22 @@ async fn organism_agents_and_schema_endpoints_have_their_shapes() {
     assert!(r.text().await.unwrap().contains("xs:schema"));
     let (st, _) = s.get("/api/v1/agents/a/schema?type=Nope").await;
     assert_eq!(st, 404);
+    // As JSON Schema: the JSON inject takes for it (a text payload is a string).
+    let r = s
+        .http
+        .get(s.url("/api/v1/agents/a/schema?type=Note&format=json-schema"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "application/schema+json");
+    let doc: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&doc["type"], &doc["title"]),
+        (&json!("string"), &json!("Note"))
+    );
+    let (st, e) = s.get("/api/v1/agents/a/schema?format=yaml").await;
+    assert_eq!(st, 400, "{e}");
     // The same payload type's fields, as a form shows them (a text payload has none; the
     // dashboard's inject form test walks nested, optional and repeated ones).
     let (st, f) = s.get("/api/v1/agents/a/fields?type=Note").await;

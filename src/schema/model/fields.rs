@@ -39,6 +39,20 @@ impl SchemaModel {
         })
     }
 
+    /// The JSON kind of the payload type `local_name` when its root element is a leaf (text
+    /// content only, as `<Note>hi</Note>`): its JSON is a plain value, not an object.
+    pub fn root_leaf(&self, local_name: &str) -> Option<Leaf> {
+        let decl = self.root(local_name)?;
+        match self.element_type(decl, 0) {
+            Ty::Leaf(l) => Some(l),
+            Ty::Any => None,
+            Ty::Complex(ct) => {
+                let parts = self.parts_of(ct, 0);
+                parts.text.filter(|_| parts.children.is_empty())
+            }
+        }
+    }
+
     /// A complex type's parts, read once: the caller decides from them whether it is a
     /// leaf to a form, and its fields are made from the same parts.
     fn parts_of<'a>(&'a self, ct: &'a Node, depth: usize) -> Parts<'a> {
