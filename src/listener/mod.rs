@@ -7,6 +7,7 @@
 
 mod builtin;
 mod external;
+mod targets;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,6 +22,7 @@ pub use builtin::{
     field_text, fill, Delay, Echo, Forward, Sink, Template, Unanswerable, MAX_DELAY_MS,
 };
 pub use external::{CallbackUrl, ExternalHandler};
+pub use targets::OutputTargets;
 
 /// What a handler knows about the message it handles.
 #[derive(Debug, Clone)]

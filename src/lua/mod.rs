@@ -35,7 +35,6 @@ mod sandbox;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -43,7 +42,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value as Json};
 
-use crate::config::{choose_type, ListenerConfig, NoType, OrganismConfig};
+use crate::config::{ListenerConfig, OrganismConfig};
 use crate::events::{EventHub, EventKind};
 use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, Output};
 use crate::schema::Schema;
@@ -55,83 +54,10 @@ use sandbox::LogLine;
 pub use sandbox::{check_syntax, json_shape, lua_shape, Cost, FailKind};
 
 pub use crate::config::LuaLimits;
+pub use crate::listener::OutputTargets;
 
 /// Outputs one call may return.
 const MAX_OUTPUTS: usize = 64;
-
-/// Where Lua outputs can go, shared by every Lua listener of an organism and replaced by a
-/// reload, so an unchanged listener resolves outputs against the listeners now in service.
-#[derive(Default)]
-pub struct OutputTargets(RwLock<Arc<Targets>>);
-
-impl OutputTargets {
-    pub fn of(config: &OrganismConfig) -> Arc<OutputTargets> {
-        Arc::new(OutputTargets(RwLock::new(Arc::new(Targets::of(config)))))
-    }
-
-    /// Points every Lua listener at `config`'s listeners.
-    pub fn set(&self, config: &OrganismConfig) {
-        let next = Arc::new(Targets::of(config));
-        *crate::sync::write(&self.0) = next;
-    }
-
-    fn current(&self) -> Arc<Targets> {
-        crate::sync::read(&self.0).clone()
-    }
-}
-
-/// Where outputs can go: every listener's accepted types and schemas.
-#[derive(Clone, Default)]
-struct Targets {
-    listeners: HashMap<String, Vec<(PayloadType, Arc<Schema>)>>,
-}
-
-impl Targets {
-    fn of(config: &OrganismConfig) -> Self {
-        Targets {
-            listeners: config
-                .listeners
-                .iter()
-                .map(|l| (l.name.to_string(), l.accepts.clone()))
-                .collect(),
-        }
-    }
-
-    /// The schema and payload type an output of `ty` to `to` is written with.
-    fn resolve(
-        &self,
-        to: Option<&str>,
-        ty: Option<&str>,
-    ) -> Result<(String, Option<Arc<Schema>>), String> {
-        if let Some(accepts) = to.and_then(|t| self.listeners.get(t)) {
-            return match choose_type(accepts, ty) {
-                Ok((t, s)) => Ok((t.local_name().to_string(), Some(s.clone()))),
-                // Written as asked; the gate refuses it with the receiver's reason.
-                Err(NoType::NotAccepted) => Ok((ty.unwrap_or_default().to_string(), None)),
-                Err(NoType::Ambiguous) => {
-                    let huh = PayloadType::huh();
-                    Err(format!(
-                        "say which payload `type` (`{}` accepts: {})",
-                        to.unwrap_or_default(),
-                        accepts
-                            .iter()
-                            .filter(|(t, _)| *t != huh)
-                            .map(|(t, _)| t.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                }
-            };
-        }
-        let w = ty.ok_or("an output without a listener `to` needs a payload `type`")?;
-        for accepts in self.listeners.values() {
-            if let Some((t, s)) = accepts.iter().find(|(t, _)| t.is_named(w)) {
-                return Ok((t.local_name().to_string(), Some(s.clone())));
-            }
-        }
-        Ok((w.to_string(), None))
-    }
-}
 
 /// Counters of one Lua listener.
 #[derive(Default)]
@@ -317,22 +243,10 @@ impl Inner {
                 (None, Some(payload)) => {
                     // Without `to` or `type`, the schema is looked up as for a reply.
                     let target = to.as_deref().or(ty.is_none().then_some(sender));
-                    let (root, schema) = self
-                        .targets
-                        .current()
-                        .resolve(target, ty.as_deref())
-                        .map_err(|e| format!("output #{n}: {e}"))?;
-                    let payload = json_shape(payload);
-                    let written = match schema {
-                        Some(s) => s.json_to_payload(&root, &payload),
-                        None => crate::schema::SchemaModel::untyped_json_to_xml(&root, &payload),
-                    };
-                    written.map_err(|e| {
-                        format!(
-                            "output #{n}: cannot write `{root}`: {}",
-                            e.to_string().replacen("payload", "output", 1)
-                        )
-                    })?
+                    self.targets
+                        .write(target, ty.as_deref(), &json_shape(payload))
+                        .map_err(|e| format!("output #{n}: {e}"))?
+                        .0
                 }
                 (Some(_), Some(_)) => {
                     return Err(format!("output #{n}: give `payload` or `xml`, not both"))
