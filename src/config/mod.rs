@@ -25,6 +25,7 @@ pub mod diff;
 pub mod layer;
 mod limits;
 mod model;
+mod nats;
 mod read;
 mod role;
 pub mod secret;
@@ -47,10 +48,12 @@ pub use limits::Limits;
 pub use model::{
     choose_type, display_url, json_payload, AuthConfig, AuthMethod, ExternalConfig,
     JsonPayloadError, JwtConfig, ListenerConfig, ListenerKind, ListenerName, ListenerOrigin,
-    LuaLimits, NatsConfig, NoType, OrganismConfig, Placement, Retention, Scheduling, TenantQuotas,
-    Tenants, TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
+    LuaLimits, NoType, OrganismConfig, Placement, Retention, Scheduling, TenantQuotas, Tenants,
+    TlsFiles, DEFAULT_EXTERNAL_TIMEOUT_MS, DEFAULT_REPLY_TIMEOUT,
 };
-use model::{AuthSection, ListenerSection, NatsSection, OrganismSection};
+use model::{AuthSection, ListenerSection, OrganismSection};
+pub use nats::NatsConfig;
+use nats::NatsSection;
 pub use role::Role;
 
 use crate::schema::Schema;
