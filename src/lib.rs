@@ -62,6 +62,7 @@ pub mod config;
 pub mod events;
 pub(crate) mod hash;
 pub mod listener;
+pub mod llm;
 pub mod lua;
 pub mod nats;
 pub mod outbound;

@@ -78,6 +78,7 @@ pub(super) fn check_listeners(
     written_names: &[String],
     base: &Path,
     known: Known<'_>,
+    models: &std::collections::BTreeMap<String, Arc<super::llm::ModelConfig>>,
     c: &mut Collector,
 ) -> Vec<ListenerConfig> {
     let names: HashSet<&str> = written_names.iter().map(String::as_str).collect();
@@ -97,6 +98,7 @@ pub(super) fn check_listeners(
         let (accepts, schema_origin) = check_schema(s, base, c);
         let approval = super::approval::check_approval(s, &accepts, c);
         let human = super::approval::check_human(s, c);
+        let llm = super::llm::check_llm(s, base, models, c);
         let peers = check_peers(s, &names, c);
         let (concurrency, config) = check_handler_config(s, &names, c);
         built.push(ListenerConfig {
@@ -119,6 +121,7 @@ pub(super) fn check_listeners(
             origin: ListenerOrigin::File,
             approval,
             human,
+            llm,
         });
     }
 
@@ -221,6 +224,15 @@ fn check_kind(s: &ListenerSection, known: Known<'_>, c: &mut Collector) {
                 );
             }
         }
+        ListenerKind::Llm => {
+            if s.handler.is_some() {
+                c.push(
+                    l,
+                    Some("handler"),
+                    "an llm listener calls its `model`, not a native handler",
+                );
+            }
+        }
         ListenerKind::Human => {
             if s.handler.is_some() {
                 c.push(
@@ -287,7 +299,15 @@ fn check_keys_apply(s: &ListenerSection, c: &mut Collector) {
     let l = Some(s.name.as_str());
     for (key, present, applies) in [
         ("script", s.script.is_some(), s.kind == ListenerKind::Lua),
-        ("limits", s.limits.is_some(), s.kind == ListenerKind::Lua),
+        (
+            "limits",
+            s.limits.is_some(),
+            matches!(s.kind, ListenerKind::Lua | ListenerKind::Llm),
+        ),
+        ("model", s.model.is_some(), s.kind == ListenerKind::Llm),
+        ("system", s.system.is_some(), s.kind == ListenerKind::Llm),
+        ("outputs", s.outputs.is_some(), s.kind == ListenerKind::Llm),
+        ("reply", s.reply.is_some(), s.kind == ListenerKind::Llm),
         (
             "input_url",
             s.input_url.is_some(),

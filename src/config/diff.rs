@@ -82,6 +82,7 @@ pub fn fingerprint(l: &ListenerConfig) -> String {
             external,
             &l.approval,
             &l.human,
+            &l.llm,
         )
     )
 }

@@ -24,6 +24,7 @@ mod check_sections;
 pub mod diff;
 pub mod layer;
 mod limits;
+pub mod llm;
 mod model;
 mod nats;
 mod read;
@@ -275,54 +276,14 @@ pub fn load_str_layered(
         );
         return Err(ConfigErrors(c.errors));
     };
-    for key in map.keys() {
-        let k = key.as_str().unwrap_or("");
-        if !["organism", "limits", "auth", "tenants", "listeners"].contains(&k) {
-            c.push(
-                None,
-                Some(k),
-                "unknown key (expected `organism`, `limits`, `auth`, `tenants`, `listeners`)",
-            );
-        }
-    }
-
-    let organism: Option<OrganismSection> = match map.get("organism") {
-        None => {
-            c.push(None, Some("organism"), "missing");
-            None
-        }
-        Some(v) => match read::read(v) {
-            Ok(o) => Some(o),
-            Err(e) => {
-                c.push(None, Some(&within("organism", e.key)), e.message);
-                None
-            }
-        },
-    };
-    let limits: Limits = match map.get("limits") {
-        None => Limits::default(),
-        Some(v) => read::read(v).unwrap_or_else(|e| {
-            c.push(None, Some(&within("limits", e.key)), e.message);
-            Limits::default()
-        }),
-    };
-    check_limits(&limits, &mut c);
-    let auth_section: Option<model::AuthSection> = match map.get("auth") {
-        None => None,
-        Some(v) => read::read(v).map_or_else(
-            |e| {
-                c.push(None, Some(&within("auth", e.key)), e.message);
-                None
-            },
-            Some,
-        ),
-    };
+    let (organism, limits, auth_section) = top_sections(map, &mut c);
 
     let (mut sections, mut written_names) = listener_items(map.get("listeners"), &mut c);
 
     let tenants = tenants(map.get("tenants"), &mut c);
+    let models = llm::models(map.get("models"), &mut c);
     layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
-    let mut listeners = check_listeners(&sections, &written_names, base, known, &mut c);
+    let mut listeners = check_listeners(&sections, &written_names, base, known, &models, &mut c);
     layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
     tenant::check_peers_in_scope(&listeners, &mut c);
     let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));
@@ -361,12 +322,74 @@ pub fn load_str_layered(
         scheduling: organism.scheduling,
         limits,
         auth,
+        models,
         listeners,
         source: None,
         text: text.to_string(),
         layer: layer.to_vec(),
         tenants,
     })
+}
+
+/// The file's top-level keys checked, and `organism:`, `limits:` (checked) and `auth:` read.
+fn top_sections(
+    map: &yaml_serde::Mapping,
+    c: &mut Collector,
+) -> (Option<OrganismSection>, Limits, Option<model::AuthSection>) {
+    for key in map.keys() {
+        let k = key.as_str().unwrap_or("");
+        if ![
+            "organism",
+            "limits",
+            "auth",
+            "tenants",
+            "models",
+            "listeners",
+        ]
+        .contains(&k)
+        {
+            c.push(
+                None,
+                Some(k),
+                "unknown key (expected `organism`, `limits`, `auth`, `tenants`, `models`, \
+                 `listeners`)",
+            );
+        }
+    }
+
+    let organism: Option<OrganismSection> = match map.get("organism") {
+        None => {
+            c.push(None, Some("organism"), "missing");
+            None
+        }
+        Some(v) => match read::read(v) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                c.push(None, Some(&within("organism", e.key)), e.message);
+                None
+            }
+        },
+    };
+    let limits: Limits = match map.get("limits") {
+        None => Limits::default(),
+        Some(v) => read::read(v).unwrap_or_else(|e| {
+            c.push(None, Some(&within("limits", e.key)), e.message);
+            Limits::default()
+        }),
+    };
+    check_limits(&limits, c);
+    let auth_section: Option<model::AuthSection> = match map.get("auth") {
+        None => None,
+        Some(v) => read::read(v).map_or_else(
+            |e| {
+                c.push(None, Some(&within("auth", e.key)), e.message);
+                None
+            },
+            Some,
+        ),
+    };
+
+    (organism, limits, auth_section)
 }
 
 /// The `listeners:` items, each read into its section (a problem in one is reported, the

@@ -32,6 +32,8 @@ pub enum ListenerKind {
     /// A person is the handler: each delivery opens a question in the inbox, answered by
     /// payloads routed as this listener's outputs.
     Human,
+    /// A language model is the handler (`models:`): its tool calls are its outputs.
+    Llm,
 }
 
 impl fmt::Display for ListenerKind {
@@ -41,6 +43,7 @@ impl fmt::Display for ListenerKind {
             ListenerKind::Lua => "lua",
             ListenerKind::External => "external",
             ListenerKind::Human => "human",
+            ListenerKind::Llm => "llm",
         })
     }
 }
@@ -127,6 +130,11 @@ pub(crate) struct ListenerSection {
     pub approval: Option<super::approval::ApprovalSection>,
     /// For `human`: who may answer.
     pub approvers: Option<super::approval::ApproversSection>,
+    /// For `llm` (`config::llm`).
+    pub model: Option<String>,
+    pub system: Option<yaml_serde::Value>,
+    pub outputs: Option<Vec<String>>,
+    pub reply: Option<super::llm::Reply>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.
@@ -196,6 +204,8 @@ pub struct ListenerConfig {
     pub approval: Option<Arc<super::approval::Approval>>,
     /// For `human`: who answers, and how long a question waits.
     pub human: Option<Arc<super::approval::Human>>,
+    /// For `llm`: its model, prompt, outputs and limits.
+    pub llm: Option<Arc<super::llm::LlmConfig>>,
 }
 
 /// Where a listener is defined.
@@ -331,6 +341,8 @@ pub struct OrganismConfig {
     /// The API serves the dashboard at `/` (`organism.dashboard`, default true; read at
     /// start).
     pub dashboard: bool,
+    /// `models:`: what `kind: llm` listeners call, by name.
+    pub models: std::collections::BTreeMap<String, Arc<super::llm::ModelConfig>>,
     pub limits: Limits,
     pub auth: AuthConfig,
     pub listeners: Vec<ListenerConfig>,

@@ -31,6 +31,11 @@ impl OutputTargets {
         crate::sync::read(&self.0).clone()
     }
 
+    /// The listeners now in service, as configured (an LLM's tools are made from them).
+    pub fn listeners(&self) -> Arc<Vec<crate::config::ListenerConfig>> {
+        self.current().configs.clone()
+    }
+
     /// A JSON output of type `ty` for `to` written as XML: by the receiver's schema, in its
     /// element order, or (a receiver that is not a listener, a type no listener accepts)
     /// untyped. Also the schema that will check it, when one is known. The pump validates
@@ -59,6 +64,7 @@ impl OutputTargets {
 #[derive(Clone, Default)]
 struct Targets {
     listeners: HashMap<String, Vec<(PayloadType, Arc<Schema>)>>,
+    configs: Arc<Vec<crate::config::ListenerConfig>>,
 }
 
 impl Targets {
@@ -69,6 +75,7 @@ impl Targets {
                 .iter()
                 .map(|l| (l.name.to_string(), l.accepts.clone()))
                 .collect(),
+            configs: Arc::new(config.listeners.clone()),
         }
     }
 

@@ -1,0 +1,449 @@
+//! `models:` (the language models an organism's `kind: llm` listeners call: operator-owned,
+//! keys only by environment variable) and a `kind: llm` listener's own keys (`model`,
+//! `system`, `outputs`, `reply`, `limits`), as written and as checked.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check_sections::env_secret;
+use super::{within, Collector};
+use super::{ListenerKind, ListenerSection};
+
+/// How long one call to a model may take, by default.
+pub const DEFAULT_MODEL_TIMEOUT_MS: u64 = 60_000;
+/// Calls to one model at once, by default.
+pub const DEFAULT_MODEL_CONCURRENCY: usize = 8;
+/// A reply's tokens at most, by default (`limits.max_tokens`).
+pub const DEFAULT_MAX_TOKENS: u32 = 1024;
+/// Calls to the model for one message at most, by default (`limits.max_rounds`): the first,
+/// and repairs of outputs the schema refused.
+pub const DEFAULT_MAX_ROUNDS: u32 = 3;
+/// Most rounds a listener may allow.
+pub const MAX_ROUNDS: u32 = 10;
+/// A system prompt's bytes at most.
+pub const MAX_SYSTEM_BYTES: usize = 256 * 1024;
+
+/// `models.NAME` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ModelSection {
+    #[serde(default)]
+    provider: ProviderKind,
+    base_url: Option<String>,
+    model: Option<String>,
+    api_key_env: Option<String>,
+    timeout_ms: Option<u64>,
+    max_concurrency: Option<usize>,
+    responses: Option<Vec<TurnSection>>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum ProviderKind {
+    /// Any server speaking OpenAI's chat-completions protocol.
+    #[default]
+    Openai,
+    /// Answers from a list, in turn: for demos and tests, never a real model.
+    Scripted,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TurnSection {
+    text: Option<String>,
+    tool: Option<String>,
+    arguments: Option<serde_json::Value>,
+}
+
+/// A model the organism's `kind: llm` listeners may call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub name: String,
+    pub provider: Provider,
+    /// How long one call may take.
+    pub timeout: Duration,
+    /// Calls to it at once, from all the listeners that use it.
+    pub max_concurrency: usize,
+}
+
+/// Who answers.
+#[derive(Clone, PartialEq)]
+pub enum Provider {
+    /// `POST {base_url}/chat/completions`.
+    OpenAi {
+        base_url: String,
+        model: String,
+        api_key_env: Option<String>,
+        /// Read when the config is loaded. Never shown (`Debug` hides it).
+        api_key: Option<String>,
+    },
+    /// The answers of `responses`, one a call, in turn (round the list).
+    Scripted { turns: Vec<Turn> },
+}
+
+impl fmt::Debug for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Provider::OpenAi {
+                base_url,
+                model,
+                api_key_env,
+                api_key,
+            } => f
+                .debug_struct("OpenAi")
+                .field("base_url", &super::display_url(base_url))
+                .field("model", model)
+                .field("api_key_env", api_key_env)
+                .field("api_key", &api_key.as_ref().map(|_| "<hidden>"))
+                .finish(),
+            Provider::Scripted { turns } => {
+                f.debug_struct("Scripted").field("turns", turns).finish()
+            }
+        }
+    }
+}
+
+/// One scripted answer: text, or one call of a tool with its arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Turn {
+    Text(String),
+    Tool {
+        name: String,
+        arguments: serde_json::Value,
+    },
+}
+
+/// `models:`: each model checked (a problem named by its key), the good ones by name.
+pub(super) fn models(
+    v: Option<&yaml_serde::Value>,
+    c: &mut Collector,
+) -> BTreeMap<String, Arc<ModelConfig>> {
+    let mut out = BTreeMap::new();
+    let Some(v) = v else {
+        return out;
+    };
+    let entries: BTreeMap<String, ModelSection> = match super::read::read(v) {
+        Ok(e) => e,
+        Err(e) => {
+            c.push(None, Some(&within("models", e.key)), e.message);
+            return out;
+        }
+    };
+    for (name, m) in entries {
+        if let Some(model) = model(&name, m, c) {
+            out.insert(name, Arc::new(model));
+        }
+    }
+    out
+}
+
+fn model(name: &str, m: ModelSection, c: &mut Collector) -> Option<ModelConfig> {
+    let before = c.errors.len();
+    let key = |k: &str| format!("models.{name}.{k}");
+    if !super::valid_tenant(name) {
+        c.push(
+            None,
+            Some(&format!("models.{name}")),
+            "a model's name is 1-64 letters, digits, `.`, `_` or `-`",
+        );
+    }
+    let timeout_ms = m.timeout_ms.unwrap_or(DEFAULT_MODEL_TIMEOUT_MS);
+    if timeout_ms == 0 {
+        c.push(None, Some(&key("timeout_ms")), "must be at least 1");
+    }
+    let max_concurrency = m.max_concurrency.unwrap_or(DEFAULT_MODEL_CONCURRENCY);
+    if max_concurrency == 0 {
+        c.push(None, Some(&key("max_concurrency")), "must be at least 1");
+    }
+    let provider = match m.provider {
+        ProviderKind::Openai => {
+            if m.responses.is_some() {
+                c.push(
+                    None,
+                    Some(&key("responses")),
+                    "is for `provider: scripted` only",
+                );
+            }
+            let base_url = m.base_url.unwrap_or_default();
+            match reqwest::Url::parse(&base_url) {
+                Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => {}
+                _ => c.push(
+                    None,
+                    Some(&key("base_url")),
+                    "required: the server's http:// or https:// URL, up to `/v1`",
+                ),
+            }
+            let model = m.model.unwrap_or_default();
+            if model.trim().is_empty() {
+                c.push(
+                    None,
+                    Some(&key("model")),
+                    "required: the model's name on its server",
+                );
+            }
+            let api_key = m.api_key_env.as_deref().and_then(|var| {
+                env_secret(var, None, &key("api_key_env"), "the model's API key", c)
+            });
+            Provider::OpenAi {
+                base_url: base_url.trim_end_matches('/').to_string(),
+                model,
+                api_key_env: m.api_key_env,
+                api_key,
+            }
+        }
+        ProviderKind::Scripted => {
+            for (k, given) in [
+                ("base_url", m.base_url.is_some()),
+                ("model", m.model.is_some()),
+                ("api_key_env", m.api_key_env.is_some()),
+            ] {
+                if given {
+                    c.push(
+                        None,
+                        Some(&key(k)),
+                        "does not apply to `provider: scripted`",
+                    );
+                }
+            }
+            let turns = scripted(m.responses.unwrap_or_default(), &key("responses"), c);
+            Provider::Scripted { turns }
+        }
+    };
+    (c.errors.len() == before).then(|| ModelConfig {
+        name: name.to_string(),
+        provider,
+        timeout: Duration::from_millis(timeout_ms),
+        max_concurrency,
+    })
+}
+
+fn scripted(turns: Vec<TurnSection>, key: &str, c: &mut Collector) -> Vec<Turn> {
+    if turns.is_empty() {
+        c.push(
+            None,
+            Some(key),
+            "a scripted model needs at least one response",
+        );
+    }
+    let mut out = Vec::new();
+    for (i, t) in turns.into_iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        match (t.text, t.tool, t.arguments) {
+            (Some(text), None, None) => out.push(Turn::Text(text)),
+            (None, Some(name), arguments) => out.push(Turn::Tool {
+                name,
+                arguments: arguments.unwrap_or_else(|| serde_json::json!({})),
+            }),
+            _ => c.push(
+                None,
+                Some(&at),
+                "a response is `{text: …}` or `{tool: NAME, arguments: {…}}`",
+            ),
+        }
+    }
+    out
+}
+
+/// A `kind: llm` listener's own settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LlmConfig {
+    /// The name of its model in `models:`.
+    pub model: Arc<ModelConfig>,
+    pub system: SystemPrompt,
+    /// The payload types it may send, each by a tool: to each listener it may reach that
+    /// accepts it, or, when none does, back to the sender.
+    pub outputs: Vec<String>,
+    /// What a plain-text answer becomes: this payload type, the text in this field, to the
+    /// sender. Without it, a plain-text answer sends nothing.
+    pub reply: Option<Reply>,
+    pub max_tokens: u32,
+    pub max_rounds: u32,
+    pub temperature: Option<f64>,
+}
+
+/// The system prompt: inline text, or a file read when the handler is built and again at
+/// each reload of the listener.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SystemPrompt {
+    Inline(String),
+    File(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reply {
+    #[serde(rename = "type")]
+    pub payload_type: String,
+    pub text_field: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    max_tokens: Option<u32>,
+    max_rounds: Option<u32>,
+    temperature: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SystemFile {
+    file: String,
+}
+
+/// A `kind: llm` listener's keys, checked against `models`; `None` for another kind (whose
+/// use of them `check_keys_apply` reports) or when a problem was found.
+pub(super) fn check_llm(
+    s: &ListenerSection,
+    base: &Path,
+    models: &BTreeMap<String, Arc<ModelConfig>>,
+    c: &mut Collector,
+) -> Option<Arc<LlmConfig>> {
+    if s.kind != ListenerKind::Llm {
+        return None;
+    }
+    let l = Some(s.name.as_str());
+    let before = c.errors.len();
+    let model = match s.model.as_deref() {
+        None => {
+            c.push(l, Some("model"), "required: one of `models:`");
+            None
+        }
+        Some(m) => {
+            let found = models.get(m).cloned();
+            if found.is_none() {
+                let known: Vec<&str> = models.keys().map(String::as_str).collect();
+                c.push(
+                    l,
+                    Some("model"),
+                    format!(
+                        "no model named `{m}` in `models:` (defined: {})",
+                        if known.is_empty() {
+                            "none".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                );
+            }
+            found
+        }
+    };
+    let system = system_prompt(s, base, c);
+    let outputs = s.outputs.clone().unwrap_or_default();
+    for o in &outputs {
+        if o.is_empty() || o.contains(char::is_whitespace) {
+            c.push(
+                l,
+                Some("outputs"),
+                format!("`{o}` is not a payload type name"),
+            );
+        }
+    }
+    if let Some(r) = &s.reply {
+        if r.text_field.is_empty() || r.payload_type.is_empty() {
+            c.push(l, Some("reply"), "needs `type` and `text_field`");
+        }
+    }
+    let mut limits = LimitsSection {
+        max_tokens: None,
+        max_rounds: None,
+        temperature: None,
+    };
+    if let Some(v) = &s.limits {
+        match yaml_serde::from_value::<LimitsSection>(v.clone()) {
+            Ok(lim) => limits = lim,
+            Err(e) => c.push(l, Some("limits"), e.to_string()),
+        }
+    }
+    let max_rounds = limits.max_rounds.unwrap_or(DEFAULT_MAX_ROUNDS);
+    if !(1..=MAX_ROUNDS).contains(&max_rounds) {
+        c.push(
+            l,
+            Some("limits"),
+            format!("max_rounds must be 1 to {MAX_ROUNDS}"),
+        );
+    }
+    let max_tokens = limits.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if max_tokens == 0 {
+        c.push(l, Some("limits"), "max_tokens must be at least 1");
+    }
+    if limits
+        .temperature
+        .is_some_and(|t| !(0.0..=2.0).contains(&t))
+    {
+        c.push(l, Some("limits"), "temperature must be 0 to 2");
+    }
+    if c.errors.len() != before {
+        return None;
+    }
+    Some(Arc::new(LlmConfig {
+        model: model?,
+        system: system?,
+        outputs,
+        reply: s.reply.clone(),
+        max_tokens,
+        max_rounds,
+        temperature: limits.temperature,
+    }))
+}
+
+fn system_prompt(s: &ListenerSection, base: &Path, c: &mut Collector) -> Option<SystemPrompt> {
+    let l = Some(s.name.as_str());
+    let v = s.system.as_ref().or_else(|| {
+        c.push(
+            l,
+            Some("system"),
+            "required: the instructions, inline or `{file: PATH}`",
+        );
+        None
+    })?;
+    if let Some(text) = v.as_str() {
+        if text.len() > MAX_SYSTEM_BYTES {
+            c.push(
+                l,
+                Some("system"),
+                format!("is over {MAX_SYSTEM_BYTES} bytes"),
+            );
+        }
+        return Some(SystemPrompt::Inline(text.to_string()));
+    }
+    match yaml_serde::from_value::<SystemFile>(v.clone()) {
+        Ok(f) => {
+            let path = base.join(&f.file);
+            match read_system(&path) {
+                Ok(_) => Some(SystemPrompt::File(path)),
+                Err(e) => {
+                    c.push(l, Some("system"), e);
+                    None
+                }
+            }
+        }
+        Err(_) => {
+            c.push(
+                l,
+                Some("system"),
+                "is the instructions as text, or `{file: PATH}`",
+            );
+            None
+        }
+    }
+}
+
+/// A system prompt's file, read: UTF-8, at most [`MAX_SYSTEM_BYTES`].
+pub fn read_system(path: &Path) -> Result<String, String> {
+    let meta =
+        std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.len() > MAX_SYSTEM_BYTES as u64 {
+        return Err(format!(
+            "{} is over {MAX_SYSTEM_BYTES} bytes",
+            path.display()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}

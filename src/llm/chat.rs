@@ -1,0 +1,231 @@
+//! One call to a model: OpenAI's chat-completions protocol over the crate's one HTTP client
+//! (rustls, the system's roots), or the next answer of a scripted model. The answer's text
+//! and tool calls; everything else the server says is ignored.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+use crate::config::llm::{ModelConfig, Provider, Turn};
+
+/// The most of a model's answer that is read, in bytes.
+pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
+/// The most of a refusing server's answer quoted in the error.
+const QUOTED: usize = 300;
+
+/// A model as one listener calls it.
+pub(super) struct Model {
+    config: Arc<ModelConfig>,
+    client: reqwest::Client,
+    /// Calls at once (`max_concurrency`).
+    gate: Semaphore,
+    /// The next scripted answer.
+    turn: AtomicUsize,
+}
+
+/// What the model answered.
+#[derive(Debug, Default)]
+pub(super) struct Answer {
+    pub text: Option<String>,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// JSON text, as the protocol carries it.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The assistant's turn that made these calls, as the next request repeats it.
+    pub(super) fn turn(calls: &[ToolCall], text: Option<&str>) -> Value {
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|c| {
+                json!({
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                })
+            })
+            .collect();
+        json!({"role": "assistant", "content": text, "tool_calls": calls})
+    }
+}
+
+/// What one call asks besides the conversation.
+pub(super) struct Ask<'a> {
+    pub tools: &'a [Value],
+    pub max_tokens: u32,
+    pub temperature: Option<f64>,
+}
+
+impl Model {
+    pub(super) fn new(config: Arc<ModelConfig>) -> Result<Model, String> {
+        let client = crate::outbound::http_client()?
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(std::time::Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
+        Ok(Model {
+            gate: Semaphore::new(config.max_concurrency),
+            config,
+            client,
+            turn: AtomicUsize::new(0),
+        })
+    }
+
+    pub(super) fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Sends `messages` (and the tools) and reads the answer.
+    pub(super) async fn call(&self, messages: &[Value], ask: &Ask<'_>) -> Result<Answer, String> {
+        let _permit = self
+            .gate
+            .acquire()
+            .await
+            .map_err(|_| "the model is closed".to_string())?;
+        match &self.config.provider {
+            Provider::Scripted { turns } => Ok(self.scripted(turns)),
+            Provider::OpenAi {
+                base_url,
+                model,
+                api_key,
+                ..
+            } => {
+                let mut body = json!({
+                    "model": model,
+                    "messages": messages,
+                    "max_tokens": ask.max_tokens,
+                });
+                if !ask.tools.is_empty() {
+                    body["tools"] = json!(ask.tools);
+                }
+                if let Some(t) = ask.temperature {
+                    body["temperature"] = json!(t);
+                }
+                let mut req = self
+                    .client
+                    .post(format!("{base_url}/chat/completions"))
+                    .json(&body);
+                if let Some(key) = api_key {
+                    req = req.bearer_auth(key);
+                }
+                self.read(req.send().await).await
+            }
+        }
+    }
+
+    fn scripted(&self, turns: &[Turn]) -> Answer {
+        let n = self.turn.fetch_add(1, Ordering::Relaxed);
+        match turns.get(n % turns.len().max(1)) {
+            Some(Turn::Text(t)) => Answer {
+                text: Some(t.clone()),
+                tool_calls: Vec::new(),
+            },
+            Some(Turn::Tool { name, arguments }) => Answer {
+                text: None,
+                tool_calls: vec![ToolCall {
+                    id: format!("scripted-{n}"),
+                    name: name.clone(),
+                    arguments: arguments.to_string(),
+                }],
+            },
+            None => Answer::default(),
+        }
+    }
+
+    async fn read(
+        &self,
+        sent: Result<reqwest::Response, reqwest::Error>,
+    ) -> Result<Answer, String> {
+        let name = &self.config.name;
+        let timeout = || {
+            format!(
+                "model `{name}` did not answer within {} ms",
+                self.config.timeout.as_millis()
+            )
+        };
+        let mut resp = match sent {
+            Ok(r) => r,
+            Err(e) if e.is_timeout() => return Err(timeout()),
+            Err(e) => return Err(format!("cannot reach model `{name}`: {}", without_url(&e))),
+        };
+        let status = resp.status();
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => {
+                    if body.len() + c.len() > MAX_ANSWER_BYTES {
+                        return Err(format!(
+                            "model `{name}`'s answer is over {MAX_ANSWER_BYTES} bytes"
+                        ));
+                    }
+                    body.extend_from_slice(&c);
+                }
+                Ok(None) => break,
+                Err(e) if e.is_timeout() => return Err(timeout()),
+                Err(e) => {
+                    return Err(format!(
+                        "model `{name}`'s answer broke off: {}",
+                        without_url(&e)
+                    ))
+                }
+            }
+        }
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body);
+            let quoted: String = text.chars().take(QUOTED).collect();
+            return Err(format!("model `{name}` answered {status}: {quoted}"));
+        }
+        let v: Value = serde_json::from_slice(&body)
+            .map_err(|e| format!("model `{name}`'s answer is not JSON: {e}"))?;
+        let message = &v["choices"][0]["message"];
+        if !message.is_object() {
+            return Err(format!(
+                "model `{name}`'s answer has no `choices[0].message`"
+            ));
+        }
+        let text = message["content"]
+            .as_str()
+            .filter(|t| !t.trim().is_empty())
+            .map(str::to_string);
+        let mut tool_calls = Vec::new();
+        for (i, c) in message["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let f = &c["function"];
+            let arguments = match &f["arguments"] {
+                Value::String(s) => s.clone(),
+                Value::Null => "{}".to_string(),
+                other => other.to_string(),
+            };
+            tool_calls.push(ToolCall {
+                id: c["id"]
+                    .as_str()
+                    .map_or_else(|| format!("call-{i}"), str::to_string),
+                name: f["name"].as_str().unwrap_or_default().to_string(),
+                arguments,
+            });
+        }
+        Ok(Answer { text, tool_calls })
+    }
+}
+
+/// A client error's text without the URL (which may carry a key in its query).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    if let Some(url) = e.url() {
+        text = text.replace(url.as_str(), "the model's URL");
+    }
+    text
+}

@@ -1,0 +1,231 @@
+//! `kind: llm` listeners: a language model is the handler, and everything it sends is a
+//! payload the schema accepts, routed by the pump like any other handler's output.
+//!
+//! A delivery becomes a conversation: the listener's system prompt, then the message as
+//! JSON (`{from, type, payload}`, the payload typed as the API shows it). The listener's
+//! `outputs` are the model's tools (`tools.rs`), each writing one payload type for one
+//! receiver. A tool call's arguments become that receiver's XML in schema order (the same
+//! code as a Lua output, `listener::OutputTargets`), checked here against the receiver's
+//! schema; a refused call goes back to the model as the call's result, with the
+//! validator's words, for another round, up to `limits.max_rounds` calls in all; past that
+//! the message fails with the last refusals. The pump checks every output again: nothing
+//! here is trusted. An answer with no tool call is a `reply` (a payload type and the field
+//! the text goes in) to the sender, or nothing.
+//!
+//! The model is called over OpenAI's chat-completions protocol (`chat.rs`), or is a
+//! scripted list of answers for demos and tests. It implements `listener::Handler`, so it
+//! runs on workers too.
+
+mod chat;
+mod tools;
+
+use std::sync::{Arc, RwLock};
+
+use serde_json::{json, Value};
+
+use crate::config::llm::{read_system, LlmConfig, SystemPrompt};
+use crate::config::ListenerConfig;
+use crate::listener::OutputTargets;
+use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerResult, Output};
+use crate::schema::Schema;
+use crate::xml::{normalize_payload, XmlLimits};
+
+pub use chat::MAX_ANSWER_BYTES;
+
+/// Outputs one message may have, at most.
+const MAX_OUTPUTS: usize = 64;
+
+/// The handler of a `kind: llm` listener.
+pub struct LlmHandler(Arc<Inner>);
+
+struct Inner {
+    me: ListenerConfig,
+    config: Arc<LlmConfig>,
+    system: RwLock<Arc<str>>,
+    model: chat::Model,
+    targets: Arc<OutputTargets>,
+    /// An output's bytes at most (`limits.max_message_bytes`).
+    max_output: usize,
+}
+
+impl LlmHandler {
+    pub fn new(
+        me: &ListenerConfig,
+        targets: Arc<OutputTargets>,
+        max_output: usize,
+    ) -> Result<LlmHandler, String> {
+        let config = me
+            .llm
+            .clone()
+            .ok_or_else(|| format!("`{}` is not a `kind: llm` listener", me.name))?;
+        let system = prompt(&config.system)?;
+        Ok(LlmHandler(Arc::new(Inner {
+            model: chat::Model::new(config.model.clone())?,
+            me: me.clone(),
+            config,
+            system: RwLock::new(system),
+            targets,
+            max_output,
+        })))
+    }
+}
+
+fn prompt(p: &SystemPrompt) -> Result<Arc<str>, String> {
+    match p {
+        SystemPrompt::Inline(t) => Ok(Arc::from(t.as_str())),
+        SystemPrompt::File(path) => read_system(path).map(Arc::from),
+    }
+}
+
+impl Handler for LlmHandler {
+    fn handle(&self, delivery: Delivery) -> HandlerFuture {
+        let inner = self.0.clone();
+        Box::pin(async move { inner.handle(delivery).await })
+    }
+
+    /// Reads a system prompt file again (an inline prompt has nothing to reload).
+    fn reload(&self) -> Option<Result<(), String>> {
+        match &self.0.config.system {
+            SystemPrompt::Inline(_) => None,
+            p @ SystemPrompt::File(_) => Some(prompt(p).map(|text| {
+                *crate::sync::write(&self.0.system) = text;
+            })),
+        }
+    }
+}
+
+impl Inner {
+    async fn handle(&self, d: Delivery) -> HandlerResult {
+        let system = crate::sync::read(&self.system).clone();
+        let sender = d.meta.from.to_string();
+        let tools = tools::tools(&self.me, &self.config.outputs, &self.targets.listeners());
+        let specs: Vec<Value> = tools.iter().map(|t| t.spec.clone()).collect();
+        let ask = chat::Ask {
+            tools: &specs,
+            max_tokens: self.config.max_tokens,
+            temperature: self.config.temperature,
+        };
+        let mut messages = vec![
+            json!({"role": "system", "content": &*system}),
+            json!({"role": "user", "content": self.user_turn(&d).to_string()}),
+        ];
+        let mut outputs = Vec::new();
+        let mut refused: Vec<String> = Vec::new();
+        for _ in 0..self.config.max_rounds {
+            let answer = self
+                .model
+                .call(&messages, &ask)
+                .await
+                .map_err(HandlerError)?;
+            if answer.tool_calls.is_empty() {
+                if !refused.is_empty() {
+                    break;
+                }
+                if let (Some(text), Some(reply)) = (&answer.text, &self.config.reply) {
+                    let payload = json!({ reply.text_field.as_str(): text });
+                    let (xml, _) = self
+                        .targets
+                        .write(Some(&sender), Some(&reply.payload_type), &payload)
+                        .map_err(|e| HandlerError(format!("the model's reply: {e}")))?;
+                    outputs.push(Output::to(sender, xml));
+                }
+                return Ok(outputs);
+            }
+            messages.push(chat::ToolCall::turn(
+                &answer.tool_calls,
+                answer.text.as_deref(),
+            ));
+            refused.clear();
+            for call in &answer.tool_calls {
+                let result = match self.output(call, &tools, &sender) {
+                    Ok(o) if outputs.len() < MAX_OUTPUTS => {
+                        outputs.push(o);
+                        "sent".to_string()
+                    }
+                    Ok(_) => {
+                        let e = format!("not sent: at most {MAX_OUTPUTS} outputs a message");
+                        refused.push(format!("{}: {e}", call.name));
+                        e
+                    }
+                    Err(e) => {
+                        refused.push(format!("{}: {e}", call.name));
+                        format!("refused, nothing was sent: {e}. Call it again, corrected.")
+                    }
+                };
+                messages.push(json!({"role": "tool", "tool_call_id": call.id, "content": result}));
+            }
+            if refused.is_empty() {
+                return Ok(outputs);
+            }
+        }
+        Err(HandlerError(format!(
+            "model `{}`: its outputs were still refused after {} rounds: {}",
+            self.model.name(),
+            self.config.max_rounds,
+            refused.join("; ")
+        )))
+    }
+
+    /// The message handled, as the model reads it.
+    fn user_turn(&self, d: &Delivery) -> Value {
+        let ty = d.payload.payload_type();
+        let schema = self
+            .me
+            .accepts
+            .iter()
+            .find(|(t, _)| t == ty)
+            .map(|(_, s)| &**s);
+        json!({
+            "from": &*d.meta.from,
+            "type": ty.to_string(),
+            "payload": crate::schema::payload_json(schema, d.payload.xml()),
+        })
+    }
+
+    /// One tool call as an output, written and checked as its receiver's schema says.
+    fn output(
+        &self,
+        call: &chat::ToolCall,
+        tools: &[tools::Tool],
+        sender: &str,
+    ) -> Result<Output, String> {
+        let tool = tools.iter().find(|t| t.name == call.name).ok_or_else(|| {
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            format!(
+                "no tool named `{}` (tools: {})",
+                call.name,
+                names.join(", ")
+            )
+        })?;
+        let args: Value = serde_json::from_str(&call.arguments)
+            .map_err(|e| format!("the arguments are not JSON: {e}"))?;
+        let to = tool.to.as_deref().unwrap_or(sender);
+        let (xml, schema) = self
+            .targets
+            .write(Some(to), Some(&tool.payload_type), &args)?;
+        if xml.len() > self.max_output {
+            return Err(format!(
+                "the payload is {} bytes, over the limit of {} bytes",
+                xml.len(),
+                self.max_output
+            ));
+        }
+        if let Some(schema) = schema {
+            check(&schema, &xml, self.max_output)?;
+        }
+        Ok(Output::to(to, xml))
+    }
+}
+
+/// The receiver's schema's verdict on `xml`, in the validator's words.
+fn check(schema: &Schema, xml: &str, max_bytes: usize) -> Result<(), String> {
+    let limits = XmlLimits {
+        max_bytes,
+        ..XmlLimits::default()
+    };
+    let payload = normalize_payload(xml, &limits).map_err(|e| e.to_string())?;
+    schema
+        .validate(payload)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,292 @@
+//! `kind: llm` listeners against an OpenAI-compatible test server on a real socket (axum,
+//! scripted per test): a tool call reaches its peer as a validated message; a refused call
+//! goes back to the model with the validator's words; past `max_rounds`, a 500 or a hang,
+//! the message fails saying why; plain text is the `reply`.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use agentserver::threads::MessageStatus;
+use agentserver::Organism;
+use common::*;
+use serde_json::{json, Value};
+
+const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+  <xs:element name="Task"><xs:complexType><xs:sequence>
+    <xs:element name="goal" type="xs:string"/></xs:sequence></xs:complexType></xs:element>
+  <xs:element name="Plan"><xs:complexType><xs:sequence>
+    <xs:element name="step" type="xs:string" maxOccurs="unbounded"/>
+    <xs:element name="priority" type="xs:int"/></xs:sequence></xs:complexType></xs:element>
+  <xs:element name="Answer"><xs:complexType><xs:sequence>
+    <xs:element name="text" type="xs:string"/></xs:sequence></xs:complexType></xs:element>
+</xs:schema>"#;
+
+/// What the test server answers next.
+enum Next {
+    Json(Value),
+    Status(u16, &'static str),
+    Hang,
+}
+
+/// The test server: answers in turn, keeps every request body.
+#[derive(Clone, Default)]
+struct Fake {
+    next: Arc<Mutex<VecDeque<Next>>>,
+    seen: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Fake {
+    async fn serve(&self) -> String {
+        let me = self.clone();
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            axum::routing::post(move |axum::Json(body): axum::Json<Value>| {
+                let me = me.clone();
+                async move {
+                    me.seen.lock().unwrap().push(body);
+                    let next = me.next.lock().unwrap().pop_front();
+                    match next {
+                        Some(Next::Json(v)) => (axum::http::StatusCode::OK, v.to_string()),
+                        Some(Next::Status(s, t)) => {
+                            (axum::http::StatusCode::from_u16(s).unwrap(), t.to_string())
+                        }
+                        Some(Next::Hang) => {
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            (axum::http::StatusCode::OK, String::new())
+                        }
+                        None => (axum::http::StatusCode::GONE, "no answer left".into()),
+                    }
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/v1")
+    }
+
+    fn then(&self, n: Next) -> &Self {
+        self.next.lock().unwrap().push_back(n);
+        self
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// A chat-completions answer calling `tool` with `args`.
+fn call(tool: &str, args: Value) -> Next {
+    Next::Json(json!({
+        "id": "c1", "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+            "role": "assistant", "content": null,
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": tool, "arguments": args.to_string()}}]}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    }))
+}
+
+fn text(t: &str) -> Next {
+    Next::Json(json!({
+        "choices": [{"index": 0, "finish_reason": "stop",
+            "message": {"role": "assistant", "content": t}}]
+    }))
+}
+
+/// `planner` (llm, outputs Plan to its peer `worker`, replies with Answer) and `worker`.
+fn organism(base_url: &str, extra: &str) -> (Organism, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
+    let yaml = format!(
+        "organism: {{name: llm, store: memory}}
+models:
+  m: {{base_url: '{base_url}', model: test-model, timeout_ms: 500}}
+listeners:
+  - name: planner
+    description: plans a task
+    kind: llm
+    model: m
+    system: You plan tasks.
+    schema: p.xsd
+    accepts: [Task]
+    outputs: [Plan]
+    peers: [worker]
+    reply: {{type: Answer, text_field: text}}
+{extra}
+  - {{name: worker, description: does the steps, kind: native, handler: sink, schema: p.xsd, accepts: [Plan]}}
+"
+    );
+    std::fs::write(dir.path().join("o.yaml"), yaml).unwrap();
+    let o = Organism::builder()
+        .load(&dir.path().join("o.yaml"))
+        .unwrap();
+    (o, dir)
+}
+
+async fn ask(o: &Organism) -> Vec<agentserver::threads::MessageRecord> {
+    let r = inject(o, "planner", "<Task><goal>ship it</goal></Task>", None);
+    settle(o, &r.thread_id).await;
+    messages(o, &r.thread_id)
+}
+
+#[tokio::test]
+async fn a_tool_call_reaches_the_peer_as_a_validated_message() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(call(
+        "send_worker__Plan",
+        json!({"step": ["a", "b"], "priority": 2}),
+    ));
+    let (o, _d) = organism(&url, "");
+    let ms = ask(&o).await;
+    let plan = ms.iter().find(|m| to_of(m) == "worker").expect("a plan");
+    assert_eq!(&*plan.from, "planner");
+    assert_eq!(
+        &**plan.payload_xml,
+        "<Plan><step>a</step><step>b</step><priority>2</priority></Plan>"
+    );
+    assert_eq!(plan.status, MessageStatus::Delivered);
+    // What the model was asked: the prompt, the task as JSON, the tool with its schema.
+    let req = &fake.requests()[0];
+    assert_eq!(req["model"], "test-model");
+    assert_eq!(
+        req["messages"][0],
+        json!({"role": "system", "content": "You plan tasks."})
+    );
+    let user: Value =
+        serde_json::from_str(req["messages"][1]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        user,
+        json!({"from": "api", "type": "Task", "payload": {"goal": "ship it"}})
+    );
+    let tool = &req["tools"][0]["function"];
+    assert_eq!(tool["name"], "send_worker__Plan");
+    assert_eq!(
+        tool["parameters"]["properties"]["priority"],
+        json!({"type": "integer"})
+    );
+}
+
+#[tokio::test]
+async fn a_refused_call_goes_back_to_the_model_which_corrects_it() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(call(
+        "send_worker__Plan",
+        json!({"step": ["a"], "priority": "high"}),
+    ))
+    .then(call(
+        "send_worker__Plan",
+        json!({"step": ["a"], "priority": 1}),
+    ));
+    let (o, _d) = organism(&url, "");
+    let ms = ask(&o).await;
+    let plans: Vec<_> = ms.iter().filter(|m| to_of(m) == "worker").collect();
+    assert_eq!(plans.len(), 1, "only the corrected plan was sent");
+    assert!(plans[0].payload_xml.contains("<priority>1</priority>"));
+    let second = &fake.requests()[1]["messages"];
+    let result = second
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the call's result");
+    let said = result["content"].as_str().unwrap();
+    assert!(
+        said.contains("refused") && said.contains("priority"),
+        "{said}"
+    );
+    assert_eq!(result["tool_call_id"], "call_1");
+}
+
+#[tokio::test]
+async fn past_max_rounds_the_message_fails_with_the_last_refusal() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    for _ in 0..2 {
+        fake.then(call("send_worker__Plan", json!({"priority": 1})));
+    }
+    let (o, _d) = organism(&url, "    limits: {max_rounds: 2}");
+    let ms = ask(&o).await;
+    let task = &ms[0];
+    assert_eq!(task.status, MessageStatus::Failed);
+    let error = task.error.as_deref().unwrap();
+    assert!(
+        error.contains("after 2 rounds") && error.contains("step"),
+        "{error}"
+    );
+    assert!(ms.iter().all(|m| to_of(m) != "worker"));
+    assert_eq!(fake.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_tool_it_does_not_have_is_refused_and_nothing_is_sent() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(call(
+        "send_outsider__Plan",
+        json!({"step": ["x"], "priority": 1}),
+    ))
+    .then(text("sorry"));
+    let (o, _d) = organism(&url, "    limits: {max_rounds: 2}");
+    let ms = ask(&o).await;
+    assert_eq!(ms[0].status, MessageStatus::Failed, "{:?}", ms[0].error);
+    assert!(ms[0].error.as_deref().unwrap().contains("no tool named"));
+    assert_eq!(ms.len(), 1, "nothing was sent: {ms:?}");
+}
+
+#[tokio::test]
+async fn plain_text_is_the_reply_to_the_sender() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(text("It is done."));
+    let (o, _d) = organism(&url, "");
+    let ms = ask(&o).await;
+    let reply = ms.iter().find(|m| to_of(m) == "api").expect("a reply");
+    assert_eq!(&*reply.from, "planner");
+    assert_eq!(
+        &**reply.payload_xml,
+        "<Answer><text>It is done.</text></Answer>"
+    );
+}
+
+#[tokio::test]
+async fn a_server_error_or_a_hang_fails_the_message_saying_which() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(Next::Status(500, "overloaded")).then(Next::Hang);
+    let (o, _d) = organism(&url, "");
+    let first = ask(&o).await;
+    let e = first[0].error.as_deref().unwrap();
+    assert!(e.contains("500") && e.contains("overloaded"), "{e}");
+    let second = ask(&o).await;
+    let e = second[0].error.as_deref().unwrap();
+    assert!(e.contains("did not answer within 500 ms"), "{e}");
+}
+
+#[test]
+fn a_listener_naming_no_model_or_a_model_without_url_is_refused_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
+    let yaml = "organism: {name: llm, store: memory}
+models:
+  bad: {model: x}
+listeners:
+  - {name: p, description: d, kind: llm, model: nope, system: s, schema: p.xsd, accepts: [Task]}
+  - {name: q, description: d, kind: native, handler: sink, schema: p.xsd, accepts: [Task], model: bad}
+";
+    std::fs::write(dir.path().join("o.yaml"), yaml).unwrap();
+    let e = Organism::builder()
+        .load(&dir.path().join("o.yaml"))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("models.bad.base_url"), "{e}");
+    assert!(e.contains("no model named `nope`"), "{e}");
+    assert!(e.contains("does not apply to a native listener"), "{e}");
+}
