@@ -276,6 +276,7 @@ fn a_listener_naming_no_model_or_a_model_without_url_is_refused_with_its_key() {
     let yaml = "organism: {name: llm, store: memory}
 models:
   bad: {model: x}
+  leaky: {base_url: 'http://127.0.0.1:1/v1', model: x, api_key: sk-live-0123456789abcdef}
 listeners:
   - {name: p, description: d, kind: llm, model: nope, system: s, schema: p.xsd, accepts: [Task]}
   - {name: q, description: d, kind: native, handler: sink, schema: p.xsd, accepts: [Task], model: bad}
@@ -289,4 +290,9 @@ listeners:
     assert!(e.contains("models.bad.base_url"), "{e}");
     assert!(e.contains("no model named `nope`"), "{e}");
     assert!(e.contains("does not apply to a native listener"), "{e}");
+    assert!(
+        e.contains("models.leaky.api_key") && e.contains("api_key_env"),
+        "{e}"
+    );
+    assert!(!e.contains("sk-live"), "the secret is not repeated: {e}");
 }

@@ -127,16 +127,37 @@ pub(super) fn models(
     let Some(v) = v else {
         return out;
     };
-    let entries: BTreeMap<String, ModelSection> = match super::read::read(v) {
-        Ok(e) => e,
-        Err(e) => {
-            c.push(None, Some(&within("models", e.key)), e.message);
-            return out;
-        }
+    let Some(entries) = v.as_mapping() else {
+        c.push(None, Some("models"), "is a map of model names to models");
+        return out;
     };
-    for (name, m) in entries {
-        if let Some(model) = model(&name, m, c) {
-            out.insert(name, Arc::new(model));
+    for (name, entry) in entries {
+        let name = name.as_str().unwrap_or_default().to_string();
+        let secrets = super::secret::literals(entry);
+        for (path, key) in &secrets {
+            c.push(
+                None,
+                Some(&format!("models.{name}.{path}")),
+                format!(
+                    "holds a secret in the file; put it in an environment variable and name \
+                     the variable instead (`{key}_env: VARIABLE`)"
+                ),
+            );
+        }
+        if !secrets.is_empty() {
+            continue;
+        }
+        match super::read::read::<ModelSection>(entry) {
+            Ok(m) => {
+                if let Some(model) = model(&name, m, c) {
+                    out.insert(name, Arc::new(model));
+                }
+            }
+            Err(e) => c.push(
+                None,
+                Some(&within(&format!("models.{name}"), e.key)),
+                e.message,
+            ),
         }
     }
     out

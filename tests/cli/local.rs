@@ -112,6 +112,37 @@ fn the_lua_playground_replies_and_reports_a_big_total() {
 }
 
 #[test]
+fn the_llm_demo_runs_offline_on_its_scripted_model() {
+    let demo = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/llm-demo.yaml");
+    let out = child::run_to_exit([
+        "send",
+        demo,
+        "--to",
+        "planner",
+        "<Task><goal>launch</goal></Task>",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(
+        (lines[1]["from"].as_str(), lines[1]["to"].as_str()),
+        (Some("planner"), Some("worker"))
+    );
+    assert_eq!(
+        lines[1]["payload"],
+        serde_json::json!({"step": ["draft", "review", "ship"], "priority": 2})
+    );
+}
+
+#[test]
 fn send_with_a_payload_file_that_is_not_utf8_explains_and_exits_2() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("p.xml");
