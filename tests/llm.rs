@@ -296,3 +296,71 @@ listeners:
     );
     assert!(!e.contains("sk-live"), "the secret is not repeated: {e}");
 }
+
+/// fakellm (PyPI, installed by `scripts/test`), a model server this project did not write,
+/// run until dropped.
+struct FakeLlm(std::process::Child);
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_third_party_fake_model_drives_a_refusal_and_its_correction_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("fakellm.yaml"),
+        "rules:
+  - name: first
+    when: {turn: 1}
+    respond:
+      tool_calls:
+        - {name: send_worker__Plan, arguments: {step: [a], priority: high}}
+  - name: corrected
+    when: {turn: 2, tool_result_contains: refused}
+    respond:
+      tool_calls:
+        - {name: send_worker__Plan, arguments: {step: [a, b], priority: 1}}
+",
+    )
+    .unwrap();
+    // A free port, handed to the server.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _server = FakeLlm(
+        std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys; from fakellm.cli import main; sys.argv[0] = 'fakellm'; main()",
+                "serve",
+                "--port",
+                &port.to_string(),
+                "--config",
+            ])
+            .arg(dir.path().join("fakellm.yaml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs fakellm (scripts/test installs it with pip)"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_until_async("fakellm serves", || async {
+        http_get(format!("{base}/_fakellm/stats")).await.is_ok()
+    })
+    .await;
+    let (o, _d) = organism(&format!("{base}/v1"), "");
+    let ms = ask(&o).await;
+    let plans: Vec<_> = ms.iter().filter(|m| to_of(m) == "worker").collect();
+    assert_eq!(plans.len(), 1, "{ms:?}");
+    assert_eq!(
+        &**plans[0].payload_xml,
+        "<Plan><step>a</step><step>b</step><priority>1</priority></Plan>"
+    );
+    assert_eq!(ms[0].status, MessageStatus::Delivered);
+}
