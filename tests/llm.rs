@@ -28,6 +28,8 @@ const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
 /// What the test server answers next.
 enum Next {
     Json(Value),
+    /// `text/event-stream`: each chunk a `data:` event, then `[DONE]`.
+    Sse(Vec<Value>),
     Status(u16, &'static str),
     Hang,
 }
@@ -51,6 +53,12 @@ impl Fake {
                     let next = me.next.lock().unwrap().pop_front();
                     match next {
                         Some(Next::Json(v)) => (axum::http::StatusCode::OK, v.to_string()),
+                        Some(Next::Sse(chunks)) => {
+                            let mut body: String =
+                                chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+                            body.push_str("data: [DONE]\n\n");
+                            (axum::http::StatusCode::OK, body)
+                        }
                         Some(Next::Status(s, t)) => {
                             (axum::http::StatusCode::from_u16(s).unwrap(), t.to_string())
                         }
@@ -100,10 +108,14 @@ fn text(t: &str) -> Next {
 
 /// `planner` (llm, outputs Plan to its peer `worker`, replies with Answer) and `worker`.
 fn organism(base_url: &str, extra: &str) -> (Organism, tempfile::TempDir) {
+    organism_stored(base_url, extra, "memory")
+}
+
+fn organism_stored(base_url: &str, extra: &str, store: &str) -> (Organism, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
     let yaml = format!(
-        "organism: {{name: llm, store: memory}}
+        "organism: {{name: llm, store: {store}}}
 models:
   m: {{base_url: '{base_url}', model: test-model, timeout_ms: 500}}
 listeners:
@@ -363,4 +375,82 @@ async fn a_third_party_fake_model_drives_a_refusal_and_its_correction_end_to_end
         "<Plan><step>a</step><step>b</step><priority>1</priority></Plan>"
     );
     assert_eq!(ms[0].status, MessageStatus::Delivered);
+}
+
+#[tokio::test]
+async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    let piece = |kind: &str, t: &str| json!({"choices": [{"index": 0, "delta": {kind: t}}]});
+    fake.then(Next::Sse(vec![
+        json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}),
+        piece("reasoning_content", "Short task."),
+        piece("content", "It "),
+        piece("content", "is "),
+        piece("content", "done."),
+        json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}),
+    ]));
+    let (o, _d) = organism_stored(&url, "    stream: true", "data.db");
+    let server = agentserver::api::ApiServer::bind(
+        o.clone(),
+        "127.0.0.1:0",
+        agentserver::api::ApiOptions::default(),
+    )
+    .await
+    .unwrap();
+    let base = format!("ws://{}", server.local_addr());
+    let mut ws = ws_connect(&format!("{base}/ws")).await;
+    next_json(&mut ws).await;
+    let r = inject(&o, "planner", "<Task><goal>ship it</goal></Task>", None);
+    let frames = read_until(&mut ws, |f| {
+        f["event"] == "message" && f["message"]["to"] == "api"
+    })
+    .await;
+    let deltas: Vec<&Value> = frames.iter().filter(|f| f["event"] == "delta").collect();
+    let text: Vec<&Value> = deltas
+        .iter()
+        .copied()
+        .filter(|f| f["kind"] == "text")
+        .collect();
+    let indexes: Vec<u64> = text.iter().map(|f| f["index"].as_u64().unwrap()).collect();
+    assert_eq!(indexes, [0, 1, 2]);
+    let joined: String = text.iter().map(|f| f["delta"].as_str().unwrap()).collect();
+    assert_eq!(joined, "It is done.");
+    assert!(deltas.iter().all(|f| f["thread_id"] == r.thread_id.as_ref()
+        && f["agent"] == "planner"
+        && f["in_reply_to"] == r.message_id.as_ref()));
+    let thinking: Vec<&&Value> = deltas.iter().filter(|f| f["kind"] == "thinking").collect();
+    assert_eq!(thinking.len(), 1);
+    // The final message is the record, and it says what the pieces said.
+    let reply = frames.last().unwrap();
+    assert_eq!(
+        reply["message"]["payload_xml"],
+        "<Answer><text>It is done.</text></Answer>"
+    );
+    assert_eq!(fake.requests()[0]["stream"], true);
+    // Nothing but messages in the thread, in memory and in the store.
+    settle(&o, &r.thread_id).await;
+    let ms = messages(&o, &r.thread_id);
+    assert_eq!(ms.len(), 2, "{ms:?}");
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    let path = _d.path().join("data.db");
+    let mut opened = None;
+    wait_until_async("the store is let go", || {
+        opened = agentserver::store::Store::open(&path).ok();
+        std::future::ready(opened.is_some())
+    })
+    .await;
+    let store = opened.unwrap();
+    let stored = store
+        .query_messages(
+            &agentserver::threads::MessageFilter {
+                thread: Some(r.thread_id.to_string()),
+                ..Default::default()
+            },
+            agentserver::threads::Page::default(),
+        )
+        .unwrap();
+    assert_eq!(stored.total, 2);
 }

@@ -115,6 +115,30 @@ impl<'a> From<&'a StatusAbout> for About<'a> {
     }
 }
 
+/// A `delta`'s fields.
+#[derive(Serialize)]
+struct DeltaFrame<'a> {
+    thread_id: &'a str,
+    agent: &'a str,
+    in_reply_to: &'a str,
+    kind: crate::events::DeltaKind,
+    index: u64,
+    delta: &'a str,
+}
+
+impl<'a> From<&'a crate::events::Delta> for DeltaFrame<'a> {
+    fn from(d: &'a crate::events::Delta) -> Self {
+        DeltaFrame {
+            thread_id: &d.thread_id,
+            agent: &d.agent,
+            in_reply_to: &d.in_reply_to,
+            kind: d.kind,
+            index: d.index,
+            delta: &d.delta,
+        }
+    }
+}
+
 /// What happened. Shapes follow the seed API (`001_…txt`) with our additions.
 #[derive(Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -181,6 +205,7 @@ enum Kind<'a> {
         level: &'a str,
         message: &'a str,
     },
+    Delta(DeltaFrame<'a>),
     Audit {
         who: Option<&'a str>,
         action: &'a str,
@@ -295,6 +320,7 @@ impl<'a> Kind<'a> {
                 level,
                 message,
             },
+            EventKind::Delta(d) => Kind::Delta(d.into()),
             EventKind::Audit {
                 who,
                 action,

@@ -285,6 +285,8 @@ pub struct LlmConfig {
     pub max_tokens: u32,
     pub max_rounds: u32,
     pub temperature: Option<f64>,
+    /// Its answers streamed: each piece published as a `delta` event as it comes.
+    pub stream: bool,
 }
 
 /// The system prompt: inline text, or a file read when the handler is built and again at
@@ -411,6 +413,7 @@ pub(super) fn check_llm(
         max_tokens,
         max_rounds,
         temperature: limits.temperature,
+        stream: s.stream.unwrap_or(false),
     }))
 }
 

@@ -135,6 +135,7 @@ pub(crate) struct ListenerSection {
     pub system: Option<yaml_serde::Value>,
     pub outputs: Option<Vec<String>>,
     pub reply: Option<super::llm::Reply>,
+    pub stream: Option<bool>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.

@@ -142,6 +142,7 @@ impl Event {
             }
             EventKind::Error { error, .. } => OVERHEAD + text(Some(error)),
             EventKind::Log { message, .. } => OVERHEAD + text(Some(message)),
+            EventKind::Delta(d) => OVERHEAD + text(Some(&d.delta)),
             EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
                 OVERHEAD + 3 * input.payload_xml.len()
             }
@@ -254,6 +255,9 @@ pub enum EventKind {
     InputResolved {
         input: Box<crate::threads::InputRow>,
     },
+    /// A piece of a model's answer as it streams (`kind: llm` with `stream: true`):
+    /// ephemeral, never stored or counted as a message; the final message is the record.
+    Delta(Delta),
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -280,6 +284,7 @@ impl EventKind {
             EventKind::Reload { .. } => "reload",
             EventKind::Audit { .. } => "audit",
             EventKind::Deployment { .. } => "deployment",
+            EventKind::Delta { .. } => "delta",
         }
     }
 
@@ -296,6 +301,7 @@ impl EventKind {
             EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
                 Some(&input.thread_id)
             }
+            EventKind::Delta(d) => Some(&d.thread_id),
             EventKind::AgentState { .. }
             | EventKind::OrganismState { .. }
             | EventKind::Reload { .. }
@@ -317,6 +323,7 @@ impl EventKind {
             EventKind::Log { agent, .. } => vec![agent.as_str()],
             EventKind::Reload { agent, .. } => agent.as_deref().into_iter().collect(),
             EventKind::Deployment { agent, .. } => vec![agent.as_str()],
+            EventKind::Delta(d) => vec![&*d.agent],
             EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
                 vec![input.listener.as_str()]
             }
@@ -326,7 +333,7 @@ impl EventKind {
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 13] = [
+pub const EVENT_NAMES: [&str; 14] = [
     "agent_state",
     "message",
     "message_status",
@@ -340,7 +347,29 @@ pub const EVENT_NAMES: [&str; 13] = [
     "deployment",
     "input_requested",
     "input_resolved",
+    "delta",
 ];
+
+/// A piece of a model's answer as it streams.
+#[derive(Debug, Clone)]
+pub struct Delta {
+    pub thread_id: Arc<str>,
+    pub agent: Arc<str>,
+    /// The message being handled.
+    pub in_reply_to: Arc<str>,
+    pub kind: DeltaKind,
+    /// From 0, per message handled and kind.
+    pub index: u64,
+    pub delta: String,
+}
+
+/// What a `delta` carries: the answer's text, or the model's reasoning before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaKind {
+    Text,
+    Thinking,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

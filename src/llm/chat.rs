@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
 use crate::config::llm::{ModelConfig, Provider, Turn};
+use crate::events::DeltaKind;
 
 /// The most of a model's answer that is read, in bytes.
 pub const MAX_ANSWER_BYTES: usize = 8 * 1024 * 1024;
@@ -62,7 +63,12 @@ pub(super) struct Ask<'a> {
     pub tools: &'a [Value],
     pub max_tokens: u32,
     pub temperature: Option<f64>,
+    /// Streamed: each piece of text or reasoning is handed here as it comes.
+    pub stream: Option<OnDelta<'a>>,
 }
+
+/// Where a streamed piece is handed.
+pub(super) type OnDelta<'a> = &'a (dyn Fn(DeltaKind, &str) + Send + Sync);
 
 impl Model {
     pub(super) fn new(config: Arc<ModelConfig>) -> Result<Model, String> {
@@ -92,7 +98,16 @@ impl Model {
             .await
             .map_err(|_| "the model is closed".to_string())?;
         match &self.config.provider {
-            Provider::Scripted { turns } => Ok(self.scripted(turns)),
+            Provider::Scripted { turns } => {
+                let answer = self.scripted(turns);
+                if let (Some(on), Some(text)) = (ask.stream, &answer.text) {
+                    // In word-sized pieces, as a streaming server sends them.
+                    for piece in text.split_inclusive(' ') {
+                        on(DeltaKind::Text, piece);
+                    }
+                }
+                Ok(answer)
+            }
             Provider::OpenAi {
                 base_url,
                 model,
@@ -110,6 +125,9 @@ impl Model {
                 if let Some(t) = ask.temperature {
                     body["temperature"] = json!(t);
                 }
+                if ask.stream.is_some() {
+                    body["stream"] = json!(true);
+                }
                 let mut req = self
                     .client
                     .post(format!("{base_url}/chat/completions"))
@@ -117,7 +135,7 @@ impl Model {
                 if let Some(key) = api_key {
                     req = req.bearer_auth(key);
                 }
-                self.read(req.send().await).await
+                self.read(req.send().await, ask.stream).await
             }
         }
     }
@@ -144,6 +162,7 @@ impl Model {
     async fn read(
         &self,
         sent: Result<reqwest::Response, reqwest::Error>,
+        stream: Option<OnDelta<'_>>,
     ) -> Result<Answer, String> {
         let name = &self.config.name;
         let timeout = || {
@@ -158,6 +177,12 @@ impl Model {
             Err(e) => return Err(format!("cannot reach model `{name}`: {}", without_url(&e))),
         };
         let status = resp.status();
+        if let Some(on) = stream.filter(|_| status.is_success()) {
+            return streamed(name, resp, on).await.map_err(|e| match e {
+                Broke::Timeout => timeout(),
+                Broke::Said(e) => e,
+            });
+        }
         let mut body = Vec::new();
         loop {
             match resp.chunk().await {
@@ -228,4 +253,122 @@ fn without_url(e: &reqwest::Error) -> String {
         text = text.replace(url.as_str(), "the model's URL");
     }
     text
+}
+
+/// Why a streamed answer stopped short.
+enum Broke {
+    Timeout,
+    Said(String),
+}
+
+/// A streamed answer (Server-Sent Events of `chat.completion.chunk`s, read by
+/// `eventsource-stream`): each piece of text and reasoning handed to `on` as it comes, the
+/// tool calls gathered by their `index`; at most [`MAX_ANSWER_BYTES`] read.
+async fn streamed(name: &str, resp: reqwest::Response, on: OnDelta<'_>) -> Result<Answer, Broke> {
+    use eventsource_stream::Eventsource;
+    use futures_util::StreamExt;
+    let model = name.to_string();
+    let bytes =
+        futures_util::stream::unfold((resp, 0usize, false), move |(mut resp, read, over)| {
+            let model = model.clone();
+            async move {
+                if over {
+                    return None;
+                }
+                let broke = |b: Broke, resp| Some((Err(b), (resp, read, true)));
+                match resp.chunk().await {
+                    Ok(Some(c)) if read + c.len() > MAX_ANSWER_BYTES => broke(
+                        Broke::Said(format!(
+                            "model `{model}`'s answer is over {MAX_ANSWER_BYTES} bytes"
+                        )),
+                        resp,
+                    ),
+                    Ok(Some(c)) => {
+                        let n = read + c.len();
+                        Some((Ok(c), (resp, n, false)))
+                    }
+                    Ok(None) => None,
+                    Err(e) if e.is_timeout() => broke(Broke::Timeout, resp),
+                    Err(e) => broke(
+                        Broke::Said(format!(
+                            "model `{model}`'s answer broke off: {}",
+                            without_url(&e)
+                        )),
+                        resp,
+                    ),
+                }
+            }
+        });
+    let mut events = Box::pin(bytes.eventsource());
+    let mut text = String::new();
+    let mut calls: Vec<ToolCall> = Vec::new();
+    while let Some(ev) = events.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(eventsource_stream::EventStreamError::Transport(b)) => return Err(b),
+            Err(eventsource_stream::EventStreamError::Utf8(e)) => {
+                return Err(Broke::Said(format!(
+                    "model `{name}`'s stream is not UTF-8: {e}"
+                )))
+            }
+            Err(eventsource_stream::EventStreamError::Parser(e)) => {
+                return Err(Broke::Said(format!(
+                    "model `{name}`'s stream does not read: {e}"
+                )))
+            }
+        };
+        if ev.data.trim() == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(&ev.data).map_err(|e| {
+            Broke::Said(format!(
+                "model `{name}` streamed a chunk that is not JSON: {e}"
+            ))
+        })?;
+        let delta = &chunk["choices"][0]["delta"];
+        for (key, kind) in [
+            ("reasoning_content", DeltaKind::Thinking),
+            ("reasoning", DeltaKind::Thinking),
+            ("content", DeltaKind::Text),
+        ] {
+            if let Some(piece) = delta[key].as_str().filter(|p| !p.is_empty()) {
+                if kind == DeltaKind::Text {
+                    text.push_str(piece);
+                }
+                on(kind, piece);
+            }
+        }
+        for c in delta["tool_calls"].as_array().into_iter().flatten() {
+            let i = c["index"].as_u64().unwrap_or(0) as usize;
+            if i >= 64 {
+                continue;
+            }
+            while calls.len() <= i {
+                calls.push(ToolCall {
+                    id: format!("call-{}", calls.len()),
+                    name: String::new(),
+                    arguments: String::new(),
+                });
+            }
+            let call = &mut calls[i];
+            if let Some(id) = c["id"].as_str() {
+                call.id = id.to_string();
+            }
+            if let Some(n) = c["function"]["name"].as_str() {
+                call.name.push_str(n);
+            }
+            if let Some(a) = c["function"]["arguments"].as_str() {
+                call.arguments.push_str(a);
+            }
+        }
+    }
+    for c in &mut calls {
+        if c.arguments.is_empty() {
+            c.arguments = "{}".to_string();
+        }
+    }
+    Ok(Answer {
+        text: Some(text).filter(|t| !t.trim().is_empty()),
+        tool_calls: calls,
+    })
 }

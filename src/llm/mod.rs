@@ -19,12 +19,14 @@
 mod chat;
 mod tools;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde_json::{json, Value};
 
 use crate::config::llm::{read_system, LlmConfig, SystemPrompt};
 use crate::config::ListenerConfig;
+use crate::events::{Delta, DeltaKind, EventHub, EventKind};
 use crate::listener::OutputTargets;
 use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerResult, Output};
 use crate::schema::Schema;
@@ -46,6 +48,8 @@ struct Inner {
     targets: Arc<OutputTargets>,
     /// An output's bytes at most (`limits.max_message_bytes`).
     max_output: usize,
+    /// Where streamed pieces are published.
+    events: Arc<EventHub>,
 }
 
 impl LlmHandler {
@@ -53,6 +57,7 @@ impl LlmHandler {
         me: &ListenerConfig,
         targets: Arc<OutputTargets>,
         max_output: usize,
+        events: Arc<EventHub>,
     ) -> Result<LlmHandler, String> {
         let config = me
             .llm
@@ -66,6 +71,7 @@ impl LlmHandler {
             system: RwLock::new(system),
             targets,
             max_output,
+            events,
         })))
     }
 }
@@ -100,10 +106,23 @@ impl Inner {
         let sender = d.meta.from.to_string();
         let tools = tools::tools(&self.me, &self.config.outputs, &self.targets.listeners());
         let specs: Vec<Value> = tools.iter().map(|t| t.spec.clone()).collect();
+        let indexes = [AtomicU64::new(0), AtomicU64::new(0)];
+        let publish = |kind: DeltaKind, piece: &str| {
+            let index = indexes[kind as usize].fetch_add(1, Ordering::Relaxed);
+            self.events.publish(EventKind::Delta(Delta {
+                thread_id: d.meta.thread_id.clone(),
+                agent: self.me.name.arc(),
+                in_reply_to: d.meta.message_id.clone(),
+                kind,
+                index,
+                delta: piece.to_string(),
+            }));
+        };
         let ask = chat::Ask {
             tools: &specs,
             max_tokens: self.config.max_tokens,
             temperature: self.config.temperature,
+            stream: self.config.stream.then_some(&publish as chat::OnDelta<'_>),
         };
         let mut messages = vec![
             json!({"role": "system", "content": &*system}),

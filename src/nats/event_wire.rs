@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::diff::{ReloadProblem, ReloadReport};
-use crate::events::{AgentState, EventKind, OrganismStatus, StatusAbout};
+use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout};
 use crate::threads::{
     InputKind, InputRow, InputStatus, MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo,
     ThreadStatus,
@@ -95,6 +95,71 @@ pub(super) enum WireKind {
         level: String,
         message: String,
     },
+    Delta(WireDelta),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireDelta {
+    thread_id: Arc<str>,
+    agent: Arc<str>,
+    in_reply_to: Arc<str>,
+    kind: DeltaKind,
+    index: u64,
+    delta: String,
+}
+
+impl From<&Delta> for WireDelta {
+    fn from(d: &Delta) -> Self {
+        WireDelta {
+            thread_id: d.thread_id.clone(),
+            agent: d.agent.clone(),
+            in_reply_to: d.in_reply_to.clone(),
+            kind: d.kind,
+            index: d.index,
+            delta: d.delta.clone(),
+        }
+    }
+}
+
+impl From<WireDelta> for Delta {
+    fn from(d: WireDelta) -> Self {
+        Delta {
+            thread_id: d.thread_id,
+            agent: d.agent,
+            in_reply_to: d.in_reply_to,
+            kind: d.kind,
+            index: d.index,
+            delta: d.delta,
+        }
+    }
+}
+
+impl From<&StatusAbout> for WireAbout {
+    fn from(a: &StatusAbout) -> Self {
+        WireAbout {
+            from: a.from.clone(),
+            to: a.to.clone(),
+            payload_type: a.payload_type.clone(),
+            slot_index: a.slot_index,
+            message_seq: a.message_seq,
+            message_bytes: a.message_bytes as u64,
+        }
+    }
+}
+
+impl From<WireAbout> for StatusAbout {
+    fn from(a: WireAbout) -> Self {
+        StatusAbout {
+            from: a.from,
+            to: a.to,
+            payload_type: a.payload_type,
+            slot_index: a.slot_index,
+            message_seq: a.message_seq,
+            // Read back, it only weighs the event in a gateway's hub: a figure past a
+            // gigabyte is not believed (it would empty the hub).
+            message_bytes: usize::try_from(a.message_bytes).unwrap_or(0).min(1 << 30),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -403,14 +468,7 @@ impl From<&EventKind> for WireKind {
                 thread_id: thread_id.clone(),
                 status: *status,
                 error: error.clone(),
-                about: about.as_ref().map(|a| WireAbout {
-                    from: a.from.clone(),
-                    to: a.to.clone(),
-                    payload_type: a.payload_type.clone(),
-                    slot_index: a.slot_index,
-                    message_seq: a.message_seq,
-                    message_bytes: a.message_bytes as u64,
-                }),
+                about: about.as_ref().map(WireAbout::from),
             },
             EventKind::ThreadCreated { thread } => WireKind::ThreadCreated {
                 thread: thread.into(),
@@ -496,6 +554,7 @@ impl From<&EventKind> for WireKind {
                 level: level.clone(),
                 message: message.clone(),
             },
+            EventKind::Delta(d) => WireKind::Delta(d.into()),
         }
     }
 }
@@ -526,16 +585,7 @@ impl From<WireKind> for EventKind {
                 thread_id,
                 status,
                 error,
-                about: about.map(|a| StatusAbout {
-                    from: a.from,
-                    to: a.to,
-                    payload_type: a.payload_type,
-                    slot_index: a.slot_index,
-                    message_seq: a.message_seq,
-                    // Read back, it only weighs the event in a gateway's hub: a figure past a
-                    // gigabyte is not believed (it would empty the hub).
-                    message_bytes: usize::try_from(a.message_bytes).unwrap_or(0).min(1 << 30),
-                }),
+                about: about.map(StatusAbout::from),
             },
             WireKind::ThreadCreated { thread } => EventKind::ThreadCreated {
                 thread: thread.into(),
@@ -617,6 +667,7 @@ impl From<WireKind> for EventKind {
                 level,
                 message,
             },
+            WireKind::Delta(d) => EventKind::Delta(d.into()),
         }
     }
 }

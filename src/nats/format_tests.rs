@@ -298,3 +298,29 @@ fn a_messages_origin_reads_back() {
         assert_eq!(message.origin, origin);
     }
 }
+
+/// A `delta` (added to version 1) reads back as written.
+#[test]
+fn a_delta_reads_back() {
+    let kind = EventKind::Delta(crate::events::Delta {
+        thread_id: Arc::from("t1"),
+        agent: Arc::from("planner"),
+        in_reply_to: Arc::from("m1"),
+        kind: crate::events::DeltaKind::Thinking,
+        index: 3,
+        delta: "hm".into(),
+    });
+    let ev = Event::numbered(9, Timestamp(1), kind, None::<String>, ());
+    let none = Frames {
+        frame: None,
+        message_frame: None,
+    };
+    let back = parse(&body_of(&ev, &none).unwrap()).unwrap();
+    let EventKind::Delta(d) = back.kind else {
+        panic!("{:?}", back.kind)
+    };
+    assert_eq!(
+        (&*d.agent, &*d.in_reply_to, d.kind, d.index, d.delta.as_str()),
+        ("planner", "m1", crate::events::DeltaKind::Thinking, 3, "hm")
+    );
+}

@@ -539,9 +539,12 @@ pub(crate) fn local_handler(
         config::ListenerKind::Native => parts.registry.build(lc),
         // The pump opens a question for each delivery (`inputs::ask`): nothing is called.
         config::ListenerKind::Human => Ok(Arc::new(crate::listener::Unanswerable)),
-        config::ListenerKind::Llm => {
-            crate::llm::LlmHandler::new(lc, parts.lua_targets.clone(), parts.max_message_bytes)
-                .map(|h| Arc::new(h) as Arc<dyn Handler>)
-        }
+        config::ListenerKind::Llm => crate::llm::LlmHandler::new(
+            lc,
+            parts.lua_targets.clone(),
+            parts.max_message_bytes,
+            parts.events.clone(),
+        )
+        .map(|h| Arc::new(h) as Arc<dyn Handler>),
     }
 }
