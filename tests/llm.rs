@@ -454,3 +454,51 @@ async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored()
         .unwrap();
     assert_eq!(stored.total, 2);
 }
+
+#[tokio::test]
+async fn with_thread_history_the_model_reads_the_earlier_turns_of_the_thread() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(text("First done.")).then(text("Second done."));
+    let (o, _d) = organism(&url, "    context: {history: thread, max_messages: 10}");
+    let first = inject(&o, "planner", "<Task><goal>one</goal></Task>", None);
+    settle(&o, &first.thread_id).await;
+    let again = inject(
+        &o,
+        "planner",
+        "<Task><goal>two</goal></Task>",
+        Some(&first.thread_id),
+    );
+    settle(&o, &again.thread_id).await;
+    let turns: Vec<(String, Value)> = fake.requests()[1]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .skip(1)
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap().to_string(),
+                serde_json::from_str(m["content"].as_str().unwrap()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            (
+                "user".to_string(),
+                json!({"from": "api", "type": "Task", "payload": {"goal": "one"}})
+            ),
+            (
+                "assistant".to_string(),
+                json!({"to": "api", "type": "Answer", "payload": {"text": "First done."}})
+            ),
+            (
+                "user".to_string(),
+                json!({"from": "api", "type": "Task", "payload": {"goal": "two"}})
+            ),
+        ]
+    );
+    // The first call had nothing before it.
+    assert_eq!(fake.requests()[0]["messages"].as_array().unwrap().len(), 2);
+}

@@ -287,7 +287,30 @@ pub struct LlmConfig {
     pub temperature: Option<f64>,
     /// Its answers streamed: each piece published as a `delta` event as it comes.
     pub stream: bool,
+    /// `context: {history: thread}`: at most this many of the thread's earlier messages to
+    /// and from it become the conversation before the message handled. `None`: none.
+    pub history: Option<usize>,
 }
+
+/// A listener's `context:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ContextSection {
+    history: HistoryMode,
+    max_messages: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum HistoryMode {
+    Thread,
+    None,
+}
+
+/// Earlier messages a listener's context holds, by default.
+pub const DEFAULT_CONTEXT_MESSAGES: usize = 30;
+/// ... and at most.
+pub const MAX_CONTEXT_MESSAGES: usize = 1000;
 
 /// The system prompt: inline text, or a file read when the handler is built and again at
 /// each reload of the listener.
@@ -402,6 +425,23 @@ pub(super) fn check_llm(
     {
         c.push(l, Some("limits"), "temperature must be 0 to 2");
     }
+    let history = match &s.context {
+        Some(ContextSection {
+            history: HistoryMode::Thread,
+            max_messages,
+        }) => {
+            let n = max_messages.unwrap_or(DEFAULT_CONTEXT_MESSAGES);
+            if !(1..=MAX_CONTEXT_MESSAGES).contains(&n) {
+                c.push(
+                    l,
+                    Some("context"),
+                    format!("max_messages must be 1 to {MAX_CONTEXT_MESSAGES}"),
+                );
+            }
+            Some(n)
+        }
+        _ => None,
+    };
     if c.errors.len() != before {
         return None;
     }
@@ -414,6 +454,7 @@ pub(super) fn check_llm(
         max_rounds,
         temperature: limits.temperature,
         stream: s.stream.unwrap_or(false),
+        history,
     }))
 }
 

@@ -136,6 +136,7 @@ pub(crate) struct ListenerSection {
     pub outputs: Option<Vec<String>>,
     pub reply: Option<super::llm::Reply>,
     pub stream: Option<bool>,
+    pub context: Option<super::llm::ContextSection>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.

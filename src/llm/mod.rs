@@ -17,6 +17,7 @@
 //! runs on workers too.
 
 mod chat;
+mod context;
 mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,7 @@ use crate::schema::Schema;
 use crate::xml::{normalize_payload, XmlLimits};
 
 pub use chat::MAX_ANSWER_BYTES;
+pub use context::{ThreadHistory, MAX_CONTEXT_BYTES};
 
 /// Outputs one message may have, at most.
 const MAX_OUTPUTS: usize = 64;
@@ -50,6 +52,8 @@ struct Inner {
     max_output: usize,
     /// Where streamed pieces are published.
     events: Arc<EventHub>,
+    /// The threads' messages, for `context: {history: thread}`.
+    history: Option<Arc<dyn ThreadHistory>>,
 }
 
 impl LlmHandler {
@@ -58,6 +62,7 @@ impl LlmHandler {
         targets: Arc<OutputTargets>,
         max_output: usize,
         events: Arc<EventHub>,
+        history: Option<Arc<dyn ThreadHistory>>,
     ) -> Result<LlmHandler, String> {
         let config = me
             .llm
@@ -72,6 +77,7 @@ impl LlmHandler {
             targets,
             max_output,
             events,
+            history,
         })))
     }
 }
@@ -124,10 +130,17 @@ impl Inner {
             temperature: self.config.temperature,
             stream: self.config.stream.then_some(&publish as chat::OnDelta<'_>),
         };
-        let mut messages = vec![
-            json!({"role": "system", "content": &*system}),
-            json!({"role": "user", "content": self.user_turn(&d).to_string()}),
-        ];
+        let mut messages = vec![json!({"role": "system", "content": &*system})];
+        if let (Some(max), Some(history)) = (self.config.history, &self.history) {
+            messages.extend(context::turns(
+                &**history,
+                &self.me,
+                &d.meta.thread_id,
+                &d.meta.message_id,
+                max,
+            ));
+        }
+        messages.push(json!({"role": "user", "content": self.user_turn(&d).to_string()}));
         let mut outputs = Vec::new();
         let mut refused: Vec<String> = Vec::new();
         for _ in 0..self.config.max_rounds {

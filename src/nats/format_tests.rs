@@ -320,7 +320,13 @@ fn a_delta_reads_back() {
         panic!("{:?}", back.kind)
     };
     assert_eq!(
-        (&*d.agent, &*d.in_reply_to, d.kind, d.index, d.delta.as_str()),
+        (
+            &*d.agent,
+            &*d.in_reply_to,
+            d.kind,
+            d.index,
+            d.delta.as_str()
+        ),
         ("planner", "m1", crate::events::DeltaKind::Thinking, 3, "hm")
     );
 }

@@ -203,7 +203,8 @@ impl OrganismBuilder {
             .nats
             .as_ref()
             .map(|n| crate::nats::Placed::start(n, &config.name, stopped.clone()));
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
+            history: Arc::new(super::history::ThreadLog(me.clone())),
             placed,
             // Listeners are built below, by the same code a reload uses.
             topology: std::sync::RwLock::new(Arc::new(Topology {

@@ -239,6 +239,19 @@ impl<'a> History<'a> {
     }
 }
 
+/// A thread's messages as a handler reads them (`kind: llm`'s context): the organism's, while
+/// it lives.
+pub(super) struct ThreadLog(pub(super) std::sync::Weak<super::Shared>);
+
+impl crate::llm::ThreadHistory for ThreadLog {
+    fn messages(&self, thread: &str) -> Vec<MessageRecord> {
+        self.0
+            .upgrade()
+            .and_then(|s| s.threads.messages(thread))
+            .unwrap_or_default()
+    }
+}
+
 /// The first of `messages` that fit in `limit` and in `max_bytes` with `used` taken (at
 /// least one when nothing is), and whether any is left.
 fn within(

@@ -325,6 +325,8 @@ pub(crate) struct Topology {
 }
 
 pub(crate) struct Shared {
+    /// Threads' messages as handlers read them (an LLM's context).
+    history: Arc<dyn crate::llm::ThreadHistory>,
     topology: std::sync::RwLock<Arc<Topology>>,
     /// Organism-wide limits: fixed for the process (changing them needs a restart).
     limits: config::Limits,

@@ -139,6 +139,7 @@ impl Shared {
                 lua_targets: &self.reloading.lua_targets,
                 events: &self.events,
                 callbacks: &self.external.callbacks,
+                history: Some(&self.history),
             },
             previous,
         )
@@ -512,6 +513,9 @@ pub(crate) struct HandlerParts<'a> {
     pub lua_targets: &'a Arc<crate::lua::OutputTargets>,
     pub events: &'a Arc<crate::events::EventHub>,
     pub callbacks: &'a Arc<std::sync::OnceLock<crate::listener::CallbackUrl>>,
+    /// Threads' messages, for an LLM's context (a worker has none: its LLM listeners see
+    /// only the message they handle).
+    pub history: Option<&'a Arc<dyn crate::llm::ThreadHistory>>,
 }
 
 /// Builds the handler that runs a listener in this process, whatever its placement (a
@@ -544,6 +548,7 @@ pub(crate) fn local_handler(
             parts.lua_targets.clone(),
             parts.max_message_bytes,
             parts.events.clone(),
+            parts.history.cloned(),
         )
         .map(|h| Arc::new(h) as Arc<dyn Handler>),
     }

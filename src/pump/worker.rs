@@ -93,6 +93,7 @@ fn build(
         lua_targets: &lua_targets,
         events,
         callbacks: &callbacks,
+        history: None,
     };
     let mut served = HashMap::new();
     for name in names {
