@@ -428,6 +428,31 @@ async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored()
         "<Answer><text>It is done.</text></Answer>"
     );
     assert_eq!(fake.requests()[0]["stream"], true);
+    // The call and the tokens its last chunk reported, on /metrics.
+    let metrics = http_get(format!("http://{}/metrics", server.local_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = |name: &str, label: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains("agent=\"planner\"") && l.contains(label))
+            .map(|l| l.rsplit(' ').next().unwrap().to_string())
+    };
+    assert_eq!(
+        line("agentserver_llm_requests_total", "status=\"ok\"").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        line("agentserver_llm_tokens_total", "kind=\"input\"").as_deref(),
+        Some("9")
+    );
+    assert_eq!(
+        line("agentserver_llm_tokens_total", "kind=\"output\"").as_deref(),
+        Some("3")
+    );
     // Nothing but messages in the thread, in memory and in the store.
     settle(&o, &r.thread_id).await;
     let ms = messages(&o, &r.thread_id);

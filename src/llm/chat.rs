@@ -31,6 +31,30 @@ pub(super) struct Model {
 pub(super) struct Answer {
     pub text: Option<String>,
     pub tool_calls: Vec<ToolCall>,
+    /// The tokens the server says the call took, if it says.
+    pub usage: Option<Usage>,
+}
+
+/// Tokens of one call, as the server reports them (`usage`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Usage {
+    pub input: u64,
+    pub output: u64,
+    pub cached: u64,
+}
+
+impl Usage {
+    /// `usage` of a chat-completions answer or of a stream's last chunk.
+    fn of(v: &Value) -> Option<Usage> {
+        let u = v.get("usage").filter(|u| u.is_object())?;
+        Some(Usage {
+            input: u["prompt_tokens"].as_u64().unwrap_or(0),
+            output: u["completion_tokens"].as_u64().unwrap_or(0),
+            cached: u["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -127,6 +151,7 @@ impl Model {
                 }
                 if ask.stream.is_some() {
                     body["stream"] = json!(true);
+                    body["stream_options"] = json!({"include_usage": true});
                 }
                 let mut req = self
                     .client
@@ -145,7 +170,7 @@ impl Model {
         match turns.get(n % turns.len().max(1)) {
             Some(Turn::Text(t)) => Answer {
                 text: Some(t.clone()),
-                tool_calls: Vec::new(),
+                ..Answer::default()
             },
             Some(Turn::Tool { name, arguments }) => Answer {
                 text: None,
@@ -154,6 +179,7 @@ impl Model {
                     name: name.clone(),
                     arguments: arguments.to_string(),
                 }],
+                usage: None,
             },
             None => Answer::default(),
         }
@@ -242,7 +268,11 @@ impl Model {
                 arguments,
             });
         }
-        Ok(Answer { text, tool_calls })
+        Ok(Answer {
+            text,
+            tool_calls,
+            usage: Usage::of(&v),
+        })
     }
 }
 
@@ -302,6 +332,7 @@ async fn streamed(name: &str, resp: reqwest::Response, on: OnDelta<'_>) -> Resul
     let mut events = Box::pin(bytes.eventsource());
     let mut text = String::new();
     let mut calls: Vec<ToolCall> = Vec::new();
+    let mut usage = None;
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
@@ -325,6 +356,7 @@ async fn streamed(name: &str, resp: reqwest::Response, on: OnDelta<'_>) -> Resul
                 "model `{name}` streamed a chunk that is not JSON: {e}"
             ))
         })?;
+        usage = Usage::of(&chunk).or(usage);
         let delta = &chunk["choices"][0]["delta"];
         for (key, kind) in [
             ("reasoning_content", DeltaKind::Thinking),
@@ -370,5 +402,6 @@ async fn streamed(name: &str, resp: reqwest::Response, on: OnDelta<'_>) -> Resul
     Ok(Answer {
         text: Some(text).filter(|t| !t.trim().is_empty()),
         tool_calls: calls,
+        usage,
     })
 }

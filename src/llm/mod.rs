@@ -54,6 +54,16 @@ struct Inner {
     events: Arc<EventHub>,
     /// The threads' messages, for `context: {history: thread}`.
     history: Option<Arc<dyn ThreadHistory>>,
+    stats: Stats,
+}
+
+/// What a listener's calls to its model came to, for `/metrics`.
+#[derive(Default)]
+struct Stats {
+    ok: AtomicU64,
+    failed: AtomicU64,
+    tokens: [AtomicU64; 3],
+    time: crate::stats::Histogram,
 }
 
 impl LlmHandler {
@@ -78,6 +88,7 @@ impl LlmHandler {
             max_output,
             events,
             history,
+            stats: Stats::default(),
         })))
     }
 }
@@ -96,6 +107,42 @@ impl Handler for LlmHandler {
     }
 
     /// Reads a system prompt file again (an inline prompt has nothing to reload).
+    fn metrics(&self) -> Vec<crate::listener::HandlerMetric> {
+        use crate::listener::HandlerMetric as M;
+        let s = &self.0.stats;
+        let model = || ("model".to_string(), self.0.model.name().to_string());
+        let mut v = Vec::new();
+        for (status, n) in [("ok", &s.ok), ("error", &s.failed)] {
+            v.push(M::counter(
+                "agentserver_llm_requests_total",
+                "Calls to the listener's model, by how they ended.",
+                vec![model(), ("status".into(), status.into())],
+                n.load(Ordering::Relaxed) as f64,
+            ));
+        }
+        for (kind, n) in ["input", "output", "cached"].into_iter().zip(&s.tokens) {
+            v.push(M::counter(
+                "agentserver_llm_tokens_total",
+                "Tokens of the listener's calls as its model's server reported them.",
+                vec![model(), ("kind".into(), kind.into())],
+                n.load(Ordering::Relaxed) as f64,
+            ));
+        }
+        v.push(M::counter(
+            "agentserver_llm_seconds_sum",
+            "Total time of the listener's calls to its model.",
+            vec![model()],
+            s.time.sum_seconds(),
+        ));
+        v.push(M::counter(
+            "agentserver_llm_seconds_count",
+            "Calls to the listener's model, timed.",
+            vec![model()],
+            s.time.count() as f64,
+        ));
+        v
+    }
+
     fn reload(&self) -> Option<Result<(), String>> {
         match &self.0.config.system {
             SystemPrompt::Inline(_) => None,
@@ -144,11 +191,7 @@ impl Inner {
         let mut outputs = Vec::new();
         let mut refused: Vec<String> = Vec::new();
         for _ in 0..self.config.max_rounds {
-            let answer = self
-                .model
-                .call(&messages, &ask)
-                .await
-                .map_err(HandlerError)?;
+            let answer = self.call(&messages, &ask).await?;
             if answer.tool_calls.is_empty() {
                 if !refused.is_empty() {
                     break;
@@ -196,6 +239,31 @@ impl Inner {
             self.config.max_rounds,
             refused.join("; ")
         )))
+    }
+
+    /// One call, counted.
+    async fn call(
+        &self,
+        messages: &[Value],
+        ask: &chat::Ask<'_>,
+    ) -> Result<chat::Answer, HandlerError> {
+        let started = std::time::Instant::now();
+        let answer = self.model.call(messages, ask).await;
+        self.stats.time.record(started.elapsed());
+        let s = &self.stats;
+        match &answer {
+            Ok(a) => {
+                s.ok.fetch_add(1, Ordering::Relaxed);
+                let u = a.usage.unwrap_or_default();
+                for (n, t) in [u.input, u.output, u.cached].into_iter().zip(&s.tokens) {
+                    t.fetch_add(n, Ordering::Relaxed);
+                }
+            }
+            Err(_) => {
+                s.failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        answer.map_err(HandlerError)
     }
 
     /// The message handled, as the model reads it.
