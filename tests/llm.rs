@@ -527,3 +527,50 @@ async fn with_thread_history_the_model_reads_the_earlier_turns_of_the_thread() {
     // The first call had nothing before it.
     assert_eq!(fake.requests()[0]["messages"].as_array().unwrap().len(), 2);
 }
+
+#[tokio::test]
+async fn a_tenants_model_has_no_tool_for_another_tenant_and_cannot_name_one() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(call(
+        "send_beta-worker__Plan",
+        json!({"step": ["x"], "priority": 1}),
+    ))
+    .then(call(
+        "send_beta-worker__Plan",
+        json!({"step": ["x"], "priority": 1}),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
+    let yaml = format!(
+        "organism: {{name: llm, store: memory}}
+models:
+  m: {{base_url: '{url}', model: test-model}}
+listeners:
+  - {{name: planner, description: plans, kind: llm, model: m, system: s, schema: p.xsd, accepts: [Task], outputs: [Plan], tenant: acme, limits: {{max_rounds: 2}}}}
+  - {{name: acme-worker, description: works, kind: native, handler: sink, schema: p.xsd, accepts: [Plan], tenant: acme}}
+  - {{name: beta-worker, description: works, kind: native, handler: sink, schema: p.xsd, accepts: [Plan], tenant: beta}}
+  - {{name: ours, description: works, kind: native, handler: sink, schema: p.xsd, accepts: [Plan]}}
+"
+    );
+    std::fs::write(dir.path().join("o.yaml"), yaml).unwrap();
+    let o = Organism::builder()
+        .load(&dir.path().join("o.yaml"))
+        .unwrap();
+    let ms = ask(&o).await;
+    let requests = fake.requests();
+    let tools: Vec<&str> = requests[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["send_acme-worker__Plan"]);
+    assert_eq!(ms[0].status, MessageStatus::Failed);
+    assert!(ms[0]
+        .error
+        .as_deref()
+        .unwrap()
+        .contains("no tool named `send_beta-worker__Plan`"));
+    assert_eq!(ms.len(), 1, "nothing reached another tenant: {ms:?}");
+}
