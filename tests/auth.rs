@@ -1984,3 +1984,40 @@ async fn rs256_tokens_verify_against_the_jwks() {
     parts[1] = &forged;
     assert_eq!(get(parts.join(".")).await, 401);
 }
+
+/// `GET /models`: never a key; a tenant sees the models its own listeners use.
+#[tokio::test]
+async fn models_show_no_key_and_a_tenant_only_its_own() {
+    // SAFETY: a variable of this test's own, set before anything reads the environment.
+    unsafe { std::env::set_var("AUTH_TEST_MODEL_KEY", "sk-test-0123456789abcdef") };
+    let listeners = "models:
+  acme-model: {base_url: 'http://user:pw@127.0.0.1:9/v1?k=v', model: m1, api_key_env: AUTH_TEST_MODEL_KEY}
+  beta-model: {provider: scripted, responses: [{text: hi}]}
+listeners:
+  - {name: a1, description: acme, kind: llm, model: acme-model, system: s, schema: t.xsd, accepts: [Note], tenant: acme}
+  - {name: b1, description: beta, kind: llm, model: beta-model, system: s, schema: t.xsd, accepts: [Note], tenant: beta}
+";
+    let g = guarded_with(listeners).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let acme = add_tenant_key(&config, "acme-op", Role::Viewer, Some("acme"));
+    let (s, all) = g.get("/api/v1/models", Some(g.key(Role::Viewer))).await;
+    assert_eq!(s, 200, "{all}");
+    let text = all.to_string();
+    assert!(
+        !text.contains("sk-test") && !text.contains("pw") && !text.contains("k=v"),
+        "{text}"
+    );
+    let names: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["acme-model", "beta-model"]);
+    assert_eq!(all["items"][0]["api_key_env"], "AUTH_TEST_MODEL_KEY");
+    let (s, mine) = g.get("/api/v1/models", Some(&acme)).await;
+    assert_eq!(s, 200);
+    assert_eq!(mine["items"].as_array().unwrap().len(), 1, "{mine}");
+    assert_eq!(mine["items"][0]["name"], "acme-model");
+    assert_eq!(mine["items"][0]["listeners"], json!(["a1"]));
+}

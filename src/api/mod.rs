@@ -51,6 +51,7 @@ pub mod keys;
 mod messages;
 mod metrics;
 mod mirror;
+mod models;
 mod rest;
 mod sanitize;
 mod schema;
@@ -308,6 +309,7 @@ fn router(
     let (routes, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(rest::get_organism))
         .routes(routes!(rest::me))
+        .routes(routes!(models::list_models))
         .routes(routes!(rest::get_organism_config))
         .routes(routes!(rest::list_agents))
         .routes(routes!(rest::get_agent))
