@@ -15,10 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::diff::{ReloadProblem, ReloadReport};
 use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout};
-use crate::threads::{
-    InputKind, InputRow, InputStatus, MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo,
-    ThreadStatus,
-};
+pub(super) use super::event_wire_input::WireInput;
+use crate::threads::{MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo, ThreadStatus};
 use crate::time::Timestamp;
 
 /// The version of the format this build writes (and the newest it reads).
@@ -282,89 +280,6 @@ impl From<WireMessage> for MessageRecord {
             timestamp: m.timestamp,
             seq: 0,
         }
-    }
-}
-
-/// An input (`threads::InputRow`) on the stream.
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct WireInput {
-    id: String,
-    kind: InputKind,
-    status: InputStatus,
-    thread_id: String,
-    message_id: String,
-    listener: String,
-    tenant: Option<String>,
-    from: String,
-    parent_id: Option<String>,
-    slot_index: u64,
-    payload_type: String,
-    payload_xml: String,
-    prompt: Option<String>,
-    requested_by: Option<String>,
-    created: Timestamp,
-    expires: Option<Timestamp>,
-    decided_by: Option<String>,
-    decided: Option<Timestamp>,
-    decision: Option<String>,
-    reason: Option<String>,
-    result: Option<String>,
-}
-
-impl From<&InputRow> for WireInput {
-    fn from(r: &InputRow) -> Self {
-        let r = r.clone();
-        WireInput {
-            id: r.id,
-            kind: r.kind,
-            status: r.status,
-            thread_id: r.thread_id,
-            message_id: r.message_id,
-            listener: r.listener,
-            tenant: r.tenant,
-            from: r.from,
-            parent_id: r.parent_id,
-            slot_index: r.slot_index,
-            payload_type: r.payload_type,
-            payload_xml: r.payload_xml,
-            prompt: r.prompt,
-            requested_by: r.requested_by,
-            created: r.created,
-            expires: r.expires,
-            decided_by: r.decided_by,
-            decided: r.decided,
-            decision: r.decision,
-            reason: r.reason,
-            result: r.result,
-        }
-    }
-}
-
-impl From<WireInput> for Box<InputRow> {
-    fn from(r: WireInput) -> Self {
-        Box::new(InputRow {
-            id: r.id,
-            kind: r.kind,
-            status: r.status,
-            thread_id: r.thread_id,
-            message_id: r.message_id,
-            listener: r.listener,
-            tenant: r.tenant,
-            from: r.from,
-            parent_id: r.parent_id,
-            slot_index: r.slot_index,
-            payload_type: r.payload_type,
-            payload_xml: r.payload_xml,
-            prompt: r.prompt,
-            requested_by: r.requested_by,
-            created: r.created,
-            expires: r.expires,
-            decided_by: r.decided_by,
-            decided: r.decided,
-            decision: r.decision,
-            reason: r.reason,
-            result: r.result,
-        })
     }
 }
 

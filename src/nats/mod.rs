@@ -26,6 +26,7 @@
 //! a placed listener none has announced itself for lately ([`Placed::unserved`]).
 
 pub mod event_wire;
+mod event_wire_input;
 #[cfg(test)]
 mod format_tests;
 mod link;
