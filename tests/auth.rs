@@ -2020,4 +2020,28 @@ listeners:
     assert_eq!(mine["items"].as_array().unwrap().len(), 1, "{mine}");
     assert_eq!(mine["items"][0]["name"], "acme-model");
     assert_eq!(mine["items"][0]["listeners"], json!(["a1"]));
+
+    // `GET /usage`: beta's call is beta's, and acme's credential does not see it.
+    let (s, _, r) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/inject",
+            Some(g.key(Role::Operator)),
+            Some(json!({"to": "b1", "payload_xml": "<Note>x</Note>"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{r}");
+    settle(&g.organism, r["thread_id"].as_str().unwrap()).await;
+    let (_, all) = g
+        .get(
+            "/api/v1/usage?group_by=tenant,listener",
+            Some(g.key(Role::Viewer)),
+        )
+        .await;
+    assert_eq!(all["items"][0]["tenant"], "beta", "{all}");
+    assert_eq!(all["items"][0]["calls"], 1);
+    for q in ["", "?tenant=beta", "?group_by=tenant"] {
+        let (s, mine) = g.get(&format!("/api/v1/usage{q}"), Some(&acme)).await;
+        assert_eq!((s, &mine["items"]), (200, &json!([])), "{q}");
+    }
 }

@@ -574,3 +574,79 @@ listeners:
         .contains("no tool named `send_beta-worker__Plan`"));
     assert_eq!(ms.len(), 1, "nothing reached another tenant: {ms:?}");
 }
+
+#[tokio::test]
+async fn each_call_is_accounted_as_reported_or_estimated_and_pruning_changes_nothing() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    // Reported usage (10 in, 5 out), then an answer without any.
+    fake.then(call(
+        "send_worker__Plan",
+        json!({"step": ["a"], "priority": 1}),
+    ))
+    .then(text("no usage here"));
+    let (o, d) = organism_stored(&url, "", "data.db");
+    let server = agentserver::api::ApiServer::bind(
+        o.clone(),
+        "127.0.0.1:0",
+        agentserver::api::ApiOptions::default(),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", server.local_addr());
+    let mut ws = ws_connect(&format!("ws://{}/ws", server.local_addr())).await;
+    next_json(&mut ws).await;
+    ask(&o).await;
+    ask(&o).await;
+    let seen = read_until(&mut ws, |f| f["event"] == "usage" && f["estimated"] == true).await;
+    let first = seen.iter().find(|f| f["event"] == "usage").unwrap();
+    assert_eq!(
+        (
+            &first["listener"],
+            &first["model"],
+            &first["input_tokens"],
+            &first["output_tokens"]
+        ),
+        (&json!("planner"), &json!("m"), &json!(10), &json!(5))
+    );
+    let usage = |q: &str| {
+        let url = format!("{base}/api/v1/usage{q}");
+        async move { http_get(url).await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let by = usage("?group_by=listener,model").await;
+    let row = &by["items"][0];
+    assert_eq!(by["items"].as_array().unwrap().len(), 1, "{by}");
+    assert_eq!(
+        (&row["listener"], &row["model"], &row["calls"]),
+        (&json!("planner"), &json!("m"), &json!(2))
+    );
+    assert_eq!(row["estimated_calls"], 1);
+    let input = row["input_tokens"].as_u64().unwrap();
+    assert!(input > 10, "the estimated call adds its prompt: {input}");
+    let r = http_get(format!("{base}/api/v1/usage?group_by=week"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let r = http_get(format!("{base}/api/v1/usage?from=yesterday"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+
+    // After a restart and a retention that prunes every message, the account is the same.
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    let path = d.path().join("data.db");
+    let mut opened = None;
+    wait_until_async("the store is let go", || {
+        opened = agentserver::store::Store::open(&path).ok();
+        std::future::ready(opened.is_some())
+    })
+    .await;
+    let store = opened.unwrap();
+    store.prune(Some(0), None).unwrap();
+    let q = agentserver::store::usage::UsageQuery::default();
+    let all = store.usage(&q).unwrap();
+    assert_eq!(all.len(), 1);
+    assert_eq!((all[0].calls, all[0].input_tokens), (2, input));
+}

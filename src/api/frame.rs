@@ -139,6 +139,29 @@ impl<'a> From<&'a crate::events::Delta> for DeltaFrame<'a> {
     }
 }
 
+/// A `usage`'s fields.
+struct UsageFrame<'a>(&'a crate::events::Usage);
+
+impl Serialize for UsageFrame<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let u = self.0;
+        let mut m = s.serialize_map(Some(11))?;
+        m.serialize_entry("tenant", &u.tenant)?;
+        m.serialize_entry("listener", &*u.listener)?;
+        m.serialize_entry("thread_id", &*u.thread_id)?;
+        m.serialize_entry("message_id", &*u.message_id)?;
+        m.serialize_entry("model", &u.model)?;
+        m.serialize_entry("input_tokens", &u.input_tokens)?;
+        m.serialize_entry("output_tokens", &u.output_tokens)?;
+        m.serialize_entry("cached_tokens", &u.cached_tokens)?;
+        m.serialize_entry("cost_micros", &u.cost_micros)?;
+        m.serialize_entry("estimated", &u.estimated)?;
+        m.serialize_entry("ms", &u.ms)?;
+        m.end()
+    }
+}
+
 /// What happened. Shapes follow the seed API (`001_…txt`) with our additions.
 #[derive(Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -206,6 +229,7 @@ enum Kind<'a> {
         message: &'a str,
     },
     Delta(DeltaFrame<'a>),
+    Usage(UsageFrame<'a>),
     Audit {
         who: Option<&'a str>,
         action: &'a str,
@@ -321,6 +345,7 @@ impl<'a> Kind<'a> {
                 message,
             },
             EventKind::Delta(d) => Kind::Delta(d.into()),
+            EventKind::Usage(u) => Kind::Usage(UsageFrame(u)),
             EventKind::Audit {
                 who,
                 action,

@@ -57,6 +57,7 @@ mod sanitize;
 mod schema;
 pub(crate) mod stream;
 mod test_vectors;
+mod usage;
 pub mod view;
 mod whole;
 mod ws;
@@ -310,6 +311,7 @@ fn router(
         .routes(routes!(rest::get_organism))
         .routes(routes!(rest::me))
         .routes(routes!(models::list_models))
+        .routes(routes!(usage::get_usage))
         .routes(routes!(rest::get_organism_config))
         .routes(routes!(rest::list_agents))
         .routes(routes!(rest::get_agent))

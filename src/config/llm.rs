@@ -39,7 +39,28 @@ pub(crate) struct ModelSection {
     api_key_env: Option<String>,
     timeout_ms: Option<u64>,
     max_concurrency: Option<usize>,
+    price: Option<Price>,
     responses: Option<Vec<TurnSection>>,
+}
+
+/// What a model's tokens cost, per million, in the operator's currency (`usage`'s
+/// `cost_micros` is in millionths of it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    #[serde(default)]
+    pub input_per_mtok: f64,
+    #[serde(default)]
+    pub output_per_mtok: f64,
+}
+
+impl Price {
+    /// The cost of `input` and `output` tokens, in millionths (of a currency unit per million
+    /// tokens, so one token at a price of 1.0 costs 1).
+    pub fn micros(&self, input: u64, output: u64) -> u64 {
+        let cost = input as f64 * self.input_per_mtok + output as f64 * self.output_per_mtok;
+        cost.round().clamp(0.0, u64::MAX as f64) as u64
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -67,8 +88,10 @@ pub struct ModelConfig {
     pub provider: Provider,
     /// How long one call may take.
     pub timeout: Duration,
-    /// Calls to it at once, from all the listeners that use it.
+    /// Calls to it at once, from one listener.
     pub max_concurrency: usize,
+    /// What its tokens cost (none: 0).
+    pub price: Price,
 }
 
 /// Who answers.
@@ -178,6 +201,10 @@ fn model(name: &str, m: ModelSection, c: &mut Collector) -> Option<ModelConfig> 
         c.push(None, Some(&key("timeout_ms")), "must be at least 1");
     }
     let max_concurrency = m.max_concurrency.unwrap_or(DEFAULT_MODEL_CONCURRENCY);
+    let price = m.price.unwrap_or_default();
+    if !(price.input_per_mtok >= 0.0 && price.output_per_mtok >= 0.0) {
+        c.push(None, Some(&key("price")), "prices are 0 or more");
+    }
     if max_concurrency == 0 {
         c.push(None, Some(&key("max_concurrency")), "must be at least 1");
     }
@@ -240,6 +267,7 @@ fn model(name: &str, m: ModelSection, c: &mut Collector) -> Option<ModelConfig> 
         provider,
         timeout: Duration::from_millis(timeout_ms),
         max_concurrency,
+        price,
     })
 }
 

@@ -258,6 +258,9 @@ pub enum EventKind {
     /// A piece of a model's answer as it streams (`kind: llm` with `stream: true`):
     /// ephemeral, never stored or counted as a message; the final message is the record.
     Delta(Delta),
+    /// One call of a `kind: llm` listener to its model: what it took (stored, and summed
+    /// by day for `/usage`).
+    Usage(Box<Usage>),
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -285,6 +288,7 @@ impl EventKind {
             EventKind::Audit { .. } => "audit",
             EventKind::Deployment { .. } => "deployment",
             EventKind::Delta { .. } => "delta",
+            EventKind::Usage(_) => "usage",
         }
     }
 
@@ -302,6 +306,7 @@ impl EventKind {
                 Some(&input.thread_id)
             }
             EventKind::Delta(d) => Some(&d.thread_id),
+            EventKind::Usage(u) => Some(&u.thread_id),
             EventKind::AgentState { .. }
             | EventKind::OrganismState { .. }
             | EventKind::Reload { .. }
@@ -324,6 +329,7 @@ impl EventKind {
             EventKind::Reload { agent, .. } => agent.as_deref().into_iter().collect(),
             EventKind::Deployment { agent, .. } => vec![agent.as_str()],
             EventKind::Delta(d) => vec![&*d.agent],
+            EventKind::Usage(u) => vec![&*u.listener],
             EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
                 vec![input.listener.as_str()]
             }
@@ -333,7 +339,7 @@ impl EventKind {
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 14] = [
+pub const EVENT_NAMES: [&str; 15] = [
     "agent_state",
     "message",
     "message_status",
@@ -348,7 +354,27 @@ pub const EVENT_NAMES: [&str; 14] = [
     "input_requested",
     "input_resolved",
     "delta",
+    "usage",
 ];
+
+/// One call to a model, accounted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Usage {
+    pub tenant: Option<String>,
+    pub listener: Arc<str>,
+    pub thread_id: Arc<str>,
+    /// The message being handled.
+    pub message_id: Arc<str>,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// By the model's `price`, in millionths of its currency unit (0 without a price).
+    pub cost_micros: u64,
+    /// The server reported no usage: the tokens are estimated (about 4 bytes a token).
+    pub estimated: bool,
+    pub ms: u64,
+}
 
 /// A piece of a model's answer as it streams.
 #[derive(Debug, Clone)]

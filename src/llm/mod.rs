@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 use crate::config::llm::{read_system, LlmConfig, SystemPrompt};
 use crate::config::ListenerConfig;
-use crate::events::{Delta, DeltaKind, EventHub, EventKind};
+use crate::events::{Delta, DeltaKind, EventHub, EventKind, Usage};
 use crate::listener::OutputTargets;
 use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerResult, Output};
 use crate::schema::Schema;
@@ -191,7 +191,7 @@ impl Inner {
         let mut outputs = Vec::new();
         let mut refused: Vec<String> = Vec::new();
         for _ in 0..self.config.max_rounds {
-            let answer = self.call(&messages, &ask).await?;
+            let answer = self.call(&d, &messages, &ask).await?;
             if answer.tool_calls.is_empty() {
                 if !refused.is_empty() {
                     break;
@@ -244,12 +244,14 @@ impl Inner {
     /// One call, counted.
     async fn call(
         &self,
+        d: &Delivery,
         messages: &[Value],
         ask: &chat::Ask<'_>,
     ) -> Result<chat::Answer, HandlerError> {
         let started = std::time::Instant::now();
         let answer = self.model.call(messages, ask).await;
-        self.stats.time.record(started.elapsed());
+        let took = started.elapsed();
+        self.stats.time.record(took);
         let s = &self.stats;
         match &answer {
             Ok(a) => {
@@ -258,12 +260,55 @@ impl Inner {
                 for (n, t) in [u.input, u.output, u.cached].into_iter().zip(&s.tokens) {
                     t.fetch_add(n, Ordering::Relaxed);
                 }
+                self.account(d, messages, a, took);
             }
             Err(_) => {
                 s.failed.fetch_add(1, Ordering::Relaxed);
             }
         }
         answer.map_err(HandlerError)
+    }
+
+    /// Publishes what a call took (`usage`): as the server reported it, or estimated at
+    /// about 4 bytes a token from what was sent and answered.
+    fn account(
+        &self,
+        d: &Delivery,
+        messages: &[Value],
+        a: &chat::Answer,
+        took: std::time::Duration,
+    ) {
+        let (input, output, cached, estimated) = match a.usage {
+            Some(u) => (u.input, u.output, u.cached, false),
+            None => {
+                let sent: usize = messages.iter().map(|m| m.to_string().len()).sum();
+                let answered = a.text.as_deref().map_or(0, str::len)
+                    + a.tool_calls
+                        .iter()
+                        .map(|c| c.name.len() + c.arguments.len())
+                        .sum::<usize>();
+                (
+                    sent.div_ceil(4) as u64,
+                    answered.div_ceil(4) as u64,
+                    0,
+                    true,
+                )
+            }
+        };
+        let model = &self.config.model;
+        self.events.publish(EventKind::Usage(Box::new(Usage {
+            tenant: self.me.tenant.clone(),
+            listener: self.me.name.arc(),
+            thread_id: d.meta.thread_id.clone(),
+            message_id: d.meta.message_id.clone(),
+            model: model.name.clone(),
+            input_tokens: input,
+            output_tokens: output,
+            cached_tokens: cached,
+            cost_micros: model.price.micros(input, output),
+            estimated,
+            ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+        })));
     }
 
     /// The message handled, as the model reads it.

@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::diff::{ReloadProblem, ReloadReport};
-use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout};
 pub(super) use super::event_wire_input::WireInput;
+use crate::config::diff::{ReloadProblem, ReloadReport};
+use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout, Usage};
 use crate::threads::{MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo, ThreadStatus};
 use crate::time::Timestamp;
 
@@ -94,6 +94,60 @@ pub(super) enum WireKind {
         message: String,
     },
     Delta(WireDelta),
+    Usage(WireUsage),
+}
+
+/// A `usage` on the stream: the same fields.
+#[derive(Debug, Serialize, Deserialize)]
+pub(super) struct WireUsage {
+    tenant: Option<String>,
+    listener: Arc<str>,
+    thread_id: Arc<str>,
+    message_id: Arc<str>,
+    model: String,
+    input_tokens: u64,
+    output_tokens: u64,
+    cached_tokens: u64,
+    cost_micros: u64,
+    estimated: bool,
+    ms: u64,
+}
+
+impl From<&Usage> for WireUsage {
+    fn from(u: &Usage) -> Self {
+        let u = u.clone();
+        WireUsage {
+            tenant: u.tenant,
+            listener: u.listener,
+            thread_id: u.thread_id,
+            message_id: u.message_id,
+            model: u.model,
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cached_tokens: u.cached_tokens,
+            cost_micros: u.cost_micros,
+            estimated: u.estimated,
+            ms: u.ms,
+        }
+    }
+}
+
+impl From<WireUsage> for Usage {
+    fn from(u: WireUsage) -> Self {
+        Usage {
+            tenant: u.tenant,
+            listener: u.listener,
+            thread_id: u.thread_id,
+            message_id: u.message_id,
+            model: u.model,
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cached_tokens: u.cached_tokens,
+            cost_micros: u.cost_micros,
+            estimated: u.estimated,
+            ms: u.ms,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -470,6 +524,7 @@ impl From<&EventKind> for WireKind {
                 message: message.clone(),
             },
             EventKind::Delta(d) => WireKind::Delta(d.into()),
+            EventKind::Usage(u) => WireKind::Usage((&**u).into()),
         }
     }
 }
@@ -583,6 +638,7 @@ impl From<WireKind> for EventKind {
                 message,
             },
             WireKind::Delta(d) => EventKind::Delta(d.into()),
+            WireKind::Usage(u) => EventKind::Usage(Box::new(u.into())),
         }
     }
 }

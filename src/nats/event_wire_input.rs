@@ -87,4 +87,3 @@ impl From<WireInput> for Box<InputRow> {
         })
     }
 }
-

@@ -116,6 +116,17 @@ impl<'a> History<'a> {
         store.replay(since, until, max_messages, max_bytes)
     }
 
+    /// The usage account's sums ([`crate::store::Store::usage`]), once the store has every
+    /// call published so far; `None` without a store.
+    pub fn usage(
+        self,
+        q: &crate::store::usage::UsageQuery,
+    ) -> Option<Result<Vec<crate::store::usage::UsageRow>, crate::store::StoreError>> {
+        let store = self.organism.shared.store.as_ref()?;
+        store.catch_up(READ_CATCH_UP);
+        Some(store.usage(q))
+    }
+
     /// A thread's messages from slot `from` on, in slot order: at most `limit`, and no more
     /// than fit in `max_bytes` of payloads (at least one); and whether more follow. Read by
     /// slot (no count, no offset): from memory where the organism holds them, else from the

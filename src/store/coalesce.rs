@@ -103,6 +103,8 @@ pub(super) enum Write<'a> {
     InputDecided(&'a crate::threads::InputRow),
     /// An idempotency key's record, and the time before which older ones go.
     Key(&'a super::idempotency::KeyRow, Timestamp),
+    /// A call to a model, and when it was published.
+    Usage(&'a crate::events::Usage, Timestamp),
 }
 
 impl<'a> Write<'a> {
@@ -181,6 +183,7 @@ impl<'a> Write<'a> {
             },
             EventKind::InputRequested { input } => Write::InputOpened(input),
             EventKind::InputResolved { input } => Write::InputDecided(input),
+            EventKind::Usage(u) => Write::Usage(u, event.timestamp),
             _ => return None,
         })
     }
@@ -361,7 +364,9 @@ impl Index<'_> {
             }
             // Made by `touch`, never read from an operation.
             Write::Seq(_) | Write::Touch { .. } => None,
-            Write::InputOpened(_) | Write::InputDecided(_) | Write::Key(..) => None,
+            Write::InputOpened(_) | Write::InputDecided(_) | Write::Key(..) | Write::Usage(..) => {
+                None
+            }
         }
     }
 }

@@ -91,6 +91,7 @@ mod query;
 mod replay;
 #[cfg(test)]
 mod tests;
+pub mod usage;
 pub mod watched;
 mod writer;
 mod writes;
@@ -408,6 +409,7 @@ impl Store {
                 | EventKind::ThreadUpdated { .. }
                 | EventKind::InputRequested { .. }
                 | EventKind::InputResolved { .. }
+                | EventKind::Usage(_)
         ) {
             self.send(Op::Event(event.clone()));
         }

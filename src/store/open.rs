@@ -326,6 +326,38 @@ CREATE TABLE event_marks (
     message_seq INTEGER NOT NULL
 );
 "#,
+    // v15: the usage account (`store::usage`): each call of an LLM listener, and each
+    // day's sums.
+    r#"
+CREATE TABLE usage (
+    ts INTEGER NOT NULL,
+    tenant TEXT,
+    listener TEXT NOT NULL,
+    thread TEXT NOT NULL,
+    message_id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_micros INTEGER NOT NULL,
+    estimated INTEGER NOT NULL,
+    ms INTEGER NOT NULL
+);
+CREATE INDEX usage_ts ON usage(ts);
+CREATE TABLE usage_daily (
+    day TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    listener TEXT NOT NULL,
+    model TEXT NOT NULL,
+    calls INTEGER NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL,
+    cost_micros INTEGER NOT NULL,
+    estimated_calls INTEGER NOT NULL,
+    PRIMARY KEY (day, tenant, listener, model)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

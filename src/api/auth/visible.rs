@@ -99,6 +99,7 @@ pub fn sees_event(
         EventKind::AgentState { agent, .. } => scope.sees(agent),
         EventKind::Log { agent, .. } => scope.sees(agent),
         EventKind::Delta(d) => scope.sees(&d.agent),
+        EventKind::Usage(u) => scope.sees(&u.listener),
         EventKind::Message { message } => scope.sees_message(&message.from, message.to.as_deref()),
         EventKind::MessageStatus { about: Some(a), .. } => {
             scope.sees_message(&a.from, a.to.as_deref())
