@@ -650,3 +650,104 @@ async fn each_call_is_accounted_as_reported_or_estimated_and_pruning_changes_not
     assert_eq!(all.len(), 1);
     assert_eq!((all[0].calls, all[0].input_tokens), (2, input));
 }
+
+#[tokio::test]
+async fn a_tenants_day_budget_refuses_a_call_before_it_is_made_and_then_injects() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(Next::Hang).then(Next::Json(json!({
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "done"}}],
+        "usage": {"prompt_tokens": 900, "completion_tokens": 200}
+    })));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
+    let yaml = format!(
+        "organism: {{name: llm, store: data.db}}
+tenants:
+  acme: {{tokens_per_day: 1000}}
+models:
+  m: {{base_url: '{url}', model: test-model, timeout_ms: 500}}
+listeners:
+  - {{name: planner, description: plans, kind: llm, model: m, system: s, schema: p.xsd, accepts: [Task], tenant: acme, concurrency: 2, limits: {{max_tokens: 600}}}}
+"
+    );
+    std::fs::write(dir.path().join("o.yaml"), yaml).unwrap();
+    let o = Organism::builder()
+        .load(&dir.path().join("o.yaml"))
+        .unwrap();
+    // Two at once: the first holds about 600 + its prompt of the 1,000; the second cannot.
+    let a = inject(&o, "planner", "<Task><goal>a</goal></Task>", None);
+    let b = inject(&o, "planner", "<Task><goal>b</goal></Task>", None);
+    settle(&o, &a.thread_id).await;
+    settle(&o, &b.thread_id).await;
+    let errors: Vec<String> = [&a, &b]
+        .iter()
+        .map(|r| {
+            messages(&o, &r.thread_id)[0]
+                .error
+                .clone()
+                .unwrap_or_default()
+        })
+        .collect();
+    let refused: Vec<&String> = errors.iter().filter(|e| e.contains("budget:")).collect();
+    assert_eq!(refused.len(), 1, "{errors:?}");
+    assert!(
+        refused[0].contains("tenants.acme.tokens_per_day (1000 tokens) reached; resets 20"),
+        "{}",
+        refused[0]
+    );
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "the refused call never reached the server"
+    );
+
+    // A call that takes 1,100 tokens uses the day up: injects wait, saying until when.
+    let c = inject(&o, "planner", "<Task><goal>c</goal></Task>", None);
+    settle(&o, &c.thread_id).await;
+    let server = agentserver::api::ApiServer::bind(
+        o.clone(),
+        "127.0.0.1:0",
+        agentserver::api::ApiOptions::default(),
+    )
+    .await
+    .unwrap();
+    let r = http()
+        .post(format!("http://{}/api/v1/inject", server.local_addr()))
+        .json(&json!({"to": "planner", "payload_xml": "<Task><goal>d</goal></Task>"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=86_400).contains(&wait), "{wait}");
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "budget_exhausted");
+    assert_eq!(body["error"]["where"], "tenants.acme.tokens_per_day");
+
+    // After a restart the day is still used up: its use is read from the usage account.
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    let mut again = None;
+    wait_until_async("the store is let go", || {
+        again = Organism::builder().load(&dir.path().join("o.yaml")).ok();
+        std::future::ready(again.is_some())
+    })
+    .await;
+    let o = again.unwrap();
+    let refused = o.inject(agentserver::InjectRequest {
+        from: "api".into(),
+        to: "planner".into(),
+        payload_xml: "<Task><goal>e</goal></Task>".into(),
+        thread_id: None,
+    });
+    assert!(
+        matches!(refused, Err(agentserver::InjectError::BudgetExhausted(_))),
+        "{refused:?}"
+    );
+}

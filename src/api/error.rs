@@ -197,6 +197,7 @@ impl From<InjectError> for ApiError {
             InjectError::MessageIdTaken(_) => (StatusCode::CONFLICT, "message_id_taken"),
             InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
             InjectError::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed"),
+            InjectError::BudgetExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
         };
         let mut err = ApiError::new(status, code, message);
         match e {
@@ -212,6 +213,11 @@ impl From<InjectError> for ApiError {
             }
             InjectError::Malformed(_) => err = err.at("payload"),
             InjectError::Thread(ThreadError::InvalidId) => err = err.at("thread_id"),
+            InjectError::BudgetExhausted(b) => {
+                err = err
+                    .at(format!("tenants.{}.{}", b.tenant, b.key))
+                    .retry_after(std::time::Duration::from_secs(b.retry_after));
+            }
             _ => {}
         }
         err

@@ -16,6 +16,7 @@
 //! scripted list of answers for demos and tests. It implements `listener::Handler`, so it
 //! runs on workers too.
 
+mod budget;
 mod chat;
 mod context;
 mod tools;
@@ -33,6 +34,7 @@ use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerRes
 use crate::schema::Schema;
 use crate::xml::{normalize_payload, XmlLimits};
 
+pub use budget::{Budgets, Exhausted, Reservation, UsageSource};
 pub use chat::MAX_ANSWER_BYTES;
 pub use context::{ThreadHistory, MAX_CONTEXT_BYTES};
 
@@ -54,6 +56,8 @@ struct Inner {
     events: Arc<EventHub>,
     /// The threads' messages, for `context: {history: thread}`.
     history: Option<Arc<dyn ThreadHistory>>,
+    /// Its tenant's token budget.
+    budgets: Option<Arc<Budgets>>,
     stats: Stats,
 }
 
@@ -73,6 +77,7 @@ impl LlmHandler {
         max_output: usize,
         events: Arc<EventHub>,
         history: Option<Arc<dyn ThreadHistory>>,
+        budgets: Option<Arc<Budgets>>,
     ) -> Result<LlmHandler, String> {
         let config = me
             .llm
@@ -88,6 +93,7 @@ impl LlmHandler {
             max_output,
             events,
             history,
+            budgets,
             stats: Stats::default(),
         })))
     }
@@ -248,6 +254,18 @@ impl Inner {
         messages: &[Value],
         ask: &chat::Ask<'_>,
     ) -> Result<chat::Answer, HandlerError> {
+        // What the call may take, held against the tenant's budget before it is made.
+        let reserved = match (&self.budgets, self.me.tenant.as_deref()) {
+            (Some(b), Some(t)) => {
+                let sent: usize = messages.iter().map(|m| m.to_string().len()).sum();
+                let may_take = sent.div_ceil(4) as u64 + u64::from(ask.max_tokens);
+                Some(
+                    b.reserve(t, may_take)
+                        .map_err(|e| HandlerError(e.to_string()))?,
+                )
+            }
+            _ => None,
+        };
         let started = std::time::Instant::now();
         let answer = self.model.call(messages, ask).await;
         let took = started.elapsed();
@@ -260,10 +278,16 @@ impl Inner {
                 for (n, t) in [u.input, u.output, u.cached].into_iter().zip(&s.tokens) {
                     t.fetch_add(n, Ordering::Relaxed);
                 }
-                self.account(d, messages, a, took);
+                let used = self.account(d, messages, a, took);
+                if let (Some(b), Some(r)) = (&self.budgets, reserved) {
+                    b.settle(r, used);
+                }
             }
             Err(_) => {
                 s.failed.fetch_add(1, Ordering::Relaxed);
+                if let (Some(b), Some(r)) = (&self.budgets, reserved) {
+                    b.settle(r, 0);
+                }
             }
         }
         answer.map_err(HandlerError)
@@ -277,7 +301,7 @@ impl Inner {
         messages: &[Value],
         a: &chat::Answer,
         took: std::time::Duration,
-    ) {
+    ) -> u64 {
         let (input, output, cached, estimated) = match a.usage {
             Some(u) => (u.input, u.output, u.cached, false),
             None => {
@@ -309,6 +333,7 @@ impl Inner {
             estimated,
             ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
         })));
+        input + output
     }
 
     /// The message handled, as the model reads it.

@@ -203,8 +203,13 @@ impl OrganismBuilder {
             .nats
             .as_ref()
             .map(|n| crate::nats::Placed::start(n, &config.name, stopped.clone()));
+        let usage = store
+            .clone()
+            .map(|s| Arc::new(super::history::StoredUsage(s)) as Arc<dyn crate::llm::UsageSource>);
+        let budgets = Arc::new(crate::llm::Budgets::new(config.tenants.clone(), usage));
         let shared = Arc::new_cyclic(|me| Shared {
             history: Arc::new(super::history::ThreadLog(me.clone())),
+            budgets,
             placed,
             // Listeners are built below, by the same code a reload uses.
             topology: std::sync::RwLock::new(Arc::new(Topology {

@@ -263,6 +263,24 @@ impl crate::llm::ThreadHistory for ThreadLog {
     }
 }
 
+/// The usage account as budgets read it: a tenant's tokens between two days.
+pub(super) struct StoredUsage(pub(super) Arc<crate::store::Store>);
+
+impl crate::llm::UsageSource for StoredUsage {
+    fn used(&self, tenant: &str, from: &str, to: &str) -> u64 {
+        self.0.catch_up(READ_CATCH_UP);
+        let q = crate::store::usage::UsageQuery {
+            from: Some(from.to_string()),
+            to: Some(to.to_string()),
+            tenant: Some(tenant.to_string()),
+            ..Default::default()
+        };
+        self.0.usage(&q).map_or(0, |rows| {
+            rows.iter().map(|r| r.input_tokens + r.output_tokens).sum()
+        })
+    }
+}
+
 /// The first of `messages` that fit in `limit` and in `max_bytes` with `used` taken (at
 /// least one when nothing is), and whether any is left.
 fn within(

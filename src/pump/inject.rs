@@ -101,6 +101,14 @@ impl Organism {
                 s.adopt_stored(id);
             }
         }
+        // A tenant's LLM listener waits while a window of its tenant's budget is used up.
+        if let (crate::config::ListenerKind::Llm, Some(t)) =
+            (listener.config.kind, listener.config.tenant.as_deref())
+        {
+            if let Some(e) = s.budgets.exhausted(t) {
+                return Err(InjectError::BudgetExhausted(e));
+            }
+        }
         let pending = s.load.pending.load(Ordering::SeqCst);
         if pending >= s.limits.max_pending_messages {
             return Err(InjectError::Overloaded {

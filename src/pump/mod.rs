@@ -165,6 +165,8 @@ pub enum InjectError {
     StoreBehind,
     #[error("the message store cannot write, so nothing new is accepted: {0}")]
     StoreFailed(String),
+    #[error("{0}")]
+    BudgetExhausted(crate::llm::Exhausted),
 }
 
 /// What an inject does to a thread with work queued or running ([`Control::steer`]).
@@ -327,6 +329,8 @@ pub(crate) struct Topology {
 pub(crate) struct Shared {
     /// Threads' messages as handlers read them (an LLM's context).
     history: Arc<dyn crate::llm::ThreadHistory>,
+    /// Tenants' token budgets, for their LLM listeners' calls.
+    budgets: Arc<crate::llm::Budgets>,
     topology: std::sync::RwLock<Arc<Topology>>,
     /// Organism-wide limits: fixed for the process (changing them needs a restart).
     limits: config::Limits,

@@ -140,6 +140,7 @@ impl Shared {
                 events: &self.events,
                 callbacks: &self.external.callbacks,
                 history: Some(&self.history),
+                budgets: Some(&self.budgets),
             },
             previous,
         )
@@ -230,6 +231,7 @@ impl Shared {
             order.push(l);
         }
         self.reloading.lua_targets.set(&config);
+        self.budgets.set(config.tenants.clone());
         let retention_changed = config.retention != current.config.retention;
         let next = Arc::new(Topology {
             config: Arc::new(config),
@@ -516,6 +518,8 @@ pub(crate) struct HandlerParts<'a> {
     /// Threads' messages, for an LLM's context (a worker has none: its LLM listeners see
     /// only the message they handle).
     pub history: Option<&'a Arc<dyn crate::llm::ThreadHistory>>,
+    /// Tenants' token budgets (a worker keeps none: its calls are accounted, not limited).
+    pub budgets: Option<&'a Arc<crate::llm::Budgets>>,
 }
 
 /// Builds the handler that runs a listener in this process, whatever its placement (a
@@ -549,6 +553,7 @@ pub(crate) fn local_handler(
             parts.max_message_bytes,
             parts.events.clone(),
             parts.history.cloned(),
+            parts.budgets.cloned(),
         )
         .map(|h| Arc::new(h) as Arc<dyn Handler>),
     }

@@ -94,6 +94,7 @@ fn build(
         events,
         callbacks: &callbacks,
         history: None,
+        budgets: None,
     };
     let mut served = HashMap::new();
     for name in names {
