@@ -1990,7 +1990,10 @@ async fn rs256_tokens_verify_against_the_jwks() {
 async fn models_show_no_key_and_a_tenant_only_its_own() {
     // SAFETY: a variable of this test's own, set before anything reads the environment.
     unsafe { std::env::set_var("AUTH_TEST_MODEL_KEY", "sk-test-0123456789abcdef") };
-    let listeners = "models:
+    let listeners = "tenants:
+  acme: {tokens_per_day: 100000}
+  beta: {tokens_per_month: 200000}
+models:
   acme-model: {base_url: 'http://user:pw@127.0.0.1:9/v1?k=v', model: m1, api_key_env: AUTH_TEST_MODEL_KEY}
   beta-model: {provider: scripted, responses: [{text: hi}]}
 listeners:
@@ -2044,4 +2047,28 @@ listeners:
         let (s, mine) = g.get(&format!("/api/v1/usage{q}"), Some(&acme)).await;
         assert_eq!((s, &mine["items"]), (200, &json!([])), "{q}");
     }
+    // Budgets: each tenant's windows; acme's credential sees acme's.
+    let tenants = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                format!(
+                    "{}.{}",
+                    w["tenant"].as_str().unwrap(),
+                    w["key"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let (_, all) = g
+        .get("/api/v1/usage/budgets", Some(g.key(Role::Viewer)))
+        .await;
+    assert_eq!(
+        tenants(&all),
+        ["acme.tokens_per_day", "beta.tokens_per_month"]
+    );
+    let (_, mine) = g.get("/api/v1/usage/budgets", Some(&acme)).await;
+    assert_eq!(tenants(&mine), ["acme.tokens_per_day"]);
 }

@@ -728,6 +728,32 @@ listeners:
     let body: Value = r.json().await.unwrap();
     assert_eq!(body["error"]["code"], "budget_exhausted");
     assert_eq!(body["error"]["where"], "tenants.acme.tokens_per_day");
+    let b: Value = http_get(format!(
+        "http://{}/api/v1/usage/budgets",
+        server.local_addr()
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    let day = &b["items"][0];
+    assert_eq!(
+        (
+            &day["tenant"],
+            &day["key"],
+            &day["limit"],
+            &day["remaining"]
+        ),
+        (
+            &json!("acme"),
+            &json!("tokens_per_day"),
+            &json!(1000),
+            &json!(0)
+        ),
+        "{b}"
+    );
+    assert!(day["used"].as_u64().unwrap() >= 1100);
 
     // After a restart the day is still used up: its use is read from the usage account.
     server.shutdown().await;

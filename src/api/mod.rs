@@ -312,6 +312,7 @@ fn router(
         .routes(routes!(rest::me))
         .routes(routes!(models::list_models))
         .routes(routes!(usage::get_usage))
+        .routes(routes!(usage::get_budgets))
         .routes(routes!(rest::get_organism_config))
         .routes(routes!(rest::list_agents))
         .routes(routes!(rest::get_agent))

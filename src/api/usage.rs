@@ -131,6 +131,69 @@ pub async fn get_usage(
     }))
 }
 
+/// Tenants' token windows now.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Budgets {
+    pub items: Vec<BudgetWindow>,
+}
+
+/// One tenant's window.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct BudgetWindow {
+    pub tenant: String,
+    /// `tokens_per_day` or `tokens_per_month`.
+    pub key: String,
+    /// `YYYY-MM-DD` or `YYYY-MM` (UTC).
+    pub period: String,
+    pub limit: u64,
+    pub used: u64,
+    /// Held for calls under way.
+    pub reserved: u64,
+    pub remaining: u64,
+    /// RFC 3339: the window's end.
+    pub resets_at: String,
+}
+
+#[utoipa::path(get, path = "/api/v1/usage/budgets", tag = "agents",
+    responses((status = 200, description = "Each window with a limit (`tenants.X.tokens_per_day`, `tokens_per_month`) of the tenants with LLM listeners: limit, used, reserved, remaining, when it resets; a tenant's credential sees its own", body = Budgets)))]
+pub async fn get_budgets(State(s): State<ApiState>, seen: Seen) -> Json<Budgets> {
+    let organism = s.inner.organism.clone();
+    let tenants: Vec<String> = match seen.principal.tenant {
+        Some(t) => vec![t],
+        None => {
+            let mut ts: Vec<String> = organism
+                .config()
+                .listeners
+                .iter()
+                .filter(|l| l.llm.is_some())
+                .filter_map(|l| l.tenant.clone())
+                .collect();
+            ts.sort();
+            ts.dedup();
+            ts
+        }
+    };
+    let items = tokio::task::spawn_blocking(move || {
+        tenants
+            .iter()
+            .flat_map(|t| organism.history().budgets(t))
+            .map(|w| BudgetWindow {
+                tenant: w.tenant,
+                key: w.key.to_string(),
+                period: w.period,
+                limit: w.limit,
+                used: w.used,
+                reserved: w.reserved,
+                remaining: w.remaining,
+                resets_at: w.resets_at,
+            })
+            .collect()
+    })
+    .await
+    .unwrap_or_default();
+    Json(Budgets { items })
+}
+
 /// `YYYY-MM-DD`, digits where they go.
 fn is_day(s: &str) -> bool {
     let b = s.as_bytes();

@@ -53,6 +53,23 @@ pub struct Budgets {
     source: Option<Arc<dyn UsageSource>>,
 }
 
+/// One window of a tenant, now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct WindowState {
+    pub tenant: String,
+    /// `tokens_per_day` or `tokens_per_month`.
+    pub key: &'static str,
+    /// `YYYY-MM-DD` or `YYYY-MM` (UTC).
+    pub period: String,
+    pub limit: u64,
+    pub used: u64,
+    /// Held for calls under way.
+    pub reserved: u64,
+    pub remaining: u64,
+    /// RFC 3339: the window's end.
+    pub resets_at: String,
+}
+
 /// Tokens held for a call until it ends.
 #[must_use]
 pub struct Reservation {
@@ -135,6 +152,30 @@ impl Budgets {
             let a = self.account(&mut accounts, &w);
             (a.used >= limit).then(|| exhausted(&w, limit, now))
         })
+    }
+
+    /// Where each window of `tenant` with a limit stands now.
+    pub fn state(&self, tenant: &str) -> Vec<WindowState> {
+        let now = Timestamp::now();
+        let windows = self.windows(tenant, now);
+        let mut accounts = crate::sync::lock(&self.accounts);
+        windows
+            .into_iter()
+            .map(|(w, limit)| {
+                let a = self.account(&mut accounts, &w);
+                let e = exhausted(&w, limit, now);
+                WindowState {
+                    tenant: w.tenant,
+                    key: w.key,
+                    period: w.period,
+                    limit,
+                    used: a.used,
+                    reserved: a.reserved,
+                    remaining: limit.saturating_sub(a.used + a.reserved),
+                    resets_at: e.resets_at,
+                }
+            })
+            .collect()
     }
 
     /// A window's account, its use read from the usage account when first asked for (an

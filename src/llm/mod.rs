@@ -34,7 +34,7 @@ use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerRes
 use crate::schema::Schema;
 use crate::xml::{normalize_payload, XmlLimits};
 
-pub use budget::{Budgets, Exhausted, Reservation, UsageSource};
+pub use budget::{Budgets, Exhausted, Reservation, UsageSource, WindowState};
 pub use chat::MAX_ANSWER_BYTES;
 pub use context::{ThreadHistory, MAX_CONTEXT_BYTES};
 

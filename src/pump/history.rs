@@ -127,6 +127,11 @@ impl<'a> History<'a> {
         Some(store.usage(q))
     }
 
+    /// Where each token window of `tenant` stands now (`tenants.X.tokens_per_*`).
+    pub fn budgets(self, tenant: &str) -> Vec<crate::llm::WindowState> {
+        self.organism.shared.budgets.state(tenant)
+    }
+
     /// A thread's messages from slot `from` on, in slot order: at most `limit`, and no more
     /// than fit in `max_bytes` of payloads (at least one); and whether more follow. Read by
     /// slot (no count, no offset): from memory where the organism holds them, else from the

@@ -731,6 +731,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/me", "get"),
         ("/api/v1/models", "get"),
         ("/api/v1/usage", "get"),
+        ("/api/v1/usage/budgets", "get"),
         ("/api/v1/threads/{id}/abort", "post"),
         ("/api/v1/inputs", "get"),
         ("/api/v1/inputs/{id}", "get"),

@@ -116,6 +116,7 @@ pub const TABLE: &[Rule] = &[
     route(GET, "/api/v1/me", VIEWER, false),
     route(GET, "/api/v1/models", VIEWER, false),
     route(GET, "/api/v1/usage", VIEWER, false),
+    route(GET, "/api/v1/usage/budgets", VIEWER, false),
     route(GET, "/api/v1/organism/config", VIEWER, true),
     route(GET, "/api/v1/agents", VIEWER, false),
     route(GET, "/api/v1/agents/{name}", VIEWER, false),
