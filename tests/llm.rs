@@ -401,6 +401,9 @@ async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored()
     let base = format!("ws://{}", server.local_addr());
     let mut ws = ws_connect(&format!("{base}/ws")).await;
     next_json(&mut ws).await;
+    // A client that takes one delta a second: the rest are told as folded.
+    let mut slow = ws_connect(&format!("{base}/ws?max_deltas_per_s=1")).await;
+    next_json(&mut slow).await;
     let r = inject(&o, "planner", "<Task><goal>ship it</goal></Task>", None);
     let frames = read_until(&mut ws, |f| {
         f["event"] == "message" && f["message"]["to"] == "api"
@@ -428,6 +431,16 @@ async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored()
         "<Answer><text>It is done.</text></Answer>"
     );
     assert_eq!(fake.requests()[0]["stream"], true);
+    let slow_frames = read_until(&mut slow, |f| f["event"] == "folded").await;
+    let sent = slow_frames.iter().filter(|f| f["event"] == "delta").count();
+    let folded = slow_frames.last().unwrap();
+    assert_eq!(folded["kind"], "delta", "{folded}");
+    assert_eq!(
+        sent as u64 + folded["count"].as_u64().unwrap(),
+        4,
+        "{slow_frames:?}"
+    );
+    assert_eq!(sent, 1);
     // The call and the tokens its last chunk reported, on /metrics.
     let metrics = http_get(format!("http://{}/metrics", server.local_addr()))
         .await

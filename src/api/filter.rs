@@ -10,7 +10,7 @@ use crate::xml::type_named;
 
 /// The range of `coalesce_ms`: at least a frame of a 100 Hz display, at most a minute.
 pub const COALESCE_MS: (u64, u64) = (10, 60_000);
-/// The range of `max_messages_per_s`.
+/// The range of `max_messages_per_s`, and of `max_deltas_per_s`.
 pub const MESSAGES_PER_S: (u64, u64) = (1, 1_000_000);
 
 /// A subscription filter. Deserialized from a `subscribe` command (fields at the top level or
@@ -34,6 +34,10 @@ pub struct Filter {
     /// sent; each such run is told by a `folded` frame ([`MESSAGES_PER_S`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_messages_per_s: Option<u64>,
+    /// `/ws`: `delta` events past this many in a second are not sent; each such run is told
+    /// by a `folded` frame of `kind: delta` (the message they end in is the record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_deltas_per_s: Option<u64>,
     /// `agents` compiled ([`Filter::prepare`]): one automaton for every glob, so matching a
     /// name costs time linear in the name, however many globs there are.
     #[serde(skip)]
@@ -129,6 +133,7 @@ impl Filter {
                 self.max_messages_per_s,
                 MESSAGES_PER_S,
             ),
+            ("max_deltas_per_s", self.max_deltas_per_s, MESSAGES_PER_S),
         ] {
             if let Some(v) = value.filter(|v| !(low..=high).contains(v)) {
                 return Err((format!("{at} is {v}; it must be {low} to {high}"), at));
@@ -175,6 +180,7 @@ impl Filter {
             payload_types: split(payload_types),
             coalesce_ms: None,
             max_messages_per_s: None,
+            max_deltas_per_s: None,
             compiled: AgentGlobs::default(),
         }
     }

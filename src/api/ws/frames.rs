@@ -74,16 +74,51 @@ pub(in crate::api) struct Folding {
     window: Option<(Instant, u64)>,
     /// Message events not sent, not yet told.
     pub(super) folded: Option<Dropped>,
+    /// The same for `delta` events (`max_deltas_per_s`).
+    delta_window: Option<(Instant, u64)>,
+    pub(super) folded_deltas: Option<Dropped>,
+}
+
+/// What a `folded` frame counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::api) enum Folded {
+    Message,
+    Delta,
+}
+
+/// Whether event `seq` is past `rate` a second in `window` (then counted in `folded`).
+fn over_rate(
+    window: &mut Option<(Instant, u64)>,
+    folded: &mut Option<Dropped>,
+    rate: u64,
+    seq: u64,
+) -> bool {
+    let now = Instant::now();
+    let (start, sent) = match *window {
+        Some((start, sent)) if now.duration_since(start) < Duration::from_secs(1) => (start, sent),
+        _ => (now, 0),
+    };
+    if sent < rate {
+        *window = Some((start, sent + 1));
+        return false;
+    }
+    *window = Some((start, sent));
+    *folded = Some(Dropped::add(*folded, 1, seq, seq));
+    true
 }
 
 impl Folding {
     /// How often what `filter` folds goes out: the coalescing interval, or every second for
     /// the message rate alone; `None` when it folds nothing.
     pub(in crate::api) fn every(filter: &Filter) -> Option<Duration> {
-        match (filter.coalesce_ms, filter.max_messages_per_s) {
-            (Some(ms), _) => Some(Duration::from_millis(ms)),
-            (None, Some(_)) => Some(Duration::from_secs(1)),
-            (None, None) => None,
+        match (
+            filter.coalesce_ms,
+            filter.max_messages_per_s,
+            filter.max_deltas_per_s,
+        ) {
+            (Some(ms), ..) => Some(Duration::from_millis(ms)),
+            (None, None, None) => None,
+            (None, ..) => Some(Duration::from_secs(1)),
         }
     }
 
@@ -101,31 +136,23 @@ impl Folding {
                 }
                 true
             }
-            EventKind::Message { .. } | EventKind::MessageStatus { .. } => {
-                let Some(rate) = filter.max_messages_per_s else {
-                    return false;
-                };
-                let now = Instant::now();
-                let (start, sent) = match self.window {
-                    Some((start, sent)) if now.duration_since(start) < Duration::from_secs(1) => {
-                        (start, sent)
-                    }
-                    _ => (now, 0),
-                };
-                if sent < rate {
-                    self.window = Some((start, sent + 1));
-                    return false;
-                }
-                self.window = Some((start, sent));
-                self.folded = Some(Dropped::add(self.folded, 1, ev.seq, ev.seq));
-                true
-            }
+            EventKind::Message { .. } | EventKind::MessageStatus { .. } => filter
+                .max_messages_per_s
+                .is_some_and(|rate| over_rate(&mut self.window, &mut self.folded, rate, ev.seq)),
+            EventKind::Delta(_) => filter.max_deltas_per_s.is_some_and(|rate| {
+                over_rate(
+                    &mut self.delta_window,
+                    &mut self.folded_deltas,
+                    rate,
+                    ev.seq,
+                )
+            }),
             _ => false,
         }
     }
 
     pub(in crate::api) fn is_empty(&self) -> bool {
-        self.states.is_empty() && self.folded.is_none()
+        self.states.is_empty() && self.folded.is_none() && self.folded_deltas.is_none()
     }
 
     /// The agents' latest states held back, in one `agent_states` frame (emptied), at
@@ -156,20 +183,35 @@ impl Folding {
         })))
     }
 
-    /// The `folded` frame counting the message events not sent (taken; put it back if the
-    /// frame cannot go out), at `seen`.
-    pub(in crate::api) fn folded_frame(&mut self, seen: u64) -> Option<(Message, Dropped)> {
-        let f = self.folded.take()?;
+    /// The `folded` frame counting the events of `kind` not sent (taken; put it back with
+    /// [`Folding::put_back`] if the frame cannot go out), at `seen`.
+    pub(in crate::api) fn folded_frame(
+        &mut self,
+        seen: u64,
+        kind: Folded,
+    ) -> Option<(Message, Dropped)> {
+        let (f, name) = match kind {
+            Folded::Message => (self.folded.take()?, "message"),
+            Folded::Delta => (self.folded_deltas.take()?, "delta"),
+        };
         let frame = text(&json!({
             "event": "folded",
             "seq": seen,
             "timestamp": Timestamp::now(),
-            "kind": "message",
+            "kind": name,
             "count": f.count,
             "from_seq": f.from_seq,
             "to_seq": f.to_seq,
         }));
         Some((frame, f))
+    }
+
+    /// A `folded` notice that could not go out, kept for the next flush.
+    pub(in crate::api) fn put_back(&mut self, kind: Folded, f: Dropped) {
+        match kind {
+            Folded::Message => self.folded = Some(f),
+            Folded::Delta => self.folded_deltas = Some(f),
+        }
     }
 }
 

@@ -14,7 +14,7 @@ mod socket;
 pub use access::Who;
 pub(in crate::api) use access::{first_frame_auth, CLOSE_UNAUTHORIZED};
 pub(in crate::api) use frames::{
-    dropped_frame, protocol_close, resync_frame, text, Dropped, Folding,
+    dropped_frame, protocol_close, resync_frame, text, Dropped, Folded, Folding,
 };
 
 use std::sync::Arc;
@@ -63,6 +63,9 @@ pub struct WsQuery {
     /// `/ws`: `message` and `message_status` events past this many a second are not sent;
     /// `folded` frames count them.
     pub max_messages_per_s: Option<u64>,
+    /// `/ws`: `delta` events past this many a second are not sent; `folded` frames of
+    /// `kind: delta` count them.
+    pub max_deltas_per_s: Option<u64>,
 }
 
 #[utoipa::path(get, path = "/ws", tag = "streams", params(WsQuery),

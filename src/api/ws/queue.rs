@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::frames::frame_len;
 use super::session::{Session, Source};
-use super::{dropped_frame, text, Dropped, Folding};
+use super::{dropped_frame, text, Dropped, Folded, Folding};
 use crate::api::frame::merged_frame;
 use crate::api::Endpoint;
 use crate::events::{Event, EventKind, Receiver};
@@ -160,9 +160,11 @@ impl<S: Source> Session<S> {
                 self.note_dropped(1, self.seen, self.seen, 0, 0);
             }
         }
-        if let Some((frame, f)) = self.folding.folded_frame(self.seen) {
-            if !self.try_queue(frame) {
-                self.folding.folded = Some(f);
+        for kind in [Folded::Message, Folded::Delta] {
+            if let Some((frame, f)) = self.folding.folded_frame(self.seen, kind) {
+                if !self.try_queue(frame) {
+                    self.folding.put_back(kind, f);
+                }
             }
         }
     }

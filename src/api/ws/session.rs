@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::frames::frame_len;
 use super::socket::{read_frames, write_frames};
-use super::{dropped_frame, first_frame_auth, Dropped, Folding, Who};
+use super::{dropped_frame, first_frame_auth, Dropped, Folded, Folding, Who};
 use super::{WsQuery, CLOSE_UNAUTHORIZED};
 use crate::api::auth::{Authenticator, Principal, Scope};
 use crate::api::error::ApiError;
@@ -109,6 +109,7 @@ pub(in crate::api) fn query_filter(
     if events {
         filter.coalesce_ms = q.coalesce_ms;
         filter.max_messages_per_s = q.max_messages_per_s;
+        filter.max_deltas_per_s = q.max_deltas_per_s;
     }
     filter
         .prepare(limits)
@@ -375,7 +376,13 @@ impl<S: Source> Session<S> {
         let mut last = Vec::with_capacity(4);
         last.extend(self.dropped.take().map(dropped_frame));
         last.extend(self.folding.states_frame(self.seen));
-        last.extend(self.folding.folded_frame(self.seen).map(|(frame, _)| frame));
+        for kind in [Folded::Message, Folded::Delta] {
+            last.extend(
+                self.folding
+                    .folded_frame(self.seen, kind)
+                    .map(|(frame, _)| frame),
+            );
+        }
         last.push(close(close_code::AWAY, Utf8Bytes::from_static(S::STOPPING)));
         for frame in last {
             let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, room.reserve()).await else {
