@@ -790,3 +790,47 @@ listeners:
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn a_threads_budget_refuses_the_call_that_would_pass_it_in_that_thread_only() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    let answer = || {
+        Next::Json(json!({
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}],
+            "usage": {"prompt_tokens": 300, "completion_tokens": 50}
+        }))
+    };
+    fake.then(answer()).then(answer());
+    let (o, _d) = organism(
+        &url,
+        "    limits: {max_tokens: 600}\n    budget: {tokens_per_thread: 700}",
+    );
+    let first = inject(&o, "planner", "<Task><goal>a</goal></Task>", None);
+    settle(&o, &first.thread_id).await;
+    let again = inject(
+        &o,
+        "planner",
+        "<Task><goal>b</goal></Task>",
+        Some(&first.thread_id),
+    );
+    settle(&o, &again.thread_id).await;
+    let ms = messages(&o, &first.thread_id);
+    let second = ms.iter().find(|m| &*m.id == &*again.message_id).unwrap();
+    assert_eq!(second.status, MessageStatus::Failed);
+    let e = second.error.as_deref().unwrap();
+    assert!(
+        e.contains(
+            "`planner`'s budget.tokens_per_thread (700 tokens) reached in this thread (350 used)"
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "the refused call never reached the server"
+    );
+    // Another thread has a budget of its own.
+    ask(&o).await;
+    assert_eq!(fake.requests().len(), 2);
+}

@@ -310,6 +310,7 @@ fn check_keys_apply(s: &ListenerSection, c: &mut Collector) {
         ("reply", s.reply.is_some(), s.kind == ListenerKind::Llm),
         ("stream", s.stream.is_some(), s.kind == ListenerKind::Llm),
         ("context", s.context.is_some(), s.kind == ListenerKind::Llm),
+        ("budget", s.budget.is_some(), s.kind == ListenerKind::Llm),
         (
             "input_url",
             s.input_url.is_some(),

@@ -318,6 +318,15 @@ pub struct LlmConfig {
     /// `context: {history: thread}`: at most this many of the thread's earlier messages to
     /// and from it become the conversation before the message handled. `None`: none.
     pub history: Option<usize>,
+    /// `budget: {tokens_per_thread}`: the tokens its calls may take in one thread.
+    pub tokens_per_thread: Option<u64>,
+}
+
+/// A listener's `budget:` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BudgetSection {
+    tokens_per_thread: u64,
 }
 
 /// A listener's `context:` as written.
@@ -483,6 +492,7 @@ pub(super) fn check_llm(
         temperature: limits.temperature,
         stream: s.stream.unwrap_or(false),
         history,
+        tokens_per_thread: s.budget.as_ref().map(|b| b.tokens_per_thread),
     }))
 }
 

@@ -137,6 +137,7 @@ pub(crate) struct ListenerSection {
     pub reply: Option<super::llm::Reply>,
     pub stream: Option<bool>,
     pub context: Option<super::llm::ContextSection>,
+    pub budget: Option<super::llm::BudgetSection>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.

@@ -15,7 +15,13 @@ use crate::time::Timestamp;
 /// accounted.
 pub trait UsageSource: Send + Sync {
     fn used(&self, tenant: &str, from: &str, to: &str) -> u64;
+    /// The tokens `listener`'s calls took in `thread`.
+    fn used_in_thread(&self, listener: &str, thread: &str) -> u64;
 }
+
+/// Threads' accounts kept at once; past it, one not in use is forgotten (and read again
+/// from the usage account when next asked for).
+pub const MAX_THREAD_ACCOUNTS: usize = 10_000;
 
 /// A budget window: one UTC day or month of one tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -50,7 +56,16 @@ pub struct Exhausted {
 pub struct Budgets {
     tenants: RwLock<Tenants>,
     accounts: Mutex<HashMap<Window, Account>>,
+    /// Each (listener, thread)'s account, for `budget.tokens_per_thread`.
+    threads: Mutex<HashMap<(String, String), Account>>,
     source: Option<Arc<dyn UsageSource>>,
+}
+
+/// Tokens held against a thread's budget for a call until it ends.
+#[must_use]
+pub struct ThreadHold {
+    key: (String, String),
+    tokens: u64,
 }
 
 /// One window of a tenant, now.
@@ -82,6 +97,7 @@ impl Budgets {
         Budgets {
             tenants: RwLock::new(tenants),
             accounts: Mutex::default(),
+            threads: Mutex::default(),
             source,
         }
     }
@@ -152,6 +168,53 @@ impl Budgets {
             let a = self.account(&mut accounts, &w);
             (a.used >= limit).then(|| exhausted(&w, limit, now))
         })
+    }
+
+    /// Holds `tokens` against `listener`'s budget in `thread` (`limit` tokens), or says why
+    /// not.
+    pub fn reserve_thread(
+        &self,
+        listener: &str,
+        thread: &str,
+        limit: u64,
+        tokens: u64,
+    ) -> Result<ThreadHold, String> {
+        let key = (listener.to_string(), thread.to_string());
+        let mut threads = crate::sync::lock(&self.threads);
+        if !threads.contains_key(&key) {
+            if threads.len() >= MAX_THREAD_ACCOUNTS {
+                let idle = threads
+                    .iter()
+                    .find(|(_, a)| a.reserved == 0)
+                    .map(|(k, _)| k.clone());
+                if let Some(k) = idle {
+                    threads.remove(&k);
+                }
+            }
+            let used = self
+                .source
+                .as_ref()
+                .map_or(0, |s| s.used_in_thread(listener, thread));
+            threads.insert(key.clone(), Account { used, reserved: 0 });
+        }
+        let a = threads.entry(key.clone()).or_default();
+        if a.used + a.reserved + tokens > limit {
+            return Err(format!(
+                "budget: `{listener}`'s budget.tokens_per_thread ({limit} tokens) reached in \
+                 this thread ({} used)",
+                a.used
+            ));
+        }
+        a.reserved += tokens;
+        Ok(ThreadHold { key, tokens })
+    }
+
+    /// A call held against a thread's budget ended having taken `used` tokens.
+    pub fn settle_thread(&self, hold: ThreadHold, used: u64) {
+        let mut threads = crate::sync::lock(&self.threads);
+        let a = threads.entry(hold.key).or_default();
+        a.reserved = a.reserved.saturating_sub(hold.tokens);
+        a.used += used;
     }
 
     /// Where each window of `tenant` with a limit stands now.

@@ -34,7 +34,9 @@ use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerRes
 use crate::schema::Schema;
 use crate::xml::{normalize_payload, XmlLimits};
 
-pub use budget::{Budgets, Exhausted, Reservation, UsageSource, WindowState};
+pub use budget::{
+    Budgets, Exhausted, Reservation, ThreadHold, UsageSource, WindowState, MAX_THREAD_ACCOUNTS,
+};
 pub use chat::MAX_ANSWER_BYTES;
 pub use context::{ThreadHistory, MAX_CONTEXT_BYTES};
 
@@ -254,16 +256,27 @@ impl Inner {
         messages: &[Value],
         ask: &chat::Ask<'_>,
     ) -> Result<chat::Answer, HandlerError> {
-        // What the call may take, held against the tenant's budget before it is made.
+        // What the call may take, held against the thread's and the tenant's budgets before
+        // it is made.
+        let sent: usize = messages.iter().map(|m| m.to_string().len()).sum();
+        let may_take = sent.div_ceil(4) as u64 + u64::from(ask.max_tokens);
+        let in_thread = match (&self.budgets, self.config.tokens_per_thread) {
+            (Some(b), Some(limit)) => Some(
+                b.reserve_thread(self.me.name.as_str(), &d.meta.thread_id, limit, may_take)
+                    .map_err(HandlerError)?,
+            ),
+            _ => None,
+        };
         let reserved = match (&self.budgets, self.me.tenant.as_deref()) {
-            (Some(b), Some(t)) => {
-                let sent: usize = messages.iter().map(|m| m.to_string().len()).sum();
-                let may_take = sent.div_ceil(4) as u64 + u64::from(ask.max_tokens);
-                Some(
-                    b.reserve(t, may_take)
-                        .map_err(|e| HandlerError(e.to_string()))?,
-                )
-            }
+            (Some(b), Some(t)) => match b.reserve(t, may_take) {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    if let Some(h) = in_thread {
+                        b.settle_thread(h, 0);
+                    }
+                    return Err(HandlerError(e.to_string()));
+                }
+            },
             _ => None,
         };
         let started = std::time::Instant::now();
@@ -279,18 +292,26 @@ impl Inner {
                     t.fetch_add(n, Ordering::Relaxed);
                 }
                 let used = self.account(d, messages, a, took);
-                if let (Some(b), Some(r)) = (&self.budgets, reserved) {
-                    b.settle(r, used);
-                }
+                self.settle(reserved, in_thread, used);
             }
             Err(_) => {
                 s.failed.fetch_add(1, Ordering::Relaxed);
-                if let (Some(b), Some(r)) = (&self.budgets, reserved) {
-                    b.settle(r, 0);
-                }
+                self.settle(reserved, in_thread, 0);
             }
         }
         answer.map_err(HandlerError)
+    }
+
+    /// The holds of a call that took `used` tokens, let go.
+    fn settle(&self, tenant: Option<Reservation>, thread: Option<ThreadHold>, used: u64) {
+        if let Some(b) = &self.budgets {
+            if let Some(r) = tenant {
+                b.settle(r, used);
+            }
+            if let Some(h) = thread {
+                b.settle_thread(h, used);
+            }
+        }
     }
 
     /// Publishes what a call took (`usage`): as the server reported it, or estimated at

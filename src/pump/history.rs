@@ -284,6 +284,11 @@ impl crate::llm::UsageSource for StoredUsage {
             rows.iter().map(|r| r.input_tokens + r.output_tokens).sum()
         })
     }
+
+    fn used_in_thread(&self, listener: &str, thread: &str) -> u64 {
+        self.0.catch_up(READ_CATCH_UP);
+        self.0.thread_usage(listener, thread).unwrap_or(0)
+    }
 }
 
 /// The first of `messages` that fit in `limit` and in `max_bytes` with `used` taken (at

@@ -344,6 +344,7 @@ CREATE TABLE usage (
     ms INTEGER NOT NULL
 );
 CREATE INDEX usage_ts ON usage(ts);
+CREATE INDEX usage_thread ON usage(thread, listener);
 CREATE TABLE usage_daily (
     day TEXT NOT NULL,
     tenant TEXT NOT NULL,

@@ -92,6 +92,20 @@ pub struct UsageRow {
     pub estimated_calls: u64,
 }
 
+/// The tokens `listener`'s calls took in `thread` (a thread's budget).
+impl Store {
+    pub fn thread_usage(&self, listener: &str, thread: &str) -> Result<u64, StoreError> {
+        self.read(|tx| {
+            tx.prepare_cached(
+                "SELECT COALESCE(SUM(input_tokens + output_tokens), 0) FROM usage \
+                 WHERE thread = ?1 AND listener = ?2",
+            )?
+            .query_row(params![thread, listener], |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
+        })
+    }
+}
+
 /// Groups a query returns at most.
 pub const MAX_USAGE_ROWS: usize = 10_000;
 
