@@ -816,7 +816,7 @@ async fn a_threads_budget_refuses_the_call_that_would_pass_it_in_that_thread_onl
     );
     settle(&o, &again.thread_id).await;
     let ms = messages(&o, &first.thread_id);
-    let second = ms.iter().find(|m| &*m.id == &*again.message_id).unwrap();
+    let second = ms.iter().find(|m| m.id == again.message_id).unwrap();
     assert_eq!(second.status, MessageStatus::Failed);
     let e = second.error.as_deref().unwrap();
     assert!(
