@@ -54,7 +54,7 @@ export function drawThread(id) {
   selectTab('threads');
   if (follow && follow.id === id) { render(follow); return; }
   if (follow) follow.es?.close();
-  follow = { id, es: null, messages: new Map(), thread: null, seq: null, shown: false };
+  follow = { id, es: null, messages: new Map(), streaming: new Map(), thread: null, seq: null, shown: false };
   connect(follow);
 }
 
@@ -82,7 +82,18 @@ async function connect(f) {
     for (const m of d.messages) f.messages.set(m.id, m);
     if (!d.more) f.seq = d.as_of_seq;
   });
+  // A model's answer as it streams (`delta`): shown until the message it ends in comes.
+  on('delta', (d) => {
+    const key = d.in_reply_to + ' ' + d.kind;
+    const s = f.streaming.get(key) || { agent: d.agent, kind: d.kind, of: d.in_reply_to, text: '' };
+    s.text += d.delta;
+    f.streaming.set(key, s);
+    f.seq = d.seq;
+  });
   on('message', (d) => {
+    for (const [key, s] of f.streaming) {
+      if (s.of === d.message.parent_id && s.agent === d.message.from) f.streaming.delete(key);
+    }
     f.messages.set(d.message.id, d.message);
     if (f.thread) f.thread.message_count = Math.max(f.thread.message_count, d.message.slot_index + 1);
     f.seq = d.seq;
@@ -90,6 +101,10 @@ async function connect(f) {
   on('message_status', (d) => {
     const m = f.messages.get(d.id);
     if (m) { m.status = d.status; m.error = d.error; }
+    // The message handled is done: whatever streamed for it is in what it sent.
+    if (d.status !== 'pending' && d.status !== 'held') {
+      for (const [key, s] of f.streaming) if (s.of === d.id) f.streaming.delete(key);
+    }
     f.seq = d.seq;
   });
   on('thread_updated', (d) => {
@@ -140,7 +155,12 @@ function render(f) {
     children.has(m.id) ? el('ul', {}, children.get(m.id).map(branch)) : null);
   const roots = msgs.filter((m) => !m.parent_id || !ids.has(m.parent_id));
   $('thread-tree').replaceChildren(...roots.map(branch));
-  $('thread-timeline').replaceChildren(...msgs.map((m) => el('li', {}, `${time(m.timestamp)} `, messageText(m))));
+  const streaming = [...f.streaming.values()].map((s) =>
+    el('li', { class: 'streaming', 'aria-live': 'polite' },
+      el('span', {}, `${s.agent} ${s.kind === 'thinking' ? 'thinks' : 'writes'}: `),
+      el('span', { class: 'streamed' }, s.text)));
+  $('thread-timeline').replaceChildren(
+    ...msgs.map((m) => el('li', {}, `${time(m.timestamp)} `, messageText(m))), ...streaming);
 }
 
 export function messageText(m) {

@@ -1033,3 +1033,84 @@ async fn the_thread_view_follows_its_stream_across_a_restart() {
     o.stop().await;
     server.shutdown().await;
 }
+
+/// A model whose answer streams while the page looks: the thread view shows the text as it
+/// comes, then the message it ends in, and the streamed line goes.
+#[tokio::test]
+async fn the_thread_view_shows_a_models_answer_as_it_streams() {
+    // An OpenAI-compatible server that streams two pieces, then waits to be let go.
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(8);
+    let rx = std::sync::Arc::new(tokio::sync::Mutex::new(Some(rx)));
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let rx = rx.clone();
+            async move {
+                let rx = rx.lock().await.take().expect("one call");
+                let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|c| (Ok::<_, std::io::Error>(c), rx))
+                });
+                (
+                    [("content-type", "text/event-stream")],
+                    axum::body::Body::from_stream(chunks),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let model = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let piece = |t: &str| {
+        format!(
+            "data: {}\n\n",
+            json!({"choices": [{"index": 0, "delta": {"content": t}}]})
+        )
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("organism.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "organism: {{ name: streams, store: memory }}
+models:
+  m: {{ base_url: '{model}', model: fake, timeout_ms: 20000 }}
+listeners:
+  - {{ name: think, description: answers, kind: llm, model: m, system: s, schema: t.xsd, accepts: [Ping], stream: true, reply: {{ type: Answer, text_field: text }} }}
+"
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let (server, base) = serve(&o).await;
+    let sent = inject(&o, "think", &ping(1), Some("streaming"));
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/#/threads/streaming")).await;
+    c.wait(
+        "document.querySelectorAll('#thread-timeline details').length === 1",
+        "the thread",
+    )
+    .await;
+    tx.send(piece("It is ")).await.unwrap();
+    tx.send(piece("almost ")).await.unwrap();
+    c.wait(
+        "document.querySelector('#thread-timeline .streamed')?.textContent === 'It is almost '",
+        "the answer as it streams",
+    )
+    .await;
+    tx.send(piece("done.")).await.unwrap();
+    tx.send("data: [DONE]\n\n".to_string()).await.unwrap();
+    drop(tx);
+    settle(&o, &sent.thread_id).await;
+    c.wait(
+        "document.querySelectorAll('#thread-timeline details').length === 2 \
+         && !document.querySelector('#thread-timeline .streaming')",
+        "the message it ends in, and no streamed line",
+    )
+    .await;
+    assert!(c.text("#thread-timeline").await.contains("think → api"));
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}
