@@ -518,7 +518,7 @@ pub(crate) struct HandlerParts<'a> {
     /// Threads' messages, for an LLM's context (a worker has none: its LLM listeners see
     /// only the message they handle).
     pub history: Option<&'a Arc<dyn crate::llm::ThreadHistory>>,
-    /// Tenants' token budgets (a worker keeps none: its calls are accounted, not limited).
+    /// Tenants' token budgets (a worker keeps none: its calls are not limited).
     pub budgets: Option<&'a Arc<crate::llm::Budgets>>,
 }
 
