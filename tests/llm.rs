@@ -834,3 +834,40 @@ async fn a_threads_budget_refuses_the_call_that_would_pass_it_in_that_thread_onl
     ask(&o).await;
     assert_eq!(fake.requests().len(), 2);
 }
+
+#[test]
+fn a_tenants_llm_listeners_use_its_models_and_are_at_most_its_count() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
+    let yaml = "organism: {name: llm, store: memory}
+tenants:
+  acme: {models: [small], max_llm_agents: 1}
+  beta: {models: [nope]}
+models:
+  small: {provider: scripted, responses: [{text: hi}]}
+  large: {provider: scripted, responses: [{text: hi}]}
+listeners:
+  - {name: a1, description: d, kind: llm, model: small, system: s, schema: p.xsd, accepts: [Task], tenant: acme}
+  - {name: a2, description: d, kind: llm, model: large, system: s, schema: p.xsd, accepts: [Task], tenant: acme}
+";
+    std::fs::write(dir.path().join("o.yaml"), yaml).unwrap();
+    let e = Organism::builder()
+        .load(&dir.path().join("o.yaml"))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains(
+            "listener `a2`: key `model`: tenant `acme` may use only small (tenants.acme.models)"
+        ),
+        "{e}"
+    );
+    assert!(
+        e.contains("tenant `acme` may have at most 1 llm listeners (tenants.acme.max_llm_agents)"),
+        "{e}"
+    );
+    assert!(
+        e.contains("tenants.beta.models") && e.contains("no model named `nope`"),
+        "{e}"
+    );
+}

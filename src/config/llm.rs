@@ -538,6 +538,60 @@ fn system_prompt(s: &ListenerSection, base: &Path, c: &mut Collector) -> Option<
     }
 }
 
+/// Each tenant's LLM listeners against its rules: a model of `tenants.X.models` (each of
+/// which `models:` defines), at most `max_llm_agents` of them.
+pub(super) fn check_tenants(
+    listeners: &[super::ListenerConfig],
+    tenants: &super::Tenants,
+    models: &BTreeMap<String, Arc<ModelConfig>>,
+    c: &mut Collector,
+) {
+    for (name, rules) in &tenants.llm {
+        for m in rules.models.iter().flatten() {
+            if !models.contains_key(m) {
+                c.push(
+                    None,
+                    Some(&format!("tenants.{name}.models")),
+                    format!("no model named `{m}` in `models:`"),
+                );
+            }
+        }
+    }
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for l in listeners.iter().filter(|l| l.kind == ListenerKind::Llm) {
+        let (Some(tenant), Some(llm)) = (l.tenant.as_deref(), &l.llm) else {
+            continue;
+        };
+        let (rules, key) = tenants.llm_of(tenant);
+        if let Some(allowed) = &rules.models {
+            if !allowed.contains(&llm.model.name) {
+                let list = if allowed.is_empty() {
+                    "no model".to_string()
+                } else {
+                    allowed.join(", ")
+                };
+                c.push(
+                    Some(l.name.as_str()),
+                    Some("model"),
+                    format!("tenant `{tenant}` may use only {list} ({key}.models)"),
+                );
+            }
+        }
+        let n = counts.entry(tenant).or_default();
+        *n += 1;
+        if rules.max_llm_agents.is_some_and(|max| *n == max + 1) {
+            c.push(
+                Some(l.name.as_str()),
+                Some("kind"),
+                format!(
+                    "tenant `{tenant}` may have at most {} llm listeners ({key}.max_llm_agents)",
+                    rules.max_llm_agents.unwrap_or_default()
+                ),
+            );
+        }
+    }
+}
+
 /// A system prompt's file, read: UTF-8, at most [`MAX_SYSTEM_BYTES`].
 pub fn read_system(path: &Path) -> Result<String, String> {
     let meta =

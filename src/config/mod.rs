@@ -170,10 +170,17 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
             return Tenants::default();
         }
     };
-    let default = entries
+    let default = entries.get("default").map_or(TenantQuotas::default(), |d| {
+        d.clone().over(TenantQuotas::default())
+    });
+    let default_llm = entries
         .get("default")
-        .map_or(TenantQuotas::default(), |d| d.over(TenantQuotas::default()));
+        .map_or(model::TenantLlm::default(), |d| {
+            d.llm_over(&model::TenantLlm::default())
+        });
     let mut each = std::collections::BTreeMap::new();
+    let mut llm = std::collections::BTreeMap::new();
+    llm.insert("default".to_string(), default_llm.clone());
     for (name, section) in entries {
         if section.inject_per_s == Some(0) {
             c.push(
@@ -205,9 +212,10 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
                 "a tenant is 1-64 letters, digits, `.`, `_` or `-`",
             );
         }
+        llm.insert(name.clone(), section.llm_over(&default_llm));
         each.insert(name, section.over(default));
     }
-    Tenants { default, each }
+    Tenants { default, each, llm }
 }
 
 /// Loads and validates an organism file.
@@ -284,6 +292,7 @@ pub fn load_str_layered(
     let models = llm::models(map.get("models"), &mut c);
     layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
     let mut listeners = check_listeners(&sections, &written_names, base, known, &models, &mut c);
+    llm::check_tenants(&listeners, &tenants, &models, &mut c);
     layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
     tenant::check_peers_in_scope(&listeners, &mut c);
     let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));

@@ -406,7 +406,7 @@ impl Default for TenantQuotas {
 }
 
 /// One entry of `tenants:` as written: each key optional, falling back to `default`'s.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TenantSection {
     pub max_agents: Option<usize>,
@@ -421,9 +421,29 @@ pub(crate) struct TenantSection {
     pub max_waiting_threads: Option<usize>,
     pub tokens_per_day: Option<u64>,
     pub tokens_per_month: Option<u64>,
+    /// The models its LLM listeners may use (none: any).
+    pub models: Option<Vec<String>>,
+    /// Its LLM listeners at most (none: no such limit).
+    pub max_llm_agents: Option<usize>,
+}
+
+/// What a tenant's LLM listeners may be (`tenants.X.models`, `max_llm_agents`), checked
+/// when the organism loads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantLlm {
+    pub models: Option<Vec<String>>,
+    pub max_llm_agents: Option<usize>,
 }
 
 impl TenantSection {
+    /// Its LLM rules over `base`'s (the `default` entry's).
+    pub fn llm_over(&self, base: &TenantLlm) -> TenantLlm {
+        TenantLlm {
+            models: self.models.clone().or_else(|| base.models.clone()),
+            max_llm_agents: self.max_llm_agents.or(base.max_llm_agents),
+        }
+    }
+
     pub fn over(self, base: TenantQuotas) -> TenantQuotas {
         TenantQuotas {
             max_agents: self.max_agents.unwrap_or(base.max_agents),
@@ -447,9 +467,22 @@ impl TenantSection {
 pub struct Tenants {
     pub default: TenantQuotas,
     pub each: std::collections::BTreeMap<String, TenantQuotas>,
+    /// Each named tenant's LLM rules, and (under `default`) every other tenant's.
+    pub llm: std::collections::BTreeMap<String, TenantLlm>,
 }
 
 impl Tenants {
+    /// The LLM rules of `tenant`, and the key they are written under.
+    pub fn llm_of(&self, tenant: &str) -> (TenantLlm, String) {
+        match self.llm.get(tenant) {
+            Some(r) => (r.clone(), format!("tenants.{tenant}")),
+            None => (
+                self.llm.get("default").cloned().unwrap_or_default(),
+                "tenants.default".to_string(),
+            ),
+        }
+    }
+
     /// The quotas of `tenant`, and the key they are written under (for messages).
     pub fn of(&self, tenant: &str) -> (TenantQuotas, String) {
         match self.each.get(tenant) {
