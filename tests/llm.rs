@@ -140,6 +140,35 @@ listeners:
     (o, dir)
 }
 
+/// `o` served on a port of its own.
+async fn serve(o: &Organism) -> agentserver::api::ApiServer {
+    agentserver::api::ApiServer::bind(
+        o.clone(),
+        "127.0.0.1:0",
+        agentserver::api::ApiOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// Stops `server` and `o`, and opens the store file at `path` once they let it go.
+async fn stopped(
+    server: agentserver::api::ApiServer,
+    o: Organism,
+    path: &std::path::Path,
+) -> agentserver::store::Store {
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    let mut opened = None;
+    wait_until_async("the store is let go", || {
+        opened = agentserver::store::Store::open(path).ok();
+        std::future::ready(opened.is_some())
+    })
+    .await;
+    opened.unwrap()
+}
+
 async fn ask(o: &Organism) -> Vec<agentserver::threads::MessageRecord> {
     let r = inject(o, "planner", "<Task><goal>ship it</goal></Task>", None);
     settle(o, &r.thread_id).await;
@@ -391,13 +420,7 @@ async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored()
         json!({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 3}}),
     ]));
     let (o, _d) = organism_stored(&url, "    stream: true", "data.db");
-    let server = agentserver::api::ApiServer::bind(
-        o.clone(),
-        "127.0.0.1:0",
-        agentserver::api::ApiOptions::default(),
-    )
-    .await
-    .unwrap();
+    let server = serve(&o).await;
     let base = format!("ws://{}", server.local_addr());
     let mut ws = ws_connect(&format!("{base}/ws")).await;
     next_json(&mut ws).await;
@@ -470,17 +493,7 @@ async fn streamed_pieces_arrive_in_order_before_the_reply_and_are_never_stored()
     settle(&o, &r.thread_id).await;
     let ms = messages(&o, &r.thread_id);
     assert_eq!(ms.len(), 2, "{ms:?}");
-    server.shutdown().await;
-    o.stop().await;
-    drop(o);
-    let path = _d.path().join("data.db");
-    let mut opened = None;
-    wait_until_async("the store is let go", || {
-        opened = agentserver::store::Store::open(&path).ok();
-        std::future::ready(opened.is_some())
-    })
-    .await;
-    let store = opened.unwrap();
+    let store = stopped(server, o, &_d.path().join("data.db")).await;
     let stored = store
         .query_messages(
             &agentserver::threads::MessageFilter {
@@ -599,13 +612,7 @@ async fn each_call_is_accounted_as_reported_or_estimated_and_pruning_changes_not
     ))
     .then(text("no usage here"));
     let (o, d) = organism_stored(&url, "", "data.db");
-    let server = agentserver::api::ApiServer::bind(
-        o.clone(),
-        "127.0.0.1:0",
-        agentserver::api::ApiOptions::default(),
-    )
-    .await
-    .unwrap();
+    let server = serve(&o).await;
     let base = format!("http://{}", server.local_addr());
     let mut ws = ws_connect(&format!("ws://{}/ws", server.local_addr())).await;
     next_json(&mut ws).await;
@@ -646,17 +653,7 @@ async fn each_call_is_accounted_as_reported_or_estimated_and_pruning_changes_not
     assert_eq!(r.status(), 400);
 
     // After a restart and a retention that prunes every message, the account is the same.
-    server.shutdown().await;
-    o.stop().await;
-    drop(o);
-    let path = d.path().join("data.db");
-    let mut opened = None;
-    wait_until_async("the store is let go", || {
-        opened = agentserver::store::Store::open(&path).ok();
-        std::future::ready(opened.is_some())
-    })
-    .await;
-    let store = opened.unwrap();
+    let store = stopped(server, o, &d.path().join("data.db")).await;
     store.prune(Some(0), None).unwrap();
     let q = agentserver::store::usage::UsageQuery::default();
     let all = store.usage(&q).unwrap();
@@ -718,13 +715,7 @@ listeners:
     // A call that takes 1,100 tokens uses the day up: injects wait, saying until when.
     let c = inject(&o, "planner", "<Task><goal>c</goal></Task>", None);
     settle(&o, &c.thread_id).await;
-    let server = agentserver::api::ApiServer::bind(
-        o.clone(),
-        "127.0.0.1:0",
-        agentserver::api::ApiOptions::default(),
-    )
-    .await
-    .unwrap();
+    let server = serve(&o).await;
     let r = http()
         .post(format!("http://{}/api/v1/inject", server.local_addr()))
         .json(&json!({"to": "planner", "payload_xml": "<Task><goal>d</goal></Task>"}))
