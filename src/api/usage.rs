@@ -17,10 +17,13 @@ use crate::store::usage::{UsageQuery, UsageRow};
 #[serde(deny_unknown_fields)]
 pub struct UsageParams {
     /// First day, `YYYY-MM-DD` (UTC), inclusive.
+    #[param(pattern = r"^([0-9]{4}-[0-9]{2}-[0-9]{2})?$")]
     pub from: Option<String>,
     /// Last day, `YYYY-MM-DD` (UTC), inclusive.
+    #[param(pattern = r"^([0-9]{4}-[0-9]{2}-[0-9]{2})?$")]
     pub to: Option<String>,
     /// Comma-separated: `day`, `tenant`, `listener`, `model` (none: one sum of all).
+    #[param(pattern = r"^((day|tenant|listener|model)(,(day|tenant|listener|model))*)?$")]
     pub group_by: Option<String>,
     /// One tenant's (`-`: the organism's own); a tenant's credential sees only its own.
     pub tenant: Option<String>,
@@ -75,6 +78,14 @@ pub async fn get_usage(
     seen: Seen,
     Params(p): Params<UsageParams>,
 ) -> ApiResult<Json<Usage>> {
+    // An empty parameter (`?from=`) is one not given.
+    let given = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let p = UsageParams {
+        from: given(p.from),
+        to: given(p.to),
+        group_by: given(p.group_by),
+        tenant: given(p.tenant),
+    };
     let mut q = UsageQuery::default();
     for (value, at) in [(&p.from, "from"), (&p.to, "to")] {
         if let Some(v) = value {
