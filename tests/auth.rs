@@ -1998,11 +1998,16 @@ models:
   beta-model: {provider: scripted, responses: [{text: hi}]}
 listeners:
   - {name: a1, description: acme, kind: llm, model: acme-model, system: s, schema: t.xsd, accepts: [Note], tenant: acme}
-  - {name: b1, description: beta, kind: llm, model: beta-model, system: s, schema: t.xsd, accepts: [Note], tenant: beta}
+  - {name: b1, description: beta, kind: llm, model: beta-model, system: s, schema: t.xsd, accepts: [Note], tenant: beta, stream: true}
 ";
     let g = guarded_with(listeners).await;
     let config = Organism::builder().load_config(&g.path).unwrap();
     let acme = add_tenant_key(&config, "acme-op", Role::Viewer, Some("acme"));
+    // Streams open before beta's model answers: acme's must show none of it.
+    let mut acme_ws = ws_with_header(&g.ws_url("/ws"), &acme).await;
+    next_json(&mut acme_ws).await;
+    let mut org_ws = ws_with_header(&g.ws_url("/ws"), g.key(Role::Viewer)).await;
+    next_json(&mut org_ws).await;
     let (s, all) = g.get("/api/v1/models", Some(g.key(Role::Viewer))).await;
     assert_eq!(s, 200, "{all}");
     let text = all.to_string();
@@ -2035,6 +2040,32 @@ listeners:
         .await;
     assert_eq!(s, 202, "{r}");
     settle(&g.organism, r["thread_id"].as_str().unwrap()).await;
+    // The organism-wide stream saw beta's streamed answer and its usage ...
+    read_until(&mut org_ws, |f| f["event"] == "delta" && f["agent"] == "b1").await;
+    read_until(&mut org_ws, |f| {
+        f["event"] == "usage" && f["listener"] == "b1"
+    })
+    .await;
+    // ... acme's saw nothing of it, up to acme's own inject's end.
+    let (s, _, mine) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/inject",
+            Some(g.key(Role::Operator)),
+            Some(json!({"to": "a1", "payload_xml": "<Note>y</Note>"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{mine}");
+    let acme_thread = mine["thread_id"].as_str().unwrap().to_string();
+    let frames = read_until(&mut acme_ws, |f| {
+        f["event"] == "thread_updated"
+            && f["thread_id"] == acme_thread.as_str()
+            && f["status"] != "active"
+    })
+    .await;
+    for f in &frames {
+        assert!(!f.to_string().contains("b1"), "beta's reached acme: {f}");
+    }
     let (_, all) = g
         .get(
             "/api/v1/usage?group_by=tenant,listener",
