@@ -5,6 +5,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use futures_util::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
@@ -197,38 +198,19 @@ impl Model {
                 self.config.timeout.as_millis()
             )
         };
-        let mut resp = match sent {
+        let resp = match sent {
             Ok(r) => r,
             Err(e) if e.is_timeout() => return Err(timeout()),
             Err(e) => return Err(format!("cannot reach model `{name}`: {}", without_url(&e))),
         };
         let status = resp.status();
+        let mut bytes = Box::pin(chunks(resp, name, timeout()));
         if let Some(on) = stream.filter(|_| status.is_success()) {
-            return streamed(name, resp, on).await.map_err(|e| match e {
-                Broke::Timeout => timeout(),
-                Broke::Said(e) => e,
-            });
+            return streamed(name, bytes, on).await;
         }
         let mut body = Vec::new();
-        loop {
-            match resp.chunk().await {
-                Ok(Some(c)) => {
-                    if body.len() + c.len() > MAX_ANSWER_BYTES {
-                        return Err(format!(
-                            "model `{name}`'s answer is over {MAX_ANSWER_BYTES} bytes"
-                        ));
-                    }
-                    body.extend_from_slice(&c);
-                }
-                Ok(None) => break,
-                Err(e) if e.is_timeout() => return Err(timeout()),
-                Err(e) => {
-                    return Err(format!(
-                        "model `{name}`'s answer broke off: {}",
-                        without_url(&e)
-                    ))
-                }
-            }
+        while let Some(c) = bytes.next().await {
+            body.extend_from_slice(&c?);
         }
         if !status.is_success() {
             let text = String::from_utf8_lossy(&body);
@@ -285,50 +267,44 @@ fn without_url(e: &reqwest::Error) -> String {
     text
 }
 
-/// Why a streamed answer stopped short.
-enum Broke {
-    Timeout,
-    Said(String),
+/// The answer's bytes as they come, at most [`MAX_ANSWER_BYTES`] of them; an error is the
+/// message the call fails with (`timeout`, when it took too long), and ends the stream.
+fn chunks(
+    resp: reqwest::Response,
+    name: &str,
+    timeout: String,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, String>> {
+    let (name, timeout): (Arc<str>, Arc<str>) = (Arc::from(name), Arc::from(timeout));
+    futures_util::stream::unfold(Some((resp, 0usize)), move |state| {
+        let (name, timeout) = (name.clone(), timeout.clone());
+        async move {
+            let (mut resp, read) = state?;
+            let failed = match resp.chunk().await {
+                Ok(Some(c)) if read + c.len() > MAX_ANSWER_BYTES => {
+                    format!("model `{name}`'s answer is over {MAX_ANSWER_BYTES} bytes")
+                }
+                Ok(Some(c)) => {
+                    let read = read + c.len();
+                    return Some((Ok(c), Some((resp, read))));
+                }
+                Ok(None) => return None,
+                Err(e) if e.is_timeout() => timeout.to_string(),
+                Err(e) => format!("model `{name}`'s answer broke off: {}", without_url(&e)),
+            };
+            Some((Err(failed), None))
+        }
+    })
 }
 
 /// A streamed answer (Server-Sent Events of `chat.completion.chunk`s, read by
-/// `eventsource-stream`): each piece of text and reasoning handed to `on` as it comes, the
-/// tool calls gathered by their `index`; at most [`MAX_ANSWER_BYTES`] read.
-async fn streamed(name: &str, resp: reqwest::Response, on: OnDelta<'_>) -> Result<Answer, Broke> {
+/// `eventsource-stream` from `bytes`): each piece of text and reasoning handed to `on` as it
+/// comes, the tool calls gathered by their `index`.
+async fn streamed(
+    name: &str,
+    bytes: impl futures_util::Stream<Item = Result<bytes::Bytes, String>>,
+    on: OnDelta<'_>,
+) -> Result<Answer, String> {
     use eventsource_stream::Eventsource;
-    use futures_util::StreamExt;
-    let model = name.to_string();
-    let bytes =
-        futures_util::stream::unfold((resp, 0usize, false), move |(mut resp, read, over)| {
-            let model = model.clone();
-            async move {
-                if over {
-                    return None;
-                }
-                let broke = |b: Broke, resp| Some((Err(b), (resp, read, true)));
-                match resp.chunk().await {
-                    Ok(Some(c)) if read + c.len() > MAX_ANSWER_BYTES => broke(
-                        Broke::Said(format!(
-                            "model `{model}`'s answer is over {MAX_ANSWER_BYTES} bytes"
-                        )),
-                        resp,
-                    ),
-                    Ok(Some(c)) => {
-                        let n = read + c.len();
-                        Some((Ok(c), (resp, n, false)))
-                    }
-                    Ok(None) => None,
-                    Err(e) if e.is_timeout() => broke(Broke::Timeout, resp),
-                    Err(e) => broke(
-                        Broke::Said(format!(
-                            "model `{model}`'s answer broke off: {}",
-                            without_url(&e)
-                        )),
-                        resp,
-                    ),
-                }
-            }
-        });
     let mut events = Box::pin(bytes.eventsource());
     let mut text = String::new();
     let mut calls: Vec<ToolCall> = Vec::new();
@@ -336,26 +312,19 @@ async fn streamed(name: &str, resp: reqwest::Response, on: OnDelta<'_>) -> Resul
     while let Some(ev) = events.next().await {
         let ev = match ev {
             Ok(ev) => ev,
-            Err(eventsource_stream::EventStreamError::Transport(b)) => return Err(b),
+            Err(eventsource_stream::EventStreamError::Transport(e)) => return Err(e),
             Err(eventsource_stream::EventStreamError::Utf8(e)) => {
-                return Err(Broke::Said(format!(
-                    "model `{name}`'s stream is not UTF-8: {e}"
-                )))
+                return Err(format!("model `{name}`'s stream is not UTF-8: {e}"))
             }
             Err(eventsource_stream::EventStreamError::Parser(e)) => {
-                return Err(Broke::Said(format!(
-                    "model `{name}`'s stream does not read: {e}"
-                )))
+                return Err(format!("model `{name}`'s stream does not read: {e}"))
             }
         };
         if ev.data.trim() == "[DONE]" {
             break;
         }
-        let chunk: Value = serde_json::from_str(&ev.data).map_err(|e| {
-            Broke::Said(format!(
-                "model `{name}` streamed a chunk that is not JSON: {e}"
-            ))
-        })?;
+        let chunk: Value = serde_json::from_str(&ev.data)
+            .map_err(|e| format!("model `{name}` streamed a chunk that is not JSON: {e}"))?;
         usage = Usage::of(&chunk).or(usage);
         let delta = &chunk["choices"][0]["delta"];
         for (key, kind) in [
