@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::config::ListenerConfig;
 use crate::threads::{MessageRecord, MessageStatus};
+use crate::xml::PayloadType;
 
 /// A context's payloads, in bytes, at most: the newest that fit.
 pub const MAX_CONTEXT_BYTES: usize = 1024 * 1024;
@@ -60,23 +61,25 @@ pub(super) fn turns(
 fn turn(m: &MessageRecord, me: &ListenerConfig, to_me: bool) -> Value {
     let ty = m.payload_type.as_deref().unwrap_or_default();
     if to_me {
-        let schema = me
-            .accepts
-            .iter()
-            .find(|(t, _)| t.is_named(ty))
-            .map(|(_, s)| &**s);
-        let content = json!({
-            "from": &*m.from,
-            "type": ty,
-            "payload": crate::schema::payload_json(schema, &m.payload_xml),
-        });
-        json!({"role": "user", "content": content.to_string()})
-    } else {
-        let content = json!({
-            "to": m.to.as_deref(),
-            "type": ty,
-            "payload": crate::schema::payload_json(None, &m.payload_xml),
-        });
-        json!({"role": "assistant", "content": content.to_string()})
+        return user_turn(me, &m.from, &PayloadType::parse(ty), &m.payload_xml);
     }
+    let content = json!({
+        "to": m.to.as_deref(),
+        "type": ty,
+        "payload": crate::schema::payload_json(None, &m.payload_xml),
+    });
+    json!({"role": "assistant", "content": content.to_string()})
+}
+
+/// A message to `me` as the model reads it: a `user` turn, `{from, type, payload}` as JSON,
+/// the payload typed by the schema `me` accepts it with (the message handled, or an earlier
+/// one of its thread).
+pub(super) fn user_turn(me: &ListenerConfig, from: &str, ty: &PayloadType, xml: &str) -> Value {
+    let schema = me.schema_for(ty).map(|s| &**s);
+    let content = json!({
+        "from": from,
+        "type": ty.to_string(),
+        "payload": crate::schema::payload_json(schema, xml),
+    });
+    json!({"role": "user", "content": content.to_string()})
 }

@@ -195,7 +195,12 @@ impl Inner {
                 max,
             ));
         }
-        messages.push(json!({"role": "user", "content": self.user_turn(&d).to_string()}));
+        messages.push(context::user_turn(
+            &self.me,
+            &d.meta.from,
+            d.payload.payload_type(),
+            d.payload.xml(),
+        ));
         let mut outputs = Vec::new();
         let mut refused: Vec<String> = Vec::new();
         for _ in 0..self.config.max_rounds {
@@ -258,8 +263,8 @@ impl Inner {
     ) -> Result<chat::Answer, HandlerError> {
         // What the call may take, held against the thread's and the tenant's budgets before
         // it is made.
-        let sent: usize = messages.iter().map(|m| m.to_string().len()).sum();
-        let may_take = sent.div_ceil(4) as u64 + u64::from(ask.max_tokens);
+        let prompt = tokens_in(messages.iter().map(|m| m.to_string().len()).sum());
+        let may_take = prompt + u64::from(ask.max_tokens);
         let in_thread = match (&self.budgets, self.config.tokens_per_thread) {
             (Some(b), Some(limit)) => Some(
                 b.reserve_thread(self.me.name.as_str(), &d.meta.thread_id, limit, may_take)
@@ -291,7 +296,7 @@ impl Inner {
                 for (n, t) in [u.input, u.output, u.cached].into_iter().zip(&s.tokens) {
                     t.fetch_add(n, Ordering::Relaxed);
                 }
-                let used = self.account(d, messages, a, took);
+                let used = self.account(d, prompt, a, took);
                 self.settle(reserved, in_thread, used);
             }
             Err(_) => {
@@ -319,25 +324,19 @@ impl Inner {
     fn account(
         &self,
         d: &Delivery,
-        messages: &[Value],
+        prompt: u64,
         a: &chat::Answer,
         took: std::time::Duration,
     ) -> u64 {
         let (input, output, cached, estimated) = match a.usage {
             Some(u) => (u.input, u.output, u.cached, false),
             None => {
-                let sent: usize = messages.iter().map(|m| m.to_string().len()).sum();
                 let answered = a.text.as_deref().map_or(0, str::len)
                     + a.tool_calls
                         .iter()
                         .map(|c| c.name.len() + c.arguments.len())
                         .sum::<usize>();
-                (
-                    sent.div_ceil(4) as u64,
-                    answered.div_ceil(4) as u64,
-                    0,
-                    true,
-                )
+                (prompt, tokens_in(answered), 0, true)
             }
         };
         let model = &self.config.model;
@@ -355,22 +354,6 @@ impl Inner {
             ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
         })));
         input + output
-    }
-
-    /// The message handled, as the model reads it.
-    fn user_turn(&self, d: &Delivery) -> Value {
-        let ty = d.payload.payload_type();
-        let schema = self
-            .me
-            .accepts
-            .iter()
-            .find(|(t, _)| t == ty)
-            .map(|(_, s)| &**s);
-        json!({
-            "from": &*d.meta.from,
-            "type": ty.to_string(),
-            "payload": crate::schema::payload_json(schema, d.payload.xml()),
-        })
     }
 
     /// One tool call as an output, written and checked as its receiver's schema says.
@@ -419,4 +402,10 @@ fn check(schema: &Schema, xml: &str, max_bytes: usize) -> Result<(), String> {
         .validate(payload)
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+/// The tokens `bytes` of text are estimated at (about 4 bytes a token), where a server
+/// reports none, and for what a call may take before it is made.
+fn tokens_in(bytes: usize) -> u64 {
+    bytes.div_ceil(4) as u64
 }
