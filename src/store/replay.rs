@@ -56,33 +56,30 @@ impl Store {
             if to != i64::MAX && to - from > 2 * max_messages as i64 {
                 return Ok(Replay::Unavailable("more messages than a replay holds"));
             }
-            let unnumbered: i64 = tx
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM messages WHERE seq > ?1 AND seq <= ?2 AND event_seq IS NULL",
-                )?
-                .query_row(params![from, to], |r| r.get(0))?;
-            if unnumbered > 0 {
-                return Ok(Replay::Unavailable(
-                    "messages written before event numbers were kept",
-                ));
-            }
+            // One read: a message of the range written before event numbers were kept
+            // (`event_seq` NULL, which sorts first) ends it.
             let mut stmt = tx.prepare_cached(&format!(
                 "SELECT {MESSAGE_COLUMNS}, m.event_seq FROM {MESSAGES} \
-                 WHERE m.seq > ?1 AND m.seq <= ?2 AND m.event_seq > ?3 AND m.event_seq <= ?4 \
+                 WHERE m.seq > ?1 AND m.seq <= ?2 \
+                 AND (m.event_seq IS NULL OR (m.event_seq > ?3 AND m.event_seq <= ?4)) \
                  ORDER BY m.event_seq LIMIT ?5"
             ))?;
             let rows = stmt.query_map(
                 params![from, to, since, until, max_messages as i64 + 1],
-                |r| Ok((get_u64(r, 13)?, row_to_message(r)?)),
+                |r| Ok((r.get::<_, Option<i64>>(13)?, row_to_message(r)?)),
             )?;
             let (mut out, mut bytes) = (Vec::new(), 0usize);
             for row in rows {
-                let (seq, m) = row?;
+                let (Some(seq), m) = row? else {
+                    return Ok(Replay::Unavailable(
+                        "messages written before event numbers were kept",
+                    ));
+                };
                 bytes += m.payload_xml.len();
                 if out.len() == max_messages || bytes > max_bytes {
                     return Ok(Replay::Unavailable("more messages than a replay holds"));
                 }
-                out.push((seq, m));
+                out.push((seq.max(0) as u64, m));
             }
             Ok(Replay::Whole(out))
         })

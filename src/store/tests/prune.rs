@@ -260,4 +260,18 @@ fn a_replay_is_whole_or_refused() {
         ids(store.replay(12, 22, 100, 1 << 20).unwrap()),
         ["21:t2-0", "22:t2-1"]
     );
+    // A message from before event numbers were kept: a replay over it is refused, one
+    // that starts past it is not.
+    rusqlite::Connection::open(dir.path().join("s.db"))
+        .unwrap()
+        .execute("UPDATE messages SET event_seq = NULL WHERE id = 't6-0'", [])
+        .unwrap();
+    assert_eq!(
+        ids(store.replay(55, 80, 100, 1 << 20).unwrap()),
+        ["messages written before event numbers were kept"]
+    );
+    assert_eq!(
+        ids(store.replay(65, 71, 100, 1 << 20).unwrap()),
+        ["71:t7-0"]
+    );
 }
