@@ -140,25 +140,36 @@ impl<'a> From<&'a crate::events::Delta> for DeltaFrame<'a> {
 }
 
 /// A `usage`'s fields.
-struct UsageFrame<'a>(&'a crate::events::Usage);
+#[derive(Serialize)]
+struct UsageFrame<'a> {
+    tenant: Option<&'a str>,
+    listener: &'a str,
+    thread_id: &'a str,
+    message_id: &'a str,
+    model: &'a str,
+    input_tokens: u64,
+    output_tokens: u64,
+    cached_tokens: u64,
+    cost_micros: u64,
+    estimated: bool,
+    ms: u64,
+}
 
-impl Serialize for UsageFrame<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let u = self.0;
-        let mut m = s.serialize_map(Some(11))?;
-        m.serialize_entry("tenant", &u.tenant)?;
-        m.serialize_entry("listener", &*u.listener)?;
-        m.serialize_entry("thread_id", &*u.thread_id)?;
-        m.serialize_entry("message_id", &*u.message_id)?;
-        m.serialize_entry("model", &u.model)?;
-        m.serialize_entry("input_tokens", &u.input_tokens)?;
-        m.serialize_entry("output_tokens", &u.output_tokens)?;
-        m.serialize_entry("cached_tokens", &u.cached_tokens)?;
-        m.serialize_entry("cost_micros", &u.cost_micros)?;
-        m.serialize_entry("estimated", &u.estimated)?;
-        m.serialize_entry("ms", &u.ms)?;
-        m.end()
+impl<'a> From<&'a crate::events::Usage> for UsageFrame<'a> {
+    fn from(u: &'a crate::events::Usage) -> Self {
+        UsageFrame {
+            tenant: u.tenant.as_deref(),
+            listener: &u.listener,
+            thread_id: &u.thread_id,
+            message_id: &u.message_id,
+            model: &u.model,
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            cached_tokens: u.cached_tokens,
+            cost_micros: u.cost_micros,
+            estimated: u.estimated,
+            ms: u.ms,
+        }
     }
 }
 
@@ -345,7 +356,7 @@ impl<'a> Kind<'a> {
                 message,
             },
             EventKind::Delta(d) => Kind::Delta(d.into()),
-            EventKind::Usage(u) => Kind::Usage(UsageFrame(u)),
+            EventKind::Usage(u) => Kind::Usage((&**u).into()),
             EventKind::Audit {
                 who,
                 action,

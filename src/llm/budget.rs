@@ -69,7 +69,7 @@ pub struct ThreadHold {
 }
 
 /// One window of a tenant, now.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowState {
     pub tenant: String,
     /// `tokens_per_day` or `tokens_per_month`.

@@ -4,7 +4,6 @@
 //! pruned with messages: a budget summed from the days is not reopened by retention.
 
 use rusqlite::params;
-use serde::Serialize;
 
 use super::{Store, StoreError};
 use crate::events::Usage;
@@ -77,7 +76,7 @@ pub struct UsageQuery {
 }
 
 /// One group's sums.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UsageRow {
     pub day: Option<String>,
     pub tenant: Option<String>,
