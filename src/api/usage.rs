@@ -171,18 +171,12 @@ pub async fn get_budgets(State(s): State<ApiState>, seen: Seen) -> Json<Budgets>
     let organism = s.inner.organism.clone();
     let tenants: Vec<String> = match seen.principal.tenant {
         Some(t) => vec![t],
-        None => {
-            let mut ts: Vec<String> = organism
-                .config()
-                .listeners
-                .iter()
-                .filter(|l| l.llm.is_some())
-                .filter_map(|l| l.tenant.clone())
-                .collect();
-            ts.sort();
-            ts.dedup();
-            ts
-        }
+        None => organism
+            .config()
+            .llm_tenants()
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
     };
     let items = tokio::task::spawn_blocking(move || {
         tenants

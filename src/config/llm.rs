@@ -592,6 +592,21 @@ pub(super) fn check_tenants(
     }
 }
 
+impl super::OrganismConfig {
+    /// The tenants that have `kind: llm` listeners, each once, in order.
+    pub fn llm_tenants(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = self
+            .listeners
+            .iter()
+            .filter(|l| l.llm.is_some())
+            .filter_map(|l| l.tenant.as_deref())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+}
+
 /// A system prompt's file, read: UTF-8, at most [`MAX_SYSTEM_BYTES`].
 pub fn read_system(path: &Path) -> Result<String, String> {
     let meta =

@@ -209,10 +209,8 @@ impl OrganismBuilder {
         let budgets = Arc::new(crate::llm::Budgets::new(config.tenants.clone(), usage));
         // Each tenant's windows read from the usage account now, at start, rather than on
         // an inject's thread later.
-        for l in config.listeners.iter().filter(|l| l.llm.is_some()) {
-            if let Some(t) = l.tenant.as_deref() {
-                budgets.state(t);
-            }
+        for t in config.llm_tenants() {
+            budgets.state(t);
         }
         let shared = Arc::new_cyclic(|me| Shared {
             history: Arc::new(super::history::ThreadLog(me.clone())),
