@@ -862,3 +862,29 @@ listeners:
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn an_answer_too_large_or_not_one_fails_the_message_saying_which() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    let big = "x".repeat(agentserver::llm::MAX_ANSWER_BYTES);
+    fake.then(Next::Json(
+        json!({"choices": [{"message": {"content": big}}]}),
+    ))
+    .then(Next::Status(200, "not json"))
+    .then(Next::Json(json!({"id": "no choices"})));
+    let (o, _d) = organism(&url, "");
+    for said in [
+        format!(
+            "answer is over {} bytes",
+            agentserver::llm::MAX_ANSWER_BYTES
+        ),
+        "answer is not JSON".to_string(),
+        "has no `choices[0].message`".to_string(),
+    ] {
+        let ms = ask(&o).await;
+        assert_eq!(ms[0].status, MessageStatus::Failed);
+        let e = ms[0].error.as_deref().unwrap();
+        assert!(e.contains(&said), "{e}");
+    }
+}
