@@ -1104,6 +1104,7 @@ listeners:
         "the answer as it streams",
     )
     .await;
+    keep_screenshot(&mut c, "dashboard-streaming").await;
     tx.send(piece("done.")).await.unwrap();
     tx.send("data: [DONE]\n\n".to_string()).await.unwrap();
     drop(tx);
