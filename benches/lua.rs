@@ -84,6 +84,7 @@ listeners:
             own_name: ListenerName::new("greeter"),
             payload_type: payload.payload_type().clone(),
             approval: None,
+            settings: None,
         },
         payload,
     };

@@ -84,6 +84,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 created_at: Timestamp::now(),
                 last_activity: Timestamp::now(),
                 error: None,
+                settings: None,
             },
         },
         7 => EventKind::ThreadUpdated {

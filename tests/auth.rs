@@ -206,6 +206,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         ("post", "/api/v1/stream-tokens") => Role::Viewer,
         ("post", p) if operator.contains(&p) => Role::Operator,
         ("delete", "/api/v1/agents/{name}") => Role::Operator,
+        ("patch", "/api/v1/threads/{id}") => Role::Operator,
         ("post" | "delete", _) => Role::Admin,
         other => panic!("no expectation for {other:?}: add it to this table"),
     })
@@ -289,7 +290,8 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
         let stream = path.starts_with("/ws");
         for (label, key, role) in &creds {
             let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
-            let body = (m == reqwest::Method::POST).then(|| json!({}));
+            let body =
+                (m == reqwest::Method::POST || m == reqwest::Method::PATCH).then(|| json!({}));
             let (status, headers, answer) = g.send(m, &url, *key, body).await;
             let wide = [
                 ("get", "/api/v1/organism/config"),

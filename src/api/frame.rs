@@ -216,6 +216,10 @@ enum Kind<'a> {
         message_count: u64,
         error: Option<&'a str>,
     },
+    ThreadSettings {
+        thread_id: &'a str,
+        settings: Option<super::view::ThreadSettings>,
+    },
     Error {
         thread_id: Option<&'a str>,
         agent: Option<&'a str>,
@@ -260,6 +264,13 @@ enum Kind<'a> {
 }
 
 impl<'a> Kind<'a> {
+    fn settings(thread_id: &'a str, settings: Option<&crate::threads::ThreadSettings>) -> Self {
+        Kind::ThreadSettings {
+            thread_id,
+            settings: settings.map(Into::into),
+        }
+    }
+
     fn resolved(r: &'a crate::threads::InputRow) -> Self {
         Kind::InputResolved {
             id: &r.id,
@@ -319,6 +330,10 @@ impl<'a> Kind<'a> {
                 message_count: *message_count,
                 error: error.as_deref(),
             },
+            EventKind::ThreadSettings {
+                thread_id,
+                settings,
+            } => Kind::settings(thread_id, settings.as_deref()),
             EventKind::Error {
                 thread_id,
                 agent,

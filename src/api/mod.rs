@@ -55,6 +55,7 @@ mod models;
 mod rest;
 mod sanitize;
 mod schema;
+mod settings;
 pub(crate) mod stream;
 mod test_vectors;
 mod usage;
@@ -320,7 +321,7 @@ fn router(
         .routes(routes!(schema::get_agent_schema))
         .routes(routes!(schema::get_agent_fields))
         .routes(routes!(rest::list_threads))
-        .routes(routes!(rest::get_thread))
+        .routes(routes!(rest::get_thread, settings::patch_thread))
         .routes(routes!(rest::thread_messages))
         .routes(routes!(rest::list_messages))
         .routes(routes!(rest::inject))

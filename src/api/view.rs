@@ -280,6 +280,31 @@ pub struct Thread {
     pub created_at: Timestamp,
     pub last_activity: Timestamp,
     pub error: Option<String>,
+    /// What a client chose for the thread's LLM listeners (`PATCH /threads/{id}`); absent
+    /// when nothing is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings: Option<ThreadSettings>,
+}
+
+/// What a client chose for a thread's `kind: llm` listeners (`PATCH /threads/{id}`); each
+/// listener applies what its `overridable` names.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ThreadSettings {
+    /// A model of `models:` by name (`GET /models`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// 0 to 2.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+}
+
+impl From<&crate::threads::ThreadSettings> for ThreadSettings {
+    fn from(s: &crate::threads::ThreadSettings) -> Self {
+        ThreadSettings {
+            model: s.model.clone(),
+            temperature: s.temperature,
+        }
+    }
 }
 
 impl From<crate::threads::ThreadInfo> for Thread {
@@ -292,6 +317,7 @@ impl From<crate::threads::ThreadInfo> for Thread {
             created_at: t.created_at.into(),
             last_activity: t.last_activity.into(),
             error: t.error,
+            settings: t.settings.as_deref().map(ThreadSettings::from),
         }
     }
 }

@@ -312,6 +312,11 @@ fn check_keys_apply(s: &ListenerSection, c: &mut Collector) {
         ("context", s.context.is_some(), s.kind == ListenerKind::Llm),
         ("budget", s.budget.is_some(), s.kind == ListenerKind::Llm),
         (
+            "overridable",
+            s.overridable.is_some(),
+            s.kind == ListenerKind::Llm,
+        ),
+        (
             "input_url",
             s.input_url.is_some(),
             s.kind == ListenerKind::External,

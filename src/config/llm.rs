@@ -320,6 +320,54 @@ pub struct LlmConfig {
     pub history: Option<usize>,
     /// `budget: {tokens_per_thread}`: the tokens its calls may take in one thread.
     pub tokens_per_thread: Option<u64>,
+    /// What a thread's `settings` may change for it (`overridable:`).
+    pub overridable: Vec<Overridable>,
+    /// The models a thread's `settings` may choose for it: every model of `models:` when
+    /// `model` is overridable, those of its tenant's `models` for a tenant's listener.
+    pub choices: Vec<Arc<ModelConfig>>,
+}
+
+/// A thread's settings; every key optional, absent meaning the listener's own.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadSettings {
+    /// A model of `models:` by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// 0 to 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+}
+
+impl ThreadSettings {
+    pub fn is_empty(&self) -> bool {
+        self.model.is_none() && self.temperature.is_none()
+    }
+
+    /// As kept: `None` when nothing is set.
+    pub fn kept(self) -> Option<Arc<ThreadSettings>> {
+        (!self.is_empty()).then(|| Arc::new(self))
+    }
+}
+
+/// A setting a thread may change for a `kind: llm` listener that names it in `overridable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overridable {
+    Model,
+    Temperature,
+}
+
+impl LlmConfig {
+    /// Whether a thread's `settings` may change `what` for it.
+    pub fn may_override(&self, what: Overridable) -> bool {
+        self.overridable.contains(&what)
+    }
+
+    /// The model a thread's settings choose, if it may choose it.
+    pub fn choice(&self, name: &str) -> Option<&Arc<ModelConfig>> {
+        self.choices.iter().find(|m| m.name == name)
+    }
 }
 
 /// A listener's `budget:` as written.
@@ -365,7 +413,7 @@ pub struct Reply {
     pub text_field: String,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LimitsSection {
     max_tokens: Option<u32>,
@@ -433,11 +481,7 @@ pub(super) fn check_llm(
             c.push(l, Some("reply"), "needs `type` and `text_field`");
         }
     }
-    let mut limits = LimitsSection {
-        max_tokens: None,
-        max_rounds: None,
-        temperature: None,
-    };
+    let mut limits = LimitsSection::default();
     if let Some(v) = &s.limits {
         match yaml_serde::from_value::<LimitsSection>(v.clone()) {
             Ok(lim) => limits = lim,
@@ -479,6 +523,7 @@ pub(super) fn check_llm(
         }
         _ => None,
     };
+    let overridable = overridable(s);
     if c.errors.len() != before {
         return None;
     }
@@ -493,7 +538,21 @@ pub(super) fn check_llm(
         stream: s.stream.unwrap_or(false),
         history,
         tokens_per_thread: s.budget.as_ref().map(|b| b.tokens_per_thread),
+        choices: if overridable.contains(&Overridable::Model) {
+            models.values().cloned().collect()
+        } else {
+            Vec::new()
+        },
+        overridable,
     }))
+}
+
+/// A listener's `overridable`, each setting once.
+fn overridable(s: &ListenerSection) -> Vec<Overridable> {
+    let mut o = s.overridable.clone().unwrap_or_default();
+    o.sort_unstable_by_key(|o| *o as u8);
+    o.dedup();
+    o
 }
 
 fn system_prompt(s: &ListenerSection, base: &Path, c: &mut Collector) -> Option<SystemPrompt> {
@@ -541,7 +600,7 @@ fn system_prompt(s: &ListenerSection, base: &Path, c: &mut Collector) -> Option<
 /// Each tenant's LLM listeners against its rules: a model of `tenants.X.models` (each of
 /// which `models:` defines), at most `max_llm_agents` of them.
 pub(super) fn check_tenants(
-    listeners: &[super::ListenerConfig],
+    listeners: &mut [super::ListenerConfig],
     tenants: &super::Tenants,
     models: &BTreeMap<String, Arc<ModelConfig>>,
     c: &mut Collector,
@@ -558,12 +617,15 @@ pub(super) fn check_tenants(
         }
     }
     let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
-    for l in listeners.iter().filter(|l| l.kind == ListenerKind::Llm) {
-        let (Some(tenant), Some(llm)) = (l.tenant.as_deref(), &l.llm) else {
+    for l in listeners.iter_mut().filter(|l| l.kind == ListenerKind::Llm) {
+        let (Some(tenant), Some(llm)) = (l.tenant.as_deref(), &mut l.llm) else {
             continue;
         };
         let (rules, key) = tenants.llm_of(tenant);
         if let Some(allowed) = &rules.models {
+            Arc::make_mut(llm)
+                .choices
+                .retain(|m| allowed.contains(&m.name));
             if !allowed.contains(&llm.model.name) {
                 let list = if allowed.is_empty() {
                     "no model".to_string()

@@ -292,7 +292,7 @@ pub fn load_str_layered(
     let models = llm::models(map.get("models"), &mut c);
     layer::lay_over(layer, &mut sections, &mut written_names, &mut c);
     let mut listeners = check_listeners(&sections, &written_names, base, known, &models, &mut c);
-    llm::check_tenants(&listeners, &tenants, &models, &mut c);
+    llm::check_tenants(&mut listeners, &tenants, &models, &mut c);
     layer::mark_and_check(layer, &mut listeners, &tenants, &mut c);
     tenant::check_peers_in_scope(&listeners, &mut c);
     let auth = auth_section.map_or_else(AuthConfig::default, |a| check_auth(a, base, &mut c));

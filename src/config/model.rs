@@ -138,6 +138,7 @@ pub(crate) struct ListenerSection {
     pub stream: Option<bool>,
     pub context: Option<super::llm::ContextSection>,
     pub budget: Option<super::llm::BudgetSection>,
+    pub overridable: Option<Vec<super::llm::Overridable>>,
 }
 
 /// A listener's name. A newtype so names are not confused with other strings across modules.

@@ -210,6 +210,11 @@ pub enum EventKind {
         message_count: u64,
         error: Option<String>,
     },
+    /// A client changed a thread's `settings` (`None`: cleared).
+    ThreadSettings {
+        thread_id: Arc<str>,
+        settings: Option<Arc<crate::threads::ThreadSettings>>,
+    },
     Error {
         thread_id: Option<String>,
         agent: Option<String>,
@@ -279,6 +284,7 @@ impl EventKind {
             EventKind::MessageStatus { .. } => "message_status",
             EventKind::ThreadCreated { .. } => "thread_created",
             EventKind::ThreadUpdated { .. } => "thread_updated",
+            EventKind::ThreadSettings { .. } => "thread_settings",
             EventKind::Error { .. } => "error",
             EventKind::OrganismState { .. } => "organism_state",
             EventKind::Log { .. } => "log",
@@ -299,6 +305,7 @@ impl EventKind {
             EventKind::MessageStatus { thread_id, .. } => Some(thread_id),
             EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
             EventKind::ThreadCreated { thread } => Some(&thread.id),
+            EventKind::ThreadSettings { thread_id, .. } => Some(thread_id),
             EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
                 thread_id.as_deref()
             }
@@ -339,12 +346,13 @@ impl EventKind {
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 15] = [
+pub const EVENT_NAMES: [&str; 16] = [
     "agent_state",
     "message",
     "message_status",
     "thread_created",
     "thread_updated",
+    "thread_settings",
     "error",
     "organism_state",
     "log",

@@ -35,6 +35,9 @@ pub struct Meta {
     pub payload_type: PayloadType,
     /// For a message a person let through an approval gate: who, when, why.
     pub approval: Option<Arc<Approved>>,
+    /// The thread's `settings` when it was handed over (a `kind: llm` listener applies
+    /// what its `overridable` names).
+    pub settings: Option<Arc<crate::config::llm::ThreadSettings>>,
 }
 
 /// A person's approval of a held message, as its handler sees it (Lua `meta.approval`).

@@ -115,6 +115,10 @@ impl Model {
         &self.config.name
     }
 
+    pub(super) fn config(&self) -> &Arc<ModelConfig> {
+        &self.config
+    }
+
     /// Sends `messages` (and the tools) and reads the answer.
     pub(super) async fn call(&self, messages: &[Value], ask: &Ask<'_>) -> Result<Answer, String> {
         let _permit = self

@@ -19,6 +19,7 @@
 mod budget;
 mod chat;
 mod context;
+mod meter;
 mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,12 +27,13 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{json, Value};
 
-use crate::config::llm::{read_system, LlmConfig, SystemPrompt};
+use crate::config::llm::{read_system, LlmConfig, Overridable, SystemPrompt};
 use crate::config::ListenerConfig;
-use crate::events::{Delta, DeltaKind, EventHub, EventKind, Usage};
+use crate::events::{Delta, DeltaKind, EventHub, EventKind};
 use crate::listener::OutputTargets;
 use crate::listener::{Delivery, Handler, HandlerError, HandlerFuture, HandlerResult, Output};
 use crate::schema::Schema;
+use crate::threads::ThreadSettings;
 use crate::xml::{normalize_payload, XmlLimits};
 
 pub use budget::{
@@ -39,6 +41,7 @@ pub use budget::{
 };
 pub use chat::MAX_ANSWER_BYTES;
 pub use context::{ThreadHistory, MAX_CONTEXT_BYTES};
+pub use meter::{Call, Held, Meter};
 
 /// Outputs one message may have, at most.
 const MAX_OUTPUTS: usize = 64;
@@ -50,7 +53,9 @@ struct Inner {
     me: ListenerConfig,
     config: Arc<LlmConfig>,
     system: RwLock<Arc<str>>,
-    model: chat::Model,
+    model: Arc<chat::Model>,
+    /// The other models a thread's settings chose for it, each made on first use.
+    chosen: std::sync::Mutex<Vec<Arc<chat::Model>>>,
     targets: Arc<OutputTargets>,
     /// An output's bytes at most (`limits.max_message_bytes`).
     max_output: usize,
@@ -58,8 +63,8 @@ struct Inner {
     events: Arc<EventHub>,
     /// The threads' messages, for `context: {history: thread}`.
     history: Option<Arc<dyn ThreadHistory>>,
-    /// Its tenant's token budget.
-    budgets: Option<Arc<Budgets>>,
+    /// Its calls held against budgets, and accounted.
+    meter: Meter,
     stats: Stats,
 }
 
@@ -87,7 +92,9 @@ impl LlmHandler {
             .ok_or_else(|| format!("`{}` is not a `kind: llm` listener", me.name))?;
         let system = prompt(&config.system)?;
         Ok(LlmHandler(Arc::new(Inner {
-            model: chat::Model::new(config.model.clone())?,
+            model: Arc::new(chat::Model::new(config.model.clone())?),
+            chosen: std::sync::Mutex::new(Vec::new()),
+            meter: Meter::new(me, &config, budgets, events.clone()),
             me: me.clone(),
             config,
             system: RwLock::new(system),
@@ -95,7 +102,6 @@ impl LlmHandler {
             max_output,
             events,
             history,
-            budgets,
             stats: Stats::default(),
         })))
     }
@@ -179,10 +185,11 @@ impl Inner {
                 delta: piece.to_string(),
             }));
         };
+        let (model, temperature) = self.settings(d.meta.settings.as_deref())?;
         let ask = chat::Ask {
             tools: &specs,
             max_tokens: self.config.max_tokens,
-            temperature: self.config.temperature,
+            temperature,
             stream: self.config.stream.then_some(&publish as chat::OnDelta<'_>),
         };
         let mut messages = vec![json!({"role": "system", "content": &*system})];
@@ -204,7 +211,7 @@ impl Inner {
         let mut outputs = Vec::new();
         let mut refused: Vec<String> = Vec::new();
         for _ in 0..self.config.max_rounds {
-            let answer = self.call(&d, &messages, &ask).await?;
+            let answer = self.call(&d, &model, &messages, &ask).await?;
             if answer.tool_calls.is_empty() {
                 if !refused.is_empty() {
                     break;
@@ -248,16 +255,44 @@ impl Inner {
         }
         Err(HandlerError(format!(
             "model `{}`: its outputs were still refused after {} rounds: {}",
-            self.model.name(),
+            model.name(),
             self.config.max_rounds,
             refused.join("; ")
         )))
+    }
+
+    /// The model and temperature of a call in a thread with `settings`: what the
+    /// listener's `overridable` lets them change, the listener's own otherwise.
+    fn settings(
+        &self,
+        settings: Option<&ThreadSettings>,
+    ) -> Result<(Arc<chat::Model>, Option<f64>), HandlerError> {
+        let c = &self.config;
+        let temperature = settings
+            .and_then(|s| s.temperature)
+            .filter(|_| c.may_override(Overridable::Temperature))
+            .or(c.temperature);
+        let choice = settings
+            .and_then(|s| s.model.as_deref())
+            .filter(|m| *m != c.model.name && c.may_override(Overridable::Model))
+            .and_then(|m| c.choice(m));
+        let Some(choice) = choice else {
+            return Ok((self.model.clone(), temperature));
+        };
+        let mut chosen = crate::sync::lock(&self.chosen);
+        if let Some(m) = chosen.iter().find(|m| m.name() == choice.name) {
+            return Ok((m.clone(), temperature));
+        }
+        let m = Arc::new(chat::Model::new(choice.clone()).map_err(HandlerError)?);
+        chosen.push(m.clone());
+        Ok((m, temperature))
     }
 
     /// One call, counted.
     async fn call(
         &self,
         d: &Delivery,
+        model: &chat::Model,
         messages: &[Value],
         ask: &chat::Ask<'_>,
     ) -> Result<chat::Answer, HandlerError> {
@@ -265,27 +300,12 @@ impl Inner {
         // it is made.
         let prompt = tokens_in(messages.iter().map(|m| m.to_string().len()).sum());
         let may_take = prompt + u64::from(ask.max_tokens);
-        let in_thread = match (&self.budgets, self.config.tokens_per_thread) {
-            (Some(b), Some(limit)) => Some(
-                b.reserve_thread(self.me.name.as_str(), &d.meta.thread_id, limit, may_take)
-                    .map_err(HandlerError)?,
-            ),
-            _ => None,
-        };
-        let reserved = match (&self.budgets, self.me.tenant.as_deref()) {
-            (Some(b), Some(t)) => match b.reserve(t, may_take) {
-                Ok(r) => Some(r),
-                Err(e) => {
-                    if let Some(h) = in_thread {
-                        b.settle_thread(h, 0);
-                    }
-                    return Err(HandlerError(e.to_string()));
-                }
-            },
-            _ => None,
-        };
+        let held = self
+            .meter
+            .hold(&d.meta.thread_id, may_take)
+            .map_err(HandlerError)?;
         let started = std::time::Instant::now();
-        let answer = self.model.call(messages, ask).await;
+        let answer = model.call(messages, ask).await;
         let took = started.elapsed();
         self.stats.time.record(took);
         let s = &self.stats;
@@ -296,27 +316,15 @@ impl Inner {
                 for (n, t) in [u.input, u.output, u.cached].into_iter().zip(&s.tokens) {
                     t.fetch_add(n, Ordering::Relaxed);
                 }
-                let used = self.account(d, prompt, a, took);
-                self.settle(reserved, in_thread, used);
+                let used = self.account(d, model.config(), prompt, a, took);
+                self.meter.settle(held, used);
             }
             Err(_) => {
                 s.failed.fetch_add(1, Ordering::Relaxed);
-                self.settle(reserved, in_thread, 0);
+                self.meter.settle(held, 0);
             }
         }
         answer.map_err(HandlerError)
-    }
-
-    /// The holds of a call that took `used` tokens, let go.
-    fn settle(&self, tenant: Option<Reservation>, thread: Option<ThreadHold>, used: u64) {
-        if let Some(b) = &self.budgets {
-            if let Some(r) = tenant {
-                b.settle(r, used);
-            }
-            if let Some(h) = thread {
-                b.settle_thread(h, used);
-            }
-        }
     }
 
     /// Publishes what a call took (`usage`): as the server reported it, or estimated at
@@ -324,6 +332,7 @@ impl Inner {
     fn account(
         &self,
         d: &Delivery,
+        model: &crate::config::llm::ModelConfig,
         prompt: u64,
         a: &chat::Answer,
         took: std::time::Duration,
@@ -339,21 +348,16 @@ impl Inner {
                 (prompt, tokens_in(answered), 0, true)
             }
         };
-        let model = &self.config.model;
-        self.events.publish(EventKind::Usage(Box::new(Usage {
-            tenant: self.me.tenant.clone(),
-            listener: self.me.name.arc(),
-            thread_id: d.meta.thread_id.clone(),
-            message_id: d.meta.message_id.clone(),
-            model: model.name.clone(),
-            input_tokens: input,
-            output_tokens: output,
-            cached_tokens: cached,
-            cost_micros: model.price.micros(input, output),
+        let call = meter::Call {
+            model,
+            input,
+            output,
+            cached,
             estimated,
             ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-        })));
-        input + output
+        };
+        self.meter
+            .account(&d.meta.thread_id, &d.meta.message_id, &call)
     }
 
     /// One tool call as an output, written and checked as its receiver's schema says.

@@ -38,6 +38,7 @@ fn delivery(schema: &Schema, text: &str) -> Delivery {
             own_name: crate::config::ListenerName::new("l"),
             payload_type: payload.payload_type().clone(),
             approval: None,
+            settings: None,
         },
         payload,
     }

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 pub(super) use super::event_wire_input::WireInput;
 use crate::config::diff::{ReloadProblem, ReloadReport};
 use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout, Usage};
-use crate::threads::{MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo, ThreadStatus};
+use crate::threads::{
+    MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo, ThreadSettings, ThreadStatus,
+};
 use crate::time::Timestamp;
 
 /// The version of the format this build writes (and the newest it reads).
@@ -49,6 +51,10 @@ pub(super) enum WireKind {
         status: ThreadStatus,
         message_count: u64,
         error: Option<String>,
+    },
+    ThreadSettings {
+        thread_id: Arc<str>,
+        settings: Option<ThreadSettings>,
     },
     Error {
         thread_id: Option<String>,
@@ -266,6 +272,8 @@ pub(super) struct WireThread {
     created_at: Timestamp,
     last_activity: Timestamp,
     error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    settings: Option<ThreadSettings>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -347,6 +355,7 @@ impl From<&ThreadInfo> for WireThread {
             created_at: t.created_at,
             last_activity: t.last_activity,
             error: t.error.clone(),
+            settings: t.settings.as_deref().cloned(),
         }
     }
 }
@@ -361,6 +370,7 @@ impl From<WireThread> for ThreadInfo {
             created_at: t.created_at,
             last_activity: t.last_activity,
             error: t.error,
+            settings: t.settings.and_then(ThreadSettings::kept),
         }
     }
 }
@@ -411,6 +421,15 @@ impl From<WireReport> for ReloadReport {
     }
 }
 
+impl WireKind {
+    fn settings(thread_id: &Arc<str>, settings: Option<&ThreadSettings>) -> WireKind {
+        WireKind::ThreadSettings {
+            thread_id: thread_id.clone(),
+            settings: settings.cloned(),
+        }
+    }
+}
+
 impl From<&EventKind> for WireKind {
     fn from(k: &EventKind) -> Self {
         match k {
@@ -453,6 +472,10 @@ impl From<&EventKind> for WireKind {
                 message_count: *message_count,
                 error: error.clone(),
             },
+            EventKind::ThreadSettings {
+                thread_id,
+                settings,
+            } => WireKind::settings(thread_id, settings.as_deref()),
             EventKind::Error {
                 thread_id,
                 agent,
@@ -570,6 +593,13 @@ impl From<WireKind> for EventKind {
                 status,
                 message_count,
                 error,
+            },
+            WireKind::ThreadSettings {
+                thread_id,
+                settings,
+            } => EventKind::ThreadSettings {
+                thread_id,
+                settings: settings.and_then(ThreadSettings::kept),
             },
             WireKind::Error {
                 thread_id,

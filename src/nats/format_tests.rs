@@ -102,6 +102,7 @@ fn events() -> Vec<Event> {
                 created_at: t,
                 last_activity: t,
                 error: None,
+                settings: None,
             },
         },
         EventKind::ThreadUpdated {
@@ -159,7 +160,14 @@ fn events() -> Vec<Event> {
             message: "careful".into(),
         },
     ];
-    let kinds = kinds.into_iter().chain(input_events(t));
+    let settings = EventKind::ThreadSettings {
+        thread_id: "t1".into(),
+        settings: Some(Arc::new(crate::threads::ThreadSettings {
+            model: Some("small".into()),
+            temperature: Some(0.5),
+        })),
+    };
+    let kinds = kinds.into_iter().chain(input_events(t)).chain([settings]);
     kinds
         .into_iter()
         .enumerate()

@@ -35,9 +35,10 @@ mod placed;
 mod wire;
 
 pub use link::{events_streams, missing_stream, Link, Names};
-pub use placed::{Placed, PlacedHandler};
+pub use placed::{Metered, Metering, Placed, PlacedHandler};
 pub use wire::{
-    listener_version, WorkItem, WorkLog, WorkOutput, WorkResult, MAX_LOG_LINES, MAX_LOG_LINE_BYTES,
+    listener_version, WorkItem, WorkLog, WorkOutput, WorkResult, WorkUsage, MAX_LOG_LINES,
+    MAX_LOG_LINE_BYTES, MAX_USAGE_ROWS,
 };
 
 /// How often a worker announces itself for each of its listeners.

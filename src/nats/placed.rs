@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::link::{Link, Streams};
-use super::wire::{listener_version, WorkItem, WorkResult};
+use super::wire::{listener_version, WorkItem, WorkResult, WorkUsage, MAX_USAGE_ROWS};
 use super::ALIVE_WITHIN;
 use crate::config::{ListenerConfig, NatsConfig};
 use crate::listener::{
@@ -330,9 +330,44 @@ struct Counts {
     unanswered: AtomicU64,
 }
 
+/// What the pump does around each delivery of a placed `kind: llm` listener (`pump`
+/// implements it over `llm::Meter`): holds what it may take against budgets before it goes,
+/// or refuses it.
+pub trait Metering: Send + Sync {
+    fn hold(&self, item: &WorkItem) -> Result<Box<dyn Metered>, String>;
+}
+
+/// A delivery's hold, until it ends.
+pub trait Metered: Send {
+    /// The delivery ended: `usage` is the calls the worker reported in the result taken
+    /// (none when none was taken), each accounted once.
+    fn settle(self: Box<Self>, usage: Vec<WorkUsage>);
+}
+
+/// A hold settled however the delivery ends: with the result's calls, or with none.
+struct Settle(Option<Box<dyn Metered>>);
+
+impl Settle {
+    fn with(mut self, mut usage: Vec<WorkUsage>) {
+        usage.truncate(MAX_USAGE_ROWS);
+        if let Some(m) = self.0.take() {
+            m.settle(usage);
+        }
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if let Some(m) = self.0.take() {
+            m.settle(Vec::new());
+        }
+    }
+}
+
 /// The handler of a listener placed on workers.
 pub struct PlacedHandler {
     placed: Arc<Placed>,
+    metering: Option<Arc<dyn Metering>>,
     /// The pump's hub, where the lines the handler logged on a worker are published.
     events: Arc<crate::events::EventHub>,
     listener: String,
@@ -346,8 +381,10 @@ impl PlacedHandler {
         placed: Arc<Placed>,
         events: Arc<crate::events::EventHub>,
         listener: &ListenerConfig,
+        metering: Option<Arc<dyn Metering>>,
     ) -> PlacedHandler {
         PlacedHandler {
+            metering,
             events,
             listener: listener.name.to_string(),
             subject: placed.names.work_subject(listener.name.as_str()),
@@ -363,7 +400,12 @@ impl PlacedHandler {
         item: WorkItem,
         subject: String,
         counts: Arc<Counts>,
+        metering: Option<Arc<dyn Metering>>,
     ) -> HandlerResult {
+        let held = Settle(match metering {
+            Some(m) => Some(m.hold(&item).map_err(HandlerError)?),
+            None => None,
+        });
         let deadline = Instant::now() + placed.deliver_timeout;
         counts.in_flight.fetch_add(1, Ordering::Relaxed);
         let _in_flight = InFlight(counts.clone());
@@ -383,8 +425,9 @@ impl PlacedHandler {
         opened.published = Some(placed.publish(subject, &item, deadline).await?);
         counts.delivered.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout_at(deadline, rx).await {
-            Ok(Ok(result)) => {
+            Ok(Ok(mut result)) => {
                 counts.answered.fetch_add(1, Ordering::Relaxed);
+                held.with(std::mem::take(&mut result.usage));
                 for line in result.logs.into_iter().take(super::MAX_LOG_LINES + 1) {
                     let level = match line.level.as_str() {
                         "warn" | "error" => line.level,
@@ -460,6 +503,7 @@ impl Handler for PlacedHandler {
             nonce,
             version: self.version.clone(),
             approval: delivery.meta.approval.as_deref().cloned(),
+            settings: delivery.meta.settings.as_deref().cloned(),
         };
         let subject = self.subject.clone();
         Box::pin(Self::call(
@@ -468,6 +512,7 @@ impl Handler for PlacedHandler {
             item,
             subject,
             self.counts.clone(),
+            self.metering.clone(),
         ))
     }
 

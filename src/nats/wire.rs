@@ -23,6 +23,9 @@ pub struct WorkItem {
     /// The approval that let it through a gate, if one did (Lua `meta.approval`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::listener::Approved>,
+    /// The thread's `settings` (for a `kind: llm` listener).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<crate::threads::ThreadSettings>,
 }
 
 /// A worker's answer to one [`WorkItem`] (subject `<prefix>.results`).
@@ -42,7 +45,30 @@ pub struct WorkResult {
     /// The lines the handler logged (Lua `log.*`) while it ran, in order.
     #[serde(default)]
     pub logs: Vec<WorkLog>,
+    /// A `kind: llm` handler's calls to its model, as the pump accounts them (at most
+    /// [`MAX_USAGE_ROWS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub usage: Vec<WorkUsage>,
 }
+
+/// One call of a `kind: llm` handler on a worker to its model. The pump takes the tokens
+/// and the model's name (one the listener may use, or its own), and prices it itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkUsage {
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cached_tokens: u64,
+    #[serde(default)]
+    pub estimated: bool,
+    #[serde(default)]
+    pub ms: u64,
+}
+
+/// Calls a result reports, at most: a handler makes at most `limits.max_rounds` (at most
+/// 10) a message.
+pub const MAX_USAGE_ROWS: usize = 16;
 
 /// One line a handler logged on a worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]

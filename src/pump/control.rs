@@ -171,7 +171,7 @@ impl Organism {
 /// listener, reloading a listener's script, killing a thread.
 #[derive(Clone, Copy)]
 pub struct Control<'a> {
-    organism: &'a Organism,
+    pub(super) organism: &'a Organism,
 }
 
 impl Control<'_> {

@@ -481,6 +481,11 @@ impl Shared {
                     own_name: listener.config.name.clone(),
                     payload_type: job.payload.payload_type().clone(),
                     approval: job.approval,
+                    settings: listener
+                        .config
+                        .llm
+                        .as_ref()
+                        .and_then(|_| self.threads.settings(&thread)),
                 },
                 payload: job.payload,
             };

@@ -38,9 +38,11 @@ mod gate;
 mod history;
 mod inject;
 mod inputs;
+mod metered;
 mod metrics;
 mod reload;
 mod route;
+mod settings;
 pub mod worker;
 
 use std::path::PathBuf;
@@ -71,6 +73,7 @@ pub use inputs::{notify_signature, Answer, DecideError, Decider, Inputs, Verdict
 pub use metrics::Metrics;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use route::SYSTEM_IDENTITY;
+pub use settings::{SettingsError, SettingsPatch};
 
 /// Finished threads kept in memory for the API and `send`.
 pub const RETAINED_FINISHED_THREADS: usize = 10_000;

@@ -129,6 +129,7 @@ impl Shared {
                 placed.clone(),
                 self.events.clone(),
                 lc,
+                super::metered::PlacedLlm::of(lc, &self.budgets, &self.events),
             )));
         }
         local_handler(

@@ -27,8 +27,8 @@ use crate::config::{ListenerConfig, OrganismConfig, Placement};
 use crate::events::{EventHub, EventKind, TryRecvError};
 use crate::listener::{Delivery, Handler, HandlerRegistry, Meta};
 use crate::nats::{
-    listener_version, Link, WorkItem, WorkLog, WorkOutput, WorkResult, ALIVE_EVERY, MAX_LOG_LINES,
-    MAX_LOG_LINE_BYTES,
+    listener_version, Link, WorkItem, WorkLog, WorkOutput, WorkResult, WorkUsage, ALIVE_EVERY,
+    MAX_LOG_LINES, MAX_LOG_LINE_BYTES, MAX_USAGE_ROWS,
 };
 use crate::xml::{normalize_payload, XmlLimits};
 
@@ -218,14 +218,30 @@ pub async fn run_worker(
 const LOG_RING: usize = 4096;
 
 /// The lines `item`'s handler logged (its listener, its thread), at most
-/// [`MAX_LOG_LINES`], then one line counting the rest and any the ring let go of.
-fn logs_of(rx: &mut crate::events::Receiver, item: &WorkItem) -> Vec<WorkLog> {
+/// [`MAX_LOG_LINES`], then one line counting the rest and any the ring let go of; and the
+/// calls it made to a model, at most [`MAX_USAGE_ROWS`].
+fn reports_of(rx: &mut crate::events::Receiver, item: &WorkItem) -> (Vec<WorkLog>, Vec<WorkUsage>) {
     let mut lines = Vec::new();
+    let mut usage = Vec::new();
     let (mut over, mut lost) = (0u64, 0u64);
     loop {
         match rx.try_recv() {
             Ok(ev) => {
-                if let EventKind::Log {
+                if let EventKind::Usage(u) = &ev.kind {
+                    if *u.listener == *item.listener
+                        && *u.message_id == *item.message_id
+                        && usage.len() < MAX_USAGE_ROWS
+                    {
+                        usage.push(WorkUsage {
+                            model: u.model.clone(),
+                            input_tokens: u.input_tokens,
+                            output_tokens: u.output_tokens,
+                            cached_tokens: u.cached_tokens,
+                            estimated: u.estimated,
+                            ms: u.ms,
+                        });
+                    }
+                } else if let EventKind::Log {
                     agent,
                     thread_id,
                     level,
@@ -263,7 +279,7 @@ fn logs_of(rx: &mut crate::events::Receiver, item: &WorkItem) -> Vec<WorkLog> {
             ),
         });
     }
-    lines
+    (lines, usage)
 }
 
 impl Worker {
@@ -362,6 +378,7 @@ impl Worker {
             outputs: Vec::new(),
             error: None,
             logs: Vec::new(),
+            usage: Vec::new(),
         };
         match self.call(item).await {
             Ok(outputs) => {
@@ -375,7 +392,7 @@ impl Worker {
             }
             Err(e) => result.error = Some(e),
         }
-        result.logs = logs_of(&mut logged, item);
+        (result.logs, result.usage) = reports_of(&mut logged, item);
         result
     }
 
@@ -402,6 +419,10 @@ impl Worker {
                 own_name: served.config.name.clone(),
                 payload_type,
                 approval: item.approval.clone().map(std::sync::Arc::new),
+                settings: item
+                    .settings
+                    .clone()
+                    .and_then(crate::threads::ThreadSettings::kept),
             },
             payload,
         };
@@ -466,6 +487,8 @@ impl Worker {
                 outputs: Vec::new(),
                 error: Some(format!("the handler's answer is {too_big}")),
                 logs: Vec::new(),
+                // The calls were made: they are still accounted.
+                usage: result.usage.clone(),
             };
             let Ok(b) = serde_json::to_vec(&refused) else {
                 return false;

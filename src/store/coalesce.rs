@@ -105,6 +105,8 @@ pub(super) enum Write<'a> {
     Key(&'a super::idempotency::KeyRow, Timestamp),
     /// A call to a model, and when it was published.
     Usage(&'a crate::events::Usage, Timestamp),
+    /// A thread's new `settings`.
+    Settings(&'a str, Option<&'a crate::threads::ThreadSettings>),
 }
 
 impl<'a> Write<'a> {
@@ -184,6 +186,10 @@ impl<'a> Write<'a> {
             EventKind::InputRequested { input } => Write::InputOpened(input),
             EventKind::InputResolved { input } => Write::InputDecided(input),
             EventKind::Usage(u) => Write::Usage(u, event.timestamp),
+            EventKind::ThreadSettings {
+                thread_id,
+                settings,
+            } => Write::Settings(thread_id, settings.as_deref()),
             _ => return None,
         })
     }
@@ -364,9 +370,11 @@ impl Index<'_> {
             }
             // Made by `touch`, never read from an operation.
             Write::Seq(_) | Write::Touch { .. } => None,
-            Write::InputOpened(_) | Write::InputDecided(_) | Write::Key(..) | Write::Usage(..) => {
-                None
-            }
+            Write::InputOpened(_)
+            | Write::InputDecided(_)
+            | Write::Key(..)
+            | Write::Usage(..)
+            | Write::Settings(..) => None,
         }
     }
 }

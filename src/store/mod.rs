@@ -410,6 +410,7 @@ impl Store {
                 | EventKind::InputRequested { .. }
                 | EventKind::InputResolved { .. }
                 | EventKind::Usage(_)
+                | EventKind::ThreadSettings { .. }
         ) {
             self.send(Op::Event(event.clone()));
         }

@@ -359,6 +359,8 @@ CREATE TABLE usage_daily (
     PRIMARY KEY (day, tenant, listener, model)
 ) WITHOUT ROWID;
 "#,
+    // v16: a thread's `settings` (JSON, NULL when none).
+    "ALTER TABLE threads ADD COLUMN settings TEXT;",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

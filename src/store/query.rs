@@ -427,7 +427,8 @@ impl Store {
                 tx,
                 Select {
                     from: "threads",
-                    columns: "id, status, message_count, created_at, last_activity, error, n",
+                    columns:
+                        "id, status, message_count, created_at, last_activity, error, n, settings",
                     order: "created_at DESC, id DESC",
                 },
                 &w,
@@ -441,11 +442,12 @@ impl Store {
                         get_u64(r, 4)?,
                         r.get::<_, Option<String>>(5)?,
                         r.get::<_, i64>(6)?,
+                        r.get::<_, Option<String>>(7)?,
                     ))
                 },
             )?;
             let mut items = Vec::with_capacity(rows.len());
-            for (id, status, count, created, last, error, n) in rows {
+            for (id, status, count, created, last, error, n, settings) in rows {
                 let participants = participants(tx, n)?;
                 items.push(ThreadInfo {
                     participants,
@@ -455,6 +457,7 @@ impl Store {
                     created_at: Timestamp(created),
                     last_activity: Timestamp(last),
                     error,
+                    settings: settings_of(settings),
                 });
             }
             Ok(Paged {
@@ -535,7 +538,7 @@ impl Store {
         self.read(|tx| {
             let row = tx
                 .query_row(
-                    "SELECT status, message_count, created_at, last_activity, error, n FROM threads WHERE id = ?",
+                    "SELECT status, message_count, created_at, last_activity, error, n, settings FROM threads WHERE id = ?",
                     params![id],
                     |r| {
                         Ok((
@@ -545,11 +548,12 @@ impl Store {
                             get_u64(r, 3)?,
                             r.get::<_, Option<String>>(4)?,
                             r.get::<_, i64>(5)?,
+                            r.get::<_, Option<String>>(6)?,
                         ))
                     },
                 )
                 .optional()?;
-            let Some((status, count, created, last, error, n)) = row else {
+            let Some((status, count, created, last, error, n, settings)) = row else {
                 return Ok(None);
             };
             Ok(Some(ThreadInfo {
@@ -560,9 +564,16 @@ impl Store {
                 created_at: Timestamp(created),
                 last_activity: Timestamp(last),
                 error,
+                settings: settings_of(settings),
             }))
         })
     }
+}
+
+/// A thread's `settings` column read back (JSON; what cannot be read is none).
+fn settings_of(text: Option<String>) -> Option<std::sync::Arc<crate::threads::ThreadSettings>> {
+    text.and_then(|t| serde_json::from_str::<crate::threads::ThreadSettings>(&t).ok())
+        .and_then(crate::threads::ThreadSettings::kept)
 }
 
 /// The query of the blocks holding a filter's messages (without a thread), in write order,

@@ -603,7 +603,23 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             Write::InputDecided(r) => super::inputs::decide(self.tx, r)?,
             Write::Key(r, prune_before) => super::idempotency::insert(self.tx, r, prune_before)?,
             Write::Usage(u, at) => super::usage::insert(self.tx, u, at)?,
+            Write::Settings(id, settings) => self.settings(id, settings)?,
         }
+        Ok(())
+    }
+
+    /// A thread's `settings`, after the thread rows this batch holds so far (one of which
+    /// may be its).
+    fn settings(
+        &mut self,
+        id: &str,
+        settings: Option<&crate::threads::ThreadSettings>,
+    ) -> rusqlite::Result<()> {
+        self.insert_pending()?;
+        let json = settings.and_then(|s| serde_json::to_string(s).ok());
+        self.tx
+            .prepare_cached("UPDATE threads SET settings = ?2 WHERE id = ?1")?
+            .execute(params![id, json])?;
         Ok(())
     }
 

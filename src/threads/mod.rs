@@ -18,8 +18,10 @@ use crate::time::Timestamp;
 mod input;
 mod query;
 mod record;
+mod settings;
 pub use input::{InputFilter, InputKind, InputRow, InputStatus};
 pub use query::{glob_match, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
+pub use settings::ThreadSettings;
 
 pub use record::{
     new_id, valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Origin, OriginKind,
@@ -50,6 +52,7 @@ struct Entry {
     cancel: CancellationToken,
     /// Whose active threads it counts among ([`Quota`]), while active.
     owner: Option<Arc<str>>,
+    settings: Option<Arc<ThreadSettings>>,
 }
 
 impl Entry {
@@ -62,6 +65,7 @@ impl Entry {
             created_at: self.created_at,
             last_activity: self.last_activity,
             error: self.error.clone(),
+            settings: self.settings.clone(),
         }
     }
 
@@ -228,6 +232,7 @@ impl ThreadRegistry {
             finished: None,
             messages: Vec::new(),
             cancel: CancellationToken::new(),
+            settings: None,
         };
         let info = entry.info(&id);
         shard.threads.insert(id.clone(), entry);
@@ -269,6 +274,7 @@ impl ThreadRegistry {
             messages: Vec::new(),
             cancel,
             owner: None,
+            settings: info.settings.clone(),
         };
         let finished = info.status.is_finished();
         shard.threads.insert(id.clone(), entry);

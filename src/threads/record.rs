@@ -100,6 +100,8 @@ pub struct ThreadInfo {
     pub created_at: Timestamp,
     pub last_activity: Timestamp,
     pub error: Option<String>,
+    /// What a client chose for its LLM listeners (`PATCH /threads/{id}`).
+    pub settings: Option<Arc<super::ThreadSettings>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

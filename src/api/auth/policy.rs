@@ -94,6 +94,7 @@ const ADMIN: Need = Need::Role(Role::Admin);
 const GET: Method = Method::GET;
 const POST: Method = Method::POST;
 const DELETE: Method = Method::DELETE;
+const PATCH: Method = Method::PATCH;
 
 /// Every REST route and every `/ws` command. A route it does not name needs an admin of no
 /// tenant (closed until placed); `tests/auth.rs` checks that every route of the OpenAPI
@@ -141,6 +142,7 @@ pub const TABLE: &[Rule] = &[
     route(POST, "/api/v1/inject", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/abort", OPERATOR, false),
+    route(PATCH, "/api/v1/threads/{id}", OPERATOR, false),
     route(GET, "/api/v1/inputs", VIEWER, false),
     route(GET, "/api/v1/inputs/{id}", VIEWER, false),
     route(POST, "/api/v1/inputs/{id}/approve", OPERATOR, false),
@@ -171,6 +173,7 @@ pub const TABLE: &[Rule] = &[
     command("inject", On::Agent, Role::Operator),
     command("kill", On::Thread, Role::Operator),
     command("abort", On::Thread, Role::Operator),
+    command("settings", On::Thread, Role::Operator),
     command("approve", On::Input, Role::Operator),
     command("reject", On::Input, Role::Operator),
     command("answer", On::Input, Role::Operator),

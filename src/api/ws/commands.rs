@@ -79,14 +79,14 @@ async fn run(
     }
     let organism = s.source.0.inner.organism.clone();
     let mut out = Map::new();
+    let seen = Seen {
+        principal: s.principal.clone(),
+        scope: scope.clone(),
+    };
     match command {
         Command::Subscribe(spec) => return s.subscribe_with_history(spec, &scope).await,
         Command::Inject(body, key) => {
             s.source.0.limit_inject(&s.principal)?;
-            let seen = Seen {
-                principal: s.principal.clone(),
-                scope,
-            };
             let keys = &s.source.0.inner.keys;
             let once = inject(keys, &organism, &seen, WS_IDENTITY, *body, key.as_deref()).await?;
             out.insert("thread_id".into(), json!(once.receipt.thread_id));
@@ -112,37 +112,25 @@ async fn run(
         }
         Command::Abort(t, reason) => {
             see_thread(&organism, &scope, &t)?;
-            let seen = Seen {
-                principal: s.principal.clone(),
-                scope,
-            };
             inputs::abort(&organism, &seen, &t, reason, WS_IDENTITY)?;
             out.insert("thread_id".into(), json!(t));
         }
+        Command::Settings(t, patch) => {
+            see_thread(&organism, &scope, &t)?;
+            out = crate::api::settings::change_answered(&organism, &scope, &t, *patch)?;
+        }
         Command::Approve(id, body) => {
-            let seen = Seen {
-                principal: s.principal.clone(),
-                scope,
-            };
             let row = inputs::approve(&organism, &seen, &id, *body).await?;
             out.insert("input_id".into(), json!(id));
             out.insert("status".into(), json!(row.status.as_str()));
             out.insert("result_message_id".into(), json!(row.result));
         }
         Command::Answer(id, body) => {
-            let seen = Seen {
-                principal: s.principal.clone(),
-                scope,
-            };
             let row = inputs::answer(&organism, &seen, &id, *body).await?;
             out.insert("input_id".into(), json!(id));
             out.insert("status".into(), json!(row.status.as_str()));
         }
         Command::Reject(id, reason) => {
-            let seen = Seen {
-                principal: s.principal.clone(),
-                scope,
-            };
             let row = inputs::reject(&organism, &seen, &id, reason).await?;
             out.insert("input_id".into(), json!(id));
             out.insert("status".into(), json!(row.status.as_str()));
@@ -185,7 +173,7 @@ fn see_thread(
 
 fn unknown_command(cmd: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, approve, reject, answer, reload, stop)"
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, approve, reject, answer, reload, stop)"
     ))
     .at("cmd")
 }
@@ -229,6 +217,8 @@ enum Command {
     Kill(String),
     /// A thread, and why.
     Abort(String, Option<String>),
+    /// A thread, and the change of its settings (the REST route's body).
+    Settings(String, Box<crate::api::settings::ThreadPatch>),
     /// An input, and the decision's body.
     Approve(String, Box<DecisionBody>),
     /// An input, and why.
@@ -286,6 +276,16 @@ impl Command {
                 })?,
                 text(&map, "reason")?,
             ),
+            "settings" => {
+                let mut map = map;
+                let t = text(&map, "thread_id")?.ok_or_else(|| {
+                    ApiError::bad_request("`settings` needs a `thread_id`").at("thread_id")
+                })?;
+                map.remove("thread_id");
+                let patch = serde_json::from_value(Value::Object(map))
+                    .map_err(|e| ApiError::bad_request(format!("bad settings: {e}")))?;
+                Command::Settings(t, Box::new(patch))
+            }
             "answer" => {
                 let (id, body) = on_input::<AnswerBody>(cmd, map)?;
                 Command::Answer(id, Box::new(body))
@@ -310,7 +310,7 @@ impl Command {
             Command::Subscribe(_) => On::Session,
             Command::Inject(..) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
-            Command::Kill(_) | Command::Abort(..) => On::Thread,
+            Command::Kill(_) | Command::Abort(..) | Command::Settings(..) => On::Thread,
             Command::Approve(..) | Command::Reject(..) | Command::Answer(..) => On::Input,
             Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
                 On::Organism
@@ -332,7 +332,16 @@ impl Command {
 fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
     if !matches!(
         cmd,
-        "pause" | "resume" | "reload" | "kill" | "abort" | "approve" | "reject" | "answer" | "stop"
+        "pause"
+            | "resume"
+            | "reload"
+            | "kill"
+            | "abort"
+            | "settings"
+            | "approve"
+            | "reject"
+            | "answer"
+            | "stop"
     ) {
         return None;
     }

@@ -195,6 +195,7 @@ impl Tester {
                 own_name: self.listener.name.clone(),
                 payload_type: ty,
                 approval: None,
+                settings: None,
             },
             payload,
         };

@@ -170,6 +170,7 @@ impl Shared {
                         created_at: row.created,
                         last_activity: row.created,
                         error: None,
+                        settings: None,
                     });
                 self.threads.adopt(&info);
             }

@@ -65,6 +65,7 @@ fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
                 created_at: Timestamp(created),
                 last_activity: Timestamp(created),
                 error: None,
+                settings: None,
             },
         },
     );

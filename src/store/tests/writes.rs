@@ -109,6 +109,7 @@ fn coalescing_keeps_what_a_batch_writes() {
                 created_at: Timestamp(5),
                 last_activity: Timestamp(5),
                 error: None,
+                settings: None,
             },
         }),
         event_op(EventKind::MessageStatus {
