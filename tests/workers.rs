@@ -5,6 +5,8 @@
 //! sink, in-process), so the collector's log is what the workers' outputs became.
 
 mod common;
+#[path = "workers/llm.rs"]
+mod llm;
 mod nats;
 
 use std::io::{BufRead, BufReader};
@@ -41,11 +43,16 @@ listeners:
 
 /// A worker process serving `relay`; its stderr lines arrive on the receiver.
 fn worker(path: &Path, name: &str) -> (Running, mpsc::Receiver<String>) {
+    worker_of(path, "relay", name)
+}
+
+/// A worker process serving `listeners`; its stderr lines arrive on the receiver.
+fn worker_of(path: &Path, listeners: &str, name: &str) -> (Running, mpsc::Receiver<String>) {
     let mut child = Running::spawn(
         agentserver()
             .args(["worker"])
             .arg(path)
-            .args(["--listeners", "relay", "--name", name])
+            .args(["--listeners", listeners, "--name", name])
             .stdout(Stdio::null())
             .stderr(Stdio::piped()),
     );
