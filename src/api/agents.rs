@@ -1,6 +1,6 @@
 //! Agents created through the API (`/api/v1/agents`, `…/scripts`, `…/deployments`): a
-//! tenant writes a Lua handler, uploads versions, deploys one and rolls back, on the live
-//! organism. The pump does the work (`pump::agents`); this is the HTTP edge: bodies, the
+//! tenant writes a Lua handler (or an LLM agent's system prompt), uploads versions, deploys
+//! one and rolls back, on the live organism. The pump does the work (`pump::agents`); this is the HTTP edge: bodies, the
 //! caller's tenant, and the answers.
 //!
 //! A tenant's credential creates agents of its tenant only, and sees only its tenant's; an
@@ -24,8 +24,8 @@ type ApiResult<T> = Result<T, ApiError>;
 use crate::pump::agents::{AgentChange, AgentError, NewAgent, NewVersion};
 use crate::store::agents::{DeploymentRow, VersionRow};
 
-/// `POST /api/v1/agents`: a Lua listener's fields, as the organism file takes them, with
-/// the script's text in `script`.
+/// `POST /api/v1/agents`: a Lua or LLM listener's fields, as the organism file takes them,
+/// with version 1's text in `script` (Lua) or `system` (an LLM's system prompt).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAgent {
@@ -33,11 +33,30 @@ pub struct CreateAgent {
     pub name: String,
     #[schema(min_length = 1)]
     pub description: String,
-    /// Only `lua` (the default) can be created through the API.
-    #[schema(pattern = "^lua$")]
+    /// `lua` (the default) or `llm`.
+    #[schema(pattern = "^(lua|llm)$")]
     pub kind: Option<String>,
-    /// The Lua source of version 1.
-    pub script: String,
+    /// The Lua source of version 1 (`kind: lua`).
+    pub script: Option<String>,
+    /// The system prompt of version 1 (`kind: llm`).
+    pub system: Option<String>,
+    /// `kind: llm`: one of `models:`, of the tenant's `models` (`GET /models`).
+    pub model: Option<String>,
+    /// `kind: llm`: the payload types it may send, each a tool.
+    pub outputs: Option<Vec<String>>,
+    /// `kind: llm`: `{type, text_field}`, what a plain-text answer becomes.
+    #[schema(value_type = Option<Object>)]
+    pub reply: Option<serde_json::Value>,
+    /// `kind: llm`: `{history: thread, max_messages}`.
+    #[schema(value_type = Option<Object>)]
+    pub context: Option<serde_json::Value>,
+    /// `kind: llm`: publish its answer's pieces as `delta` events.
+    pub stream: Option<bool>,
+    /// `kind: llm`: `{tokens_per_thread}`.
+    #[schema(value_type = Option<Object>)]
+    pub budget: Option<serde_json::Value>,
+    /// `kind: llm`: what a thread's `settings` may change (`model`, `temperature`).
+    pub overridable: Option<Vec<String>>,
     /// A note on version 1.
     pub message: Option<String>,
     /// The payload types as the DSL (`fields:` of the file); or `xsd`.
@@ -52,7 +71,7 @@ pub struct CreateAgent {
     pub peers: Option<Vec<String>>,
     #[schema(value_type = Option<Object>)]
     pub config: Option<serde_json::Value>,
-    /// `{cpu_ms, memory_mb}` per call.
+    /// Lua: `{cpu_ms, memory_mb}` per call; LLM: `{max_tokens, max_rounds, temperature}`.
     #[schema(value_type = Option<Object>)]
     pub limits: Option<serde_json::Value>,
     #[serde(default, deserialize_with = "super::whole::opt_usize")]
@@ -69,7 +88,10 @@ pub struct CreateAgent {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UploadScript {
-    pub script: String,
+    /// A Lua agent's new source.
+    pub script: Option<String>,
+    /// An LLM agent's new system prompt.
+    pub system: Option<String>,
     pub message: Option<String>,
     /// New payload types (DSL), else the live version's.
     #[schema(value_type = Option<Object>)]
@@ -317,6 +339,26 @@ fn with_history(s: &ApiState, seen: &Seen, name: &str) -> Result<History, ApiErr
     }
 }
 
+/// A version's text: a Lua agent's `script`, an LLM agent's `system` prompt; the other
+/// field, or neither, is refused where it was (or was not) written.
+fn version_text(llm: bool, script: Option<String>, system: Option<String>) -> ApiResult<String> {
+    match (llm, script, system) {
+        (false, Some(s), None) | (true, None, Some(s)) => Ok(s),
+        (false, _, Some(_)) => Err(ApiError::bad_request(
+            "only a `kind: llm` agent has a `system` prompt; a Lua agent's text is `script`",
+        )
+        .at("system")),
+        (true, Some(_), _) => Err(ApiError::bad_request(
+            "a `kind: llm` agent's text is its `system` prompt, not a `script`",
+        )
+        .at("script")),
+        (false, None, None) => Err(ApiError::bad_request("required: the Lua source").at("script")),
+        (true, None, None) => {
+            Err(ApiError::bad_request("required: the system prompt").at("system"))
+        }
+    }
+}
+
 fn changed(name: &str, c: &AgentChange) -> AgentChanged {
     AgentChanged {
         agent: name.to_string(),
@@ -336,11 +378,17 @@ pub async fn create_agent(
     seen: Seen,
     JsonBody(body): JsonBody<CreateAgent>,
 ) -> ApiResult<(StatusCode, Json<AgentChanged>)> {
-    if body.kind.as_deref().is_some_and(|k| k != "lua") {
-        return Err(
-            ApiError::bad_request("only `lua` agents can be created through the API").at("kind"),
-        );
-    }
+    let llm = match body.kind.as_deref() {
+        None | Some("lua") => false,
+        Some("llm") => true,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "only `lua` and `llm` agents can be created through the API",
+            )
+            .at("kind"))
+        }
+    };
+    let text = version_text(llm, body.script, body.system)?;
     let tenant = match (&seen.principal.tenant, body.tenant) {
         (Some(mine), Some(asked)) if *mine != asked => {
             return Err(ApiError::bad_request(
@@ -353,11 +401,21 @@ pub async fn create_agent(
     };
     let mut definition = serde_json::Map::new();
     definition.insert("description".into(), body.description.into());
+    if llm {
+        definition.insert("kind".into(), "llm".into());
+    }
     let optional = [
         ("accepts", body.accepts.map(serde_json::Value::from)),
         ("peers", body.peers.map(serde_json::Value::from)),
         ("limits", body.limits),
         ("concurrency", body.concurrency.map(serde_json::Value::from)),
+        ("model", body.model.map(serde_json::Value::from)),
+        ("outputs", body.outputs.map(serde_json::Value::from)),
+        ("reply", body.reply),
+        ("context", body.context),
+        ("stream", body.stream.map(serde_json::Value::from)),
+        ("budget", body.budget),
+        ("overridable", body.overridable.map(serde_json::Value::from)),
     ];
     for (key, value) in optional {
         if let Some(v) = value {
@@ -373,7 +431,7 @@ pub async fn create_agent(
         tenant,
         definition: serde_json::Value::Object(definition),
         version: NewVersion {
-            script: body.script,
+            script: text,
             message: body.message,
             fields: body.fields,
             xsd: body.xsd,
@@ -424,11 +482,16 @@ pub async fn upload_script(
 ) -> ApiResult<axum::response::Response> {
     use axum::response::IntoResponse;
     let agent = visible_agent(&s, &seen, &name)?;
+    let text = version_text(
+        crate::pump::agents::is_llm(&agent),
+        body.script,
+        body.system,
+    )?;
     let organism = s.inner.organism.clone();
     let author = seen.principal.name.clone();
     let target = name.clone();
     let new = NewVersion {
-        script: body.script,
+        script: text,
         message: body.message,
         fields: body.fields,
         xsd: body.xsd,

@@ -38,9 +38,15 @@ fn check_quotas(
                 ),
             );
         }
+        // A Lua agent's script, or an LLM agent's system prompt.
+        let prompt = me.llm.as_ref().and_then(|l| match &l.system {
+            super::llm::SystemPrompt::File(p) => Some(p),
+            super::llm::SystemPrompt::Inline(_) => None,
+        });
         let bytes = me
             .script
             .as_ref()
+            .or(prompt)
             .and_then(|p| std::fs::metadata(p).ok())
             .map_or(0, |m| m.len() as usize);
         if bytes > q.max_script_bytes {

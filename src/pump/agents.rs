@@ -1,5 +1,6 @@
-//! Agents created through the API: a layer of Lua listeners over the organism file's, kept
-//! in the store (`store::agents`), each change made live by the reload machinery.
+//! Agents created through the API: a layer of Lua and LLM listeners over the organism
+//! file's, kept in the store (`store::agents`), each change made live by the reload
+//! machinery. A version's text is a Lua agent's script or an LLM agent's system prompt.
 //!
 //! - **One code path.** An agent is a listener item of the file's shape; its live version's
 //!   script (and XSD, if it has one) is written to a file under the organism's agents
@@ -115,6 +116,15 @@ pub struct AgentChange {
     pub from_version: Option<u64>,
 }
 
+/// Whether `agent` is a `kind: llm` agent (its definition says so; else it is Lua).
+pub fn is_llm(agent: &AgentRow) -> bool {
+    agent
+        .definition
+        .get("kind")
+        .and_then(serde_json::Value::as_str)
+        == Some("llm")
+}
+
 /// Checks what the config cannot: sizes, and that a script is source text.
 fn check_version(v: &NewVersion) -> Result<(), AgentError> {
     if v.script.len() > MAX_SCRIPT_BYTES {
@@ -125,7 +135,7 @@ fn check_version(v: &NewVersion) -> Result<(), AgentError> {
     }
     if v.script.contains('\0') || v.script.starts_with('\u{1b}') {
         return Err(AgentError::Bad(
-            "the script is not Lua source text (bytecode is not accepted)".into(),
+            "the script is not source text (no NUL; Lua bytecode is not accepted)".into(),
         ));
     }
     if v.xsd.as_ref().is_some_and(|x| x.len() > MAX_XSD_BYTES) {
@@ -161,7 +171,8 @@ impl ApiAgents {
         }
     }
 
-    /// Where version `version`'s text of kind `ext` (`lua`, `xsd`) of `agent` is written.
+    /// Where version `version`'s text of kind `ext` (`lua`, `md` for an LLM's system prompt,
+    /// `xsd`) of `agent` is written.
     fn file(&self, agent: &str, version: u64, ext: &str) -> PathBuf {
         let key = crate::hash::sha256_hex(agent.as_bytes());
         self.dir.join(format!("{}-v{version}.{ext}", &key[..16]))
@@ -172,10 +183,11 @@ impl ApiAgents {
     /// kept, removed.
     fn refused(&self, agent: &str, version: u64, problems: Vec<ReloadProblem>) -> AgentError {
         let mut shown = problems;
-        for ext in ["lua", "xsd"] {
+        for ext in ["lua", "md", "xsd"] {
             let path = self.file(agent, version, ext);
             let label = match ext {
                 "lua" => format!("script v{version}"),
+                "md" => format!("system prompt v{version}"),
                 _ => format!("xsd v{version}"),
             };
             for p in &mut shown {
@@ -186,7 +198,7 @@ impl ApiAgents {
     }
 
     fn forget_files(&self, agent: &str, version: u64) {
-        for ext in ["lua", "xsd"] {
+        for ext in ["lua", "md", "xsd"] {
             let _ = std::fs::remove_file(self.file(agent, version, ext));
         }
     }
@@ -225,12 +237,19 @@ impl ApiAgents {
             _ => serde_json::Map::new(),
         };
         item.insert("name".into(), agent.name.clone().into());
-        item.insert("kind".into(), "lua".into());
         if let Some(t) = &agent.tenant {
             item.insert("tenant".into(), t.clone().into());
         }
-        let script = self.materialize(&agent.name, version.version, "lua", &version.script)?;
-        item.insert("script".into(), script.display().to_string().into());
+        // A version's text is a Lua agent's script, or an LLM agent's system prompt.
+        if is_llm(agent) {
+            let text = self.materialize(&agent.name, version.version, "md", &version.script)?;
+            let file = serde_json::json!({"file": text.display().to_string()});
+            item.insert("system".into(), file);
+        } else {
+            item.insert("kind".into(), "lua".into());
+            let text = self.materialize(&agent.name, version.version, "lua", &version.script)?;
+            item.insert("script".into(), text.display().to_string().into());
+        }
         if let Some(f) = &version.fields {
             item.insert("fields".into(), f.clone());
         }

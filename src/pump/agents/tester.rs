@@ -20,7 +20,27 @@ pub struct Tester {
     name: String,
     listener: crate::config::ListenerConfig,
     config: std::sync::Arc<crate::config::OrganismConfig>,
-    handler: crate::lua::LuaHandler,
+    handler: Tried,
+}
+
+/// The handler a version is tried with.
+enum Tried {
+    Lua(crate::lua::LuaHandler),
+    /// Its calls to the model are held against budgets and accounted like any (a test
+    /// costs what it costs); its deltas are published as the listener's.
+    Llm(crate::llm::LlmHandler),
+}
+
+impl Tried {
+    async fn measured(
+        &self,
+        d: crate::listener::Delivery,
+    ) -> (crate::listener::HandlerResult, Option<crate::lua::Cost>) {
+        match self {
+            Tried::Lua(h) => h.measured(d).await,
+            Tried::Llm(h) => (crate::listener::Handler::handle(h, d).await, None),
+        }
+    }
 }
 
 /// What one case did.
@@ -100,13 +120,24 @@ impl super::Uploads<'_> {
             .listener(name)
             .cloned()
             .ok_or_else(|| AgentError::NotFound(name.to_string()))?;
-        let handler = crate::lua::LuaHandler::build_with(
-            &listener,
-            self.organism.shared.limits.max_message_bytes,
-            crate::lua::OutputTargets::of(&config),
-            std::sync::Arc::new(crate::events::EventHub::new(16)),
-            None,
-        )
+        let shared = &self.organism.shared;
+        let max_bytes = shared.limits.max_message_bytes;
+        let targets = crate::lua::OutputTargets::of(&config);
+        let handler = if listener.llm.is_some() {
+            crate::llm::LlmHandler::new(
+                &listener,
+                targets,
+                max_bytes,
+                shared.events.clone(),
+                None,
+                Some(shared.budgets.clone()),
+            )
+            .map(Tried::Llm)
+        } else {
+            let hub = std::sync::Arc::new(crate::events::EventHub::new(16));
+            crate::lua::LuaHandler::build_with(&listener, max_bytes, targets, hub, None)
+                .map(Tried::Lua)
+        }
         .map_err(|message| {
             AgentError::Invalid(vec![ReloadProblem {
                 line: None,
