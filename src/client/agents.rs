@@ -45,6 +45,9 @@ pub enum ScriptsCommand {
         /// Check the version and run its cases; keep nothing.
         #[arg(long)]
         dry_run: bool,
+        /// The file is a `kind: llm` agent's system prompt, not a Lua script.
+        #[arg(long)]
+        prompt: bool,
     },
     /// Run test cases (a JSON list of `{payload, payload_type?, expect?}`) through a
     /// version, apart from the running organism; exit 1 if any fails.
@@ -276,8 +279,10 @@ pub async fn scripts(remote: &Remote, cmd: ScriptsCommand, json: bool) -> Result
             config,
             cases,
             dry_run,
+            prompt,
         } => {
-            let mut body = json!({"script": read(&script)?});
+            let key = if prompt { "system" } else { "script" };
+            let mut body = json!({ key: read(&script)? });
             if let Some(c) = &cases {
                 body["cases"] = read_cases(c)?;
             }

@@ -217,6 +217,29 @@ listeners:
     let last = fake.requests().len() - 1;
     assert_eq!(system(last), "You plan v2.");
 
+    // From the command line, a prompt file is pushed as a version.
+    std::fs::write(dir.path().join("v3.md"), "You plan v3.").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
+        .args([
+            "scripts",
+            "--url",
+            &api.base,
+            "--token",
+            &api.keys["acme-op"],
+        ])
+        .args(["push", "acme-planner"])
+        .arg(dir.path().join("v3.md"))
+        .arg("--prompt")
+        .env_remove("AGENTSERVER_TOKEN")
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("v3 kept"),
+        "{said} {out:?}"
+    );
+
     // The other tenant sees none of it.
     for path in [
         "/api/v1/agents/acme-planner",
