@@ -50,6 +50,12 @@ pub struct UsageItem {
     pub cost_micros: u64,
     /// Calls whose tokens were estimated (the server reported none).
     pub estimated_calls: u64,
+    /// Messages the listeners handled (every kind), in the group (`model`: `null`).
+    pub messages: u64,
+    /// Time their handlers took, in milliseconds.
+    pub handler_ms: u64,
+    /// CPU time of Lua listeners' sandboxes, in milliseconds (other kinds: 0).
+    pub cpu_ms: u64,
 }
 
 impl From<UsageRow> for UsageItem {
@@ -65,12 +71,15 @@ impl From<UsageRow> for UsageItem {
             cached_tokens: r.cached_tokens,
             cost_micros: r.cost_micros,
             estimated_calls: r.estimated_calls,
+            messages: r.messages,
+            handler_ms: r.handler_us / 1000,
+            cpu_ms: r.cpu_us / 1000,
         }
     }
 }
 
 #[utoipa::path(get, path = "/api/v1/usage", tag = "agents", params(UsageParams),
-    responses((status = 200, description = "What `kind: llm` listeners' calls took, summed by day and grouped as asked (at most 10,000 groups); kept apart from the messages, so pruning them changes nothing here", body = Usage),
+    responses((status = 200, description = "What `kind: llm` listeners' calls took, and every listener's work (messages, handler time, Lua CPU time), summed by day and grouped as asked (at most 10,000 groups); kept apart from the messages, so pruning them changes nothing here", body = Usage),
               (status = 400, description = "A malformed day or grouping", body = ErrorResponse),
               (status = 503, description = "The organism keeps no store", body = ErrorResponse)))]
 pub async fn get_usage(

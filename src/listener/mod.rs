@@ -128,6 +128,12 @@ pub trait Handler: Send + Sync + 'static {
     fn carried_stats(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         None
     }
+
+    /// The CPU time its calls spent so far (a Lua listener's sandbox threads), in
+    /// microseconds, carried across reloads; `None`: this kind does not measure it.
+    fn cpu_micros(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One sample a handler reports for `/metrics`.

@@ -68,6 +68,8 @@ pub struct LuaStats {
     /// Memory of the most recently used state, bytes.
     pub memory: AtomicUsize,
     pub reloads: AtomicU64,
+    /// The CPU time its sandbox threads spent, in microseconds.
+    pub cpu_us: Arc<AtomicU64>,
 }
 
 impl LuaStats {
@@ -127,20 +129,18 @@ impl LuaHandler {
             .ok_or("a lua listener needs a `script`")?;
         let limits = listener.lua_limits;
         let source = read_script(&script)?;
+        let stats = carried.clone().unwrap_or_default();
         let spec = Spec {
             name: listener.name.to_string(),
             source,
             config: listener.config.clone(),
             limits,
+            cpu_us: stats.cpu_us.clone(),
         };
         let pool = Pool::start(spec, listener.concurrency)?;
-        let stats = match carried {
-            Some(stats) => {
-                stats.reloads.fetch_add(1, Ordering::Relaxed);
-                stats
-            }
-            None => Arc::new(LuaStats::default()),
-        };
+        if carried.is_some() {
+            stats.reloads.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(LuaHandler(Arc::new(Inner {
             name: listener.name.to_string(),
             script,
@@ -179,6 +179,7 @@ impl Inner {
             source,
             config: self.config.clone(),
             limits: self.limits,
+            cpu_us: self.stats.cpu_us.clone(),
         };
         let pool = Pool::start(spec, self.concurrency)?;
         *crate::sync::write(&self.pool) = Arc::new(pool);
@@ -405,6 +406,10 @@ impl Handler for LuaHandler {
 
     fn carried_stats(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         Some(self.0.stats.clone())
+    }
+
+    fn cpu_micros(&self) -> Option<u64> {
+        Some(self.0.stats.cpu_us.load(Ordering::Relaxed))
     }
 
     fn metrics(&self) -> Vec<crate::listener::HandlerMetric> {

@@ -100,6 +100,8 @@ pub(super) struct Spec {
     pub(super) source: String,
     pub(super) config: Json,
     pub(super) limits: LuaLimits,
+    /// The CPU time its sandbox threads spent, in microseconds (`LuaStats::cpu_us`).
+    pub(super) cpu_us: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Pool {
@@ -172,6 +174,9 @@ fn serve(
     mut sandbox: Sandbox,
     build: impl Fn() -> Result<Sandbox, String>,
 ) {
+    // The thread's CPU clock, read once a call after its answer is sent (one system call,
+    // off the caller's path): what the thread spent is the listener's CPU time.
+    let mut cpu_seen = crate::time::thread_cpu_time();
     loop {
         let Some(job) = queue.take() else {
             return; // the pool was replaced or dropped
@@ -185,6 +190,11 @@ fn serve(
             memory: sandbox.used_memory(),
             cost,
         });
+        let now = crate::time::thread_cpu_time();
+        let spent = now.saturating_sub(cpu_seen).as_micros();
+        spec.cpu_us
+            .fetch_add(u64::try_from(spent).unwrap_or(u64::MAX), Ordering::Relaxed);
+        cpu_seen = now;
         if job.abandoned.load(Ordering::Relaxed) {
             return; // a replacement already runs
         }

@@ -313,6 +313,7 @@ impl Organism {
         self.report_interrupted(recovered);
         self.shared.restore_inputs();
         self.expire_inputs();
+        self.account_work();
         self.shared.note_file_scripts(|_| true);
         if let Some(store) = &self.shared.store {
             let maintenance = store.start_maintenance(

@@ -43,6 +43,7 @@ mod metrics;
 mod reload;
 mod route;
 mod settings;
+mod work;
 pub mod worker;
 
 use std::path::PathBuf;

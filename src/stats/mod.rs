@@ -92,6 +92,11 @@ impl Histogram {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// The sum of the recorded values, in microseconds.
+    pub fn sum_us(&self) -> u64 {
+        self.sum_us.load(Ordering::Relaxed)
+    }
+
     pub fn sum_seconds(&self) -> f64 {
         self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
     }

@@ -107,6 +107,8 @@ pub(super) enum Write<'a> {
     Usage(&'a crate::events::Usage, Timestamp),
     /// A thread's new `settings`.
     Settings(&'a str, Option<&'a crate::threads::ThreadSettings>),
+    /// Listeners' work, and when it was taken.
+    Work(&'a [super::usage::WorkRow], Timestamp),
 }
 
 impl<'a> Write<'a> {
@@ -140,6 +142,7 @@ impl<'a> Write<'a> {
             Op::Event(event) => event,
             Op::Seq(s) => return Some(Write::Seq(*s)),
             Op::Key(k) => return Some(Write::Key(&k.0, k.1)),
+            Op::Work(w) => return Some(Write::Work(&w.0, w.1)),
             Op::Flush(_) | Op::Prune { .. } => return None,
         };
         Some(match &event.kind {
@@ -374,7 +377,8 @@ impl Index<'_> {
             | Write::InputDecided(_)
             | Write::Key(..)
             | Write::Usage(..)
-            | Write::Settings(..) => None,
+            | Write::Settings(..)
+            | Write::Work(..) => None,
         }
     }
 }

@@ -174,6 +174,8 @@ enum Op {
     Seq(u64),
     /// An idempotency key's record, and the time before which older ones go.
     Key(Box<(idempotency::KeyRow, Timestamp)>),
+    /// Listeners' work since the last account, and when it was taken.
+    Work(Box<(Vec<usage::WorkRow>, Timestamp)>),
     /// Called once everything sent before it is committed (or failed and held).
     Flush(Box<dyn FnOnce() + Send>),
     /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).

@@ -361,6 +361,19 @@ CREATE TABLE usage_daily (
 "#,
     // v16: a thread's `settings` (JSON, NULL when none).
     "ALTER TABLE threads ADD COLUMN settings TEXT;",
+    // v17: each listener's work by day (`store::usage`): messages handled, handler time,
+    // a Lua listener's CPU time.
+    r#"
+CREATE TABLE usage_work (
+    day TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    listener TEXT NOT NULL,
+    messages INTEGER NOT NULL,
+    handler_us INTEGER NOT NULL,
+    cpu_us INTEGER NOT NULL,
+    PRIMARY KEY (day, tenant, listener)
+) WITHOUT ROWID;
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

@@ -1,11 +1,13 @@
-//! The usage account (schema v15): every call of a `kind: llm` listener to its model
+//! The usage account (schema v15, v17): every call of a `kind: llm` listener to its model
 //! (`usage`, from the `usage` event, written by the log's writer), and each day's sums by
-//! tenant, listener and model (`usage_daily`), kept in the same transaction. Neither is
-//! pruned with messages: a budget summed from the days is not reopened by retention.
+//! tenant, listener and model (`usage_daily`), kept in the same transaction; and each
+//! listener's work by day (`usage_work`: messages handled, handler time, a Lua listener's
+//! CPU time), added by the pump every few seconds. None is pruned with messages: a budget
+//! summed from the days is not reopened by retention.
 
 use rusqlite::params;
 
-use super::{Store, StoreError};
+use super::{Op, Store, StoreError};
 use crate::events::Usage;
 use crate::time::Timestamp;
 
@@ -60,6 +62,52 @@ pub(super) fn insert(
     Ok(())
 }
 
+/// A listener's work since the last account: messages it handled, the time its handler
+/// took, and a Lua listener's CPU time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRow {
+    pub tenant: Option<String>,
+    pub listener: String,
+    pub messages: u64,
+    pub handler_us: u64,
+    pub cpu_us: u64,
+}
+
+/// Adds listeners' work to the day of `at`.
+pub(super) fn add_work(
+    tx: &rusqlite::Transaction<'_>,
+    rows: &[WorkRow],
+    at: Timestamp,
+) -> rusqlite::Result<()> {
+    let mut stmt = tx.prepare_cached(
+        "INSERT INTO usage_work (day, tenant, listener, messages, handler_us, cpu_us) \
+         VALUES (date(?1 / 1000, 'unixepoch'), ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT(day, tenant, listener) DO UPDATE SET messages = messages + excluded.messages, \
+         handler_us = handler_us + excluded.handler_us, cpu_us = cpu_us + excluded.cpu_us",
+    )?;
+    let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    for r in rows {
+        stmt.execute(params![
+            at.0 as i64,
+            r.tenant.as_deref().unwrap_or(""),
+            r.listener,
+            n(r.messages),
+            n(r.handler_us),
+            n(r.cpu_us),
+        ])?;
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Adds listeners' work to today's account (written by the writer, in order).
+    pub fn record_work(&self, rows: Vec<WorkRow>) {
+        if !rows.is_empty() {
+            self.send(Op::Work(Box::new((rows, Timestamp::now()))));
+        }
+    }
+}
+
 /// Which days and how to group them (`GET /usage`).
 #[derive(Debug, Clone, Default)]
 pub struct UsageQuery {
@@ -89,6 +137,12 @@ pub struct UsageRow {
     pub cost_micros: u64,
     /// Calls whose tokens were estimated (the server reported none).
     pub estimated_calls: u64,
+    /// Messages the listeners handled.
+    pub messages: u64,
+    /// Time their handlers took, in microseconds.
+    pub handler_us: u64,
+    /// CPU time of Lua listeners' calls, in microseconds.
+    pub cpu_us: u64,
 }
 
 /// The tokens `listener`'s calls took in `thread` (a thread's budget).
@@ -135,9 +189,16 @@ impl Store {
         } else {
             format!("GROUP BY {0} ORDER BY {0}", keys.join(", "))
         };
+        // Calls by model, and work (no model) by listener, summed together.
         let sql = format!(
             "SELECT {}, {}, {}, {}, SUM(calls), SUM(input_tokens), SUM(output_tokens), \
-             SUM(cached_tokens), SUM(cost_micros), SUM(estimated_calls) FROM usage_daily \
+             SUM(cached_tokens), SUM(cost_micros), SUM(estimated_calls), SUM(messages), \
+             SUM(handler_us), SUM(cpu_us) FROM ( \
+             SELECT day, tenant, listener, model, calls, input_tokens, output_tokens, \
+             cached_tokens, cost_micros, estimated_calls, 0 AS messages, 0 AS handler_us, \
+             0 AS cpu_us FROM usage_daily UNION ALL \
+             SELECT day, tenant, listener, NULL, 0, 0, 0, 0, 0, 0, messages, handler_us, cpu_us \
+             FROM usage_work) \
              WHERE (?1 IS NULL OR day >= ?1) AND (?2 IS NULL OR day <= ?2) \
              AND (?3 IS NULL OR tenant = ?3) {group} LIMIT {MAX_USAGE_ROWS}",
             select("day"),
@@ -163,11 +224,17 @@ impl Store {
                     cached_tokens: n(7)?,
                     cost_micros: n(8)?,
                     estimated_calls: n(9)?,
+                    messages: n(10)?,
+                    handler_us: n(11)?,
+                    cpu_us: n(12)?,
                 })
             })?;
             let rows: Vec<UsageRow> = rows.collect::<rusqlite::Result<_>>()?;
-            // No call at all sums to a row of NULLs: none.
-            Ok(rows.into_iter().filter(|r| r.calls > 0).collect())
+            // Nothing at all sums to a row of NULLs: none.
+            Ok(rows
+                .into_iter()
+                .filter(|r| r.calls > 0 || r.messages > 0)
+                .collect())
         })
     }
 }

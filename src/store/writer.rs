@@ -89,7 +89,7 @@ pub(super) fn writer(
                 // Every event that went into a write that failed is held.
                 let mut i = 0;
                 batch.retain_mut(|op| {
-                    let keep = matches!(op, Op::Event(_))
+                    let keep = matches!(op, Op::Event(_) | Op::Work(_))
                         && into[i].is_some_and(|w| failed.binary_search(&w).is_ok());
                     i += 1;
                     if keep {

@@ -604,6 +604,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             Write::Key(r, prune_before) => super::idempotency::insert(self.tx, r, prune_before)?,
             Write::Usage(u, at) => super::usage::insert(self.tx, u, at)?,
             Write::Settings(id, settings) => self.settings(id, settings)?,
+            Write::Work(rows, at) => super::usage::add_work(self.tx, rows, at)?,
         }
         Ok(())
     }

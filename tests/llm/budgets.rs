@@ -264,3 +264,61 @@ listeners:
         "{e}"
     );
 }
+
+#[tokio::test]
+async fn every_listeners_work_is_in_the_usage_account_and_outlives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
+    // Some CPU time a call, then nothing sent.
+    std::fs::write(
+        dir.path().join("busy.lua"),
+        "function handle(p, meta)\n  local n = 0\n  for i = 1, 300000 do n = n + i % 7 end\n  return nil\nend\n",
+    )
+    .unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        "organism: {name: work, store: data.db}
+listeners:
+  - {name: busy, description: counts, kind: lua, script: busy.lua, schema: p.xsd, accepts: [Task], tenant: acme}
+  - {name: worker, description: does the steps, kind: native, handler: sink, schema: p.xsd, accepts: [Plan]}
+",
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    for i in 0..5 {
+        let r = inject(&o, "busy", &format!("<Task><goal>{i}</goal></Task>"), None);
+        settle(&o, &r.thread_id).await;
+    }
+    // The account is taken at stop too.
+    o.stop().await;
+    drop(o);
+    let o = Organism::builder().load(&path).unwrap();
+    let server = serve(&o).await;
+    let url = format!(
+        "http://{}/api/v1/usage?group_by=tenant,listener,model",
+        server.local_addr()
+    );
+    let body: Value = http_get(url).await.unwrap().json().await.unwrap();
+    let items = body["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{body}");
+    let row = &items[0];
+    assert_eq!(
+        (
+            &row["tenant"],
+            &row["listener"],
+            &row["model"],
+            &row["messages"]
+        ),
+        (&json!("acme"), &json!("busy"), &Value::Null, &json!(5)),
+        "{body}"
+    );
+    assert_eq!(row["calls"], 0);
+    assert!(row["cpu_ms"].as_u64().unwrap() >= 1, "{body}");
+    assert!(
+        row["handler_ms"].as_u64().unwrap() >= row["cpu_ms"].as_u64().unwrap(),
+        "{body}"
+    );
+    server.shutdown().await;
+    o.stop().await;
+}
