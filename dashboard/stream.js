@@ -7,6 +7,7 @@ import { flushRows, loadOlder, onMessage, onStatus } from './log.js';
 import { refreshOrganism, setOrganism, setOrganismStatus } from './organism.js';
 import { $, state } from './state.js';
 import { loadThreads, openThread } from './threads.js';
+import { refreshUsage } from './usage.js';
 
 export function connect() {
   const proto = location.protocol === 'https:' ? 'wss:' : 'ws:';
@@ -151,6 +152,9 @@ export function onFrame(f) {
     case 'input_requested':
     case 'input_resolved':
       refreshInbox();
+      break;
+    case 'usage':
+      refreshUsage();
       break;
     case 'deployment':
       organismEvent(`${f.action} ${f.agent} v${f.version ?? ''}${f.ok ? '' : ' refused: ' + (f.error || '')}`);

@@ -5,6 +5,7 @@ import { refreshOrganism } from './organism.js';
 import { $, state } from './state.js';
 import { loadInbox } from './inbox.js';
 import { loadThreads } from './threads.js';
+import { loadUsage } from './usage.js';
 
 export function selectTab(name) {
   for (const t of document.querySelectorAll('[role="tab"]')) {
@@ -14,6 +15,7 @@ export function selectTab(name) {
   }
   if (name === 'threads' && !$('thread-list').children.length) loadThreads();
   if (name === 'inbox') loadInbox();
+  if (name === 'usage') loadUsage();
 }
 
 for (const t of document.querySelectorAll('[role="tab"]')) {

@@ -1120,3 +1120,55 @@ listeners:
     o.stop().await;
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_usage_tab_shows_the_account_and_the_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("organism.yaml");
+    std::fs::write(
+        &path,
+        "organism: { name: usage, store: usage.db }
+tenants:
+  acme: { tokens_per_day: 100000, tokens_per_month: 2000000 }
+models:
+  s: { provider: scripted, responses: [ { text: noted } ] }
+listeners:
+  - { name: think, description: answers, kind: llm, model: s, system: s, schema: t.xsd, accepts: [Ping], reply: { type: Answer, text_field: text }, tenant: acme }
+",
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let sent = inject(&o, "think", &ping(1), None);
+    settle(&o, &sent.thread_id).await;
+    let (server, base) = serve(&o).await;
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    until_live(&mut c).await;
+    c.click("#tab-usage").await;
+    // The model's call (its row names the model); the listener's work may have its row too.
+    let call = "[...document.querySelectorAll('#usage tbody tr')].find(r => r.cells[3].textContent === 's')";
+    c.wait(
+        &format!("!!{call} && document.querySelectorAll('#budgets tbody tr').length === 2"),
+        "the model's call and both windows",
+    )
+    .await;
+    let cells = c
+        .eval(&format!(
+            "[...{call}.cells].slice(1, 5).map(c => c.textContent)"
+        ))
+        .await;
+    assert_eq!(cells, json!(["acme", "think", "s", "1"]));
+    let windows = c.text("#budgets tbody").await;
+    assert!(
+        windows.contains("day") && windows.contains("month") && windows.contains("100,000"),
+        "{windows}"
+    );
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on the usage tab: {found:#?}");
+    keep_screenshot(&mut c, "dashboard-usage").await;
+    assert!(c.errors.is_empty(), "console errors: {:?}", c.errors);
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}
