@@ -58,8 +58,31 @@ pub fn render(state: &ApiState) -> String {
     store_metrics(&mut out, organism);
     reload_metrics(&mut out, organism);
     input_metrics(&mut out, organism);
+    budget_metrics(&mut out, organism);
     api_metrics(&mut out, state);
     out
+}
+
+/// Each tenant's token windows: what remains of each (read from the usage account the
+/// first time a window is asked for: `render` runs off the async workers).
+fn budget_metrics(out: &mut String, organism: &Organism) {
+    header(
+        out,
+        "agentserver_budget_remaining",
+        "gauge",
+        "Tokens a tenant's LLM listeners may still take in the window (tokens_per_day, tokens_per_month), holds deducted.",
+    );
+    for tenant in organism.config().llm_tenants() {
+        for w in organism.history().budgets(tenant) {
+            let _ = writeln!(
+                out,
+                "agentserver_budget_remaining{{tenant=\"{}\",window=\"{}\"}} {}",
+                label(&w.tenant),
+                w.key,
+                w.remaining
+            );
+        }
+    }
 }
 
 /// What runs: the organism, its uptime and revision, messages and failures.

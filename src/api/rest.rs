@@ -609,12 +609,15 @@ pub async fn openapi(State(s): State<ApiState>) -> Response {
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub async fn metrics(State(s): State<ApiState>) -> Response {
+    let text = tokio::task::spawn_blocking(move || super::metrics::render(&s))
+        .await
+        .unwrap_or_default();
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        super::metrics::render(&s),
+        text,
     )
         .into_response()
 }

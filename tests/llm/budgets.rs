@@ -160,6 +160,18 @@ listeners:
         "{b}"
     );
     assert!(day["used"].as_u64().unwrap() >= 1100);
+    let metrics = http_get(format!("http://{}/metrics", server.local_addr()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "agentserver_budget_remaining{tenant=\"acme\",window=\"tokens_per_day\"} 0\n"
+        ),
+        "{metrics}"
+    );
 
     // After a restart the day is still used up: its use is read from the usage account.
     server.shutdown().await;
