@@ -810,3 +810,86 @@ async fn a_gateway_shows_the_inbox_and_decides_nothing() {
     assert_eq!(resolved.last().unwrap()["id"], id.as_str());
     mirror.stop().await;
 }
+
+/// A model's streamed pieces are not mirrored (without `mirror_deltas`): a gateway's client
+/// sees every other event, is told of no gap, and resumes across the pieces' `seq`s.
+#[tokio::test(flavor = "multi_thread")]
+async fn deltas_are_not_mirrored_and_a_gateway_sees_no_gap_where_they_were() {
+    through_a_gateway(false).await;
+}
+
+/// With `mirror_deltas: true` a gateway's clients see the pieces too.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_mirror_deltas_a_gateway_shows_the_pieces() {
+    through_a_gateway(true).await;
+}
+
+async fn through_a_gateway(mirror_deltas: bool) {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "organism:
+  name: streams
+  store: o.db
+  nats: {{url: {}, stream_prefix: {}, mirror_deltas: {mirror_deltas}}}
+models:
+  s: {{provider: scripted, responses: [{{text: one two three four five six}}]}}
+listeners:
+  - {{name: think, description: answers, kind: llm, model: s, system: s, schema: t.xsd, accepts: [Note], stream: true, reply: {{type: Answer, text_field: text}}}}
+{CHAIN}
+",
+            nats.url(),
+            nats.prefix()
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let mirror = Mirroring::start(&o);
+    let (_gateway, gw) = gateway(&nats);
+    // Connected before any event: its `connected` comes with the first snapshot.
+    let mut client = ws_connect(&format!("{gw}/ws")).await;
+    let mut events = o.events().subscribe();
+    let before = o.events().last_seq();
+
+    let r = inject(&o, "think", "<Note>think</Note>", None);
+    settle(&o, &r.thread_id).await;
+    let after = inject(&o, "a", "<Note>after the pieces</Note>", None);
+    settle(&o, &after.thread_id).await;
+    let mut deltas = 0;
+    while let Ok(ev) = events.try_recv() {
+        deltas += usize::from(matches!(ev.kind, agentserver::events::EventKind::Delta(_)));
+    }
+    assert!(deltas >= 6, "the pump published the pieces: {deltas}");
+
+    let frames = frames_until_done(&mut client, &[after.thread_id.to_string()]).await;
+    let pieces = frames.iter().filter(|f| f["event"] == "delta").count();
+    assert_eq!(pieces, if mirror_deltas { deltas } else { 0 }, "{frames:?}");
+    for f in &frames {
+        assert!(
+            !["dropped", "resync_required", "omitted"].contains(&f["event"].as_str().unwrap_or("")),
+            "{f}"
+        );
+    }
+    assert!(frames
+        .iter()
+        .any(|f| f["event"] == "message" && f["message"]["from"] == "think"));
+
+    // Resumed from before the pieces: what follows comes whole, with no gap told.
+    let mut resumed = ws_connect(&format!("{gw}/ws?since={before}")).await;
+    let frames = frames_until_done(&mut resumed, &[after.thread_id.to_string()]).await;
+    for f in &frames {
+        assert!(
+            !["dropped", "resync_required"].contains(&f["event"].as_str().unwrap_or("")),
+            "{f}"
+        );
+    }
+    assert!(frames
+        .iter()
+        .any(|f| f["event"] == "message" && f["message"]["from"] == "think"));
+    o.stop().await;
+    mirror.stop().await;
+}

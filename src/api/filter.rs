@@ -201,7 +201,7 @@ impl Filter {
     /// For `/ws`: does this event pass?
     pub fn passes(&self, event: &Event) -> bool {
         let kind = &event.kind;
-        if !self.event_ok(kind.name()) {
+        if matches!(kind, EventKind::Omitted) || !self.event_ok(kind.name()) {
             return false;
         }
         if !self.threads.is_empty() {

@@ -245,6 +245,8 @@ enum Kind<'a> {
     },
     Delta(DeltaFrame<'a>),
     Usage(UsageFrame<'a>),
+    /// Never sent: no client sees an `Omitted` placeholder (`Filter::passes`).
+    Omitted,
     Audit {
         who: Option<&'a str>,
         action: &'a str,
@@ -372,6 +374,7 @@ impl<'a> Kind<'a> {
             },
             EventKind::Delta(d) => Kind::Delta(d.into()),
             EventKind::Usage(u) => Kind::Usage((&**u).into()),
+            EventKind::Omitted => Kind::Omitted,
             EventKind::Audit {
                 who,
                 action,

@@ -70,6 +70,7 @@ pub async fn mirror_events(
             frame: frame::event_frame(ev, &organism).map(|f| f.as_str().to_string()),
             message_frame: frame::message_frame(ev, &organism).map(|f| f.as_str().to_string()),
         },
+        nats.mirror_deltas,
         stop,
     );
     tokio::join!(snapshots, events);

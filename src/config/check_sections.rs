@@ -198,6 +198,7 @@ pub(super) fn check_nats(
     }
     Some(NatsConfig {
         mirror_events: s.mirror_events.unwrap_or(true),
+        mirror_deltas: s.mirror_deltas.unwrap_or(false),
         events_max_bytes,
         events_max_age,
         url: s.url,

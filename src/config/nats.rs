@@ -16,6 +16,7 @@ pub(crate) struct NatsSection {
     pub deliver_timeout_ms: Option<u64>,
     pub max_deliver: Option<u32>,
     pub mirror_events: Option<bool>,
+    pub mirror_deltas: Option<bool>,
     pub events_max_bytes: Option<u64>,
     pub events_max_age: Option<String>,
 }
@@ -42,8 +43,11 @@ pub struct NatsConfig {
     /// A delivery is handed to workers at most this many times (each worker that took it
     /// died or hung).
     pub max_deliver: u32,
-    /// `agentserver run` mirrors every event to the stream `<prefix>_events`.
+    /// `agentserver run` mirrors every event to the stream `<prefix>_events`...
     pub mirror_events: bool,
+    /// ...but a model's streamed pieces (`delta`) only with this (default false): they are
+    /// ephemeral, and a gateway knows the events between two mirrored ones were deltas.
+    pub mirror_deltas: bool,
     /// The events stream keeps at most this many bytes (the oldest go first)...
     pub events_max_bytes: u64,
     /// ...and nothing older than this.
@@ -80,6 +84,7 @@ impl NatsConfig {
             ),
             max_deliver: super::DEFAULT_NATS_MAX_DELIVER,
             mirror_events: true,
+            mirror_deltas: false,
             events_max_bytes: super::DEFAULT_EVENTS_MAX_BYTES,
             events_max_age: super::DEFAULT_EVENTS_MAX_AGE,
         }
@@ -100,6 +105,7 @@ impl fmt::Debug for NatsConfig {
             .field("deliver_timeout", &self.deliver_timeout)
             .field("max_deliver", &self.max_deliver)
             .field("mirror_events", &self.mirror_events)
+            .field("mirror_deltas", &self.mirror_deltas)
             .field("events_max_bytes", &self.events_max_bytes)
             .field("events_max_age", &self.events_max_age)
             .finish()

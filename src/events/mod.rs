@@ -266,6 +266,9 @@ pub enum EventKind {
     /// One call of a `kind: llm` listener to its model: what it took (stored, and summed
     /// by day for `/usage`).
     Usage(Box<Usage>),
+    /// Events of the organism a gateway's copy of its stream does not have (a model's
+    /// streamed pieces, not mirrored): a placeholder for their `seq`s, shown to no client.
+    Omitted,
     /// A line a handler logged (Lua `log.info/warn/error`).
     Log {
         agent: String,
@@ -295,6 +298,7 @@ impl EventKind {
             EventKind::Deployment { .. } => "deployment",
             EventKind::Delta { .. } => "delta",
             EventKind::Usage(_) => "usage",
+            EventKind::Omitted => "omitted",
         }
     }
 
@@ -318,6 +322,7 @@ impl EventKind {
             | EventKind::OrganismState { .. }
             | EventKind::Reload { .. }
             | EventKind::Audit { .. }
+            | EventKind::Omitted
             | EventKind::Deployment { .. } => None,
         }
     }

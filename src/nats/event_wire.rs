@@ -101,6 +101,7 @@ pub(super) enum WireKind {
     },
     Delta(WireDelta),
     Usage(WireUsage),
+    Omitted,
 }
 
 /// A `usage` on the stream: the same fields.
@@ -548,6 +549,7 @@ impl From<&EventKind> for WireKind {
             },
             EventKind::Delta(d) => WireKind::Delta(d.into()),
             EventKind::Usage(u) => WireKind::Usage((&**u).into()),
+            EventKind::Omitted => WireKind::Omitted,
         }
     }
 }
@@ -669,6 +671,7 @@ impl From<WireKind> for EventKind {
             },
             WireKind::Delta(d) => EventKind::Delta(d.into()),
             WireKind::Usage(u) => EventKind::Usage(Box::new(u.into())),
+            WireKind::Omitted => EventKind::Omitted,
         }
     }
 }

@@ -52,6 +52,40 @@ pub struct MirroredEvent {
     /// events; for message status events it is the `/ws` frame.
     #[serde(default)]
     pub message_frame: Option<Box<RawValue>>,
+    /// The `seq` of the event mirrored before this one, when the events between were not
+    /// mirrored on purpose (a model's streamed pieces, without `mirror_deltas`): a reader
+    /// that has that event misses nothing. Absent when the event follows the one before.
+    #[serde(default)]
+    pub after: Option<u64>,
+}
+
+/// Which events the mirror leaves out on purpose (`delta`, unless `mirror_deltas`), and
+/// the last event it mirrored before a run of them, which the next one names (`after`).
+#[derive(Debug, Default)]
+pub struct Omitting {
+    pub deltas: bool,
+    after: Option<u64>,
+}
+
+impl Omitting {
+    /// Whether `ev` is left out; its place is noted.
+    fn skips(&mut self, ev: &Event) -> bool {
+        let skip = !self.deltas && matches!(ev.kind, EventKind::Delta(_));
+        if skip && self.after.is_none() {
+            self.after = Some(ev.seq.saturating_sub(1));
+        }
+        skip
+    }
+
+    /// What the next event mirrored names as `after` (taken).
+    fn take(&mut self) -> Option<u64> {
+        self.after.take()
+    }
+
+    /// Events were lost (not left out on purpose): the next one claims nothing.
+    fn lost(&mut self) {
+        self.after = None;
+    }
 }
 
 fn first_format() -> u32 {
@@ -96,7 +130,7 @@ pub struct Frames {
 
 /// The body of one mirrored event: its `seq`, time, kind and frames (already JSON, written
 /// as they are; a status event's `/ws/messages` frame is its `/ws` frame, sent once).
-pub(super) fn body_of(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
+pub(super) fn body_of(ev: &Event, frames: &Frames, after: Option<u64>) -> Option<bytes::Bytes> {
     let kind = serde_json::to_string(&WireKind::from(&ev.kind)).ok()?;
     let timestamp = serde_json::to_string(&ev.timestamp).ok()?;
     let frame = frames.frame.as_deref().unwrap_or("null");
@@ -105,9 +139,10 @@ pub(super) fn body_of(ev: &Event, frames: &Frames) -> Option<bytes::Bytes> {
         Some(m) => m.as_str(),
         None => "null",
     };
+    let after = after.map_or(String::new(), |a| format!(",\"after\":{a}"));
     Some(
         format!(
-            "{{\"v\":{FORMAT},\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"frame\":{frame},\"message_frame\":{message_frame}}}",
+            "{{\"v\":{FORMAT},\"seq\":{},\"timestamp\":{timestamp},\"kind\":{kind},\"frame\":{frame},\"message_frame\":{message_frame}{after}}}",
             ev.seq,
         )
         .into(),
@@ -132,14 +167,15 @@ fn publication(
     link: &Link,
     ev: &Event,
     render: &impl Fn(&Event) -> Frames,
+    after: Option<u64>,
 ) -> Option<jetstream::message::PublishMessage> {
-    let mut body = body_of(ev, &render(ev))?;
+    let mut body = body_of(ev, &render(ev), after)?;
     if link.fits(body.len()).is_err() {
         let bare = Frames {
             frame: None,
             message_frame: None,
         };
-        body = body_of(ev, &bare)?;
+        body = body_of(ev, &bare, after)?;
         if let Err(too_big) = link.fits(body.len()) {
             tracing::warn!(seq = ev.seq, "event not mirrored: it is {too_big}");
             return None;
@@ -184,6 +220,7 @@ pub async fn mirror(
     link: Link,
     hub: Arc<EventHub>,
     render: impl Fn(&Event) -> Frames + Send + 'static,
+    deltas: bool,
     stop: CancellationToken,
 ) {
     let subject = link.names.events_subject();
@@ -213,6 +250,10 @@ pub async fn mirror(
             stop.cancelled().await;
             return;
         }
+        let mut omitting = Omitting {
+            deltas,
+            after: None,
+        };
         let sub = hub.subscribe_since(Some(last));
         if let Some(oldest) = sub.resync_from {
             tracing::warn!(
@@ -230,7 +271,7 @@ pub async fn mirror(
                 None => {
                     let next = tokio::select! {
                         _ = stop.cancelled() => {
-                            drain(&link, &subject, &mut live, &render, pending).await;
+                            drain(&link, &subject, &mut live, &render, &mut omitting, pending).await;
                             return;
                         }
                         Some(done) = pending.next(), if !pending.is_empty() => {
@@ -245,13 +286,17 @@ pub async fn mirror(
                                 lost = n,
                                 "the event mirror fell behind; events lost from the stream"
                             );
+                            omitting.lost();
                             continue;
                         }
                         Err(RecvError::Closed) => return,
                     }
                 }
             };
-            let Some(message) = publication(&link, &ev, &render) else {
+            if omitting.skips(&ev) {
+                continue;
+            }
+            let Some(message) = publication(&link, &ev, &render, omitting.take()) else {
                 continue;
             };
             match link.jetstream.send_publish(subject.clone(), message).await {
@@ -278,12 +323,16 @@ async fn drain<F: Future<Output = bool>>(
     subject: &str,
     live: &mut crate::events::Receiver,
     render: &impl Fn(&Event) -> Frames,
+    omitting: &mut Omitting,
     mut pending: FuturesOrdered<F>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     let mut acks = FuturesOrdered::new();
     while let Ok(ev) = live.try_recv() {
-        let Some(message) = publication(link, &ev, render) else {
+        if omitting.skips(&ev) {
+            continue;
+        }
+        let Some(message) = publication(link, &ev, render, omitting.take()) else {
             continue;
         };
         match link

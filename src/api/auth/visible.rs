@@ -122,6 +122,9 @@ pub fn sees_event(
             scope.sees(&input.listener)
         }
         EventKind::OrganismState { .. } => true,
-        EventKind::Error { .. } | EventKind::Reload { .. } | EventKind::Audit { .. } => false,
+        EventKind::Error { .. }
+        | EventKind::Reload { .. }
+        | EventKind::Audit { .. }
+        | EventKind::Omitted => false,
     }
 }

@@ -217,6 +217,21 @@ async fn feed(
                 .frame
                 .as_deref()
                 .map(|raw| Utf8Bytes::from(raw.get().to_string()));
+            // Events the pump left out on purpose (deltas) after the last one here: their
+            // `seq`s are held by placeholders no client sees, so no reader is told of a gap
+            // (at most a ring's worth; a longer run is a gap, as the ring coming round).
+            if let Some(after) = ev.after.filter(|a| *a == h.last_seq()) {
+                let from = (after + 1).max(ev.seq.saturating_sub(retain as u64));
+                for seq in from..ev.seq {
+                    h.publish_numbered(Event::numbered(
+                        seq,
+                        ev.timestamp,
+                        crate::events::EventKind::Omitted,
+                        None::<Utf8Bytes>,
+                        None::<Utf8Bytes>,
+                    ));
+                }
+            }
             h.publish_numbered(Event::numbered(
                 ev.seq,
                 ev.timestamp,
