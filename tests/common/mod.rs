@@ -408,3 +408,19 @@ pub fn assert_rate_limited(status: u16, retry_after: Option<&str>, body: &serde_
     assert!((1..=60).contains(&retry), "{retry}");
     assert_eq!(body["error"]["code"], "rate_limited", "{body}");
 }
+
+/// Keys of `who` (name, role, tenant) added to the key source `config` names; each key's
+/// text by its name.
+pub fn keys_for(
+    config: &agentserver::config::OrganismConfig,
+    who: &[(&'static str, agentserver::config::Role, Option<&str>)],
+) -> std::collections::HashMap<&'static str, String> {
+    let source = agentserver::access::KeySource::of(config).expect("a key source");
+    who.iter()
+        .map(|(name, role, tenant)| {
+            let (key, row) = agentserver::access::new_key(name, *role, *tenant, None).unwrap();
+            source.add(&row).unwrap();
+            (*name, key)
+        })
+        .collect()
+}

@@ -2,7 +2,6 @@
 //! stream), the tenant's viewer, the credential that started the thread (four eyes), an
 //! operator a gate does not name, and a tenant's admin reaching for the organism's inputs.
 
-use agentserver::access::KeySource;
 use agentserver::api::{ApiOptions, ApiServer};
 use agentserver::config::Role;
 use agentserver::Organism;
@@ -89,12 +88,7 @@ async fn inbox() -> (Inbox, std::collections::HashMap<&'static str, String>) {
     let path = dir.path().join("organism.yaml");
     std::fs::write(&path, yaml).unwrap();
     let config = Organism::builder().load_config(&path).unwrap();
-    let mut keys = std::collections::HashMap::new();
-    for (name, role, tenant) in KEYS {
-        let (key, row) = agentserver::access::new_key(name, role, tenant, None).unwrap();
-        KeySource::of(&config).unwrap().add(&row).unwrap();
-        keys.insert(name, key);
-    }
+    let keys = super::common::keys_for(&config, &KEYS);
     let organism = Organism::builder().build(config).unwrap();
     let server = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default())
         .await

@@ -2,7 +2,6 @@
 //! count; the system prompt versioned, tried (test vectors against the configured model, or
 //! a scripted one) and deployed like a script; the other tenant sees none of it.
 
-use agentserver::access::KeySource;
 use agentserver::config::Role;
 
 use super::*;
@@ -86,15 +85,13 @@ listeners:
     )
     .unwrap();
     let config = Organism::builder().load_config(&path).unwrap();
-    let mut keys = std::collections::HashMap::new();
-    for (name, role, tenant) in [
-        ("acme-op", Role::Operator, Some("acme")),
-        ("globex-op", Role::Operator, Some("globex")),
-    ] {
-        let (key, row) = agentserver::access::new_key(name, role, tenant, None).unwrap();
-        KeySource::of(&config).unwrap().add(&row).unwrap();
-        keys.insert(name, key);
-    }
+    let keys = keys_for(
+        &config,
+        &[
+            ("acme-op", Role::Operator, Some("acme")),
+            ("globex-op", Role::Operator, Some("globex")),
+        ],
+    );
     let o = Organism::builder().build(config).unwrap();
     let server = serve(&o).await;
     let api = Api {

@@ -4,7 +4,6 @@
 //! they were written; a tenant is held to its models and its own threads, and sees only its
 //! own threads' changes.
 
-use agentserver::access::KeySource;
 use agentserver::config::Role;
 
 use super::*;
@@ -169,12 +168,7 @@ async fn a_tenant_changes_only_its_threads_to_its_models_and_sees_only_its_chang
     // `planner` is acme's; `fixed` the organism's.
     std::fs::write(&path, yaml(&url, "keys.db", head, ", tenant: acme")).unwrap();
     let config = Organism::builder().load_config(&path).unwrap();
-    let mut keys = std::collections::HashMap::new();
-    for (name, role, tenant) in KEYS {
-        let (key, row) = agentserver::access::new_key(name, role, tenant, None).unwrap();
-        KeySource::of(&config).unwrap().add(&row).unwrap();
-        keys.insert(name, key);
-    }
+    let keys = keys_for(&config, &KEYS);
     let o = Organism::builder().build(config).unwrap();
     let server = serve(&o).await;
     let base = format!("http://{}", server.local_addr());
