@@ -189,6 +189,8 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/inject",
         "/api/v1/threads/{id}/kill",
         "/api/v1/threads/{id}/abort",
+        "/api/v1/messages/{id}/retry",
+        "/api/v1/messages/retry",
         "/api/v1/inputs/{id}/approve",
         "/api/v1/inputs/{id}/reject",
         "/api/v1/inputs/{id}/answer",
@@ -306,6 +308,13 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
                 ("post", "/api/v1/organism/stop"),
             ]
             .contains(&(method.as_str(), path.as_str()));
+            // A batch over every tenant's messages is an admin's; a tenant's, its operator's.
+            let batch = (method.as_str(), path.as_str()) == ("post", "/api/v1/messages/retry");
+            let need = if batch && !label.starts_with("tenant") {
+                Some(Role::Admin)
+            } else {
+                need
+            };
             let expected = match (need, role) {
                 (None, _) => "allowed",
                 (Some(_), Some(_)) if label.starts_with("tenant") && wide => "403",

@@ -53,6 +53,7 @@ mod metrics;
 mod mirror;
 mod models;
 mod rest;
+mod retry;
 mod sanitize;
 mod schema;
 mod settings;
@@ -330,6 +331,8 @@ fn router(
         .routes(routes!(inputs::list_inputs))
         .routes(routes!(inputs::get_input))
         .routes(routes!(messages::get_message))
+        .routes(routes!(retry::retry_message))
+        .routes(routes!(retry::retry_messages))
         .routes(routes!(stream::thread_events))
         .routes(routes!(stream::create_stream_token))
         .routes(routes!(inputs::approve_input))

@@ -95,6 +95,8 @@ mirror!(
         Notice,
         /// A person's edit of the held message `of`, which it supersedes.
         Edit,
+        /// The message `of`, which had failed, admitted again (`POST /messages/{id}/retry`).
+        Retry,
     }
 );
 

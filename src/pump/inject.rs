@@ -88,6 +88,35 @@ impl Organism {
                 payload_type: payload.payload_type.to_string(),
             })?;
         let valid = schema.validate(payload).map_err(InjectError::Invalid)?;
+        let entry = Entry {
+            from: Arc::from(from),
+            thread_id,
+            message_id,
+            parent_id: None,
+            origin: None,
+        };
+        self.enter(&listener, valid, entry)
+    }
+
+    /// Admits `valid` for `listener` as `entry` says, in its thread (a new one, or one that
+    /// continues), past what holds for every message that enters from outside: the store
+    /// keeping up, the tenant's token budget, the organism's pending limit, the tenant's
+    /// active threads. What an inject and a retry share.
+    pub(super) fn enter(
+        &self,
+        listener: &Arc<super::dispatch::Listener>,
+        valid: crate::schema::ValidatedPayload,
+        entry: Entry<'_>,
+    ) -> Result<InjectReceipt, InjectError> {
+        let s = &self.shared;
+        let topo = s.topo();
+        let Entry {
+            from,
+            thread_id,
+            message_id,
+            parent_id,
+            origin,
+        } = entry;
         if let Some(store) = &s.store {
             if let Some(e) = store.failure() {
                 return Err(InjectError::StoreFailed(e));
@@ -142,6 +171,12 @@ impl Organism {
             }
         };
         let opened = s.threads.open(thread_id, quota).inspect_err(give_back)?;
+        if origin
+            .as_ref()
+            .is_some_and(|o| o.kind == crate::threads::OriginKind::Retry)
+        {
+            s.threads.clear_error(&opened.id);
+        }
         if let Some(info) = opened.created {
             s.events.publish(EventKind::ThreadCreated { thread: info });
         }
@@ -149,18 +184,28 @@ impl Organism {
             s.publish_thread(change);
         }
         let admission = Admission {
-            parent_id: None,
-            from: Arc::from(from),
+            parent_id,
+            from,
             valid,
             approval: None,
             id,
-            origin: None,
+            origin,
         };
         let admitted = s
-            .admit(&opened.id, &listener, admission)
+            .admit(&opened.id, listener, admission)
             .inspect_err(give_back)?;
         s.answer_admitted(&opened.id, admitted)
     }
+}
+
+/// How a message enters a thread from outside the running handlers: its sender, thread
+/// (none: a new one), a client's id for it, its parent and origin (an inject has none).
+pub(super) struct Entry<'a> {
+    pub from: Arc<str>,
+    pub thread_id: Option<&'a str>,
+    pub message_id: Option<&'a str>,
+    pub parent_id: Option<Arc<str>>,
+    pub origin: Option<crate::threads::Origin>,
 }
 
 impl super::Shared {

@@ -41,6 +41,7 @@ mod inputs;
 mod metered;
 mod metrics;
 mod reload;
+mod retry;
 mod route;
 mod settings;
 mod work;
@@ -73,6 +74,7 @@ pub use history::History;
 pub use inputs::{notify_signature, Answer, DecideError, Decider, Inputs, Verdict};
 pub use metrics::Metrics;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
+pub use retry::{RetryError, RetryPlan, MAX_RETRY_DEPTH};
 pub use route::SYSTEM_IDENTITY;
 pub use settings::{SettingsError, SettingsPatch};
 

@@ -275,7 +275,8 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 "INSERT INTO threads (n, id, status, message_count, created_at, last_activity, error)
                  VALUES {}
                  ON CONFLICT(n) DO UPDATE SET status = excluded.status, message_count = excluded.message_count,
-                   last_activity = MAX(last_activity, excluded.last_activity), error = COALESCE(excluded.error, error)
+                   last_activity = MAX(last_activity, excluded.last_activity),
+                   error = CASE WHEN excluded.status = 'completed' THEN NULL ELSE COALESCE(excluded.error, error) END
                  ON CONFLICT(id) DO NOTHING",
                 vec![format!("({})", in_list(THREAD_PARAMS)); rows].join(", ")
             )
@@ -296,7 +297,8 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             thread_rows: tx.prepare_cached(&upsert(THREAD_ROWS))?,
             threads: Vec::with_capacity(THREAD_ROWS),
             thread_update: tx.prepare_cached(
-                "UPDATE threads SET status = ?2, message_count = ?3, last_activity = ?4, error = COALESCE(?5, error)
+                "UPDATE threads SET status = ?2, message_count = ?3, last_activity = ?4,
+                   error = CASE WHEN ?2 = 'completed' THEN NULL ELSE COALESCE(?5, error) END
                  WHERE n = ?1",
             )?,
             touches: Vec::new(),

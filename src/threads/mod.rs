@@ -412,6 +412,14 @@ impl ThreadRegistry {
         }
     }
 
+    /// Forgets the thread's error: a failure is being retried (it ends `error` again only if
+    /// something fails after).
+    pub fn clear_error(&self, thread: &str) {
+        if let Some(e) = lock(self.shard(thread)).threads.get_mut(thread) {
+            e.error = None;
+        }
+    }
+
     /// Work outside any message is owed to the thread (an external agent's reply): it stays
     /// active until [`ThreadRegistry::finish_one`] is called for it. False if the thread is
     /// unknown or killed.

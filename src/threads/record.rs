@@ -153,7 +153,8 @@ pub struct Opened {
 
 /// Why a message exists: `inject` (a client sent it), `reply` (a listener's output while
 /// handling `of`), `notice` (the pump's `<huh>` about `of`), `edit` (a person's edit of the
-/// held message `of`, which it supersedes).
+/// held message `of`, which it supersedes), `retry` (the message `of`, which had failed,
+/// admitted again).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OriginKind {
@@ -161,6 +162,7 @@ pub enum OriginKind {
     Reply,
     Notice,
     Edit,
+    Retry,
 }
 
 impl OriginKind {
@@ -170,13 +172,20 @@ impl OriginKind {
             OriginKind::Reply => "reply",
             OriginKind::Notice => "notice",
             OriginKind::Edit => "edit",
+            OriginKind::Retry => "retry",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Inject, Self::Reply, Self::Notice, Self::Edit]
-            .into_iter()
-            .find(|k| k.name() == s)
+        [
+            Self::Inject,
+            Self::Reply,
+            Self::Notice,
+            Self::Edit,
+            Self::Retry,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
     }
 }
 
@@ -208,6 +217,14 @@ impl Origin {
         Origin {
             kind: OriginKind::Inject,
             of: None,
+        }
+    }
+
+    /// The message `of`, admitted again.
+    pub fn retry(of: Arc<str>) -> Self {
+        Origin {
+            kind: OriginKind::Retry,
+            of: Some(of),
         }
     }
 

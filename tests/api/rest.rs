@@ -741,6 +741,8 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/threads/{id}/events", "get"),
         ("/api/v1/stream-tokens", "post"),
         ("/api/v1/messages/{id}", "get"),
+        ("/api/v1/messages/{id}/retry", "post"),
+        ("/api/v1/messages/retry", "post"),
     ];
     for (path, method) in expected {
         assert!(

@@ -5,4 +5,5 @@
 mod common;
 
 mod listeners;
+mod retry;
 mod sandbox;

@@ -186,9 +186,13 @@ pub(super) async fn guard(
         }
     };
     if let Some(entry) = entry {
-        state
-            .audit(entry.row(response.status().as_u16().to_string()))
-            .await;
+        // A batch names what it matched and did.
+        let status = response.status().as_u16().to_string();
+        let result = match response.extensions().get::<crate::api::retry::AuditNote>() {
+            Some(note) => format!("{status} {}", note.0),
+            None => status,
+        };
+        state.audit(entry.row(result)).await;
     }
     response
 }

@@ -143,6 +143,8 @@ pub const TABLE: &[Rule] = &[
     route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/abort", OPERATOR, false),
     route(PATCH, "/api/v1/threads/{id}", OPERATOR, false),
+    route(POST, "/api/v1/messages/{id}/retry", OPERATOR, false),
+    route(POST, "/api/v1/messages/retry", OPERATOR, false),
     route(GET, "/api/v1/inputs", VIEWER, false),
     route(GET, "/api/v1/inputs/{id}", VIEWER, false),
     route(POST, "/api/v1/inputs/{id}/approve", OPERATOR, false),
