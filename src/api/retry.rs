@@ -84,32 +84,65 @@ pub async fn retry_message(
     body: Option<JsonBody<RetryBody>>,
 ) -> Result<Response, ApiError> {
     let dry_run = body.is_some_and(|JsonBody(b)| b.dry_run);
-    let organism = s.inner.organism.clone();
+    let answer = retry_one(&s.inner.organism, &seen.scope, &id, dry_run).await?;
+    let status = if answer.message_id.is_some() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(answer)).into_response())
+}
+
+/// Retries message `id`, which `scope` must see (else 404), or says what would run.
+async fn retry_one(
+    organism: &crate::Organism,
+    scope: &crate::access::Scope,
+    id: &str,
+    dry_run: bool,
+) -> Result<Retried, ApiError> {
     let unknown = || ApiError::not_found("unknown_message", format!("no message `{id}`")).at("id");
-    match organism.history().message(&id)? {
-        Some(m) if seen.scope.sees_message(&m.from, m.to.as_deref()) => {}
+    match organism.history().message(id)? {
+        Some(m) if scope.sees_message(&m.from, m.to.as_deref()) => {}
         _ => return Err(unknown()),
     }
-    let one = id.clone();
-    let done = crate::events::spawn_blocking(move || {
+    attempt(organism, id, dry_run).await?.map_err(refusal)
+}
+
+/// Retries message `id` (or checks it, for a dry run) off the async workers.
+async fn attempt(
+    organism: &crate::Organism,
+    id: &str,
+    dry_run: bool,
+) -> Result<Result<Retried, RetryError>, ApiError> {
+    let (organism, one) = (organism.clone(), id.to_string());
+    crate::events::spawn_blocking(move || {
         let plan = organism.plan_retry(&one)?;
         let receipt = if dry_run {
             None
         } else {
             Some(organism.retry(&one)?)
         };
-        Ok::<_, RetryError>((plan, receipt))
+        Ok(Retried::of(
+            &plan,
+            receipt.map(|r| r.message_id.to_string()),
+        ))
     })
     .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    let (plan, receipt) = done.map_err(refusal)?;
-    let status = if receipt.is_some() {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    let answer = Retried::of(&plan, receipt.map(|r| r.message_id.to_string()));
-    Ok((status, Json(answer)).into_response())
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+/// The `/ws` `retry` command: its `ack` fields (the REST answer's).
+pub(super) async fn over_ws(
+    organism: &crate::Organism,
+    scope: &crate::access::Scope,
+    id: &str,
+    dry_run: bool,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+    let answer = retry_one(organism, scope, id, dry_run).await?;
+    match serde_json::to_value(answer) {
+        Ok(serde_json::Value::Object(fields)) => Ok(fields),
+        _ => Ok(serde_json::Map::new()),
+    }
 }
 
 /// Which messages a bulk retry takes: `/messages`'s filters (`status` `failed` unless given:
@@ -259,30 +292,19 @@ pub async fn retry_messages(
             tokio::time::sleep(Duration::from_millis(stagger)).await;
             waited += stagger;
         }
-        let (o, id, dry_run) = (organism.clone(), m.id.to_string(), body.dry_run);
-        let done = crate::events::spawn_blocking(move || {
-            let plan = o.plan_retry(&id)?;
-            let receipt = if dry_run { None } else { Some(o.retry(&id)?) };
-            Ok::<_, RetryError>((plan, receipt))
-        })
-        .await;
-        match done {
-            Ok(Ok((plan, receipt))) => {
+        let why = match attempt(&organism, &m.id, body.dry_run).await {
+            Ok(Ok(retried)) => {
                 out.applied += 1;
-                out.retried.push(Retried::of(
-                    &plan,
-                    receipt.map(|r| r.message_id.to_string()),
-                ));
+                out.retried.push(retried);
+                continue;
             }
-            Ok(Err(e)) => out.skipped.push(Skipped {
-                id: m.id.to_string(),
-                why: crate::clip::clip(e.to_string(), SKIP_WHY_BYTES),
-            }),
-            Err(e) => out.skipped.push(Skipped {
-                id: m.id.to_string(),
-                why: e.to_string(),
-            }),
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.body.message,
+        };
+        out.skipped.push(Skipped {
+            id: m.id.to_string(),
+            why: crate::clip::clip(why, SKIP_WHY_BYTES),
+        });
     }
     let note = format!(
         "matched {}, {} {}, skipped {}; status={}{}",

@@ -290,3 +290,70 @@ async fn one_message_is_retried_at_most_five_times_and_only_when_it_ended_badly(
         .await;
     assert_eq!(code, 400, "a status never retried: {answer}");
 }
+
+#[tokio::test]
+async fn a_websocket_client_retries_with_the_retry_command() {
+    let r = rig().await;
+    let t = failing(&r.o, "relay", 1).await.remove(0);
+    let failed = messages(&r.o, &t)[0].id.to_string();
+    let connect = |key: &str| {
+        let mut req =
+            tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(
+                format!("{}/ws", r.base.replacen("http://", "ws://", 1)),
+            )
+            .unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        tokio_tungstenite::connect_async(req)
+    };
+    let (mut acme, _) = connect(&r.keys["acme-op"]).await.unwrap();
+    send_json(
+        &mut acme,
+        json!({"cmd": "retry", "request_id": 1, "message_id": failed}),
+    )
+    .await;
+    let answer = read_until(&mut acme, |f| f["request_id"] == 1).await;
+    assert_eq!(
+        answer.last().unwrap()["code"],
+        "unknown_message",
+        "another tenant's"
+    );
+
+    let (mut ws, _) = connect(&r.keys["op"]).await.unwrap();
+    send_json(
+        &mut ws,
+        json!({"cmd": "retry", "request_id": 2, "message_id": failed, "dry_run": true}),
+    )
+    .await;
+    let dry = read_until(&mut ws, |f| f["request_id"] == 2).await;
+    let dry = dry.last().unwrap();
+    assert_eq!(
+        (&dry["event"], &dry["message_id"]),
+        (&json!("ack"), &Value::Null),
+        "{dry}"
+    );
+    send_json(
+        &mut ws,
+        json!({"cmd": "retry", "request_id": 3, "message_id": failed}),
+    )
+    .await;
+    let done = read_until(&mut ws, |f| f["request_id"] == 3).await;
+    let done = done.last().unwrap();
+    assert_eq!(
+        (&done["event"], &done["retried"]),
+        (&json!("ack"), &json!(failed)),
+        "{done}"
+    );
+    let new = done["message_id"].as_str().unwrap();
+    settle(&r.o, &t).await;
+    let now = messages(&r.o, &t);
+    assert_eq!(&*now[1].id, new);
+    assert_eq!(now[1].origin.of.as_deref(), Some(&*failed));
+    send_json(
+        &mut ws,
+        json!({"cmd": "retry", "request_id": 4, "message_id": failed}),
+    )
+    .await;
+    let again = read_until(&mut ws, |f| f["request_id"] == 4).await;
+    assert_eq!(again.last().unwrap()["code"], "already_retried");
+}

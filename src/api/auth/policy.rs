@@ -50,6 +50,8 @@ pub enum On {
     Thread,
     /// One input (`approve`, `reject`).
     Input,
+    /// One message (`retry`).
+    Message,
     /// The whole organism (`pause`, `resume`, `reload` naming no agent; `stop`).
     Organism,
 }
@@ -176,6 +178,7 @@ pub const TABLE: &[Rule] = &[
     command("kill", On::Thread, Role::Operator),
     command("abort", On::Thread, Role::Operator),
     command("settings", On::Thread, Role::Operator),
+    command("retry", On::Message, Role::Operator),
     command("approve", On::Input, Role::Operator),
     command("reject", On::Input, Role::Operator),
     command("answer", On::Input, Role::Operator),

@@ -115,6 +115,9 @@ async fn run(
             inputs::abort(&organism, &seen, &t, reason, WS_IDENTITY)?;
             out.insert("thread_id".into(), json!(t));
         }
+        Command::Retry(id, dry_run) => {
+            out = crate::api::retry::over_ws(&organism, &scope, &id, dry_run).await?;
+        }
         Command::Settings(t, patch) => {
             see_thread(&organism, &scope, &t)?;
             out = crate::api::settings::change_answered(&organism, &scope, &t, *patch)?;
@@ -173,7 +176,7 @@ fn see_thread(
 
 fn unknown_command(cmd: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, approve, reject, answer, reload, stop)"
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, retry, approve, reject, answer, reload, stop)"
     ))
     .at("cmd")
 }
@@ -217,6 +220,8 @@ enum Command {
     Kill(String),
     /// A thread, and why.
     Abort(String, Option<String>),
+    /// A message, and whether only to say what would run.
+    Retry(String, bool),
     /// A thread, and the change of its settings (the REST route's body).
     Settings(String, Box<crate::api::settings::ThreadPatch>),
     /// An input, and the decision's body.
@@ -276,6 +281,20 @@ impl Command {
                 })?,
                 text(&map, "reason")?,
             ),
+            "retry" => Command::Retry(
+                text(&map, "message_id")?.ok_or_else(|| {
+                    ApiError::bad_request("`retry` needs a `message_id`").at("message_id")
+                })?,
+                match map.get("dry_run") {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => {
+                        return Err(
+                            ApiError::bad_request("`dry_run` is true or false").at("dry_run")
+                        )
+                    }
+                },
+            ),
             "settings" => {
                 let mut map = map;
                 let t = text(&map, "thread_id")?.ok_or_else(|| {
@@ -312,6 +331,7 @@ impl Command {
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
             Command::Kill(_) | Command::Abort(..) | Command::Settings(..) => On::Thread,
             Command::Approve(..) | Command::Reject(..) | Command::Answer(..) => On::Input,
+            Command::Retry(..) => On::Message,
             Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
                 On::Organism
             }
@@ -338,6 +358,7 @@ fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
             | "kill"
             | "abort"
             | "settings"
+            | "retry"
             | "approve"
             | "reject"
             | "answer"
@@ -350,6 +371,7 @@ fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
         named("agent")
             .or_else(|| named("thread_id"))
             .or_else(|| named("input_id"))
+            .or_else(|| named("message_id"))
             .unwrap_or_else(|| "organism".into()),
     )
 }
