@@ -85,6 +85,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 last_activity: Timestamp::now(),
                 error: None,
                 settings: None,
+                labels: None,
             },
         },
         7 => EventKind::ThreadUpdated {

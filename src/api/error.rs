@@ -198,6 +198,7 @@ impl From<InjectError> for ApiError {
             InjectError::StoreBehind => (StatusCode::TOO_MANY_REQUESTS, "store_behind"),
             InjectError::StoreFailed(_) => (StatusCode::SERVICE_UNAVAILABLE, "store_failed"),
             InjectError::BudgetExhausted(_) => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
+            InjectError::Label(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_label"),
         };
         let mut err = ApiError::new(status, code, message);
         match e {
@@ -213,6 +214,7 @@ impl From<InjectError> for ApiError {
             }
             InjectError::Malformed(_) => err = err.at("payload"),
             InjectError::Thread(ThreadError::InvalidId) => err = err.at("thread_id"),
+            InjectError::Label(l) => err = err.at(crate::api::labels::location(&l)),
             InjectError::BudgetExhausted(b) => {
                 err = err
                     .at(format!("tenants.{}.{}", b.tenant, b.key))

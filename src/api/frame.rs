@@ -220,6 +220,10 @@ enum Kind<'a> {
         thread_id: &'a str,
         settings: Option<super::view::ThreadSettings>,
     },
+    ThreadLabels {
+        thread_id: &'a str,
+        labels: Option<&'a crate::threads::Labels>,
+    },
     Error {
         thread_id: Option<&'a str>,
         agent: Option<&'a str>,
@@ -266,10 +270,21 @@ enum Kind<'a> {
 }
 
 impl<'a> Kind<'a> {
-    fn settings(thread_id: &'a str, settings: Option<&crate::threads::ThreadSettings>) -> Self {
-        Kind::ThreadSettings {
-            thread_id,
-            settings: settings.map(Into::into),
+    /// A thread's settings or labels changed.
+    fn edit(kind: &'a EventKind) -> Self {
+        match kind {
+            EventKind::ThreadSettings {
+                thread_id,
+                settings,
+            } => Kind::ThreadSettings {
+                thread_id,
+                settings: settings.as_deref().map(Into::into),
+            },
+            EventKind::ThreadLabels { thread_id, labels } => Kind::ThreadLabels {
+                thread_id,
+                labels: labels.as_deref(),
+            },
+            _ => Kind::Omitted,
         }
     }
 
@@ -332,10 +347,7 @@ impl<'a> Kind<'a> {
                 message_count: *message_count,
                 error: error.as_deref(),
             },
-            EventKind::ThreadSettings {
-                thread_id,
-                settings,
-            } => Kind::settings(thread_id, settings.as_deref()),
+            EventKind::ThreadSettings { .. } | EventKind::ThreadLabels { .. } => Kind::edit(kind),
             EventKind::Error {
                 thread_id,
                 agent,

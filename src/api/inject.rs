@@ -42,6 +42,9 @@ pub struct InjectBody {
     /// after it; `reject` (409 `thread_busy`); `interrupt` its queued messages
     /// (`superseded`), then deliver; `rollback`: abort the thread first.
     pub if_busy: Option<IfBusy>,
+    /// Labels added to its thread's (`{"customer": "acme-42"}`): at most 16 in all, keys
+    /// `[a-z0-9_.-]{1,64}`, values at most 256 bytes (else 422 `invalid_label`).
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// What an inject does to a busy thread (`if_busy`).
@@ -195,5 +198,5 @@ pub fn inject(
         payload_xml,
         thread_id: body.thread_id,
     };
-    Ok(organism.inject_with_id(request, body.message_id.as_deref())?)
+    Ok(organism.inject_labelled(request, body.message_id.as_deref(), body.labels.as_ref())?)
 }

@@ -48,6 +48,7 @@ mod idempotency;
 mod inject;
 mod inputs;
 pub mod keys;
+mod labels;
 mod messages;
 mod metrics;
 mod mirror;

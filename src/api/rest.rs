@@ -92,26 +92,6 @@ pub struct MessageQuery {
     pub offset: Option<u32>,
 }
 
-/// Filters of `/threads`.
-#[derive(Debug, Deserialize, utoipa::IntoParams)]
-#[into_params(parameter_in = Query)]
-#[serde(deny_unknown_fields)]
-pub struct ThreadQuery {
-    pub status: Option<ThreadStatus>,
-    /// A participant.
-    pub agent: Option<String>,
-    /// Active at or after (RFC 3339): last activity at or after this.
-    #[param(format = DateTime)]
-    pub since: Option<String>,
-    /// Created before (RFC 3339).
-    #[param(format = DateTime)]
-    pub until: Option<String>,
-    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
-    pub limit: Option<u32>,
-    #[param(value_type = Option<i64>, minimum = 0, maximum = 4294967295.0)]
-    pub offset: Option<u32>,
-}
-
 /// A thread with its message history.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ThreadDetail<'a> {
@@ -251,20 +231,23 @@ pub async fn get_agent_config(
         })
 }
 
-#[utoipa::path(get, path = "/api/v1/threads", tag = "threads", params(ThreadQuery),
+#[utoipa::path(get, path = "/api/v1/threads", tag = "threads", params(super::labels::ThreadQuery, super::labels::LabelQuery),
     responses((status = 200, description = "Threads, newest first", body = Paged<Thread>),
               (status = 400, description = "Bad query parameter", body = ErrorResponse)))]
 pub async fn list_threads(
     State(s): State<ApiState>,
     seen: Seen,
-    Params(q): Params<ThreadQuery>,
+    params: super::labels::ThreadParams,
 ) -> ApiResult<Json<Paged<Thread>>> {
+    let q = params.query;
     let filter = ThreadFilter {
         status: q.status.map(Into::into),
         agent: q.agent.clone(),
         since: time_param("since", q.since.as_deref())?,
         until: time_param("until", q.until.as_deref())?,
         within: seen.scope.within(),
+        labels: params.labels,
+        q: params.q,
     };
     let page = page(q.limit, q.offset);
     let threads = s.inner.organism.history().query_threads(&filter, page)?;

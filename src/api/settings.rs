@@ -20,6 +20,11 @@ use crate::pump::{SettingsError, SettingsPatch};
 pub struct ThreadPatch {
     #[serde(default)]
     pub settings: Option<SettingsBody>,
+    /// Labels to set (`"k": "v"`) or remove (`"k": null`): at most 16 in all, keys
+    /// `[a-z0-9_.-]{1,64}`, values at most 256 bytes.
+    #[serde(default)]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, Option<String>>>)]
+    pub labels: Option<crate::threads::LabelPatch>,
 }
 
 /// What a thread's `kind: llm` listeners use instead of their own, each where the
@@ -73,16 +78,23 @@ pub(super) fn change(
     id: &str,
     patch: ThreadPatch,
 ) -> Result<(), ApiError> {
-    let Some(settings) = patch.settings else {
-        return Ok(());
-    };
-    let patch = SettingsPatch {
-        model: settings.model,
-        temperature: settings.temperature,
-    };
-    organism
-        .control()
-        .change_settings(id, &patch, &|agent| scope.sees(agent))?;
+    // Both checked before either is made.
+    if let Some(labels) = &patch.labels {
+        crate::threads::patched(organism.threads().labels(id).as_deref(), labels)
+            .map_err(SettingsError::from)?;
+    }
+    if let Some(settings) = patch.settings {
+        let settings = SettingsPatch {
+            model: settings.model,
+            temperature: settings.temperature,
+        };
+        organism
+            .control()
+            .change_settings(id, &settings, &|agent| scope.sees(agent))?;
+    }
+    if let Some(labels) = &patch.labels {
+        organism.control().change_labels(id, labels)?;
+    }
     Ok(())
 }
 
@@ -118,6 +130,10 @@ impl From<SettingsError> for ApiError {
                 message,
             )
             .at(format!("settings.{key}")),
+            SettingsError::Label(l) => {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_label", message)
+                    .at(super::labels::location(&l))
+            }
         }
     }
 }

@@ -286,6 +286,9 @@ pub struct Thread {
     /// when nothing is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub settings: Option<ThreadSettings>,
+    /// Its labels (`key: value`); absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// What a client chose for a thread's `kind: llm` listeners (`PATCH /threads/{id}`); each
@@ -320,6 +323,7 @@ impl From<crate::threads::ThreadInfo> for Thread {
             last_activity: t.last_activity.into(),
             error: t.error,
             settings: t.settings.as_deref().map(ThreadSettings::from),
+            labels: t.labels.as_deref().cloned(),
         }
     }
 }

@@ -210,6 +210,11 @@ pub enum EventKind {
         message_count: u64,
         error: Option<String>,
     },
+    /// A thread's labels changed (`None`: it has none now).
+    ThreadLabels {
+        thread_id: Arc<str>,
+        labels: Option<Arc<crate::threads::Labels>>,
+    },
     /// A client changed a thread's `settings` (`None`: cleared).
     ThreadSettings {
         thread_id: Arc<str>,
@@ -288,6 +293,7 @@ impl EventKind {
             EventKind::ThreadCreated { .. } => "thread_created",
             EventKind::ThreadUpdated { .. } => "thread_updated",
             EventKind::ThreadSettings { .. } => "thread_settings",
+            EventKind::ThreadLabels { .. } => "thread_labels",
             EventKind::Error { .. } => "error",
             EventKind::OrganismState { .. } => "organism_state",
             EventKind::Log { .. } => "log",
@@ -309,7 +315,8 @@ impl EventKind {
             EventKind::MessageStatus { thread_id, .. } => Some(thread_id),
             EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
             EventKind::ThreadCreated { thread } => Some(&thread.id),
-            EventKind::ThreadSettings { thread_id, .. } => Some(thread_id),
+            EventKind::ThreadSettings { thread_id, .. }
+            | EventKind::ThreadLabels { thread_id, .. } => Some(thread_id),
             EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
                 thread_id.as_deref()
             }
@@ -351,13 +358,14 @@ impl EventKind {
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 16] = [
+pub const EVENT_NAMES: [&str; 17] = [
     "agent_state",
     "message",
     "message_status",
     "thread_created",
     "thread_updated",
     "thread_settings",
+    "thread_labels",
     "error",
     "organism_state",
     "log",

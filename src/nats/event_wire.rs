@@ -14,10 +14,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 pub(super) use super::event_wire_input::WireInput;
+pub(super) use super::event_wire_thread::WireThread;
 use crate::config::diff::{ReloadProblem, ReloadReport};
 use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout, Usage};
 use crate::threads::{
-    MessageRecord, MessageStatus, Origin, OriginKind, ThreadInfo, ThreadSettings, ThreadStatus,
+    MessageRecord, MessageStatus, Origin, OriginKind, ThreadSettings, ThreadStatus,
 };
 use crate::time::Timestamp;
 
@@ -55,6 +56,10 @@ pub(super) enum WireKind {
     ThreadSettings {
         thread_id: Arc<str>,
         settings: Option<ThreadSettings>,
+    },
+    ThreadLabels {
+        thread_id: Arc<str>,
+        labels: Option<crate::threads::Labels>,
     },
     Error {
         thread_id: Option<String>,
@@ -265,19 +270,6 @@ fn is_zero(n: &u64) -> bool {
 }
 
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct WireThread {
-    id: String,
-    status: ThreadStatus,
-    participants: Vec<String>,
-    message_count: u64,
-    created_at: Timestamp,
-    last_activity: Timestamp,
-    error: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    settings: Option<ThreadSettings>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
 pub(super) struct WireProblem {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     line: Option<usize>,
@@ -346,36 +338,6 @@ impl From<WireMessage> for MessageRecord {
     }
 }
 
-impl From<&ThreadInfo> for WireThread {
-    fn from(t: &ThreadInfo) -> Self {
-        WireThread {
-            id: t.id.clone(),
-            status: t.status,
-            participants: t.participants.clone(),
-            message_count: t.message_count,
-            created_at: t.created_at,
-            last_activity: t.last_activity,
-            error: t.error.clone(),
-            settings: t.settings.as_deref().cloned(),
-        }
-    }
-}
-
-impl From<WireThread> for ThreadInfo {
-    fn from(t: WireThread) -> Self {
-        ThreadInfo {
-            id: t.id,
-            status: t.status,
-            participants: t.participants,
-            message_count: t.message_count,
-            created_at: t.created_at,
-            last_activity: t.last_activity,
-            error: t.error,
-            settings: t.settings.and_then(ThreadSettings::kept),
-        }
-    }
-}
-
 impl From<&ReloadProblem> for WireProblem {
     fn from(p: &ReloadProblem) -> Self {
         WireProblem {
@@ -423,11 +385,40 @@ impl From<WireReport> for ReloadReport {
 }
 
 impl WireKind {
-    fn settings(thread_id: &Arc<str>, settings: Option<&ThreadSettings>) -> WireKind {
-        WireKind::ThreadSettings {
-            thread_id: thread_id.clone(),
-            settings: settings.cloned(),
+    /// A thread's settings or labels changed.
+    fn edit(k: &EventKind) -> WireKind {
+        match k {
+            EventKind::ThreadSettings {
+                thread_id,
+                settings,
+            } => WireKind::ThreadSettings {
+                thread_id: thread_id.clone(),
+                settings: settings.as_deref().cloned(),
+            },
+            EventKind::ThreadLabels { thread_id, labels } => WireKind::ThreadLabels {
+                thread_id: thread_id.clone(),
+                labels: labels.as_deref().cloned(),
+            },
+            _ => WireKind::Omitted,
         }
+    }
+}
+
+/// A thread's settings or labels changed.
+fn edit_event(k: WireKind) -> EventKind {
+    match k {
+        WireKind::ThreadSettings {
+            thread_id,
+            settings,
+        } => EventKind::ThreadSettings {
+            thread_id,
+            settings: settings.and_then(ThreadSettings::kept),
+        },
+        WireKind::ThreadLabels { thread_id, labels } => EventKind::ThreadLabels {
+            thread_id,
+            labels: labels.filter(|l| !l.is_empty()).map(Arc::new),
+        },
+        _ => EventKind::Omitted,
     }
 }
 
@@ -473,10 +464,7 @@ impl From<&EventKind> for WireKind {
                 message_count: *message_count,
                 error: error.clone(),
             },
-            EventKind::ThreadSettings {
-                thread_id,
-                settings,
-            } => WireKind::settings(thread_id, settings.as_deref()),
+            EventKind::ThreadSettings { .. } | EventKind::ThreadLabels { .. } => WireKind::edit(k),
             EventKind::Error {
                 thread_id,
                 agent,
@@ -596,13 +584,7 @@ impl From<WireKind> for EventKind {
                 message_count,
                 error,
             },
-            WireKind::ThreadSettings {
-                thread_id,
-                settings,
-            } => EventKind::ThreadSettings {
-                thread_id,
-                settings: settings.and_then(ThreadSettings::kept),
-            },
+            k @ (WireKind::ThreadSettings { .. } | WireKind::ThreadLabels { .. }) => edit_event(k),
             WireKind::Error {
                 thread_id,
                 agent,

@@ -103,6 +103,7 @@ fn events() -> Vec<Event> {
                 last_activity: t,
                 error: None,
                 settings: None,
+                labels: None,
             },
         },
         EventKind::ThreadUpdated {

@@ -27,6 +27,7 @@
 
 pub mod event_wire;
 mod event_wire_input;
+mod event_wire_thread;
 #[cfg(test)]
 mod format_tests;
 mod link;

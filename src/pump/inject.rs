@@ -26,10 +26,32 @@ impl Organism {
         req: InjectRequest,
         message_id: Option<&str>,
     ) -> Result<InjectReceipt, InjectError> {
+        self.inject_labelled(req, message_id, None)
+    }
+
+    /// [`Organism::inject_with_id`] with labels for its thread (added to those it has),
+    /// each checked first (`threads::check_label`, at most `MAX_LABELS` in all).
+    pub fn inject_labelled(
+        &self,
+        req: InjectRequest,
+        message_id: Option<&str>,
+        labels: Option<&crate::threads::Labels>,
+    ) -> Result<InjectReceipt, InjectError> {
         let result = (|| {
+            if let Some(l) = labels {
+                for (k, v) in l {
+                    crate::threads::check_label(k, Some(v))?;
+                }
+                if l.len() > crate::threads::MAX_LABELS {
+                    return Err(InjectError::Label(crate::threads::LabelError {
+                        key: String::new(),
+                        message: format!("at most {} labels", crate::threads::MAX_LABELS),
+                    }));
+                }
+            }
             let payload = normalize_payload(&req.payload_xml, &self.shared.xml_limits)?;
             let thread = req.thread_id.as_deref();
-            self.inject_normalized(&req.from, &req.to, payload, thread, message_id)
+            self.inject_normalized(&req.from, &req.to, payload, thread, message_id, labels)
         })();
         self.note_refusal(&result, &req.to);
         result
@@ -42,7 +64,14 @@ impl Organism {
         let result = (|| {
             let env = parse_envelope(xml, &self.shared.xml_limits)?;
             to = env.to.clone().ok_or(InjectError::NoTarget)?;
-            self.inject_normalized(identity, &to, env.payload, env.thread.as_deref(), None)
+            self.inject_normalized(
+                identity,
+                &to,
+                env.payload,
+                env.thread.as_deref(),
+                None,
+                None,
+            )
         })();
         self.note_refusal(&result, &to);
         result
@@ -66,6 +95,7 @@ impl Organism {
         payload: NormalizedPayload,
         thread_id: Option<&str>,
         message_id: Option<&str>,
+        labels: Option<&crate::threads::Labels>,
     ) -> Result<InjectReceipt, InjectError> {
         let s = &self.shared;
         if s.life.status.load(Ordering::SeqCst) != STATUS_RUNNING {
@@ -94,6 +124,7 @@ impl Organism {
             message_id,
             parent_id: None,
             origin: None,
+            labels,
         };
         self.enter(&listener, valid, entry)
     }
@@ -116,6 +147,7 @@ impl Organism {
             message_id,
             parent_id,
             origin,
+            labels,
         } = entry;
         if let Some(store) = &s.store {
             if let Some(e) = store.failure() {
@@ -170,6 +202,18 @@ impl Organism {
                 s.client_ids.give_back(m);
             }
         };
+        // Labels a thread would hold past the bound are refused before anything is done.
+        if let (Some(l), Some(t)) = (labels, thread_id) {
+            let patch = l
+                .iter()
+                .map(|(k, v)| (k.clone(), Some(v.clone())))
+                .collect();
+            crate::threads::patched(s.threads.labels(t).as_deref(), &patch).inspect_err(|_| {
+                if let Some(m) = message_id {
+                    s.client_ids.give_back(m);
+                }
+            })?;
+        }
         let opened = s.threads.open(thread_id, quota).inspect_err(give_back)?;
         if origin
             .as_ref()
@@ -177,8 +221,16 @@ impl Organism {
         {
             s.threads.clear_error(&opened.id);
         }
-        if let Some(info) = opened.created {
+        let labelled = labels.and_then(|l| s.label(&opened.id, l));
+        if let Some(mut info) = opened.created {
+            info.labels = labelled.clone();
             s.events.publish(EventKind::ThreadCreated { thread: info });
+        }
+        if labelled.is_some() {
+            s.events.publish(EventKind::ThreadLabels {
+                thread_id: opened.id.clone(),
+                labels: labelled,
+            });
         }
         if let Some(change) = opened.reactivated {
             s.publish_thread(change);
@@ -206,6 +258,27 @@ pub(super) struct Entry<'a> {
     pub message_id: Option<&'a str>,
     pub parent_id: Option<Arc<str>>,
     pub origin: Option<crate::threads::Origin>,
+    /// Labels added to its thread's.
+    pub labels: Option<&'a crate::threads::Labels>,
+}
+
+impl super::Shared {
+    /// Adds `labels` to thread `id`'s (those past [`crate::threads::MAX_LABELS`] in all are
+    /// not added); the thread's labels now.
+    fn label(
+        &self,
+        id: &str,
+        labels: &crate::threads::Labels,
+    ) -> Option<Arc<crate::threads::Labels>> {
+        let patch = labels
+            .iter()
+            .map(|(k, v)| (k.clone(), Some(v.clone())))
+            .collect();
+        let now = self.threads.labels(id);
+        let merged = crate::threads::patched(now.as_deref(), &patch).ok()?;
+        self.threads.set_labels(id, merged).ok()?;
+        self.threads.labels(id)
+    }
 }
 
 impl super::Shared {

@@ -159,6 +159,8 @@ pub enum InjectError {
     Invalid(ValidationError),
     #[error("{0}")]
     Thread(#[from] ThreadError),
+    #[error("{0}")]
+    Label(#[from] crate::threads::LabelError),
     #[error("the envelope has no <to>: say which listener receives it")]
     NoTarget,
     #[error(

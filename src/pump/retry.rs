@@ -72,6 +72,7 @@ impl Organism {
             message_id: None,
             parent_id: m.parent_id.clone(),
             origin: Some(Origin::retry(m.id.clone())),
+            labels: None,
         };
         Ok(self.enter(&listener, valid, entry)?)
     }

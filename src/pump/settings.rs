@@ -29,6 +29,8 @@ pub enum SettingsError {
     /// A key's value refused, and why.
     #[error("`{key}`: {message}")]
     Invalid { key: &'static str, message: String },
+    #[error("{0}")]
+    Label(#[from] crate::threads::LabelError),
 }
 
 /// Changes of every organism's threads' settings, one at a time, so that the settings
@@ -75,6 +77,33 @@ impl Control<'_> {
             settings: now.clone(),
         });
         Ok(now)
+    }
+
+    /// Changes thread `id`'s labels as `patch` says (each key set or removed), checked
+    /// whole first; published as `thread_labels` (which the store writes). Its labels now.
+    pub fn change_labels(
+        self,
+        id: &str,
+        patch: &crate::threads::LabelPatch,
+    ) -> Result<Option<Arc<crate::threads::Labels>>, SettingsError> {
+        let s = &self.organism.shared;
+        s.adopt_stored(id);
+        let _one = crate::sync::lock(&CHANGING);
+        match s.threads.status(id) {
+            None => return Err(SettingsError::UnknownThread(id.to_string())),
+            Some(ThreadStatus::Killed) => return Err(SettingsError::ThreadKilled(id.to_string())),
+            Some(_) => {}
+        }
+        let now = crate::threads::patched(s.threads.labels(id).as_deref(), patch)?;
+        s.threads
+            .set_labels(id, now)
+            .map_err(|_| SettingsError::UnknownThread(id.to_string()))?;
+        let labels = s.threads.labels(id);
+        s.events.publish(EventKind::ThreadLabels {
+            thread_id: Arc::from(id),
+            labels: labels.clone(),
+        });
+        Ok(labels)
     }
 
     fn check_settings(

@@ -107,6 +107,8 @@ pub(super) enum Write<'a> {
     Usage(&'a crate::events::Usage, Timestamp),
     /// A thread's new `settings`.
     Settings(&'a str, Option<&'a crate::threads::ThreadSettings>),
+    /// A thread's labels now.
+    Labels(&'a str, Option<&'a crate::threads::Labels>),
     /// Listeners' work, and when it was taken.
     Work(&'a [super::usage::WorkRow], Timestamp),
 }
@@ -193,6 +195,9 @@ impl<'a> Write<'a> {
                 thread_id,
                 settings,
             } => Write::Settings(thread_id, settings.as_deref()),
+            EventKind::ThreadLabels { thread_id, labels } => {
+                Write::Labels(thread_id, labels.as_deref())
+            }
             _ => return None,
         })
     }
@@ -378,6 +383,7 @@ impl Index<'_> {
             | Write::Key(..)
             | Write::Usage(..)
             | Write::Settings(..)
+            | Write::Labels(..)
             | Write::Work(..) => None,
         }
     }

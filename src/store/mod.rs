@@ -91,6 +91,7 @@ mod query;
 mod replay;
 #[cfg(test)]
 mod tests;
+mod thread_fields;
 pub mod usage;
 pub mod watched;
 mod writer;
@@ -413,6 +414,7 @@ impl Store {
                 | EventKind::InputResolved { .. }
                 | EventKind::Usage(_)
                 | EventKind::ThreadSettings { .. }
+                | EventKind::ThreadLabels { .. }
         ) {
             self.send(Op::Event(event.clone()));
         }

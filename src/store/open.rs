@@ -374,6 +374,18 @@ CREATE TABLE usage_work (
     PRIMARY KEY (day, tenant, listener)
 ) WITHOUT ROWID;
 "#,
+    // v18: a thread's labels: as shown (`threads.labels`, JSON) and as found
+    // (`thread_labels`, one row per label, by key and value).
+    r#"
+ALTER TABLE threads ADD COLUMN labels TEXT;
+CREATE TABLE thread_labels (
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    thread INTEGER NOT NULL,
+    PRIMARY KEY (key, value, thread)
+) WITHOUT ROWID;
+CREATE INDEX thread_labels_thread ON thread_labels(thread);
+"#,
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

@@ -42,6 +42,8 @@ pub(super) fn prune_chunk(
         let gone = delete_messages(tx, n, &mut deltas)?;
         tx.prepare_cached("DELETE FROM threads WHERE n = ?1")?
             .execute(params![n])?;
+        tx.prepare_cached("DELETE FROM thread_labels WHERE thread = ?1")?
+            .execute(params![n])?;
         Ok(gone)
     };
     let oldest = |tx: &rusqlite::Transaction<'_>, cutoff: i64| -> rusqlite::Result<Vec<i64>> {

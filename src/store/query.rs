@@ -422,13 +422,13 @@ impl Store {
         if let Some(u) = filter.until {
             w.and("created_at < ?", [V::Integer(u.0 as i64)]);
         }
+        super::thread_fields::label_clauses(&mut w, filter);
         self.read(|tx| {
             let (total, rows) = count_and_page(
                 tx,
                 Select {
                     from: "threads",
-                    columns:
-                        "id, status, message_count, created_at, last_activity, error, n, settings",
+                    columns: "id, status, message_count, created_at, last_activity, error, n, settings, labels",
                     order: "created_at DESC, id DESC",
                 },
                 &w,
@@ -443,11 +443,12 @@ impl Store {
                         r.get::<_, Option<String>>(5)?,
                         r.get::<_, i64>(6)?,
                         r.get::<_, Option<String>>(7)?,
+                        r.get::<_, Option<String>>(8)?,
                     ))
                 },
             )?;
             let mut items = Vec::with_capacity(rows.len());
-            for (id, status, count, created, last, error, n, settings) in rows {
+            for (id, status, count, created, last, error, n, settings, labels) in rows {
                 let participants = participants(tx, n)?;
                 items.push(ThreadInfo {
                     participants,
@@ -457,7 +458,8 @@ impl Store {
                     created_at: Timestamp(created),
                     last_activity: Timestamp(last),
                     error,
-                    settings: settings_of(settings),
+                    settings: super::thread_fields::settings_of(settings),
+                    labels: super::thread_fields::labels_of(labels),
                 });
             }
             Ok(Paged {
@@ -538,7 +540,7 @@ impl Store {
         self.read(|tx| {
             let row = tx
                 .query_row(
-                    "SELECT status, message_count, created_at, last_activity, error, n, settings FROM threads WHERE id = ?",
+                    "SELECT status, message_count, created_at, last_activity, error, n, settings, labels FROM threads WHERE id = ?",
                     params![id],
                     |r| {
                         Ok((
@@ -549,11 +551,12 @@ impl Store {
                             r.get::<_, Option<String>>(4)?,
                             r.get::<_, i64>(5)?,
                             r.get::<_, Option<String>>(6)?,
+                            r.get::<_, Option<String>>(7)?,
                         ))
                     },
                 )
                 .optional()?;
-            let Some((status, count, created, last, error, n, settings)) = row else {
+            let Some((status, count, created, last, error, n, settings, labels)) = row else {
                 return Ok(None);
             };
             Ok(Some(ThreadInfo {
@@ -564,16 +567,11 @@ impl Store {
                 created_at: Timestamp(created),
                 last_activity: Timestamp(last),
                 error,
-                settings: settings_of(settings),
+                settings: super::thread_fields::settings_of(settings),
+                labels: super::thread_fields::labels_of(labels),
             }))
         })
     }
-}
-
-/// A thread's `settings` column read back (JSON; what cannot be read is none).
-fn settings_of(text: Option<String>) -> Option<std::sync::Arc<crate::threads::ThreadSettings>> {
-    text.and_then(|t| serde_json::from_str::<crate::threads::ThreadSettings>(&t).ok())
-        .and_then(crate::threads::ThreadSettings::kept)
 }
 
 /// The query of the blocks holding a filter's messages (without a thread), in write order,

@@ -606,6 +606,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             Write::Key(r, prune_before) => super::idempotency::insert(self.tx, r, prune_before)?,
             Write::Usage(u, at) => super::usage::insert(self.tx, u, at)?,
             Write::Settings(id, settings) => self.settings(id, settings)?,
+            Write::Labels(id, labels) => self.labels(id, labels)?,
             Write::Work(rows, at) => super::usage::add_work(self.tx, rows, at)?,
         }
         Ok(())
@@ -623,6 +624,33 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         self.tx
             .prepare_cached("UPDATE threads SET settings = ?2 WHERE id = ?1")?
             .execute(params![id, json])?;
+        Ok(())
+    }
+
+    /// A thread's labels: shown (`threads.labels`) and found (`thread_labels`), after the
+    /// thread rows this batch holds so far.
+    fn labels(
+        &mut self,
+        id: &str,
+        labels: Option<&crate::threads::Labels>,
+    ) -> rusqlite::Result<()> {
+        self.insert_pending()?;
+        let Some(n) = self.thread_number(id)? else {
+            return Ok(());
+        };
+        let json = labels.and_then(|l| serde_json::to_string(l).ok());
+        self.tx
+            .prepare_cached("UPDATE threads SET labels = ?2 WHERE n = ?1")?
+            .execute(params![n, json])?;
+        self.tx
+            .prepare_cached("DELETE FROM thread_labels WHERE thread = ?1")?
+            .execute(params![n])?;
+        let mut add = self.tx.prepare_cached(
+            "INSERT OR IGNORE INTO thread_labels (key, value, thread) VALUES (?1, ?2, ?3)",
+        )?;
+        for (k, v) in labels.into_iter().flatten() {
+            add.execute(params![k, v, n])?;
+        }
         Ok(())
     }
 

@@ -15,12 +15,15 @@ use crate::hash::SeededMap;
 use crate::sync::lock;
 use crate::time::Timestamp;
 
+mod errors;
 mod input;
+mod labels;
+pub use labels::{check_label, patched, LabelError, LabelPatch, Labels, MAX_LABELS};
 mod query;
 mod record;
 mod settings;
 pub use input::{InputFilter, InputKind, InputRow, InputStatus};
-pub use query::{glob_match, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
+pub use query::{glob_match, LabelTest, MessageFilter, Page, Paged, ThreadFilter, MAX_PAGE};
 pub use settings::ThreadSettings;
 
 pub use record::{
@@ -53,6 +56,7 @@ struct Entry {
     /// Whose active threads it counts among ([`Quota`]), while active.
     owner: Option<Arc<str>>,
     settings: Option<Arc<ThreadSettings>>,
+    labels: Option<Arc<Labels>>,
 }
 
 impl Entry {
@@ -66,6 +70,7 @@ impl Entry {
             last_activity: self.last_activity,
             error: self.error.clone(),
             settings: self.settings.clone(),
+            labels: self.labels.clone(),
         }
     }
 
@@ -233,6 +238,7 @@ impl ThreadRegistry {
             messages: Vec::new(),
             cancel: CancellationToken::new(),
             settings: None,
+            labels: None,
         };
         let info = entry.info(&id);
         shard.threads.insert(id.clone(), entry);
@@ -275,6 +281,7 @@ impl ThreadRegistry {
             cancel,
             owner: None,
             settings: info.settings.clone(),
+            labels: info.labels.clone(),
         };
         let finished = info.status.is_finished();
         shard.threads.insert(id.clone(), entry);
@@ -400,24 +407,6 @@ impl ThreadRegistry {
     pub fn reserve_bytes(&self, bytes: usize) {
         self.reserved
             .store(bytes, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Records a failure on the thread (the first one is kept).
-    pub fn record_error(&self, thread: &str, error: &str) {
-        let mut shard = lock(self.shard(thread));
-        if let Some(e) = shard.threads.get_mut(thread) {
-            if e.error.is_none() {
-                e.error = Some(error.to_string());
-            }
-        }
-    }
-
-    /// Forgets the thread's error: a failure is being retried (it ends `error` again only if
-    /// something fails after).
-    pub fn clear_error(&self, thread: &str) {
-        if let Some(e) = lock(self.shard(thread)).threads.get_mut(thread) {
-            e.error = None;
-        }
     }
 
     /// Work outside any message is owed to the thread (an external agent's reply): it stays

@@ -136,6 +136,44 @@ pub struct ThreadFilter {
     pub until: Option<Timestamp>,
     /// Only threads in which one of these took part (a tenant's listeners).
     pub within: Option<Vec<String>>,
+    /// Every one of these holds (`/threads?label=…`).
+    pub labels: Vec<LabelTest>,
+    /// In the thread's id, a label's key or value, or its error.
+    pub q: Option<String>,
+}
+
+/// One test of a thread's labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelTest {
+    /// `label=k:v1,v2`: the label `k` is one of these values.
+    Is(String, Vec<String>),
+    /// `label!=k:v`: the thread has no label `k: v`.
+    IsNot(String, String),
+    /// `has_label=k`.
+    Has(String),
+    /// `no_label=k`.
+    Lacks(String),
+}
+
+impl LabelTest {
+    pub fn holds(&self, labels: Option<&super::Labels>) -> bool {
+        let get = |k: &str| labels.and_then(|l| l.get(k));
+        match self {
+            LabelTest::Is(k, vs) => get(k).is_some_and(|v| vs.contains(v)),
+            LabelTest::IsNot(k, v) => get(k) != Some(v),
+            LabelTest::Has(k) => get(k).is_some(),
+            LabelTest::Lacks(k) => get(k).is_none(),
+        }
+    }
+}
+
+/// Whether `q` is in the thread's id, a label's key or value, or its error.
+fn mentions(t: &ThreadInfo, q: &str) -> bool {
+    t.id.contains(q)
+        || t.error.as_deref().is_some_and(|e| e.contains(q))
+        || t.labels
+            .as_deref()
+            .is_some_and(|l| l.iter().any(|(k, v)| k.contains(q) || v.contains(q)))
 }
 
 impl ThreadFilter {
@@ -151,6 +189,8 @@ impl ThreadFilter {
                 .within
                 .as_ref()
                 .is_none_or(|set| t.participants.iter().any(|p| set.contains(p)))
+            && self.labels.iter().all(|l| l.holds(t.labels.as_deref()))
+            && self.q.as_deref().is_none_or(|q| mentions(t, q))
     }
 }
 

@@ -102,6 +102,8 @@ pub struct ThreadInfo {
     pub error: Option<String>,
     /// What a client chose for its LLM listeners (`PATCH /threads/{id}`).
     pub settings: Option<Arc<super::ThreadSettings>>,
+    /// Its labels (`key: value`), for finding it.
+    pub labels: Option<Arc<super::Labels>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

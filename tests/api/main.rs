@@ -10,6 +10,7 @@ mod causes;
 mod conn;
 mod hostile_input;
 mod idempotency;
+mod labels;
 mod origins;
 mod replay;
 mod rest;

@@ -111,7 +111,7 @@ async fn a_threads_settings_reach_the_model_and_outlive_a_restart() {
         ),
         (json!({"settings": {"model": 7}}), 400, ""),
         (json!({"settings": {"colour": "red"}}), 400, ""),
-        (json!({"labels": {}}), 400, ""),
+        (json!({"title": "x"}), 400, ""),
     ] {
         let (got, answer) = patch(&base, &t, body.clone(), None).await;
         assert_eq!(got, code, "{body} → {answer}");

@@ -171,6 +171,7 @@ impl Shared {
                         last_activity: row.created,
                         error: None,
                         settings: None,
+                        labels: None,
                     });
                 self.threads.adopt(&info);
             }

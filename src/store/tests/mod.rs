@@ -66,6 +66,7 @@ fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
                 last_activity: Timestamp(created),
                 error: None,
                 settings: None,
+                labels: None,
             },
         },
     );

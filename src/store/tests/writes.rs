@@ -110,6 +110,7 @@ fn coalescing_keeps_what_a_batch_writes() {
                 last_activity: Timestamp(5),
                 error: None,
                 settings: None,
+                labels: None,
             },
         }),
         event_op(EventKind::MessageStatus {

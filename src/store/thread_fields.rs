@@ -1,0 +1,49 @@
+//! What a thread row holds beyond its counters: its `settings` and `labels` read back from
+//! their JSON columns, and `/threads`'s label tests as clauses over `thread_labels`.
+
+use super::{in_list, Where};
+use crate::threads::ThreadFilter;
+
+/// `/threads`'s label tests and `q`, as clauses over `thread_labels` (by key and value).
+pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter) {
+    use crate::threads::LabelTest;
+    use rusqlite::types::Value as V;
+    const LABEL: &str = "SELECT 1 FROM thread_labels l WHERE l.thread = threads.n AND l.key = ?";
+    for test in &filter.labels {
+        match test {
+            LabelTest::Is(k, vs) => w.and(
+                format!("EXISTS ({LABEL} AND l.value IN ({}))", in_list(vs.len())),
+                std::iter::once(V::Text(k.clone())).chain(vs.iter().map(|v| V::Text(v.clone()))),
+            ),
+            LabelTest::IsNot(k, v) => w.and(
+                format!("NOT EXISTS ({LABEL} AND l.value = ?)"),
+                [V::Text(k.clone()), V::Text(v.clone())],
+            ),
+            LabelTest::Has(k) => w.and(format!("EXISTS ({LABEL})"), [V::Text(k.clone())]),
+            LabelTest::Lacks(k) => w.and(format!("NOT EXISTS ({LABEL})"), [V::Text(k.clone())]),
+        }
+    }
+    if let Some(q) = &filter.q {
+        w.and(
+            "(instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR EXISTS (SELECT 1 FROM \
+             thread_labels l WHERE l.thread = threads.n AND (instr(l.key, ?) > 0 OR \
+             instr(l.value, ?) > 0)))",
+            std::iter::repeat_n(V::Text(q.clone()), 4),
+        );
+    }
+}
+
+/// A thread's `labels` column read back (JSON; what cannot be read is none).
+pub(super) fn labels_of(text: Option<String>) -> Option<std::sync::Arc<crate::threads::Labels>> {
+    text.and_then(|t| serde_json::from_str::<crate::threads::Labels>(&t).ok())
+        .filter(|l| !l.is_empty())
+        .map(std::sync::Arc::new)
+}
+
+/// A thread's `settings` column read back (JSON; what cannot be read is none).
+pub(super) fn settings_of(
+    text: Option<String>,
+) -> Option<std::sync::Arc<crate::threads::ThreadSettings>> {
+    text.and_then(|t| serde_json::from_str::<crate::threads::ThreadSettings>(&t).ok())
+        .and_then(crate::threads::ThreadSettings::kept)
+}
