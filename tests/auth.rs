@@ -191,6 +191,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/threads/{id}/abort",
         "/api/v1/messages/{id}/retry",
         "/api/v1/messages/retry",
+        "/api/v1/threads/batch",
         "/api/v1/inputs/{id}/approve",
         "/api/v1/inputs/{id}/reject",
         "/api/v1/inputs/{id}/answer",
@@ -309,7 +310,8 @@ async fn every_documented_route_answers_each_role_as_the_table_says() {
             ]
             .contains(&(method.as_str(), path.as_str()));
             // A batch over every tenant's messages is an admin's; a tenant's, its operator's.
-            let batch = (method.as_str(), path.as_str()) == ("post", "/api/v1/messages/retry");
+            let batch = method == "post"
+                && ["/api/v1/messages/retry", "/api/v1/threads/batch"].contains(&path.as_str());
             let need = if batch && !label.starts_with("tenant") {
                 Some(Role::Admin)
             } else {

@@ -38,16 +38,16 @@ pub struct ThreadQuery {
 #[allow(dead_code)] // a description of parameters read from the raw query
 pub struct LabelQuery {
     /// `key:value`, or `key:v1,v2` (one of them); repeat it: every one must hold.
-    #[param(value_type = Option<Vec<String>>, pattern = "^[a-z0-9_.-]{1,64}:.{0,256}$")]
+    #[param(value_type = Option<Vec<String>>, max_items = 16, pattern = "^[a-z0-9_.-]{1,64}:.{0,256}$")]
     pub label: Option<String>,
     /// `key:value`: the thread has no such label; repeatable.
-    #[param(rename = "label!", value_type = Option<Vec<String>>, pattern = "^[a-z0-9_.-]{1,64}:.{0,256}$")]
+    #[param(rename = "label!", value_type = Option<Vec<String>>, max_items = 16, pattern = "^[a-z0-9_.-]{1,64}:.{0,256}$")]
     pub not_label: Option<String>,
     /// A key the thread has a label of; repeatable.
-    #[param(value_type = Option<Vec<String>>, pattern = "^[a-z0-9_.-]{1,64}$")]
+    #[param(value_type = Option<Vec<String>>, max_items = 16, pattern = "^[a-z0-9_.-]{1,64}$")]
     pub has_label: Option<String>,
     /// A key the thread has no label of; repeatable.
-    #[param(value_type = Option<Vec<String>>, pattern = "^[a-z0-9_.-]{1,64}$")]
+    #[param(value_type = Option<Vec<String>>, max_items = 16, pattern = "^[a-z0-9_.-]{1,64}$")]
     pub no_label: Option<String>,
     /// Text in the thread's id, a label's key or value, or its error.
     #[param(max_length = 256)]
@@ -61,7 +61,8 @@ pub struct ThreadParams {
     pub q: Option<String>,
 }
 
-/// Label tests one query takes at most.
+/// Label tests of one kind (`label`, `label!`, `has_label`, `no_label`) one query takes at
+/// most.
 pub const MAX_LABEL_TESTS: usize = MAX_LABELS;
 /// Bytes of `q`, at most.
 pub const MAX_Q_BYTES: usize = 256;
@@ -111,8 +112,8 @@ fn split(raw: &str) -> Result<(String, Vec<LabelTest>, Option<String>), ApiError
                 _ => LabelTest::Lacks(key_of(&k, &v)?),
             };
             labels.push(test);
-            if labels.len() > MAX_LABEL_TESTS {
-                return Err(bad(&k, &format!("at most {MAX_LABEL_TESTS} label tests")));
+            if raw_count(raw, &k) > MAX_LABEL_TESTS {
+                return Err(bad(&k, &format!("at most {MAX_LABEL_TESTS} of it")));
             }
         }
         Ok((rest.finish(), labels, q))
@@ -144,6 +145,13 @@ pub(super) fn location(e: &crate::threads::LabelError) -> String {
     }
 }
 
+/// How many times parameter `key` is in the query `raw`.
+fn raw_count(raw: &str, key: &str) -> usize {
+    form_urlencoded::parse(raw.as_bytes())
+        .filter(|(k, _)| k == key)
+        .count()
+}
+
 fn bad(at: &str, message: &str) -> ApiError {
     ApiError::new(
         axum::http::StatusCode::BAD_REQUEST,
@@ -151,6 +159,45 @@ fn bad(at: &str, message: &str) -> ApiError {
         format!("bad query parameter `{at}`: {message}"),
     )
     .at(at.to_string())
+}
+
+/// `label`, `label!`, `has_label` and `no_label` values as label tests (a batch's filter
+/// gives them as lists).
+pub(super) fn tests_of(
+    is: &[String],
+    is_not: &[String],
+    has: &[String],
+    lacks: &[String],
+) -> Result<Vec<LabelTest>, ApiError> {
+    let mut out = Vec::new();
+    for v in is {
+        let (k, vs) = pair("filter.label", v)?;
+        out.push(LabelTest::Is(
+            k,
+            vs.split(',').map(str::to_string).collect(),
+        ));
+    }
+    for v in is_not {
+        let (k, v) = pair("filter.label!", v)?;
+        out.push(LabelTest::IsNot(k, v));
+    }
+    for k in has {
+        out.push(LabelTest::Has(key_of("filter.has_label", k)?));
+    }
+    for k in lacks {
+        out.push(LabelTest::Lacks(key_of("filter.no_label", k)?));
+    }
+    for (list, at) in [
+        (is, "filter.label"),
+        (is_not, "filter.label!"),
+        (has, "filter.has_label"),
+        (lacks, "filter.no_label"),
+    ] {
+        if list.len() > MAX_LABEL_TESTS {
+            return Err(bad(at, &format!("at most {MAX_LABEL_TESTS}")));
+        }
+    }
+    Ok(out)
 }
 
 /// `k:v` (a key, then what follows the first `:`), the key well formed.

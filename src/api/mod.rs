@@ -35,10 +35,12 @@
 mod agents;
 mod audit;
 pub mod auth;
+mod batch;
 mod browser;
 mod cause;
 mod conn;
 mod dashboard;
+mod doc;
 mod error;
 mod external;
 mod filter;
@@ -323,6 +325,8 @@ fn router(
         .routes(routes!(schema::get_agent_schema))
         .routes(routes!(schema::get_agent_fields))
         .routes(routes!(rest::list_threads))
+        .routes(routes!(batch::count_threads))
+        .routes(routes!(batch::batch))
         .routes(routes!(rest::get_thread, settings::patch_thread))
         .routes(routes!(rest::thread_messages))
         .routes(routes!(rest::list_messages))
@@ -365,7 +369,8 @@ fn router(
         .split_for_parts();
     let openapi = serde_json::to_value(&doc)
         .map(auth::document)
-        .map(links)
+        .map(doc::links)
+        .map(doc::label_rules)
         .and_then(|v| serde_json::to_string_pretty(&v))
         .unwrap_or_else(|_| "{}".into());
     let keys = idempotency::Keys::load(&organism);
@@ -409,26 +414,6 @@ fn router(
         .layer(axum::middleware::from_fn(cause::request_id))
         .with_state(state.clone());
     (app, state)
-}
-
-/// Where one operation's answer feeds another (OpenAPI `links`): an inject's thread.
-fn links(mut doc: serde_json::Value) -> serde_json::Value {
-    let thread = |op: &str| {
-        serde_json::json!({
-            "operationId": op,
-            "parameters": {"id": "$response.body#/thread_id"},
-        })
-    };
-    for status in ["200", "202"] {
-        let answer = &mut doc["paths"]["/api/v1/inject"]["post"]["responses"][status];
-        if answer.is_object() {
-            answer["links"] = serde_json::json!({
-                "thread": thread("get_thread"),
-                "thread_messages": thread("thread_messages"),
-            });
-        }
-    }
-    doc
 }
 
 /// Every refused request is logged and counted (`agentserver_http_refused_total{status}`),

@@ -239,19 +239,27 @@ pub async fn list_threads(
     seen: Seen,
     params: super::labels::ThreadParams,
 ) -> ApiResult<Json<Paged<Thread>>> {
+    let page = page(params.query.limit, params.query.offset);
+    let filter = thread_filter(params, &seen.scope)?;
+    let threads = s.inner.organism.history().query_threads(&filter, page)?;
+    Ok(Json(Paged::map(threads, Thread::from)))
+}
+
+/// The filter `/threads`'s parameters say, within `scope`.
+pub(super) fn thread_filter(
+    params: super::labels::ThreadParams,
+    scope: &Scope,
+) -> ApiResult<ThreadFilter> {
     let q = params.query;
-    let filter = ThreadFilter {
+    Ok(ThreadFilter {
         status: q.status.map(Into::into),
         agent: q.agent.clone(),
         since: time_param("since", q.since.as_deref())?,
         until: time_param("until", q.until.as_deref())?,
-        within: seen.scope.within(),
+        within: scope.within(),
         labels: params.labels,
         q: params.q,
-    };
-    let page = page(q.limit, q.offset);
-    let threads = s.inner.organism.history().query_threads(&filter, page)?;
-    Ok(Json(Paged::map(threads, Thread::from)))
+    })
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}", tag = "threads",

@@ -20,6 +20,26 @@ use crate::config::ListenerKind;
 use crate::pump::{RetryError, RetryPlan};
 use crate::threads::{MessageFilter, Page};
 
+/// A caller who may act on many threads or messages at once: a tenant's operator (over its
+/// tenant's), or an admin (over every tenant's); checked before the body is read.
+pub(super) struct BulkCaller(pub Seen);
+
+impl axum::extract::FromRequestParts<ApiState> for BulkCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        s: &ApiState,
+    ) -> Result<Self, ApiError> {
+        let seen = Seen::from_request_parts(parts, s).await?;
+        let admin = crate::config::Role::Admin;
+        if seen.principal.tenant.is_none() && !seen.principal.may(admin) {
+            return Err(super::auth::forbidden(&seen.principal, admin));
+        }
+        Ok(BulkCaller(seen))
+    }
+}
+
 /// Messages one bulk retry takes at most.
 pub const MAX_BULK_RETRY: u32 = 5000;
 /// Bytes of one skipped message's reason, at most.
@@ -233,16 +253,9 @@ pub struct AuditNote(pub String);
               (status = 403, description = "An organism-wide credential that is not an admin", body = ErrorResponse)))]
 pub async fn retry_messages(
     State(s): State<ApiState>,
-    seen: Seen,
+    BulkCaller(seen): BulkCaller,
     JsonBody(body): JsonBody<BulkRetry>,
 ) -> Result<Response, ApiError> {
-    // Over every tenant's messages: an admin's act.
-    if seen.principal.tenant.is_none() && !seen.principal.may(crate::config::Role::Admin) {
-        return Err(super::auth::forbidden(
-            &seen.principal,
-            crate::config::Role::Admin,
-        ));
-    }
     let limit = body.limit.unwrap_or(100);
     if !(1..=MAX_BULK_RETRY).contains(&limit) {
         return Err(ApiError::bad_request(format!("`limit` is 1 to {MAX_BULK_RETRY}")).at("limit"));

@@ -116,6 +116,16 @@ pub(super) fn change_answered(
     Ok(out)
 }
 
+/// A refused label, as an answer: 422 `invalid_label` where it was.
+pub(super) fn label_refused(e: &crate::threads::LabelError) -> ApiError {
+    ApiError::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid_label",
+        e.to_string(),
+    )
+    .at(super::labels::location(e))
+}
+
 impl From<SettingsError> for ApiError {
     fn from(e: SettingsError) -> Self {
         let message = e.to_string();
@@ -130,10 +140,7 @@ impl From<SettingsError> for ApiError {
                 message,
             )
             .at(format!("settings.{key}")),
-            SettingsError::Label(l) => {
-                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_label", message)
-                    .at(super::labels::location(&l))
-            }
+            SettingsError::Label(l) => label_refused(&l),
         }
     }
 }

@@ -207,3 +207,251 @@ async fn labels_are_given_at_inject_changed_by_patch_and_bad_ones_refused() {
         );
     }
 }
+
+/// An organism with keys: `admin`, `op` (organism-wide), `acme-op` (tenant acme), and a sink
+/// of each tenant's and of the organism's.
+async fn with_keys() -> (Served, std::collections::HashMap<&'static str, String>) {
+    use agentserver::config::Role;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        "organism: { name: batch, store: batch.db }
+auth: { methods: [keys] }
+listeners:
+  - { name: sink, description: keeps, kind: native, handler: sink, schema: t.xsd, accepts: [Note] }
+  - { name: acme-sink, description: keeps, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme }
+",
+    )
+    .unwrap();
+    let config = Organism::builder().load_config(&path).unwrap();
+    let keys = keys_for(
+        &config,
+        &[
+            ("admin", Role::Admin, None),
+            ("op", Role::Operator, None),
+            ("acme-op", Role::Operator, Some("acme")),
+        ],
+    );
+    let o = Organism::builder().build(config).unwrap();
+    (Served::over(o, dir, ApiOptions::default()).await, keys)
+}
+
+async fn call(
+    s: &Served,
+    method: reqwest::Method,
+    path: &str,
+    key: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut req = s.http.request(method, s.url(path)).bearer_auth(key);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let r = req.send().await.unwrap();
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn a_batch_acts_on_exactly_what_its_filter_counts_and_a_tenant_on_its_own() {
+    let (s, k) = with_keys().await;
+    let mut ours = Vec::new();
+    let mut acme = Vec::new();
+    for i in 0..6 {
+        // Threads wait on an approval-less sink: they complete; kill and label act either way.
+        let labels: BTreeMap<String, String> =
+            [("customer".to_string(), format!("c{}", i % 2))].into();
+        let to = if i < 4 { "sink" } else { "acme-sink" };
+        let r = s
+            .organism
+            .inject_labelled(
+                agentserver::InjectRequest {
+                    from: "api".into(),
+                    to: to.into(),
+                    payload_xml: format!("<Note>{i}</Note>"),
+                    thread_id: None,
+                },
+                None,
+                Some(&labels),
+            )
+            .unwrap();
+        settle(&s.organism, &r.thread_id).await;
+        if i < 4 {
+            ours.push(r.thread_id.to_string())
+        } else {
+            acme.push(r.thread_id.to_string())
+        }
+    }
+    let get = reqwest::Method::GET;
+    let post = reqwest::Method::POST;
+    let (code, count) = call(
+        &s,
+        get.clone(),
+        "/api/v1/threads/count?label=customer:c0",
+        &k["admin"],
+        None,
+    )
+    .await;
+    assert_eq!((code, &count["total"]), (200, &json!(3)), "{count}");
+    let (_, count) = call(
+        &s,
+        get.clone(),
+        "/api/v1/threads/count?label=customer:c0",
+        &k["acme-op"],
+        None,
+    )
+    .await;
+    assert_eq!(count["total"], 1, "acme sees its own: {count}");
+
+    // A wrong expected count does nothing; the right one acts on exactly those.
+    let kill = |expected: u64| json!({"action": "kill", "filter": {"label": ["customer:c0"]}, "expected_count": expected});
+    let (code, body) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["admin"],
+        Some(kill(2)),
+    )
+    .await;
+    assert_eq!(
+        (code, body["error"]["code"].as_str()),
+        (409, Some("count_mismatch")),
+        "{body}"
+    );
+    for t in ours.iter().chain(&acme) {
+        assert_ne!(
+            s.organism.threads().status(t),
+            Some(agentserver::threads::ThreadStatus::Killed)
+        );
+    }
+    let (code, body) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["op"],
+        Some(kill(3)),
+    )
+    .await;
+    assert_eq!(code, 403, "organism-wide batches are an admin's: {body}");
+    let (code, body) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["admin"],
+        Some(kill(3)),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        (&body["matched"], &body["applied"]),
+        (&json!(3), &json!(3)),
+        "{body}"
+    );
+    let killed = |t: &String| {
+        s.organism.threads().status(t) == Some(agentserver::threads::ThreadStatus::Killed)
+    };
+    assert_eq!(ours.iter().filter(|t| killed(t)).count(), 2);
+    assert_eq!(acme.iter().filter(|t| killed(t)).count(), 1);
+
+    // A tenant's batch over every thread labels only its own.
+    let label = json!({"action": "label", "filter": {}, "labels": {"reviewed": "yes"}});
+    let (code, body) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["acme-op"],
+        Some(label),
+    )
+    .await;
+    // Its killed thread is skipped, saying so.
+    assert_eq!(
+        (code, &body["matched"], &body["applied"]),
+        (200, &json!(2), &json!(1)),
+        "{body}"
+    );
+    assert!(
+        body["skipped"][0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("killed"),
+        "{body}"
+    );
+    let (_, mine) = call(
+        &s,
+        get.clone(),
+        "/api/v1/threads/count?label=reviewed:yes",
+        &k["admin"],
+        None,
+    )
+    .await;
+    assert_eq!(mine["total"], 1);
+    for t in &ours {
+        assert!(s
+            .organism
+            .threads()
+            .labels(t)
+            .is_none_or(|l| !l.contains_key("reviewed")));
+    }
+    let (code, _) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["admin"],
+        Some(json!({"action": "kill"})),
+    )
+    .await;
+    assert_eq!(
+        code, 400,
+        "a filter is required (`{{}}`: every thread in scope)"
+    );
+    // Ids outside its scope are not matched.
+    let by_ids = json!({"action": "label", "filter": {}, "ids": ours, "labels": {"x": "y"}, "dry_run": true});
+    let (_, body) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["acme-op"],
+        Some(by_ids),
+    )
+    .await;
+    assert_eq!(body["matched"], 0, "{body}");
+
+    // Bad batches are refused where they are wrong.
+    for (bad, at) in [
+        (
+            json!({"action": "kill", "filter": {"label": ["Customer:x"]}}),
+            "filter.label",
+        ),
+        (json!({"action": "kill", "filter": {}, "limit": 0}), "limit"),
+    ] {
+        let (code, body) = call(
+            &s,
+            post.clone(),
+            "/api/v1/threads/batch",
+            &k["admin"],
+            Some(bad.clone()),
+        )
+        .await;
+        assert_eq!(
+            (code, &body["error"]["where"]),
+            (400, &json!(at)),
+            "{bad}: {body}"
+        );
+    }
+
+    // One audit entry per batch, naming what it did.
+    let (_, audit) = call(&s, get, "/api/v1/audit?limit=100", &k["admin"], None).await;
+    let notes: Vec<&str> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"] == "POST /api/v1/threads/batch")
+        .filter_map(|a| a["result"].as_str())
+        .collect();
+    assert!(
+        notes.contains(&"200 kill matched 3, applied 3, skipped 0"),
+        "{notes:?}"
+    );
+}

@@ -743,6 +743,8 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/messages/{id}", "get"),
         ("/api/v1/messages/{id}/retry", "post"),
         ("/api/v1/messages/retry", "post"),
+        ("/api/v1/threads/count", "get"),
+        ("/api/v1/threads/batch", "post"),
     ];
     for (path, method) in expected {
         assert!(

@@ -357,3 +357,40 @@ async fn a_websocket_client_retries_with_the_retry_command() {
     let again = read_until(&mut ws, |f| f["request_id"] == 4).await;
     assert_eq!(again.last().unwrap()["code"], "already_retried");
 }
+
+#[tokio::test]
+async fn a_batch_retries_the_failures_of_the_threads_a_label_finds() {
+    let r = rig().await;
+    let mut threads = Vec::new();
+    for i in 0..3 {
+        let labels = [("run".to_string(), "nightly".to_string())].into();
+        let sent =
+            r.o.inject_labelled(
+                agentserver::InjectRequest {
+                    from: "api".into(),
+                    to: "relay".into(),
+                    payload_xml: format!("<Note>{i}</Note>"),
+                    thread_id: None,
+                },
+                None,
+                Some(&labels),
+            )
+            .unwrap();
+        assert_eq!(settle(&r.o, &sent.thread_id).await, ThreadStatus::Error);
+        threads.push(sent.thread_id.to_string());
+    }
+    let other = failing(&r.o, "relay", 1).await;
+    std::fs::write(r.dir.path().join("relay.lua"), FIXED).unwrap();
+    r.o.control().reload_listener("relay").unwrap();
+    let batch = json!({"action": "retry_failed", "filter": {"label": ["run:nightly"]}, "expected_count": 3});
+    let (code, body) = r.post("/api/v1/threads/batch", "admin", batch).await;
+    assert_eq!((code, &body["applied"]), (200, &json!(3)), "{body}");
+    for t in &threads {
+        assert_eq!(settle(&r.o, t).await, ThreadStatus::Completed);
+    }
+    assert_eq!(
+        messages(&r.o, &other[0]).len(),
+        1,
+        "a thread without the label is untouched"
+    );
+}
