@@ -8,19 +8,21 @@ use crate::threads::ThreadFilter;
 pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter) {
     use crate::threads::LabelTest;
     use rusqlite::types::Value as V;
-    const LABEL: &str = "SELECT 1 FROM thread_labels l WHERE l.thread = threads.n AND l.key = ?";
+    // The threads a test names, found by key and value (the table's key): the set SQLite
+    // reads first, then each thread by its number.
+    const WITH: &str = "SELECT thread FROM thread_labels WHERE key = ?";
     for test in &filter.labels {
         match test {
             LabelTest::Is(k, vs) => w.and(
-                format!("EXISTS ({LABEL} AND l.value IN ({}))", in_list(vs.len())),
+                format!("n IN ({WITH} AND value IN ({}))", in_list(vs.len())),
                 std::iter::once(V::Text(k.clone())).chain(vs.iter().map(|v| V::Text(v.clone()))),
             ),
             LabelTest::IsNot(k, v) => w.and(
-                format!("NOT EXISTS ({LABEL} AND l.value = ?)"),
+                format!("n NOT IN ({WITH} AND value = ?)"),
                 [V::Text(k.clone()), V::Text(v.clone())],
             ),
-            LabelTest::Has(k) => w.and(format!("EXISTS ({LABEL})"), [V::Text(k.clone())]),
-            LabelTest::Lacks(k) => w.and(format!("NOT EXISTS ({LABEL})"), [V::Text(k.clone())]),
+            LabelTest::Has(k) => w.and(format!("n IN ({WITH})"), [V::Text(k.clone())]),
+            LabelTest::Lacks(k) => w.and(format!("n NOT IN ({WITH})"), [V::Text(k.clone())]),
         }
     }
     if let Some(q) = &filter.q {
