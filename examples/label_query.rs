@@ -19,7 +19,7 @@ fn labels_of(i: usize) -> Labels {
     let mut l = Labels::new();
     l.insert("customer".into(), format!("c{}", i % 1000));
     l.insert("tier".into(), format!("t{}", i % 3));
-    if i % 5 != 0 {
+    if !i.is_multiple_of(5) {
         l.insert("region".into(), format!("r{}", i % 5));
     }
     l
