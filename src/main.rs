@@ -168,6 +168,9 @@ enum Command {
         /// Name this inject: run again with the same key (and payload), it runs once.
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// A label for its thread, `KEY=VALUE`; repeatable.
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
         /// `--wait` or `--wait=SECONDS`: wait (default 30 s, at most 60) until the thread is no longer
         /// active; print its messages as JSON lines; exit 0 if it completed, 1 otherwise.
         #[arg(long, value_name = "SECONDS", num_args = 0..=1, require_equals = true, default_missing_value = "30")]
@@ -325,6 +328,7 @@ fn main() -> ExitCode {
             thread,
             payload_type,
             idempotency_key,
+            labels,
             wait,
         } => with_runtime(inject(
             server,
@@ -334,6 +338,7 @@ fn main() -> ExitCode {
                 thread_id: thread,
                 idempotency_key,
                 payload_type,
+                labels,
             },
             wait,
         )),
@@ -396,6 +401,7 @@ struct InjectArgs {
     thread_id: Option<String>,
     idempotency_key: Option<String>,
     payload_type: Option<String>,
+    labels: Vec<String>,
 }
 
 async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> ExitCode {
@@ -412,7 +418,16 @@ async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> Exit
         thread_id,
         idempotency_key,
         payload_type,
+        labels,
     } = args;
+    let mut thread_labels = std::collections::BTreeMap::new();
+    for l in labels {
+        let Some((k, v)) = l.split_once('=') else {
+            eprintln!("agentserver inject: --label {l}: a label is KEY=VALUE");
+            return ExitCode::from(2);
+        };
+        thread_labels.insert(k.to_string(), v.to_string());
+    }
     let text = match read_payload(&payload) {
         Ok(p) => p,
         Err(e) => {
@@ -438,6 +453,7 @@ async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> Exit
         payload_type,
         thread_id,
         idempotency_key,
+        labels: (!thread_labels.is_empty()).then_some(thread_labels),
     };
     if let Some(seconds) = wait {
         return inject_and_wait(&remote, &body, seconds).await;

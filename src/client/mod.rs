@@ -447,6 +447,9 @@ pub struct InjectBody {
     /// Sent as the `Idempotency-Key` header: a retry with the same key runs once.
     #[serde(skip)]
     pub idempotency_key: Option<String>,
+    /// Labels for its thread.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Posts one inject to a running server.

@@ -139,6 +139,7 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
     );
 
     // JSON payloads map in schema order; a bad one is refused with the server's reason.
+    // Labels go with the thread; one not `KEY=VALUE` is the command's refusal (exit 2).
     let out = agentserver()
         .args([
             "inject",
@@ -146,6 +147,10 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
             &url,
             "--to",
             "greeter",
+            "--label",
+            "customer=acme-42",
+            "--label",
+            "tier=gold",
             r#"{"name": "Bo"}"#,
         ])
         .output()
@@ -156,6 +161,31 @@ fn run_serves_the_api_tail_follows_inject_posts_and_stop_exits_0() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let labelled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let thread_url = format!(
+        "{url}/api/v1/threads/{}",
+        labelled["thread_id"].as_str().unwrap()
+    );
+    let shown: serde_json::Value =
+        block_on(async { http_get(thread_url).await.unwrap().json().await.unwrap() });
+    assert_eq!(
+        shown["labels"],
+        serde_json::json!({"customer": "acme-42", "tier": "gold"})
+    );
+    let out = agentserver()
+        .args([
+            "inject",
+            "--url",
+            &url,
+            "--to",
+            "greeter",
+            "--label",
+            "oops",
+            "<Greeting/>",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
     let out = agentserver()
         .args(["inject", "--url", &url, "--to", "greeter", "<Greeting/>"])
         .output()
