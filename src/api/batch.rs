@@ -15,7 +15,7 @@ use super::rest::{time_param, ApiResult};
 use super::retry::{AuditNote, Skipped, SKIP_WHY_BYTES};
 use super::view::ThreadStatus;
 use super::ApiState;
-use crate::threads::{MessageStatus, OriginKind, Page, ThreadFilter};
+use crate::threads::{Page, ThreadFilter};
 
 /// Threads one batch acts on at most.
 pub const MAX_BATCH: u32 = 10_000;
@@ -288,33 +288,10 @@ async fn act(
             .map(|_| ())
             .map_err(|e| e.to_string()),
         BatchAction::RetryFailed => {
-            let page = organism
-                .history()
-                .thread_page(id, Page::ALL)
-                .map_err(|e| e.to_string())?;
-            let log = page.map(|p| p.items).unwrap_or_default();
-            // Those failed and not retried already: the newest of each chain.
-            let retried: Vec<&str> = log
-                .iter()
-                .filter(|m| m.origin.kind == OriginKind::Retry)
-                .filter_map(|m| m.origin.of.as_deref())
-                .collect();
-            let failed: Vec<String> = log
-                .iter()
-                .filter(|m| m.status == MessageStatus::Failed && !retried.contains(&&*m.id))
-                .map(|m| m.id.to_string())
-                .collect();
-            if failed.is_empty() {
-                return Err("no failed message to retry".into());
-            }
-            let o = organism.clone();
-            crate::events::spawn_blocking(move || {
-                failed
-                    .iter()
-                    .try_for_each(|m| o.retry(m).map(|_| ()).map_err(|e| e.to_string()))
-            })
-            .await
-            .map_err(|e| e.to_string())?
+            let (o, id) = (organism.clone(), id.to_string());
+            crate::events::spawn_blocking(move || o.retry_failures(&id).map(|_| ()))
+                .await
+                .map_err(|e| e.to_string())?
         }
     }
 }

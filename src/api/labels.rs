@@ -74,7 +74,7 @@ impl<S: Send + Sync> FromRequestParts<S> for ThreadParams {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let (rest, labels, q) = split(parts.uri.query().unwrap_or(""))?;
-        let mut plain = Parts::clone_head(parts, &rest)?;
+        let mut plain = with_query(parts, &rest)?;
         let Params(query) = Params::<ThreadQuery>::from_request_parts(&mut plain, state).await?;
         Ok(ThreadParams { query, labels, q })
     }
@@ -82,58 +82,58 @@ impl<S: Send + Sync> FromRequestParts<S> for ThreadParams {
 
 /// The query without its label parameters, the label tests, and `q`.
 fn split(raw: &str) -> Result<(String, Vec<LabelTest>, Option<String>), ApiError> {
-    {
-        let mut rest = form_urlencoded::Serializer::new(String::new());
-        let mut labels = Vec::new();
-        let mut q = None;
-        for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
-            if !LABEL_KEYS.contains(&&*k) {
-                rest.append_pair(&k, &v);
+    let mut rest = form_urlencoded::Serializer::new(String::new());
+    let mut labels = Vec::new();
+    let mut q = None;
+    let mut counts = [0usize; 4];
+    for (k, v) in form_urlencoded::parse(raw.as_bytes()) {
+        if !LABEL_KEYS.contains(&&*k) {
+            rest.append_pair(&k, &v);
+            continue;
+        }
+        let test = match &*k {
+            "q" if q.is_some() => return Err(bad("q", "give `q` once")),
+            "q" if v.len() > MAX_Q_BYTES => {
+                return Err(bad("q", &format!("at most {MAX_Q_BYTES} bytes")))
+            }
+            "q" => {
+                q = Some(v.into_owned()).filter(|v| !v.is_empty());
                 continue;
             }
-            let test = match &*k {
-                "q" if q.is_some() => return Err(bad("q", "give `q` once")),
-                "q" if v.len() > MAX_Q_BYTES => {
-                    return Err(bad("q", &format!("at most {MAX_Q_BYTES} bytes")))
-                }
-                "q" => {
-                    q = Some(v.into_owned()).filter(|v| !v.is_empty());
-                    continue;
-                }
-                "label" => {
-                    let (key, values) = pair(&k, &v)?;
-                    LabelTest::Is(key, values.split(',').map(str::to_string).collect())
-                }
-                "label!" => {
-                    let (key, value) = pair(&k, &v)?;
-                    LabelTest::IsNot(key, value)
-                }
-                "has_label" => LabelTest::Has(key_of(&k, &v)?),
-                _ => LabelTest::Lacks(key_of(&k, &v)?),
-            };
-            labels.push(test);
-            if raw_count(raw, &k) > MAX_LABEL_TESTS {
-                return Err(bad(&k, &format!("at most {MAX_LABEL_TESTS} of it")));
+            "label" => {
+                let (key, values) = pair(&k, &v)?;
+                LabelTest::Is(key, values.split(',').map(str::to_string).collect())
             }
+            "label!" => {
+                let (key, value) = pair(&k, &v)?;
+                LabelTest::IsNot(key, value)
+            }
+            "has_label" => LabelTest::Has(key_of(&k, &v)?),
+            _ => LabelTest::Lacks(key_of(&k, &v)?),
+        };
+        let kind = match &test {
+            LabelTest::Is(..) => 0,
+            LabelTest::IsNot(..) => 1,
+            LabelTest::Has(_) => 2,
+            LabelTest::Lacks(_) => 3,
+        };
+        counts[kind] += 1;
+        if counts[kind] > MAX_LABEL_TESTS {
+            return Err(bad(&k, &format!("at most {MAX_LABEL_TESTS} of it")));
         }
-        Ok((rest.finish(), labels, q))
+        labels.push(test);
     }
+    Ok((rest.finish(), labels, q))
 }
 
-trait CloneHead {
-    fn clone_head(parts: &Parts, query: &str) -> Result<Parts, ApiError>;
-}
-
-impl CloneHead for Parts {
-    /// A request head like `parts` whose query is `query`.
-    fn clone_head(parts: &Parts, query: &str) -> Result<Parts, ApiError> {
-        let uri = format!("{}?{query}", parts.uri.path())
-            .parse::<axum::http::Uri>()
-            .map_err(|e| bad("query", &e.to_string()))?;
-        let (mut head, ()) = axum::http::Request::new(()).into_parts();
-        head.uri = uri;
-        Ok(head)
-    }
+/// A request head for `parts`'s path with the query `query`.
+fn with_query(parts: &Parts, query: &str) -> Result<Parts, ApiError> {
+    let uri = format!("{}?{query}", parts.uri.path())
+        .parse::<axum::http::Uri>()
+        .map_err(|e| bad("query", &e.to_string()))?;
+    let (mut head, ()) = axum::http::Request::new(()).into_parts();
+    head.uri = uri;
+    Ok(head)
 }
 
 /// Where a refused label is: `labels.<key>`, or `labels` for the set as a whole.
@@ -143,13 +143,6 @@ pub(super) fn location(e: &crate::threads::LabelError) -> String {
     } else {
         format!("labels.{}", e.key)
     }
-}
-
-/// How many times parameter `key` is in the query `raw`.
-fn raw_count(raw: &str, key: &str) -> usize {
-    form_urlencoded::parse(raw.as_bytes())
-        .filter(|(k, _)| k == key)
-        .count()
 }
 
 fn bad(at: &str, message: &str) -> ApiError {

@@ -38,16 +38,9 @@ impl Organism {
         labels: Option<&crate::threads::Labels>,
     ) -> Result<InjectReceipt, InjectError> {
         let result = (|| {
+            // Refused before anything else, whatever the thread holds already.
             if let Some(l) = labels {
-                for (k, v) in l {
-                    crate::threads::check_label(k, Some(v))?;
-                }
-                if l.len() > crate::threads::MAX_LABELS {
-                    return Err(InjectError::Label(crate::threads::LabelError {
-                        key: String::new(),
-                        message: format!("at most {} labels", crate::threads::MAX_LABELS),
-                    }));
-                }
+                crate::threads::patched(None, &crate::threads::as_patch(l))?;
             }
             let payload = normalize_payload(&req.payload_xml, &self.shared.xml_limits)?;
             let thread = req.thread_id.as_deref();
@@ -202,18 +195,20 @@ impl Organism {
                 s.client_ids.give_back(m);
             }
         };
-        // Labels a thread would hold past the bound are refused before anything is done.
-        if let (Some(l), Some(t)) = (labels, thread_id) {
-            let patch = l
-                .iter()
-                .map(|(k, v)| (k.clone(), Some(v.clone())))
-                .collect();
-            crate::threads::patched(s.threads.labels(t).as_deref(), &patch).inspect_err(|_| {
-                if let Some(m) = message_id {
-                    s.client_ids.give_back(m);
-                }
-            })?;
-        }
+        // The thread's labels with these added, checked (bound included) before anything is
+        // done.
+        let merged = match labels {
+            Some(l) => {
+                let now = thread_id.and_then(|t| s.threads.labels(t));
+                let merged = crate::threads::patched(now.as_deref(), &crate::threads::as_patch(l));
+                Some(merged.inspect_err(|_| {
+                    if let Some(m) = message_id {
+                        s.client_ids.give_back(m);
+                    }
+                })?)
+            }
+            None => None,
+        };
         let opened = s.threads.open(thread_id, quota).inspect_err(give_back)?;
         if origin
             .as_ref()
@@ -221,7 +216,10 @@ impl Organism {
         {
             s.threads.clear_error(&opened.id);
         }
-        let labelled = labels.and_then(|l| s.label(&opened.id, l));
+        let labelled = merged.and_then(|m| {
+            s.threads.set_labels(&opened.id, m).ok()?;
+            s.threads.labels(&opened.id)
+        });
         if let Some(mut info) = opened.created {
             info.labels = labelled.clone();
             s.events.publish(EventKind::ThreadCreated { thread: info });
@@ -260,25 +258,6 @@ pub(super) struct Entry<'a> {
     pub origin: Option<crate::threads::Origin>,
     /// Labels added to its thread's.
     pub labels: Option<&'a crate::threads::Labels>,
-}
-
-impl super::Shared {
-    /// Adds `labels` to thread `id`'s (those past [`crate::threads::MAX_LABELS`] in all are
-    /// not added); the thread's labels now.
-    fn label(
-        &self,
-        id: &str,
-        labels: &crate::threads::Labels,
-    ) -> Option<Arc<crate::threads::Labels>> {
-        let patch = labels
-            .iter()
-            .map(|(k, v)| (k.clone(), Some(v.clone())))
-            .collect();
-        let now = self.threads.labels(id);
-        let merged = crate::threads::patched(now.as_deref(), &patch).ok()?;
-        self.threads.set_labels(id, merged).ok()?;
-        self.threads.labels(id)
-    }
 }
 
 impl super::Shared {

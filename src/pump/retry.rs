@@ -43,6 +43,13 @@ pub enum RetryError {
     Store(#[from] crate::store::StoreError),
 }
 
+/// The newest retry of message `id` in its thread's `log`, if it was retried.
+fn retry_of<'l>(log: &'l [MessageRecord], id: &str) -> Option<&'l MessageRecord> {
+    log.iter()
+        .rev()
+        .find(|m| m.origin.kind == OriginKind::Retry && m.origin.of.as_deref() == Some(id))
+}
+
 /// What a retry does (or would do, for a dry run).
 #[derive(Debug, Clone)]
 pub struct RetryPlan {
@@ -60,6 +67,27 @@ impl Organism {
     /// What retrying message `id` would do, checked as a retry is; nothing changes.
     pub fn plan_retry(&self, id: &str) -> Result<RetryPlan, RetryError> {
         self.checked_retry(id).map(|(plan, _, _)| plan)
+    }
+
+    /// Retries each failed message of thread `id` that was not retried already (the newest
+    /// of each chain): how many, or why it stopped at one (none: nothing to retry).
+    pub fn retry_failures(&self, id: &str) -> Result<usize, String> {
+        let log = self.history().thread_page(id, crate::threads::Page::ALL);
+        let log = log
+            .map_err(|e| e.to_string())?
+            .map(|p| p.items)
+            .unwrap_or_default();
+        let failed: Vec<&MessageRecord> = log
+            .iter()
+            .filter(|m| m.status == MessageStatus::Failed && retry_of(&log, &m.id).is_none())
+            .collect();
+        if failed.is_empty() {
+            return Err("no failed message to retry".into());
+        }
+        for m in &failed {
+            self.retry(&m.id).map_err(|e| e.to_string())?;
+        }
+        Ok(failed.len())
     }
 
     /// Retries message `id`: the new message's receipt.
@@ -99,12 +127,8 @@ impl Organism {
         }
         // One chain of retries a first try: a message retried already is not again.
         let log = history.thread_page(&message.thread_id, crate::threads::Page::ALL)?;
-        if let Some(by) = log
-            .iter()
-            .flat_map(|p| &p.items)
-            .rev()
-            .find(|m| m.origin.kind == OriginKind::Retry && m.origin.of.as_deref() == Some(id))
-        {
+        let log = log.map(|p| p.items).unwrap_or_default();
+        if let Some(by) = retry_of(&log, id) {
             return Err(RetryError::Retried {
                 id: id.to_string(),
                 by: by.id.to_string(),

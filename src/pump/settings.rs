@@ -49,13 +49,7 @@ impl Control<'_> {
     ) -> Result<Option<Arc<ThreadSettings>>, SettingsError> {
         self.check_settings(patch, sees)?;
         let s = &self.organism.shared;
-        s.adopt_stored(id);
-        let _one = crate::sync::lock(&CHANGING);
-        match s.threads.status(id) {
-            None => return Err(SettingsError::UnknownThread(id.to_string())),
-            Some(ThreadStatus::Killed) => return Err(SettingsError::ThreadKilled(id.to_string())),
-            Some(_) => {}
-        }
+        let _one = self.editing(id)?;
         let mut now = s
             .threads
             .settings(id)
@@ -87,13 +81,7 @@ impl Control<'_> {
         patch: &crate::threads::LabelPatch,
     ) -> Result<Option<Arc<crate::threads::Labels>>, SettingsError> {
         let s = &self.organism.shared;
-        s.adopt_stored(id);
-        let _one = crate::sync::lock(&CHANGING);
-        match s.threads.status(id) {
-            None => return Err(SettingsError::UnknownThread(id.to_string())),
-            Some(ThreadStatus::Killed) => return Err(SettingsError::ThreadKilled(id.to_string())),
-            Some(_) => {}
-        }
+        let _one = self.editing(id)?;
         let now = crate::threads::patched(s.threads.labels(id).as_deref(), patch)?;
         s.threads
             .set_labels(id, now)
@@ -104,6 +92,19 @@ impl Control<'_> {
             labels: labels.clone(),
         });
         Ok(labels)
+    }
+
+    /// Thread `id` (loaded from the store if need be), not killed, while its settings and
+    /// labels are changed by no one else (the guard).
+    fn editing(self, id: &str) -> Result<std::sync::MutexGuard<'static, ()>, SettingsError> {
+        let s = &self.organism.shared;
+        s.adopt_stored(id);
+        let one = crate::sync::lock(&CHANGING);
+        match s.threads.status(id) {
+            None => Err(SettingsError::UnknownThread(id.to_string())),
+            Some(ThreadStatus::Killed) => Err(SettingsError::ThreadKilled(id.to_string())),
+            Some(_) => Ok(one),
+        }
     }
 
     fn check_settings(

@@ -57,6 +57,14 @@ pub fn check_label(key: &str, value: Option<&str>) -> Result<(), LabelError> {
     Ok(())
 }
 
+/// Labels to add, as a patch that sets each.
+pub fn as_patch(labels: &Labels) -> LabelPatch {
+    labels
+        .iter()
+        .map(|(k, v)| (k.clone(), Some(v.clone())))
+        .collect()
+}
+
 /// `now` with `patch` applied, checked whole: every key, and at most [`MAX_LABELS`].
 pub fn patched(now: Option<&Labels>, patch: &LabelPatch) -> Result<Labels, LabelError> {
     let mut out = now.cloned().unwrap_or_default();

@@ -18,7 +18,7 @@ use crate::time::Timestamp;
 mod errors;
 mod input;
 mod labels;
-pub use labels::{check_label, patched, LabelError, LabelPatch, Labels, MAX_LABELS};
+pub use labels::{as_patch, check_label, patched, LabelError, LabelPatch, Labels, MAX_LABELS};
 mod query;
 mod record;
 mod settings;
