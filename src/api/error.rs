@@ -186,6 +186,7 @@ impl From<InjectError> for ApiError {
             InjectError::Thread(ThreadError::NotFound(_)) => {
                 (StatusCode::NOT_FOUND, "unknown_thread")
             }
+            InjectError::Thread(ThreadError::Exists(_)) => (StatusCode::CONFLICT, "thread_exists"),
             InjectError::Thread(ThreadError::TooManyActive { .. }) => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_threads")
             }
@@ -213,7 +214,9 @@ impl From<InjectError> for ApiError {
                 err = err.at(format!("payload line {line}"));
             }
             InjectError::Malformed(_) => err = err.at("payload"),
-            InjectError::Thread(ThreadError::InvalidId) => err = err.at("thread_id"),
+            InjectError::Thread(ThreadError::InvalidId | ThreadError::Exists(_)) => {
+                err = err.at("thread_id")
+            }
             InjectError::Label(l) => err = err.at(crate::api::labels::location(&l)),
             InjectError::BudgetExhausted(b) => {
                 err = err

@@ -44,6 +44,7 @@ mod doc;
 mod error;
 mod external;
 mod filter;
+mod fork;
 mod frame;
 pub mod gateway;
 mod idempotency;
@@ -338,6 +339,7 @@ fn router(
         .routes(routes!(messages::get_message))
         .routes(routes!(retry::retry_message))
         .routes(routes!(retry::retry_messages))
+        .routes(routes!(fork::fork_thread))
         .routes(routes!(stream::thread_events))
         .routes(routes!(stream::create_stream_token))
         .routes(routes!(inputs::approve_input))

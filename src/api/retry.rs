@@ -345,7 +345,7 @@ pub async fn retry_messages(
 }
 
 /// A refused retry, as an answer.
-fn refusal(e: RetryError) -> ApiError {
+pub(super) fn refusal(e: RetryError) -> ApiError {
     let message = e.to_string();
     match e {
         RetryError::NotFound(_) => ApiError::not_found("unknown_message", message).at("id"),

@@ -97,6 +97,9 @@ mirror!(
         Edit,
         /// The message `of`, which had failed, admitted again (`POST /messages/{id}/retry`).
         Retry,
+        /// In a fork (`POST /threads/{id}/fork`): a copy of the message `of` of the thread
+        /// forked, or `of` admitted again.
+        Fork,
     }
 );
 
@@ -286,9 +289,31 @@ pub struct Thread {
     /// when nothing is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub settings: Option<ThreadSettings>,
-    /// Its labels (`key: value`); absent when it has none.
+    /// Its labels (`key: value`); absent when it has none. Keys under `agentserver.` are
+    /// the server's (a fork's `agentserver.forked_from` and `agentserver.forked_at`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels: Option<std::collections::BTreeMap<String, String>>,
+    /// The thread and message it was forked from (`POST /threads/{id}/fork`); absent when
+    /// it is not a fork.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a fork came from.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ForkedFrom {
+    pub thread: String,
+    pub message: String,
+}
+
+impl ForkedFrom {
+    /// What a thread's labels say it was forked from.
+    fn of(labels: &crate::threads::Labels) -> Option<Self> {
+        Some(ForkedFrom {
+            thread: labels.get(crate::threads::FORKED_FROM)?.clone(),
+            message: labels.get(crate::threads::FORKED_AT)?.clone(),
+        })
+    }
 }
 
 /// What a client chose for a thread's `kind: llm` listeners (`PATCH /threads/{id}`); each
@@ -323,6 +348,7 @@ impl From<crate::threads::ThreadInfo> for Thread {
             last_activity: t.last_activity.into(),
             error: t.error,
             settings: t.settings.as_deref().map(ThreadSettings::from),
+            forked_from: t.labels.as_deref().and_then(ForkedFrom::of),
             labels: t.labels.as_deref().cloned(),
         }
     }

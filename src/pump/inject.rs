@@ -118,6 +118,7 @@ impl Organism {
             parent_id: None,
             origin: None,
             labels,
+            fork: None,
         };
         self.enter(&listener, valid, entry)
     }
@@ -141,35 +142,9 @@ impl Organism {
             parent_id,
             origin,
             labels,
+            fork,
         } = entry;
-        if let Some(store) = &s.store {
-            if let Some(e) = store.failure() {
-                return Err(InjectError::StoreFailed(e));
-            }
-            if store.backlogged() {
-                return Err(InjectError::StoreBehind);
-            }
-            // A thread from before a restart, or evicted from memory, continues where its
-            // stored history ends.
-            if let Some(id) = thread_id {
-                s.adopt_stored(id);
-            }
-        }
-        // A tenant's LLM listener waits while a window of its tenant's budget is used up.
-        if let (crate::config::ListenerKind::Llm, Some(t)) =
-            (listener.config.kind, listener.config.tenant.as_deref())
-        {
-            if let Some(e) = s.budgets.exhausted(t) {
-                return Err(InjectError::BudgetExhausted(e));
-            }
-        }
-        let pending = s.load.pending.load(Ordering::SeqCst);
-        if pending >= s.limits.max_pending_messages {
-            return Err(InjectError::Overloaded {
-                pending,
-                max: s.limits.max_pending_messages,
-            });
-        }
+        s.room_for(listener, thread_id, fork.is_some())?;
         // A thread injected to a tenant's listener counts against the tenant's
         // `max_active_threads`.
         let key;
@@ -197,18 +172,13 @@ impl Organism {
         };
         // The thread's labels with these added, checked (bound included) before anything is
         // done.
-        let merged = match labels {
-            Some(l) => {
-                let now = thread_id.and_then(|t| s.threads.labels(t));
-                let merged = crate::threads::patched(now.as_deref(), &crate::threads::as_patch(l));
-                Some(merged.inspect_err(|_| {
-                    if let Some(m) = message_id {
-                        s.client_ids.give_back(m);
-                    }
-                })?)
-            }
-            None => None,
-        };
+        let merged = s
+            .entry_labels(thread_id, labels, fork.as_ref())
+            .inspect_err(|_| {
+                if let Some(m) = message_id {
+                    s.client_ids.give_back(m);
+                }
+            })?;
         let opened = s.threads.open(thread_id, quota).inspect_err(give_back)?;
         if origin
             .as_ref()
@@ -233,6 +203,14 @@ impl Organism {
         if let Some(change) = opened.reactivated {
             s.publish_thread(change);
         }
+        // A fork's copies, before the message that enters it, its parent the copy of its own.
+        let parent_id = match &fork {
+            Some(f) => {
+                let ids = s.copy_into(&opened.id, f)?;
+                parent_id.and_then(|p| ids.get(&p).cloned())
+            }
+            None => parent_id,
+        };
         let admission = Admission {
             parent_id,
             from,
@@ -258,9 +236,91 @@ pub(super) struct Entry<'a> {
     pub origin: Option<crate::threads::Origin>,
     /// Labels added to its thread's.
     pub labels: Option<&'a crate::threads::Labels>,
+    /// A fork's: the new thread's copies and labels (`fork.rs`).
+    pub fork: Option<ForkEntry<'a>>,
+}
+
+/// What `inject::enter` does for a fork, past what it does for any entry.
+pub(super) struct ForkEntry<'a> {
+    /// The thread forked, and the message forked at.
+    pub thread: &'a str,
+    pub at: &'a str,
+    /// Copied into the new thread before the message enters.
+    pub copies: &'a [crate::threads::MessageRecord],
+    /// The labels the thread forked has (a client's, not the server's).
+    pub inherited: crate::threads::Labels,
 }
 
 impl super::Shared {
+    /// What holds for every message that enters from outside before its thread opens: the
+    /// store keeping up (a thread it holds and memory does not is adopted), a fork's thread
+    /// new, the tenant's token budget for an LLM listener, the organism's pending limit.
+    fn room_for(
+        &self,
+        listener: &super::dispatch::Listener,
+        thread_id: Option<&str>,
+        fork: bool,
+    ) -> Result<(), InjectError> {
+        let s = self;
+        if let Some(store) = &s.store {
+            if let Some(e) = store.failure() {
+                return Err(InjectError::StoreFailed(e));
+            }
+            if store.backlogged() {
+                return Err(InjectError::StoreBehind);
+            }
+            // A thread from before a restart, or evicted from memory, continues where its
+            // stored history ends.
+            if let Some(id) = thread_id {
+                s.adopt_stored(id);
+            }
+        }
+        // A fork opens a thread: one that exists is not one.
+        if let Some(t) = thread_id.filter(|t| fork && s.threads.contains(t)) {
+            return Err(ThreadError::Exists(t.to_string()).into());
+        }
+        // A tenant's LLM listener waits while a window of its tenant's budget is used up.
+        if let (crate::config::ListenerKind::Llm, Some(t)) =
+            (listener.config.kind, listener.config.tenant.as_deref())
+        {
+            if let Some(e) = s.budgets.exhausted(t) {
+                return Err(InjectError::BudgetExhausted(e));
+            }
+        }
+        let pending = s.load.pending.load(Ordering::SeqCst);
+        if pending >= s.limits.max_pending_messages {
+            return Err(InjectError::Overloaded {
+                pending,
+                max: s.limits.max_pending_messages,
+            });
+        }
+        Ok(())
+    }
+
+    /// The labels a thread entered has after the entry: its own (a fork's: those of the
+    /// thread forked, a client's) with `labels` added, checked, then a fork's own.
+    fn entry_labels(
+        &self,
+        thread_id: Option<&str>,
+        labels: Option<&crate::threads::Labels>,
+        fork: Option<&ForkEntry<'_>>,
+    ) -> Result<Option<crate::threads::Labels>, InjectError> {
+        if labels.is_none() && fork.is_none() {
+            return Ok(None);
+        }
+        let now = match fork {
+            Some(f) => Some(Arc::new(f.inherited.clone())),
+            None => thread_id.and_then(|t| self.threads.labels(t)),
+        };
+        let patch = labels.map(crate::threads::as_patch).unwrap_or_default();
+        let mut merged = crate::threads::patched(now.as_deref(), &patch)?;
+        if let Some(f) = fork {
+            merged.insert(crate::threads::FORKED_FROM.into(), f.thread.into());
+            merged.insert(crate::threads::FORKED_AT.into(), f.at.into());
+        }
+        Ok(Some(merged))
+    }
+
     /// Loads a thread the store has and memory does not (from before a restart, or
     /// evicted), once the store has what was published: else its count is behind, and a
     /// new message would take the slot of one not yet written.

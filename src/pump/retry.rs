@@ -101,6 +101,7 @@ impl Organism {
             parent_id: m.parent_id.clone(),
             origin: Some(Origin::retry(m.id.clone())),
             labels: None,
+            fork: None,
         };
         Ok(self.enter(&listener, valid, entry)?)
     }
@@ -149,24 +150,45 @@ impl Organism {
                 None => break,
             }
         }
-        let no_route = |to: &str, why: String| RetryError::NoRoute {
+        let to = message.to.clone().ok_or_else(|| RetryError::NoRoute {
             id: id.to_string(),
+            to: "?".into(),
+            why: "it named no receiver".into(),
+        })?;
+        let (listener, valid) = self.gate_again(&message, &to, &message.payload_xml)?;
+        let plan = RetryPlan {
+            kind: listener.config.kind,
+            to,
+            message,
+            depth,
+        };
+        Ok((plan, listener, valid))
+    }
+
+    /// `payload_xml` checked as `m` would be were it sent to `to` now: the receiver's
+    /// schema, and (when `m`'s sender is a listener) the sender's peers, as the hop that
+    /// made `m` was checked (a reply to the sender of what it handled always may). What a
+    /// retry and a fork admit again.
+    pub(super) fn gate_again(
+        &self,
+        m: &MessageRecord,
+        to: &Arc<str>,
+        payload_xml: &str,
+    ) -> Result<(Arc<Listener>, ValidatedPayload), RetryError> {
+        let no_route = |why: String| RetryError::NoRoute {
+            id: m.id.to_string(),
             to: to.to_string(),
             why,
         };
-        let to = message
-            .to
-            .clone()
-            .ok_or_else(|| no_route("?", "it named no receiver".into()))?;
         let listener = self
             .shared
             .topo()
             .listeners
-            .get(&*to)
+            .get(&**to)
             .cloned()
-            .ok_or_else(|| no_route(&to, "it is not a listener now".into()))?;
-        let payload = normalize_payload(&message.payload_xml, &self.shared.xml_limits)
-            .map_err(InjectError::from)?;
+            .ok_or_else(|| no_route("it is not a listener now".into()))?;
+        let payload =
+            normalize_payload(payload_xml, &self.shared.xml_limits).map_err(InjectError::from)?;
         let ty = payload.payload_type.clone();
         let schema = listener
             .config
@@ -176,31 +198,18 @@ impl Organism {
                 payload_type: ty.to_string(),
             })?;
         let valid = schema.validate(payload).map_err(InjectError::Invalid)?;
-        // A listener's output goes where its peers let it, as the hop did (a reply to the
-        // sender of what it handled always may).
-        if self.shared.topo().listeners.contains_key(&*message.from) {
-            let handling = match &message.parent_id {
-                Some(p) => history.message(p)?.map(|m| m.from.to_string()),
+        if self.shared.topo().listeners.contains_key(&*m.from) {
+            let handling = match &m.parent_id {
+                Some(p) => self.history().message(p)?.map(|p| p.from.to_string()),
                 None => None,
             };
             let receivers = self
-                .route_preview(
-                    &message.from,
-                    handling.as_deref().unwrap_or(""),
-                    Some(&to),
-                    &ty,
-                )
-                .map_err(|why| no_route(&to, why))?;
-            if !receivers.contains(&to) {
-                return Err(no_route(&to, "the sender's peers do not reach it".into()));
+                .route_preview(&m.from, handling.as_deref().unwrap_or(""), Some(to), &ty)
+                .map_err(no_route)?;
+            if !receivers.contains(to) {
+                return Err(no_route("the sender's peers do not reach it".into()));
             }
         }
-        let plan = RetryPlan {
-            kind: listener.config.kind,
-            to,
-            message,
-            depth,
-        };
-        Ok((plan, listener, valid))
+        Ok((listener, valid))
     }
 }

@@ -19,8 +19,12 @@ pub type LabelPatch = BTreeMap<String, Option<String>>;
 pub const MAX_LABELS: usize = 16;
 /// Bytes of a label's value, at most.
 pub const MAX_LABEL_VALUE_BYTES: usize = 256;
-/// Keys under this prefix are written by the server only.
+/// Keys under this prefix are written by the server only (and not counted in
+/// [`MAX_LABELS`]).
 pub const RESERVED_PREFIX: &str = "agentserver.";
+/// A fork's labels: the thread it was forked from, and the message it was forked at.
+pub const FORKED_FROM: &str = "agentserver.forked_from";
+pub const FORKED_AT: &str = "agentserver.forked_at";
 
 /// A label refused: its key (empty: the labels as a whole), and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,7 +79,12 @@ pub fn patched(now: Option<&Labels>, patch: &LabelPatch) -> Result<Labels, Label
             None => out.remove(k),
         };
     }
-    if out.len() > MAX_LABELS {
+    if out
+        .keys()
+        .filter(|k| !k.starts_with(RESERVED_PREFIX))
+        .count()
+        > MAX_LABELS
+    {
         return Err(LabelError {
             key: String::new(),
             message: format!("a thread holds at most {MAX_LABELS} labels"),

@@ -18,7 +18,10 @@ use crate::time::Timestamp;
 mod errors;
 mod input;
 mod labels;
-pub use labels::{as_patch, check_label, patched, LabelError, LabelPatch, Labels, MAX_LABELS};
+pub use labels::{
+    as_patch, check_label, patched, LabelError, LabelPatch, Labels, FORKED_AT, FORKED_FROM,
+    MAX_LABELS, RESERVED_PREFIX,
+};
 mod query;
 mod record;
 mod settings;

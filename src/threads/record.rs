@@ -114,6 +114,8 @@ pub enum ThreadError {
     Killed(String),
     #[error("no thread {0}")]
     NotFound(String),
+    #[error("thread {0} exists: a fork opens a new thread")]
+    Exists(String),
     #[error("thread {id} exceeded its budget of {max} messages")]
     BudgetExceeded { id: String, max: u64 },
     #[error("approval gates hold {held} ({limit} is the limit)")]
@@ -156,7 +158,8 @@ pub struct Opened {
 /// Why a message exists: `inject` (a client sent it), `reply` (a listener's output while
 /// handling `of`), `notice` (the pump's `<huh>` about `of`), `edit` (a person's edit of the
 /// held message `of`, which it supersedes), `retry` (the message `of`, which had failed,
-/// admitted again).
+/// admitted again), `fork` (a copy, in a fork, of the message `of` in the thread forked; or
+/// the message forked at, admitted again there).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OriginKind {
@@ -165,6 +168,7 @@ pub enum OriginKind {
     Notice,
     Edit,
     Retry,
+    Fork,
 }
 
 impl OriginKind {
@@ -175,6 +179,7 @@ impl OriginKind {
             OriginKind::Notice => "notice",
             OriginKind::Edit => "edit",
             OriginKind::Retry => "retry",
+            OriginKind::Fork => "fork",
         }
     }
 
@@ -185,6 +190,7 @@ impl OriginKind {
             Self::Notice,
             Self::Edit,
             Self::Retry,
+            Self::Fork,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -234,6 +240,14 @@ impl Origin {
     pub fn edit(of: Arc<str>) -> Self {
         Origin {
             kind: OriginKind::Edit,
+            of: Some(of),
+        }
+    }
+
+    /// A copy of `of` in a fork, or `of` admitted again there.
+    pub fn fork(of: Arc<str>) -> Self {
+        Origin {
+            kind: OriginKind::Fork,
             of: Some(of),
         }
     }

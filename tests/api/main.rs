@@ -8,6 +8,7 @@ mod common;
 mod accounting;
 mod causes;
 mod conn;
+mod fork;
 mod hostile_input;
 mod idempotency;
 mod labels;

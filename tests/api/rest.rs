@@ -745,6 +745,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/messages/retry", "post"),
         ("/api/v1/threads/count", "get"),
         ("/api/v1/threads/batch", "post"),
+        ("/api/v1/threads/{id}/fork", "post"),
     ];
     for (path, method) in expected {
         assert!(

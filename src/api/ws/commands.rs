@@ -118,6 +118,9 @@ async fn run(
         Command::Retry(id, dry_run) => {
             out = crate::api::retry::over_ws(&organism, &scope, &id, dry_run).await?;
         }
+        Command::Fork(t, body) => {
+            out = crate::api::fork::over_ws(&organism, &seen, &t, *body).await?;
+        }
         Command::Settings(t, patch) => {
             see_thread(&organism, &scope, &t)?;
             out = crate::api::settings::change_answered(&organism, &scope, &t, *patch)?;
@@ -176,7 +179,7 @@ fn see_thread(
 
 fn unknown_command(cmd: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, retry, approve, reject, answer, reload, stop)"
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, retry, fork, approve, reject, answer, reload, stop)"
     ))
     .at("cmd")
 }
@@ -222,6 +225,9 @@ enum Command {
     Abort(String, Option<String>),
     /// A message, and whether only to say what would run.
     Retry(String, bool),
+    /// A thread, and the fork's body (the REST route's, the new thread's id as
+    /// `new_thread_id`).
+    Fork(String, Box<crate::api::fork::ForkBody>),
     /// A thread, and the change of its settings (the REST route's body).
     Settings(String, Box<crate::api::settings::ThreadPatch>),
     /// An input, and the decision's body.
@@ -295,6 +301,19 @@ impl Command {
                     }
                 },
             ),
+            "fork" => {
+                let mut map = map;
+                let t = text(&map, "thread_id")?.ok_or_else(|| {
+                    ApiError::bad_request("`fork` needs a `thread_id`").at("thread_id")
+                })?;
+                map.remove("thread_id");
+                if let Some(new) = map.remove("new_thread_id") {
+                    map.insert("thread_id".into(), new);
+                }
+                let body = serde_json::from_value(Value::Object(map))
+                    .map_err(|e| ApiError::bad_request(format!("bad fork: {e}")))?;
+                Command::Fork(t, Box::new(body))
+            }
             "settings" => {
                 let mut map = map;
                 let t = text(&map, "thread_id")?.ok_or_else(|| {
@@ -329,7 +348,9 @@ impl Command {
             Command::Subscribe(_) => On::Session,
             Command::Inject(..) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
-            Command::Kill(_) | Command::Abort(..) | Command::Settings(..) => On::Thread,
+            Command::Kill(_) | Command::Abort(..) | Command::Settings(..) | Command::Fork(..) => {
+                On::Thread
+            }
             Command::Approve(..) | Command::Reject(..) | Command::Answer(..) => On::Input,
             Command::Retry(..) => On::Message,
             Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
@@ -359,6 +380,7 @@ fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
             | "abort"
             | "settings"
             | "retry"
+            | "fork"
             | "approve"
             | "reject"
             | "answer"

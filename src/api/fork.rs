@@ -1,0 +1,247 @@
+//! `POST /api/v1/threads/{id}/fork` and the `/ws` `fork` command: a new thread holding
+//! copies of the messages before one of a thread's (`pump::fork`), then that message (or
+//! its edited payload, or to another receiver) admitted again; or only what would run
+//! (`dry_run`). Every message copied or forked at must be in the credential's scope, as
+//! the thread must (else 404, as for one that does not exist).
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::auth::{unknown_thread, Seen, VisibleThread};
+use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::ApiState;
+use crate::config::ListenerKind;
+use crate::pump::{ForkCopy, ForkError, ForkPlan, ForkRequest};
+use crate::threads::valid_thread_id;
+
+/// What a fork copies before the message it is forked at.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyMode {
+    /// Its causal path: its parent, its parent's parent, … to the first message.
+    #[default]
+    Path,
+    /// Every earlier message of the thread.
+    Prefix,
+}
+
+/// `POST /api/v1/threads/{id}/fork` and the `/ws` `fork` command.
+#[derive(Debug, Clone, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    /// The message of this thread to fork at: admitted again in the new thread.
+    pub at: String,
+    /// Its payload, edited, as JSON (as inject's `payload`); else its own.
+    #[schema(value_type = Option<Object>)]
+    pub payload: Option<Value>,
+    /// Its payload, edited, as XML; else its own.
+    pub payload_xml: Option<String>,
+    /// Which accepted type `payload` is, when its receiver accepts more than one.
+    pub payload_type: Option<String>,
+    /// Another receiver for it; else its own.
+    pub to: Option<String>,
+    /// The new thread's id (else a new one): `[A-Za-z0-9_-]{1,128}`, unused (else 409
+    /// `thread_exists`).
+    #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
+    pub thread_id: Option<String>,
+    /// Labels for the new thread, over those it inherits (inject's rules).
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub copy: CopyMode,
+    /// Say what would run; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// A fork made (or that would be).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Forked {
+    /// The new thread, and the message admitted in it (none for a dry run).
+    pub thread_id: Option<String>,
+    pub message_id: Option<String>,
+    /// Messages copied before it.
+    pub copied: usize,
+    /// The thread forked and the message forked at.
+    pub forked_from: super::view::ForkedFrom,
+    /// Its receiver, and its kind.
+    pub to: String,
+    pub kind: String,
+    /// The receiver acts beyond the organism (`external`) or costs tokens (`llm`).
+    pub side_effects: bool,
+}
+
+impl Forked {
+    fn of(thread: &str, plan: &ForkPlan, made: Option<(String, String)>) -> Self {
+        let (thread_id, message_id) = made.unzip();
+        Forked {
+            thread_id,
+            message_id,
+            copied: plan.copies.len(),
+            forked_from: super::view::ForkedFrom {
+                thread: thread.to_string(),
+                message: plan.at.id.to_string(),
+            },
+            to: plan.to.to_string(),
+            kind: plan.kind.to_string(),
+            side_effects: matches!(plan.kind, ListenerKind::External | ListenerKind::Llm),
+        }
+    }
+}
+
+#[utoipa::path(post, path = "/api/v1/threads/{id}/fork", tag = "threads",
+    params(("id" = String, Path, description = "Thread id")), request_body = ForkBody,
+    responses((status = 201, description = "A new thread: copies of the messages before `at` (`origin {kind: fork, of}`, their statuses kept), then `at` (or its edit) admitted again through validation, peers, approval gates and quotas; labelled `agentserver.forked_from` and `agentserver.forked_at`, with the thread's labels. The thread forked is not touched", body = Forked),
+              (status = 200, description = "`dry_run`: what would run; nothing changed", body = Forked),
+              (status = 400, description = "A malformed body or thread id", body = ErrorResponse),
+              (status = 404, description = "No such thread, message in it, or receiver (in this credential's scope: every message copied must be)", body = ErrorResponse),
+              (status = 409, description = "`thread_exists` (`thread_id` is taken), `fork_too_long` (more messages than a thread holds), `no_route` (the receiver is gone, or the sender's peers no longer reach it)", body = ErrorResponse),
+              (status = 422, description = "The payload is not valid for its receiver", body = ErrorResponse),
+              (status = 429, description = "A quota or limit an inject meets", body = ErrorResponse)))]
+pub async fn fork_thread(
+    State(s): State<ApiState>,
+    VisibleThread { id, scope, .. }: VisibleThread,
+    JsonBody(body): JsonBody<ForkBody>,
+) -> Result<Response, ApiError> {
+    let answer = fork(&s.inner.organism, &scope, &id, body).await?;
+    let status = if answer.thread_id.is_some() {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(answer)).into_response())
+}
+
+/// The `/ws` `fork` command: its `ack` fields (the REST answer's).
+pub(super) async fn over_ws(
+    organism: &crate::Organism,
+    seen: &Seen,
+    thread: &str,
+    body: ForkBody,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    match organism.history().thread_info(thread)? {
+        Some(info) if seen.scope.sees_thread(&info.participants) => {}
+        _ => return Err(unknown_thread(thread).at("thread_id")),
+    }
+    let answer = fork(organism, &seen.scope, thread, body).await?;
+    match serde_json::to_value(answer) {
+        Ok(Value::Object(fields)) => Ok(fields),
+        _ => Ok(serde_json::Map::new()),
+    }
+}
+
+/// Forks `thread` (seen by `scope`) as `body` says, off the async workers.
+async fn fork(
+    organism: &crate::Organism,
+    scope: &crate::access::Scope,
+    thread: &str,
+    body: ForkBody,
+) -> Result<Forked, ApiError> {
+    if body
+        .thread_id
+        .as_deref()
+        .is_some_and(|t| !valid_thread_id(t))
+    {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_thread_id",
+            "thread_id must be 1-128 characters of A-Z a-z 0-9 _ -",
+        )
+        .at("thread_id"));
+    }
+    let unknown_listener = |to: &str| {
+        ApiError::not_found("unknown_listener", format!("no listener named `{to}`")).at("to")
+    };
+    let exists = |to: &str| organism.config().listener(to).is_some();
+    if let Some(to) = body.to.as_deref().filter(|t| !scope.sees(t) || !exists(t)) {
+        return Err(unknown_listener(to));
+    }
+    // A JSON payload is written as its receiver's XML.
+    let payload_xml = match (&body.payload, body.payload_xml.clone()) {
+        (Some(_), Some(_)) => {
+            return Err(
+                ApiError::bad_request("give `payload` or `payload_xml`, not both").at("payload"),
+            )
+        }
+        (Some(json), None) => {
+            let to = match body.to.clone() {
+                Some(to) => to,
+                None => organism
+                    .history()
+                    .message(&body.at)?
+                    .filter(|m| &*m.thread_id == thread)
+                    .and_then(|m| m.to)
+                    .map(|to| to.to_string())
+                    .ok_or_else(|| unknown_message(thread, &body.at))?,
+            };
+            let config = organism.config();
+            let listener = config.listener(&to).ok_or_else(|| unknown_listener(&to))?;
+            Some(super::inject::json_to_xml(
+                listener,
+                body.payload_type.as_deref(),
+                json,
+            )?)
+        }
+        (None, xml) => xml,
+    };
+    let (organism, thread, scope) = (organism.clone(), thread.to_string(), scope.clone());
+    crate::events::spawn_blocking(move || {
+        let req = request(&body, payload_xml.as_deref());
+        let plan = organism.plan_fork(&thread, &req).map_err(refusal)?;
+        let hidden = plan
+            .copies
+            .iter()
+            .chain(std::iter::once(&plan.at))
+            .any(|m| !scope.sees_message(&m.from, m.to.as_deref()));
+        if hidden {
+            return Err(unknown_message(&thread, &body.at));
+        }
+        if body.dry_run {
+            return Ok(Forked::of(&thread, &plan, None));
+        }
+        let (plan, receipt) = organism.fork(&thread, &req).map_err(refusal)?;
+        let made = (
+            receipt.thread_id.to_string(),
+            receipt.message_id.to_string(),
+        );
+        Ok(Forked::of(&thread, &plan, Some(made)))
+    })
+    .await
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
+}
+
+fn request<'a>(body: &'a ForkBody, payload_xml: Option<&'a str>) -> ForkRequest<'a> {
+    ForkRequest {
+        at: &body.at,
+        payload_xml,
+        to: body.to.as_deref(),
+        thread_id: body.thread_id.as_deref(),
+        labels: body.labels.as_ref(),
+        copy: match body.copy {
+            CopyMode::Path => ForkCopy::Path,
+            CopyMode::Prefix => ForkCopy::Prefix,
+        },
+    }
+}
+
+fn unknown_message(thread: &str, at: &str) -> ApiError {
+    ApiError::not_found(
+        "unknown_message",
+        format!("no message `{at}` in thread `{thread}`"),
+    )
+    .at("at")
+}
+
+fn refusal(e: ForkError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        ForkError::NotFound { thread, at } => unknown_message(&thread, &at),
+        ForkError::TooLong { .. } => ApiError::new(StatusCode::CONFLICT, "fork_too_long", message),
+        ForkError::Gate(e) => super::retry::refusal(e),
+    }
+}
