@@ -86,6 +86,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 error: None,
                 settings: None,
                 labels: None,
+                paused: false,
             },
         },
         7 => EventKind::ThreadUpdated {
@@ -93,6 +94,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
             status: ThreadStatus::Completed,
             message_count: 3,
             error: None,
+            paused: false,
         },
         p if p % 2 == 1 => EventKind::Message {
             message: MessageRecord {

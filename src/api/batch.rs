@@ -1,5 +1,5 @@
 //! `GET /api/v1/threads/count` and `POST /api/v1/threads/batch`: how many threads a filter
-//! finds, and one action on each of them (kill, abort, label, retry what failed), with a
+//! finds, and one action on each of them (kill, abort, pause, resume, label, retry what failed), with a
 //! count the client expects checked first and one audit entry naming the filter and counts.
 
 use axum::extract::State;
@@ -57,6 +57,10 @@ pub enum BatchAction {
     Kill,
     /// Abort it (`reason`): its work stops, the thread stays usable.
     Abort,
+    /// Pause it: its queued messages wait.
+    Pause,
+    /// Resume it.
+    Resume,
     /// Change its labels as `labels` says.
     Label,
     /// Retry each of its messages that failed (and was not retried already).
@@ -282,6 +286,14 @@ async fn act(
             .map_err(|e| e.to_string()),
         BatchAction::Abort => super::inputs::abort(organism, seen, id, reason.clone(), "api")
             .map_err(|e| e.body.message),
+        BatchAction::Pause => organism
+            .control()
+            .pause_thread(id)
+            .map_err(|e| e.to_string()),
+        BatchAction::Resume => organism
+            .control()
+            .resume_thread(id)
+            .map_err(|e| e.to_string()),
         BatchAction::Label => organism
             .control()
             .change_labels(id, labels.unwrap_or(&Default::default()))

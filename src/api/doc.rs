@@ -4,7 +4,8 @@
 /// form (not under `agentserver.`), at most 16, and values that always fit in 256 bytes.
 pub(super) fn label_rules(mut doc: serde_json::Value) -> serde_json::Value {
     if let Some(schemas) = doc["components"]["schemas"].as_object_mut() {
-        for schema in schemas.values_mut() {
+        // A thread as shown holds the server's labels too; the rules are a client's.
+        for (_, schema) in schemas.iter_mut().filter(|(name, _)| *name != "Thread") {
             let Some(labels) = schema
                 .get_mut("properties")
                 .and_then(|p| p.get_mut("labels"))

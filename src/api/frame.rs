@@ -215,6 +215,9 @@ enum Kind<'a> {
         status: ThreadStatus,
         message_count: u64,
         error: Option<&'a str>,
+        /// Shown only when it is.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        paused: bool,
     },
     ThreadSettings {
         thread_id: &'a str,
@@ -341,11 +344,13 @@ impl<'a> Kind<'a> {
                 status,
                 message_count,
                 error,
+                paused,
             } => Kind::ThreadUpdated {
                 thread_id,
                 status: (*status).into(),
                 message_count: *message_count,
                 error: error.as_deref(),
+                paused: *paused,
             },
             EventKind::ThreadSettings { .. } | EventKind::ThreadLabels { .. } => Kind::edit(kind),
             EventKind::Error {
@@ -455,6 +460,7 @@ mod tests {
             status: ThreadStatus::Completed,
             message_count: 3,
             error: None,
+            paused: false,
         });
         let ev = rx.try_recv().unwrap();
         let frame = event_frame(&ev, &organism).unwrap();

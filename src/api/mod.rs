@@ -63,6 +63,7 @@ mod schema;
 mod settings;
 pub(crate) mod stream;
 mod test_vectors;
+mod thread_control;
 mod usage;
 pub mod view;
 mod whole;
@@ -332,7 +333,9 @@ fn router(
         .routes(routes!(rest::thread_messages))
         .routes(routes!(rest::list_messages))
         .routes(routes!(rest::inject))
-        .routes(routes!(rest::kill_thread))
+        .routes(routes!(thread_control::kill_thread))
+        .routes(routes!(thread_control::pause_thread))
+        .routes(routes!(thread_control::resume_thread))
         .routes(routes!(inputs::abort_thread))
         .routes(routes!(inputs::list_inputs))
         .routes(routes!(inputs::get_input))

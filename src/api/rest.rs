@@ -445,23 +445,6 @@ pub async fn inject(
     Ok((replayed, answer).into_response())
 }
 
-#[utoipa::path(post, path = "/api/v1/threads/{id}/kill", tag = "control",
-    params(("id" = String, Path, description = "Thread id")),
-    responses((status = 200, description = "Killed (killing a killed thread changes nothing)", body = Thread),
-              (status = 404, description = "No such thread", body = ErrorResponse)))]
-pub async fn kill_thread(
-    State(s): State<ApiState>,
-    VisibleThread { id, .. }: VisibleThread,
-) -> ApiResult<Json<Thread>> {
-    let organism = &s.inner.organism;
-    organism.control().kill_thread(&id)?;
-    organism
-        .threads()
-        .info(&id)
-        .map(|t| Json(t.into()))
-        .ok_or_else(|| unknown_thread(&id))
-}
-
 #[utoipa::path(post, path = "/api/v1/agents/{name}/pause", tag = "control",
     params(("name" = String, Path, description = "Listener name")),
     responses((status = 200, description = "Paused: its messages wait in its queue", body = Agent),

@@ -293,6 +293,8 @@ pub struct Thread {
     /// the server's (a fork's `agentserver.forked_from` and `agentserver.forked_at`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels: Option<std::collections::BTreeMap<String, String>>,
+    /// Paused (`POST /threads/{id}/pause`): its queued messages wait.
+    pub paused: bool,
     /// The thread and message it was forked from (`POST /threads/{id}/fork`); absent when
     /// it is not a fork.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -349,6 +351,7 @@ impl From<crate::threads::ThreadInfo> for Thread {
             error: t.error,
             settings: t.settings.as_deref().map(ThreadSettings::from),
             forked_from: t.labels.as_deref().and_then(ForkedFrom::of),
+            paused: t.paused,
             labels: t.labels.as_deref().cloned(),
         }
     }

@@ -209,6 +209,8 @@ pub enum EventKind {
         status: ThreadStatus,
         message_count: u64,
         error: Option<String>,
+        /// Paused (`POST /threads/{id}/pause`): its queued messages wait.
+        paused: bool,
     },
     /// A thread's labels changed (`None`: it has none now).
     ThreadLabels {

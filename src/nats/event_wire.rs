@@ -52,6 +52,8 @@ pub(super) enum WireKind {
         status: ThreadStatus,
         message_count: u64,
         error: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        paused: bool,
     },
     ThreadSettings {
         thread_id: Arc<str>,
@@ -458,11 +460,13 @@ impl From<&EventKind> for WireKind {
                 status,
                 message_count,
                 error,
+                paused,
             } => WireKind::ThreadUpdated {
                 thread_id: thread_id.clone(),
                 status: *status,
                 message_count: *message_count,
                 error: error.clone(),
+                paused: *paused,
             },
             EventKind::ThreadSettings { .. } | EventKind::ThreadLabels { .. } => WireKind::edit(k),
             EventKind::Error {
@@ -578,11 +582,13 @@ impl From<WireKind> for EventKind {
                 status,
                 message_count,
                 error,
+                paused,
             } => EventKind::ThreadUpdated {
                 thread_id,
                 status,
                 message_count,
                 error,
+                paused,
             },
             k @ (WireKind::ThreadSettings { .. } | WireKind::ThreadLabels { .. }) => edit_event(k),
             WireKind::Error {

@@ -49,6 +49,7 @@ impl From<WireThread> for ThreadInfo {
             error: t.error,
             settings: t.settings.and_then(ThreadSettings::kept),
             labels: t.labels.filter(|l| !l.is_empty()).map(std::sync::Arc::new),
+            paused: false,
         }
     }
 }

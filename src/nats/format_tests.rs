@@ -104,6 +104,7 @@ fn events() -> Vec<Event> {
                 error: None,
                 settings: None,
                 labels: None,
+                paused: false,
             },
         },
         EventKind::ThreadUpdated {
@@ -111,6 +112,7 @@ fn events() -> Vec<Event> {
             status: ThreadStatus::Error,
             message_count: 3,
             error: Some("budget".into()),
+            paused: false,
         },
         EventKind::Error {
             thread_id: None,
@@ -161,6 +163,19 @@ fn events() -> Vec<Event> {
             message: "careful".into(),
         },
     ];
+    let kinds = kinds
+        .into_iter()
+        .chain(input_events(t))
+        .chain(thread_edits());
+    kinds
+        .into_iter()
+        .enumerate()
+        .map(|(i, kind)| Event::numbered(i as u64 + 1, t, kind, None::<String>, ()))
+        .collect()
+}
+
+/// A thread's settings changed, and a thread paused.
+fn thread_edits() -> [EventKind; 2] {
     let settings = EventKind::ThreadSettings {
         thread_id: "t1".into(),
         settings: Some(Arc::new(crate::threads::ThreadSettings {
@@ -168,12 +183,14 @@ fn events() -> Vec<Event> {
             temperature: Some(0.5),
         })),
     };
-    let kinds = kinds.into_iter().chain(input_events(t)).chain([settings]);
-    kinds
-        .into_iter()
-        .enumerate()
-        .map(|(i, kind)| Event::numbered(i as u64 + 1, t, kind, None::<String>, ()))
-        .collect()
+    let paused = EventKind::ThreadUpdated {
+        thread_id: "t1".into(),
+        status: ThreadStatus::Active,
+        message_count: 4,
+        error: None,
+        paused: true,
+    };
+    [settings, paused]
 }
 
 /// What this build writes is the fixture, byte for byte (a change of the format is a new

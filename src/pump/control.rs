@@ -253,6 +253,38 @@ impl Control<'_> {
         Ok(())
     }
 
+    /// Pauses a thread: its queued messages wait, other threads of the same listeners go
+    /// on, and what is running finishes (its outputs wait too). Kept in memory only.
+    pub fn pause_thread(self, id: &str) -> Result<(), ControlError> {
+        self.set_thread_paused(id, true)
+    }
+
+    /// Resumes a thread: what waited is delivered, in order.
+    pub fn resume_thread(self, id: &str) -> Result<(), ControlError> {
+        self.set_thread_paused(id, false)
+    }
+
+    fn set_thread_paused(self, id: &str, paused: bool) -> Result<(), ControlError> {
+        self.adopt_stored(id);
+        let s = &self.organism.shared;
+        let change = s
+            .threads
+            .set_paused(id, paused)
+            .map_err(|_| ControlError::UnknownThread(id.to_string()))?;
+        let Some(change) = change else {
+            return Ok(());
+        };
+        s.publish_thread(change);
+        if !paused {
+            let thread: std::sync::Arc<str> = std::sync::Arc::from(id);
+            for l in s.topo().listeners.values() {
+                l.resume_thread(&thread);
+                s.kick(l);
+            }
+        }
+        Ok(())
+    }
+
     /// A thread known only to the store (from before a restart, or evicted here) is
     /// loaded, so that it can be stopped.
     fn adopt_stored(self, id: &str) {

@@ -233,6 +233,17 @@ impl Listener {
         self.lock().paused = paused;
     }
 
+    /// `thread` resumed: ready again if it has jobs here and is neither busy nor ready.
+    pub(crate) fn resume_thread(&self, thread: &Arc<str>) {
+        let mut q = self.lock();
+        if q.per_thread.contains_key(thread)
+            && !q.busy.contains(thread)
+            && !q.ready.contains(thread)
+        {
+            q.ready.push_back(thread.clone());
+        }
+    }
+
     /// Removes every queued job of `thread`, for a kill.
     pub(crate) fn drop_thread(&self, thread: &str) -> Vec<Job> {
         let mut q = self.lock();
@@ -398,6 +409,10 @@ impl Shared {
                     self.publish_state(change);
                     return;
                 };
+                // A paused thread's jobs wait where they are, not ready until it resumes.
+                if self.threads.is_paused(&thread) {
+                    continue;
+                }
                 let (job, now_empty) = match q.per_thread.get_mut(&thread) {
                     Some(jobs) => (jobs.pop_front(), jobs.is_empty()),
                     None => (None, true),

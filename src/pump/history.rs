@@ -74,7 +74,13 @@ impl<'a> History<'a> {
         match &self.organism.shared.store {
             Some(store) => {
                 store.catch_up(READ_CATCH_UP);
-                store.query_threads(filter, page)
+                // A pause is kept in memory only: shown over the stored row.
+                let mut found = store.query_threads(filter, page)?;
+                let threads = &self.organism.shared.threads;
+                for t in &mut found.items {
+                    t.paused = threads.is_paused(&t.id);
+                }
+                Ok(found)
             }
             None => Ok(self.organism.shared.threads.query_threads(filter, page)),
         }

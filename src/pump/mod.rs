@@ -475,6 +475,7 @@ impl Shared {
             status: c.status,
             message_count: c.message_count,
             error: c.error,
+            paused: c.paused,
         });
     }
 

@@ -180,6 +180,7 @@ impl<'a> Write<'a> {
                 status,
                 message_count,
                 error,
+                ..
             } => Write::Thread {
                 id: thread_id,
                 status: *status,

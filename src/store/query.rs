@@ -460,6 +460,7 @@ impl Store {
                     error,
                     settings: super::thread_fields::settings_of(settings),
                     labels: super::thread_fields::labels_of(labels),
+                    paused: false,
                 });
             }
             Ok(Paged {
@@ -569,6 +570,7 @@ impl Store {
                 error,
                 settings: super::thread_fields::settings_of(settings),
                 labels: super::thread_fields::labels_of(labels),
+                paused: false,
             }))
         })
     }

@@ -104,6 +104,8 @@ pub struct ThreadInfo {
     pub settings: Option<Arc<super::ThreadSettings>>,
     /// Its labels (`key: value`), for finding it.
     pub labels: Option<Arc<super::Labels>>,
+    /// Paused (`POST /threads/{id}/pause`): its queued messages wait (kept in memory only).
+    pub paused: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -144,6 +146,7 @@ pub struct StatusChange {
     pub status: ThreadStatus,
     pub message_count: u64,
     pub error: Option<String>,
+    pub paused: bool,
 }
 
 /// What [`ThreadRegistry::open`](super::ThreadRegistry::open) did.

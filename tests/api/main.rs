@@ -17,6 +17,7 @@ mod replay;
 mod rest;
 mod shapes;
 mod stream;
+mod thread_pause;
 mod ws;
 
 use agentserver::api::ApiOptions;

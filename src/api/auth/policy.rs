@@ -146,6 +146,8 @@ pub const TABLE: &[Rule] = &[
     route(POST, "/api/v1/threads/{id}/kill", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/abort", OPERATOR, false),
     route(POST, "/api/v1/threads/{id}/fork", OPERATOR, false),
+    route(POST, "/api/v1/threads/{id}/pause", OPERATOR, false),
+    route(POST, "/api/v1/threads/{id}/resume", OPERATOR, false),
     route(PATCH, "/api/v1/threads/{id}", OPERATOR, false),
     route(POST, "/api/v1/messages/{id}/retry", OPERATOR, false),
     route(POST, "/api/v1/messages/retry", OPERATOR, false),

@@ -9,6 +9,7 @@ fn events_are_numbered_and_their_frames_rendered_once() {
         status: ThreadStatus::Completed,
         message_count: 3,
         error: None,
+        paused: false,
     });
     let ev = rx.try_recv().unwrap();
     assert_eq!(ev.seq, 1);

@@ -172,6 +172,7 @@ impl Shared {
                         error: None,
                         settings: None,
                         labels: None,
+                        paused: false,
                     });
                 self.threads.adopt(&info);
             }

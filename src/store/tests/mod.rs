@@ -67,6 +67,7 @@ fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
                 error: None,
                 settings: None,
                 labels: None,
+                paused: false,
             },
         },
     );

@@ -111,6 +111,7 @@ fn coalescing_keeps_what_a_batch_writes() {
                 error: None,
                 settings: None,
                 labels: None,
+                paused: false,
             },
         }),
         event_op(EventKind::MessageStatus {
@@ -132,6 +133,7 @@ fn coalescing_keeps_what_a_batch_writes() {
             status: ThreadStatus::Completed,
             message_count: 1,
             error: None,
+            paused: false,
         }),
         Op::Seq(9),
     ];
@@ -324,6 +326,7 @@ fn a_thread_begun_again_under_a_stored_id_keeps_its_row_and_gets_its_messages() 
             status: ThreadStatus::Completed,
             message_count: 2,
             error: None,
+            paused: false,
         },
     );
     store.flush(2);
