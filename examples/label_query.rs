@@ -53,6 +53,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             error: None,
             settings: None,
             labels: None,
+            paused: false,
         };
         store.record(seq, &EventKind::ThreadCreated { thread });
         seq += 1;

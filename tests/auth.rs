@@ -190,6 +190,7 @@ fn expected_need(method: &str, path: &str) -> Option<Role> {
         "/api/v1/threads/{id}/kill",
         "/api/v1/threads/{id}/abort",
         "/api/v1/threads/{id}/fork",
+        "/api/v1/threads/{id}/rewind",
         "/api/v1/threads/{id}/pause",
         "/api/v1/threads/{id}/resume",
         "/api/v1/messages/{id}/retry",

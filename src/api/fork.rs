@@ -1,8 +1,10 @@
-//! `POST /api/v1/threads/{id}/fork` and the `/ws` `fork` command: a new thread holding
-//! copies of the messages before one of a thread's (`pump::fork`), then that message (or
-//! its edited payload, or to another receiver) admitted again; or only what would run
-//! (`dry_run`). Every message copied or forked at must be in the credential's scope, as
-//! the thread must (else 404, as for one that does not exist).
+//! `POST /api/v1/threads/{id}/fork` and `…/rewind`, and the `/ws` `fork` and `rewind`
+//! commands. A fork is a new thread holding copies of the messages before one of a
+//! thread's (`pump::fork`), then that message (or its edited payload, or to another
+//! receiver) admitted again; a rewind supersedes every message after one in the same
+//! thread and admits that one again (`pump::rewind`); either, with `dry_run`, only says
+//! what would run. Every message copied, superseded or admitted again must be in the
+//! credential's scope, as the thread must (else 404, as for one that does not exist).
 
 use std::collections::BTreeMap;
 
@@ -124,15 +126,8 @@ pub(super) async fn over_ws(
     thread: &str,
     body: ForkBody,
 ) -> Result<serde_json::Map<String, Value>, ApiError> {
-    match organism.history().thread_info(thread)? {
-        Some(info) if seen.scope.sees_thread(&info.participants) => {}
-        _ => return Err(unknown_thread(thread).at("thread_id")),
-    }
-    let answer = fork(organism, &seen.scope, thread, body).await?;
-    match serde_json::to_value(answer) {
-        Ok(Value::Object(fields)) => Ok(fields),
-        _ => Ok(serde_json::Map::new()),
-    }
+    ws_thread(organism, seen, thread)?;
+    Ok(ack_fields(fork(organism, &seen.scope, thread, body).await?))
 }
 
 /// Forks `thread` (seen by `scope`) as `body` says, off the async workers.
@@ -154,41 +149,17 @@ async fn fork(
         )
         .at("thread_id"));
     }
-    let unknown_listener = |to: &str| {
-        ApiError::not_found("unknown_listener", format!("no listener named `{to}`")).at("to")
-    };
     let exists = |to: &str| organism.config().listener(to).is_some();
     if let Some(to) = body.to.as_deref().filter(|t| !scope.sees(t) || !exists(t)) {
         return Err(unknown_listener(to));
     }
-    // A JSON payload is written as its receiver's XML.
-    let payload_xml = match (&body.payload, body.payload_xml.clone()) {
-        (Some(_), Some(_)) => {
-            return Err(
-                ApiError::bad_request("give `payload` or `payload_xml`, not both").at("payload"),
-            )
-        }
-        (Some(json), None) => {
-            let to = match body.to.clone() {
-                Some(to) => to,
-                None => organism
-                    .history()
-                    .message(&body.at)?
-                    .filter(|m| &*m.thread_id == thread)
-                    .and_then(|m| m.to)
-                    .map(|to| to.to_string())
-                    .ok_or_else(|| unknown_message(thread, &body.at))?,
-            };
-            let config = organism.config();
-            let listener = config.listener(&to).ok_or_else(|| unknown_listener(&to))?;
-            Some(super::inject::json_to_xml(
-                listener,
-                body.payload_type.as_deref(),
-                json,
-            )?)
-        }
-        (None, xml) => xml,
-    };
+    let payload_xml = edited(
+        organism,
+        thread,
+        &body.at,
+        body.to.as_deref(),
+        (&body.payload, &body.payload_xml, &body.payload_type),
+    )?;
     let (organism, thread, scope) = (organism.clone(), thread.to_string(), scope.clone());
     crate::events::spawn_blocking(move || {
         let req = request(&body, payload_xml.as_deref());
@@ -215,6 +186,63 @@ async fn fork(
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?
 }
 
+/// An edited payload (`payload` as JSON, written as the receiver's XML, or `payload_xml`)
+/// for message `at` of `thread`, going to `to` (else its own receiver); none if not edited.
+pub(super) fn edited(
+    organism: &crate::Organism,
+    thread: &str,
+    at: &str,
+    to: Option<&str>,
+    (payload, payload_xml, payload_type): (&Option<Value>, &Option<String>, &Option<String>),
+) -> Result<Option<String>, ApiError> {
+    let json = match (payload, payload_xml) {
+        (Some(_), Some(_)) => {
+            return Err(
+                ApiError::bad_request("give `payload` or `payload_xml`, not both").at("payload"),
+            )
+        }
+        (Some(json), None) => json,
+        (None, xml) => return Ok(xml.clone()),
+    };
+    let to = match to {
+        Some(to) => to.to_string(),
+        None => organism
+            .history()
+            .message(at)?
+            .filter(|m| &*m.thread_id == thread)
+            .and_then(|m| m.to)
+            .map(|to| to.to_string())
+            .ok_or_else(|| unknown_message(thread, at))?,
+    };
+    let config = organism.config();
+    let listener = config.listener(&to).ok_or_else(|| unknown_listener(&to))?;
+    super::inject::json_to_xml(listener, payload_type.as_deref(), json).map(Some)
+}
+
+fn unknown_listener(to: &str) -> ApiError {
+    ApiError::not_found("unknown_listener", format!("no listener named `{to}`")).at("to")
+}
+
+/// A `/ws` command's thread: one `seen` sees, else the answer for one that does not exist.
+pub(super) fn ws_thread(
+    organism: &crate::Organism,
+    seen: &Seen,
+    thread: &str,
+) -> Result<(), ApiError> {
+    match organism.history().thread_info(thread)? {
+        Some(info) if seen.scope.sees_thread(&info.participants) => Ok(()),
+        _ => Err(unknown_thread(thread).at("thread_id")),
+    }
+}
+
+/// An answer as a `/ws` `ack`'s fields.
+pub(super) fn ack_fields(answer: impl Serialize) -> serde_json::Map<String, Value> {
+    match serde_json::to_value(answer) {
+        Ok(Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    }
+}
+
 fn request<'a>(body: &'a ForkBody, payload_xml: Option<&'a str>) -> ForkRequest<'a> {
     ForkRequest {
         at: &body.at,
@@ -229,7 +257,7 @@ fn request<'a>(body: &'a ForkBody, payload_xml: Option<&'a str>) -> ForkRequest<
     }
 }
 
-fn unknown_message(thread: &str, at: &str) -> ApiError {
+pub(super) fn unknown_message(thread: &str, at: &str) -> ApiError {
     ApiError::not_found(
         "unknown_message",
         format!("no message `{at}` in thread `{thread}`"),

@@ -227,6 +227,13 @@ enum Kind<'a> {
         thread_id: &'a str,
         labels: Option<&'a crate::threads::Labels>,
     },
+    ThreadRewound {
+        thread_id: &'a str,
+        /// The message rewound to, entering again.
+        to: &'a str,
+        /// Messages superseded.
+        superseded: u64,
+    },
     Error {
         thread_id: Option<&'a str>,
         agent: Option<&'a str>,
@@ -286,6 +293,41 @@ impl<'a> Kind<'a> {
             EventKind::ThreadLabels { thread_id, labels } => Kind::ThreadLabels {
                 thread_id,
                 labels: labels.as_deref(),
+            },
+            EventKind::ThreadRewound {
+                thread_id,
+                to,
+                superseded,
+                ..
+            } => Kind::ThreadRewound {
+                thread_id,
+                to,
+                superseded: *superseded,
+            },
+            _ => Kind::Omitted,
+        }
+    }
+
+    fn deployment(kind: &'a EventKind) -> Self {
+        match kind {
+            EventKind::Deployment {
+                agent,
+                tenant,
+                action,
+                version,
+                from_version,
+                author,
+                ok,
+                error,
+            } => Kind::Deployment {
+                agent,
+                tenant: tenant.as_deref(),
+                action,
+                version: *version,
+                from_version: *from_version,
+                author: author.as_deref(),
+                ok: *ok,
+                error: error.as_deref(),
             },
             _ => Kind::Omitted,
         }
@@ -352,7 +394,9 @@ impl<'a> Kind<'a> {
                 error: error.as_deref(),
                 paused: *paused,
             },
-            EventKind::ThreadSettings { .. } | EventKind::ThreadLabels { .. } => Kind::edit(kind),
+            EventKind::ThreadSettings { .. }
+            | EventKind::ThreadLabels { .. }
+            | EventKind::ThreadRewound { .. } => Kind::edit(kind),
             EventKind::Error {
                 thread_id,
                 agent,
@@ -403,25 +447,7 @@ impl<'a> Kind<'a> {
                 target: target.as_deref(),
                 result,
             },
-            EventKind::Deployment {
-                agent,
-                tenant,
-                action,
-                version,
-                from_version,
-                author,
-                ok,
-                error,
-            } => Kind::Deployment {
-                agent,
-                tenant: tenant.as_deref(),
-                action,
-                version: *version,
-                from_version: *from_version,
-                author: author.as_deref(),
-                ok: *ok,
-                error: error.as_deref(),
-            },
+            EventKind::Deployment { .. } => Kind::deployment(kind),
         }
     }
 }

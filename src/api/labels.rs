@@ -211,3 +211,14 @@ fn key_of(param: &str, k: &str) -> Result<String, ApiError> {
         Err(bad(param, "a label key is 1 to 64 of a-z 0-9 _ . -"))
     }
 }
+
+/// Whether a thread's listing shows the messages a rewind superseded.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SupersededQuery {
+    /// Show the messages a rewind superseded too (each marked `superseded`); default
+    /// false.
+    #[serde(default, rename = "include_superseded")]
+    #[param(rename = "include_superseded")]
+    pub include: bool,
+}

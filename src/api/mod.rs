@@ -58,6 +58,7 @@ mod mirror;
 mod models;
 mod rest;
 mod retry;
+mod rewind;
 mod sanitize;
 mod schema;
 mod settings;
@@ -343,6 +344,7 @@ fn router(
         .routes(routes!(retry::retry_message))
         .routes(routes!(retry::retry_messages))
         .routes(routes!(fork::fork_thread))
+        .routes(routes!(rewind::rewind_thread))
         .routes(routes!(stream::thread_events))
         .routes(routes!(stream::create_stream_token))
         .routes(routes!(inputs::approve_input))

@@ -109,6 +109,7 @@ pub(super) fn json<T: Serialize>(v: &T) -> Response {
 fn messages_page(
     organism: &crate::Organism,
     mut page: crate::threads::Paged<MessageRecord>,
+    rewinds: &[crate::threads::Rewind],
 ) -> Response {
     // A page is bounded by bytes too: one that would pass `MAX_PAGE_BYTES` ends early and
     // says so by its `limit` (the number of items served), so `offset + limit` stays the
@@ -120,7 +121,7 @@ fn messages_page(
     }
     let schemas = organism.schemas();
     json(&Paged {
-        items: Message::all(&page.items, &schemas),
+        items: Message::marked(&page.items, &schemas, rewinds),
         total: page.total,
         limit: page.limit,
         offset: page.offset,
@@ -263,15 +264,20 @@ pub(super) fn thread_filter(
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}", tag = "threads",
-    params(("id" = String, Path, description = "Thread id")),
-    responses((status = 200, description = "The thread with its message history", body = ThreadDetail),
+    params(("id" = String, Path, description = "Thread id"), super::labels::SupersededQuery),
+    responses((status = 200, description = "The thread with its message history (without what a rewind superseded, unless `include_superseded=true`)", body = ThreadDetail),
               (status = 404, description = "No such thread", body = ErrorResponse)))]
-pub async fn get_thread(State(s): State<ApiState>, t: VisibleThread) -> ApiResult<Response> {
+pub async fn get_thread(
+    State(s): State<ApiState>,
+    t: VisibleThread,
+    Params(q): Params<super::labels::SupersededQuery>,
+) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    let messages = all_messages(organism, &t.id, &t.scope)?;
+    let (page, rewinds) = thread_page(organism, &t.id, &t.scope, Page::ALL, q.include)?
+        .ok_or_else(|| unknown_thread(&t.id))?;
     Ok(json(&ThreadDetail {
         thread: t.info.into(),
-        messages: Message::all(&messages, &organism.schemas()),
+        messages: Message::marked(&page.items, &organism.schemas(), &rewinds),
     }))
 }
 
@@ -281,43 +287,64 @@ fn all_messages(
     id: &str,
     scope: &Scope,
 ) -> ApiResult<Vec<MessageRecord>> {
-    Ok(thread_page(organism, id, scope, Page::ALL)?
-        .map(|p| p.items)
+    Ok(thread_page(organism, id, scope, Page::ALL, false)?
+        .map(|(p, _)| p.items)
         .unwrap_or_default())
 }
 
-/// One page of a thread's messages that `scope` sees: all of them for an organism-wide
-/// principal; a tenant's, with totals to match, through the message filter.
+/// One page of a thread's messages that `scope` sees (all of them for an organism-wide
+/// principal; a tenant's, with totals to match, through the message filter), without what
+/// a rewind superseded unless `superseded`; and the thread's rewinds.
+type ThreadPage = (
+    crate::threads::Paged<MessageRecord>,
+    Vec<crate::threads::Rewind>,
+);
 fn thread_page(
     organism: &crate::Organism,
     id: &str,
     scope: &Scope,
     page: Page,
-) -> ApiResult<Option<crate::threads::Paged<MessageRecord>>> {
-    if scope.everything() {
-        return Ok(organism.history().thread_page(id, page)?);
-    }
-    let filter = MessageFilter {
-        thread: Some(id.to_string()),
-        within: scope.within(),
-        ..Default::default()
+    superseded: bool,
+) -> ApiResult<Option<ThreadPage>> {
+    let history = organism.history();
+    let rewinds = history.rewinds(id)?;
+    let hide = !superseded && !rewinds.is_empty();
+    let ask = if hide { Page::ALL } else { page };
+    let found = if scope.everything() {
+        history.thread_page(id, ask)?
+    } else {
+        let filter = MessageFilter {
+            thread: Some(id.to_string()),
+            within: scope.within(),
+            ..Default::default()
+        };
+        Some(history.query_messages(&filter, ask)?)
     };
-    Ok(Some(organism.history().query_messages(&filter, page)?))
+    let found = match found {
+        Some(all) if hide => {
+            let shown = all.items.into_iter();
+            let shown = shown.filter(|m| !crate::threads::superseded(&rewinds, m.slot_index));
+            Some(page.cut(shown.collect()))
+        }
+        found => found,
+    };
+    Ok(found.map(|p| (p, rewinds)))
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
-    params(("id" = String, Path, description = "Thread id"), PageQuery),
-    responses((status = 200, description = "The thread's messages in slot order", body = Paged<Message>),
+    params(("id" = String, Path, description = "Thread id"), PageQuery, super::labels::SupersededQuery),
+    responses((status = 200, description = "The thread's messages in slot order (without those a rewind superseded, unless `include_superseded=true`)", body = Paged<Message>),
               (status = 404, description = "No such thread", body = ErrorResponse)))]
 pub async fn thread_messages(
     State(s): State<ApiState>,
     t: VisibleThread,
     Params(q): Params<PageQuery>,
+    Params(sup): Params<super::labels::SupersededQuery>,
 ) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    let page =
-        thread_page(organism, &t.id, &t.scope, q.page())?.ok_or_else(|| unknown_thread(&t.id))?;
-    Ok(messages_page(organism, page))
+    let (page, rewinds) = thread_page(organism, &t.id, &t.scope, q.page(), sup.include)?
+        .ok_or_else(|| unknown_thread(&t.id))?;
+    Ok(messages_page(organism, page, &rewinds))
 }
 
 #[utoipa::path(get, path = "/api/v1/messages", tag = "messages", params(MessageQuery),
@@ -342,6 +369,7 @@ pub async fn list_messages(
     Ok(messages_page(
         organism,
         organism.history().query_messages(&filter, page)?,
+        &[],
     ))
 }
 

@@ -100,6 +100,9 @@ mirror!(
         /// In a fork (`POST /threads/{id}/fork`): a copy of the message `of` of the thread
         /// forked, or `of` admitted again.
         Fork,
+        /// The message `of` admitted again after its thread was rewound to it
+        /// (`POST /threads/{id}/rewind`).
+        Rewind,
     }
 );
 
@@ -235,6 +238,10 @@ pub struct Message<'a> {
     /// Position in its thread, from 0.
     pub slot_index: u64,
     pub origin: MessageOrigin<'a>,
+    /// Superseded by a rewind of its thread (`POST /threads/{id}/rewind`); shown only when
+    /// it is, in a listing asked for with `include_superseded=true`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
     /// (`status` and `error` come last: `api::frame` shows a new status by rewriting them.)
     pub status: MessageStatus,
     /// What went wrong, for operators.
@@ -264,6 +271,7 @@ impl<'a> Message<'a> {
                 of: m.origin.of.as_deref(),
                 cause: None,
             },
+            superseded: false,
             status: m.status.into(),
             error: m.error.as_deref(),
         }
@@ -271,7 +279,20 @@ impl<'a> Message<'a> {
 
     /// Views of `records`, typed against one snapshot of the organism's schemas.
     pub fn all(records: &'a [MessageRecord], schemas: &PayloadSchemas) -> Vec<Self> {
-        records.iter().map(|m| Message::of(m, schemas)).collect()
+        Self::marked(records, schemas, &[])
+    }
+
+    /// [`Message::all`], each marked `superseded` if one of its thread's `rewinds` did.
+    pub fn marked(
+        records: &'a [MessageRecord],
+        schemas: &PayloadSchemas,
+        rewinds: &[crate::threads::Rewind],
+    ) -> Vec<Self> {
+        let mark = |m: &'a MessageRecord| Message {
+            superseded: crate::threads::superseded(rewinds, m.slot_index),
+            ..Message::of(m, schemas)
+        };
+        records.iter().map(mark).collect()
     }
 }
 

@@ -212,6 +212,14 @@ pub enum EventKind {
         /// Paused (`POST /threads/{id}/pause`): its queued messages wait.
         paused: bool,
     },
+    /// A thread was rewound to message `to`: the messages between it and `rewind.before`
+    /// (`superseded` of them) are superseded.
+    ThreadRewound {
+        thread_id: Arc<str>,
+        to: Arc<str>,
+        rewind: crate::threads::Rewind,
+        superseded: u64,
+    },
     /// A thread's labels changed (`None`: it has none now).
     ThreadLabels {
         thread_id: Arc<str>,
@@ -296,6 +304,7 @@ impl EventKind {
             EventKind::ThreadUpdated { .. } => "thread_updated",
             EventKind::ThreadSettings { .. } => "thread_settings",
             EventKind::ThreadLabels { .. } => "thread_labels",
+            EventKind::ThreadRewound { .. } => "thread_rewound",
             EventKind::Error { .. } => "error",
             EventKind::OrganismState { .. } => "organism_state",
             EventKind::Log { .. } => "log",
@@ -318,7 +327,8 @@ impl EventKind {
             EventKind::ThreadUpdated { thread_id, .. } => Some(thread_id),
             EventKind::ThreadCreated { thread } => Some(&thread.id),
             EventKind::ThreadSettings { thread_id, .. }
-            | EventKind::ThreadLabels { thread_id, .. } => Some(thread_id),
+            | EventKind::ThreadLabels { thread_id, .. }
+            | EventKind::ThreadRewound { thread_id, .. } => Some(thread_id),
             EventKind::Error { thread_id, .. } | EventKind::Log { thread_id, .. } => {
                 thread_id.as_deref()
             }

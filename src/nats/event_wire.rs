@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 pub(super) use super::event_wire_input::WireInput;
 pub(super) use super::event_wire_thread::WireThread;
+pub(super) use super::event_wire_usage::{WireDelta, WireUsage};
 use crate::config::diff::{ReloadProblem, ReloadReport};
-use crate::events::{AgentState, Delta, DeltaKind, EventKind, OrganismStatus, StatusAbout, Usage};
+use crate::events::{AgentState, EventKind, OrganismStatus, StatusAbout};
 use crate::threads::{
     MessageRecord, MessageStatus, Origin, OriginKind, ThreadSettings, ThreadStatus,
 };
@@ -62,6 +63,12 @@ pub(super) enum WireKind {
     ThreadLabels {
         thread_id: Arc<str>,
         labels: Option<crate::threads::Labels>,
+    },
+    ThreadRewound {
+        thread_id: Arc<str>,
+        to: Arc<str>,
+        rewind: crate::threads::Rewind,
+        superseded: u64,
     },
     Error {
         thread_id: Option<String>,
@@ -111,93 +118,18 @@ pub(super) enum WireKind {
     Omitted,
 }
 
-/// A `usage` on the stream: the same fields.
 #[derive(Debug, Serialize, Deserialize)]
-pub(super) struct WireUsage {
-    tenant: Option<String>,
-    listener: Arc<str>,
-    thread_id: Arc<str>,
-    message_id: Arc<str>,
-    model: String,
-    input_tokens: u64,
-    output_tokens: u64,
-    cached_tokens: u64,
-    cost_micros: u64,
-    estimated: bool,
-    ms: u64,
-}
-
-impl From<&Usage> for WireUsage {
-    fn from(u: &Usage) -> Self {
-        let u = u.clone();
-        WireUsage {
-            tenant: u.tenant,
-            listener: u.listener,
-            thread_id: u.thread_id,
-            message_id: u.message_id,
-            model: u.model,
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-            cached_tokens: u.cached_tokens,
-            cost_micros: u.cost_micros,
-            estimated: u.estimated,
-            ms: u.ms,
-        }
-    }
-}
-
-impl From<WireUsage> for Usage {
-    fn from(u: WireUsage) -> Self {
-        Usage {
-            tenant: u.tenant,
-            listener: u.listener,
-            thread_id: u.thread_id,
-            message_id: u.message_id,
-            model: u.model,
-            input_tokens: u.input_tokens,
-            output_tokens: u.output_tokens,
-            cached_tokens: u.cached_tokens,
-            cost_micros: u.cost_micros,
-            estimated: u.estimated,
-            ms: u.ms,
-        }
-    }
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct WireDelta {
-    thread_id: Arc<str>,
-    agent: Arc<str>,
-    in_reply_to: Arc<str>,
-    kind: DeltaKind,
-    index: u64,
-    delta: String,
-}
-
-impl From<&Delta> for WireDelta {
-    fn from(d: &Delta) -> Self {
-        WireDelta {
-            thread_id: d.thread_id.clone(),
-            agent: d.agent.clone(),
-            in_reply_to: d.in_reply_to.clone(),
-            kind: d.kind,
-            index: d.index,
-            delta: d.delta.clone(),
-        }
-    }
-}
-
-impl From<WireDelta> for Delta {
-    fn from(d: WireDelta) -> Self {
-        Delta {
-            thread_id: d.thread_id,
-            agent: d.agent,
-            in_reply_to: d.in_reply_to,
-            kind: d.kind,
-            index: d.index,
-            delta: d.delta,
-        }
-    }
+pub(super) struct WireAbout {
+    from: Arc<str>,
+    to: Option<Arc<str>>,
+    payload_type: Option<Arc<str>>,
+    slot_index: u64,
+    /// Absent (0) in streams written before it was added.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    message_seq: u64,
+    /// Absent (0) in streams written before it was added.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    message_bytes: u64,
 }
 
 impl From<&StatusAbout> for WireAbout {
@@ -251,20 +183,6 @@ pub(super) struct WireMessage {
 pub(super) struct WireOrigin {
     kind: OriginKind,
     of: Option<Arc<str>>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct WireAbout {
-    from: Arc<str>,
-    to: Option<Arc<str>>,
-    payload_type: Option<Arc<str>>,
-    slot_index: u64,
-    /// Absent (0) in streams written before it was added.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    message_seq: u64,
-    /// Absent (0) in streams written before it was added.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    message_bytes: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -387,6 +305,24 @@ impl From<WireReport> for ReloadReport {
 }
 
 impl WireKind {
+    /// A listener's log line.
+    fn log(k: &EventKind) -> WireKind {
+        match k {
+            EventKind::Log {
+                agent,
+                thread_id,
+                level,
+                message,
+            } => WireKind::Log {
+                agent: agent.clone(),
+                thread_id: thread_id.clone(),
+                level: level.clone(),
+                message: message.clone(),
+            },
+            _ => WireKind::Omitted,
+        }
+    }
+
     /// A thread's settings or labels changed.
     fn edit(k: &EventKind) -> WireKind {
         match k {
@@ -400,6 +336,17 @@ impl WireKind {
             EventKind::ThreadLabels { thread_id, labels } => WireKind::ThreadLabels {
                 thread_id: thread_id.clone(),
                 labels: labels.as_deref().cloned(),
+            },
+            EventKind::ThreadRewound {
+                thread_id,
+                to,
+                rewind,
+                superseded,
+            } => WireKind::ThreadRewound {
+                thread_id: thread_id.clone(),
+                to: to.clone(),
+                rewind: *rewind,
+                superseded: *superseded,
             },
             _ => WireKind::Omitted,
         }
@@ -419,6 +366,17 @@ fn edit_event(k: WireKind) -> EventKind {
         WireKind::ThreadLabels { thread_id, labels } => EventKind::ThreadLabels {
             thread_id,
             labels: labels.filter(|l| !l.is_empty()).map(Arc::new),
+        },
+        WireKind::ThreadRewound {
+            thread_id,
+            to,
+            rewind,
+            superseded,
+        } => EventKind::ThreadRewound {
+            thread_id,
+            to,
+            rewind,
+            superseded,
         },
         _ => EventKind::Omitted,
     }
@@ -468,7 +426,9 @@ impl From<&EventKind> for WireKind {
                 error: error.clone(),
                 paused: *paused,
             },
-            EventKind::ThreadSettings { .. } | EventKind::ThreadLabels { .. } => WireKind::edit(k),
+            EventKind::ThreadSettings { .. }
+            | EventKind::ThreadLabels { .. }
+            | EventKind::ThreadRewound { .. } => WireKind::edit(k),
             EventKind::Error {
                 thread_id,
                 agent,
@@ -528,17 +488,7 @@ impl From<&EventKind> for WireKind {
             EventKind::InputResolved { input } => WireKind::InputResolved {
                 input: (&**input).into(),
             },
-            EventKind::Log {
-                agent,
-                thread_id,
-                level,
-                message,
-            } => WireKind::Log {
-                agent: agent.clone(),
-                thread_id: thread_id.clone(),
-                level: level.clone(),
-                message: message.clone(),
-            },
+            EventKind::Log { .. } => WireKind::log(k),
             EventKind::Delta(d) => WireKind::Delta(d.into()),
             EventKind::Usage(u) => WireKind::Usage((&**u).into()),
             EventKind::Omitted => WireKind::Omitted,
@@ -590,7 +540,9 @@ impl From<WireKind> for EventKind {
                 error,
                 paused,
             },
-            k @ (WireKind::ThreadSettings { .. } | WireKind::ThreadLabels { .. }) => edit_event(k),
+            k @ (WireKind::ThreadSettings { .. }
+            | WireKind::ThreadLabels { .. }
+            | WireKind::ThreadRewound { .. }) => edit_event(k),
             WireKind::Error {
                 thread_id,
                 agent,

@@ -174,8 +174,8 @@ fn events() -> Vec<Event> {
         .collect()
 }
 
-/// A thread's settings changed, and a thread paused.
-fn thread_edits() -> [EventKind; 2] {
+/// A thread's settings changed, a thread paused, and one rewound.
+fn thread_edits() -> [EventKind; 3] {
     let settings = EventKind::ThreadSettings {
         thread_id: "t1".into(),
         settings: Some(Arc::new(crate::threads::ThreadSettings {
@@ -190,7 +190,16 @@ fn thread_edits() -> [EventKind; 2] {
         error: None,
         paused: true,
     };
-    [settings, paused]
+    let rewound = EventKind::ThreadRewound {
+        thread_id: "t1".into(),
+        to: "m1".into(),
+        rewind: crate::threads::Rewind {
+            after: 1,
+            before: 4,
+        },
+        superseded: 2,
+    };
+    [settings, paused, rewound]
 }
 
 /// What this build writes is the fixture, byte for byte (a change of the format is a new

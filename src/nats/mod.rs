@@ -28,6 +28,7 @@
 pub mod event_wire;
 mod event_wire_input;
 mod event_wire_thread;
+mod event_wire_usage;
 #[cfg(test)]
 mod format_tests;
 mod link;

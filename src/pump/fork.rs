@@ -152,11 +152,15 @@ impl Organism {
             .cloned()
             .ok_or_else(not_found)?;
         let copies: Vec<MessageRecord> = match req.copy {
-            ForkCopy::Prefix => log
-                .iter()
-                .filter(|m| m.slot_index < at.slot_index)
-                .cloned()
-                .collect(),
+            ForkCopy::Prefix => {
+                // What a rewind superseded is no longer the thread's past.
+                let rewinds = self.history().rewinds(thread)?;
+                log.iter()
+                    .filter(|m| m.slot_index < at.slot_index)
+                    .filter(|m| !crate::threads::superseded(&rewinds, m.slot_index))
+                    .cloned()
+                    .collect()
+            }
             ForkCopy::Path => {
                 let by_id: HashMap<&str, &MessageRecord> =
                     log.iter().map(|m| (&*m.id, m)).collect();

@@ -64,6 +64,23 @@ impl<'a> History<'a> {
         }
     }
 
+    /// The thread's rewinds: those made since the organism held it, and those the store
+    /// kept from before.
+    pub fn rewinds(
+        self,
+        id: &str,
+    ) -> Result<Vec<crate::threads::Rewind>, crate::store::StoreError> {
+        let mut all = self.organism.shared.threads.rewinds(id);
+        if let Some(store) = &self.organism.shared.store {
+            for r in store.rewinds(id)? {
+                if !all.contains(&r) {
+                    all.push(r);
+                }
+            }
+        }
+        Ok(all)
+    }
+
     /// One page of threads: from the store when there is one (after it has committed what
     /// was published before the call, [`READ_CATCH_UP`] at most), else from memory.
     pub fn query_threads(
@@ -267,10 +284,22 @@ pub(super) struct ThreadLog(pub(super) std::sync::Weak<super::Shared>);
 
 impl crate::llm::ThreadHistory for ThreadLog {
     fn messages(&self, thread: &str) -> Vec<MessageRecord> {
-        self.0
-            .upgrade()
-            .and_then(|s| s.threads.messages(thread))
-            .unwrap_or_default()
+        // What a rewind superseded is not part of the conversation, nor the message it
+        // went back to: that turn is taken again.
+        let Some(s) = self.0.upgrade() else {
+            return Vec::new();
+        };
+        let rewinds = s.threads.rewinds(thread);
+        let mut log = s.threads.messages(thread).unwrap_or_default();
+        let redone: Vec<Arc<str>> = log
+            .iter()
+            .filter(|m| m.origin.kind == crate::threads::OriginKind::Rewind)
+            .filter_map(|m| m.origin.of.clone())
+            .collect();
+        log.retain(|m| {
+            !crate::threads::superseded(&rewinds, m.slot_index) && !redone.contains(&m.id)
+        });
+        log
     }
 }
 

@@ -43,6 +43,7 @@ mod metered;
 mod metrics;
 mod reload;
 mod retry;
+mod rewind;
 mod route;
 mod settings;
 mod work;
@@ -77,6 +78,7 @@ pub use inputs::{notify_signature, Answer, DecideError, Decider, Inputs, Verdict
 pub use metrics::Metrics;
 pub use reload::{ReloadError, ReloadProblem, ReloadReport};
 pub use retry::{RetryError, RetryPlan, MAX_RETRY_DEPTH};
+pub use rewind::{IfActive, RewindError, RewindPlan, RewindRequest};
 pub use route::SYSTEM_IDENTITY;
 pub use settings::{SettingsError, SettingsPatch};
 

@@ -109,6 +109,8 @@ pub(super) enum Write<'a> {
     Settings(&'a str, Option<&'a crate::threads::ThreadSettings>),
     /// A thread's labels now.
     Labels(&'a str, Option<&'a crate::threads::Labels>),
+    /// A thread rewound.
+    Rewound(&'a str, crate::threads::Rewind),
     /// Listeners' work, and when it was taken.
     Work(&'a [super::usage::WorkRow], Timestamp),
 }
@@ -199,6 +201,9 @@ impl<'a> Write<'a> {
             EventKind::ThreadLabels { thread_id, labels } => {
                 Write::Labels(thread_id, labels.as_deref())
             }
+            EventKind::ThreadRewound {
+                thread_id, rewind, ..
+            } => Write::Rewound(thread_id, *rewind),
             _ => return None,
         })
     }
@@ -385,6 +390,7 @@ impl Index<'_> {
             | Write::Usage(..)
             | Write::Settings(..)
             | Write::Labels(..)
+            | Write::Rewound(..)
             | Write::Work(..) => None,
         }
     }

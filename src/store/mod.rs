@@ -415,6 +415,7 @@ impl Store {
                 | EventKind::Usage(_)
                 | EventKind::ThreadSettings { .. }
                 | EventKind::ThreadLabels { .. }
+                | EventKind::ThreadRewound { .. }
         ) {
             self.send(Op::Event(event.clone()));
         }

@@ -386,6 +386,8 @@ CREATE TABLE thread_labels (
 ) WITHOUT ROWID;
 CREATE INDEX thread_labels_thread ON thread_labels(thread);
 "#,
+    // v19: a thread's rewinds (JSON: `[{after, before}]`), the slots each superseded.
+    "ALTER TABLE threads ADD COLUMN rewinds TEXT;",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

@@ -1,5 +1,6 @@
-//! What a thread row holds beyond its counters: its `settings` and `labels` read back from
-//! their JSON columns, and `/threads`'s label tests as clauses over `thread_labels`.
+//! What a thread row holds beyond its counters: its `settings`, `labels` and `rewinds` read
+//! back from their JSON columns, and `/threads`'s label tests as clauses over
+//! `thread_labels`.
 
 use super::{in_list, Where};
 use crate::threads::ThreadFilter;
@@ -48,4 +49,20 @@ pub(super) fn settings_of(
 ) -> Option<std::sync::Arc<crate::threads::ThreadSettings>> {
     text.and_then(|t| serde_json::from_str::<crate::threads::ThreadSettings>(&t).ok())
         .and_then(crate::threads::ThreadSettings::kept)
+}
+
+impl super::Store {
+    /// A thread's rewinds as the store has them (none for a thread it does not have).
+    pub fn rewinds(&self, thread: &str) -> Result<Vec<crate::threads::Rewind>, super::StoreError> {
+        use rusqlite::OptionalExtension;
+        let text: Option<Option<String>> = self.read(|tx| {
+            tx.prepare_cached("SELECT rewinds FROM threads WHERE id = ?1")?
+                .query_row([thread], |r| r.get(0))
+                .optional()
+        })?;
+        Ok(text
+            .flatten()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default())
+    }
 }

@@ -607,6 +607,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             Write::Usage(u, at) => super::usage::insert(self.tx, u, at)?,
             Write::Settings(id, settings) => self.settings(id, settings)?,
             Write::Labels(id, labels) => self.labels(id, labels)?,
+            Write::Rewound(id, r) => self.rewound(id, r)?,
             Write::Work(rows, at) => super::usage::add_work(self.tx, rows, at)?,
         }
         Ok(())
@@ -651,6 +652,19 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         for (k, v) in labels.into_iter().flatten() {
             add.execute(params![k, v, n])?;
         }
+        Ok(())
+    }
+
+    /// A thread rewound: added to its `rewinds` (JSON), after the thread rows this batch
+    /// holds so far.
+    fn rewound(&mut self, id: &str, r: crate::threads::Rewind) -> rusqlite::Result<()> {
+        self.insert_pending()?;
+        self.tx
+            .prepare_cached(
+                "UPDATE threads SET rewinds = json_insert(COALESCE(rewinds, '[]'), '$[#]', \
+                 json_object('after', ?2, 'before', ?3)) WHERE id = ?1",
+            )?
+            .execute(params![id, r.after as i64, r.before as i64])?;
         Ok(())
     }
 

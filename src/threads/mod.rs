@@ -20,10 +20,12 @@ mod input;
 mod labels;
 mod pause;
 mod read;
+mod rewind;
 pub use labels::{
     as_patch, check_label, patched, LabelError, LabelPatch, Labels, FORKED_AT, FORKED_FROM,
     MAX_LABELS, RESERVED_PREFIX,
 };
+pub use rewind::{superseded, Rewind};
 mod query;
 mod record;
 mod settings;
@@ -63,6 +65,8 @@ struct Entry {
     settings: Option<Arc<ThreadSettings>>,
     labels: Option<Arc<Labels>>,
     paused: bool,
+    /// Its rewinds (`rewind.rs`), in memory; the store keeps them too.
+    rewinds: Vec<Rewind>,
 }
 
 impl Entry {
@@ -251,6 +255,7 @@ impl ThreadRegistry {
             settings: None,
             labels: None,
             paused: false,
+            rewinds: Vec::new(),
         };
         let info = entry.info(&id);
         shard.threads.insert(id.clone(), entry);
@@ -295,6 +300,7 @@ impl ThreadRegistry {
             settings: info.settings.clone(),
             labels: info.labels.clone(),
             paused: false,
+            rewinds: Vec::new(),
         };
         let finished = info.status.is_finished();
         shard.threads.insert(id.clone(), entry);

@@ -162,7 +162,8 @@ pub struct Opened {
 /// handling `of`), `notice` (the pump's `<huh>` about `of`), `edit` (a person's edit of the
 /// held message `of`, which it supersedes), `retry` (the message `of`, which had failed,
 /// admitted again), `fork` (a copy, in a fork, of the message `of` in the thread forked; or
-/// the message forked at, admitted again there).
+/// the message forked at, admitted again there), `rewind` (`of` admitted again after its
+/// thread was rewound to it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OriginKind {
@@ -172,6 +173,7 @@ pub enum OriginKind {
     Edit,
     Retry,
     Fork,
+    Rewind,
 }
 
 impl OriginKind {
@@ -183,6 +185,7 @@ impl OriginKind {
             OriginKind::Edit => "edit",
             OriginKind::Retry => "retry",
             OriginKind::Fork => "fork",
+            OriginKind::Rewind => "rewind",
         }
     }
 
@@ -194,6 +197,7 @@ impl OriginKind {
             Self::Edit,
             Self::Retry,
             Self::Fork,
+            Self::Rewind,
         ]
         .into_iter()
         .find(|k| k.name() == s)
@@ -243,6 +247,14 @@ impl Origin {
     pub fn edit(of: Arc<str>) -> Self {
         Origin {
             kind: OriginKind::Edit,
+            of: Some(of),
+        }
+    }
+
+    /// `of` admitted again after its thread was rewound to it.
+    pub fn rewind(of: Arc<str>) -> Self {
+        Origin {
+            kind: OriginKind::Rewind,
             of: Some(of),
         }
     }

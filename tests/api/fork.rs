@@ -472,6 +472,28 @@ async fn a_tenant_cannot_fork_what_it_does_not_wholly_see_by_any_door() {
         "{ack}"
     );
     assert_eq!(settle(&o, "acme-fork").await, ThreadStatus::Completed);
+
+    // A rewind is held to the same: the mixed thread's first message is the organism's,
+    // and rewinding to it would supersede the rest; REST and `/ws` alike.
+    let rewind = s.url(&format!("/api/v1/threads/{mixed}/rewind"));
+    for (key, code) in [("acme", 404), ("beta", 404)] {
+        let r = http()
+            .post(&rewind)
+            .bearer_auth(&keys[key])
+            .json(&json!({"to": &*m[0].id, "dry_run": true}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), code, "{key}");
+    }
+    let ask = json!({"cmd": "rewind", "request_id": "r1", "thread_id": mixed, "to": &*m[0].id});
+    send_json(&mut ws, ask).await;
+    let err = read_until(&mut ws, |f| f["request_id"] == "r1")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(err["code"], "unknown_message", "{err}");
+    assert_eq!(messages(&o, &mixed).len(), m.len(), "nothing was rewound");
     let total = o
         .history()
         .query_threads(&Default::default(), agentserver::threads::Page::ALL)

@@ -15,6 +15,7 @@ mod labels;
 mod origins;
 mod replay;
 mod rest;
+mod rewind;
 mod shapes;
 mod stream;
 mod thread_pause;

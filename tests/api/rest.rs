@@ -746,6 +746,7 @@ async fn openapi_documents_every_endpoint_it_serves() {
         ("/api/v1/threads/count", "get"),
         ("/api/v1/threads/batch", "post"),
         ("/api/v1/threads/{id}/fork", "post"),
+        ("/api/v1/threads/{id}/rewind", "post"),
         ("/api/v1/threads/{id}/pause", "post"),
         ("/api/v1/threads/{id}/resume", "post"),
     ];

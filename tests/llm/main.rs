@@ -111,6 +111,36 @@ fn text(t: &str) -> Next {
 }
 
 /// `planner` (llm, outputs Plan to its peer `worker`, replies with Answer) and `worker`.
+#[tokio::test]
+async fn what_a_rewind_superseded_is_not_in_the_models_context() {
+    let fake = Fake::default();
+    let url = fake.serve().await;
+    fake.then(text("One done."))
+        .then(text("Two done."))
+        .then(text("Uno done."));
+    let (o, _d) = organism(&url, "    context: {history: thread, max_messages: 10}");
+    let first = inject(&o, "planner", "<Task><goal>one</goal></Task>", None);
+    settle(&o, &first.thread_id).await;
+    let t = first.thread_id.to_string();
+    inject(&o, "planner", "<Task><goal>two</goal></Task>", Some(&t));
+    settle(&o, &t).await;
+    // Back to the first task, edited: the rest is superseded.
+    let req = agentserver::pump::RewindRequest {
+        to: &first.message_id,
+        payload_xml: Some("<Task><goal>uno</goal></Task>"),
+        ..Default::default()
+    };
+    let (plan, _) = o.rewind(&t, &req).unwrap();
+    assert_eq!(plan.superseded.len(), 3);
+    settle(&o, &t).await;
+    let third = &fake.requests()[2]["messages"];
+    assert_eq!(third.as_array().unwrap().len(), 2, "{third}");
+    assert!(
+        third[1]["content"].as_str().unwrap().contains("uno"),
+        "{third}"
+    );
+}
+
 fn organism(base_url: &str, extra: &str) -> (Organism, tempfile::TempDir) {
     organism_stored(base_url, extra, "memory")
 }

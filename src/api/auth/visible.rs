@@ -106,9 +106,9 @@ pub fn sees_event(
         }
         EventKind::MessageStatus { thread_id, .. } => thread(thread_id),
         EventKind::ThreadUpdated { thread_id, .. } => thread(thread_id),
-        EventKind::ThreadSettings { thread_id, .. } | EventKind::ThreadLabels { thread_id, .. } => {
-            thread(thread_id)
-        }
+        EventKind::ThreadSettings { thread_id, .. }
+        | EventKind::ThreadLabels { thread_id, .. }
+        | EventKind::ThreadRewound { thread_id, .. } => thread(thread_id),
         EventKind::ThreadCreated { thread: t } => {
             scope.sees_thread(&t.participants) || thread(&t.id)
         }

@@ -121,6 +121,9 @@ async fn run(
         Command::Fork(t, body) => {
             out = crate::api::fork::over_ws(&organism, &seen, &t, *body).await?;
         }
+        Command::Rewind(t, body) => {
+            out = crate::api::rewind::over_ws(&organism, &seen, &t, *body).await?;
+        }
         Command::Settings(t, patch) => {
             see_thread(&organism, &scope, &t)?;
             out = crate::api::settings::change_answered(&organism, &scope, &t, *patch)?;
@@ -179,7 +182,7 @@ fn see_thread(
 
 fn unknown_command(cmd: &str) -> ApiError {
     ApiError::bad_request(format!(
-        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, retry, fork, approve, reject, answer, reload, stop)"
+        "unknown command `{cmd}` (known: subscribe, inject, pause, resume, kill, abort, settings, retry, fork, rewind, approve, reject, answer, reload, stop)"
     ))
     .at("cmd")
 }
@@ -191,6 +194,21 @@ fn text(map: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError>
         Some(Value::String(v)) => Ok(Some(v.clone())),
         Some(_) => Err(ApiError::bad_request(format!("`{key}` must be text")).at(key)),
     }
+}
+
+/// A command on a thread: its `thread_id`, and the rest of its fields read as the REST
+/// route's body `T`.
+fn on_thread<T: serde::de::DeserializeOwned>(
+    cmd: &str,
+    mut map: Map<String, Value>,
+) -> Result<(String, T), ApiError> {
+    let t = text(&map, "thread_id")?.ok_or_else(|| {
+        ApiError::bad_request(format!("`{cmd}` needs a `thread_id`")).at("thread_id")
+    })?;
+    map.remove("thread_id");
+    let body = serde_json::from_value(Value::Object(map))
+        .map_err(|e| ApiError::bad_request(format!("bad {cmd}: {e}")))?;
+    Ok((t, body))
 }
 
 /// A command on an input: its `input_id`, and the rest of its fields read as the REST
@@ -228,6 +246,8 @@ enum Command {
     /// A thread, and the fork's body (the REST route's, the new thread's id as
     /// `new_thread_id`).
     Fork(String, Box<crate::api::fork::ForkBody>),
+    /// A thread, and the rewind's body (the REST route's).
+    Rewind(String, Box<crate::api::rewind::RewindBody>),
     /// A thread, and the change of its settings (the REST route's body).
     Settings(String, Box<crate::api::settings::ThreadPatch>),
     /// An input, and the decision's body.
@@ -314,6 +334,10 @@ impl Command {
                     .map_err(|e| ApiError::bad_request(format!("bad fork: {e}")))?;
                 Command::Fork(t, Box::new(body))
             }
+            "rewind" => {
+                let (t, body) = on_thread(cmd, map)?;
+                Command::Rewind(t, Box::new(body))
+            }
             "settings" => {
                 let mut map = map;
                 let t = text(&map, "thread_id")?.ok_or_else(|| {
@@ -348,9 +372,11 @@ impl Command {
             Command::Subscribe(_) => On::Session,
             Command::Inject(..) | Command::ReloadAgent(_) => On::Agent,
             Command::Pause(a) | Command::Resume(a) if a.is_some() => On::Agent,
-            Command::Kill(_) | Command::Abort(..) | Command::Settings(..) | Command::Fork(..) => {
-                On::Thread
-            }
+            Command::Kill(_)
+            | Command::Abort(..)
+            | Command::Settings(..)
+            | Command::Fork(..)
+            | Command::Rewind(..) => On::Thread,
             Command::Approve(..) | Command::Reject(..) | Command::Answer(..) => On::Input,
             Command::Retry(..) => On::Message,
             Command::Pause(_) | Command::Resume(_) | Command::Reload { .. } | Command::Stop => {
@@ -381,6 +407,7 @@ fn audited_command(cmd: &str, map: &Map<String, Value>) -> Option<String> {
             | "settings"
             | "retry"
             | "fork"
+            | "rewind"
             | "approve"
             | "reject"
             | "answer"

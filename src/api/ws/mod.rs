@@ -69,7 +69,7 @@ pub struct WsQuery {
 }
 
 #[utoipa::path(get, path = "/ws", tag = "streams", params(WsQuery),
-    responses((status = 101, description = "WebSocket: a `connected` snapshot, then every event (JSON frames with `event`, `seq`, `timestamp`); commands `subscribe`, `inject`, `pause`, `resume`, `kill`, `abort`, `settings`, `retry`, `fork`, `approve`, `reject`, `answer`, `reload`, `stop`, answered by `ack` or `error` with the `request_id`"),
+    responses((status = 101, description = "WebSocket: a `connected` snapshot, then every event (JSON frames with `event`, `seq`, `timestamp`); commands `subscribe`, `inject`, `pause`, `resume`, `kill`, `abort`, `settings`, `retry`, `fork`, `rewind`, `approve`, `reject`, `answer`, `reload`, `stop`, answered by `ack` or `error` with the `request_id`"),
               (status = 400, description = "Bad query parameter", body = super::error::ErrorResponse)))]
 pub async fn ws_events(
     ws: WebSocketUpgrade,
