@@ -95,6 +95,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
             message_count: 3,
             error: None,
             paused: false,
+            labels: None,
         },
         p if p % 2 == 1 => EventKind::Message {
             message: MessageRecord {

@@ -38,6 +38,21 @@ pub struct Filter {
     /// by a `folded` frame of `kind: delta` (the message they end in is the record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_deltas_per_s: Option<u64>,
+    /// Events of threads with these labels (`key:value`, `key:v1,v2` for either; all must
+    /// hold), without these (`label!`), with a label of this key (`has_label`) or without
+    /// (`no_label`): `/threads`'s label tests, held against a thread's labels as they are
+    /// when its event is sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub label: Vec<String>,
+    #[serde(default, rename = "label!", skip_serializing_if = "Vec::is_empty")]
+    pub not_label: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub has_label: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_label: Vec<String>,
+    /// The label tests read ([`Filter::prepare`]).
+    #[serde(skip)]
+    label_tests: Vec<crate::threads::LabelTest>,
     /// `agents` compiled ([`Filter::prepare`]): one automaton for every glob, so matching a
     /// name costs time linear in the name, however many globs there are.
     #[serde(skip)]
@@ -140,7 +155,15 @@ impl Filter {
             }
         }
         self.compiled = AgentGlobs(compile_globs(&self.agents).map_err(|m| (m, "agents"))?);
+        let (is, not) = (&self.label, &self.not_label);
+        self.label_tests = super::labels::tests_of(is, not, &self.has_label, &self.no_label)
+            .map_err(|e| (e.body.message, "label"))?;
         Ok(())
+    }
+
+    /// The label tests a thread's events must pass (none: every thread's).
+    pub fn label_tests(&self) -> &[crate::threads::LabelTest] {
+        &self.label_tests
     }
 
     /// Checks the event names; an unknown one is an error naming it.
@@ -181,7 +204,7 @@ impl Filter {
             coalesce_ms: None,
             max_messages_per_s: None,
             max_deltas_per_s: None,
-            compiled: AgentGlobs::default(),
+            ..Filter::default()
         }
     }
 

@@ -218,6 +218,9 @@ enum Kind<'a> {
         /// Shown only when it is.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         paused: bool,
+        /// Shown only when it has any.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        labels: Option<&'a crate::threads::Labels>,
     },
     ThreadSettings {
         thread_id: &'a str,
@@ -387,12 +390,14 @@ impl<'a> Kind<'a> {
                 message_count,
                 error,
                 paused,
+                labels,
             } => Kind::ThreadUpdated {
                 thread_id,
                 status: (*status).into(),
                 message_count: *message_count,
                 error: error.as_deref(),
                 paused: *paused,
+                labels: labels.as_deref(),
             },
             EventKind::ThreadSettings { .. }
             | EventKind::ThreadLabels { .. }
@@ -487,6 +492,7 @@ mod tests {
             message_count: 3,
             error: None,
             paused: false,
+            labels: None,
         });
         let ev = rx.try_recv().unwrap();
         let frame = event_frame(&ev, &organism).unwrap();

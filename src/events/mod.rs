@@ -211,6 +211,8 @@ pub enum EventKind {
         error: Option<String>,
         /// Paused (`POST /threads/{id}/pause`): its queued messages wait.
         paused: bool,
+        /// Its labels now (none: it has none).
+        labels: Option<Arc<crate::threads::Labels>>,
     },
     /// A thread was rewound to message `to`: the messages between it and `rewind.before`
     /// (`superseded` of them) are superseded.

@@ -55,6 +55,8 @@ pub(super) enum WireKind {
         error: Option<String>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         paused: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        labels: Option<crate::threads::Labels>,
     },
     ThreadSettings {
         thread_id: Arc<str>,
@@ -419,12 +421,14 @@ impl From<&EventKind> for WireKind {
                 message_count,
                 error,
                 paused,
+                labels,
             } => WireKind::ThreadUpdated {
                 thread_id: thread_id.clone(),
                 status: *status,
                 message_count: *message_count,
                 error: error.clone(),
                 paused: *paused,
+                labels: labels.as_deref().cloned(),
             },
             EventKind::ThreadSettings { .. }
             | EventKind::ThreadLabels { .. }
@@ -533,12 +537,14 @@ impl From<WireKind> for EventKind {
                 message_count,
                 error,
                 paused,
+                labels,
             } => EventKind::ThreadUpdated {
                 thread_id,
                 status,
                 message_count,
                 error,
                 paused,
+                labels: labels.filter(|l| !l.is_empty()).map(Arc::new),
             },
             k @ (WireKind::ThreadSettings { .. }
             | WireKind::ThreadLabels { .. }

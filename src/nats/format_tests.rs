@@ -113,6 +113,7 @@ fn events() -> Vec<Event> {
             message_count: 3,
             error: Some("budget".into()),
             paused: false,
+            labels: None,
         },
         EventKind::Error {
             thread_id: None,
@@ -189,6 +190,9 @@ fn thread_edits() -> [EventKind; 3] {
         message_count: 4,
         error: None,
         paused: true,
+        labels: Some(Arc::new(
+            [("customer".to_string(), "acme".to_string())].into(),
+        )),
     };
     let rewound = EventKind::ThreadRewound {
         thread_id: "t1".into(),

@@ -478,6 +478,7 @@ impl Shared {
             message_count: c.message_count,
             error: c.error,
             paused: c.paused,
+            labels: c.labels,
         });
     }
 

@@ -92,6 +92,7 @@ impl Entry {
             message_count: self.count(),
             error: self.error.clone(),
             paused: self.paused,
+            labels: self.labels.clone(),
         }
     }
 

@@ -147,6 +147,7 @@ pub struct StatusChange {
     pub message_count: u64,
     pub error: Option<String>,
     pub paused: bool,
+    pub labels: Option<Arc<super::Labels>>,
 }
 
 /// What [`ThreadRegistry::open`](super::ThreadRegistry::open) did.

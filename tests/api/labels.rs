@@ -455,3 +455,83 @@ async fn a_batch_acts_on_exactly_what_its_filter_counts_and_a_tenant_on_its_own(
         "{notes:?}"
     );
 }
+
+/// A `/ws` subscription by labels: only the events of threads whose labels pass, as they
+/// are when each event is sent (a label added later lets the thread's next events through).
+#[tokio::test]
+async fn a_ws_subscription_by_label_sends_only_the_threads_it_names() {
+    let s = served("memory").await;
+    let o = &s.organism;
+    let labelled = |c: &str| {
+        let mut l = BTreeMap::new();
+        l.insert("customer".to_string(), c.to_string());
+        l
+    };
+    let mut ws = ws_connect(&s.ws_url("/ws")).await;
+    assert_eq!(next_json(&mut ws).await["event"], "connected");
+    // A malformed test is refused where it is.
+    send_json(
+        &mut ws,
+        json!({"cmd": "subscribe", "request_id": "bad", "label": ["nocolon"]}),
+    )
+    .await;
+    let err = read_until(&mut ws, |f| f["request_id"] == "bad")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(
+        (&err["event"], &err["where"]),
+        (&json!("error"), &json!("label")),
+        "{err}"
+    );
+    let sub = json!({"cmd": "subscribe", "request_id": "s", "label": ["customer:a1,a2"], "events": ["message", "thread_updated"]});
+    send_json(&mut ws, sub).await;
+    let ack = read_until(&mut ws, |f| f["request_id"] == "s")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(ack["event"], "ack", "{ack}");
+
+    let inject_as = |c: &str, text: &str, thread: Option<&str>| {
+        let req = agentserver::InjectRequest {
+            from: "api".into(),
+            to: "c".into(),
+            payload_xml: format!("<Note>{text}</Note>"),
+            thread_id: thread.map(str::to_string),
+        };
+        o.inject_labelled(req, None, Some(&labelled(c)))
+            .unwrap()
+            .thread_id
+            .to_string()
+    };
+    let b = inject_as("b", "not-for-you", None);
+    let a = inject_as("a2", "for-you", None);
+    let frames = read_until(&mut ws, |f| f["event"] == "message").await;
+    let first = frames.last().unwrap();
+    assert_eq!(first["message"]["thread_id"], json!(a), "{first}");
+    // The other thread relabelled: its next message passes.
+    let (code, _) = s
+        .http
+        .patch(s.url(&format!("/api/v1/threads/{b}")))
+        .json(&json!({"labels": {"customer": "a1"}}))
+        .send()
+        .await
+        .map(|r| (r.status().as_u16(), ()))
+        .unwrap();
+    assert_eq!(code, 200);
+    inject(o, "c", "<Note>now-yes</Note>", Some(&b));
+    let frames = read_until(&mut ws, |f| f["event"] == "message").await;
+    let next = frames.last().unwrap();
+    assert_eq!(next["message"]["thread_id"], json!(b), "{next}");
+    assert!(next["message"]["payload_xml"]
+        .as_str()
+        .unwrap()
+        .contains("now-yes"));
+    // `thread_updated` carries the thread's labels.
+    let frames = read_until(&mut ws, |f| {
+        f["event"] == "thread_updated" && f["thread_id"] == json!(b)
+    })
+    .await;
+    let update = frames.last().unwrap();
+    assert_eq!(update["labels"], json!({"customer": "a1"}), "{update}");
+}

@@ -62,7 +62,7 @@ impl<S: Source> Session<S> {
         let passes = match self.ep {
             Endpoint::Events => self.filter.passes(ev),
             Endpoint::Messages => self.filter.passes_message(ev),
-        };
+        } && self.labels_pass(ev);
         // Held back before it is written out: a folded event costs no rendering.
         if !passes || (self.ep == Endpoint::Events && self.folding.hold(&self.filter, ev)) {
             return;
@@ -87,6 +87,17 @@ impl<S: Source> Session<S> {
             EventKind::Message { .. } => self.hold(frame.clone(), ev.seq, true),
             _ => self.hold(frame.clone(), ev.seq, false),
         }
+    }
+
+    /// Whether the thread of `ev` (if it has one) passes the filter's label tests, with its
+    /// labels as they are now.
+    fn labels_pass(&self, ev: &Event) -> bool {
+        let tests = self.filter.label_tests();
+        let Some(thread) = ev.kind.thread_id().filter(|_| !tests.is_empty()) else {
+            return true;
+        };
+        let labels = self.source.thread_labels(thread).ok().flatten();
+        tests.iter().all(|t| t.holds(labels.as_deref()))
     }
 
     fn hold(&mut self, frame: Utf8Bytes, seq: u64, message: bool) {

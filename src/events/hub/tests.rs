@@ -10,6 +10,7 @@ fn events_are_numbered_and_their_frames_rendered_once() {
         message_count: 3,
         error: None,
         paused: false,
+        labels: None,
     });
     let ev = rx.try_recv().unwrap();
     assert_eq!(ev.seq, 1);

@@ -198,6 +198,7 @@ fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_free
             message_count: 60,
             error: Some("budget".into()),
             paused: false,
+            labels: None,
         },
     );
     crate::testing::wait_until("the write failure is reported", || {

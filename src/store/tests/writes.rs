@@ -134,6 +134,7 @@ fn coalescing_keeps_what_a_batch_writes() {
             message_count: 1,
             error: None,
             paused: false,
+            labels: None,
         }),
         Op::Seq(9),
     ];
@@ -327,6 +328,7 @@ fn a_thread_begun_again_under_a_stored_id_keeps_its_row_and_gets_its_messages() 
             message_count: 2,
             error: None,
             paused: false,
+            labels: None,
         },
     );
     store.flush(2);
