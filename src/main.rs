@@ -137,15 +137,8 @@ enum Command {
     Tail {
         #[command(flatten)]
         server: ServerArgs,
-        /// Only messages from or to agents matching this glob (`shout*`).
-        #[arg(long)]
-        agent: Option<String>,
-        /// Only this thread: its history first, then live (its event stream).
-        #[arg(long)]
-        thread: Option<String>,
-        /// Only this payload type (`Local` or `{namespace}Local`).
-        #[arg(long = "type")]
-        payload_type: Option<String>,
+        #[command(flatten)]
+        filter: TailFilter,
         /// Print the raw JSON frames instead of lines.
         #[arg(long)]
         json: bool,
@@ -207,6 +200,17 @@ enum Command {
         /// Print the server's JSON answer.
         #[arg(long)]
         json: bool,
+    },
+    /// Fork, rewind, pause or resume a thread, retry a message, or act on every thread a
+    /// filter finds, on a running server.
+    Threads {
+        #[command(flatten)]
+        server: ServerArgs,
+        /// Print the server's JSON answers.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        action: client::threads::ThreadsCommand,
     },
     /// Upload, list, deploy and roll back an agent's script versions on a running server.
     Scripts {
@@ -299,6 +303,13 @@ fn main() -> ExitCode {
         } => with_runtime(agent_command("abort", server, async move |r| {
             client::inputs::abort(r, &thread, reason, json).await
         })),
+        Command::Threads {
+            server,
+            json,
+            action,
+        } => with_runtime(agent_command("threads", server, async move |r| {
+            client::threads::threads(r, action, json).await
+        })),
         Command::Scripts {
             server,
             json,
@@ -308,19 +319,9 @@ fn main() -> ExitCode {
         })),
         Command::Tail {
             server,
-            agent,
-            thread,
-            payload_type,
+            filter,
             json,
-        } => with_runtime(tail(
-            server,
-            TailFilter {
-                agent,
-                thread,
-                payload_type,
-            },
-            json,
-        )),
+        } => with_runtime(tail(server, filter, json)),
         Command::Inject {
             server,
             to,

@@ -132,6 +132,16 @@ pub async fn websocket(
 }
 
 impl WebSocket {
+    /// Sends one text frame.
+    pub async fn send_text(&mut self, text: String) -> Result<(), Failure> {
+        use futures_util::SinkExt;
+        use tokio_tungstenite::tungstenite::Message;
+        self.0
+            .send(Message::Text(text.into()))
+            .await
+            .map_err(Into::into)
+    }
+
     /// The next text frame, or how the stream ended; `None` once it has.
     pub async fn next(&mut self) -> Option<Frame> {
         use futures_util::StreamExt;

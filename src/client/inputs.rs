@@ -60,7 +60,7 @@ pub enum InputsCommand {
 
 /// A payload argument as the API takes it: `payload_xml` for XML, `payload` for JSON;
 /// `@FILE` reads a file.
-fn payload_fields(arg: &str) -> Result<Value, Failed> {
+pub(super) fn payload_fields(arg: &str) -> Result<Value, Failed> {
     let text = match arg.strip_prefix('@') {
         Some(path) => read(&PathBuf::from(path))?,
         None => arg.to_string(),

@@ -6,6 +6,7 @@ mod follow;
 pub mod inputs;
 pub mod keys;
 pub mod stream;
+pub mod threads;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -198,11 +199,40 @@ impl ServerArgs {
 }
 
 /// `tail` filters; each maps to a `/ws/messages` query parameter.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, clap::Args)]
 pub struct TailFilter {
+    /// Only messages from or to agents matching this glob (`shout*`).
+    #[arg(long)]
     pub agent: Option<String>,
+    /// Only this thread: its history first, then live (its event stream).
+    #[arg(long)]
     pub thread: Option<String>,
+    /// Only this payload type (`Local` or `{namespace}Local`).
+    #[arg(long = "type")]
     pub payload_type: Option<String>,
+    /// Only threads with this label, `KEY:VALUE` (`KEY:V1,V2` for either); repeatable, all
+    /// must hold (sent as a `subscribe` command: the query string does not carry them).
+    #[arg(long = "label", value_name = "KEY:VALUE")]
+    pub labels: Vec<String>,
+}
+
+impl TailFilter {
+    /// The `subscribe` command that asks for this filter, labels included.
+    fn subscribe(&self) -> Value {
+        fn list(v: &Option<String>) -> Vec<&str> {
+            v.as_deref()
+                .map(|s| s.split(',').collect())
+                .unwrap_or_default()
+        }
+        serde_json::json!({
+            "cmd": "subscribe",
+            "request_id": "tail",
+            "agents": list(&self.agent),
+            "threads": list(&self.thread),
+            "payload_types": list(&self.payload_type),
+            "label": self.labels,
+        })
+    }
 }
 
 fn encode(v: &str) -> String {
@@ -334,6 +364,13 @@ pub async fn tail(
             eprintln!("agentserver tail: {glob}");
         }
     }
+    if !filter.labels.is_empty() {
+        let ask = filter.subscribe().to_string();
+        socket
+            .send_text(ask)
+            .await
+            .map_err(|e| ClientError::Ended(format!(" ({})", with_causes(&*e))))?;
+    }
     while let Some(frame) = socket.next().await {
         let text = match frame {
             Frame::Text(t) => t,
@@ -357,6 +394,13 @@ pub async fn tail(
                 out.flush()?;
             }
             None => match value.get("event").and_then(Value::as_str) {
+                Some("error") => {
+                    let (m, at) = (&value["message"], &value["where"]);
+                    return Err(ClientError::Refused {
+                        status: 400,
+                        body: format!("{} (at {})", m.as_str().unwrap_or(""), at),
+                    });
+                }
                 Some("dropped") => eprintln!(
                     "agentserver tail: {} message frame(s) dropped (seq {} to {}): this terminal is too slow",
                     value["count"], value["from_seq"], value["to_seq"]
@@ -510,6 +554,7 @@ mod tests {
             agent: Some("shout*".into()),
             thread: None,
             payload_type: Some("{urn:x}A b".into()),
+            labels: Vec::new(),
         };
         assert_eq!(
             tail_url("http://127.0.0.1:1/", &f).unwrap(),

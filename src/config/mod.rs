@@ -322,6 +322,7 @@ pub fn load_str_layered(
         allowed_origins: organism.allowed_origins,
         allowed_hosts: organism.allowed_hosts,
         dashboard: organism.dashboard.unwrap_or(true),
+        payload_search: organism.search.as_ref().is_some_and(|s| s.payload_text),
         retention,
         listen: organism
             .listen
@@ -483,6 +484,13 @@ fn check_organism(
             Some("auth.keys_file"),
             "missing: with `store: memory` and `keys` in auth.methods, the keys live in a file \
              (agentserver keys create writes it)",
+        );
+    }
+    if store.is_none() && organism.search.as_ref().is_some_and(|s| s.payload_text) {
+        c.push(
+            None,
+            Some("organism.search.payload_text"),
+            "needs a store file: the index of payloads' words is kept in it (not with `store: memory`)",
         );
     }
     let mut retention = Retention::default();

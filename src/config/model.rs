@@ -65,6 +65,16 @@ pub(crate) struct OrganismSection {
     /// Serve the dashboard at `/` (default true).
     pub dashboard: Option<bool>,
     pub nats: Option<NatsSection>,
+    pub search: Option<SearchSection>,
+}
+
+/// `organism.search`: what `q=` on `/threads` looks in beyond ids, labels and errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SearchSection {
+    /// Payload text too, through a full-text index the store keeps (default false).
+    #[serde(default)]
+    pub payload_text: bool,
 }
 
 /// Where a listener's handler runs.
@@ -345,6 +355,8 @@ pub struct OrganismConfig {
     /// The API serves the dashboard at `/` (`organism.dashboard`, default true; read at
     /// start).
     pub dashboard: bool,
+    /// `organism.search.payload_text`: `q=` finds threads by their payloads' text too.
+    pub payload_search: bool,
     /// `models:`: what `kind: llm` listeners call, by name.
     pub models: std::collections::BTreeMap<String, Arc<super::llm::ModelConfig>>,
     pub limits: Limits,

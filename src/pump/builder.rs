@@ -176,6 +176,7 @@ impl OrganismBuilder {
         };
         if let Some(s) = &store {
             s.set_read_budget(std::time::Duration::from_millis(config.limits.max_query_ms));
+            s.search_payloads(config.payload_search)?;
         }
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
         let inputs_table = match &config.store {

@@ -234,6 +234,13 @@ impl Shared {
         self.reloading.lua_targets.set(&config);
         self.budgets.set(config.tenants.clone());
         let retention_changed = config.retention != current.config.retention;
+        if config.payload_search != current.config.payload_search {
+            if let Some(store) = &self.store {
+                if let Err(e) = store.search_payloads(config.payload_search) {
+                    tracing::warn!("organism.search.payload_text not changed: {e}");
+                }
+            }
+        }
         let next = Arc::new(Topology {
             config: Arc::new(config),
             listeners,

@@ -89,6 +89,7 @@ mod open;
 mod prune;
 mod query;
 mod replay;
+mod search;
 #[cfg(test)]
 mod tests;
 mod thread_fields;
@@ -208,6 +209,8 @@ pub struct Store {
     reader: Mutex<Connection>,
     /// How long one read may run (`limits.max_query_ms`), in milliseconds.
     read_budget_ms: std::sync::atomic::AtomicU64,
+    /// `q=` looks in payloads' text (`search.rs`).
+    payload_search: std::sync::atomic::AtomicBool,
     health: Arc<Health>,
     recovered: Recovered,
     /// `<file>.lock`, locked (`flock`) while this store is open, so a second process (or a

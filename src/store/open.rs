@@ -388,6 +388,9 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
 "#,
     // v19: a thread's rewinds (JSON: `[{after, before}]`), the slots each superseded.
     "ALTER TABLE threads ADD COLUMN rewinds TEXT;",
+    // v20: payloads' words, by message `seq`, written while `organism.search.payload_text`
+    // is on (`search.rs`).
+    "CREATE VIRTUAL TABLE message_text USING fts5(text, content='', contentless_delete=1);",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),
@@ -629,6 +632,7 @@ impl Store {
             read_budget_ms: std::sync::atomic::AtomicU64::new(
                 crate::config::Limits::default().max_query_ms,
             ),
+            payload_search: Default::default(),
             health,
             recovered: Recovered {
                 last_seq,

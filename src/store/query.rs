@@ -422,7 +422,7 @@ impl Store {
         if let Some(u) = filter.until {
             w.and("created_at < ?", [V::Integer(u.0 as i64)]);
         }
-        super::thread_fields::label_clauses(&mut w, filter);
+        super::thread_fields::label_clauses(&mut w, filter, self.searches_payloads());
         self.read(|tx| {
             let (total, rows) = count_and_page(
                 tx,

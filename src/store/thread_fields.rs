@@ -6,7 +6,7 @@ use super::{in_list, Where};
 use crate::threads::ThreadFilter;
 
 /// `/threads`'s label tests and `q`, as clauses over `thread_labels` (by key and value).
-pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter) {
+pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter, payloads: bool) {
     use crate::threads::LabelTest;
     use rusqlite::types::Value as V;
     // The threads a test names, found by key and value (the table's key): the set SQLite
@@ -27,12 +27,17 @@ pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter) {
         }
     }
     if let Some(q) = &filter.q {
-        w.and(
-            "(instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR EXISTS (SELECT 1 FROM \
-             thread_labels l WHERE l.thread = threads.n AND (instr(l.key, ?) > 0 OR \
-             instr(l.value, ?) > 0)))",
-            std::iter::repeat_n(V::Text(q.clone()), 4),
-        );
+        let mentions = "instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR EXISTS \
+             (SELECT 1 FROM thread_labels l WHERE l.thread = threads.n AND \
+             (instr(l.key, ?) > 0 OR instr(l.value, ?) > 0))";
+        let text = std::iter::repeat_n(V::Text(q.clone()), 4);
+        match super::search::phrase(q).filter(|_| payloads) {
+            Some(phrase) => w.and(
+                format!("({mentions} OR n IN {})", super::search::THREADS_MATCHING),
+                text.chain([V::Text(phrase)]),
+            ),
+            None => w.and(format!("({mentions})"), text),
+        }
     }
 }
 

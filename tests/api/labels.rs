@@ -535,3 +535,55 @@ async fn a_ws_subscription_by_label_sends_only_the_threads_it_names() {
     let update = frames.last().unwrap();
     assert_eq!(update["labels"], json!({"customer": "a1"}), "{update}");
 }
+
+/// `q=` finds threads by their payloads' words with `organism.search.payload_text` (an
+/// FTS5 index in the store), not without; any text is a phrase, never a query syntax error.
+#[tokio::test]
+async fn q_finds_payload_words_only_with_payload_search_on() {
+    for on in [true, false] {
+        let (o, dir) = organism_with(Organism::builder(), "", "breadth-first", CHAIN);
+        drop(o);
+        let path = dir.path().join("organism.yaml");
+        let search = if on {
+            "\n  search: {payload_text: true}"
+        } else {
+            ""
+        };
+        let yaml = std::fs::read_to_string(&path)
+            .unwrap()
+            .replace("store: memory", &format!("store: s.db{search}"));
+        std::fs::write(&path, yaml).unwrap();
+        let o = Organism::builder().load(&path).unwrap();
+        let s = Served::over(o, dir, ApiOptions::default()).await;
+        let t = s.inject_note("a", "the quick brown fox").await;
+        assert_eq!(
+            settle(&s.organism, &t).await,
+            agentserver::threads::ThreadStatus::Completed
+        );
+        s.inject_note("c", "a lazy dog").await;
+        let want = u64::from(on);
+        assert_eq!(total(&s, "q=brown%20fox").await, want, "on: {on}");
+        assert_eq!(total(&s, "q=fox%20brown").await, 0, "a phrase, in order");
+        assert_eq!(total(&s, "q=zebra").await, 0);
+        for odd in [
+            "%22a%22%20OR%20b*",
+            "NEAR(",
+            "%3A%3A",
+            "-x",
+            "%C3%A9t%C3%A9",
+        ] {
+            let (code, body) = s.get(&format!("/api/v1/threads?q={odd}")).await;
+            assert_eq!(code, 200, "{odd}: {body}");
+        }
+    }
+    // Without a store there is no index to keep: refused, saying where.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(&path, format!("organism: {{name: m, store: memory, search: {{payload_text: true}}}}\nlisteners:\n{CHAIN}\n")).unwrap();
+    let e = Organism::builder().load(&path).err().expect("refused");
+    assert!(
+        e.to_string().contains("organism.search.payload_text"),
+        "{e}"
+    );
+}

@@ -6,3 +6,4 @@ mod child;
 
 mod local;
 mod remote;
+mod threads;

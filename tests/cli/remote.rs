@@ -10,7 +10,7 @@ use std::sync::mpsc;
 
 /// Spawns a command and forwards its stdout lines to a channel (stderr goes where the
 /// command says: inherited unless set).
-fn spawn_lines(mut cmd: Command) -> (Running, mpsc::Receiver<String>) {
+pub(crate) fn spawn_lines(mut cmd: Command) -> (Running, mpsc::Receiver<String>) {
     let mut child = Running::spawn(cmd.stdout(Stdio::piped()));
     let stdout = child.stdout.take().unwrap();
     (child, lines_of(stdout))
@@ -29,13 +29,21 @@ fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String>
     rx
 }
 
-fn line_matching(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> String {
+pub(crate) fn line_matching(rx: &mpsc::Receiver<String>, pred: impl Fn(&str) -> bool) -> String {
     loop {
         let line = rx.recv_timeout(WAIT).expect("the expected line in time");
         if pred(&line) {
             return line;
         }
     }
+}
+
+/// A thread's messages, as the API lists them.
+pub(crate) fn messages_of(url: &str, thread: &str) -> Vec<serde_json::Value> {
+    let url = format!("{url}/api/v1/threads/{thread}/messages");
+    let page: serde_json::Value =
+        block_on(async { http_get(url).await.unwrap().json().await.unwrap() });
+    page["items"].as_array().cloned().unwrap_or_default()
 }
 
 /// Runs one HTTP exchange from these synchronous tests.
@@ -59,7 +67,7 @@ fn metrics(url: &str) -> String {
 }
 
 /// `POST /api/v1/organism/stop`; returns the status.
-fn stop(url: &str) -> u16 {
+pub(crate) fn stop(url: &str) -> u16 {
     block_on(async {
         agentserver::outbound::http_client()
             .unwrap()
@@ -260,7 +268,7 @@ fn demo(store: &str) -> Command {
 }
 
 /// Starts the demo with `store: memory`; returns the process and its URL.
-fn run_demo() -> (Running, String) {
+pub(crate) fn run_demo() -> (Running, String) {
     run_demo_on("memory")
 }
 
