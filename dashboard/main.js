@@ -14,6 +14,7 @@ import './organism.js';
 import './stream.js';
 import './tabs.js';
 import './threads.js';
+import './batch.js';
 
 // For a developer's console and the browser tests: the state and the hooks they drive.
 Object.assign(window, { $, state, api, selectAgent, renderGraph, flushRows, injectTypes, loadInbox });

@@ -45,6 +45,8 @@ export const state = {
   /// threads.js: the thread shown, the page of the list, the message opened in it.
   thread: null,
   threadPage: 0,
+  /// batch.js: the label tests of the threads' search (`key:value`), as chips.
+  labelFilters: [],
   focus: null,
   /// graph.js: the drawing, and whether it changed since it was last drawn (once a frame).
   graph: null,

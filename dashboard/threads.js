@@ -2,7 +2,7 @@
 
 import { setHash } from './address.js';
 import { api, el, local, notice, time } from './api.js';
-import { $, API, state } from './state.js';
+import { $, API, ROLES, state } from './state.js';
 import { selectTab } from './tabs.js';
 
 export const PAGE = 25;
@@ -14,14 +14,20 @@ export async function loadThreads() {
   const q = new URLSearchParams({ limit: String(PAGE), offset: String(state.threadPage * PAGE) });
   const status = String(f.get('status') || '');
   const agent = String(f.get('agent') || '').trim();
+  const text = String(f.get('q') || '').trim();
   if (status) q.set('status', status);
   if (agent) q.set('agent', agent);
+  if (text) q.set('q', text);
+  for (const l of state.labelFilters) q.append('label', l);
   try {
     const page = await api('GET', '/threads?' + q);
     $('thread-list').replaceChildren(...page.items.map((t) => el('li', {},
+      el('input', { type: 'checkbox', 'data-select': t.id, 'aria-label': 'select thread ' + t.id,
+        hidden: !mayOperate() }),
       el('button', { type: 'button', class: 'link thread-' + t.status, 'data-thread': t.id,
         onclick: () => openThread(t.id) }, t.id),
-      ` ${t.status} · ${t.message_count} messages · ${(t.participants || []).join(', ')}`)));
+      ` ${t.status}${t.paused ? ' (paused)' : ''} · ${t.message_count} messages · ${(t.participants || []).join(', ')}`,
+      labelsText(t.labels))));
     const last = Math.max(0, Math.ceil(page.total / PAGE) - 1);
     $('threads-page').textContent = `page ${state.threadPage + 1} of ${last + 1} (${page.total} threads)`;
   } catch (e) {
@@ -32,6 +38,16 @@ export async function loadThreads() {
 $('thread-filters').addEventListener('submit', (ev) => { ev.preventDefault(); state.threadPage = 0; loadThreads(); });
 $('threads-prev').addEventListener('click', () => { state.threadPage = Math.max(0, state.threadPage - 1); loadThreads(); });
 $('threads-next').addEventListener('click', () => { state.threadPage += 1; loadThreads(); });
+
+/// Whether the credential may act on threads (an operator or more).
+export function mayOperate() {
+  return ROLES.indexOf(state.me?.role) >= ROLES.indexOf('operator');
+}
+
+function labelsText(labels) {
+  const shown = Object.entries(labels || {}).filter(([k]) => !k.startsWith('agentserver.'));
+  return shown.length ? ' · ' + shown.map(([k, v]) => `${k}:${v}`).join(', ') : '';
+}
 
 export let threadTimer = null;
 export function openThread(id, message) {
@@ -108,7 +124,14 @@ async function connect(f) {
     f.seq = d.seq;
   });
   on('thread_updated', (d) => {
-    if (f.thread) Object.assign(f.thread, { status: d.status, message_count: d.message_count, error: d.error });
+    if (f.thread) Object.assign(f.thread, { status: d.status, message_count: d.message_count, error: d.error, paused: !!d.paused });
+    f.seq = d.seq;
+  });
+  // What a rewind superseded is kept, greyed.
+  on('thread_rewound', (d) => {
+    for (const m of f.messages.values()) {
+      if (m.slot_index > d.after && m.slot_index < d.before) m.superseded = true;
+    }
     f.seq = d.seq;
   });
   es.onerror = () => {
@@ -140,7 +163,8 @@ function render(f) {
   f.shown = true;
   $('thread').hidden = false;
   $('thread-title').textContent = 'Thread ' + t.id;
-  $('thread-facts').textContent = `${t.status} · ${t.message_count} messages${t.error ? ' · ' + t.error : ''}`;
+  const from = t.forked_from ? ` · forked from ${t.forked_from.thread}` : '';
+  $('thread-facts').textContent = `${t.status}${t.paused ? ' (paused)' : ''} · ${t.message_count} messages${t.error ? ' · ' + t.error : ''}${from}`;
   $('thread-kill').disabled = t.status === 'killed';
   $('thread-abort').disabled = !['active', 'waiting'].includes(t.status);
   const msgs = [...f.messages.values()].sort((a, b) => a.slot_index - b.slot_index);
@@ -163,12 +187,40 @@ function render(f) {
     ...msgs.map((m) => el('li', {}, `${time(m.timestamp)} `, messageText(m))), ...streaming);
 }
 
+const RETRIED = ['failed', 'rejected', 'undeliverable', 'killed'];
+
 export function messageText(m) {
   const type = local(m.payload_type);
-  return el('details', { class: 'status-' + m.status, 'data-message': m.id, open: state.focus === m.id },
-    el('summary', {}, `${m.from} → ${m.to || '—'} ${type} [${m.status}]${m.error ? ' ' + m.error : ''}`),
+  const acts = mayOperate() && state.thread ? [
+    el('button', { type: 'button', 'data-fork': m.id, onclick: () => forkAt(m) }, 'Fork from here'),
+    RETRIED.includes(m.status)
+      ? el('button', { type: 'button', 'data-retry': m.id, onclick: () => retry(m) }, 'Retry') : null,
+  ] : [];
+  const superseded = m.superseded ? ' (superseded)' : '';
+  return el('details', { class: `status-${m.status}${m.superseded ? ' superseded' : ''}`, 'data-message': m.id, open: state.focus === m.id },
+    el('summary', {}, `${m.from} → ${m.to || '—'} ${type} [${m.status}]${superseded}${m.error ? ' ' + m.error : ''}`),
     el('pre', { 'aria-label': 'payload as JSON' }, JSON.stringify(m.payload, null, 2)),
-    el('pre', { 'aria-label': 'payload as XML' }, m.payload_xml || ''));
+    el('pre', { 'aria-label': 'payload as XML' }, m.payload_xml || ''),
+    acts.length ? el('p', { class: 'message-acts' }, acts) : null);
+}
+
+/// A new thread from this message on: its payload as it was, or as edited here.
+async function forkAt(m) {
+  const edited = prompt('Fork from here: the payload it runs with (XML)', m.payload_xml || '');
+  if (edited === null) return;
+  const body = { at: m.id };
+  if (edited !== m.payload_xml) body.payload_xml = edited;
+  try {
+    const f = await api('POST', `/threads/${encodeURIComponent(m.thread_id)}/fork`, body);
+    openThread(f.thread_id);
+  } catch (e) { notice('Fork refused: ' + e.message); }
+}
+
+async function retry(m) {
+  try {
+    await api('POST', `/messages/${encodeURIComponent(m.id)}/retry`, {});
+    openThread(m.thread_id);
+  } catch (e) { notice('Retry refused: ' + e.message); }
 }
 
 $('thread-abort').addEventListener('click', async () => {

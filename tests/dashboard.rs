@@ -1172,3 +1172,135 @@ listeners:
     o.stop().await;
     server.shutdown().await;
 }
+
+/// The threads tab as an operator uses it for time travel and batches: a label chip narrows
+/// the list, the threads ticked are killed together once their count is typed (a wrong
+/// count does nothing), "Fork from here" with an edited payload opens the fork, and what a
+/// rewind superseded is greyed in the open thread.
+#[tokio::test]
+async fn the_threads_tab_forks_batches_by_label_and_greys_what_a_rewind_superseded() {
+    let (o, _d) = organism(Organism::builder(), LISTENERS);
+    let (server, base) = serve(&o).await;
+    let labelled = |customer: &str, n: i64, thread: &str| {
+        let labels = [("customer".to_string(), customer.to_string())].into();
+        let req = agentserver::InjectRequest {
+            from: "api".into(),
+            to: "a".into(),
+            payload_xml: ping(n),
+            thread_id: Some(thread.into()),
+        };
+        o.inject_labelled(req, None, Some(&labels)).unwrap()
+    };
+    for (i, t) in ["acme-1", "acme-2", "acme-3"].iter().enumerate() {
+        let r = labelled("acme", i as i64, t);
+        settle(&o, &r.thread_id).await;
+    }
+    let keep = labelled("zeta", 7, "zeta-1");
+    settle(&o, &keep.thread_id).await;
+
+    let mut c = Chromium::launch().await;
+    c.goto(&format!("{base}/")).await;
+    until_live(&mut c).await;
+    c.click("#tab-threads").await;
+    c.wait("$('thread-list').children.length === 4", "four threads")
+        .await;
+    // A label chip: only acme's.
+    c.fill("#thread-filters [name=label]", "customer:acme")
+        .await;
+    c.click("#label-add").await;
+    c.wait(
+        "$('thread-list').children.length === 3 && $('label-chips').textContent.includes('customer:acme')",
+        "acme's threads and the chip",
+    )
+    .await;
+    assert!(c.text("#thread-list").await.contains("customer:acme"));
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on the threads tab: {found:#?}");
+
+    // Ticked, then a wrong count: nothing is done.
+    c.click("#batch-all").await;
+    c.eval("$('batch-action').value = 'kill'").await;
+    c.click("#batch-apply").await;
+    c.wait(
+        "!$('batch-confirm').hidden && $('batch-count').textContent === '3'",
+        "the confirmation",
+    )
+    .await;
+    c.fill("#batch-typed", "2").await;
+    c.click("#batch-go").await;
+    c.wait(
+        "$('batch-result').textContent === 'Type 3 to confirm.'",
+        "refused",
+    )
+    .await;
+    assert_eq!(
+        o.threads().status("acme-1"),
+        Some(agentserver::threads::ThreadStatus::Completed)
+    );
+    c.fill("#batch-typed", "3").await;
+    c.click("#batch-go").await;
+    c.wait(
+        "$('batch-result').textContent.startsWith('kill: 3 of 3 done')",
+        "killed",
+    )
+    .await;
+    for t in ["acme-1", "acme-2", "acme-3"] {
+        assert_eq!(
+            o.threads().status(t),
+            Some(agentserver::threads::ThreadStatus::Killed)
+        );
+    }
+    assert_eq!(
+        o.threads().status("zeta-1"),
+        Some(agentserver::threads::ThreadStatus::Completed)
+    );
+
+    // Fork from the second message of zeta's thread, its payload edited.
+    c.click("[data-chip='customer:acme']").await;
+    c.fill("#thread-filters [name=id]", "zeta-1").await;
+    c.submit("#thread-filters").await;
+    c.wait(
+        "document.querySelectorAll('#thread-tree [data-fork]').length === 2",
+        "the fork buttons",
+    )
+    .await;
+    let hop = messages(&o, "zeta-1")[1].id.to_string();
+    c.eval("window.prompt = () => '<Ping><n>42</n></Ping>'")
+        .await;
+    c.click(&format!("#thread-tree [data-fork='{hop}']")).await;
+    c.wait(
+        "$('thread-facts').textContent.includes('forked from zeta-1') && $('thread-tree').textContent.includes('<n>42</n>')",
+        "the fork opened, its edit shown",
+    )
+    .await;
+    let fork = c.eval("state.thread").await;
+    let fork = fork.as_str().unwrap().to_string();
+    assert_eq!(
+        settle(&o, &fork).await,
+        agentserver::threads::ThreadStatus::Completed
+    );
+    assert!(messages(&o, &fork)
+        .last()
+        .unwrap()
+        .payload_xml
+        .contains("42"));
+
+    // Rewound from outside, the open thread greys what it superseded.
+    let first = messages(&o, &fork)[0].id.to_string();
+    let req = agentserver::pump::RewindRequest {
+        to: &first,
+        ..Default::default()
+    };
+    o.rewind(&fork, &req).unwrap();
+    c.wait(
+        "document.querySelectorAll('#thread-timeline details.superseded').length === 1",
+        "the superseded message greyed",
+    )
+    .await;
+    let found = c.axe_violations().await;
+    assert!(found.is_empty(), "axe-core on a rewound thread: {found:#?}");
+    keep_screenshot(&mut c, "dashboard-fork-batch").await;
+    drop(c);
+    o.stop().await;
+    server.shutdown().await;
+}

@@ -234,8 +234,11 @@ enum Kind<'a> {
         thread_id: &'a str,
         /// The message rewound to, entering again.
         to: &'a str,
-        /// Messages superseded.
+        /// Messages superseded: those of the thread with a slot above `after` and below
+        /// `before`.
         superseded: u64,
+        after: u64,
+        before: u64,
     },
     Error {
         thread_id: Option<&'a str>,
@@ -301,11 +304,13 @@ impl<'a> Kind<'a> {
                 thread_id,
                 to,
                 superseded,
-                ..
+                rewind,
             } => Kind::ThreadRewound {
                 thread_id,
                 to,
                 superseded: *superseded,
+                after: rewind.after,
+                before: rewind.before,
             },
             _ => Kind::Omitted,
         }

@@ -378,11 +378,13 @@ pub(super) fn snapshot_part(
         .collect();
     let inputs = first.then(|| open_inputs(organism, tenant, thread));
     let schemas = organism.schemas();
+    // Every message, those a rewind superseded marked so.
+    let rewinds = history.rewinds(thread).unwrap_or_default();
     let part = SnapshotPart {
         event: "thread_snapshot",
         thread_id: thread,
         thread: info.map(Thread::from),
-        messages: Message::all(&records, &schemas),
+        messages: Message::marked(&records, &schemas, &rewinds),
         inputs,
         as_of_seq: as_of,
         part: usize::try_from(from).unwrap_or(usize::MAX),
