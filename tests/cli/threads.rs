@@ -126,3 +126,114 @@ fn threads_commands_fork_rewind_pause_and_batch_and_tail_follows_a_label() {
     assert_eq!(wait_exit(&mut server), Some(0));
     drop(tail);
 }
+
+/// The `external_echo` example's binary, built if this run has not (`--all-targets` has).
+fn external_echo() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .unwrap()
+        .join("examples");
+    let bin = dir.join("external_echo");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = std::process::Command::new(cargo)
+            .args(["build", "--example", "external_echo"])
+            .status()
+            .unwrap();
+        assert!(built.success());
+    }
+    bin
+}
+
+/// A fork at the message to a real external agent (`examples/external_echo.rs`, its own
+/// process) forwards it again with the fork's thread id, and the agent's reply by callback
+/// lands in the fork, not in the thread forked.
+#[test]
+fn a_fork_reforwards_to_a_real_external_agent_with_the_forks_thread_id() {
+    use std::io::BufRead;
+    let mut echo = std::process::Command::new(external_echo());
+    echo.args(["127.0.0.1:0"])
+        .env("ECHO_TOKEN", "fork-test")
+        .stdout(std::process::Stdio::piped());
+    let mut echo = crate::child::Running::spawn(&mut echo);
+    let mut out = std::io::BufReader::new(echo.stdout.take().unwrap()).lines();
+    let first = out.next().unwrap().unwrap();
+    let input = first.rsplit(' ').next().unwrap().to_string();
+    assert!(input.ends_with("/input"), "{first}");
+    std::thread::spawn(move || for _ in out {});
+
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/organisms/external-echo.yaml"
+    ))
+    .unwrap()
+    .replace("http://127.0.0.1:8769/input", &input);
+    let path = dir.path().join("echo.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let mut run = agentserver();
+    run.args([
+        "run",
+        path.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "memory",
+    ])
+    .env("ECHO_TOKEN", "fork-test");
+    let (mut server, url) = crate::child::serve(run, std::process::Stdio::inherit());
+
+    let args = [
+        "inject",
+        "--to",
+        "echo-agent",
+        "--wait",
+        r#"{"text": "first"}"#,
+    ];
+    let (code, out, err) = cli(&url, &args);
+    assert_eq!(code, Some(0), "{err}");
+    let thread = json(out.lines().next().unwrap())["thread_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let asked = crate::remote::messages_of(&url, &thread);
+    let question = asked.iter().find(|m| m["to"] == "echo-agent").unwrap();
+    let qid = question["id"].as_str().unwrap();
+
+    let edit = "<Question><text>second</text></Question>";
+    let (code, out, err) = cli(
+        &url,
+        &[
+            "threads",
+            "fork",
+            &thread,
+            "--at",
+            qid,
+            "--payload",
+            edit,
+            "--json",
+        ],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let fork = json(&out)["thread_id"].as_str().unwrap().to_string();
+    crate::child::wait_until("the agent's reply in the fork", || {
+        crate::remote::messages_of(&url, &fork).iter().any(|m| {
+            m["to"] == "logbook"
+                && m["payload_xml"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("you asked: second")
+        })
+    });
+    // The thread forked got no second answer.
+    let original = crate::remote::messages_of(&url, &thread);
+    assert_eq!(original.len(), asked.len());
+    assert!(original
+        .iter()
+        .all(|m| !m["payload_xml"].as_str().unwrap_or("").contains("second")));
+    assert_eq!(stop(&url), 202);
+    assert_eq!(wait_exit(&mut server), Some(0));
+    drop(echo);
+}
