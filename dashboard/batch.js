@@ -5,12 +5,12 @@
 
 import { api, el, notice } from './api.js';
 import { $, state } from './state.js';
-import { loadThreads } from './threads.js';
+import { loadThreads, searchAgain } from './threads.js';
 
 function drawChips() {
   $('label-chips').replaceChildren(...state.labelFilters.map((l) =>
     el('button', { type: 'button', class: 'chip', 'data-chip': l, 'aria-label': `remove label filter ${l}`,
-      onclick: () => { state.labelFilters = state.labelFilters.filter((x) => x !== l); drawChips(); loadThreads(); } },
+      onclick: () => { state.labelFilters = state.labelFilters.filter((x) => x !== l); drawChips(); searchAgain(); } },
     `${l} ×`)));
 }
 
@@ -22,8 +22,7 @@ $('label-add').addEventListener('click', () => {
   input.value = '';
   notice('');
   drawChips();
-  state.threadPage = 0;
-  loadThreads();
+  searchAgain();
 });
 
 const selected = () => [...document.querySelectorAll('#thread-list [data-select]:checked')].map((c) => c.dataset.select);

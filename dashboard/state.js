@@ -45,9 +45,9 @@ export const state = {
   /// threads.js: the thread shown, the page of the list, the message opened in it.
   thread: null,
   threadPage: 0,
+  focus: null,
   /// batch.js: the label tests of the threads' search (`key:value`), as chips.
   labelFilters: [],
-  focus: null,
   /// graph.js: the drawing, and whether it changed since it was last drawn (once a frame).
   graph: null,
   graphStale: false,
@@ -67,4 +67,5 @@ export function forgetAll() {
   state.sources = new Map();
   if (state.graph) { state.graph.destroy(); state.graph = null; }
   state.inbox = [];
+  state.labelFilters = [];
 }

@@ -35,6 +35,12 @@ export async function loadThreads() {
   }
 }
 
+/// The list again from its first page (a filter changed).
+export function searchAgain() {
+  state.threadPage = 0;
+  loadThreads();
+}
+
 $('thread-filters').addEventListener('submit', (ev) => { ev.preventDefault(); state.threadPage = 0; loadThreads(); });
 $('threads-prev').addEventListener('click', () => { state.threadPage = Math.max(0, state.threadPage - 1); loadThreads(); });
 $('threads-next').addEventListener('click', () => { state.threadPage += 1; loadThreads(); });

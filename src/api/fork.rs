@@ -10,15 +10,14 @@ use std::collections::BTreeMap;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::auth::{unknown_thread, Seen, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
-use crate::config::ListenerKind;
 use crate::pump::{ForkCopy, ForkError, ForkPlan, ForkRequest};
 use crate::threads::valid_thread_id;
 
@@ -71,11 +70,9 @@ pub struct Forked {
     pub copied: usize,
     /// The thread forked and the message forked at.
     pub forked_from: super::view::ForkedFrom,
-    /// Its receiver, and its kind.
-    pub to: String,
-    pub kind: String,
-    /// The receiver acts beyond the organism (`external`) or costs tokens (`llm`).
-    pub side_effects: bool,
+    /// Who runs it again.
+    #[serde(flatten)]
+    pub runs: RunsAgain,
 }
 
 impl Forked {
@@ -89,9 +86,7 @@ impl Forked {
                 thread: thread.to_string(),
                 message: plan.at.id.to_string(),
             },
-            to: plan.to.to_string(),
-            kind: plan.kind.to_string(),
-            side_effects: matches!(plan.kind, ListenerKind::External | ListenerKind::Llm),
+            runs: RunsAgain::of(&plan.to, plan.kind),
         }
     }
 }
@@ -111,12 +106,8 @@ pub async fn fork_thread(
     JsonBody(body): JsonBody<ForkBody>,
 ) -> Result<Response, ApiError> {
     let answer = fork(&s.inner.organism, &scope, &id, body).await?;
-    let status = if answer.thread_id.is_some() {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(answer)).into_response())
+    let made = answer.thread_id.is_some();
+    Ok(made_or_planned(answer, made))
 }
 
 /// The `/ws` `fork` command: its `ack` fields (the REST answer's).

@@ -58,6 +58,36 @@ pub struct RetryBody {
     pub dry_run: bool,
 }
 
+/// Who a retry, fork or rewind runs again, and whether that reaches beyond the organism.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct RunsAgain {
+    /// Its receiver, and its kind.
+    pub to: String,
+    pub kind: String,
+    /// The receiver acts beyond the organism (`external`) or costs tokens (`llm`).
+    pub side_effects: bool,
+}
+
+impl RunsAgain {
+    pub(super) fn of(to: &str, kind: ListenerKind) -> Self {
+        RunsAgain {
+            to: to.to_string(),
+            kind: kind.to_string(),
+            side_effects: matches!(kind, ListenerKind::External | ListenerKind::Llm),
+        }
+    }
+}
+
+/// `201` with what was made, or `200` with what would be (a dry run).
+pub(super) fn made_or_planned(answer: impl Serialize, made: bool) -> Response {
+    let status = if made {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (status, Json(answer)).into_response()
+}
+
 /// A message retried (or that would be).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Retried {
@@ -66,11 +96,9 @@ pub struct Retried {
     pub thread_id: String,
     /// The new message (none for a dry run).
     pub message_id: Option<String>,
-    /// Its receiver, and its kind.
-    pub to: String,
-    pub kind: String,
-    /// The receiver acts beyond the organism (`external`) or costs tokens (`llm`).
-    pub side_effects: bool,
+    /// Who runs it again.
+    #[serde(flatten)]
+    pub runs: RunsAgain,
     /// Its place in its chain of retries (1: a retry of a first try; at most 5).
     pub depth: u32,
 }
@@ -81,9 +109,7 @@ impl Retried {
             retried: plan.message.id.to_string(),
             thread_id: plan.message.thread_id.to_string(),
             message_id,
-            to: plan.to.to_string(),
-            kind: plan.kind.to_string(),
-            side_effects: matches!(plan.kind, ListenerKind::External | ListenerKind::Llm),
+            runs: RunsAgain::of(&plan.to, plan.kind),
             depth: plan.depth,
         }
     }
@@ -105,12 +131,8 @@ pub async fn retry_message(
 ) -> Result<Response, ApiError> {
     let dry_run = body.is_some_and(|JsonBody(b)| b.dry_run);
     let answer = retry_one(&s.inner.organism, &seen.scope, &id, dry_run).await?;
-    let status = if answer.message_id.is_some() {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(answer)).into_response())
+    let made = answer.message_id.is_some();
+    Ok(made_or_planned(answer, made))
 }
 
 /// Retries message `id`, which `scope` must see (else 404), or says what would run.

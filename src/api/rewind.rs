@@ -6,16 +6,15 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::auth::{Seen, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::fork::{ack_fields, edited, unknown_message, ws_thread};
+use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
-use crate::config::ListenerKind;
 use crate::pump::{IfActive, RewindError, RewindPlan, RewindRequest};
 
 /// What a rewind does to a thread with work under way.
@@ -59,11 +58,9 @@ pub struct Rewound {
     pub message_id: Option<String>,
     /// Messages superseded.
     pub superseded: usize,
-    /// Its receiver, and its kind.
-    pub to: String,
-    pub kind: String,
-    /// The receiver acts beyond the organism (`external`) or costs tokens (`llm`).
-    pub side_effects: bool,
+    /// Who runs it again.
+    #[serde(flatten)]
+    pub runs: RunsAgain,
 }
 
 impl Rewound {
@@ -73,9 +70,7 @@ impl Rewound {
             to_message: plan.at.id.to_string(),
             message_id,
             superseded: plan.superseded.len(),
-            to: plan.to.to_string(),
-            kind: plan.kind.to_string(),
-            side_effects: matches!(plan.kind, ListenerKind::External | ListenerKind::Llm),
+            runs: RunsAgain::of(&plan.to, plan.kind),
         }
     }
 }
@@ -95,12 +90,8 @@ pub async fn rewind_thread(
     JsonBody(body): JsonBody<RewindBody>,
 ) -> Result<Response, ApiError> {
     let answer = rewind(&s.inner.organism, &scope, &id, body).await?;
-    let status = if answer.message_id.is_some() {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
-    Ok((status, Json(answer)).into_response())
+    let made = answer.message_id.is_some();
+    Ok(made_or_planned(answer, made))
 }
 
 /// The `/ws` `rewind` command: its `ack` fields (the REST answer's).

@@ -27,9 +27,9 @@ pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter, payloads: bool
         }
     }
     if let Some(q) = &filter.q {
-        let mentions = "instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR EXISTS \
-             (SELECT 1 FROM thread_labels l WHERE l.thread = threads.n AND \
-             (instr(l.key, ?) > 0 OR instr(l.value, ?) > 0))";
+        // The labels' set is read once (not per thread): a scan of `thread_labels`.
+        let mentions = "instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR n IN \
+             (SELECT thread FROM thread_labels WHERE instr(key, ?) > 0 OR instr(value, ?) > 0)";
         let text = std::iter::repeat_n(V::Text(q.clone()), 4);
         match super::search::phrase(q).filter(|_| payloads) {
             Some(phrase) => w.and(
