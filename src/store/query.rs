@@ -146,6 +146,7 @@ pub(super) fn count_and_page<T>(
     select: Select<'_>,
     w: &Where,
     page: Page,
+    known_total: Option<u64>,
     map: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> rusqlite::Result<(u64, Vec<T>)> {
     let Select {
@@ -158,11 +159,14 @@ pub(super) fn count_and_page<T>(
     } else {
         format!("WHERE {}", w.clauses.join(" AND "))
     };
-    let total = tx.query_row(
-        &format!("SELECT COUNT(*) FROM {from} {where_sql}"),
-        params_from_iter(w.args.iter()),
-        |r| get_u64(r, 0),
-    )?;
+    let total = match known_total {
+        Some(n) => n,
+        None => tx.query_row(
+            &format!("SELECT COUNT(*) FROM {from} {where_sql}"),
+            params_from_iter(w.args.iter()),
+            |r| get_u64(r, 0),
+        )?,
+    };
     let mut args = w.args.clone();
     args.push(rusqlite::types::Value::Integer(
         page.limit.min(i64::MAX as usize) as i64,
@@ -303,6 +307,7 @@ impl Store {
                     },
                     &rows.matching,
                     page,
+                    None,
                     row_to_message,
                 )?,
                 Some(rows) => Store::query_blocks(tx, filter, &rows, page)?,
@@ -422,8 +427,16 @@ impl Store {
         if let Some(u) = filter.until {
             w.and("created_at < ?", [V::Integer(u.0 as i64)]);
         }
-        super::thread_fields::label_clauses(&mut w, filter, self.searches_payloads());
+        // Label tests alone are counted from `thread_labels` (`thread_fields::label_plan`).
+        let only = super::thread_fields::labels_only(filter);
+        if only.is_none() {
+            super::thread_fields::label_clauses(&mut w, filter, self.searches_payloads());
+        }
         self.read(|tx| {
+            let known = match only {
+                Some(tests) => Some(super::thread_fields::label_plan(tx, tests, page, &mut w)?),
+                None => None,
+            };
             let (total, rows) = count_and_page(
                 tx,
                 Select {
@@ -433,6 +446,7 @@ impl Store {
                 },
                 &w,
                 page,
+                known,
                 |r| {
                     Ok((
                         r.get::<_, String>(0)?,

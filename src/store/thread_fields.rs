@@ -71,3 +71,131 @@ impl super::Store {
             .unwrap_or_default())
     }
 }
+
+/// A filter of label tests alone (no status, agent, scope, time or `q`): what `thread_labels`
+/// answers by itself ([`label_plan`]).
+pub(super) fn labels_only(filter: &ThreadFilter) -> Option<&[crate::threads::LabelTest]> {
+    let alone = filter.status.is_none()
+        && filter.agent.is_none()
+        && filter.within.is_none()
+        && filter.since.is_none()
+        && filter.until.is_none()
+        && filter.q.is_none();
+    (alone && !filter.labels.is_empty()).then_some(filter.labels.as_slice())
+}
+
+/// Rows scanned in `created_at` order, at most, for a page found row by row.
+const SCAN_ROWS: u64 = 20_000;
+
+/// A label test as a condition on `thread_labels` rows named `t` (what it asks of a label
+/// of the thread: `Is` and `IsNot` by key and values, `Has` and `Lacks` by key), and
+/// whether the thread must have such a label (or must not).
+fn condition(
+    test: &crate::threads::LabelTest,
+    t: &str,
+) -> (String, Vec<rusqlite::types::Value>, bool) {
+    use crate::threads::LabelTest as L;
+    use rusqlite::types::Value as V;
+    let key = |k: &String| V::Text(k.clone());
+    match test {
+        L::Is(k, vs) => (
+            format!("{t}.key = ? AND {t}.value IN ({})", in_list(vs.len())),
+            std::iter::once(key(k))
+                .chain(vs.iter().map(|v| V::Text(v.clone())))
+                .collect(),
+            true,
+        ),
+        L::IsNot(k, v) => (
+            format!("{t}.key = ? AND {t}.value = ?"),
+            vec![key(k), V::Text(v.clone())],
+            false,
+        ),
+        L::Has(k) => (format!("{t}.key = ?"), vec![key(k)], true),
+        L::Lacks(k) => (format!("{t}.key = ?"), vec![key(k)], false),
+    }
+}
+
+/// Label tests alone, answered from `thread_labels` (every row of which has its thread):
+/// the exact count, by the index (the smallest set a positive test names, each other test
+/// checked per row of it; with no positive test, all threads less those any negative test
+/// names); then `w`'s clauses for the page: per row (`EXISTS`), so a scan in `created_at`
+/// order stops at the page, when the matches are many enough that it comes soon; else as
+/// sets (`label_clauses`), read once and sorted.
+pub(super) fn label_plan(
+    tx: &rusqlite::Transaction<'_>,
+    tests: &[crate::threads::LabelTest],
+    page: crate::threads::Page,
+    w: &mut Where,
+) -> rusqlite::Result<u64> {
+    use rusqlite::params_from_iter;
+    let count = |sql: &str, args: &[rusqlite::types::Value]| -> rusqlite::Result<u64> {
+        tx.query_row(sql, params_from_iter(args.iter()), |r| r.get::<_, i64>(0))
+            .map(|n| n.max(0) as u64)
+    };
+    let all = count("SELECT COUNT(*) FROM threads", &[])?;
+    let conditions: Vec<_> = tests.iter().map(|t| condition(t, "x")).collect();
+    // The smallest set a positive test names drives the count.
+    let mut driver: Option<(usize, u64)> = None;
+    for (i, (c, args, positive)) in conditions.iter().enumerate() {
+        if *positive {
+            let n = count(
+                &format!("SELECT COUNT(*) FROM thread_labels x WHERE {c}"),
+                args,
+            )?;
+            if driver.is_none_or(|(_, m)| n < m) {
+                driver = Some((i, n));
+            }
+        }
+    }
+    let matched = match driver {
+        Some((_, 0)) => 0,
+        Some((_, n)) if conditions.len() == 1 => n,
+        Some((d, _)) => {
+            let (c, args, _) = &conditions[d];
+            let mut sql = format!("SELECT COUNT(*) FROM thread_labels x WHERE {c}");
+            let mut all_args = args.clone();
+            let others = tests.iter().enumerate().filter(|(i, _)| *i != d);
+            for (_, test) in others {
+                let (c, args, positive) = condition(test, "y");
+                let not = if positive { "" } else { "NOT " };
+                sql.push_str(&format!(
+                    " AND {not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = x.thread AND {c})"
+                ));
+                all_args.extend(args);
+            }
+            count(&sql, &all_args)?
+        }
+        None => {
+            // Negative tests only: all threads less those any of them names.
+            let sets: Vec<String> = conditions
+                .iter()
+                .map(|(c, _, _)| format!("SELECT thread FROM thread_labels x WHERE {c}"))
+                .collect();
+            let args: Vec<_> = conditions.iter().flat_map(|(_, a, _)| a.clone()).collect();
+            let named = count(
+                &format!("SELECT COUNT(*) FROM ({})", sets.join(" UNION ")),
+                &args,
+            )?;
+            all.saturating_sub(named)
+        }
+    };
+    let wanted = (page.offset + page.limit) as u64;
+    let per_row = matched > 0 && wanted.saturating_mul(all) / matched <= SCAN_ROWS;
+    if per_row {
+        for test in tests {
+            let (c, args, positive) = condition(test, "y");
+            let not = if positive { "" } else { "NOT " };
+            w.and(
+                format!("{not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = threads.n AND {c})"),
+                args,
+            );
+        }
+    } else {
+        let filter = ThreadFilter {
+            labels: tests.to_vec(),
+            ..Default::default()
+        };
+        label_clauses(w, &filter, false);
+    }
+    Ok(matched)
+}
