@@ -372,7 +372,7 @@ impl EventKind {
 }
 
 /// The names of every event type the pump publishes.
-pub const EVENT_NAMES: [&str; 17] = [
+pub const EVENT_NAMES: [&str; 18] = [
     "agent_state",
     "message",
     "message_status",
@@ -380,6 +380,7 @@ pub const EVENT_NAMES: [&str; 17] = [
     "thread_updated",
     "thread_settings",
     "thread_labels",
+    "thread_rewound",
     "error",
     "organism_state",
     "log",
