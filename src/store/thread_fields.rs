@@ -119,8 +119,9 @@ fn condition(
 /// the exact count, by the index (the smallest set a positive test names, each other test
 /// checked per row of it; with no positive test, all threads less those any negative test
 /// names); then `w`'s clauses for the page: per row (`EXISTS`), so a scan in `created_at`
-/// order stops at the page, when the matches are many enough that it comes soon; else as
-/// sets (`label_clauses`), read once and sorted.
+/// order stops at the page, when the matches are many enough that it comes soon; else the
+/// smallest positive set read once and the other tests per row of it, sorted (negative
+/// tests only: as sets, `label_clauses`).
 pub(super) fn label_plan(
     tx: &rusqlite::Transaction<'_>,
     tests: &[crate::threads::LabelTest],
@@ -181,21 +182,32 @@ pub(super) fn label_plan(
     };
     let wanted = (page.offset + page.limit) as u64;
     let per_row = matched > 0 && wanted.saturating_mul(all) / matched <= SCAN_ROWS;
-    if per_row {
-        for test in tests {
-            let (c, args, positive) = condition(test, "y");
-            let not = if positive { "" } else { "NOT " };
-            w.and(
-                format!("{not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = threads.n AND {c})"),
-                args,
-            );
-        }
-    } else {
+    // Few matches: the driver's set read once, the other tests per row of it.
+    let set = driver.map(|(d, _)| d).filter(|_| !per_row);
+    if let Some(d) = set {
+        let (c, args, _) = condition(&tests[d], "x");
+        w.and(
+            format!("n IN (SELECT thread FROM thread_labels x WHERE {c})"),
+            args,
+        );
+    } else if !per_row {
         let filter = ThreadFilter {
             labels: tests.to_vec(),
             ..Default::default()
         };
         label_clauses(w, &filter, false);
+        return Ok(matched);
+    }
+    let others = tests.iter().enumerate().filter(|(i, _)| Some(*i) != set);
+    for (_, test) in others {
+        let (c, args, positive) = condition(test, "y");
+        let not = if positive { "" } else { "NOT " };
+        w.and(
+            format!(
+                "{not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = threads.n AND {c})"
+            ),
+            args,
+        );
     }
     Ok(matched)
 }

@@ -83,7 +83,10 @@ async fn a_rewound_thread_supersedes_what_followed_and_runs_again_from_there() {
         assert_eq!(messages(&o, &t).len(), 5);
 
         // A client that asks for `thread_rewound` events by name gets them.
-        let url = format!("{}/ws?events=thread_rewound", base.replacen("http", "ws", 1));
+        let url = format!(
+            "{}/ws?events=thread_rewound",
+            base.replacen("http", "ws", 1)
+        );
         let mut ws = ws_connect(&url).await;
         assert_eq!(next_json(&mut ws).await["event"], "connected");
         let (code, body) = post(&base, &rewind, json!({"to": second})).await;
