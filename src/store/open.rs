@@ -391,6 +391,10 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
     // v20: payloads' words, by message `seq`, written while `organism.search.payload_text`
     // is on (`search.rs`).
     "CREATE VIRTUAL TABLE message_text USING fts5(text, content='', contentless_delete=1);",
+    // v21: each thread's id, error and labels by trigram, by the thread's number, written
+    // while `organism.search.payload_text` is on (`search.rs`).
+    "CREATE VIRTUAL TABLE thread_text USING fts5(text, tokenize='trigram', content='', \
+     contentless_delete=1);",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

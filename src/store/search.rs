@@ -1,10 +1,12 @@
-//! Payload text search (`organism.search.payload_text`): an FTS5 index of the words of
-//! every message's payload (`message_text`, schema v20, keyed by the message's `seq`, no
-//! copy of the text), kept by triggers on `messages` while the setting is on, so the
-//! writer's own work is unchanged and nothing is written while it is off. Turned off, the
-//! triggers go and the index is emptied; turned on, messages are indexed from then on.
-//! `q=` on `/threads` then also finds a thread one of whose payloads holds its words, in
-//! order (an FTS5 phrase).
+//! Text search (`organism.search.payload_text`): two FTS5 indexes, kept by triggers while
+//! the setting is on, so the writer's own work is unchanged and nothing is written while it
+//! is off: the words of every message's payload (`message_text`, schema v20, by the
+//! message's `seq`), and each thread's id, error and labels by trigram (`thread_text`, v21,
+//! by the thread's number), neither keeping a copy of the text. Turned off, the triggers go
+//! and the indexes are emptied; turned on, threads are indexed at once and messages from
+//! then on. `q=` on `/threads` then finds a thread by its id, error or labels through the
+//! trigrams (a substring of 3 characters or more, in any case) and by its payloads' words
+//! in order (an FTS5 phrase); a shorter `q` reads every thread, as without the setting.
 
 use std::sync::atomic::Ordering;
 
@@ -14,6 +16,50 @@ use super::{Store, StoreError};
 /// at its `?`.
 pub(super) const THREADS_MATCHING: &str = "(SELECT thread FROM messages WHERE seq IN \
      (SELECT rowid FROM message_text WHERE message_text MATCH ?))";
+
+/// The threads (their numbers) whose id, error or labels hold the text bound at its `?`
+/// (3 characters or more).
+pub(super) const THREADS_NAMED: &str = "(SELECT rowid FROM thread_text WHERE thread_text MATCH ?)";
+
+/// A thread row's text as `thread_text` keeps it, for a row named `t`.
+macro_rules! thread_text {
+    ($t:literal) => {
+        concat!(
+            $t,
+            ".id || ' ' || COALESCE(",
+            $t,
+            ".error, '') || ' ' || COALESCE((SELECT \
+             group_concat(key || ' ' || value, ' ') FROM json_each(",
+            $t,
+            ".labels)), '')"
+        )
+    };
+}
+
+/// The threads' text, indexed when the setting is turned on (the triggers then keep it).
+const FILL: &str = concat!(
+    "DELETE FROM thread_text; INSERT INTO thread_text(rowid, text) SELECT n, ",
+    thread_text!("threads"),
+    " FROM threads;"
+);
+
+const THREAD_TRIGGERS: &str = concat!(
+    "CREATE TRIGGER IF NOT EXISTS thread_text_add AFTER INSERT ON threads BEGIN
+  INSERT INTO thread_text(rowid, text) VALUES (new.n, ",
+    thread_text!("new"),
+    ");
+END;
+CREATE TRIGGER IF NOT EXISTS thread_text_change AFTER UPDATE OF error, labels ON threads
+  WHEN old.error IS NOT new.error OR old.labels IS NOT new.labels BEGIN
+  DELETE FROM thread_text WHERE rowid = old.n;
+  INSERT INTO thread_text(rowid, text) VALUES (new.n, ",
+    thread_text!("new"),
+    ");
+END;
+CREATE TRIGGER IF NOT EXISTS thread_text_gone AFTER DELETE ON threads BEGIN
+  DELETE FROM thread_text WHERE rowid = old.n;
+END;"
+);
 
 const ON: &str = "
 CREATE TRIGGER IF NOT EXISTS message_text_add AFTER INSERT ON messages BEGIN
@@ -26,7 +72,11 @@ END;";
 const OFF: &str = "
 DROP TRIGGER IF EXISTS message_text_add;
 DROP TRIGGER IF EXISTS message_text_gone;
-DELETE FROM message_text;";
+DELETE FROM message_text;
+DROP TRIGGER IF EXISTS thread_text_add;
+DROP TRIGGER IF EXISTS thread_text_change;
+DROP TRIGGER IF EXISTS thread_text_gone;
+DELETE FROM thread_text;";
 
 /// `q` as an FTS5 phrase (its words in order, whatever characters it holds); none when it
 /// has no word to look for.
@@ -39,7 +89,23 @@ pub(super) fn phrase(q: &str) -> Option<String> {
 impl Store {
     /// Keeps the payload index (`on`) or stops keeping it and empties it.
     pub fn search_payloads(&self, on: bool) -> Result<(), StoreError> {
-        self.read(|tx| tx.execute_batch(if on { ON } else { OFF }))?;
+        self.read(|tx| {
+            if !on {
+                return tx.execute_batch(OFF);
+            }
+            // Threads are indexed when the setting is turned on, not each start.
+            let kept: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' \
+                 AND name = 'thread_text_add')",
+                [],
+                |r| r.get(0),
+            )?;
+            if !kept {
+                tx.execute_batch(FILL)?;
+            }
+            tx.execute_batch(ON)?;
+            tx.execute_batch(THREAD_TRIGGERS)
+        })?;
         self.payload_search.store(on, Ordering::Relaxed);
         Ok(())
     }

@@ -31,9 +31,15 @@ pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter, payloads: bool
         let mentions = "instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR n IN \
              (SELECT thread FROM thread_labels WHERE instr(key, ?) > 0 OR instr(value, ?) > 0)";
         let text = std::iter::repeat_n(V::Text(q.clone()), 4);
+        use super::search::{THREADS_MATCHING, THREADS_NAMED};
         match super::search::phrase(q).filter(|_| payloads) {
+            // Both indexes: no thread is read but those they name.
+            Some(phrase) if q.chars().count() >= 3 => w.and(
+                format!("(n IN {THREADS_NAMED} OR n IN {THREADS_MATCHING})"),
+                [V::Text(phrase.clone()), V::Text(phrase)],
+            ),
             Some(phrase) => w.and(
-                format!("({mentions} OR n IN {})", super::search::THREADS_MATCHING),
+                format!("({mentions} OR n IN {THREADS_MATCHING})"),
                 text.chain([V::Text(phrase)]),
             ),
             None => w.and(format!("({mentions})"), text),

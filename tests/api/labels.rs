@@ -597,6 +597,27 @@ async fn q_finds_payload_words_only_with_payload_search_on() {
         assert_eq!(total(&s, "q=brown%20fox").await, want, "on: {on}");
         assert_eq!(total(&s, "q=fox%20brown").await, 0, "a phrase, in order");
         assert_eq!(total(&s, "q=zebra").await, 0);
+        // Ids, labels and errors are found either way (through the trigrams when on).
+        let fragment = &t[t.len() - 9..t.len() - 3];
+        assert_eq!(total(&s, &format!("q={fragment}")).await, 1, "on: {on}");
+        let labels = [("customer".to_string(), "Zebra_q".to_string())].into();
+        let req = agentserver::InjectRequest {
+            from: "api".into(),
+            to: "c".into(),
+            payload_xml: "<Note>x</Note>".into(),
+            thread_id: None,
+        };
+        let l = s
+            .organism
+            .inject_labelled(req, None, Some(&labels))
+            .unwrap();
+        settle(&s.organism, &l.thread_id).await;
+        assert_eq!(total(&s, "q=ebra_q").await, 1, "on: {on}");
+        assert_eq!(
+            total(&s, "q=_q").await,
+            1,
+            "a short q reads every thread: on {on}"
+        );
         for odd in [
             "%22a%22%20OR%20b*",
             "NEAR(",
@@ -608,6 +629,29 @@ async fn q_finds_payload_words_only_with_payload_search_on() {
             assert_eq!(code, 200, "{odd}: {body}");
         }
     }
+    // Turned on over a store that has threads: they are indexed at once.
+    let (o, dir) = organism_with(Organism::builder(), "", "breadth-first", CHAIN);
+    drop(o);
+    let path = dir.path().join("organism.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, yaml.replace("store: memory", "store: s.db")).unwrap();
+    let t = {
+        let o = Organism::builder().load(&path).unwrap();
+        let t = inject(&o, "c", "<Note>before</Note>", None)
+            .thread_id
+            .to_string();
+        settle(&o, &t).await;
+        o.stop().await;
+        t
+    };
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    let yaml = yaml.replace("store: s.db", "store: s.db\n  search: {payload_text: true}");
+    std::fs::write(&path, yaml).unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let s = Served::over(o, dir, ApiOptions::default()).await;
+    let fragment = &t[t.len() - 9..t.len() - 3];
+    assert_eq!(total(&s, &format!("q={fragment}")).await, 1);
+    drop(s);
     // Without a store there is no index to keep: refused, saying where.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
