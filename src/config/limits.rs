@@ -168,4 +168,15 @@ pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
             c.push(None, Some(key), message);
         }
     }
+    // A message's slot is kept in 32 bits beside its thread's number (the text index).
+    if l.max_messages_per_thread > MAX_MESSAGES_PER_THREAD {
+        c.push(
+            None,
+            Some("limits.max_messages_per_thread"),
+            format!("must be at most {MAX_MESSAGES_PER_THREAD}"),
+        );
+    }
 }
+
+/// `limits.max_messages_per_thread`, at most.
+pub const MAX_MESSAGES_PER_THREAD: u64 = u32::MAX as u64;

@@ -388,8 +388,8 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
 "#,
     // v19: a thread's rewinds (JSON: `[{after, before}]`), the slots each superseded.
     "ALTER TABLE threads ADD COLUMN rewinds TEXT;",
-    // v20: payloads' words, by message `seq`, written while `organism.search.payload_text`
-    // is on (`search.rs`).
+    // v20: payloads' words, by message (`thread << 32 | slot`), written while
+    // `organism.search.payload_text` is on (`search.rs`).
     "CREATE VIRTUAL TABLE message_text USING fts5(text, content='', contentless_delete=1);",
     // v21: each thread's id, error and labels by trigram, by the thread's number, written
     // while `organism.search.payload_text` is on (`search.rs`).

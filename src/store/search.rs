@@ -1,7 +1,7 @@
 //! Text search (`organism.search.payload_text`): two FTS5 indexes, kept by triggers while
 //! the setting is on, so the writer's own work is unchanged and nothing is written while it
 //! is off: the words of every message's payload (`message_text`, schema v20, by the
-//! message's `seq`), and each thread's id, error and labels by trigram (`thread_text`, v21,
+//! message's thread and slot, so a match names its thread with no other read), and each thread's id, error and labels by trigram (`thread_text`, v21,
 //! by the thread's number), neither keeping a copy of the text. Turned off, the triggers go
 //! and the indexes are emptied; turned on, threads are indexed at once and messages from
 //! then on. `q=` on `/threads` then finds a thread by its id, error or labels through the
@@ -13,9 +13,10 @@ use std::sync::atomic::Ordering;
 use super::{Store, StoreError};
 
 /// The threads (their numbers) one of whose messages' payloads holds the phrase bound
-/// at its `?`.
-pub(super) const THREADS_MATCHING: &str = "(SELECT thread FROM messages WHERE seq IN \
-     (SELECT rowid FROM message_text WHERE message_text MATCH ?))";
+/// at its `?`: read from the index alone, whose row of a message is its thread's number
+/// and its slot (`thread << 32 | slot`).
+pub(super) const THREADS_MATCHING: &str =
+    "(SELECT DISTINCT rowid >> 32 FROM message_text WHERE message_text MATCH ?)";
 
 /// The threads (their numbers) whose id, error or labels hold the text bound at its `?`
 /// (3 characters or more).
@@ -63,10 +64,11 @@ END;"
 
 const ON: &str = "
 CREATE TRIGGER IF NOT EXISTS message_text_add AFTER INSERT ON messages BEGIN
-  INSERT INTO message_text(rowid, text) VALUES (new.seq, new.payload_xml);
+  INSERT INTO message_text(rowid, text)
+    VALUES ((new.thread << 32) | new.slot_index, new.payload_xml);
 END;
 CREATE TRIGGER IF NOT EXISTS message_text_gone AFTER DELETE ON messages BEGIN
-  DELETE FROM message_text WHERE rowid = old.seq;
+  DELETE FROM message_text WHERE rowid = (old.thread << 32) | old.slot_index;
 END;";
 
 const OFF: &str = "
