@@ -144,6 +144,18 @@ fn top_level_and_section_mistakes_are_reported() {
         ),
         "{errs:#?}"
     );
+    let errs = errors(
+        "organism: { name: t }\nlimits: { max_messages_per_thread: 4294967296 }\nlisteners: []\n",
+    );
+    assert!(
+        has(
+            &errs,
+            None,
+            Some("limits.max_messages_per_thread"),
+            "at most 4294967295"
+        ),
+        "{errs:#?}"
+    );
     let errs = errors("organism: { name: t, store: '' }\nlisteners: []\n");
     assert!(
         has(&errs, None, Some("organism.store"), "must not be empty"),
