@@ -70,16 +70,19 @@ impl Organism {
     }
 
     /// Retries each failed message of thread `id` that was not retried already (the newest
-    /// of each chain): how many, or why it stopped at one (none: nothing to retry).
+    /// of each chain) nor superseded by a rewind: how many, or why it stopped at one (none: nothing to retry).
     pub fn retry_failures(&self, id: &str) -> Result<usize, String> {
         let log = self.history().thread_page(id, crate::threads::Page::ALL);
         let log = log
             .map_err(|e| e.to_string())?
             .map(|p| p.items)
             .unwrap_or_default();
+        // What a rewind superseded is no longer the thread's to retry.
+        let rewinds = self.history().rewinds(id).map_err(|e| e.to_string())?;
         let failed: Vec<&MessageRecord> = log
             .iter()
             .filter(|m| m.status == MessageStatus::Failed && retry_of(&log, &m.id).is_none())
+            .filter(|m| !crate::threads::superseded(&rewinds, m.slot_index))
             .collect();
         if failed.is_empty() {
             return Err("no failed message to retry".into());

@@ -394,3 +394,22 @@ async fn a_batch_retries_the_failures_of_the_threads_a_label_finds() {
         "a thread without the label is untouched"
     );
 }
+
+/// A failure a rewind superseded is no longer the thread's: `retry_failed` passes it by.
+#[tokio::test]
+async fn a_failure_a_rewind_superseded_is_not_retried() {
+    let r = rig().await;
+    let t = inject(&r.o, "sink", "<Note>first</Note>", None);
+    settle(&r.o, &t.thread_id).await;
+    inject(&r.o, "relay", "<Note>breaks</Note>", Some(&t.thread_id));
+    assert_eq!(settle(&r.o, &t.thread_id).await, ThreadStatus::Error);
+    let req = agentserver::pump::RewindRequest {
+        to: &t.message_id,
+        ..Default::default()
+    };
+    let (plan, _) = r.o.rewind(&t.thread_id, &req).unwrap();
+    assert_eq!(plan.superseded.len(), 1);
+    settle(&r.o, &t.thread_id).await;
+    let why = r.o.retry_failures(&t.thread_id).unwrap_err();
+    assert_eq!(why, "no failed message to retry");
+}
