@@ -13,6 +13,7 @@ use agentserver::Organism;
 use serde_json::{json, Value};
 
 use crate::common::*;
+use crate::post;
 
 const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/organisms/hello-world.yaml");
 
@@ -22,22 +23,7 @@ async fn demo(dir: &tempfile::TempDir) -> (Organism, agentserver::api::ApiServer
     let mut config = builder.load_config(std::path::Path::new(DEMO)).unwrap();
     config.store = Some(dir.path().join("demo.db"));
     let o = builder.build(config).unwrap();
-    let server = agentserver::api::ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.local_addr());
-    (o, server, base)
-}
-
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = http()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let code = r.status().as_u16();
-    (code, r.json().await.unwrap_or(Value::Null))
+    crate::bound(o).await
 }
 
 async fn get_text(base: &str, path: &str) -> String {

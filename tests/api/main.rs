@@ -46,3 +46,24 @@ async fn chain_with_small_queues(frames: usize, bytes: usize) -> Served {
     )
     .await
 }
+
+/// `o` served on 127.0.0.1:0: the organism, the server and its base URL.
+async fn bound(o: Organism) -> (Organism, agentserver::api::ApiServer, String) {
+    let server = agentserver::api::ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
+        .await
+        .expect("server binds");
+    let base = format!("http://{}", server.local_addr());
+    (o, server, base)
+}
+
+/// POSTs `body` as JSON to `base` + `path`: the status and the JSON answer (`null` if none).
+async fn post(base: &str, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = common::http()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("POST");
+    let code = r.status().as_u16();
+    (code, r.json().await.unwrap_or(serde_json::Value::Null))
+}

@@ -5,12 +5,12 @@
 //! refused unless `if_active: abort`; a dry run changes nothing; what a tenant does not
 //! wholly see is 404.
 
-use agentserver::api::ApiOptions;
 use agentserver::threads::ThreadStatus;
 use agentserver::Organism;
 use serde_json::{json, Value};
 
 use crate::common::*;
+use crate::post;
 
 const FIVE: &str = "organism: { name: five, store: five.db }
 listeners:
@@ -26,22 +26,7 @@ async fn five(dir: &tempfile::TempDir) -> (Organism, agentserver::api::ApiServer
     let path = dir.path().join("o.yaml");
     std::fs::write(&path, FIVE).unwrap();
     let o = Organism::builder().load(&path).unwrap();
-    let server = agentserver::api::ApiServer::bind(o.clone(), "127.0.0.1:0", ApiOptions::default())
-        .await
-        .unwrap();
-    let base = format!("http://{}", server.local_addr());
-    (o, server, base)
-}
-
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
-    let r = http()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let code = r.status().as_u16();
-    (code, r.json().await.unwrap_or(Value::Null))
+    crate::bound(o).await
 }
 
 async fn slots(base: &str, thread: &str, query: &str) -> Vec<(u64, bool)> {
