@@ -271,11 +271,11 @@ pub enum EventKind {
     },
     /// An input was opened: a message held at its listener's approval gate.
     InputRequested {
-        input: Box<crate::threads::InputRow>,
+        input: Arc<crate::threads::InputRow>,
     },
     /// An input was decided, expired or withdrawn (`input.status` says which).
     InputResolved {
-        input: Box<crate::threads::InputRow>,
+        input: Arc<crate::threads::InputRow>,
     },
     /// A piece of a model's answer as it streams (`kind: llm` with `stream: true`):
     /// ephemeral, never stored or counted as a message; the final message is the record.

@@ -60,9 +60,9 @@ impl From<&InputRow> for WireInput {
     }
 }
 
-impl From<WireInput> for Box<InputRow> {
+impl From<WireInput> for std::sync::Arc<InputRow> {
     fn from(r: WireInput) -> Self {
-        Box::new(InputRow {
+        std::sync::Arc::new(InputRow {
             id: r.id,
             kind: r.kind,
             status: r.status,

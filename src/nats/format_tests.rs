@@ -39,10 +39,10 @@ fn input_events(t: Timestamp) -> Vec<EventKind> {
     };
     vec![
         EventKind::InputRequested {
-            input: Box::new(open.clone()),
+            input: std::sync::Arc::new(open.clone()),
         },
         EventKind::InputResolved {
-            input: Box::new(crate::threads::InputRow {
+            input: std::sync::Arc::new(crate::threads::InputRow {
                 status: crate::threads::InputStatus::Approved,
                 decided_by: Some("key:bob".into()),
                 decided: Some(Timestamp(t.0 + 60_000)),

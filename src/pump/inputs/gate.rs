@@ -79,7 +79,7 @@ impl Shared {
     pub(super) fn open_input(&self, held: Held) {
         // Open before it is told: whoever hears of it may decide it at once.
         let told = EventKind::InputRequested {
-            input: Box::new(held.row.clone()),
+            input: std::sync::Arc::new(held.row.clone()),
         };
         self.keep_open(held);
         self.events.publish(told);
@@ -90,10 +90,11 @@ impl Shared {
     /// either the decision and what followed, or the input still open and nothing that
     /// followed.
     pub(super) fn resolved(&self, decided: &InputRow) {
-        self.events.publish(EventKind::InputResolved {
-            input: Box::new(decided.clone()),
-        });
-        self.inbox.remember(decided.clone());
+        // One copy, shared by the event and the inbox's recent decisions.
+        let row = std::sync::Arc::new(decided.clone());
+        self.events
+            .publish(EventKind::InputResolved { input: row.clone() });
+        self.inbox.remember(row);
     }
 
     /// Whether the inbox holds as much as it may, one more input of `listener`'s in

@@ -145,7 +145,7 @@ struct TenantOpen {
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
     /// The newest decided inputs, and what they weigh together.
-    recent: Mutex<(VecDeque<InputRow>, usize)>,
+    recent: Mutex<(VecDeque<std::sync::Arc<InputRow>>, usize)>,
     /// Decisions since start by (listener, decision): how many, and the seconds their
     /// inputs waited.
     decisions: Mutex<SeededMap<(String, String), (u64, f64)>>,
@@ -174,7 +174,7 @@ impl Inbox {
         }
     }
 
-    fn remember(&self, row: InputRow) {
+    fn remember(&self, row: std::sync::Arc<InputRow>) {
         let decision = match row.status {
             InputStatus::Expired => "expired".to_string(),
             InputStatus::Cancelled => "cancelled".to_string(),
@@ -203,7 +203,7 @@ impl Inbox {
 
     fn decided(&self, id: &str) -> Option<InputRow> {
         if let Some(r) = lock(&self.recent).0.iter().rev().find(|r| r.id == id) {
-            return Some(r.clone());
+            return Some(InputRow::clone(r));
         }
         self.table.as_ref()?.get(id).ok().flatten()
     }
@@ -303,7 +303,11 @@ impl<'a> Inputs<'a> {
             return table.page(filter, page);
         }
         let inbox = &s.inbox;
-        let mut all: Vec<InputRow> = lock(&inbox.recent).0.iter().cloned().collect();
+        let mut all: Vec<InputRow> = lock(&inbox.recent)
+            .0
+            .iter()
+            .map(|r| InputRow::clone(r))
+            .collect();
         all.extend(lock(&inbox.open).values().map(|h| h.row.clone()));
         all.retain(|r| filter.matches(r));
         all.sort_by(|a, b| b.created.cmp(&a.created).then(b.id.cmp(&a.id)));

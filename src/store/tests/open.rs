@@ -366,7 +366,7 @@ fn the_writer_keeps_inputs_and_a_held_message_without_its_input_is_interrupted()
                 store.record(
                     seq + 1,
                     &EventKind::InputRequested {
-                        input: Box::new(input(t)),
+                        input: std::sync::Arc::new(input(t)),
                     },
                 );
             }
@@ -381,14 +381,14 @@ fn the_writer_keeps_inputs_and_a_held_message_without_its_input_is_interrupted()
         store.record(
             10,
             &EventKind::InputResolved {
-                input: Box::new(decided.clone()),
+                input: std::sync::Arc::new(decided.clone()),
             },
         );
         // A second decision of the same input (it never is in the pump) changes nothing.
         store.record(
             11,
             &EventKind::InputResolved {
-                input: Box::new(crate::threads::InputRow {
+                input: std::sync::Arc::new(crate::threads::InputRow {
                     decision: Some("approve".into()),
                     status: crate::threads::InputStatus::Approved,
                     ..decided
