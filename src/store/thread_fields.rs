@@ -7,24 +7,10 @@ use crate::threads::ThreadFilter;
 
 /// `/threads`'s label tests and `q`, as clauses over `thread_labels` (by key and value).
 pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter, payloads: bool) {
-    use crate::threads::LabelTest;
     use rusqlite::types::Value as V;
-    // The threads a test names, found by key and value (the table's key): the set SQLite
-    // reads first, then each thread by its number.
-    const WITH: &str = "SELECT thread FROM thread_labels WHERE key = ?";
     for test in &filter.labels {
-        match test {
-            LabelTest::Is(k, vs) => w.and(
-                format!("n IN ({WITH} AND value IN ({}))", in_list(vs.len())),
-                std::iter::once(V::Text(k.clone())).chain(vs.iter().map(|v| V::Text(v.clone()))),
-            ),
-            LabelTest::IsNot(k, v) => w.and(
-                format!("n NOT IN ({WITH} AND value = ?)"),
-                [V::Text(k.clone()), V::Text(v.clone())],
-            ),
-            LabelTest::Has(k) => w.and(format!("n IN ({WITH})"), [V::Text(k.clone())]),
-            LabelTest::Lacks(k) => w.and(format!("n NOT IN ({WITH})"), [V::Text(k.clone())]),
-        }
+        let (clause, args) = as_set(test);
+        w.and(clause, args);
     }
     if let Some(q) = &filter.q {
         // The labels' set is read once (not per thread): a scan of `thread_labels`.
@@ -121,13 +107,34 @@ fn condition(
     }
 }
 
+/// A label test as a clause on `threads`: the threads it names found by key and value (the
+/// table's key), a set SQLite reads once, then each thread by its number.
+fn as_set(test: &crate::threads::LabelTest) -> (String, Vec<rusqlite::types::Value>) {
+    let (c, args, positive) = condition(test, "x");
+    let not = if positive { "" } else { "NOT " };
+    (
+        format!("n {not}IN (SELECT thread FROM thread_labels x WHERE {c})"),
+        args,
+    )
+}
+
+/// A label test checked for the one thread `of` names (a column: `threads.n`, `x.thread`).
+fn per_row(test: &crate::threads::LabelTest, of: &str) -> (String, Vec<rusqlite::types::Value>) {
+    let (c, args, positive) = condition(test, "y");
+    let not = if positive { "" } else { "NOT " };
+    (
+        format!("{not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = {of} AND {c})"),
+        args,
+    )
+}
+
 /// Label tests alone, answered from `thread_labels` (every row of which has its thread):
 /// the exact count, by the index (the smallest set a positive test names, each other test
 /// checked per row of it; with no positive test, all threads less those any negative test
 /// names); then `w`'s clauses for the page: per row (`EXISTS`), so a scan in `created_at`
 /// order stops at the page, when the matches are many enough that it comes soon; else the
 /// smallest positive set read once and the other tests per row of it, sorted (negative
-/// tests only: as sets, `label_clauses`).
+/// tests only: each as a set).
 pub(super) fn label_plan(
     tx: &rusqlite::Transaction<'_>,
     tests: &[crate::threads::LabelTest],
@@ -141,6 +148,7 @@ pub(super) fn label_plan(
     };
     let all = count("SELECT COUNT(*) FROM threads", &[])?;
     let conditions: Vec<_> = tests.iter().map(|t| condition(t, "x")).collect();
+    let labelled = |c: &str| format!("SELECT thread FROM thread_labels x WHERE {c}");
     // The smallest set a positive test names drives the count.
     let mut driver: Option<(usize, u64)> = None;
     for (i, (c, args, positive)) in conditions.iter().enumerate() {
@@ -154,6 +162,7 @@ pub(super) fn label_plan(
             }
         }
     }
+    let others = |d: Option<usize>| tests.iter().enumerate().filter(move |(i, _)| Some(*i) != d);
     let matched = match driver {
         Some((_, 0)) => 0,
         Some((_, n)) if conditions.len() == 1 => n,
@@ -161,23 +170,16 @@ pub(super) fn label_plan(
             let (c, args, _) = &conditions[d];
             let mut sql = format!("SELECT COUNT(*) FROM thread_labels x WHERE {c}");
             let mut all_args = args.clone();
-            let others = tests.iter().enumerate().filter(|(i, _)| *i != d);
-            for (_, test) in others {
-                let (c, args, positive) = condition(test, "y");
-                let not = if positive { "" } else { "NOT " };
-                sql.push_str(&format!(
-                    " AND {not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = x.thread AND {c})"
-                ));
+            for (_, test) in others(Some(d)) {
+                let (clause, args) = per_row(test, "x.thread");
+                sql.push_str(&format!(" AND {clause}"));
                 all_args.extend(args);
             }
             count(&sql, &all_args)?
         }
         None => {
             // Negative tests only: all threads less those any of them names.
-            let sets: Vec<String> = conditions
-                .iter()
-                .map(|(c, _, _)| format!("SELECT thread FROM thread_labels x WHERE {c}"))
-                .collect();
+            let sets: Vec<String> = conditions.iter().map(|(c, _, _)| labelled(c)).collect();
             let args: Vec<_> = conditions.iter().flat_map(|(_, a, _)| a.clone()).collect();
             let named = count(
                 &format!("SELECT COUNT(*) FROM ({})", sets.join(" UNION ")),
@@ -187,33 +189,22 @@ pub(super) fn label_plan(
         }
     };
     let wanted = (page.offset + page.limit) as u64;
-    let per_row = matched > 0 && wanted.saturating_mul(all) / matched <= SCAN_ROWS;
+    let per_row_page = matched > 0 && wanted.saturating_mul(all) / matched <= SCAN_ROWS;
     // Few matches: the driver's set read once, the other tests per row of it.
-    let set = driver.map(|(d, _)| d).filter(|_| !per_row);
+    let set = driver.map(|(d, _)| d).filter(|_| !per_row_page);
     if let Some(d) = set {
-        let (c, args, _) = condition(&tests[d], "x");
-        w.and(
-            format!("n IN (SELECT thread FROM thread_labels x WHERE {c})"),
-            args,
-        );
-    } else if !per_row {
-        let filter = ThreadFilter {
-            labels: tests.to_vec(),
-            ..Default::default()
-        };
-        label_clauses(w, &filter, false);
+        let (clause, args) = as_set(&tests[d]);
+        w.and(clause, args);
+    } else if !per_row_page {
+        for test in tests {
+            let (clause, args) = as_set(test);
+            w.and(clause, args);
+        }
         return Ok(matched);
     }
-    let others = tests.iter().enumerate().filter(|(i, _)| Some(*i) != set);
-    for (_, test) in others {
-        let (c, args, positive) = condition(test, "y");
-        let not = if positive { "" } else { "NOT " };
-        w.and(
-            format!(
-                "{not}EXISTS (SELECT 1 FROM thread_labels y WHERE y.thread = threads.n AND {c})"
-            ),
-            args,
-        );
+    for (_, test) in others(set) {
+        let (clause, args) = per_row(test, "threads.n");
+        w.and(clause, args);
     }
     Ok(matched)
 }
