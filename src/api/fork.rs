@@ -14,7 +14,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{unknown_thread, Seen, VisibleThread};
+use super::auth::VisibleThread;
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
@@ -110,19 +110,9 @@ pub async fn fork_thread(
     Ok(made_or_planned(answer, made))
 }
 
-/// The `/ws` `fork` command: its `ack` fields (the REST answer's).
-pub(super) async fn over_ws(
-    organism: &crate::Organism,
-    seen: &Seen,
-    thread: &str,
-    body: ForkBody,
-) -> Result<serde_json::Map<String, Value>, ApiError> {
-    ws_thread(organism, seen, thread)?;
-    Ok(ack_fields(fork(organism, &seen.scope, thread, body).await?))
-}
-
-/// Forks `thread` (seen by `scope`) as `body` says, off the async workers.
-async fn fork(
+/// Forks `thread` (seen by `scope`) as `body` says, off the async workers: the answer of
+/// the REST route and the `/ws` `fork` command.
+pub(super) async fn fork(
     organism: &crate::Organism,
     scope: &crate::access::Scope,
     thread: &str,
@@ -210,28 +200,9 @@ pub(super) fn edited(
     super::inject::json_to_xml(listener, payload_type.as_deref(), json).map(Some)
 }
 
+/// A receiver that is not one (or not the credential's): as an inject to it is answered.
 fn unknown_listener(to: &str) -> ApiError {
-    ApiError::not_found("unknown_listener", format!("no listener named `{to}`")).at("to")
-}
-
-/// A `/ws` command's thread: one `seen` sees, else the answer for one that does not exist.
-pub(super) fn ws_thread(
-    organism: &crate::Organism,
-    seen: &Seen,
-    thread: &str,
-) -> Result<(), ApiError> {
-    match organism.history().thread_info(thread)? {
-        Some(info) if seen.scope.sees_thread(&info.participants) => Ok(()),
-        _ => Err(unknown_thread(thread).at("thread_id")),
-    }
-}
-
-/// An answer as a `/ws` `ack`'s fields.
-pub(super) fn ack_fields(answer: impl Serialize) -> serde_json::Map<String, Value> {
-    match serde_json::to_value(answer) {
-        Ok(Value::Object(fields)) => fields,
-        _ => serde_json::Map::new(),
-    }
+    ApiError::from(crate::pump::InjectError::UnknownListener(to.to_string())).at("to")
 }
 
 fn request<'a>(body: &'a ForkBody, payload_xml: Option<&'a str>) -> ForkRequest<'a> {

@@ -135,8 +135,9 @@ pub async fn retry_message(
     Ok(made_or_planned(answer, made))
 }
 
-/// Retries message `id`, which `scope` must see (else 404), or says what would run.
-async fn retry_one(
+/// Retries message `id`, which `scope` must see (else 404), or says what would run: the
+/// answer of the REST route and the `/ws` `retry` command.
+pub(super) async fn retry_one(
     organism: &crate::Organism,
     scope: &crate::access::Scope,
     id: &str,
@@ -171,20 +172,6 @@ async fn attempt(
     })
     .await
     .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
-}
-
-/// The `/ws` `retry` command: its `ack` fields (the REST answer's).
-pub(super) async fn over_ws(
-    organism: &crate::Organism,
-    scope: &crate::access::Scope,
-    id: &str,
-    dry_run: bool,
-) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    let answer = retry_one(organism, scope, id, dry_run).await?;
-    match serde_json::to_value(answer) {
-        Ok(serde_json::Value::Object(fields)) => Ok(fields),
-        _ => Ok(serde_json::Map::new()),
-    }
 }
 
 /// Which messages a bulk retry takes: `/messages`'s filters (`status` `failed` unless given:

@@ -10,9 +10,9 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{Seen, VisibleThread};
+use super::auth::VisibleThread;
 use super::error::{ApiError, ErrorResponse, JsonBody};
-use super::fork::{ack_fields, edited, unknown_message, ws_thread};
+use super::fork::{edited, unknown_message};
 use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
 use crate::pump::{IfActive, RewindError, RewindPlan, RewindRequest};
@@ -94,21 +94,9 @@ pub async fn rewind_thread(
     Ok(made_or_planned(answer, made))
 }
 
-/// The `/ws` `rewind` command: its `ack` fields (the REST answer's).
-pub(super) async fn over_ws(
-    organism: &crate::Organism,
-    seen: &Seen,
-    thread: &str,
-    body: RewindBody,
-) -> Result<serde_json::Map<String, Value>, ApiError> {
-    ws_thread(organism, seen, thread)?;
-    Ok(ack_fields(
-        rewind(organism, &seen.scope, thread, body).await?,
-    ))
-}
-
-/// Rewinds `thread` (seen by `scope`) as `body` says, off the async workers.
-async fn rewind(
+/// Rewinds `thread` (seen by `scope`) as `body` says, off the async workers: the answer
+/// of the REST route and the `/ws` `rewind` command.
+pub(super) async fn rewind(
     organism: &crate::Organism,
     scope: &crate::access::Scope,
     thread: &str,

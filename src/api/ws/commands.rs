@@ -116,13 +116,15 @@ async fn run(
             out.insert("thread_id".into(), json!(t));
         }
         Command::Retry(id, dry_run) => {
-            out = crate::api::retry::over_ws(&organism, &scope, &id, dry_run).await?;
+            out = fields(crate::api::retry::retry_one(&organism, &scope, &id, dry_run).await?);
         }
         Command::Fork(t, body) => {
-            out = crate::api::fork::over_ws(&organism, &seen, &t, *body).await?;
+            see_thread(&organism, &scope, &t)?;
+            out = fields(crate::api::fork::fork(&organism, &scope, &t, *body).await?);
         }
         Command::Rewind(t, body) => {
-            out = crate::api::rewind::over_ws(&organism, &seen, &t, *body).await?;
+            see_thread(&organism, &scope, &t)?;
+            out = fields(crate::api::rewind::rewind(&organism, &scope, &t, *body).await?);
         }
         Command::Settings(t, patch) => {
             see_thread(&organism, &scope, &t)?;
@@ -153,10 +155,7 @@ async fn run(
             out.insert("agent".into(), json!(a));
         }
         Command::Reload { if_rev } => {
-            let report = reload_blocking(&organism, if_rev).await?;
-            if let Ok(Value::Object(fields)) = serde_json::to_value(report) {
-                out.extend(fields);
-            }
+            out = fields(reload_blocking(&organism, if_rev).await?);
         }
         Command::Stop => s.source.0.request_stop(),
     }
@@ -176,7 +175,15 @@ fn see_thread(
     if visible {
         Ok(())
     } else {
-        Err(unknown_thread(t))
+        Err(unknown_thread(t).at("thread_id"))
+    }
+}
+
+/// A command's answer as its `ack`'s fields (the REST answer's).
+fn fields(answer: impl serde::Serialize) -> Map<String, Value> {
+    match serde_json::to_value(answer) {
+        Ok(Value::Object(fields)) => fields,
+        _ => Map::new(),
     }
 }
 
