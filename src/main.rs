@@ -421,14 +421,13 @@ async fn inject(server: ServerArgs, args: InjectArgs, wait: Option<u64>) -> Exit
         payload_type,
         labels,
     } = args;
-    let mut thread_labels = std::collections::BTreeMap::new();
-    for l in labels {
-        let Some((k, v)) = l.split_once('=') else {
-            eprintln!("agentserver inject: --label {l}: a label is KEY=VALUE");
+    let thread_labels = match client::label_args(&labels) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("agentserver inject: {e}");
             return ExitCode::from(2);
-        };
-        thread_labels.insert(k.to_string(), v.to_string());
-    }
+        }
+    };
     let text = match read_payload(&payload) {
         Ok(p) => p,
         Err(e) => {

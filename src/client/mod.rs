@@ -246,6 +246,18 @@ fn encode(v: &str) -> String {
         .collect()
 }
 
+/// `--label KEY=VALUE` arguments (`inject`, `threads fork`) as labels; what is wrong with the
+/// first that is not one.
+pub fn label_args(labels: &[String]) -> Result<std::collections::BTreeMap<String, String>, String> {
+    labels
+        .iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => Err(format!("--label `{l}` is not KEY=VALUE")),
+        })
+        .collect()
+}
+
 /// The `/ws/messages` URL for a server URL and filters.
 pub fn tail_url(url: &str, f: &TailFilter) -> Result<String, ClientError> {
     let base = base(url)?;

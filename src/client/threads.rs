@@ -105,7 +105,12 @@ pub async fn threads(remote: &Remote, cmd: ThreadsCommand, json: bool) -> Result
             body["to"] = json!(to);
             body["copy"] = json!(copy);
             body["thread_id"] = json!(new_id);
-            body["labels"] = json!(label_map(&labels)?);
+            let labels = super::label_args(&labels).map_err(|message| Failed {
+                code: 2,
+                message,
+                report: None,
+            })?;
+            body["labels"] = json!((!labels.is_empty()).then_some(labels));
             body["dry_run"] = json!(dry_run);
             let path = format!("/api/v1/threads/{}/fork", path_part(&thread));
             (post(path, body).await?, forked)
@@ -182,25 +187,6 @@ fn edited(payload: Option<String>) -> Result<Value, Failed> {
         Some(p) => payload_fields(&p),
         None => Ok(json!({})),
     }
-}
-
-/// `KEY=VALUE` arguments as a labels object (none: null).
-fn label_map(labels: &[String]) -> Result<Option<serde_json::Map<String, Value>>, Failed> {
-    if labels.is_empty() {
-        return Ok(None);
-    }
-    let mut out = serde_json::Map::new();
-    for l in labels {
-        let Some((k, v)) = l.split_once('=') else {
-            return Err(Failed {
-                code: 2,
-                message: format!("--label `{l}` is not KEY=VALUE"),
-                report: None,
-            });
-        };
-        out.insert(k.to_string(), json!(v));
-    }
-    Ok(Some(out))
 }
 
 fn s<'v>(v: &'v Value, k: &str) -> &'v str {
