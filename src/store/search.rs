@@ -92,21 +92,23 @@ impl Store {
     /// Keeps the payload index (`on`) or stops keeping it and empties it.
     pub fn search_payloads(&self, on: bool) -> Result<(), StoreError> {
         self.read(|tx| {
-            if !on {
-                return tx.execute_batch(OFF);
-            }
-            // Threads are indexed when the setting is turned on, not each start.
+            // Kept already, or not: a start with the setting as it was writes nothing, and
+            // threads are indexed when it is turned on.
             let kept: bool = tx.query_row(
                 "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' \
                  AND name = 'thread_text_add')",
                 [],
                 |r| r.get(0),
             )?;
-            if !kept {
-                tx.execute_batch(FILL)?;
+            match (on, kept) {
+                (true, false) => {
+                    tx.execute_batch(FILL)?;
+                    tx.execute_batch(ON)?;
+                    tx.execute_batch(THREAD_TRIGGERS)
+                }
+                (false, true) => tx.execute_batch(OFF),
+                _ => Ok(()),
             }
-            tx.execute_batch(ON)?;
-            tx.execute_batch(THREAD_TRIGGERS)
         })?;
         self.payload_search.store(on, Ordering::Relaxed);
         Ok(())

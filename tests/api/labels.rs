@@ -647,11 +647,45 @@ async fn q_finds_payload_words_only_with_payload_search_on() {
     let yaml = std::fs::read_to_string(&path).unwrap();
     let yaml = yaml.replace("store: s.db", "store: s.db\n  search: {payload_text: true}");
     std::fs::write(&path, yaml).unwrap();
-    let o = Organism::builder().load(&path).unwrap();
-    let s = Served::over(o, dir, ApiOptions::default()).await;
     let fragment = &t[t.len() - 9..t.len() - 3];
-    assert_eq!(total(&s, &format!("q={fragment}")).await, 1);
-    drop(s);
+    {
+        let o = Organism::builder().load(&path).unwrap();
+        let u = inject(&o, "c", "<Note>during</Note>", None).thread_id;
+        settle(&o, &u).await;
+        let s = Served::over(
+            o.clone(),
+            tempfile::tempdir().unwrap(),
+            ApiOptions::default(),
+        )
+        .await;
+        assert_eq!(total(&s, &format!("q={fragment}")).await, 1);
+        assert_eq!(total(&s, "q=during").await, 1);
+        o.stop().await;
+        s.server.shutdown().await;
+    }
+    // Turned off, the indexes are emptied; on again, threads are indexed at once and
+    // payloads from then on.
+    for (search, during) in [("", 0), ("\n  search: {payload_text: true}", 0)] {
+        let yaml = std::fs::read_to_string(&path).unwrap();
+        let yaml = yaml.replace("\n  search: {payload_text: true}", "");
+        std::fs::write(
+            &path,
+            yaml.replace("store: s.db", &format!("store: s.db{search}")),
+        )
+        .unwrap();
+        let o = Organism::builder().load(&path).unwrap();
+        let s = Served::over(
+            o.clone(),
+            tempfile::tempdir().unwrap(),
+            ApiOptions::default(),
+        )
+        .await;
+        assert_eq!(total(&s, &format!("q={fragment}")).await, 1, "{search}");
+        assert_eq!(total(&s, "q=during").await, during, "{search}");
+        o.stop().await;
+        s.server.shutdown().await;
+    }
+    drop(dir);
     // Without a store there is no index to keep: refused, saying where.
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
