@@ -122,6 +122,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "b42".to_string(),
         "b42 shipped".to_string(),
         "customer".to_string(),
+        "the customer".to_string(),
     ] {
         let filter = ThreadFilter {
             q: Some(q.clone()),

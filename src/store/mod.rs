@@ -81,6 +81,7 @@ pub mod agents;
 pub mod audit;
 mod coalesce;
 mod counts;
+mod find;
 pub mod idempotency;
 pub mod inputs;
 pub mod keys;
@@ -95,6 +96,7 @@ mod tests;
 mod thread_fields;
 pub mod usage;
 pub mod watched;
+mod words;
 mod writer;
 mod writes;
 
@@ -211,6 +213,8 @@ pub struct Store {
     read_budget_ms: std::sync::atomic::AtomicU64,
     /// `q=` looks in payloads' text (`search.rs`).
     payload_search: std::sync::atomic::AtomicBool,
+    /// The words each recent thread has had (`words.rs`), for the writer's triggers.
+    words: words::Words,
     health: Arc<Health>,
     recovered: Recovered,
     /// `<file>.lock`, locked (`flock`) while this store is open, so a second process (or a

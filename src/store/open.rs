@@ -395,6 +395,10 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
     // while `organism.search.payload_text` is on (`search.rs`).
     "CREATE VIRTUAL TABLE thread_text USING fts5(text, tokenize='trigram', content='', \
      contentless_delete=1);",
+    // v22: each thread's payload words once, under the message that brought them, written
+    // while `organism.search.payload_text` is on (`words.rs`); rowids only.
+    "CREATE VIRTUAL TABLE thread_words USING fts5(text, content='', contentless_delete=1, \
+     detail=none);",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),
@@ -605,6 +609,8 @@ impl Store {
             conn.pragma_update(None, pragma, value).map_err(corrupt)?;
         }
         migrate(&mut conn, path)?;
+        let words = super::words::Words::default();
+        words.register(&mut conn, true).map_err(corrupt)?;
         if let Some(pages) = max_pages {
             conn.pragma_update(None, "max_page_count", pages)
                 .map_err(corrupt)?;
@@ -619,7 +625,9 @@ impl Store {
             .map_err(corrupt)?
             .unwrap_or(0);
         let total_messages = stored_total(&conn).map_err(corrupt)?;
-        let reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        let mut reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+        words.register(&mut reader, false).map_err(corrupt)?;
+        super::find::register(&reader).map_err(corrupt)?;
         let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let writer_health = health.clone();
@@ -637,6 +645,7 @@ impl Store {
                 crate::config::Limits::default().max_query_ms,
             ),
             payload_search: Default::default(),
+            words,
             health,
             recovered: Recovered {
                 last_seq,

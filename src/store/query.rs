@@ -428,14 +428,20 @@ impl Store {
             w.and("created_at < ?", [V::Integer(u.0 as i64)]);
         }
         // Label tests alone are counted from `thread_labels` (`thread_fields::label_plan`).
+        // And `q` alone, from the text indexes (`find::q_plan`).
         let only = super::thread_fields::labels_only(filter);
-        if only.is_none() {
-            super::thread_fields::label_clauses(&mut w, filter, self.searches_payloads());
+        let q = super::find::q_alone(filter, self.searches_payloads());
+        if only.is_none() && q.is_none() {
+            super::thread_fields::label_clauses(&mut w, filter);
+            if let Some(q) = &filter.q {
+                super::find::q_clause(&mut w, q, self.searches_payloads());
+            }
         }
         self.read(|tx| {
-            let known = match only {
-                Some(tests) => Some(super::thread_fields::label_plan(tx, tests, page, &mut w)?),
-                None => None,
+            let known = match (only, q) {
+                (Some(tests), _) => Some(super::thread_fields::label_plan(tx, tests, page, &mut w)?),
+                (_, Some(q)) => Some(super::find::q_plan(tx, q, page, &mut w)?),
+                _ => None,
             };
             let (total, rows) = count_and_page(
                 tx,

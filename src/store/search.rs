@@ -1,26 +1,19 @@
-//! Text search (`organism.search.payload_text`): two FTS5 indexes, kept by triggers while
-//! the setting is on, so the writer's own work is unchanged and nothing is written while it
-//! is off: the words of every message's payload (`message_text`, schema v20, by the
-//! message's thread and slot, so a match names its thread with no other read), and each thread's id, error and labels by trigram (`thread_text`, v21,
-//! by the thread's number), neither keeping a copy of the text. Turned off, the triggers go
-//! and the indexes are emptied; turned on, threads are indexed at once and messages from
-//! then on. `q=` on `/threads` then finds a thread by its id, error or labels through the
-//! trigrams (a substring of 3 characters or more, in any case) and by its payloads' words
-//! in order (an FTS5 phrase); a shorter `q` reads every thread, as without the setting.
+//! Text search (`organism.search.payload_text`): FTS5 indexes kept by triggers while the
+//! setting is on, so the writer's own work is unchanged and nothing is written while it is
+//! off: the words of every message's payload (`message_text`, schema v20, by the message's
+//! thread and slot, so a match names its thread with no other read), each thread's words
+//! once (`thread_words`, v22, `words.rs`), and each thread's id, error and labels by
+//! trigram (`thread_text`, v21, by the thread's number), none keeping a copy of the text.
+//! Turned off, the triggers go and the indexes are emptied; turned on, threads are indexed
+//! at once and messages from then on. `q=` on `/threads` then finds a thread by its id,
+//! error or labels through the trigrams (a substring of 3 characters or more, in any case)
+//! and by its payloads' words: one word of ASCII letters and digits through
+//! `thread_words`, anything else in order (an FTS5 phrase) through `message_text`; a
+//! shorter `q` reads every thread, as without the setting.
 
 use std::sync::atomic::Ordering;
 
 use super::{Store, StoreError};
-
-/// The threads (their numbers) one of whose messages' payloads holds the phrase bound
-/// at its `?`: read from the index alone, whose row of a message is its thread's number
-/// and its slot (`thread << 32 | slot`).
-pub(super) const THREADS_MATCHING: &str =
-    "(SELECT DISTINCT rowid >> 32 FROM message_text WHERE message_text MATCH ?)";
-
-/// The threads (their numbers) whose id, error or labels hold the text bound at its `?`
-/// (3 characters or more).
-pub(super) const THREADS_NAMED: &str = "(SELECT rowid FROM thread_text WHERE thread_text MATCH ?)";
 
 /// A thread row's text as `thread_text` keeps it, for a row named `t`.
 macro_rules! thread_text {
@@ -71,10 +64,35 @@ CREATE TRIGGER IF NOT EXISTS message_text_gone AFTER DELETE ON messages BEGIN
   DELETE FROM message_text WHERE rowid = (old.thread << 32) | old.slot_index;
 END;";
 
+/// Each thread's words once (`words.rs`), from the messages `message_text` holds.
+const WORDS_FILL: &str = "
+DELETE FROM thread_words;
+INSERT INTO thread_words(rowid, text)
+  SELECT (thread << 32) | slot_index, w FROM (
+    SELECT thread, slot_index, new_words(thread, slot_index, payload_xml) AS w FROM messages
+    WHERE ((thread << 32) | slot_index) IN (SELECT rowid FROM message_text)
+    ORDER BY thread, slot_index)
+  WHERE w IS NOT NULL;";
+
+/// And from then on, as messages are written and deleted.
+const WORDS_TRIGGERS: &str = "
+CREATE TRIGGER IF NOT EXISTS thread_words_add AFTER INSERT ON messages BEGIN
+  INSERT INTO thread_words(rowid, text)
+    SELECT (new.thread << 32) | new.slot_index, w
+    FROM (SELECT new_words(new.thread, new.slot_index, new.payload_xml) AS w) WHERE w IS NOT NULL;
+END;
+CREATE TRIGGER IF NOT EXISTS thread_words_gone AFTER DELETE ON messages BEGIN
+  DELETE FROM thread_words WHERE rowid = (old.thread << 32) | old.slot_index;
+  SELECT forget_words(old.thread);
+END;";
+
 const OFF: &str = "
 DROP TRIGGER IF EXISTS message_text_add;
 DROP TRIGGER IF EXISTS message_text_gone;
 DELETE FROM message_text;
+DROP TRIGGER IF EXISTS thread_words_add;
+DROP TRIGGER IF EXISTS thread_words_gone;
+DELETE FROM thread_words;
 DROP TRIGGER IF EXISTS thread_text_add;
 DROP TRIGGER IF EXISTS thread_text_change;
 DROP TRIGGER IF EXISTS thread_text_gone;
@@ -91,25 +109,40 @@ pub(super) fn phrase(q: &str) -> Option<String> {
 impl Store {
     /// Keeps the payload index (`on`) or stops keeping it and empties it.
     pub fn search_payloads(&self, on: bool) -> Result<(), StoreError> {
-        self.read(|tx| {
+        // The threads' words are indexed again from what the index has (and forgotten
+        // again if this did not commit).
+        self.words.clear();
+        let done = self.read(|tx| {
             // Kept already, or not: a start with the setting as it was writes nothing, and
             // threads are indexed when it is turned on.
-            let kept: bool = tx.query_row(
-                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' \
-                 AND name = 'thread_text_add')",
-                [],
-                |r| r.get(0),
-            )?;
-            match (on, kept) {
+            let kept = |trigger: &str| -> rusqlite::Result<bool> {
+                tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' \
+                     AND name = ?1)",
+                    [trigger],
+                    |r| r.get(0),
+                )
+            };
+            match (on, kept("thread_text_add")?) {
                 (true, false) => {
                     tx.execute_batch(FILL)?;
                     tx.execute_batch(ON)?;
-                    tx.execute_batch(THREAD_TRIGGERS)
+                    tx.execute_batch(THREAD_TRIGGERS)?;
+                    tx.execute_batch(WORDS_TRIGGERS)
+                }
+                // A store kept by an older version: its threads' words from its index.
+                (true, true) if !kept("thread_words_add")? => {
+                    tx.execute_batch(WORDS_FILL)?;
+                    tx.execute_batch(WORDS_TRIGGERS)
                 }
                 (false, true) => tx.execute_batch(OFF),
                 _ => Ok(()),
             }
-        })?;
+        });
+        if done.is_err() {
+            self.words.clear();
+        }
+        done?;
         self.payload_search.store(on, Ordering::Relaxed);
         Ok(())
     }

@@ -5,31 +5,11 @@
 use super::{in_list, Where};
 use crate::threads::ThreadFilter;
 
-/// `/threads`'s label tests and `q`, as clauses over `thread_labels` (by key and value).
-pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter, payloads: bool) {
-    use rusqlite::types::Value as V;
+/// `/threads`'s label tests as clauses over `thread_labels` (by key and value).
+pub(super) fn label_clauses(w: &mut Where, filter: &ThreadFilter) {
     for test in &filter.labels {
         let (clause, args) = as_set(test);
         w.and(clause, args);
-    }
-    if let Some(q) = &filter.q {
-        // The labels' set is read once (not per thread): a scan of `thread_labels`.
-        let mentions = "instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR n IN \
-             (SELECT thread FROM thread_labels WHERE instr(key, ?) > 0 OR instr(value, ?) > 0)";
-        let text = std::iter::repeat_n(V::Text(q.clone()), 4);
-        use super::search::{THREADS_MATCHING, THREADS_NAMED};
-        match super::search::phrase(q).filter(|_| payloads) {
-            // Both indexes: no thread is read but those they name.
-            Some(phrase) if q.chars().count() >= 3 => w.and(
-                format!("(n IN {THREADS_NAMED} OR n IN {THREADS_MATCHING})"),
-                [V::Text(phrase.clone()), V::Text(phrase)],
-            ),
-            Some(phrase) => w.and(
-                format!("({mentions} OR n IN {THREADS_MATCHING})"),
-                text.chain([V::Text(phrase)]),
-            ),
-            None => w.and(format!("({mentions})"), text),
-        }
     }
 }
 
@@ -77,7 +57,7 @@ pub(super) fn labels_only(filter: &ThreadFilter) -> Option<&[crate::threads::Lab
 }
 
 /// Rows scanned in `created_at` order, at most, for a page found row by row.
-const SCAN_ROWS: u64 = 20_000;
+pub(super) const SCAN_ROWS: u64 = 20_000;
 
 /// A label test as a condition on `thread_labels` rows named `t` (what it asks of a label
 /// of the thread: `Is` and `IsNot` by key and values, `Has` and `Lacks` by key), and

@@ -3,6 +3,7 @@
 mod open;
 mod prune;
 mod query;
+mod search;
 mod writes;
 
 use super::open::MIGRATIONS;

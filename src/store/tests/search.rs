@@ -1,0 +1,243 @@
+//! Text search: `q=` with one word (each thread's words once, `thread_words`) finds exactly
+//! the threads FTS5's index of every message finds, through deletes, a write rolled back
+//! and a store kept by an older version.
+
+use super::*;
+use crate::threads::ThreadFilter;
+
+/// A message of `thread` at `slot` whose payload is `<Note>{text}</Note>`.
+fn note(store: &Store, thread: &str, slot: u64, text: &str) {
+    store.record(
+        1,
+        &EventKind::Message {
+            message: MessageRecord {
+                payload_xml: crate::xml::SharedXml::new(format!("<Note>{text}</Note>")),
+                ..msg(thread, slot, "api", "g", slot)
+            },
+        },
+    );
+}
+
+/// Threads found by `q`, as `/threads` counts them.
+fn found(store: &Store, q: &str) -> u64 {
+    let filter = ThreadFilter {
+        q: Some(q.into()),
+        ..Default::default()
+    };
+    store.query_threads(&filter, Page::default()).unwrap().total
+}
+
+/// Threads one of whose messages holds `word`, by the index of every message.
+fn by_messages(store: &Store, word: &str) -> u64 {
+    let sql = "SELECT count(*) FROM threads WHERE n IN \
+               (SELECT rowid >> 32 FROM message_text WHERE message_text MATCH ?)";
+    let phrase = super::super::search::phrase(word).unwrap();
+    let n: i64 = store
+        .read(|tx| tx.query_row(sql, [phrase], |r| r.get(0)))
+        .unwrap();
+    n as u64
+}
+
+const WORDS: [&str; 12] = [
+    "alpha", "ALPHA", "beta1", "gamma2", "w7", "w13", "note", "caf", "x", "nope", "Ünï", "a",
+];
+
+/// Twenty threads of three messages, words repeated within and across threads, in any
+/// case, cut by characters of every kind.
+fn fill(store: &Store, from: usize) {
+    for i in from..from + 20 {
+        let t = format!("t{i}");
+        thread(store, &t, ThreadStatus::Completed, 1);
+        note(store, &t, 0, &format!("alpha Beta{} café-x w{i}", i % 3));
+        note(store, &t, 1, &format!("ALPHA gamma{} a&amp;b", i % 5));
+        note(store, &t, 2, &format!("über-Ünï ßtraße w{i} alpha"));
+    }
+}
+
+#[test]
+fn one_word_finds_what_the_index_of_every_message_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    store.search_payloads(true).unwrap();
+    fill(&store, 0);
+    store.flush(1);
+    let expect = |store: &Store| {
+        for word in WORDS {
+            assert_eq!(found(store, word), by_messages(store, word), "{word}");
+        }
+    };
+    assert_eq!(found(&store, "alpha"), 20);
+    assert_eq!(found(&store, "beta1"), 7);
+    assert_eq!(found(&store, "w7"), 1);
+    assert_eq!(found(&store, "nope"), 0);
+    expect(&store);
+    // Pruned threads are forgotten: threads written after them have their words again.
+    store.prune(Some(30), None).unwrap();
+    fill(&store, 20);
+    store.flush(1);
+    assert_eq!(found(&store, "alpha"), 30);
+    expect(&store);
+    // Reopened (what was kept in memory is gone): a thread's later words are found, once.
+    drop(store);
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    store.search_payloads(true).unwrap();
+    note(&store, "t25", 3, "alpha zebra");
+    store.flush(1);
+    assert_eq!((found(&store, "alpha"), found(&store, "zebra")), (30, 1));
+    expect(&store);
+}
+
+#[test]
+fn a_store_indexed_by_an_older_version_has_its_threads_words_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let store = Store::open(&path).unwrap();
+    store.search_payloads(true).unwrap();
+    fill(&store, 0);
+    store.flush(1);
+    drop(store);
+    // As a version without `thread_words` left it.
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP TRIGGER thread_words_add; DROP TRIGGER thread_words_gone; DELETE FROM thread_words;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = Store::open(&path).unwrap();
+    store.search_payloads(true).unwrap();
+    assert_eq!(found(&store, "w7"), 1);
+    note(&store, "t3", 3, "zebra");
+    store.flush(1);
+    assert_eq!(found(&store, "zebra"), 1);
+    for word in WORDS {
+        assert_eq!(found(&store, word), by_messages(&store, word), "{word}");
+    }
+}
+
+#[test]
+fn words_of_a_write_that_failed_are_found_once_it_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_with(&dir.path().join("s.db"), Some(120)).unwrap();
+    store.search_payloads(true).unwrap();
+    // Payloads of a page each with no word in them: the indexes stay small.
+    let big = ".".repeat(3000);
+    thread(&store, "old", ThreadStatus::Completed, 1);
+    for slot in 0..60 {
+        note(&store, "old", slot, &big);
+    }
+    store.flush(1);
+    assert_eq!(store.failure(), None);
+    // The disk fills while thread "new" brings its words: the batch is rolled back.
+    thread(&store, "new", ThreadStatus::Completed, 2);
+    note(&store, "new", 0, "zebra");
+    for slot in 1..60 {
+        note(&store, "new", slot, &big);
+    }
+    crate::testing::wait_until("the write failure is reported", || {
+        store.failure().is_some()
+    });
+    store.prune(Some(60), None).unwrap();
+    crate::testing::wait_until("the held writes commit", || store.failure().is_none());
+    store.flush(2);
+    assert_eq!(
+        found(&store, "zebra"),
+        1,
+        "a word of the failed write is found"
+    );
+    assert_eq!(by_messages(&store, "zebra"), 1);
+}
+
+/// Threads `t0`…`t{n-1}` of one message each, created in that order, every one holding
+/// `all`, one in three `third` and only `t7` `w7`.
+fn one_message_threads(store: &Store, n: usize) {
+    for i in 0..n {
+        let t = format!("t{i:03}");
+        thread(store, &t, ThreadStatus::Completed, i as u64 + 1);
+        let third = if i % 3 == 0 { "third" } else { "" };
+        note(store, &t, 0, &format!("all {third} w{i}"));
+    }
+    store.flush(1);
+}
+
+#[test]
+fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    store.search_payloads(true).unwrap();
+    one_message_threads(&store, 600);
+    let ids = |q: &str, page: Page| -> (u64, Vec<String>) {
+        let filter = ThreadFilter {
+            q: Some(q.into()),
+            ..Default::default()
+        };
+        let p = store.query_threads(&filter, page).unwrap();
+        (p.total, p.items.into_iter().map(|t| t.id).collect())
+    };
+    // Newest first: the threads a filter by hand finds.
+    let expect = |keep: &dyn Fn(usize) -> bool, page: Page| -> Vec<String> {
+        (0..600)
+            .rev()
+            .filter(|i| keep(*i))
+            .map(|i| format!("t{i:03}"))
+            .skip(page.offset)
+            .take(page.limit)
+            .collect()
+    };
+    // Every thread, a page of one: each row tested against the indexes.
+    for offset in [0, 1, 599] {
+        let page = Page { limit: 1, offset };
+        assert_eq!(ids("all", page), (600, expect(&|_| true, page)), "{offset}");
+    }
+    // One in three, a page of 50: the found set read once, the rows scanned in order.
+    for offset in [0, 150] {
+        let page = Page { limit: 50, offset };
+        assert_eq!(ids("third", page), (200, expect(&|i| i % 3 == 0, page)));
+    }
+    // One thread: read by its number. A thread whose id holds `q` is found either way.
+    let page = Page {
+        limit: 50,
+        offset: 0,
+    };
+    assert_eq!(ids("w7", page), (1, vec!["t007".to_string()]));
+    assert_eq!(ids("t00", page), (10, expect(&|i| i < 10, page)));
+    assert_eq!(ids("t599", page), (1, vec!["t599".to_string()]));
+    // Two words in order (the index of every message), on every plan.
+    assert_eq!(
+        ids(
+            "all third",
+            Page {
+                limit: 1,
+                offset: 0
+            }
+        )
+        .0,
+        200
+    );
+    let first = Page {
+        limit: 1,
+        offset: 0,
+    };
+    assert_eq!(ids("Note all", first), (600, expect(&|_| true, first)));
+    assert_eq!(ids("third w9", page), (1, vec!["t009".to_string()]));
+}
+
+#[test]
+fn distinct_threads_counts_each_number_once_in_any_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    for (values, n) in [
+        ("(1),(1),(2),(5),(5),(5)", 3),
+        ("(3),(1),(1),(2),(3),(2)", 3),
+        ("(7)", 1),
+    ] {
+        let sql = format!("SELECT distinct_threads(column1) FROM (VALUES {values})");
+        let got: i64 = store
+            .read(|tx| tx.query_row(&sql, [], |r| r.get(0)))
+            .unwrap();
+        assert_eq!(got, n, "{values}");
+    }
+    let none: i64 = store
+        .read(|tx| tx.query_row("SELECT distinct_threads(n) FROM threads", [], |r| r.get(0)))
+        .unwrap();
+    assert_eq!(none, 0);
+}
