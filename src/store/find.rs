@@ -54,12 +54,7 @@ pub(super) fn q_clause(w: &mut super::Where, q: &str, payloads: bool) {
 /// `q` when it is `/threads`'s only filter and the indexes answer it all (the setting on,
 /// 3 characters or more): [`q_plan`] counts and pages it.
 pub(super) fn q_alone(filter: &crate::threads::ThreadFilter, payloads: bool) -> Option<&str> {
-    let alone = filter.status.is_none()
-        && filter.agent.is_none()
-        && filter.within.is_none()
-        && filter.since.is_none()
-        && filter.until.is_none()
-        && filter.labels.is_empty();
+    let alone = super::thread_fields::labels_and_q_only(filter) && filter.labels.is_empty();
     let q = filter.q.as_deref()?;
     (alone && payloads && q.chars().count() >= 3 && phrase(q).is_some()).then_some(q)
 }

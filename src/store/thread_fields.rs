@@ -44,15 +44,18 @@ impl super::Store {
     }
 }
 
-/// A filter of label tests alone (no status, agent, scope, time or `q`): what `thread_labels`
-/// answers by itself ([`label_plan`]).
-pub(super) fn labels_only(filter: &ThreadFilter) -> Option<&[crate::threads::LabelTest]> {
-    let alone = filter.status.is_none()
+/// Whether `filter` tests nothing but labels and `q` (no status, agent, scope or time).
+pub(super) fn labels_and_q_only(filter: &ThreadFilter) -> bool {
+    filter.status.is_none()
         && filter.agent.is_none()
         && filter.within.is_none()
         && filter.since.is_none()
         && filter.until.is_none()
-        && filter.q.is_none();
+}
+
+/// A filter of label tests alone: what `thread_labels` answers by itself ([`label_plan`]).
+pub(super) fn labels_only(filter: &ThreadFilter) -> Option<&[crate::threads::LabelTest]> {
+    let alone = labels_and_q_only(filter) && filter.q.is_none();
     (alone && !filter.labels.is_empty()).then_some(filter.labels.as_slice())
 }
 

@@ -18,6 +18,13 @@ fn note(store: &Store, thread: &str, slot: u64, text: &str) {
     );
 }
 
+/// The store at `path` with payload search on.
+fn searching(path: &std::path::Path) -> Store {
+    let store = Store::open(path).unwrap();
+    store.search_payloads(true).unwrap();
+    store
+}
+
 /// Threads found by `q`, as `/threads` counts them.
 fn found(store: &Store, q: &str) -> u64 {
     let filter = ThreadFilter {
@@ -57,8 +64,7 @@ fn fill(store: &Store, from: usize) {
 #[test]
 fn one_word_finds_what_the_index_of_every_message_finds() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("s.db")).unwrap();
-    store.search_payloads(true).unwrap();
+    let store = searching(&dir.path().join("s.db"));
     fill(&store, 0);
     store.flush(1);
     let expect = |store: &Store| {
@@ -79,8 +85,7 @@ fn one_word_finds_what_the_index_of_every_message_finds() {
     expect(&store);
     // Reopened (what was kept in memory is gone): a thread's later words are found, once.
     drop(store);
-    let store = Store::open(&dir.path().join("s.db")).unwrap();
-    store.search_payloads(true).unwrap();
+    let store = searching(&dir.path().join("s.db"));
     note(&store, "t25", 3, "alpha zebra");
     store.flush(1);
     assert_eq!((found(&store, "alpha"), found(&store, "zebra")), (30, 1));
@@ -91,8 +96,7 @@ fn one_word_finds_what_the_index_of_every_message_finds() {
 fn a_store_indexed_by_an_older_version_has_its_threads_words_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
-    let store = Store::open(&path).unwrap();
-    store.search_payloads(true).unwrap();
+    let store = searching(&path);
     fill(&store, 0);
     store.flush(1);
     drop(store);
@@ -103,8 +107,7 @@ fn a_store_indexed_by_an_older_version_has_its_threads_words_at_start() {
     )
     .unwrap();
     drop(conn);
-    let store = Store::open(&path).unwrap();
-    store.search_payloads(true).unwrap();
+    let store = searching(&path);
     assert_eq!(found(&store, "w7"), 1);
     note(&store, "t3", 3, "zebra");
     store.flush(1);
@@ -162,8 +165,7 @@ fn one_message_threads(store: &Store, n: usize) {
 #[test]
 fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("s.db")).unwrap();
-    store.search_payloads(true).unwrap();
+    let store = searching(&dir.path().join("s.db"));
     one_message_threads(&store, 600);
     let ids = |q: &str, page: Page| -> (u64, Vec<String>) {
         let filter = ThreadFilter {
