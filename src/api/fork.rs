@@ -47,8 +47,8 @@ pub struct ForkBody {
     pub payload_type: Option<String>,
     /// Another receiver for it; else its own.
     pub to: Option<String>,
-    /// The new thread's id (else a new one): `[A-Za-z0-9_-]{1,128}`, unused (else 409
-    /// `thread_exists`).
+    /// The new thread's id (else a new one): `[A-Za-z0-9_-]{1,128}` but not `batch`, `count`
+    /// or `retry`, unused (else 409 `thread_exists`).
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
     /// Labels for the new thread, over those it inherits (inject's rules).
@@ -126,7 +126,7 @@ pub(super) async fn fork(
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_thread_id",
-            "thread_id must be 1-128 characters of A-Z a-z 0-9 _ -",
+            format!("thread_id {}", crate::threads::ID_RULE),
         )
         .at("thread_id"));
     }

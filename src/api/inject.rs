@@ -30,11 +30,13 @@ pub struct InjectBody {
     /// Which accepted payload type `payload` is (`Local` or `{namespace}Local`); needed only
     /// when the listener accepts more than one.
     pub payload_type: Option<String>,
-    /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}`.
+    /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}` but not
+    /// `batch`, `count` or `retry` (routes beside `/threads/{id}`).
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
     /// The id of the message this inject makes, chosen by the client so it knows it before
-    /// the answer: `[A-Za-z0-9_-]{1,128}`, unused in the organism (else 409
+    /// the answer: `[A-Za-z0-9_-]{1,128}` but not `batch`, `count` or `retry`, unused in
+    /// the organism (else 409
     /// `message_id_taken`).
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub message_id: Option<String>,
@@ -118,7 +120,7 @@ pub fn inject(
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 "invalid_thread_id",
-                "thread_id must be 1-128 characters of A-Z a-z 0-9 _ -",
+                format!("thread_id {}", crate::threads::ID_RULE),
             )
             .at("thread_id"));
         }
@@ -131,7 +133,7 @@ pub fn inject(
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_message_id",
-            "message_id must be 1-128 characters of A-Z a-z 0-9 _ -",
+            format!("message_id {}", crate::threads::ID_RULE),
         )
         .at("message_id"));
     }

@@ -35,7 +35,8 @@ pub use settings::ThreadSettings;
 
 pub use record::{
     new_id, valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Origin, OriginKind,
-    Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus, SYSTEM_SENDER,
+    Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus, ID_RULE, RESERVED_IDS,
+    SYSTEM_SENDER,
 };
 
 const SHARDS: usize = 16;

@@ -110,7 +110,7 @@ pub struct ThreadInfo {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ThreadError {
-    #[error("thread id must be 1-128 characters of A-Z a-z 0-9 _ -")]
+    #[error("thread id {}", ID_RULE)]
     InvalidId,
     #[error("thread {0} was killed")]
     Killed(String),
@@ -285,13 +285,24 @@ pub struct NewMessage {
     pub origin: Origin,
 }
 
-/// Thread ids are `[A-Za-z0-9_-]{1,128}` (SPEC §6).
+/// Ids a thread or a message may not have: the routes beside `/threads/{id}` and
+/// `/messages/{id}` (`GET /threads/count`, `POST /threads/batch`, `POST /messages/retry`),
+/// which would hide it.
+pub const RESERVED_IDS: [&str; 3] = ["batch", "count", "retry"];
+
+/// What a valid thread or message id is, said where one is refused.
+pub const ID_RULE: &str =
+    "must be 1-128 characters of A-Z a-z 0-9 _ -, and not batch, count or retry (routes)";
+
+/// Thread (and message) ids are `[A-Za-z0-9_-]{1,128}` (SPEC §6), but none of
+/// [`RESERVED_IDS`].
 pub fn valid_thread_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        && !RESERVED_IDS.contains(&id)
 }
 
 /// A new id for a thread or a message: a UUID v7 (time-ordered), written straight into its

@@ -235,6 +235,12 @@ async fn bad_forks_are_refused_where_they_are_wrong_and_change_nothing() {
             "thread_id",
         ),
         (
+            json!({"at": hop2["id"], "thread_id": "count"}),
+            400,
+            "invalid_thread_id",
+            "thread_id",
+        ),
+        (
             json!({"at": hop2["id"], "labels": {"password": "x"}}),
             422,
             "invalid_label",

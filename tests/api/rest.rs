@@ -525,7 +525,32 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
         )
         .await;
     assert_eq!((st, e["error"]["where"].as_str()), (400, Some("thread_id")));
-    // 415: wrong content type.
+    // Ids that name routes beside `/threads/{id}` and `/messages/{id}` would hide their
+    // thread or message: refused, saying why.
+    for id in ["count", "batch", "retry"] {
+        for field in ["thread_id", "message_id"] {
+            let (st, e) = s
+                .post(
+                    "/api/v1/inject",
+                    json!({"to": "a", "payload_xml": "<Note/>", field: id}),
+                )
+                .await;
+            assert_eq!(
+                (st, e["error"]["where"].as_str()),
+                (400, Some(field)),
+                "{field} {id}: {e}"
+            );
+            let message = e["error"]["message"].as_str().unwrap();
+            assert!(message.contains("not batch, count or retry"), "{message}");
+        }
+    }
+    // A near one is an id like any other, and its thread is found by it.
+    let mut near = note("n");
+    near["thread_id"] = json!("counts");
+    let (st, _) = s.post("/api/v1/inject", near).await;
+    assert_eq!(st, 202);
+    let (st, t) = s.get("/api/v1/threads/counts").await;
+    assert_eq!((st, t["id"].as_str()), (200, Some("counts")), "{t}");
     let r = s
         .http
         .post(s.url("/api/v1/inject"))
