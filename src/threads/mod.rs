@@ -43,7 +43,8 @@ const SHARDS: usize = 16;
 
 struct Entry {
     status: ThreadStatus,
-    participants: Vec<Arc<str>>,
+    /// Inline up to four (most threads'), so a new thread allocates no list for them.
+    participants: smallvec::SmallVec<[Arc<str>; 4]>,
     created_at: Timestamp,
     last_activity: Timestamp,
     error: Option<String>,
@@ -243,7 +244,7 @@ impl ThreadRegistry {
         let entry = Entry {
             owner,
             status: ThreadStatus::Active,
-            participants: Vec::new(),
+            participants: smallvec::SmallVec::new(),
             created_at: now,
             last_activity: now,
             error: None,
@@ -525,6 +526,10 @@ impl ThreadRegistry {
     fn note_finished(&self, shard: &mut Shard, thread: &str) {
         shard.finishes += 1;
         let number = shard.finishes;
+        // The map's own id, shared (not copied) into the list of finished threads.
+        let Some(id) = shard.threads.get_key_value(thread).map(|(id, _)| id.clone()) else {
+            return;
+        };
         let Some(e) = shard.threads.get_mut(thread) else {
             return;
         };
@@ -534,7 +539,7 @@ impl ThreadRegistry {
             shard.finished_bytes -= before;
             shard.finished_now -= 1;
         }
-        shard.finished.push_back((Arc::from(thread), number));
+        shard.finished.push_back((id, number));
         shard.finished_bytes += weight;
         shard.finished_now += 1;
         let cap = self.retain_finished / SHARDS + 1;
