@@ -252,10 +252,27 @@ pub(crate) fn line_of(input: &str, offset: u64) -> usize {
 /// text that needs it.
 pub fn escape_text(s: &str) -> std::borrow::Cow<'_, str> {
     let b = s.as_bytes();
-    if memchr::memchr3(b'<', b'>', b'&', b).is_none() && memchr::memchr2(b'\'', b'"', b).is_none() {
+    let plain = memchr::memchr3(b'<', b'>', b'&', b).is_none()
+        && memchr::memchr3(b'\'', b'"', b'\r', b).is_none();
+    if plain {
         return std::borrow::Cow::Borrowed(s);
     }
-    quick_xml::escape::escape(s)
+    // A carriage return written as itself would be read back as a line feed.
+    let escaped = quick_xml::escape::escape(s);
+    match escaped.contains('\r') {
+        true => std::borrow::Cow::Owned(escaped.replace('\r', "&#13;")),
+        false => escaped,
+    }
+}
+
+/// [`escape_text`] for an attribute's value: tabs and line ends too, which a reader would
+/// turn into spaces (XML 1.0 §3.3.3).
+pub fn escape_attribute(s: &str) -> std::borrow::Cow<'_, str> {
+    let text = escape_text(s);
+    if memchr::memchr2(b'\t', b'\n', text.as_bytes()).is_none() {
+        return text;
+    }
+    std::borrow::Cow::Owned(text.replace('\t', "&#9;").replace('\n', "&#10;"))
 }
 
 #[cfg(test)]

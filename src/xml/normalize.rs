@@ -15,7 +15,8 @@ use quick_xml::XmlVersion;
 use super::reader::StrictReader;
 
 use super::{
-    declaration_allowed_at, escape_text, guard, line_of, PayloadType, XmlError, XmlLimits,
+    declaration_allowed_at, escape_attribute, escape_text, guard, line_of, PayloadType, XmlError,
+    XmlLimits,
 };
 
 /// A payload that passed the input guards and was read strictly, in normalized form.
@@ -282,7 +283,7 @@ fn write_start(
         out.push(' ');
         out.push_str(&key);
         out.push_str("=\"");
-        out.push_str(&escape_text(&value));
+        out.push_str(&escape_attribute(&value));
         out.push('"');
     }
     Ok(())
@@ -326,6 +327,28 @@ mod tests {
         assert_eq!(a, b);
         assert_eq!(*a.xml, "<A a=\"1\" b=\"2\"><x/>t&amp;A</A>");
         assert_eq!(a.payload_type.to_string(), "A");
+    }
+
+    /// What the pump relies on to route an output that repeats its input without reading it
+    /// again (`pump::route::echoed`): normalized XML normalizes to itself, with its type.
+    #[test]
+    fn normalized_xml_normalizes_to_itself() {
+        for doc in [
+            "<?xml version=\"1.0\"?><A b=\"2\" a=\"1\"><!-- c --><x></x>t&amp;&#65;</A>",
+            "<p:A xmlns:p=\"urn:p\" xmlns:q=\"urn:q\"><q:b q:c=\"&lt;&quot;'\"/></p:A>",
+            "<A xmlns=\"urn:d\"><b>  spaced\n text\t</b><![CDATA[<raw> & ]]></A>",
+            "<A><?pi data?><b/>\u{e9}t\u{e9} &#x1F600; &gt;</A>",
+            "<A a=\"&#10;&#9;x&#13;\" b=\"\n\tspaced\"/>",
+            "<A>line&#13;\nend&#13;</A>",
+        ] {
+            let once = norm(doc).unwrap();
+            let twice = norm(&once.xml).unwrap();
+            assert_eq!(once, twice, "{doc}");
+        }
+        // A line end or tab given by reference stays one (written as itself, it would be
+        // read back as a space, or a carriage return as a line feed).
+        let kept = norm("<A a=\"&#10;&#9;&#13;\">&#13;</A>").unwrap();
+        assert_eq!(*kept.xml, "<A a=\"&#10;&#9;&#13;\">&#13;</A>");
     }
 
     #[test]
