@@ -504,6 +504,8 @@ impl Shared {
                 },
                 payload: job.payload,
             };
+            // What it was given, so an output that repeats it is not read again.
+            let given = delivery.payload.clone();
             // An agent may call back before its POST is answered: the wait opens first.
             let wait = if listener.handler.awaits_reply() {
                 self.begin_wait(listener, &record)
@@ -537,7 +539,7 @@ impl Shared {
                 Outcome::Done(outputs) => {
                     self.finish_message(&record, MessageStatus::Delivered, None);
                     for output in outputs {
-                        self.route_output(listener, &record, output);
+                        self.route_output(listener, &record, Some(&given), output);
                     }
                 }
                 Outcome::Failed(reason) => {

@@ -335,6 +335,7 @@ impl Organism {
             s.route_output(
                 &listener,
                 &record,
+                None,
                 Output {
                     payload: text,
                     to: reply.to.map(str::to_string),

@@ -11,6 +11,7 @@ use super::{FailureKind, Shared};
 use crate::events::EventKind;
 use crate::events::StatusAbout;
 use crate::listener::Output;
+use crate::schema::ValidatedPayload;
 use crate::threads::{MessageRecord, MessageStatus, NewMessage, Origin};
 use crate::xml::{
     escape_text, normalize_payload, NormalizedPayload, PayloadType, SharedXml, SYSTEM_NS,
@@ -74,16 +75,36 @@ struct Refusal {
     error: String,
 }
 
+/// An output that is the payload its listener was given, byte for byte: that payload's
+/// normalized form and type as they are (normalizing normalized XML gives it back), with no
+/// second read. Still within the limits as they are now, and validated again for its
+/// receiver like any output.
+fn echoed(
+    handled: Option<&ValidatedPayload>,
+    output: &str,
+    limits: &crate::xml::XmlLimits,
+) -> Option<NormalizedPayload> {
+    let given = handled?;
+    (given.xml() == output && output.len() <= limits.max_bytes).then(|| NormalizedPayload {
+        payload_type: given.payload_type().clone(),
+        xml: given.xml_arc(),
+    })
+}
+
 impl Shared {
-    /// Routes one output of `listener`, produced while handling `parent`.
+    /// Routes one output of `listener`, produced while handling `parent` (whose payload,
+    /// `handled`, the listener was given, if it was).
     pub(crate) fn route_output(
         self: &Arc<Self>,
         listener: &Arc<Listener>,
         parent: &MessageRecord,
+        handled: Option<&ValidatedPayload>,
         output: Output,
     ) {
         let from = listener.config.name.arc();
-        let payload = match normalize_payload(&output.payload, &self.xml_limits) {
+        let payload = match echoed(handled, &output.payload, &self.xml_limits)
+            .map_or_else(|| normalize_payload(&output.payload, &self.xml_limits), Ok)
+        {
             Ok(p) => p,
             Err(e) => {
                 let refusal = Refusal {

@@ -527,7 +527,11 @@ impl ThreadRegistry {
         shard.finishes += 1;
         let number = shard.finishes;
         // The map's own id, shared (not copied) into the list of finished threads.
-        let Some(id) = shard.threads.get_key_value(thread).map(|(id, _)| id.clone()) else {
+        let Some(id) = shard
+            .threads
+            .get_key_value(thread)
+            .map(|(id, _)| id.clone())
+        else {
             return;
         };
         let Some(e) = shard.threads.get_mut(thread) else {

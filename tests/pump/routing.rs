@@ -383,3 +383,43 @@ async fn a_paused_queue_does_not_hold_a_stop_for_its_grace_period() {
         agentserver::threads::ThreadStatus::Killed
     );
 }
+
+/// An output that repeats the payload its listener was given is not read again, but it is
+/// still validated against its receiver's schema, which may ask more than the sender's.
+#[tokio::test]
+async fn a_forwarded_payload_is_validated_for_its_receiver() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let strict = TEST_XSD.replace(
+        r#"<xs:element name="n" type="xs:int"/></xs:sequence></xs:complexType></xs:element>
+  <xs:element name="Pong">"#,
+        r#"<xs:element name="n"><xs:simpleType><xs:restriction base="xs:int"><xs:maxInclusive value="5"/></xs:restriction></xs:simpleType></xs:element></xs:sequence></xs:complexType></xs:element>
+  <xs:element name="Pong">"#,
+    );
+    assert_ne!(strict, TEST_XSD);
+    std::fs::write(dir.path().join("strict.xsd"), strict).unwrap();
+    let yaml = "organism: {name: t, store: memory}
+listeners:
+  - {name: a, description: passes on, kind: native, handler: forward, schema: t.xsd, accepts: [Ping], config: {to: b}}
+  - {name: b, description: strict, kind: native, handler: sink, schema: strict.xsd, accepts: [Ping]}
+";
+    let path = dir.path().join("o.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let ok = inject(&o, "a", "<Ping>\n  <n>3</n>\n</Ping>", None);
+    assert_eq!(settle(&o, &ok.thread_id).await, ThreadStatus::Completed);
+    let ms = messages(&o, &ok.thread_id);
+    assert_eq!(ms[1].payload_xml.as_str(), ms[0].payload_xml.as_str());
+    assert_eq!(ms[1].status, MessageStatus::Delivered);
+    let bad = inject(&o, "a", &ping(7), None);
+    assert_eq!(settle(&o, &bad.thread_id).await, ThreadStatus::Error);
+    let ms = messages(&o, &bad.thread_id);
+    let rejected = &with_status(&ms, MessageStatus::Rejected)[0];
+    assert_eq!(to_of(rejected), "b");
+    assert!(
+        rejected.error.as_deref().unwrap().contains("maxInclusive")
+            || rejected.error.as_deref().unwrap().contains("5"),
+        "{:?}",
+        rejected.error
+    );
+}

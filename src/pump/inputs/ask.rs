@@ -98,6 +98,7 @@ impl Shared {
                     self.route_output(
                         l,
                         &record,
+                        None,
                         Output {
                             payload: a.payload_xml,
                             to: a.to,
