@@ -1,8 +1,9 @@
 //! Each thread's payload words, once (`thread_words`, schema v22): what lets `q=` with one
 //! word count the threads that hold it by reading one index entry a thread, not one a
 //! message. The message trigger (`search.rs`) hands each payload to `new_words(thread,
-//! text)`, which returns only the runs of the text its thread has not had yet, and indexes
-//! those under the message's row; deleting a thread's messages calls `forget_words`.
+//! slot, text)`, which returns only the runs of the text its thread has not had yet, and
+//! indexes those under the message's row; deleting a thread's messages calls
+//! `forget_words`.
 //!
 //! Which words a thread has had is kept here, in memory, within [`WORDS_BYTES`]; a thread
 //! no longer kept (pushed out, a restart, a transaction rolled back) has its words indexed
@@ -18,7 +19,8 @@ use rusqlite::functions::FunctionFlags;
 use super::coalesce::FastMap;
 use crate::hash::SeededSet;
 
-/// Bytes of words kept in memory, across threads (the newest half kept whole when full).
+/// Bytes of words kept in memory, across threads (the newest half kept whole when full;
+/// past it by one payload's words at most).
 pub const WORDS_BYTES: usize = 16 << 20;
 
 /// What each entry costs beyond its bytes (set slot, box), counted against [`WORDS_BYTES`].
