@@ -893,3 +893,58 @@ listeners:
     o.stop().await;
     mirror.stop().await;
 }
+
+/// A gateway knows the threads' labels from the mirrored events: a `/ws/messages` session
+/// subscribed by label gets the messages of the threads it names and no others.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_gateway_session_subscribed_by_label_sees_only_those_threads() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats);
+    let o = Organism::builder().load(&path).unwrap();
+    let mirror = Mirroring::start(&o);
+    let (_gateway, gw) = gateway(&nats);
+    let mut client = ws_connect(&format!("{gw}/ws/messages")).await;
+    // The session answers commands once it serves the stream: after its first message.
+    let warm = inject(&o, "a", "<Note>before</Note>", None)
+        .thread_id
+        .to_string();
+    frames_until_done(&mut client, &[warm]).await;
+    let sub = serde_json::json!({"cmd": "subscribe", "request_id": "s", "label": ["customer:a1"]});
+    send_json(&mut client, sub).await;
+    let ack = read_until(&mut client, |f| f["request_id"] == "s")
+        .await
+        .pop()
+        .unwrap();
+    assert_eq!(ack["event"], "ack", "{ack}");
+    let labelled = |customer: Option<&str>, text: &str| {
+        let labels: std::collections::BTreeMap<String, String> = customer
+            .map(|c| [("customer".to_string(), c.to_string())].into())
+            .unwrap_or_default();
+        let req = agentserver::InjectRequest {
+            from: "api".into(),
+            to: "a".into(),
+            payload_xml: format!("<Note>{text}</Note>"),
+            thread_id: None,
+        };
+        o.inject_labelled(req, None, customer.map(|_| &labels))
+            .unwrap()
+            .thread_id
+            .to_string()
+    };
+    let first = labelled(Some("a1"), "named");
+    let other = labelled(Some("a2"), "another customer's");
+    let none = labelled(None, "no labels");
+    let last = labelled(Some("a1"), "named again");
+    let frames = frames_until_done(&mut client, &[first.clone(), last.clone()]).await;
+    let threads: std::collections::BTreeSet<&str> = frames
+        .iter()
+        .filter_map(|f| f["thread_id"].as_str())
+        .collect();
+    assert_eq!(
+        threads,
+        [first.as_str(), last.as_str()].into(),
+        "not {other} nor {none}"
+    );
+    mirror.stop().await;
+}

@@ -41,8 +41,13 @@ use crate::events::{Event, EventHub, Subscription};
 use crate::nats::mirror::{follow_snapshots, read, ReadFrom, Snapshot};
 use crate::nats::Link;
 
+mod labels;
 mod view;
 use view::connected;
+
+/// The labels of the threads the gateway has heard of (`labels.rs`), shared by the feed
+/// and the sessions.
+type Labelled = Arc<std::sync::Mutex<labels::ThreadLabels>>;
 
 /// Events a gateway holds for `?since=` and for clients that fall behind, by default.
 pub const DEFAULT_RETAIN: usize = 65_536;
@@ -76,6 +81,7 @@ struct Gate {
     limits: Limits,
     listen: String,
     closing: CancellationToken,
+    labels: Labelled,
 }
 
 /// The local hub, once the first event is read, and the `seq` before that event.
@@ -140,8 +146,20 @@ impl Gateway {
         let closing = CancellationToken::new();
         let (tx, rx) = watch::channel(None);
         let (snapshot_tx, snapshot_rx) = watch::channel(None);
-        tokio::spawn(feed_snapshots(link.clone(), snapshot_tx, closing.clone()));
-        tokio::spawn(feed(link, retain.max(1), tx, closing.clone()));
+        let labels = Labelled::default();
+        tokio::spawn(feed_snapshots(
+            link.clone(),
+            snapshot_tx,
+            labels.clone(),
+            closing.clone(),
+        ));
+        tokio::spawn(feed(
+            link,
+            retain.max(1),
+            tx,
+            labels.clone(),
+            closing.clone(),
+        ));
         let limits = Limits::default();
         let gate = Gate {
             access,
@@ -150,6 +168,7 @@ impl Gateway {
             limits,
             listen: addr.to_string(),
             closing: closing.clone(),
+            labels,
         };
         let app = Router::new()
             .route("/healthz", get(healthz))
@@ -194,6 +213,7 @@ async fn feed(
     link: Link,
     retain: usize,
     tx: watch::Sender<Option<Fed>>,
+    labels: Labelled,
     closing: CancellationToken,
 ) {
     let mut hub: Option<Arc<EventHub>> = None;
@@ -232,6 +252,8 @@ async fn feed(
                     ));
                 }
             }
+            // A thread's labels as this event leaves them, before a session tests it.
+            crate::sync::lock(&labels).note(&ev.kind);
             h.publish_numbered(Event::numbered(
                 ev.seq,
                 ev.timestamp,
@@ -253,14 +275,25 @@ async fn feed(
     }
 }
 
-/// Keeps the latest snapshot, for as long as the gateway runs.
+/// Keeps the latest snapshot, for as long as the gateway runs. The first one gives the
+/// labels of the threads it lists that the events read so far did not name.
 async fn feed_snapshots(
     link: Link,
     tx: watch::Sender<Option<Arc<Snapshot>>>,
+    labels: Labelled,
     closing: CancellationToken,
 ) {
+    let mut first = true;
     loop {
         let followed = follow_snapshots(&link, closing.clone(), |s| {
+            if std::mem::take(&mut first) {
+                let mut known = crate::sync::lock(&labels);
+                for t in &s.threads {
+                    if t["id"].as_str().is_some_and(|id| known.get(id).is_none()) {
+                        known.note_view(t);
+                    }
+                }
+            }
             let _ = tx.send(Some(Arc::new(s)));
         })
         .await;
@@ -420,6 +453,13 @@ impl Source for Gate {
 
     fn limits(&self) -> Limits {
         self.limits
+    }
+
+    fn thread_labels(
+        &self,
+        thread: &str,
+    ) -> Result<Option<Arc<crate::threads::Labels>>, &'static str> {
+        Ok(crate::sync::lock(&self.labels).get(thread))
     }
 
     fn auth(&self) -> Option<Arc<Authenticator>> {

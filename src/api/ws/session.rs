@@ -79,10 +79,8 @@ pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
     /// (such a filter is refused).
     fn thread_labels(
         &self,
-        _thread: &str,
-    ) -> Result<Option<Arc<crate::threads::Labels>>, &'static str> {
-        Err("label filters need the organism's own server (a gateway does not hold labels)")
-    }
+        thread: &str,
+    ) -> Result<Option<Arc<crate::threads::Labels>>, &'static str>;
 
     /// Subscribes the session to the events after `since` (or the latest), queueing what
     /// comes before them (`resync_required`, `connected`); with the `since` it resumes
