@@ -455,11 +455,8 @@ impl Source for Gate {
         self.limits
     }
 
-    fn thread_labels(
-        &self,
-        thread: &str,
-    ) -> Result<Option<Arc<crate::threads::Labels>>, &'static str> {
-        Ok(crate::sync::lock(&self.labels).get(thread))
+    fn thread_labels(&self, thread: &str) -> Option<Arc<crate::threads::Labels>> {
+        crate::sync::lock(&self.labels).get(thread)
     }
 
     fn auth(&self) -> Option<Arc<Authenticator>> {

@@ -126,11 +126,8 @@ impl Source for Pump {
         Arc::ptr_eq(a, b)
     }
 
-    fn thread_labels(
-        &self,
-        thread: &str,
-    ) -> Result<Option<Arc<crate::threads::Labels>>, &'static str> {
-        Ok(self.0.inner.organism.threads().labels(thread))
+    fn thread_labels(&self, thread: &str) -> Option<Arc<crate::threads::Labels>> {
+        self.0.inner.organism.threads().labels(thread)
     }
 
     fn scope(&self, p: &Principal, config: &Self::Basis) -> Scope {

@@ -96,7 +96,7 @@ impl<S: Source> Session<S> {
         let Some(thread) = ev.kind.thread_id().filter(|_| !tests.is_empty()) else {
             return true;
         };
-        let labels = self.source.thread_labels(thread).ok().flatten();
+        let labels = self.source.thread_labels(thread);
         tests.iter().all(|t| t.holds(labels.as_deref()))
     }
 

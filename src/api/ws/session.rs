@@ -75,12 +75,8 @@ pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
     fn closing(&self) -> CancellationToken;
     /// `n` frames were not sent to a client of `ep`.
     fn count_dropped(&self, _ep: Endpoint, _n: u64) {}
-    /// A thread's labels now, for a filter's label tests: `Err` where they are not known
-    /// (such a filter is refused).
-    fn thread_labels(
-        &self,
-        thread: &str,
-    ) -> Result<Option<Arc<crate::threads::Labels>>, &'static str>;
+    /// A thread's labels now, for a filter's label tests.
+    fn thread_labels(&self, thread: &str) -> Option<Arc<crate::threads::Labels>>;
 
     /// Subscribes the session to the events after `since` (or the latest), queueing what
     /// comes before them (`resync_required`, `connected`); with the `since` it resumes
@@ -597,11 +593,6 @@ impl<S: Source> Session<S> {
         filter
             .prepare(&self.source.limits())
             .map_err(|(m, at)| ApiError::bad_request(m).at(at))?;
-        if !filter.label_tests().is_empty() {
-            if let Err(why) = self.source.thread_labels("") {
-                return Err(ApiError::bad_request(why).at("label"));
-            }
-        }
         self.filter = filter;
         let mut out = Map::new();
         out.insert("filter".into(), json!(self.filter));
