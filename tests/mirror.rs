@@ -96,6 +96,37 @@ fn gateway(nats: &Nats) -> (Running, String) {
     gateway_with(nats, &[])
 }
 
+/// An organism mirroring to a NATS of its own, a gateway of its stream, and a
+/// `/ws/messages` client of the gateway.
+struct Mirrored {
+    nats: Nats,
+    dir: tempfile::TempDir,
+    o: Organism,
+    mirror: Mirroring,
+    _gateway: Running,
+    client: Ws,
+}
+
+impl Mirrored {
+    async fn start() -> Mirrored {
+        let nats = Nats::start();
+        let dir = tempfile::tempdir().unwrap();
+        let path = organism_file(dir.path(), &nats);
+        let o = Organism::builder().load(&path).unwrap();
+        let mirror = Mirroring::start(&o);
+        let (gateway, gw) = gateway(&nats);
+        let client = ws_connect(&format!("{gw}/ws/messages")).await;
+        Mirrored {
+            nats,
+            dir,
+            o,
+            mirror,
+            _gateway: gateway,
+            client,
+        }
+    }
+}
+
 /// Frames until the one saying the note to `c` in `thread` was delivered: its status
 /// change, or (on `/ws/messages`) its message frame written after it.
 async fn frames_until_done(ws: &mut Ws, threads: &[String]) -> Vec<Value> {
@@ -632,23 +663,17 @@ async fn a_gateway_started_on_an_empty_stream_serves_what_comes() {
 /// restore still has it), and the mirror carries on with the next.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_over_nats_max_payload_does_not_stop_the_mirror() {
-    let nats = Nats::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = organism_file(dir.path(), &nats);
-    let o = Organism::builder().load(&path).unwrap();
-    let mirror = Mirroring::start(&o);
-    let (_gateway, gw) = gateway(&nats);
-    let mut client = ws_connect(&format!("{gw}/ws/messages")).await;
+    let mut m = Mirrored::start().await;
     let large = inject(
-        &o,
+        &m.o,
         "a",
         &format!("<Note>{}</Note>", "z".repeat(700_000)),
         None,
     );
-    settle(&o, &large.thread_id).await;
-    let small = inject(&o, "a", "<Note>after the large one</Note>", None);
-    settle(&o, &small.thread_id).await;
-    let frames = frames_until_done(&mut client, &[small.thread_id.to_string()]).await;
+    settle(&m.o, &large.thread_id).await;
+    let small = inject(&m.o, "a", "<Note>after the large one</Note>", None);
+    settle(&m.o, &small.thread_id).await;
+    let frames = frames_until_done(&mut m.client, &[small.thread_id.to_string()]).await;
     // The large message events went without frames (their small status events go with
     // theirs, unless the message's frame had shown the status already).
     let large_thread = |f: &&Value| f["thread_id"] == *large.thread_id;
@@ -659,11 +684,11 @@ async fn an_event_over_nats_max_payload_does_not_stop_the_mirror() {
             .all(|f| f["event"] != "message"),
         "{frames:?}"
     );
-    o.stop().await;
-    mirror.stop().await;
-    drop(o);
-    let restored = dir.path().join("restored.db");
-    let out = restore(&nats, &restored);
+    m.o.stop().await;
+    m.mirror.stop().await;
+    drop(m.o);
+    let restored = m.dir.path().join("restored.db");
+    let out = restore(&m.nats, &restored);
     assert!(
         out.status.success(),
         "{}",
@@ -898,21 +923,15 @@ listeners:
 /// subscribed by label gets the messages of the threads it names and no others.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gateway_session_subscribed_by_label_sees_only_those_threads() {
-    let nats = Nats::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = organism_file(dir.path(), &nats);
-    let o = Organism::builder().load(&path).unwrap();
-    let mirror = Mirroring::start(&o);
-    let (_gateway, gw) = gateway(&nats);
-    let mut client = ws_connect(&format!("{gw}/ws/messages")).await;
+    let mut m = Mirrored::start().await;
     // The session answers commands once it serves the stream: after its first message.
-    let warm = inject(&o, "a", "<Note>before</Note>", None)
+    let warm = inject(&m.o, "a", "<Note>before</Note>", None)
         .thread_id
         .to_string();
-    frames_until_done(&mut client, &[warm]).await;
+    frames_until_done(&mut m.client, &[warm]).await;
     let sub = serde_json::json!({"cmd": "subscribe", "request_id": "s", "label": ["customer:a1"]});
-    send_json(&mut client, sub).await;
-    let ack = read_until(&mut client, |f| f["request_id"] == "s")
+    send_json(&mut m.client, sub).await;
+    let ack = read_until(&mut m.client, |f| f["request_id"] == "s")
         .await
         .pop()
         .unwrap();
@@ -927,7 +946,7 @@ async fn a_gateway_session_subscribed_by_label_sees_only_those_threads() {
             payload_xml: format!("<Note>{text}</Note>"),
             thread_id: None,
         };
-        o.inject_labelled(req, None, customer.map(|_| &labels))
+        m.o.inject_labelled(req, None, customer.map(|_| &labels))
             .unwrap()
             .thread_id
             .to_string()
@@ -936,7 +955,7 @@ async fn a_gateway_session_subscribed_by_label_sees_only_those_threads() {
     let other = labelled(Some("a2"), "another customer's");
     let none = labelled(None, "no labels");
     let last = labelled(Some("a1"), "named again");
-    let frames = frames_until_done(&mut client, &[first.clone(), last.clone()]).await;
+    let frames = frames_until_done(&mut m.client, &[first.clone(), last.clone()]).await;
     let threads: std::collections::BTreeSet<&str> = frames
         .iter()
         .filter_map(|f| f["thread_id"].as_str())
@@ -946,5 +965,5 @@ async fn a_gateway_session_subscribed_by_label_sees_only_those_threads() {
         [first.as_str(), last.as_str()].into(),
         "not {other} nor {none}"
     );
-    mirror.stop().await;
+    m.mirror.stop().await;
 }
