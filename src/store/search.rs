@@ -109,9 +109,6 @@ pub(super) fn phrase(q: &str) -> Option<String> {
 impl Store {
     /// Keeps the payload index (`on`) or stops keeping it and empties it.
     pub fn search_payloads(&self, on: bool) -> Result<(), StoreError> {
-        // The threads' words are indexed again from what the index has (and forgotten
-        // again if this did not commit).
-        self.words.clear();
         let done = self.read(|tx| {
             // Kept already, or not: a start with the setting as it was writes nothing, and
             // threads are indexed when it is turned on.
@@ -123,19 +120,17 @@ impl Store {
                     |r| r.get(0),
                 )
             };
+            // A change starts from no remembered words (what an earlier time on left, or
+            // what the index has: the fill's), and forgets them again if it fails.
+            let change = |batches: &[&str]| -> rusqlite::Result<()> {
+                self.words.clear();
+                batches.iter().try_for_each(|b| tx.execute_batch(b))
+            };
             match (on, kept("thread_text_add")?) {
-                (true, false) => {
-                    tx.execute_batch(FILL)?;
-                    tx.execute_batch(ON)?;
-                    tx.execute_batch(THREAD_TRIGGERS)?;
-                    tx.execute_batch(WORDS_TRIGGERS)
-                }
+                (true, false) => change(&[FILL, ON, THREAD_TRIGGERS, WORDS_TRIGGERS]),
                 // A store kept by an older version: its threads' words from its index.
-                (true, true) if !kept("thread_words_add")? => {
-                    tx.execute_batch(WORDS_FILL)?;
-                    tx.execute_batch(WORDS_TRIGGERS)
-                }
-                (false, true) => tx.execute_batch(OFF),
+                (true, true) if !kept("thread_words_add")? => change(&[WORDS_FILL, WORDS_TRIGGERS]),
+                (false, true) => change(&[OFF]),
                 _ => Ok(()),
             }
         });
