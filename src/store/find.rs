@@ -37,18 +37,26 @@ pub(super) fn q_clause(w: &mut super::Where, q: &str, payloads: bool) {
          (SELECT thread FROM thread_labels WHERE instr(key, ?) > 0 OR instr(value, ?) > 0)";
     let text = std::iter::repeat_n(V::Text(q.to_owned()), 4);
     let payload = in_payloads(payload_index(q));
-    match phrase(q).filter(|_| payloads) {
+    if let Some(phrase) = indexed(q, payloads) {
         // Both indexes: no thread is read but those they name.
-        Some(phrase) if q.chars().count() >= 3 => w.and(
+        w.and(
             format!("(n IN ({NAMED}) OR n IN ({payload}))"),
             [V::Text(phrase.clone()), V::Text(phrase)],
-        ),
-        Some(phrase) => w.and(
+        )
+    } else if let Some(phrase) = phrase(q).filter(|_| payloads) {
+        w.and(
             format!("({mentions} OR n IN ({payload}))"),
             text.chain([V::Text(phrase)]),
-        ),
-        None => w.and(format!("({mentions})"), text),
+        )
+    } else {
+        w.and(format!("({mentions})"), text)
     }
+}
+
+/// `q` as the phrase both indexes look for, when together they answer it: the setting on
+/// (`payloads`) and 3 characters or more (the trigrams' least).
+fn indexed(q: &str, payloads: bool) -> Option<String> {
+    phrase(q).filter(|_| payloads && q.chars().count() >= 3)
 }
 
 /// `q` when it is `/threads`'s only filter and the indexes answer it all (the setting on,
@@ -56,7 +64,7 @@ pub(super) fn q_clause(w: &mut super::Where, q: &str, payloads: bool) {
 pub(super) fn q_alone(filter: &crate::threads::ThreadFilter, payloads: bool) -> Option<&str> {
     let alone = super::thread_fields::labels_and_q_only(filter) && filter.labels.is_empty();
     let q = filter.q.as_deref()?;
-    (alone && payloads && q.chars().count() >= 3 && phrase(q).is_some()).then_some(q)
+    (alone && indexed(q, payloads).is_some()).then_some(q)
 }
 
 /// A page found by testing rows one by one costs about this many times a row of the found
@@ -75,28 +83,24 @@ pub(super) fn q_plan(
     page: crate::threads::Page,
     w: &mut super::Where,
 ) -> rusqlite::Result<u64> {
+    use super::thread_fields::{query_count, rows_before_page, SCAN_ROWS};
     let phrase = phrase(q).unwrap_or_default();
     let ix = payload_index(q);
     let payload = in_payloads(ix);
-    let count = |sql: &str, args: &[&str]| -> rusqlite::Result<u64> {
-        tx.prepare_cached(sql)?
-            .query_row(rusqlite::params_from_iter(args), |r| r.get::<_, i64>(0))
-            .map(|n| n.max(0) as u64)
-    };
-    let matched = count(
+    let matched = query_count(
+        tx,
         &format!("SELECT distinct_threads(t) FROM ({NAMED} UNION ALL {payload})"),
-        &[&phrase, &phrase],
+        [&phrase, &phrase],
     )?;
-    let all = count("SELECT COUNT(*) FROM threads", &[])?;
-    // Rows read in `created_at` order before the page is found, about.
-    let rows = ((page.offset + page.limit) as u64).saturating_mul(all) / matched.max(1);
-    let clause = if matched > 0 && rows.saturating_mul(PROBE_COST) <= matched {
+    let all = query_count(tx, "SELECT COUNT(*) FROM threads", [])?;
+    let rows = rows_before_page(page, all, matched);
+    let clause = if rows.is_some_and(|r| r.saturating_mul(PROBE_COST) <= matched) {
         format!(
             "(EXISTS (SELECT 1 FROM thread_text WHERE thread_text MATCH ? AND rowid = threads.n) \
              OR EXISTS (SELECT 1 FROM {ix} WHERE {ix} MATCH ? \
              AND rowid BETWEEN threads.n << 32 AND (threads.n << 32) + 4294967295))"
         )
-    } else if matched > 0 && rows <= super::thread_fields::SCAN_ROWS {
+    } else if rows.is_some_and(|r| r <= SCAN_ROWS) {
         // `+n`: not through the numbers' index, so rows are read in `created_at` order.
         format!("(+n IN ({NAMED}) OR +n IN ({payload}))")
     } else {

@@ -62,6 +62,22 @@ pub(super) fn labels_only(filter: &ThreadFilter) -> Option<&[crate::threads::Lab
 /// Rows scanned in `created_at` order, at most, for a page found row by row.
 pub(super) const SCAN_ROWS: u64 = 20_000;
 
+/// The number a `COUNT` query answers (a negative one read as none).
+pub(super) fn query_count(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    args: impl rusqlite::Params,
+) -> rusqlite::Result<u64> {
+    tx.query_row(sql, args, |r| r.get::<_, i64>(0))
+        .map(|n| n.max(0) as u64)
+}
+
+/// About how many rows are read in `created_at` order before `page` is found, `matched`
+/// of `all` threads matching (none when none match): what a plan weighs a scan by.
+pub(super) fn rows_before_page(page: crate::threads::Page, all: u64, matched: u64) -> Option<u64> {
+    (matched > 0).then(|| ((page.offset + page.limit) as u64).saturating_mul(all) / matched)
+}
+
 /// A label test as a condition on `thread_labels` rows named `t` (what it asks of a label
 /// of the thread: `Is` and `IsNot` by key and values, `Has` and `Lacks` by key), and
 /// whether the thread must have such a label (or must not).
@@ -124,10 +140,8 @@ pub(super) fn label_plan(
     page: crate::threads::Page,
     w: &mut Where,
 ) -> rusqlite::Result<u64> {
-    use rusqlite::params_from_iter;
-    let count = |sql: &str, args: &[rusqlite::types::Value]| -> rusqlite::Result<u64> {
-        tx.query_row(sql, params_from_iter(args.iter()), |r| r.get::<_, i64>(0))
-            .map(|n| n.max(0) as u64)
+    let count = |sql: &str, args: &[rusqlite::types::Value]| {
+        query_count(tx, sql, rusqlite::params_from_iter(args.iter()))
     };
     let all = count("SELECT COUNT(*) FROM threads", &[])?;
     let conditions: Vec<_> = tests.iter().map(|t| condition(t, "x")).collect();
@@ -171,8 +185,7 @@ pub(super) fn label_plan(
             all.saturating_sub(named)
         }
     };
-    let wanted = (page.offset + page.limit) as u64;
-    let per_row_page = matched > 0 && wanted.saturating_mul(all) / matched <= SCAN_ROWS;
+    let per_row_page = rows_before_page(page, all, matched).is_some_and(|r| r <= SCAN_ROWS);
     // Few matches: the driver's set read once, the other tests per row of it.
     let set = driver.map(|(d, _)| d).filter(|_| !per_row_page);
     if let Some(d) = set {
