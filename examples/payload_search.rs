@@ -47,9 +47,10 @@ fn fill(store: &Store, first: usize, n: usize, mut seq: u64) -> u64 {
             };
             store.record(seq, &EventKind::ThreadCreated { thread: info });
         }
-        // Each thread's own word, a word of one thread in 100, and words every payload has.
+        // The message's step, the thread's own word, a word of one thread in 100, and words
+        // every payload has.
         let xml = format!(
-            "<Note>order w{t} batch b{} shipped to the customer as agreed</Note>",
+            "<Note>step s{hop} order w{t} batch b{} shipped to the customer as agreed</Note>",
             t % 100
         );
         seq += 1;
@@ -123,6 +124,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "b42 shipped".to_string(),
         "customer".to_string(),
         "the customer".to_string(),
+        "shipped to the customer".to_string(),
+        "shipped to the customer as".to_string(),
     ] {
         let filter = ThreadFilter {
             q: Some(q.clone()),

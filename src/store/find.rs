@@ -1,7 +1,8 @@
 //! `q=` on `/threads` through the text indexes (`search.rs` keeps them): a thread is found
 //! by its id, error or labels (`thread_text`, trigrams: 3 characters or more) or by its
-//! payloads' words in order (one word of ASCII letters and digits through `thread_words`,
-//! an index entry a thread; anything else through `message_text`, one a message). With
+//! payloads' words in order (a phrase of up to `words::PHRASE_WORDS` ASCII words through
+//! `thread_words`, about an index entry a thread; anything else through `message_text`, one
+//! a message). With
 //! `q` the only filter, [`q_plan`] counts from the indexes alone and picks how to read the
 //! page.
 
@@ -14,12 +15,14 @@ use super::search::phrase;
 /// `?` (3 characters or more).
 const NAMED: &str = "SELECT rowid AS t FROM thread_text WHERE thread_text MATCH ?";
 
-/// The index of payloads that answers `q`: `thread_words` for one word, `message_text` for
-/// anything else. Either's row is a message's (`thread << 32 | slot`), in thread order.
+/// The index of payloads that answers `q`: `thread_words` for a short phrase of ASCII words,
+/// `message_text` for anything else. Either's row is a message's (`thread << 32 | slot`),
+/// in thread order.
 fn payload_index(q: &str) -> &'static str {
-    match super::words::one_word(q) {
-        Some(_) => "thread_words",
-        None => "message_text",
+    if super::words::short_phrase(q) {
+        "thread_words"
+    } else {
+        "message_text"
     }
 }
 

@@ -1,15 +1,15 @@
 //! Text search (`organism.search.payload_text`): FTS5 indexes kept by triggers while the
 //! setting is on, so the writer's own work is unchanged and nothing is written while it is
 //! off: the words of every message's payload (`message_text`, schema v20, by the message's
-//! thread and slot, so a match names its thread with no other read), each thread's words
-//! once (`thread_words`, v22, `words.rs`), and each thread's id, error and labels by
+//! thread and slot, so a match names its thread with no other read), each thread's text
+//! once (`thread_words`, v23, `words.rs`), and each thread's id, error and labels by
 //! trigram (`thread_text`, v21, by the thread's number), none keeping a copy of the text.
 //! Turned off, the triggers go and the indexes are emptied; turned on, threads are indexed
 //! at once and messages from then on. `q=` on `/threads` then finds a thread by its id,
 //! error or labels through the trigrams (a substring of 3 characters or more, in any case)
-//! and by its payloads' words: one word of ASCII letters and digits through
-//! `thread_words`, anything else in order (an FTS5 phrase) through `message_text`; a
-//! shorter `q` reads every thread, as without the setting.
+//! and by its payloads' words in order (an FTS5 phrase): up to `words::PHRASE_WORDS`
+//! words of ASCII letters and digits through `thread_words`, anything else through
+//! `message_text`; a shorter `q` reads every thread, as without the setting.
 
 use std::sync::atomic::Ordering;
 
@@ -64,7 +64,7 @@ CREATE TRIGGER IF NOT EXISTS message_text_gone AFTER DELETE ON messages BEGIN
   DELETE FROM message_text WHERE rowid = (old.thread << 32) | old.slot_index;
 END;";
 
-/// Each thread's words once (`words.rs`), from the messages `message_text` holds.
+/// Each thread's text once (`words.rs`), from the messages `message_text` holds.
 const WORDS_FILL: &str = "
 DELETE FROM thread_words;
 INSERT INTO thread_words(rowid, text)

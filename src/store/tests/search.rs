@@ -1,6 +1,6 @@
-//! Text search: `q=` with one word (each thread's words once, `thread_words`) finds exactly
-//! the threads FTS5's index of every message finds, through deletes, a write rolled back
-//! and a store kept by an older version.
+//! Text search: `q=` of a short phrase (each thread's text once, `thread_words`) finds
+//! exactly the threads FTS5's index of every message finds, through deletes, a write rolled
+//! back and a store kept by an older version.
 
 use super::*;
 use crate::threads::ThreadFilter;
@@ -34,22 +34,49 @@ fn found(store: &Store, q: &str) -> u64 {
     store.query_threads(&filter, Page::default()).unwrap().total
 }
 
-/// Threads one of whose messages holds `word`, by the index of every message.
-fn by_messages(store: &Store, word: &str) -> u64 {
+/// Threads one of whose messages holds the words of `q` in order, by the index of every
+/// message.
+fn by_messages(store: &Store, q: &str) -> u64 {
     let sql = "SELECT count(*) FROM threads WHERE n IN \
                (SELECT rowid >> 32 FROM message_text WHERE message_text MATCH ?)";
-    let phrase = super::super::search::phrase(word).unwrap();
+    let phrase = super::super::search::phrase(q).unwrap();
     let n: i64 = store
         .read(|tx| tx.query_row(sql, [phrase], |r| r.get(0)))
         .unwrap();
     n as u64
 }
 
-const WORDS: [&str; 12] = [
-    "alpha", "ALPHA", "beta1", "gamma2", "w7", "w13", "note", "caf", "x", "nope", "Ünï", "a",
+/// Words and phrases: one word, phrases of up to 4 words (`thread_words`), across runs
+/// that hold no word (a dash) or a word folded to ASCII (`é`), and longer or not ASCII
+/// (`message_text`).
+const WORDS: [&str; 24] = [
+    "alpha",
+    "ALPHA",
+    "beta1",
+    "gamma2",
+    "w7",
+    "w13",
+    "note",
+    "caf",
+    "x",
+    "nope",
+    "\u{dc}n\u{ef}",
+    "a",
+    "alpha beta1",
+    "cafe x",
+    "a amp b",
+    "b note",
+    "two three",
+    "six e seven",
+    "four five six e",
+    "seven w1",
+    "w1 seven",
+    "alpha one",
+    "note one two three four",
+    "five six \u{e9} seven w2",
 ];
 
-/// Twenty threads of three messages, words repeated within and across threads, in any
+/// Twenty threads of four messages, words repeated within and across threads, in any
 /// case, cut by characters of every kind.
 fn fill(store: &Store, from: usize) {
     for i in from..from + 20 {
@@ -58,11 +85,16 @@ fn fill(store: &Store, from: usize) {
         note(store, &t, 0, &format!("alpha Beta{} café-x w{i}", i % 3));
         note(store, &t, 1, &format!("ALPHA gamma{} a&amp;b", i % 5));
         note(store, &t, 2, &format!("über-Ünï ßtraße w{i} alpha"));
+        let text = format!(
+            "one two \u{2014} three four five six \u{e9} seven w{}",
+            i % 4
+        );
+        note(store, &t, 3, &text);
     }
 }
 
 #[test]
-fn one_word_finds_what_the_index_of_every_message_finds() {
+fn short_phrases_find_what_the_index_of_every_message_finds() {
     let dir = tempfile::tempdir().unwrap();
     let store = searching(&dir.path().join("s.db"));
     fill(&store, 0);
@@ -76,9 +108,12 @@ fn one_word_finds_what_the_index_of_every_message_finds() {
     assert_eq!(found(&store, "beta1"), 7);
     assert_eq!(found(&store, "w7"), 1);
     assert_eq!(found(&store, "nope"), 0);
+    assert_eq!(found(&store, "two three"), 20);
+    assert_eq!(found(&store, "seven w1"), 5);
+    assert_eq!(found(&store, "w1 seven"), 0);
     expect(&store);
     // Pruned threads are forgotten: threads written after them have their words again.
-    store.prune(Some(30), None).unwrap();
+    store.prune(Some(40), None).unwrap();
     fill(&store, 20);
     store.flush(1);
     assert_eq!(found(&store, "alpha"), 30);
@@ -86,21 +121,31 @@ fn one_word_finds_what_the_index_of_every_message_finds() {
     // Reopened (what was kept in memory is gone): a thread's later words are found, once.
     drop(store);
     let store = searching(&dir.path().join("s.db"));
-    note(&store, "t25", 3, "alpha zebra");
+    note(&store, "t25", 4, "alpha zebra");
     store.flush(1);
     assert_eq!((found(&store, "alpha"), found(&store, "zebra")), (30, 1));
     expect(&store);
 }
 
 #[test]
-fn a_store_indexed_by_an_older_version_has_its_threads_words_at_start() {
+fn a_store_indexed_by_an_older_version_has_its_threads_text_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     let store = searching(&path);
     fill(&store, 0);
     store.flush(1);
     drop(store);
-    // As a version without `thread_words` left it.
+    // As schema v22 left it (each thread's words alone, no phrase), then as v21 (none).
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "DROP TABLE thread_words; CREATE VIRTUAL TABLE thread_words USING fts5(text, \
+         content='', contentless_delete=1, detail=none); PRAGMA user_version = 22;",
+    )
+    .unwrap();
+    drop(conn);
+    let store = searching(&path);
+    assert_eq!(found(&store, "seven w1"), 5);
+    drop(store);
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "DROP TRIGGER thread_words_add; DROP TRIGGER thread_words_gone; DELETE FROM thread_words;",
@@ -109,7 +154,7 @@ fn a_store_indexed_by_an_older_version_has_its_threads_words_at_start() {
     drop(conn);
     let store = searching(&path);
     assert_eq!(found(&store, "w7"), 1);
-    note(&store, "t3", 3, "zebra");
+    note(&store, "t3", 4, "zebra");
     store.flush(1);
     assert_eq!(found(&store, "zebra"), 1);
     for word in WORDS {
@@ -203,7 +248,7 @@ fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
     assert_eq!(ids("w7", page), (1, vec!["t007".to_string()]));
     assert_eq!(ids("t00", page), (10, expect(&|i| i < 10, page)));
     assert_eq!(ids("t599", page), (1, vec!["t599".to_string()]));
-    // Two words in order (the index of every message), on every plan.
+    // Two words in order (each thread's text), on every plan; five (every message's).
     assert_eq!(
         ids(
             "all third",
@@ -221,6 +266,7 @@ fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
     };
     assert_eq!(ids("Note all", first), (600, expect(&|_| true, first)));
     assert_eq!(ids("third w9", page), (1, vec!["t009".to_string()]));
+    assert_eq!(ids("note all third w9 note", first).0, 1);
 }
 
 #[test]
@@ -242,4 +288,91 @@ fn distinct_threads_counts_each_number_once_in_any_order() {
         .read(|tx| tx.query_row("SELECT distinct_threads(n) FROM threads", [], |r| r.get(0)))
         .unwrap();
     assert_eq!(none, 0);
+}
+
+#[test]
+fn any_short_phrase_of_any_text_finds_what_the_index_of_every_message_finds() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = searching(&dir.path().join("s.db"));
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    // Runs that hold no word (a dash), one folded to ASCII (`é`), several words in one run,
+    // any case; each thread's messages are pieces of one text, so windows repeat in new
+    // places.
+    let words = [
+        "a",
+        "b",
+        "C",
+        "c",
+        "d",
+        "e",
+        "f",
+        "\u{2014}",
+        "\u{e9}",
+        "x\u{2014}a",
+        "b\u{e9}",
+    ];
+    let mut texts = Vec::new();
+    for t in 0..40 {
+        let id = format!("r{t}");
+        thread(&store, &id, ThreadStatus::Completed, 1);
+        let base: Vec<&str> = (0..24).map(|_| words[next(words.len())]).collect();
+        for slot in 0..8 {
+            let mut text = Vec::new();
+            for _ in 0..2 {
+                let from = next(20);
+                text.extend_from_slice(&base[from..(from + 2 + next(8)).min(24)]);
+            }
+            note(&store, &id, slot, &text.join([" ", ".", "\n"][next(3)]));
+            texts.push(text);
+        }
+    }
+    store.flush(1);
+    // Phrases of up to 5 words (one more than `thread_words` answers) as payloads hold them.
+    for _ in 0..400 {
+        let text = &texts[next(texts.len())];
+        let from = next(text.len());
+        let q: Vec<String> = text[from..]
+            .iter()
+            .map(|w| w.replace('\u{2014}', " ").replace('\u{e9}', "e"))
+            .collect();
+        let q = q.join(" ");
+        let q: Vec<&str> = q.split_whitespace().take(1 + next(5)).collect();
+        let q = q.join(" ");
+        if q.is_empty() {
+            continue;
+        }
+        assert_eq!(found(&store, &q), by_messages(&store, &q), "{q}");
+    }
+}
+
+#[test]
+fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = searching(&dir.path().join("s.db"));
+    // Four words across a run that holds none: the dash is inside the window.
+    thread(&store, "dash", ThreadStatus::Completed, 1);
+    for (slot, text) in ["a \u{2014} b c x", "y \u{2014} b c d", "a \u{2014} b c d"]
+        .into_iter()
+        .enumerate()
+    {
+        note(&store, "dash", slot as u64, text);
+    }
+    // Five words: each window of four had before, the five only in the last message.
+    thread(&store, "five", ThreadStatus::Completed, 1);
+    for (slot, text) in ["f g h i x", "y g h i j", "z f g h i j"]
+        .into_iter()
+        .enumerate()
+    {
+        note(&store, "five", slot as u64, text);
+    }
+    store.flush(1);
+    for q in ["a b c d", "f g h i j", "z f g h i j"] {
+        assert_eq!((found(&store, q), by_messages(&store, q)), (1, 1), "{q}");
+    }
 }
