@@ -15,14 +15,13 @@ use super::search::phrase;
 /// `?` (3 characters or more).
 const NAMED: &str = "SELECT rowid AS t FROM thread_text WHERE thread_text MATCH ?";
 
-/// The index of payloads that answers `q`: `thread_words` for a short phrase of ASCII words,
-/// `message_text` for anything else. Either's row is a message's (`thread << 32 | slot`),
-/// in thread order.
-fn payload_index(q: &str) -> &'static str {
-    if super::words::short_phrase(q) {
-        "thread_words"
-    } else {
-        "message_text"
+/// The index of payloads that answers `q` and what it is asked: `thread_words` for a short
+/// phrase of ASCII words (`words::short_phrase`), `message_text` for anything else (`q`'s
+/// `phrase`). Either's row is a message's (`thread << 32 | slot`), in thread order.
+fn payload_index(q: &str, phrase: &str) -> (&'static str, String) {
+    match super::words::short_phrase(q) {
+        Some(asked) => ("thread_words", asked),
+        None => ("message_text", phrase.to_owned()),
     }
 }
 
@@ -39,17 +38,18 @@ pub(super) fn q_clause(w: &mut super::Where, q: &str, payloads: bool) {
     let mentions = "instr(id, ?) > 0 OR instr(COALESCE(error, ''), ?) > 0 OR n IN \
          (SELECT thread FROM thread_labels WHERE instr(key, ?) > 0 OR instr(value, ?) > 0)";
     let text = std::iter::repeat_n(V::Text(q.to_owned()), 4);
-    let payload = in_payloads(payload_index(q));
     if let Some(phrase) = indexed(q, payloads) {
         // Both indexes: no thread is read but those they name.
+        let (ix, asked) = payload_index(q, &phrase);
         w.and(
-            format!("(n IN ({NAMED}) OR n IN ({payload}))"),
-            [V::Text(phrase.clone()), V::Text(phrase)],
+            format!("(n IN ({NAMED}) OR n IN ({}))", in_payloads(ix)),
+            [V::Text(phrase), V::Text(asked)],
         )
     } else if let Some(phrase) = phrase(q).filter(|_| payloads) {
+        let (ix, asked) = payload_index(q, &phrase);
         w.and(
-            format!("({mentions} OR n IN ({payload}))"),
-            text.chain([V::Text(phrase)]),
+            format!("({mentions} OR n IN ({}))", in_payloads(ix)),
+            text.chain([V::Text(asked)]),
         )
     } else {
         w.and(format!("({mentions})"), text)
@@ -88,12 +88,12 @@ pub(super) fn q_plan(
 ) -> rusqlite::Result<u64> {
     use super::thread_fields::{query_count, rows_before_page, SCAN_ROWS};
     let phrase = phrase(q).unwrap_or_default();
-    let ix = payload_index(q);
+    let (ix, asked) = payload_index(q, &phrase);
     let payload = in_payloads(ix);
     let matched = query_count(
         tx,
         &format!("SELECT distinct_threads(t) FROM ({NAMED} UNION ALL {payload})"),
-        [&phrase, &phrase],
+        [&phrase, &asked],
     )?;
     let all = query_count(tx, "SELECT COUNT(*) FROM threads", [])?;
     let rows = rows_before_page(page, all, matched);
@@ -109,7 +109,7 @@ pub(super) fn q_plan(
     } else {
         format!("(n IN ({NAMED}) OR n IN ({payload}))")
     };
-    w.and(clause, [V::Text(phrase.clone()), V::Text(phrase)]);
+    w.and(clause, [V::Text(phrase), V::Text(asked)]);
     Ok(matched)
 }
 

@@ -399,11 +399,13 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
     // while `organism.search.payload_text` is on (`words.rs`); rowids only.
     "CREATE VIRTUAL TABLE thread_words USING fts5(text, content='', contentless_delete=1, \
      detail=none);",
-    // v23: `thread_words` keeps each thread's phrases (windows of words, with positions);
-    // a store with search on fills it again at start (`search.rs`).
+    // v23: `thread_words` keeps each thread's short phrases (as words joined by `_`, and
+    // verbatim with their places where a run may hide words); a store with search on fills
+    // it again at start (`search.rs`).
     "DROP TRIGGER IF EXISTS thread_words_add; DROP TRIGGER IF EXISTS thread_words_gone; \
      DROP TABLE thread_words; \
-     CREATE VIRTUAL TABLE thread_words USING fts5(text, content='', contentless_delete=1);",
+     CREATE VIRTUAL TABLE thread_words USING fts5(text, tokenize=\"unicode61 tokenchars '_'\", \
+     content='', contentless_delete=1);",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),

@@ -1,20 +1,25 @@
-//! Each thread's payload text once (`thread_words`, schema v23): what lets `q=` of a short
-//! phrase (up to [`PHRASE_WORDS`] words of ASCII letters and digits) count the threads that
-//! hold it by reading about one index entry a thread, not one a message. The message
-//! trigger (`search.rs`) hands each payload to `new_words(thread, slot, text)`, which
-//! returns only the stretches of the text its thread has not had yet, and indexes those
-//! under the message's row; deleting a thread's messages calls `forget_words`.
+//! Each thread's short phrases once (`thread_words`, schema v23): what lets `q=` of up to
+//! [`PHRASE_WORDS`] words of ASCII letters and digits count the threads that hold it by
+//! reading about one index entry a thread, not one a message. The message trigger
+//! (`search.rs`) hands each payload to `new_words(thread, slot, text)`, which returns only
+//! what its thread has not had yet, indexed under the message's row; deleting a thread's
+//! messages calls `forget_words`.
 //!
 //! A payload is cut into runs at ASCII characters that are not letters or digits (FTS5's
-//! tokenizer cuts there and maybe elsewhere). Every window of [`PHRASE_WORDS`] runs that
-//! hold an ASCII letter or digit (with the runs that may hold no word around them) is a
-//! key; a message gives the windows its thread has not had, verbatim, stretches apart
-//! joined by [`BARRIER`]. A phrase of at most [`PHRASE_WORDS`] words lies within one
-//! window, so a thread whose message holds it has given that window (now or before), and
-//! nothing given holds a phrase its messages do not: the barrier is a word no ASCII word
-//! folds to.
+//! tokenizer cuts there and maybe elsewhere). A run of ASCII letters and digits alone is
+//! one FTS5 word, so a phrase of such runs side by side is given as one word, a shingle
+//! (`the_customer_`: `_` is a letter of this index's tokenizer, never in a run, and ends
+//! every shingle, so no payload word is one): at each place, the phrases that start there
+//! (keyed by the longest). A phrase that takes in another run (one that may hold several
+//! words, a folded one, or none) is found by its words' places: every window of
+//! [`PHRASE_WORDS`] runs that hold an ASCII letter or digit (with the runs that may hold no
+//! word around them) that holds such a run is given verbatim, stretches apart joined by
+//! [`BARRIER`]. A phrase of at most [`PHRASE_WORDS`] words is a shingle or lies within one
+//! such window, so a thread whose message holds it has given it (now or before), and
+//! nothing given holds a phrase its messages do not: `q` asks for the shingle or the words
+//! in order (`short_phrase`), and the barrier is a word no ASCII word folds to.
 //!
-//! Which windows a thread has had is kept here, in memory, within [`WORDS_BYTES`]; a thread
+//! Which keys a thread has had are kept here, in memory, within [`WORDS_BYTES`]; a thread
 //! no longer kept (pushed out, a restart, a transaction rolled back) has its text indexed
 //! again, so the index may name a thread twice, never miss one: `q=` reads it as a set.
 
@@ -25,8 +30,9 @@ use rusqlite::functions::FunctionFlags;
 use super::coalesce::FastMap;
 use crate::hash::SeededSet;
 
-/// The most words a phrase `thread_words` answers may have: each thread keeps a key of
-/// this many words for every place in its payloads (longer phrases read `message_text`).
+/// The most words a phrase `thread_words` answers may have: each thread keeps a key of up
+/// to this many words for every place in its payloads and gives a shingle of each length
+/// (longer phrases read `message_text`).
 pub const PHRASE_WORDS: usize = 4;
 
 /// What separates two stretches of one payload given together: a word of a letter that no
@@ -96,8 +102,88 @@ impl Words {
     }
 }
 
+impl Seen {
+    /// Whether the thread has not had `key` (now had).
+    fn fresh(&mut self, key: &str) -> bool {
+        if self.words.contains(key) {
+            return false;
+        }
+        self.bytes += key.len() + ENTRY_BYTES;
+        self.words.insert(key.into());
+        true
+    }
+
+    /// Gives, at each place of `runs` that starts a stretch of words alone (runs of ASCII
+    /// letters and digits, `pure`, one FTS5 word each) whose next [`PHRASE_WORDS`] the thread
+    /// has not had, each phrase that starts there as one word: its words, lower case, each
+    /// followed by `_` (so no word of a payload is one).
+    fn shingles(&mut self, runs: &[&str], pure: &[bool], out: &mut String) {
+        let mut key = String::new();
+        for p in (0..runs.len()).filter(|&p| pure[p]) {
+            let most = runs.len().min(p + PHRASE_WORDS);
+            let end = (p..most).find(|&i| !pure[i]).unwrap_or(most);
+            key.clear();
+            for run in &runs[p..end] {
+                key.push_str(run);
+                key.push('_');
+            }
+            key.make_ascii_lowercase();
+            if !self.fresh(&key) {
+                continue;
+            }
+            let mut len = 0;
+            for run in &runs[p..end] {
+                len += run.len() + 1;
+                if !out.is_empty() {
+                    out.push(' ');
+                }
+                out.push_str(&key[..len]);
+            }
+        }
+    }
+
+    /// Gives, verbatim, the windows of `runs` that hold a run not `pure` (a phrase across it
+    /// is found by its words' places) and the thread has not had; stretches apart are joined
+    /// by [`BARRIER`].
+    fn verbatim(&mut self, runs: &[&str], pure: &[bool], out: &mut String) {
+        // Where the stretch given last ends (a run's index, exclusive), if one was.
+        let mut given = None;
+        let mut key = String::new();
+        for (start, end) in windows(runs).filter(|&(s, e)| !pure[s..e].iter().all(|&p| p)) {
+            key.clear();
+            for run in &runs[start..end] {
+                if !key.is_empty() {
+                    key.push(' ');
+                }
+                key.push_str(run);
+            }
+            key.make_ascii_lowercase();
+            if !self.fresh(&key) {
+                continue;
+            }
+            let from = match given {
+                Some(given) if start <= given => given,
+                Some(_) => {
+                    out.push(' ');
+                    out.push_str(BARRIER);
+                    start
+                }
+                None => start,
+            };
+            for run in &runs[from..end] {
+                if !out.is_empty() {
+                    out.push(' ');
+                }
+                out.push_str(run);
+            }
+            given = Some(end);
+        }
+    }
+}
+
 impl Generations {
-    /// The stretches of `text` whose windows `thread` has not had, now had.
+    /// What of `text` `thread` has not had (its phrases as shingles, its other windows
+    /// verbatim), now had.
     fn add(&mut self, thread: i64, text: &str) -> Option<String> {
         let mut seen = match self.now.remove(&thread) {
             Some(seen) => {
@@ -110,41 +196,13 @@ impl Generations {
             .split(|c: char| c.is_ascii() && !c.is_ascii_alphanumeric())
             .filter(|r| !r.is_empty())
             .collect();
+        let pure: Vec<bool> = runs
+            .iter()
+            .map(|r| r.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .collect();
         let mut out = String::new();
-        // Where the stretch given last ends (a run's index, exclusive).
-        let mut given = 0;
-        let mut key = String::new();
-        for (start, end) in windows(&runs) {
-            key.clear();
-            for run in &runs[start..end] {
-                if !key.is_empty() {
-                    key.push(' ');
-                }
-                key.push_str(run);
-            }
-            key.make_ascii_lowercase();
-            if seen.words.contains(key.as_str()) {
-                continue;
-            }
-            seen.bytes += key.len() + ENTRY_BYTES;
-            seen.words.insert(key.as_str().into());
-            let from = if out.is_empty() || start > given {
-                if !out.is_empty() {
-                    out.push(' ');
-                    out.push_str(BARRIER);
-                }
-                start
-            } else {
-                given
-            };
-            for run in &runs[from..end] {
-                if !out.is_empty() {
-                    out.push(' ');
-                }
-                out.push_str(run);
-            }
-            given = end;
-        }
+        seen.shingles(&runs, &pure, &mut out);
+        seen.verbatim(&runs, &pure, &mut out);
         self.bytes += seen.bytes;
         self.now.insert(thread, seen);
         if self.bytes > WORDS_BYTES / 2 {
@@ -209,15 +267,24 @@ impl Words {
     }
 }
 
-/// Whether `thread_words` answers `q`: at most [`PHRASE_WORDS`] words of ASCII letters and
-/// digits (which every tokenizer keeps whole), with only ASCII between them; anything else
-/// only `message_text` answers.
-pub(super) fn short_phrase(q: &str) -> bool {
-    let words = q
+/// What `thread_words` is asked for `q` (an FTS5 expression: its phrase as one word, or
+/// its words in order), when it answers `q`: at most [`PHRASE_WORDS`] words of ASCII
+/// letters and digits (which every tokenizer keeps whole), with only ASCII between them;
+/// anything else only `message_text` answers.
+pub(super) fn short_phrase(q: &str) -> Option<String> {
+    let words: Vec<&str> = q
         .split(|c: char| !c.is_ascii_alphanumeric())
         .filter(|w| !w.is_empty())
-        .count();
-    q.is_ascii() && (1..=PHRASE_WORDS).contains(&words)
+        .collect();
+    if !q.is_ascii() || !(1..=PHRASE_WORDS).contains(&words.len()) {
+        return None;
+    }
+    let shingle: String = words.iter().flat_map(|w| [w, "_"]).collect();
+    Some(format!(
+        "\"{}\" OR \"{}\"",
+        shingle.to_ascii_lowercase(),
+        words.join(" ")
+    ))
 }
 
 #[cfg(test)]
@@ -225,48 +292,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_thread_gives_the_windows_it_has_not_had_in_any_case() {
+    fn a_thread_gives_the_phrases_it_has_not_had_in_any_case() {
         let w = Words::default();
         let give = |slot, text| w.new_words(1, slot, text);
         assert_eq!(
-            give(1, "a b c d e f g h").as_deref(),
-            Some("a b c d e f g h")
+            give(1, "a b c").as_deref(),
+            Some("a_ a_b_ a_b_c_ b_ b_c_ c_")
         );
-        assert_eq!(give(2, "A-b c d e f g h"), None);
-        // A new end gives its last window; a new start its first.
-        assert_eq!(give(3, "a b c d e f g X").as_deref(), Some("e f g X"));
-        assert_eq!(give(4, "Y b c d e f g h").as_deref(), Some("Y b c d"));
+        assert_eq!(give(2, "A-b c"), None);
+        // A word more: the places it follows within a phrase's reach give again.
+        let longer = Some("a_ a_b_ a_b_c_ a_b_c_d_ b_ b_c_ b_c_d_ c_ c_d_ d_");
+        assert_eq!(give(3, "a b c d").as_deref(), longer);
         assert_eq!(
-            give(4, "Y b c d e f g h").as_deref(),
-            Some("Y b c d"),
+            give(3, "a b c d").as_deref(),
+            longer,
             "the same message asked about again (SQLite may): the same words"
         );
-        // Stretches that touch are given as one; apart, with the barrier between.
+        // A run that may hide words (not ASCII): its window verbatim, with its places.
+        assert_eq!(give(4, "x\u{2014}y z").as_deref(), Some("z_ x\u{2014}y z"));
         assert_eq!(
-            give(5, "Z b c d e f g W").as_deref(),
-            Some("Z b c d e f g W")
+            give(5, "z x\u{2014}Y, z").as_deref(),
+            Some("z x\u{2014}Y z")
         );
-        assert_eq!(
-            give(6, "Q b c d e f g h i j V").as_deref(),
-            Some("Q b c d \u{3c9} f g h i j V")
-        );
-        // Runs that may hold no word stay inside the windows beside them.
-        assert_eq!(
-            give(7, "k l m n \u{2014} o").as_deref(),
-            Some("k l m n \u{2014} o")
-        );
-        assert_eq!(give(8, "l m n \u{2014} o"), None);
-        // Another thread has its own windows; a thread forgotten has them again.
-        assert_eq!(w.new_words(2, 9, "a b").as_deref(), Some("a b"));
+        // Verbatim stretches apart are joined by the barrier.
+        let words: Vec<String> = (0..2 * PHRASE_WORDS + 2).map(|i| format!("w{i}")).collect();
+        let text = format!("\u{e9} {} \u{e9}", words.join(" "));
+        let given = give(6, &text).unwrap();
+        let verbatim = &given[given.find('\u{e9}').unwrap()..];
+        assert_eq!(verbatim.matches(BARRIER).count(), 1, "{verbatim}");
+        assert!(verbatim.starts_with("\u{e9} w0 w1") && verbatim.ends_with("\u{e9}"));
+        // Another thread has its own phrases; a thread forgotten has them again.
+        assert_eq!(w.new_words(2, 9, "a").as_deref(), Some("a_"));
         w.forget(1);
-        assert_eq!(give(10, "a b c d").as_deref(), Some("a b c d"));
+        assert_eq!(give(10, "c").as_deref(), Some("c_"));
     }
 
     #[test]
     fn windows_hold_phrase_words_and_the_runs_between() {
-        let runs = ["\u{e9}", "a", "b", "\u{2014}", "c", "d", "e", "\u{2014}"];
+        const K: usize = PHRASE_WORDS;
+        // One word more than a window holds, runs that may hold none around and between.
+        let mut runs = vec!["\u{e9}", "a", "b", "\u{2014}"];
+        runs.extend(["c"; K - 1]);
+        runs.push("\u{2014}");
         let all: Vec<_> = windows(&runs).collect();
-        assert_eq!(all, [(0, 6), (2, 8)]);
+        assert_eq!(all, [(0, K + 2), (2, K + 4)]);
         assert_eq!(windows(&["a", "b"]).collect::<Vec<_>>(), [(0, 2)]);
         assert_eq!(windows(&[]).count(), 0);
     }
@@ -284,17 +353,17 @@ mod tests {
 
     #[test]
     fn short_phrases_are_ascii_words() {
-        for q in [
-            " w50000 ",
-            "two words",
-            "a-b",
-            "\"the customer\"",
-            "a b c d",
-        ] {
-            assert!(short_phrase(q), "{q}");
+        assert_eq!(
+            short_phrase(" The-customer ").as_deref(),
+            Some("\"the_customer_\" OR \"The customer\"")
+        );
+        let most = ["w"; PHRASE_WORDS].join(" ");
+        for q in [" w50000 ", "two words", "a_b", "\"x\"", most.as_str()] {
+            assert!(short_phrase(q).is_some(), "{q}");
         }
-        for q in ["a b c d e", "caf\u{e9}", "", "--", "\u{3c9}"] {
-            assert!(!short_phrase(q), "{q}");
+        let more = format!("{most} w");
+        for q in [more.as_str(), "caf\u{e9}", "", "--", "\u{3c9}"] {
+            assert_eq!(short_phrase(q), None, "{q}");
         }
     }
 }

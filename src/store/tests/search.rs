@@ -353,26 +353,48 @@ fn any_short_phrase_of_any_text_finds_what_the_index_of_every_message_finds() {
 
 #[test]
 fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
+    use super::super::words::PHRASE_WORDS as K;
     let dir = tempfile::tempdir().unwrap();
     let store = searching(&dir.path().join("s.db"));
-    // Four words across a run that holds none: the dash is inside the window.
+    let words = |first: &str, from: usize, to: usize| -> String {
+        (from..to)
+            .map(|i| format!("{first}{i}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    // The longest phrase, across a run that holds no word (a dash): each window of as many
+    // runs had before, the phrase only in the last message.
+    let dash = "\u{2014}";
     thread(&store, "dash", ThreadStatus::Completed, 1);
-    for (slot, text) in ["a \u{2014} b c x", "y \u{2014} b c d", "a \u{2014} b c d"]
-        .into_iter()
-        .enumerate()
-    {
-        note(&store, "dash", slot as u64, text);
+    let texts = [
+        format!("p0 {dash} {} x", words("p", 1, K - 1)),
+        format!("y {dash} {}", words("p", 1, K)),
+        format!("p0 {dash} {}", words("p", 1, K)),
+    ];
+    // A word more than that: each phrase of its words but the whole had before.
+    thread(&store, "more", ThreadStatus::Completed, 1);
+    let more = [
+        format!("{} x", words("f", 0, K)),
+        format!("y {}", words("f", 1, K + 1)),
+        format!("z {}", words("f", 0, K + 1)),
+    ];
+    for slot in 0..3 {
+        note(&store, "dash", slot as u64, &texts[slot]);
+        note(&store, "more", slot as u64, &more[slot]);
     }
-    // Five words: each window of four had before, the five only in the last message.
-    thread(&store, "five", ThreadStatus::Completed, 1);
-    for (slot, text) in ["f g h i x", "y g h i j", "z f g h i j"]
-        .into_iter()
-        .enumerate()
-    {
-        note(&store, "five", slot as u64, text);
-    }
+    // Two words in one run (no tag around them either).
+    thread(&store, "run", ThreadStatus::Completed, 1);
+    store.record(
+        1,
+        &EventKind::Message {
+            message: MessageRecord {
+                payload_xml: crate::xml::SharedXml::new(format!("q{dash}r")),
+                ..msg("run", 0, "api", "g", 0)
+            },
+        },
+    );
     store.flush(1);
-    for q in ["a b c d", "f g h i j", "z f g h i j"] {
-        assert_eq!((found(&store, q), by_messages(&store, q)), (1, 1), "{q}");
+    for q in [words("p", 0, K), words("f", 0, K + 1), "q r".into()] {
+        assert_eq!((found(&store, &q), by_messages(&store, &q)), (1, 1), "{q}");
     }
 }
