@@ -126,6 +126,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "the customer".to_string(),
         "shipped to the customer".to_string(),
         "shipped to the customer as".to_string(),
+        "b42 shipped to the customer".to_string(),
     ] {
         let filter = ThreadFilter {
             q: Some(q.clone()),
