@@ -98,8 +98,12 @@ pub(super) enum Write<'a> {
         at: Timestamp,
     },
     Seq(u64),
-    /// An input opened (`input_requested`), and one decided (`input_resolved`).
-    InputOpened(&'a crate::threads::InputRow),
+    /// An input opened (`input_requested`) with its decision when the same batch holds it
+    /// (inserted decided: one row written, not two), and one decided (`input_resolved`).
+    InputOpened(
+        &'a crate::threads::InputRow,
+        Option<&'a crate::threads::InputRow>,
+    ),
     InputDecided(&'a crate::threads::InputRow),
     /// An idempotency key's record, and the time before which older ones go.
     Key(&'a super::idempotency::KeyRow, Timestamp),
@@ -191,7 +195,7 @@ impl<'a> Write<'a> {
                 error: error.as_deref(),
                 at: event.timestamp,
             },
-            EventKind::InputRequested { input } => Write::InputOpened(input),
+            EventKind::InputRequested { input } => Write::InputOpened(input, None),
             EventKind::InputResolved { input } => Write::InputDecided(input),
             EventKind::Usage(u) => Write::Usage(u, event.timestamp),
             EventKind::ThreadSettings {
@@ -210,7 +214,8 @@ impl<'a> Write<'a> {
 }
 
 /// A batch's writes, fewer than its operations but writing the same: a status change of a
-/// message inserted in the same batch becomes part of the insert, and a thread written
+/// message inserted in the same batch becomes part of the insert, as does the decision of an
+/// input opened in it, and a thread written
 /// several times is written once, in the place of its first write, with its last state (and
 /// its first `created_at`), so the thread row exists before the batch's messages name it.
 /// Keeps its buffers from batch to batch: a batch's worth of new memory each time (about
@@ -226,6 +231,8 @@ pub(super) struct Coalescer {
     /// thread writes, by thread id (ids clients can choose: hashed with a per-map seed).
     pub(super) messages: hashbrown::HashTable<usize>,
     pub(super) threads: hashbrown::HashTable<usize>,
+    /// Positions of the batch's inputs opened, by input id.
+    pub(super) inputs: hashbrown::HashTable<usize>,
     pub(super) seed: crate::hash::SeededState,
 }
 
@@ -238,15 +245,18 @@ impl Coalescer {
             into,
             messages,
             threads,
+            inputs,
             seed,
             ..
         } = self;
         into.clear();
         messages.clear();
         threads.clear();
+        inputs.clear();
         let mut index = Index {
             messages,
             threads,
+            inputs,
             seed,
         };
         for op in batch {
@@ -285,12 +295,20 @@ impl Coalescer {
 struct Index<'m> {
     messages: &'m mut hashbrown::HashTable<usize>,
     threads: &'m mut hashbrown::HashTable<usize>,
+    inputs: &'m mut hashbrown::HashTable<usize>,
     seed: &'m crate::hash::SeededState,
 }
 
 fn message_id<'a>(w: &Write<'a>) -> &'a str {
     match w {
         Write::Message { m, .. } => &m.id,
+        _ => "",
+    }
+}
+
+fn input_id<'a>(w: &Write<'a>) -> &'a str {
+    match w {
+        Write::InputOpened(r, _) => &r.id,
         _ => "",
     }
 }
@@ -382,11 +400,20 @@ impl Index<'_> {
                 }
                 first
             }
+            Write::InputOpened(r, _) => {
+                let seed = self.seed;
+                let hash = |id: &str| std::hash::BuildHasher::hash_one(seed, id);
+                self.inputs
+                    .insert_unique(hash(&r.id), writes.len(), |&i| hash(input_id(&writes[i])));
+                None
+            }
+            Write::InputDecided(r) => self
+                .inputs
+                .find(self.hash(&r.id), |&i| input_id(&writes[i]) == r.id)
+                .copied(),
             // Made by `touch`, never read from an operation.
             Write::Seq(_) | Write::Touch { .. } => None,
-            Write::InputOpened(_)
-            | Write::InputDecided(_)
-            | Write::Key(..)
+            Write::Key(..)
             | Write::Usage(..)
             | Write::Settings(..)
             | Write::Labels(..)
@@ -400,6 +427,11 @@ impl Index<'_> {
 /// thread write into the thread's first; `w` back if they do not fold.
 fn merge<'a>(slot: &mut Write<'a>, w: Write<'a>) -> Result<(), Write<'a>> {
     match (slot, w) {
+        // An input decided in the batch that opened it (the pump decides once; a second
+        // decision stays a write of its own, which changes nothing).
+        (Write::InputOpened(_, decided @ None), Write::InputDecided(d)) => {
+            *decided = Some(d);
+        }
         (
             Write::Message { status, error, .. },
             Write::Status {

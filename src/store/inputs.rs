@@ -142,12 +142,19 @@ const INSERT: &str =
      created, expires, decided_by, decided, decision, reason, result) VALUES (?1, ?2, ?3, ?4, ?5, \
      ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)";
 
-/// Records a new open input (the writer, in its batch's transaction).
-pub(super) fn insert(conn: &Connection, r: &InputRow) -> rusqlite::Result<()> {
+/// Records a new input (the writer, in its batch's transaction): open, or `decided` when its
+/// decision came in the same batch.
+pub(super) fn insert(
+    conn: &Connection,
+    r: &InputRow,
+    decided: Option<&InputRow>,
+) -> rusqlite::Result<()> {
+    // Its decision's columns from the decision (as `decide` writes them), the rest as opened.
+    let d = decided.unwrap_or(r);
     conn.prepare_cached(INSERT)?.execute(params![
         r.id,
         r.kind.as_str(),
-        r.status.as_str(),
+        d.status.as_str(),
         r.thread_id,
         r.message_id,
         r.listener,
@@ -161,11 +168,11 @@ pub(super) fn insert(conn: &Connection, r: &InputRow) -> rusqlite::Result<()> {
         r.requested_by,
         ms(r.created),
         r.expires.map(ms),
-        r.decided_by,
-        r.decided.map(ms),
-        r.decision,
-        r.reason,
-        r.result,
+        d.decided_by,
+        d.decided.map(ms),
+        d.decision,
+        d.reason,
+        d.result,
     ])?;
     // Every 1024 rows, the decided ones past the bound go (the oldest first).
     let rowid = conn.last_insert_rowid();

@@ -601,7 +601,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                         .execute(params![s as i64, m])?;
                 }
             }
-            Write::InputOpened(r) => super::inputs::insert(self.tx, r)?,
+            Write::InputOpened(r, decided) => super::inputs::insert(self.tx, r, decided)?,
             Write::InputDecided(r) => super::inputs::decide(self.tx, r)?,
             Write::Key(r, prune_before) => super::idempotency::insert(self.tx, r, prune_before)?,
             Write::Usage(u, at) => super::usage::insert(self.tx, u, at)?,

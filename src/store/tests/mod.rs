@@ -27,6 +27,33 @@ fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord 
     }
 }
 
+/// An input as the gate opens it for `thread`'s message in slot 0.
+fn input(thread: &str) -> crate::threads::InputRow {
+    crate::threads::InputRow {
+        id: format!("in-{thread}"),
+        kind: crate::threads::InputKind::Approval,
+        status: crate::threads::InputStatus::Open,
+        thread_id: thread.into(),
+        message_id: format!("{thread}-0"),
+        listener: "g".into(),
+        tenant: None,
+        from: "api".into(),
+        parent_id: None,
+        slot_index: 0,
+        payload_type: "Note".into(),
+        payload_xml: "<Note/>".into(),
+        prompt: None,
+        requested_by: Some("api".into()),
+        created: Timestamp(3),
+        expires: None,
+        decided_by: None,
+        decided: None,
+        decision: None,
+        reason: None,
+        result: None,
+    }
+}
+
 /// The first page of the messages naming `agent`.
 fn by_agent(store: &Store, agent: &str) -> Paged<MessageRecord> {
     store

@@ -320,33 +320,6 @@ fn a_file_in_use_by_another_store_is_refused_until_that_one_is_gone() {
     assert!(again.thread("t1").unwrap().is_some());
 }
 
-/// An input as the gate opens it for `thread`'s message in slot 0.
-fn input(thread: &str) -> crate::threads::InputRow {
-    crate::threads::InputRow {
-        id: format!("in-{thread}"),
-        kind: crate::threads::InputKind::Approval,
-        status: crate::threads::InputStatus::Open,
-        thread_id: thread.into(),
-        message_id: format!("{thread}-0"),
-        listener: "g".into(),
-        tenant: None,
-        from: "api".into(),
-        parent_id: None,
-        slot_index: 0,
-        payload_type: "Note".into(),
-        payload_xml: "<Note/>".into(),
-        prompt: None,
-        requested_by: Some("api".into()),
-        created: Timestamp(3),
-        expires: None,
-        decided_by: None,
-        decided: None,
-        decision: None,
-        reason: None,
-        result: None,
-    }
-}
-
 #[test]
 fn the_writer_keeps_inputs_and_a_held_message_without_its_input_is_interrupted() {
     let dir = tempfile::tempdir().unwrap();

@@ -399,3 +399,78 @@ fn a_message_keeps_its_origin_across_a_reopen() {
         ]
     );
 }
+
+#[test]
+fn an_input_decided_in_the_batch_that_opened_it_is_inserted_decided() {
+    use crate::threads::{InputRow, InputStatus};
+    let opened = |id: &str| Arc::new(input(id));
+    let decided = |id: &str, status: InputStatus, decision: &str| {
+        Arc::new(InputRow {
+            status,
+            decided_by: Some("key:ops".into()),
+            decided: Some(Timestamp(9)),
+            decision: Some(decision.into()),
+            ..input(id)
+        })
+    };
+    let batch = vec![
+        event_op(EventKind::InputRequested { input: opened("a") }),
+        event_op(EventKind::InputRequested { input: opened("b") }),
+        event_op(EventKind::InputResolved {
+            input: decided("a", InputStatus::Declined, "reject"),
+        }),
+        // A second decision (the pump never makes one) and one of an input opened before.
+        event_op(EventKind::InputResolved {
+            input: decided("a", InputStatus::Approved, "approve"),
+        }),
+        event_op(EventKind::InputResolved {
+            input: decided("c", InputStatus::Approved, "approve"),
+        }),
+    ];
+    let mut coalescer = Coalescer::default();
+    let writes = coalescer.coalesce(&batch);
+    assert_eq!(
+        coalescer.into,
+        [Some(0), Some(1), Some(0), Some(2), Some(3)]
+    );
+    let shown: Vec<(&str, Option<&str>)> = writes
+        .iter()
+        .map(|w| match w {
+            Write::InputOpened(r, d) => (&*r.id, d.and_then(|d| d.decision.as_deref())),
+            Write::InputDecided(r) => (&*r.id, Some("update")),
+            _ => ("other", None),
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("in-a", Some("reject")),
+            ("in-b", None),
+            ("in-a", Some("update")),
+            ("in-c", Some("update"))
+        ]
+    );
+    // What the row holds: the decision's columns from the decision, the rest as opened.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.db");
+    let conn = super::super::open::side_connection(&path).unwrap();
+    let d = decided("a", InputStatus::Declined, "reject");
+    super::super::inputs::insert(&conn, &input("a"), Some(&d)).unwrap();
+    super::super::inputs::decide(&conn, &decided("a", InputStatus::Approved, "approve")).unwrap();
+    drop(conn);
+    let table = super::super::inputs::InputsTable::open(&path).unwrap();
+    let row = table.get("in-a").unwrap().unwrap();
+    assert_eq!(
+        (
+            row.status,
+            row.decision.as_deref(),
+            row.decided_by.as_deref()
+        ),
+        (InputStatus::Declined, Some("reject"), Some("key:ops"))
+    );
+    assert_eq!(
+        (row.payload_xml.as_str(), row.created),
+        ("<Note/>", Timestamp(3))
+    );
+    assert!(table.open_inputs().unwrap().is_empty());
+}
