@@ -57,7 +57,7 @@ impl Shared {
             self.publish_thread(change);
         }
         self.open_input(Held {
-            row,
+            row: std::sync::Arc::new(row),
             record,
             valid: None,
             approval: None,

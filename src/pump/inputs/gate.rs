@@ -42,7 +42,7 @@ impl Shared {
         // Told once open: whoever is notified may decide at once.
         let notify = approval.notify.clone().map(|n| (n, row.clone()));
         self.open_input(Held {
-            row,
+            row: Arc::new(row),
             record,
             valid: Some(valid),
             approval: Some(approval),
@@ -79,7 +79,7 @@ impl Shared {
     pub(super) fn open_input(&self, held: Held) {
         // Open before it is told: whoever hears of it may decide it at once.
         let told = EventKind::InputRequested {
-            input: std::sync::Arc::new(held.row.clone()),
+            input: held.row.clone(),
         };
         self.keep_open(held);
         self.events.publish(told);

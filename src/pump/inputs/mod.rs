@@ -124,7 +124,8 @@ fn expires(now: crate::time::Timestamp, timeout: std::time::Duration) -> crate::
 
 /// One open input.
 struct Held {
-    row: InputRow,
+    /// Shared with the `input_requested` event that told of it.
+    row: Arc<InputRow>,
     record: MessageRecord,
     /// `None` for an input restored after a restart: validated again when let through.
     valid: Option<ValidatedPayload>,
@@ -308,7 +309,7 @@ impl<'a> Inputs<'a> {
             .iter()
             .map(|r| InputRow::clone(r))
             .collect();
-        all.extend(lock(&inbox.open).values().map(|h| h.row.clone()));
+        all.extend(lock(&inbox.open).values().map(|h| (*h.row).clone()));
         all.retain(|r| filter.matches(r));
         all.sort_by(|a, b| b.created.cmp(&a.created).then(b.id.cmp(&a.id)));
         Ok(page.cut(all))
@@ -318,7 +319,7 @@ impl<'a> Inputs<'a> {
     pub fn get(self, id: &str) -> Option<InputRow> {
         let inbox = &self.shared().inbox;
         if let Some(h) = lock(&inbox.open).get(id) {
-            return Some(h.row.clone());
+            return Some((*h.row).clone());
         }
         inbox.decided(id)
     }
@@ -415,7 +416,7 @@ impl<'a> Inputs<'a> {
             InputKind::Question => human.as_ref().map(|h| &h.approvers),
         };
         may_decide(approvers, &row, who)?;
-        Ok((row, approval))
+        Ok(((*row).clone(), approval))
     }
 
     /// Decides an open input. Exactly one decision of an input is taken; a later one is

@@ -22,7 +22,7 @@ impl Shared {
                     .approval
                     .as_ref()
                     .map_or(OnTimeout::Reject, |a| a.on_timeout);
-                (h.row.clone(), on)
+                ((*h.row).clone(), on)
             })
             .collect();
         let mut n = 0;
@@ -91,7 +91,7 @@ impl Shared {
         escalated.escalate_to = None;
         escalated.notify = None;
 
-        held.row = InputRow {
+        held.row = Arc::new(InputRow {
             id: crate::threads::new_id().to_string(),
             status: InputStatus::Open,
             created: now,
@@ -102,7 +102,7 @@ impl Shared {
             reason: None,
             result: None,
             ..row
-        };
+        });
         held.approval = Some(Arc::new(escalated));
         self.open_input(held);
         true
@@ -126,7 +126,7 @@ impl Shared {
         let ids: Vec<InputRow> = lock(&self.inbox.open)
             .values()
             .filter(|h| which(h))
-            .map(|h| h.row.clone())
+            .map(|h| (*h.row).clone())
             .collect();
         for row in ids {
             let decided = InputRow {
@@ -204,7 +204,7 @@ impl Shared {
             let approval = listener.and_then(|l| l.config.approval.clone());
             let human = listener.and_then(|l| l.config.human.clone());
             self.keep_open(Held {
-                row,
+                row: Arc::new(row),
                 record,
                 valid: None,
                 approval,
