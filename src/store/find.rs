@@ -10,6 +10,7 @@ use rusqlite::functions::{Aggregate, Context, FunctionFlags};
 use rusqlite::types::Value as V;
 
 use super::search::phrase;
+use super::words::LongPhrase;
 
 /// The threads (their numbers, as `t`) whose id, error or labels hold the text bound at its
 /// `?` (3 characters or more).
@@ -85,19 +86,43 @@ pub(super) fn q_plan(
     q: &str,
     page: crate::threads::Page,
     w: &mut super::Where,
+    deadline: std::time::Instant,
 ) -> rusqlite::Result<u64> {
     use super::thread_fields::{query_count, rows_before_page, SCAN_ROWS};
     let phrase = phrase(q).unwrap_or_default();
     let (ix, asked) = payload_index(q, &phrase);
     let payload = in_payloads(ix);
-    let matched = query_count(
-        tx,
-        &format!("SELECT distinct_threads(t) FROM ({NAMED} UNION ALL {payload})"),
-        [&phrase, &asked],
-    )?;
+    // A longer phrase of ASCII words: its threads found through `thread_words` first.
+    let long = match super::words::long_phrase(q) {
+        Some(long) => Some(long_found(tx, &phrase, &long, deadline)?),
+        None => None,
+    };
+    let matched = match &long {
+        Some(found) => found.len() as u64,
+        None => query_count(
+            tx,
+            &format!("SELECT distinct_threads(t) FROM ({NAMED} UNION ALL {payload})"),
+            [&phrase, &asked],
+        )?,
+    };
     let all = query_count(tx, "SELECT COUNT(*) FROM threads", [])?;
     let rows = rows_before_page(page, all, matched);
-    let clause = if rows.is_some_and(|r| r.saturating_mul(PROBE_COST) <= matched) {
+    let probe = rows.is_some_and(|r| r.saturating_mul(PROBE_COST) <= matched);
+    if let (Some(found), false) = (long, probe) {
+        // The found set, read once (as JSON: `json_each` reads it).
+        let keep = if rows.is_some_and(|r| r <= SCAN_ROWS) {
+            "+n"
+        } else {
+            "n"
+        };
+        let numbers = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
+        w.and(
+            format!("{keep} IN (SELECT value FROM json_each(?))"),
+            [V::Text(numbers)],
+        );
+        return Ok(matched);
+    }
+    let clause = if probe {
         format!(
             "(EXISTS (SELECT 1 FROM thread_text WHERE thread_text MATCH ? AND rowid = threads.n) \
              OR EXISTS (SELECT 1 FROM {ix} WHERE {ix} MATCH ? \
@@ -111,6 +136,54 @@ pub(super) fn q_plan(
     };
     w.and(clause, [V::Text(phrase), V::Text(asked)]);
     Ok(matched)
+}
+
+/// The threads (their numbers, in order) `q` finds when it is a [`LongPhrase`] (`phrase`
+/// is `q` for `message_text`): those whose id, error or labels hold it, those whose message
+/// gave it whole (`chain`), and of those that hold its first words (`head`) and are neither,
+/// the ones `message_text` finds it in, checked one by one until `deadline` (then the read
+/// fails as interrupted, as SQLite's own check of `limits.max_query_ms` fails it).
+fn long_found(
+    tx: &rusqlite::Transaction<'_>,
+    phrase: &str,
+    long: &LongPhrase,
+    deadline: std::time::Instant,
+) -> rusqlite::Result<Vec<i64>> {
+    let threads = |sql: &str, asked: &str| -> rusqlite::Result<Vec<i64>> {
+        let mut all: Vec<i64> = tx
+            .prepare_cached(sql)?
+            .query_map([asked], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        all.dedup();
+        Ok(all)
+    };
+    let words = in_payloads("thread_words");
+    let mut found = threads(NAMED, phrase)?;
+    found.extend(threads(&words, &long.chain)?);
+    found.sort_unstable();
+    found.dedup();
+    let mut holds = tx.prepare_cached(
+        "SELECT EXISTS (SELECT 1 FROM message_text WHERE message_text MATCH ?1 \
+         AND rowid BETWEEN ?2 << 32 AND (?2 << 32) + 4294967295)",
+    )?;
+    let mut checked = Vec::new();
+    for t in threads(&words, &long.head)? {
+        if found.binary_search(&t).is_ok() {
+            continue;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
+                None,
+            ));
+        }
+        if holds.query_row(rusqlite::params![phrase, t], |r| r.get(0))? {
+            checked.push(t);
+        }
+    }
+    found.extend(checked);
+    found.sort_unstable();
+    Ok(found)
 }
 
 /// `distinct_threads(t)`: how many different numbers it is given, in one pass when they

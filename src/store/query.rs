@@ -437,10 +437,14 @@ impl Store {
                 super::find::q_clause(&mut w, q, self.searches_payloads());
             }
         }
+        let budget = self
+            .read_budget_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget);
         self.read(|tx| {
             let known = match (only, q) {
                 (Some(tests), _) => Some(super::thread_fields::label_plan(tx, tests, page, &mut w)?),
-                (_, Some(q)) => Some(super::find::q_plan(tx, q, page, &mut w)?),
+                (_, Some(q)) => Some(super::find::q_plan(tx, q, page, &mut w, deadline)?),
                 _ => None,
             };
             let (total, rows) = count_and_page(

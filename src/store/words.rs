@@ -116,9 +116,12 @@ impl Seen {
     /// Gives, at each place of `runs` that starts a stretch of words alone (runs of ASCII
     /// letters and digits, `pure`, one FTS5 word each) whose next [`PHRASE_WORDS`] the thread
     /// has not had, each phrase that starts there as one word: its words, lower case, each
-    /// followed by `_` (so no word of a payload is one).
-    fn shingles(&mut self, runs: &[&str], pure: &[bool], out: &mut String) {
+    /// followed by `_` (so no word of a payload is one). The longest of each place go to
+    /// `out` in order, places apart joined by [`BARRIER`] (so a longer phrase is the longest
+    /// of its places side by side), the others to `shorter`.
+    fn shingles(&mut self, runs: &[&str], pure: &[bool], out: &mut String, shorter: &mut String) {
         let mut key = String::new();
+        let mut last = None;
         for p in (0..runs.len()).filter(|&p| pure[p]) {
             let most = runs.len().min(p + PHRASE_WORDS);
             let end = (p..most).find(|&i| !pure[i]).unwrap_or(most);
@@ -131,13 +134,16 @@ impl Seen {
             if !self.fresh(&key) {
                 continue;
             }
+            if last.is_some_and(|l| l + 1 != p) {
+                out.push(' ');
+                out.push_str(BARRIER);
+            }
+            last = Some(p);
+            give(out, &key);
             let mut len = 0;
-            for run in &runs[p..end] {
+            for run in &runs[p..end - 1] {
                 len += run.len() + 1;
-                if !out.is_empty() {
-                    out.push(' ');
-                }
-                out.push_str(&key[..len]);
+                give(shorter, &key[..len]);
             }
         }
     }
@@ -200,9 +206,16 @@ impl Generations {
             .iter()
             .map(|r| r.bytes().all(|b| b.is_ascii_alphanumeric()))
             .collect();
-        let mut out = String::new();
-        seen.shingles(&runs, &pure, &mut out);
-        seen.verbatim(&runs, &pure, &mut out);
+        let (mut out, mut shorter, mut verbatim) = (String::new(), String::new(), String::new());
+        seen.shingles(&runs, &pure, &mut out, &mut shorter);
+        seen.verbatim(&runs, &pure, &mut verbatim);
+        for part in [shorter, verbatim].iter().filter(|p| !p.is_empty()) {
+            if !out.is_empty() {
+                out.push(' ');
+                out.push_str(BARRIER);
+            }
+            give(&mut out, part);
+        }
         self.bytes += seen.bytes;
         self.now.insert(thread, seen);
         if self.bytes > WORDS_BYTES / 2 {
@@ -211,6 +224,14 @@ impl Generations {
         }
         (!out.is_empty()).then_some(out)
     }
+}
+
+/// Appends `words` to `out`, a space between.
+fn give(out: &mut String, words: &str) {
+    if !out.is_empty() {
+        out.push(' ');
+    }
+    out.push_str(words);
 }
 
 /// The windows of `runs` (first run, end exclusive), in order: each holds [`PHRASE_WORDS`]
@@ -267,24 +288,57 @@ impl Words {
     }
 }
 
-/// What `thread_words` is asked for `q` (an FTS5 expression: its phrase as one word, or
-/// its words in order), when it answers `q`: at most [`PHRASE_WORDS`] words of ASCII
-/// letters and digits (which every tokenizer keeps whole), with only ASCII between them;
-/// anything else only `message_text` answers.
+/// `q`'s words (ASCII letters and digits), when it is ASCII.
+fn ascii_words(q: &str) -> Option<Vec<&str>> {
+    q.is_ascii().then(|| {
+        q.split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .collect()
+    })
+}
+
+/// `words` as one word of `thread_words` (`the_customer_`, lower case).
+fn shingle(words: &[&str]) -> String {
+    let joined: String = words.iter().flat_map(|w| [w, "_"]).collect();
+    joined.to_ascii_lowercase()
+}
+
+/// What `thread_words` is asked for `words` (at most [`PHRASE_WORDS`]): an FTS5 expression,
+/// the phrase as one word or its words in order.
+fn asked(words: &[&str]) -> String {
+    format!("\"{}\" OR \"{}\"", shingle(words), words.join(" "))
+}
+
+/// What `thread_words` is asked for `q` when it answers `q`: at most [`PHRASE_WORDS`] words
+/// of ASCII letters and digits (which every tokenizer keeps whole), with only ASCII between
+/// them; anything else only `message_text` answers.
 pub(super) fn short_phrase(q: &str) -> Option<String> {
-    let words: Vec<&str> = q
-        .split(|c: char| !c.is_ascii_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    if !q.is_ascii() || !(1..=PHRASE_WORDS).contains(&words.len()) {
-        return None;
-    }
-    let shingle: String = words.iter().flat_map(|w| [w, "_"]).collect();
-    Some(format!(
-        "\"{}\" OR \"{}\"",
-        shingle.to_ascii_lowercase(),
-        words.join(" ")
-    ))
+    let words = ascii_words(q)?;
+    (1..=PHRASE_WORDS)
+        .contains(&words.len())
+        .then(|| asked(&words))
+}
+
+/// A longer phrase of ASCII words as `thread_words` narrows it: every thread that holds it
+/// holds its first [`PHRASE_WORDS`] words (`head`, an FTS5 expression), and a thread whose
+/// message gave it whole holds each window of it as the longest word of places side by side
+/// (`chain`, an FTS5 phrase); a thread found by `head` and not `chain` is checked in
+/// `message_text`.
+pub(super) struct LongPhrase {
+    pub(super) head: String,
+    pub(super) chain: String,
+}
+
+/// `q` as a [`LongPhrase`], when it is more than [`PHRASE_WORDS`] ASCII words.
+pub(super) fn long_phrase(q: &str) -> Option<LongPhrase> {
+    let words = ascii_words(q)?;
+    (words.len() > PHRASE_WORDS).then(|| {
+        let windows: Vec<String> = words.windows(PHRASE_WORDS).map(shingle).collect();
+        LongPhrase {
+            head: asked(&words[..PHRASE_WORDS]),
+            chain: format!("\"{}\"", windows.join(" ")),
+        }
+    })
 }
 
 #[cfg(test)]
@@ -295,13 +349,14 @@ mod tests {
     fn a_thread_gives_the_phrases_it_has_not_had_in_any_case() {
         let w = Words::default();
         let give = |slot, text| w.new_words(1, slot, text);
+        // The longest phrase of each place first, then the shorter ones.
         assert_eq!(
             give(1, "a b c").as_deref(),
-            Some("a_ a_b_ a_b_c_ b_ b_c_ c_")
+            Some("a_b_c_ b_c_ c_ \u{3c9} a_ a_b_ b_")
         );
         assert_eq!(give(2, "A-b c"), None);
         // A word more: the places it follows within a phrase's reach give again.
-        let longer = Some("a_ a_b_ a_b_c_ a_b_c_d_ b_ b_c_ b_c_d_ c_ c_d_ d_");
+        let longer = Some("a_b_c_d_ b_c_d_ c_d_ d_ \u{3c9} a_ a_b_ a_b_c_ b_ b_c_ c_");
         assert_eq!(give(3, "a b c d").as_deref(), longer);
         assert_eq!(
             give(3, "a b c d").as_deref(),
@@ -309,7 +364,10 @@ mod tests {
             "the same message asked about again (SQLite may): the same words"
         );
         // A run that may hide words (not ASCII): its window verbatim, with its places.
-        assert_eq!(give(4, "x\u{2014}y z").as_deref(), Some("z_ x\u{2014}y z"));
+        assert_eq!(
+            give(4, "x\u{2014}y z").as_deref(),
+            Some("z_ \u{3c9} x\u{2014}y z")
+        );
         assert_eq!(
             give(5, "z x\u{2014}Y, z").as_deref(),
             Some("z x\u{2014}Y z")
@@ -321,6 +379,14 @@ mod tests {
         let verbatim = &given[given.find('\u{e9}').unwrap()..];
         assert_eq!(verbatim.matches(BARRIER).count(), 1, "{verbatim}");
         assert!(verbatim.starts_with("\u{e9} w0 w1") && verbatim.ends_with("\u{e9}"));
+        // Places apart (those between had): their longest phrases joined by the barrier.
+        let w2 = Words::default();
+        w2.new_words(1, 1, "p q r s t u");
+        let given = w2.new_words(1, 2, "X q r s t u Y").unwrap();
+        assert!(
+            given.starts_with("x_q_r_s_ \u{3c9} s_t_u_y_ t_u_y_ u_y_ y_ \u{3c9} x_ "),
+            "{given}"
+        );
         // Another thread has its own phrases; a thread forgotten has them again.
         assert_eq!(w.new_words(2, 9, "a").as_deref(), Some("a_"));
         w.forget(1);
@@ -349,6 +415,18 @@ mod tests {
         let g = w.0.lock().unwrap();
         let total: usize = g.now.values().chain(g.old.values()).map(|s| s.bytes).sum();
         assert!(total <= WORDS_BYTES, "{total}");
+    }
+
+    #[test]
+    fn a_longer_phrase_is_asked_by_its_head_and_its_windows() {
+        let q = ["A"; PHRASE_WORDS + 2].join(" ");
+        assert_eq!(short_phrase(&q), None);
+        let long = long_phrase(&q).unwrap();
+        let window = shingle(&["a"; PHRASE_WORDS]);
+        assert_eq!(long.chain, format!("\"{window} {window} {window}\""));
+        assert_eq!(long.head, asked(&["A"; PHRASE_WORDS]));
+        assert!(long_phrase(&["a"; PHRASE_WORDS].join(" ")).is_none());
+        assert!(long_phrase(&format!("caf\u{e9} {q}")).is_none());
     }
 
     #[test]

@@ -333,7 +333,7 @@ fn any_short_phrase_of_any_text_finds_what_the_index_of_every_message_finds() {
         }
     }
     store.flush(1);
-    // Phrases of up to 5 words (one more than `thread_words` answers) as payloads hold them.
+    // Phrases as payloads hold them, up to 4 words longer than `thread_words` answers alone.
     for _ in 0..400 {
         let text = &texts[next(texts.len())];
         let from = next(text.len());
@@ -342,7 +342,8 @@ fn any_short_phrase_of_any_text_finds_what_the_index_of_every_message_finds() {
             .map(|w| w.replace('\u{2014}', " ").replace('\u{e9}', "e"))
             .collect();
         let q = q.join(" ");
-        let q: Vec<&str> = q.split_whitespace().take(1 + next(5)).collect();
+        let most = super::super::words::PHRASE_WORDS + 4;
+        let q: Vec<&str> = q.split_whitespace().take(1 + next(most)).collect();
         let q = q.join(" ");
         if q.is_empty() {
             continue;
@@ -382,6 +383,12 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
         note(&store, "dash", slot as u64, &texts[slot]);
         note(&store, "more", slot as u64, &more[slot]);
     }
+    // A longer phrase's windows given in one message at places apart (those between had
+    // before): not side by side, so not the phrase.
+    thread(&store, "apart", ThreadStatus::Completed, 1);
+    let middle = words("b", 1, K);
+    note(&store, "apart", 0, &format!("{middle} Z {middle}"));
+    note(&store, "apart", 1, &format!("a0 {middle} Z {middle} e"));
     // Two words in one run (no tag around them either).
     thread(&store, "run", ThreadStatus::Completed, 1);
     store.record(
@@ -397,4 +404,14 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
     for q in [words("p", 0, K), words("f", 0, K + 1), "q r".into()] {
         assert_eq!((found(&store, &q), by_messages(&store, &q)), (1, 1), "{q}");
     }
+    let q = format!("a0 {middle} e");
+    assert_eq!((found(&store, &q), by_messages(&store, &q)), (0, 0), "{q}");
+    // The longer phrase is checked message by message in that thread: within the budget.
+    store.set_read_budget(std::time::Duration::ZERO);
+    let filter = ThreadFilter {
+        q: Some(words("f", 0, K + 1)),
+        ..Default::default()
+    };
+    let e = store.query_threads(&filter, Page::default()).unwrap_err();
+    assert!(e.timed_out, "{e}");
 }
