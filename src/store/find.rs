@@ -2,7 +2,9 @@
 //! by its id, error or labels (`thread_text`, trigrams: 3 characters or more) or by its
 //! payloads' words in order (a phrase of up to `words::PHRASE_WORDS` ASCII words through
 //! `thread_words`, about an index entry a thread; anything else through `message_text`, one
-//! a message). With
+//! a message, except that with `q` alone a longer phrase of ASCII words is looked for in
+//! `thread_words` first and only the threads it cannot settle are checked message by
+//! message: `long_found`). With
 //! `q` the only filter, [`q_plan`] counts from the indexes alone and picks how to read the
 //! page.
 
@@ -108,12 +110,13 @@ pub(super) fn q_plan(
     let all = query_count(tx, "SELECT COUNT(*) FROM threads", [])?;
     let rows = rows_before_page(page, all, matched);
     let probe = rows.is_some_and(|r| r.saturating_mul(PROBE_COST) <= matched);
-    if let (Some(found), false) = (long, probe) {
-        // The found set, read once (as JSON: `json_each` reads it).
-        let keep = if rows.is_some_and(|r| r <= SCAN_ROWS) {
-            "+n"
-        } else {
-            "n"
+    if let Some(found) = long {
+        // The found set (as JSON: `json_each` reads it), or when the page is among the
+        // first rows, those of its threads up to the page's end (a look-up each).
+        let (keep, found) = match probe {
+            true => ("n", first_in_order(tx, &found, page, deadline)?),
+            false if rows.is_some_and(|r| r <= SCAN_ROWS) => ("+n", found),
+            false => ("n", found),
         };
         let numbers = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
         w.and(
@@ -172,10 +175,7 @@ fn long_found(
             continue;
         }
         if std::time::Instant::now() >= deadline {
-            return Err(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
-                None,
-            ));
+            return Err(interrupted());
         }
         if holds.query_row(rusqlite::params![phrase, t], |r| r.get(0))? {
             checked.push(t);
@@ -184,6 +184,41 @@ fn long_found(
     found.extend(checked);
     found.sort_unstable();
     Ok(found)
+}
+
+/// The first of the threads `found` (their numbers, in order) in `/threads`'s order, up to
+/// the end of `page`, walking the threads newest first until `deadline`.
+fn first_in_order(
+    tx: &rusqlite::Transaction<'_>,
+    found: &[i64],
+    page: crate::threads::Page,
+    deadline: std::time::Instant,
+) -> rusqlite::Result<Vec<i64>> {
+    let want = page.offset.saturating_add(page.limit);
+    let mut walk = tx.prepare_cached("SELECT n FROM threads ORDER BY created_at DESC, id DESC")?;
+    let mut rows = walk.query([])?;
+    let mut first = Vec::new();
+    let mut walked = 0u32;
+    while first.len() < want {
+        let Some(row) = rows.next()? else { break };
+        let n: i64 = row.get(0)?;
+        if found.binary_search(&n).is_ok() {
+            first.push(n);
+        }
+        walked = walked.wrapping_add(1);
+        if walked % 1024 == 0 && std::time::Instant::now() >= deadline {
+            return Err(interrupted());
+        }
+    }
+    Ok(first)
+}
+
+/// The error of a read stopped past its budget (as SQLite's progress handler stops one).
+fn interrupted() -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_INTERRUPT),
+        None,
+    )
 }
 
 /// `distinct_threads(t)`: how many different numbers it is given, in one pass when they

@@ -10,14 +10,16 @@
 //! one FTS5 word, so a phrase of such runs side by side is given as one word, a shingle
 //! (`the_customer_`: `_` is a letter of this index's tokenizer, never in a run, and ends
 //! every shingle, so no payload word is one): at each place, the phrases that start there
-//! (keyed by the longest). A phrase that takes in another run (one that may hold several
+//! (keyed by the longest; the longest of each place come first, in order, so a longer
+//! phrase is the longest words of its places side by side when one message gave it all). A phrase that takes in another run (one that may hold several
 //! words, a folded one, or none) is found by its words' places: every window of
 //! [`PHRASE_WORDS`] runs that hold an ASCII letter or digit (with the runs that may hold no
 //! word around them) that holds such a run is given verbatim, stretches apart joined by
 //! [`BARRIER`]. A phrase of at most [`PHRASE_WORDS`] words is a shingle or lies within one
 //! such window, so a thread whose message holds it has given it (now or before), and
 //! nothing given holds a phrase its messages do not: `q` asks for the shingle or the words
-//! in order (`short_phrase`), and the barrier is a word no ASCII word folds to.
+//! in order (`short_phrase`), and the barrier is a word no ASCII word folds to. A longer
+//! phrase narrows the threads to check (`long_phrase`, `find.rs`).
 //!
 //! Which keys a thread has had are kept here, in memory, within [`WORDS_BYTES`]; a thread
 //! no longer kept (pushed out, a restart, a transaction rolled back) has its text indexed

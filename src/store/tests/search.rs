@@ -415,3 +415,50 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
     let e = store.query_threads(&filter, Page::default()).unwrap_err();
     assert!(e.timed_out, "{e}");
 }
+
+#[test]
+fn each_way_of_reading_a_page_of_a_longer_phrase_gives_the_same_threads_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = searching(&dir.path().join("s.db"));
+    for i in 0..600 {
+        let t = format!("t{i:03}");
+        thread(&store, &t, ThreadStatus::Completed, i as u64 + 1);
+        let third = if i % 3 == 0 { "v w x y z" } else { "" };
+        note(&store, &t, 0, &format!("a b c d e {third} n{i}"));
+    }
+    store.flush(1);
+    let ids = |q: &str, page: Page| -> (u64, Vec<String>) {
+        let filter = ThreadFilter {
+            q: Some(q.into()),
+            ..Default::default()
+        };
+        let p = store.query_threads(&filter, page).unwrap();
+        (p.total, p.items.into_iter().map(|t| t.id).collect())
+    };
+    let expect = |keep: &dyn Fn(usize) -> bool, page: Page| -> Vec<String> {
+        (0..600)
+            .rev()
+            .filter(|i| keep(*i))
+            .map(|i| format!("t{i:03}"))
+            .skip(page.offset)
+            .take(page.limit)
+            .collect()
+    };
+    // Every thread, a page of one (the first threads walked); one in three, pages of 50
+    // (the found set scanned); one thread (looked up).
+    for offset in [0, 1, 599] {
+        let page = Page { limit: 1, offset };
+        assert_eq!(ids("a b c d e", page), (600, expect(&|_| true, page)));
+    }
+    for offset in [0, 150] {
+        let page = Page { limit: 50, offset };
+        let third = |i: usize| i % 3 == 0;
+        assert_eq!(ids("e v w x y z", page), (200, expect(&third, page)));
+    }
+    let page = Page {
+        limit: 50,
+        offset: 0,
+    };
+    assert_eq!(ids("c d e v w x y z n9", page), (1, vec!["t009".to_string()]));
+    assert_eq!(ids("c d e n10 note", page), (1, vec!["t010".to_string()]));
+}
