@@ -206,7 +206,7 @@ fn first_in_order(
             first.push(n);
         }
         walked = walked.wrapping_add(1);
-        if walked % 1024 == 0 && std::time::Instant::now() >= deadline {
+        if walked.is_multiple_of(1024) && std::time::Instant::now() >= deadline {
             return Err(interrupted());
         }
     }

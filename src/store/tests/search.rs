@@ -452,13 +452,16 @@ fn each_way_of_reading_a_page_of_a_longer_phrase_gives_the_same_threads_in_order
     }
     for offset in [0, 150] {
         let page = Page { limit: 50, offset };
-        let third = |i: usize| i % 3 == 0;
+        let third = |i: usize| i.is_multiple_of(3);
         assert_eq!(ids("e v w x y z", page), (200, expect(&third, page)));
     }
     let page = Page {
         limit: 50,
         offset: 0,
     };
-    assert_eq!(ids("c d e v w x y z n9", page), (1, vec!["t009".to_string()]));
+    assert_eq!(
+        ids("c d e v w x y z n9", page),
+        (1, vec!["t009".to_string()])
+    );
     assert_eq!(ids("c d e n10 note", page), (1, vec!["t010".to_string()]));
 }
