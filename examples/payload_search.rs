@@ -127,6 +127,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "shipped to the customer".to_string(),
         "shipped to the customer as".to_string(),
         "b42 shipped to the customer".to_string(),
+        "shipped to the customer as agreed".to_string(),
+        format!(
+            "w{} batch b0 shipped to the customer as agreed",
+            threads / 2
+        ),
     ] {
         let filter = ThreadFilter {
             q: Some(q.clone()),

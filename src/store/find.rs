@@ -59,6 +59,28 @@ pub(super) fn q_clause(w: &mut super::Where, q: &str, payloads: bool) {
     }
 }
 
+/// Whether `q`, with other filters, is a longer phrase of ASCII words that [`long_clause`]
+/// adds in the read (found through `thread_words` first, as when alone).
+pub(super) fn long_apart(q: &str, payloads: bool) -> bool {
+    indexed(q, payloads).is_some() && super::words::long_phrase(q).is_some()
+}
+
+/// `q`'s clause when [`long_apart`]: the threads [`long_found`] finds, by number.
+pub(super) fn long_clause(
+    tx: &rusqlite::Transaction<'_>,
+    q: &str,
+    w: &mut super::Where,
+    deadline: std::time::Instant,
+) -> rusqlite::Result<()> {
+    let (Some(phrase), Some(long)) = (phrase(q), super::words::long_phrase(q)) else {
+        return Ok(());
+    };
+    let found = long_found(tx, &phrase, &long, deadline)?;
+    let numbers = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
+    w.and("n IN (SELECT value FROM json_each(?))", [V::Text(numbers)]);
+    Ok(())
+}
+
 /// `q` as the phrase both indexes look for, when together they answer it: the setting on
 /// (`payloads`) and 3 characters or more (the trigrams' least).
 fn indexed(q: &str, payloads: bool) -> Option<String> {

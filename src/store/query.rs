@@ -430,11 +430,16 @@ impl Store {
         // Label tests alone are counted from `thread_labels` (`thread_fields::label_plan`).
         // And `q` alone, from the text indexes (`find::q_plan`).
         let only = super::thread_fields::labels_only(filter);
-        let q = super::find::q_alone(filter, self.searches_payloads());
+        let payloads = self.searches_payloads();
+        let q = super::find::q_alone(filter, payloads);
+        // Or a longer phrase with other filters: its threads found in the read.
+        let mut apart = None;
         if only.is_none() && q.is_none() {
             super::thread_fields::label_clauses(&mut w, filter);
-            if let Some(q) = &filter.q {
-                super::find::q_clause(&mut w, q, self.searches_payloads());
+            match filter.q.as_deref() {
+                Some(q) if super::find::long_apart(q, payloads) => apart = Some(q),
+                Some(q) => super::find::q_clause(&mut w, q, payloads),
+                None => {}
             }
         }
         let budget = self
@@ -442,6 +447,9 @@ impl Store {
             .load(std::sync::atomic::Ordering::Relaxed);
         let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget);
         self.read(|tx| {
+            if let Some(q) = apart {
+                super::find::long_clause(tx, q, &mut w, deadline)?;
+            }
             let known = match (only, q) {
                 (Some(tests), _) => Some(super::thread_fields::label_plan(tx, tests, page, &mut w)?),
                 (_, Some(q)) => Some(super::find::q_plan(tx, q, page, &mut w, deadline)?),

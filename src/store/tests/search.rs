@@ -349,6 +349,14 @@ fn any_short_phrase_of_any_text_finds_what_the_index_of_every_message_finds() {
             continue;
         }
         assert_eq!(found(&store, &q), by_messages(&store, &q), "{q}");
+        // With another filter too (every thread is completed).
+        let filter = ThreadFilter {
+            q: Some(q.clone()),
+            status: Some(ThreadStatus::Completed),
+            ..Default::default()
+        };
+        let total = store.query_threads(&filter, Page::default()).unwrap().total;
+        assert_eq!(total, by_messages(&store, &q), "{q} completed");
     }
 }
 
