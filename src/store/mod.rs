@@ -85,6 +85,7 @@ mod find;
 pub mod idempotency;
 pub mod inputs;
 pub mod keys;
+mod listing;
 mod maintenance;
 mod open;
 mod prune;

@@ -1,5 +1,6 @@
-//! Reads: pages of messages and threads with exact totals from one snapshot, by index for a
-//! thread and by the blocks' kept counts for any other filter.
+//! Reads: pages of messages with exact totals from one snapshot, by index for a thread and
+//! by the blocks' kept counts for any other filter; a thread, its slice; what the listing of
+//! threads (`listing.rs`) shares: filters as SQL, a page with its total, budgeted reads.
 
 use super::*;
 
@@ -398,113 +399,6 @@ impl Store {
         Ok((known_total.unwrap_or(total), items))
     }
 
-    /// One page of threads, newest first, with the exact total.
-    pub fn query_threads(
-        &self,
-        filter: &ThreadFilter,
-        page: Page,
-    ) -> Result<Paged<ThreadInfo>, StoreError> {
-        use rusqlite::types::Value as V;
-        let mut w = Where::default();
-        if let Some(s) = filter.status {
-            w.and("status = ?", [V::Text(status_str(s).to_string())]);
-        }
-        if let Some(a) = &filter.agent {
-            w.and("EXISTS (SELECT 1 FROM messages m, (SELECT id FROM names WHERE name = ?) a WHERE m.thread = threads.n AND (m.sender = a.id OR m.receiver = a.id))", [V::Text(a.clone())]);
-        }
-        if let Some(set) = &filter.within {
-            w.and(
-                format!(
-                    "EXISTS (SELECT 1 FROM messages m JOIN names a ON (m.sender = a.id OR m.receiver = a.id) WHERE m.thread = threads.n AND a.name IN ({}))",
-                    in_list(set.len())
-                ),
-                set.iter().map(|a| V::Text(a.clone())),
-            );
-        }
-        if let Some(s) = filter.since {
-            w.and("last_activity >= ?", [V::Integer(s.0 as i64)]);
-        }
-        if let Some(u) = filter.until {
-            w.and("created_at < ?", [V::Integer(u.0 as i64)]);
-        }
-        // Label tests alone are counted from `thread_labels` (`thread_fields::label_plan`).
-        // And `q` alone, from the text indexes (`find::q_plan`).
-        let only = super::thread_fields::labels_only(filter);
-        let payloads = self.searches_payloads();
-        let q = super::find::q_alone(filter, payloads);
-        // Or a longer phrase with other filters: its threads found in the read.
-        let mut apart = None;
-        if only.is_none() && q.is_none() {
-            super::thread_fields::label_clauses(&mut w, filter);
-            match filter.q.as_deref() {
-                Some(q) if super::find::long_apart(q, payloads) => apart = Some(q),
-                Some(q) => super::find::q_clause(&mut w, q, payloads),
-                None => {}
-            }
-        }
-        let budget = self
-            .read_budget_ms
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget);
-        self.read(|tx| {
-            if let Some(q) = apart {
-                super::find::long_clause(tx, q, &mut w, deadline)?;
-            }
-            let known = match (only, q) {
-                (Some(tests), _) => Some(super::thread_fields::label_plan(tx, tests, page, &mut w)?),
-                (_, Some(q)) => Some(super::find::q_plan(tx, q, page, &mut w, deadline)?),
-                _ => None,
-            };
-            let (total, rows) = count_and_page(
-                tx,
-                Select {
-                    from: "threads",
-                    columns: "id, status, message_count, created_at, last_activity, error, n, settings, labels",
-                    order: "created_at DESC, id DESC",
-                },
-                &w,
-                page,
-                known,
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        get_u64(r, 2)?,
-                        get_u64(r, 3)?,
-                        get_u64(r, 4)?,
-                        r.get::<_, Option<String>>(5)?,
-                        r.get::<_, i64>(6)?,
-                        r.get::<_, Option<String>>(7)?,
-                        r.get::<_, Option<String>>(8)?,
-                    ))
-                },
-            )?;
-            let mut items = Vec::with_capacity(rows.len());
-            for (id, status, count, created, last, error, n, settings, labels) in rows {
-                let participants = participants(tx, n)?;
-                items.push(ThreadInfo {
-                    participants,
-                    id,
-                    status: parse_status(&status).unwrap_or(ThreadStatus::Error),
-                    message_count: count,
-                    created_at: Timestamp(created),
-                    last_activity: Timestamp(last),
-                    error,
-                    settings: super::thread_fields::settings_of(settings),
-                    labels: super::thread_fields::labels_of(labels),
-                    paused: false,
-                });
-            }
-            Ok(Paged {
-                items,
-                total,
-                limit: page.limit,
-                offset: page.offset,
-            })
-        })
-    }
-
-    /// One thread, if stored.
     /// Thread `id`'s messages from slot `from` on, in slot order: at most `limit`, and no
     /// more than fit in `max_bytes` of payloads (at least one); and whether more follow.
     /// Through the thread's slot index (no count, no offset); the sizes are read first, so
@@ -569,43 +463,40 @@ impl Store {
         })
     }
 
+    /// One thread, if stored.
     pub fn thread(&self, id: &str) -> Result<Option<ThreadInfo>, StoreError> {
         self.read(|tx| {
-            let row = tx
-                .query_row(
-                    "SELECT status, message_count, created_at, last_activity, error, n, settings, labels FROM threads WHERE id = ?",
-                    params![id],
-                    |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            get_u64(r, 1)?,
-                            get_u64(r, 2)?,
-                            get_u64(r, 3)?,
-                            r.get::<_, Option<String>>(4)?,
-                            r.get::<_, i64>(5)?,
-                            r.get::<_, Option<String>>(6)?,
-                            r.get::<_, Option<String>>(7)?,
-                        ))
-                    },
-                )
-                .optional()?;
-            let Some((status, count, created, last, error, n, settings, labels)) = row else {
+            let sql = format!("SELECT {THREAD_COLUMNS} FROM threads WHERE id = ?");
+            let Some((mut thread, n)) = tx.query_row(&sql, params![id], thread_of).optional()?
+            else {
                 return Ok(None);
             };
-            Ok(Some(ThreadInfo {
-                id: id.to_string(),
-                status: parse_status(&status).unwrap_or(ThreadStatus::Error),
-                participants: participants(tx, n)?,
-                message_count: count,
-                created_at: Timestamp(created),
-                last_activity: Timestamp(last),
-                error,
-                settings: super::thread_fields::settings_of(settings),
-                labels: super::thread_fields::labels_of(labels),
-                paused: false,
-            }))
+            thread.participants = participants(tx, n)?;
+            Ok(Some(thread))
         })
     }
+}
+
+/// The columns of a thread's row that [`thread_of`] reads.
+pub(super) const THREAD_COLUMNS: &str =
+    "id, status, message_count, created_at, last_activity, error, n, settings, labels";
+
+/// A thread as its row ([`THREAD_COLUMNS`]) holds it, and its number (its participants are
+/// read with it: [`participants`]).
+pub(super) fn thread_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ThreadInfo, i64)> {
+    let thread = ThreadInfo {
+        id: r.get(0)?,
+        status: parse_status(&r.get::<_, String>(1)?).unwrap_or(ThreadStatus::Error),
+        participants: Vec::new(),
+        message_count: get_u64(r, 2)?,
+        created_at: Timestamp(get_u64(r, 3)?),
+        last_activity: Timestamp(get_u64(r, 4)?),
+        error: r.get(5)?,
+        settings: super::thread_fields::settings_of(r.get(7)?),
+        labels: super::thread_fields::labels_of(r.get(8)?),
+        paused: false,
+    };
+    Ok((thread, r.get(6)?))
 }
 
 /// The query of the blocks holding a filter's messages (without a thread), in write order,

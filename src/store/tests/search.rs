@@ -207,38 +207,43 @@ fn one_message_threads(store: &Store, n: usize) {
     store.flush(1);
 }
 
+/// The total `q` finds and the ids of its page.
+fn ids_of(store: &Store, q: &str, page: Page) -> (u64, Vec<String>) {
+    let filter = ThreadFilter {
+        q: Some(q.into()),
+        ..Default::default()
+    };
+    let p = store.query_threads(&filter, page).unwrap();
+    (p.total, p.items.into_iter().map(|t| t.id).collect())
+}
+
+/// Of threads `t000`…`t599` created in that order, the page of those `keep` takes, newest
+/// first: what a filter by hand finds.
+fn newest(keep: &dyn Fn(usize) -> bool, page: Page) -> Vec<String> {
+    (0..600)
+        .rev()
+        .filter(|i| keep(*i))
+        .map(|i| format!("t{i:03}"))
+        .skip(page.offset)
+        .take(page.limit)
+        .collect()
+}
+
 #[test]
 fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let store = searching(&dir.path().join("s.db"));
     one_message_threads(&store, 600);
-    let ids = |q: &str, page: Page| -> (u64, Vec<String>) {
-        let filter = ThreadFilter {
-            q: Some(q.into()),
-            ..Default::default()
-        };
-        let p = store.query_threads(&filter, page).unwrap();
-        (p.total, p.items.into_iter().map(|t| t.id).collect())
-    };
-    // Newest first: the threads a filter by hand finds.
-    let expect = |keep: &dyn Fn(usize) -> bool, page: Page| -> Vec<String> {
-        (0..600)
-            .rev()
-            .filter(|i| keep(*i))
-            .map(|i| format!("t{i:03}"))
-            .skip(page.offset)
-            .take(page.limit)
-            .collect()
-    };
+    let ids = |q: &str, page: Page| ids_of(&store, q, page);
     // Every thread, a page of one: each row tested against the indexes.
     for offset in [0, 1, 599] {
         let page = Page { limit: 1, offset };
-        assert_eq!(ids("all", page), (600, expect(&|_| true, page)), "{offset}");
+        assert_eq!(ids("all", page), (600, newest(&|_| true, page)), "{offset}");
     }
     // One in three, a page of 50: the found set read once, the rows scanned in order.
     for offset in [0, 150] {
         let page = Page { limit: 50, offset };
-        assert_eq!(ids("third", page), (200, expect(&|i| i % 3 == 0, page)));
+        assert_eq!(ids("third", page), (200, newest(&|i| i % 3 == 0, page)));
     }
     // One thread: read by its number. A thread whose id holds `q` is found either way.
     let page = Page {
@@ -246,7 +251,7 @@ fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
         offset: 0,
     };
     assert_eq!(ids("w7", page), (1, vec!["t007".to_string()]));
-    assert_eq!(ids("t00", page), (10, expect(&|i| i < 10, page)));
+    assert_eq!(ids("t00", page), (10, newest(&|i| i < 10, page)));
     assert_eq!(ids("t599", page), (1, vec!["t599".to_string()]));
     // Two words in order (each thread's text), on every plan; five (every message's).
     assert_eq!(
@@ -264,7 +269,7 @@ fn each_way_of_reading_a_page_of_q_gives_the_same_threads_in_order() {
         limit: 1,
         offset: 0,
     };
-    assert_eq!(ids("Note all", first), (600, expect(&|_| true, first)));
+    assert_eq!(ids("Note all", first), (600, newest(&|_| true, first)));
     assert_eq!(ids("third w9", page), (1, vec!["t009".to_string()]));
     assert_eq!(ids("note all third w9 note", first).0, 1);
 }
@@ -435,33 +440,17 @@ fn each_way_of_reading_a_page_of_a_longer_phrase_gives_the_same_threads_in_order
         note(&store, &t, 0, &format!("a b c d e {third} n{i}"));
     }
     store.flush(1);
-    let ids = |q: &str, page: Page| -> (u64, Vec<String>) {
-        let filter = ThreadFilter {
-            q: Some(q.into()),
-            ..Default::default()
-        };
-        let p = store.query_threads(&filter, page).unwrap();
-        (p.total, p.items.into_iter().map(|t| t.id).collect())
-    };
-    let expect = |keep: &dyn Fn(usize) -> bool, page: Page| -> Vec<String> {
-        (0..600)
-            .rev()
-            .filter(|i| keep(*i))
-            .map(|i| format!("t{i:03}"))
-            .skip(page.offset)
-            .take(page.limit)
-            .collect()
-    };
+    let ids = |q: &str, page: Page| ids_of(&store, q, page);
     // Every thread, a page of one (the first threads walked); one in three, pages of 50
     // (the found set scanned); one thread (looked up).
     for offset in [0, 1, 599] {
         let page = Page { limit: 1, offset };
-        assert_eq!(ids("a b c d e", page), (600, expect(&|_| true, page)));
+        assert_eq!(ids("a b c d e", page), (600, newest(&|_| true, page)));
     }
     for offset in [0, 150] {
         let page = Page { limit: 50, offset };
         let third = |i: usize| i.is_multiple_of(3);
-        assert_eq!(ids("e v w x y z", page), (200, expect(&third, page)));
+        assert_eq!(ids("e v w x y z", page), (200, newest(&third, page)));
     }
     let page = Page {
         limit: 50,
