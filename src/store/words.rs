@@ -6,13 +6,15 @@
 //! messages calls `forget_words`.
 //!
 //! A payload is cut into runs at ASCII characters that are not letters or digits (FTS5's
-//! tokenizer cuts there and maybe elsewhere). A run of ASCII letters and digits alone is
-//! one FTS5 word, so a phrase of such runs side by side is given as one word, a shingle
-//! (`the_customer_`: `_` is a letter of this index's tokenizer, never in a run, and ends
-//! every shingle, so no payload word is one): at each place, the phrases that start there
-//! (keyed by the longest; the longest of each place come first, in order, so a longer
-//! phrase is the longest words of its places side by side when one message gave it all). A phrase that takes in another run (one that may hold several
-//! words, a folded one, or none) is found by its words' places: every window of
+//! tokenizer cuts there and maybe elsewhere). A run of ASCII letters and digits alone (of
+//! at most [`SHINGLE_RUN`] bytes) is one FTS5 word, so a phrase of such runs side by side
+//! is given as one word, a shingle (`the_customer_`: `_` is a letter of this index's
+//! tokenizer, never in a run, and ends every shingle, so no payload word is one): at each
+//! place, the phrases that start there (keyed by the longest; the longest of each place
+//! come first, in order, so a longer phrase is the longest words of its places side by
+//! side when one message gave it all). A phrase that takes in another run (one that may
+//! hold several words, a folded one, none, or a long one) is found by its words' places:
+//! every window of
 //! [`PHRASE_WORDS`] runs that hold an ASCII letter or digit (with the runs that may hold no
 //! word around them) that holds such a run is given verbatim, stretches apart joined by
 //! [`BARRIER`]. A phrase of at most [`PHRASE_WORDS`] words is a shingle or lies within one
@@ -36,6 +38,10 @@ use crate::hash::SeededSet;
 /// to this many words for every place in its payloads and gives a shingle of each length
 /// (longer phrases read `message_text`).
 pub const PHRASE_WORDS: usize = 4;
+
+/// The longest run given in shingles: a longer one is given verbatim, so what a payload
+/// gives is at most about ten times its new text (a place's four shingles).
+const SHINGLE_RUN: usize = 32;
 
 /// What separates two stretches of one payload given together: a word of a letter that no
 /// ASCII word folds to, so no phrase `thread_words` is asked for runs across it.
@@ -115,8 +121,8 @@ impl Seen {
         true
     }
 
-    /// Gives, at each place of `runs` that starts a stretch of words alone (runs of ASCII
-    /// letters and digits, `pure`, one FTS5 word each) whose next [`PHRASE_WORDS`] the thread
+    /// Gives, at each place of `runs` that starts a stretch of words alone (short runs of
+    /// ASCII letters and digits, `pure`, one FTS5 word each) whose next [`PHRASE_WORDS`] the thread
     /// has not had, each phrase that starts there as one word: its words, lower case, each
     /// followed by `_` (so no word of a payload is one). The longest of each place go to
     /// `out` in order, places apart joined by [`BARRIER`] (so a longer phrase is the longest
@@ -206,7 +212,7 @@ impl Generations {
             .collect();
         let pure: Vec<bool> = runs
             .iter()
-            .map(|r| r.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .map(|r| r.len() <= SHINGLE_RUN && r.bytes().all(|b| b.is_ascii_alphanumeric()))
             .collect();
         let (mut out, mut shorter, mut verbatim) = (String::new(), String::new(), String::new());
         seen.shingles(&runs, &pure, &mut out, &mut shorter);
@@ -389,6 +395,11 @@ mod tests {
             given.starts_with("x_q_r_s_ \u{3c9} s_t_u_y_ t_u_y_ u_y_ y_ \u{3c9} x_ "),
             "{given}"
         );
+        // A run too long for a shingle is given verbatim (once, not in four shingles).
+        let long = "L".repeat(SHINGLE_RUN + 1);
+        let given = Words::default().new_words(1, 1, &format!("x {long} y"));
+        let verbatim = format!("x_ \u{3c9} y_ \u{3c9} x {long} y");
+        assert_eq!(given.as_deref(), Some(verbatim.as_str()));
         // Another thread has its own phrases; a thread forgotten has them again.
         assert_eq!(w.new_words(2, 9, "a").as_deref(), Some("a_"));
         w.forget(1);

@@ -402,6 +402,15 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
     let middle = words("b", 1, K);
     note(&store, "apart", 0, &format!("{middle} Z {middle}"));
     note(&store, "apart", 1, &format!("a0 {middle} Z {middle} e"));
+    // A word too long for a shingle: found by its place.
+    let long = "L".repeat(40);
+    thread(&store, "long", ThreadStatus::Completed, 1);
+    note(
+        &store,
+        "long",
+        0,
+        &format!("x {long} y {}", words("g", 0, K)),
+    );
     // Two words in one run (no tag around them either).
     thread(&store, "run", ThreadStatus::Completed, 1);
     store.record(
@@ -414,7 +423,15 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
         },
     );
     store.flush(1);
-    for q in [words("p", 0, K), words("f", 0, K + 1), "q r".into()] {
+    let with_long = [
+        long.clone(),
+        format!("x {long} y"),
+        format!("{long} y {}", words("g", 0, K)),
+    ];
+    for q in [words("p", 0, K), words("f", 0, K + 1), "q r".into()]
+        .into_iter()
+        .chain(with_long)
+    {
         assert_eq!((found(&store, &q), by_messages(&store, &q)), (1, 1), "{q}");
     }
     let q = format!("a0 {middle} e");
