@@ -2,9 +2,9 @@
 //! by its id, error or labels (`thread_text`, trigrams: 3 characters or more) or by its
 //! payloads' words in order (a phrase of up to `words::PHRASE_WORDS` ASCII words through
 //! `thread_words`, about an index entry a thread; anything else through `message_text`, one
-//! a message, except that with `q` alone a longer phrase of ASCII words is looked for in
-//! `thread_words` first and only the threads it cannot settle are checked message by
-//! message: `long_found`). With
+//! a message, except that a longer phrase of ASCII words is looked for in `thread_words`
+//! first and only the threads it cannot settle are checked message by message:
+//! `long_found`). With
 //! `q` the only filter, [`q_plan`] counts from the indexes alone and picks how to read the
 //! page.
 
