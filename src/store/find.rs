@@ -4,9 +4,8 @@
 //! `thread_words`, about an index entry a thread; anything else through `message_text`, one
 //! a message, except that a longer phrase of ASCII words is looked for in `thread_words`
 //! first and only the threads it cannot settle are checked message by message:
-//! `long_found`). With
-//! `q` the only filter, [`q_plan`] counts from the indexes alone and picks how to read the
-//! page.
+//! `long_found`). With `q` the only filter, [`q_plan`] counts from the indexes alone and
+//! picks how to read the page.
 
 use rusqlite::functions::{Aggregate, Context, FunctionFlags};
 use rusqlite::types::Value as V;
@@ -76,9 +75,18 @@ pub(super) fn long_clause(
         return Ok(());
     };
     let found = long_found(tx, &phrase, &long, deadline)?;
-    let numbers = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
-    w.and("n IN (SELECT value FROM json_each(?))", [V::Text(numbers)]);
+    among(w, "n", &found);
     Ok(())
+}
+
+/// Adds to `w` that `column` (`n`, or `+n` to read rows in `created_at` order) is one of
+/// the thread numbers `found` (bound as JSON, which `json_each` reads).
+fn among(w: &mut super::Where, column: &str, found: &[i64]) {
+    let numbers = serde_json::to_string(found).unwrap_or_else(|_| "[]".into());
+    w.and(
+        format!("{column} IN (SELECT value FROM json_each(?))"),
+        [V::Text(numbers)],
+    );
 }
 
 /// `q` as the phrase both indexes look for, when together they answer it: the setting on
@@ -133,18 +141,13 @@ pub(super) fn q_plan(
     let rows = rows_before_page(page, all, matched);
     let probe = rows.is_some_and(|r| r.saturating_mul(PROBE_COST) <= matched);
     if let Some(found) = long {
-        // The found set (as JSON: `json_each` reads it), or when the page is among the
-        // first rows, those of its threads up to the page's end (a look-up each).
-        let (keep, found) = match probe {
-            true => ("n", first_in_order(tx, &found, page, deadline)?),
-            false if rows.is_some_and(|r| r <= SCAN_ROWS) => ("+n", found),
-            false => ("n", found),
-        };
-        let numbers = serde_json::to_string(&found).unwrap_or_else(|_| "[]".into());
-        w.and(
-            format!("{keep} IN (SELECT value FROM json_each(?))"),
-            [V::Text(numbers)],
-        );
+        // The found set, or when the page is among the first rows, those of its threads up
+        // to the page's end (a look-up each).
+        match probe {
+            true => among(w, "n", &first_in_order(tx, &found, page, deadline)?),
+            false if rows.is_some_and(|r| r <= SCAN_ROWS) => among(w, "+n", &found),
+            false => among(w, "n", &found),
+        }
         return Ok(matched);
     }
     let clause = if probe {
@@ -217,7 +220,11 @@ fn first_in_order(
     deadline: std::time::Instant,
 ) -> rusqlite::Result<Vec<i64>> {
     let want = page.offset.saturating_add(page.limit);
-    let mut walk = tx.prepare_cached("SELECT n FROM threads ORDER BY created_at DESC, id DESC")?;
+    let walk = format!(
+        "SELECT n FROM threads ORDER BY {}",
+        super::query::THREAD_ORDER
+    );
+    let mut walk = tx.prepare_cached(&walk)?;
     let mut rows = walk.query([])?;
     let mut first = Vec::new();
     let mut walked = 0u32;

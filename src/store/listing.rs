@@ -3,7 +3,7 @@
 //! the text indexes (`find.rs`); other filters are clauses on `threads`.
 
 use super::query::{
-    count_and_page, in_list, participants, thread_of, Select, Where, THREAD_COLUMNS,
+    count_and_page, in_list, participants, thread_of, Select, Where, THREAD_COLUMNS, THREAD_ORDER,
 };
 use super::*;
 
@@ -52,10 +52,8 @@ impl Store {
                 None => {}
             }
         }
-        let budget = self
-            .read_budget_ms
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget);
+        // The same budget as the read's, for the work done outside SQLite's steps.
+        let (deadline, _) = self.read_deadline();
         self.read(|tx| {
             if let Some(q) = apart {
                 super::find::long_clause(tx, q, &mut w, deadline)?;
@@ -72,7 +70,7 @@ impl Store {
                 Select {
                     from: "threads",
                     columns: THREAD_COLUMNS,
-                    order: "created_at DESC, id DESC",
+                    order: THREAD_ORDER,
                 },
                 &w,
                 page,

@@ -250,6 +250,16 @@ impl Store {
             .store(ms, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// When a read starting now must end (`limits.max_query_ms`), and that budget in
+    /// milliseconds.
+    pub(super) fn read_deadline(&self) -> (std::time::Instant, u64) {
+        let budget_ms = self
+            .read_budget_ms
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget_ms);
+        (deadline, budget_ms)
+    }
+
     /// Runs `f` in one read transaction, within the read budget.
     pub(super) fn read<T>(
         &self,
@@ -257,10 +267,7 @@ impl Store {
     ) -> Result<T, StoreError> {
         /// SQLite virtual-machine steps between looks at the clock.
         const STEPS: std::ffi::c_int = 10_000;
-        let budget_ms = self
-            .read_budget_ms
-            .load(std::sync::atomic::Ordering::Relaxed);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(budget_ms);
+        let (deadline, budget_ms) = self.read_deadline();
         let mut conn = crate::sync::lock(&self.reader);
         let timed =
             conn.progress_handler(STEPS, Some(move || std::time::Instant::now() >= deadline));
@@ -476,6 +483,9 @@ impl Store {
         })
     }
 }
+
+/// The order of `/threads`: newest first.
+pub(super) const THREAD_ORDER: &str = "created_at DESC, id DESC";
 
 /// The columns of a thread's row that [`thread_of`] reads.
 pub(super) const THREAD_COLUMNS: &str =
