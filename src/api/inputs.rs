@@ -87,7 +87,7 @@ fn answer_targets(r: &InputRow, config: &crate::config::OrganismConfig) -> Vec<A
         .iter()
         .filter(|to| to.name != me.name)
         .filter(|to| {
-            let asked = to.name.as_str() == r.from;
+            let asked = to.name.as_str() == &*r.from;
             let named = me.names_peer(to.name.as_str());
             asked || ((me.peers.is_none() || named) && me.may_reach(to, named))
         })
@@ -116,16 +116,16 @@ impl Input {
             Vec::new()
         };
         Input {
-            id: r.id.clone(),
+            id: r.id.to_string(),
             kind: r.kind.into(),
             status: r.status.into(),
-            thread_id: r.thread_id.clone(),
-            message_id: r.message_id.clone(),
-            listener: r.listener.clone(),
-            from: r.from.clone(),
-            payload_type: r.payload_type.clone(),
+            thread_id: r.thread_id.to_string(),
+            message_id: r.message_id.to_string(),
+            listener: r.listener.to_string(),
+            from: r.from.to_string(),
+            payload_type: r.payload_type.to_string(),
             payload: crate::schema::payload_json(schema.map(|s| &**s), &r.payload_xml),
-            payload_xml: r.payload_xml.clone(),
+            payload_xml: r.payload_xml.to_string(),
             prompt: r.prompt.clone(),
             created_at: r.created.into(),
             expires_at: r.expires.map(Into::into),
@@ -388,11 +388,11 @@ pub async fn approve_input(
 
 /// A decision's answer, once the store has committed it: a 200 means it is on disk (at most
 /// [`crate::pump::READ_CATCH_UP`] later; the decision holds in memory either way).
-async fn on_disk(organism: &crate::Organism, row: InputRow) -> ApiResult<InputRow> {
+async fn on_disk(organism: &crate::Organism, row: std::sync::Arc<InputRow>) -> ApiResult<InputRow> {
     if let Some(store) = organism.history().store() {
         store.committed(crate::pump::READ_CATCH_UP).await;
     }
-    Ok(row)
+    Ok(std::sync::Arc::unwrap_or_clone(row))
 }
 
 /// Approves the input `id` as `seen` (REST and `/ws`): with a payload, an edit.

@@ -364,7 +364,7 @@ impl EventKind {
             EventKind::Delta(d) => vec![&*d.agent],
             EventKind::Usage(u) => vec![&*u.listener],
             EventKind::InputRequested { input } | EventKind::InputResolved { input } => {
-                vec![input.listener.as_str()]
+                vec![&*input.listener]
             }
             _ => Vec::new(),
         }

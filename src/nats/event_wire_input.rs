@@ -1,5 +1,7 @@
 //! An input (`threads::InputRow`) as the event mirror carries it (`event_wire`, version 1).
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::threads::{InputKind, InputRow, InputStatus};
@@ -8,20 +10,20 @@ use crate::time::Timestamp;
 /// An input (`threads::InputRow`) on the stream.
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct WireInput {
-    id: String,
+    id: Arc<str>,
     kind: InputKind,
     status: InputStatus,
-    thread_id: String,
-    message_id: String,
-    listener: String,
+    thread_id: Arc<str>,
+    message_id: Arc<str>,
+    listener: Arc<str>,
     tenant: Option<String>,
-    from: String,
-    parent_id: Option<String>,
+    from: Arc<str>,
+    parent_id: Option<Arc<str>>,
     slot_index: u64,
-    payload_type: String,
-    payload_xml: String,
+    payload_type: Arc<str>,
+    payload_xml: crate::xml::SharedXml,
     prompt: Option<String>,
-    requested_by: Option<String>,
+    requested_by: Option<Arc<str>>,
     created: Timestamp,
     expires: Option<Timestamp>,
     decided_by: Option<String>,

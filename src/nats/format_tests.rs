@@ -26,7 +26,7 @@ fn input_events(t: Timestamp) -> Vec<EventKind> {
         parent_id: Some("m1".into()),
         slot_index: 3,
         payload_type: "Refund".into(),
-        payload_xml: "<Refund><amount>120</amount></Refund>".into(),
+        payload_xml: std::sync::Arc::new("<Refund><amount>120</amount></Refund>".into()),
         prompt: Some("Refund 120".into()),
         requested_by: Some("key:alice".into()),
         created: t,

@@ -409,7 +409,7 @@ impl Index<'_> {
             }
             Write::InputDecided(r) => self
                 .inputs
-                .find(self.hash(&r.id), |&i| input_id(&writes[i]) == r.id)
+                .find(self.hash(&r.id), |&i| input_id(&writes[i]) == &*r.id)
                 .copied(),
             // Made by `touch`, never read from an operation.
             Write::Seq(_) | Write::Touch { .. } => None,

@@ -8,7 +8,7 @@
 //! [`MAX_DECIDED_INPUTS`].
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -36,20 +36,20 @@ fn stamp(v: Option<i64>) -> Option<Timestamp> {
 fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InputRow> {
     let text = |i: usize| -> rusqlite::Result<String> { r.get(i) };
     Ok(InputRow {
-        id: text(0)?,
+        id: text(0)?.into(),
         kind: parse(&text(1)?).unwrap_or(InputKind::Approval),
         status: parse(&text(2)?).unwrap_or(InputStatus::Cancelled),
-        thread_id: text(3)?,
-        message_id: text(4)?,
-        listener: text(5)?,
+        thread_id: text(3)?.into(),
+        message_id: text(4)?.into(),
+        listener: text(5)?.into(),
         tenant: r.get(6)?,
-        from: text(7)?,
-        parent_id: r.get(8)?,
+        from: text(7)?.into(),
+        parent_id: r.get::<_, Option<String>>(8)?.map(Into::into),
         slot_index: r.get::<_, i64>(9)?.max(0) as u64,
-        payload_type: text(10)?,
-        payload_xml: text(11)?,
+        payload_type: text(10)?.into(),
+        payload_xml: Arc::new(text(11)?),
         prompt: r.get(12)?,
-        requested_by: r.get(13)?,
+        requested_by: r.get::<_, Option<String>>(13)?.map(Into::into),
         created: Timestamp(r.get::<_, i64>(14)?.max(0) as u64),
         expires: stamp(r.get(15)?),
         decided_by: r.get(16)?,

@@ -63,25 +63,26 @@ impl InputStatus {
 /// One input: what waits, for whom, and how it was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InputRow {
-    pub id: String,
+    pub id: Arc<str>,
     pub kind: InputKind,
     pub status: InputStatus,
-    pub thread_id: String,
+    pub thread_id: Arc<str>,
     /// The held message.
-    pub message_id: String,
+    pub message_id: Arc<str>,
     /// The listener whose gate holds it.
-    pub listener: String,
+    pub listener: Arc<str>,
     pub tenant: Option<String>,
-    /// The held message's sender, parent, slot, type and payload.
-    pub from: String,
-    pub parent_id: Option<String>,
+    /// The held message's sender, parent, slot, type and payload (shared with the held
+    /// message's record: a row and its copies hold no strings of their own but these).
+    pub from: Arc<str>,
+    pub parent_id: Option<Arc<str>>,
     pub slot_index: u64,
-    pub payload_type: String,
-    pub payload_xml: String,
+    pub payload_type: Arc<str>,
+    pub payload_xml: crate::xml::SharedXml,
     pub prompt: Option<String>,
     /// The identity that injected the thread's first message (`key:alice`), when known:
     /// what `distinct_from_sender` compares a decider with.
-    pub requested_by: Option<String>,
+    pub requested_by: Option<Arc<str>>,
     pub created: Timestamp,
     pub expires: Option<Timestamp>,
     /// `key:alice`, a JWT `sub`, `timeout`, or `system` (a cancellation).
@@ -108,8 +109,8 @@ pub struct InputFilter {
 impl InputFilter {
     pub fn matches(&self, r: &InputRow) -> bool {
         self.status.is_none_or(|s| r.status == s)
-            && self.listener.as_deref().is_none_or(|l| r.listener == l)
-            && self.thread.as_deref().is_none_or(|t| r.thread_id == t)
+            && self.listener.as_deref().is_none_or(|l| &*r.listener == l)
+            && self.thread.as_deref().is_none_or(|t| &*r.thread_id == t)
             && self.kind.is_none_or(|k| r.kind == k)
             && self
                 .tenant

@@ -73,22 +73,18 @@ impl Shared {
         self: &Arc<Self>,
         mut decided: InputRow,
         answers: Vec<Answer>,
-    ) -> Result<InputRow, DecideError> {
-        let Some(held) = self.take_open(decided.id.as_str()) else {
+    ) -> Result<Arc<InputRow>, DecideError> {
+        let Some(held) = self.take_open(&*decided.id) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
-                None => DecideError::NotFound(decided.id),
+                None => DecideError::NotFound(decided.id.to_string()),
             });
         };
         let record = held.record;
         let thread = record.thread_id.clone();
-        let listener = self
-            .topo()
-            .listeners
-            .get(decided.listener.as_str())
-            .cloned();
+        let listener = self.topo().listeners.get(&*decided.listener).cloned();
         decided.result = None;
-        self.resolved(&decided);
+        let decided = self.resolved(decided);
         match (decided.status, &listener) {
             (InputStatus::Answered, Some(l)) => {
                 if let Some(change) = self.threads.wake(&thread) {
@@ -137,7 +133,7 @@ impl Inputs<'_> {
         who: &Decider,
         answers: Vec<Answer>,
         reason: Option<String>,
-    ) -> Result<InputRow, DecideError> {
+    ) -> Result<Arc<InputRow>, DecideError> {
         let s = self.shared();
         let (row, _) = self.look(id, who)?;
         if row.kind != InputKind::Question {
@@ -154,10 +150,10 @@ impl Inputs<'_> {
         let topo = s.topo();
         let listener = topo
             .listeners
-            .get(row.listener.as_str())
+            .get(&*row.listener)
             .cloned()
             .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
-        let asker: Arc<str> = Arc::from(row.from.as_str());
+        let asker: Arc<str> = row.from.clone();
         let mut problems = Vec::new();
         for (i, a) in answers.iter().enumerate() {
             if let Err(crate::pump::ReplyError::Invalid(found)) = s.check_reply(

@@ -89,12 +89,13 @@ impl Shared {
     /// before anything the decision causes is published: after a restart the store holds
     /// either the decision and what followed, or the input still open and nothing that
     /// followed.
-    pub(super) fn resolved(&self, decided: &InputRow) {
-        // One copy, shared by the event and the inbox's recent decisions.
-        let row = std::sync::Arc::new(decided.clone());
+    pub(super) fn resolved(&self, decided: InputRow) -> Arc<InputRow> {
+        // One row, shared by the event, the inbox's recent decisions and the decider.
+        let row = Arc::new(decided);
         self.events
             .publish(EventKind::InputResolved { input: row.clone() });
-        self.inbox.remember(row);
+        self.inbox.remember(row.clone());
+        row
     }
 
     /// Whether the inbox holds as much as it may, one more input of `listener`'s in
@@ -173,20 +174,20 @@ impl Shared {
         });
         let now = self.inbox.clock.now();
         let row = InputRow {
-            id: crate::threads::new_id().to_string(),
+            id: crate::threads::new_id(),
             kind: opening.kind,
             status: InputStatus::Open,
-            thread_id: record.thread_id.to_string(),
-            message_id: record.id.to_string(),
-            listener: listener.name().to_string(),
+            thread_id: record.thread_id.clone(),
+            message_id: record.id.clone(),
+            listener: listener.config.name.arc(),
             tenant: listener.config.tenant.clone(),
-            from: record.from.to_string(),
-            parent_id: record.parent_id.as_ref().map(|p| p.to_string()),
+            from: record.from.clone(),
+            parent_id: record.parent_id.clone(),
             slot_index: record.slot_index,
-            payload_type: valid.payload_type().written().to_string(),
-            payload_xml: valid.xml().to_string(),
+            payload_type: valid.payload_type().written(),
+            payload_xml: record.payload_xml.clone(),
             prompt,
-            requested_by: Some(requested_by.to_string()),
+            requested_by: Some(requested_by),
             created: now,
             expires: opening.timeout.map(|t| expires(now, t)),
             decided_by: None,
@@ -227,20 +228,20 @@ impl Shared {
         self: &Arc<Self>,
         mut decided: InputRow,
         edited: Option<ValidatedPayload>,
-    ) -> Result<InputRow, DecideError> {
+    ) -> Result<Arc<InputRow>, DecideError> {
         if decided.kind == InputKind::Question {
             return self.close_question(decided, Vec::new());
         }
-        let Some(held) = self.take_open(decided.id.as_str()) else {
+        let Some(held) = self.take_open(&*decided.id) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
-                None => DecideError::NotFound(decided.id),
+                None => DecideError::NotFound(decided.id.to_string()),
             });
         };
         let record = held.record;
         let thread = record.thread_id.clone();
         let topo = self.topo();
-        let listener = topo.listeners.get(decided.listener.as_str()).cloned();
+        let listener = topo.listeners.get(&*decided.listener).cloned();
         let lets_through = decided.decision.as_deref() != Some("reject")
             && matches!(decided.status, InputStatus::Approved | InputStatus::Expired);
         let declined_by = || {
@@ -285,7 +286,7 @@ impl Shared {
                 decided.result = Some(id.to_string());
             }
         }
-        self.resolved(&decided);
+        let decided = self.resolved(decided);
         if status == MessageStatus::Undeliverable {
             self.count_failure(crate::pump::FailureKind::Undeliverable);
         }

@@ -139,7 +139,7 @@ struct Held {
 #[derive(Default)]
 struct TenantOpen {
     inputs: usize,
-    threads: std::collections::HashMap<String, usize>,
+    threads: std::collections::HashMap<Arc<str>, usize>,
 }
 
 /// The open inputs, the recently decided ones, and the table that keeps them.
@@ -149,7 +149,9 @@ pub(crate) struct Inbox {
     recent: Mutex<(VecDeque<std::sync::Arc<InputRow>>, usize)>,
     /// Decisions since start by (listener, decision): how many, and the seconds their
     /// inputs waited.
-    decisions: Mutex<SeededMap<(String, String), (u64, f64)>>,
+    /// (A listener's few decisions are found by a look along them: nothing is allocated
+    /// for a decision but its first of a kind.)
+    decisions: Mutex<SeededMap<Arc<str>, Vec<(String, u64, f64)>>>,
     /// Notification attempts that failed (`approval.notify`).
     notify_failures: std::sync::atomic::AtomicU64,
     /// Bytes of the open inputs' payloads, changed with the open map.
@@ -177,19 +179,19 @@ impl Inbox {
 
     fn remember(&self, row: std::sync::Arc<InputRow>) {
         let decision = match row.status {
-            InputStatus::Expired => "expired".to_string(),
-            InputStatus::Cancelled => "cancelled".to_string(),
-            _ => row.decision.clone().unwrap_or_default(),
+            InputStatus::Expired => "expired",
+            InputStatus::Cancelled => "cancelled",
+            _ => row.decision.as_deref().unwrap_or_default(),
         };
         let waited = row
             .decided
             .map_or(0.0, |d| d.0.saturating_sub(row.created.0) as f64 / 1000.0);
         let mut decisions = lock(&self.decisions);
-        let entry = decisions
-            .entry((row.listener.clone(), decision))
-            .or_default();
-        entry.0 += 1;
-        entry.1 += waited;
+        let kinds = decisions.entry(row.listener.clone()).or_default();
+        match kinds.iter_mut().find(|k| k.0 == decision) {
+            Some(k) => (k.1, k.2) = (k.1 + 1, k.2 + waited),
+            None => kinds.push((decision.to_string(), 1, waited)),
+        }
         drop(decisions);
         let mut recent = lock(&self.recent);
         let (rows, bytes) = &mut *recent;
@@ -203,7 +205,7 @@ impl Inbox {
     }
 
     fn decided(&self, id: &str) -> Option<InputRow> {
-        if let Some(r) = lock(&self.recent).0.iter().rev().find(|r| r.id == id) {
+        if let Some(r) = lock(&self.recent).0.iter().rev().find(|r| &*r.id == id) {
             return Some(InputRow::clone(r));
         }
         self.table.as_ref()?.get(id).ok().flatten()
@@ -230,7 +232,7 @@ impl Inbox {
         }
         *in_thread = in_thread.saturating_sub(1);
         if *in_thread == 0 {
-            t.threads.remove(&row.thread_id);
+            t.threads.remove(&*row.thread_id);
         }
         t.inputs = t.inputs.saturating_sub(1);
         if t.inputs == 0 {
@@ -252,7 +254,7 @@ impl Shared {
     fn keep_open(&self, held: Held) {
         let bytes = held.row.payload_xml.len();
         self.inbox.count_tenant(&held.row, true);
-        lock(&self.inbox.open).insert(Arc::from(held.row.id.as_str()), held);
+        lock(&self.inbox.open).insert(held.row.id.clone(), held);
         let total = self.inbox.held_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.threads.reserve_bytes(total);
     }
@@ -343,7 +345,7 @@ impl<'a> Inputs<'a> {
             Default::default();
         for h in lock(&self.shared().inbox.open).values() {
             counts
-                .entry((h.row.listener.clone(), h.row.kind.as_str()))
+                .entry((h.row.listener.to_string(), h.row.kind.as_str()))
                 .or_insert((h.row.kind, 0))
                 .1 += 1;
         }
@@ -359,7 +361,11 @@ impl<'a> Inputs<'a> {
     pub fn decisions(self) -> Vec<(String, String, u64, f64)> {
         let mut v: Vec<_> = lock(&self.shared().inbox.decisions)
             .iter()
-            .map(|((l, d), (n, s))| (l.clone(), d.clone(), *n, *s))
+            .flat_map(|(l, kinds)| {
+                kinds
+                    .iter()
+                    .map(|(d, n, s)| (l.to_string(), d.clone(), *n, *s))
+            })
             .collect();
         v.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         v
@@ -408,7 +414,7 @@ impl<'a> Inputs<'a> {
         }
         // Restored after a restart: the listener's settings now.
         let topo = s.topo();
-        let now = topo.listeners.get(row.listener.as_str());
+        let now = topo.listeners.get(&*row.listener);
         let approval = approval.or_else(|| now.and_then(|l| l.config.approval.clone()));
         let human = human.or_else(|| now.and_then(|l| l.config.human.clone()));
         let approvers = match row.kind {
@@ -426,7 +432,7 @@ impl<'a> Inputs<'a> {
         id: &str,
         who: &Decider,
         verdict: Verdict,
-    ) -> Result<InputRow, DecideError> {
+    ) -> Result<Arc<InputRow>, DecideError> {
         let s = self.shared();
         let decision = match &verdict {
             Verdict::Approve {

@@ -93,8 +93,8 @@ impl Shared {
                 shared.inbox.notify_failures.fetch_add(1, Ordering::Relaxed);
                 let last = attempt == NOTIFY_ATTEMPTS;
                 shared.events.publish(EventKind::Error {
-                    thread_id: Some(thread.clone()),
-                    agent: Some(listener.clone()),
+                    thread_id: Some(thread.to_string()),
+                    agent: Some(listener.to_string()),
                     error: shared.clip_error(format!(
                         "the notification of input {} to {} failed ({why}); attempt {attempt} of {NOTIFY_ATTEMPTS}{}",
                         input,

@@ -55,7 +55,7 @@ impl Shared {
     /// message for `escalate_to`'s approvers, expiring after its `reply_timeout` (then
     /// declined). False if the input was decided meanwhile.
     fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
-        let Some(mut held) = self.take_open(row.id.as_str()) else {
+        let Some(mut held) = self.take_open(&*row.id) else {
             return false;
         };
         let gate = held.approval.clone();
@@ -73,7 +73,7 @@ impl Shared {
             reason: Some("nobody decided before the gate's timeout".to_string()),
             ..row.clone()
         };
-        self.resolved(&decided);
+        self.resolved(decided);
         let timeout = human
             .as_ref()
             .map_or(crate::config::approval::DEFAULT_APPROVAL_TIMEOUT, |h| {
@@ -92,7 +92,7 @@ impl Shared {
         escalated.notify = None;
 
         held.row = Arc::new(InputRow {
-            id: crate::threads::new_id().to_string(),
+            id: crate::threads::new_id(),
             status: InputStatus::Open,
             created: now,
             expires: Some(super::expires(now, timeout)),
@@ -111,7 +111,7 @@ impl Shared {
     /// Withdraws every open input of `thread` (killed or aborted): its held messages are
     /// `killed` with `why`.
     pub(crate) fn cancel_inputs(self: &Arc<Self>, thread: &str, why: &str) {
-        self.withdraw(|h| h.row.thread_id == thread, why);
+        self.withdraw(|h| &*h.row.thread_id == thread, why);
     }
 
     /// Withdraws every open input of `listener`, removed by a reload: its held messages are
@@ -119,7 +119,7 @@ impl Shared {
     pub(crate) fn withdraw_inputs_of(self: &Arc<Self>, listener: &str) {
         let why =
             format!("`{listener}` was removed by a reload before its held message was let through");
-        self.withdraw(|h| h.row.listener == listener, &why);
+        self.withdraw(|h| &*h.row.listener == listener, &why);
     }
 
     fn withdraw(self: &Arc<Self>, which: impl Fn(&Held) -> bool, why: &str) {
@@ -163,9 +163,9 @@ impl Shared {
                 let info = store
                     .and_then(|s| s.thread(&row.thread_id).ok().flatten())
                     .unwrap_or_else(|| ThreadInfo {
-                        id: row.thread_id.clone(),
+                        id: row.thread_id.to_string(),
                         status: ThreadStatus::Waiting,
-                        participants: vec![row.from.clone(), row.listener.clone()],
+                        participants: vec![row.from.to_string(), row.listener.to_string()],
                         message_count: row.slot_index + 1,
                         created_at: row.created,
                         last_activity: row.created,
@@ -178,14 +178,14 @@ impl Shared {
             }
             self.threads.open_input(&row.thread_id);
             let record = MessageRecord {
-                id: Arc::from(row.message_id.as_str()),
-                thread_id: Arc::from(row.thread_id.as_str()),
+                id: Arc::from(&*row.message_id),
+                thread_id: Arc::from(&*row.thread_id),
                 parent_id: row.parent_id.as_deref().map(Arc::from),
                 slot_index: row.slot_index,
-                from: Arc::from(row.from.as_str()),
-                to: Some(Arc::from(row.listener.as_str())),
-                payload_type: Some(Arc::from(row.payload_type.as_str())),
-                payload_xml: Arc::new(row.payload_xml.clone()),
+                from: Arc::from(&*row.from),
+                to: Some(Arc::from(&*row.listener)),
+                payload_type: Some(Arc::from(&*row.payload_type)),
+                payload_xml: row.payload_xml.clone(),
                 status: match row.kind {
                     InputKind::Approval => MessageStatus::Held,
                     InputKind::Question => MessageStatus::Delivered,
@@ -200,7 +200,7 @@ impl Shared {
                 ),
             };
             let topo = self.topo();
-            let listener = topo.listeners.get(row.listener.as_str());
+            let listener = topo.listeners.get(&*row.listener);
             let approval = listener.and_then(|l| l.config.approval.clone());
             let human = listener.and_then(|l| l.config.human.clone());
             self.keep_open(Held {

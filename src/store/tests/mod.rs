@@ -30,18 +30,18 @@ fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord 
 /// An input as the gate opens it for `thread`'s message in slot 0.
 fn input(thread: &str) -> crate::threads::InputRow {
     crate::threads::InputRow {
-        id: format!("in-{thread}"),
+        id: format!("in-{thread}").into(),
         kind: crate::threads::InputKind::Approval,
         status: crate::threads::InputStatus::Open,
         thread_id: thread.into(),
-        message_id: format!("{thread}-0"),
+        message_id: format!("{thread}-0").into(),
         listener: "g".into(),
         tenant: None,
         from: "api".into(),
         parent_id: None,
         slot_index: 0,
         payload_type: "Note".into(),
-        payload_xml: "<Note/>".into(),
+        payload_xml: std::sync::Arc::new("<Note/>".into()),
         prompt: None,
         requested_by: Some("api".into()),
         created: Timestamp(3),

@@ -376,7 +376,7 @@ fn the_writer_keeps_inputs_and_a_held_message_without_its_input_is_interrupted()
         .open_inputs()
         .unwrap()
         .into_iter()
-        .map(|r| r.id)
+        .map(|r| r.id.to_string())
         .collect();
     assert_eq!(open, ["in-kept"]);
     let decided = table.get("in-decided").unwrap().unwrap();
