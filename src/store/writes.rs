@@ -52,8 +52,9 @@ pub(super) struct Cache {
     pub(super) next_thread: Option<i64>,
     pub(super) names: FastMap<String, i64>,
     pub(super) threads: SeededMap<String, i64>,
-    /// Messages stored as `pending` (the one status that changes again), by id, with their
-    /// thread and stored attributes: a status change finds its row here without a lookup.
+    /// Messages stored as `pending` or `held` (the statuses that change again), by id, with
+    /// their thread and stored attributes: a status change finds its row here without a
+    /// lookup.
     pub(super) pending: SeededMap<Arc<str>, (Arc<str>, Counted)>,
 }
 
@@ -101,6 +102,12 @@ impl Cache {
         }
         self.threads.insert(id.to_string(), n);
     }
+}
+
+/// Whether a message stored with `status` will be written again (its row is worth
+/// remembering).
+fn changes_again(status: MessageStatus) -> bool {
+    matches!(status, MessageStatus::Pending | MessageStatus::Held)
 }
 
 /// The next number from `next`, or from `first` (a query for the first free one) when the
@@ -357,7 +364,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         };
         self.restate
             .execute(params![was.seq, status_str(status), error])?;
-        if status == MessageStatus::Pending {
+        if changes_again(status) {
             self.cache.pending.insert(
                 Arc::from(id),
                 (
@@ -484,7 +491,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
             }
             self.deltas.add(c, 1);
             self.deltas.stamp(c.seq, m.timestamp.0 as i64);
-            if status == MessageStatus::Pending {
+            if changes_again(status) {
                 self.cache.remember_pending(m, c);
             }
         }
