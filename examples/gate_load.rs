@@ -8,8 +8,12 @@
 //! committed alone on a file set up as the store's), what the target allows a gate to add.
 //!
 //! Run: `cargo run --release --example gate_load -- [THREADS] [ROUNDS]` (default 5000, 3);
-//! `GATE_ONLY=1` runs gated rounds only, `UNGATED_ONLY=1` ungated ones, for profiles.
+//! `GATE_ONLY=1` runs gated rounds only, `UNGATED_ONLY=1` ungated ones, for profiles;
+//! `GATE_EVENTS=1` prints each round's events per thread by type; `GATE_ALLOCS=1` also counts allocations per thread in each round (counting costs an atomic
+//! add per allocation, so the CPU figures of such a run are not the plain ones).
 
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,8 +21,46 @@ use agentserver::events::EventKind;
 use agentserver::pump::{Decider, Verdict};
 use agentserver::{InjectRequest, Organism};
 
+/// mimalloc, as the binary uses, counting allocations while [`COUNTING`] is set.
+struct Counted;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed to mimalloc's `GlobalAlloc` with the same arguments.
+unsafe impl GlobalAlloc for Counted {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as the caller's contract.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+}
+
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: Counted = Counted;
 
 const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
   <xs:element name="Note"><xs:complexType><xs:sequence>
@@ -95,8 +137,10 @@ async fn round(o: &Organism, threads: usize) -> (f64, f64) {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let mut events = o.events().subscribe();
     let freed = sem.clone();
+    let counting = std::env::var_os("GATE_EVENTS").is_some();
     let collector = tokio::spawn(async move {
         let mut done = 0;
+        let mut kinds = std::collections::BTreeMap::<&'static str, usize>::new();
         loop {
             let ev = match events.recv().await {
                 Ok(ev) => ev,
@@ -106,6 +150,9 @@ async fn round(o: &Organism, threads: usize) -> (f64, f64) {
                 }
                 Err(_) => return,
             };
+            if counting {
+                *kinds.entry(ev.kind.name()).or_default() += 1;
+            }
             if let EventKind::ThreadUpdated {
                 status: agentserver::threads::ThreadStatus::Completed,
                 ..
@@ -114,6 +161,13 @@ async fn round(o: &Organism, threads: usize) -> (f64, f64) {
                 done += 1;
                 freed.add_permits(1);
                 if done == threads {
+                    if counting {
+                        let per: Vec<String> = kinds
+                            .iter()
+                            .map(|(k, n)| format!("{k} {:.2}", *n as f64 / threads as f64))
+                            .collect();
+                        println!("events/thread: {}", per.join(", "));
+                    }
                     let _ = done_tx.send(());
                     return;
                 }
@@ -232,9 +286,19 @@ fn main() {
     for r in 0..rounds {
         for (gated, o) in &organisms {
             let gated = *gated;
+            let counting = std::env::var_os("GATE_ALLOCS").is_some();
+            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            COUNTING.store(counting, Ordering::Relaxed);
             let (rate, cpu) = rt.block_on(round(o, threads));
+            COUNTING.store(false, Ordering::Relaxed);
+            let allocs = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / threads as f64;
+            let allocs = if counting {
+                format!(" {allocs:>6.1} allocations/thread")
+            } else {
+                String::new()
+            };
             println!(
-                "round {} {:8} {rate:>9.0} threads/s {cpu:>7.1} µs CPU/thread",
+                "round {} {:8} {rate:>9.0} threads/s {cpu:>7.1} µs CPU/thread{allocs}",
                 r + 1,
                 if gated { "gated" } else { "ungated" }
             );
