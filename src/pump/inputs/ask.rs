@@ -74,7 +74,7 @@ impl Shared {
         mut decided: InputRow,
         answers: Vec<Answer>,
     ) -> Result<Arc<InputRow>, DecideError> {
-        let Some(held) = self.take_open(&*decided.id) else {
+        let Some(held) = self.take_open(&decided.id) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),

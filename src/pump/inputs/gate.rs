@@ -232,7 +232,7 @@ impl Shared {
         if decided.kind == InputKind::Question {
             return self.close_question(decided, Vec::new());
         }
-        let Some(held) = self.take_open(&*decided.id) else {
+        let Some(held) = self.take_open(&decided.id) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),

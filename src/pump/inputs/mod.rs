@@ -135,6 +135,10 @@ struct Held {
     human: Option<Arc<Human>>,
 }
 
+/// Decisions of one kind (`approve`, `expired`, …) of a listener: how many, and the seconds
+/// their inputs waited in all.
+type Decided = (String, u64, f64);
+
 /// A tenant's open inputs: how many, and how many in each thread.
 #[derive(Default)]
 struct TenantOpen {
@@ -147,11 +151,9 @@ pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
     /// The newest decided inputs, and what they weigh together.
     recent: Mutex<(VecDeque<std::sync::Arc<InputRow>>, usize)>,
-    /// Decisions since start by (listener, decision): how many, and the seconds their
-    /// inputs waited.
-    /// (A listener's few decisions are found by a look along them: nothing is allocated
-    /// for a decision but its first of a kind.)
-    decisions: Mutex<SeededMap<Arc<str>, Vec<(String, u64, f64)>>>,
+    /// Decisions since start by listener, then by decision (a listener's few are found by
+    /// a look along them: nothing is allocated for a decision but its first of a kind).
+    decisions: Mutex<SeededMap<Arc<str>, Vec<Decided>>>,
     /// Notification attempts that failed (`approval.notify`).
     notify_failures: std::sync::atomic::AtomicU64,
     /// Bytes of the open inputs' payloads, changed with the open map.

@@ -55,7 +55,7 @@ impl Shared {
     /// message for `escalate_to`'s approvers, expiring after its `reply_timeout` (then
     /// declined). False if the input was decided meanwhile.
     fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
-        let Some(mut held) = self.take_open(&*row.id) else {
+        let Some(mut held) = self.take_open(&row.id) else {
             return false;
         };
         let gate = held.approval.clone();
