@@ -445,10 +445,16 @@ impl Shared {
                 if q.per_thread.contains_key(&thread) {
                     q.ready.push_back(thread.clone());
                 }
-                (
-                    self.note_state(&listener, &mut q, None),
-                    q.successor.clone(),
-                )
+                // A worker that takes the next ready thread at once leaves the listener
+                // processing: its state is told when it takes it (or finds it cannot), not
+                // as an idle moment between two calls.
+                let goes_on = !q.ready.is_empty() && !(q.paused || q.held || self.is_paused());
+                let change = if goes_on {
+                    None
+                } else {
+                    self.note_state(&listener, &mut q, None)
+                };
+                (change, q.successor.clone())
             };
             self.publish_state(change);
             if let Some(next) = successor {

@@ -81,6 +81,52 @@ async fn a_busy_thread_does_not_starve_another() {
 }
 
 #[tokio::test]
+async fn an_agent_working_through_its_queue_stays_processing() {
+    // Four threads' messages wait while the first is handled; the calls are let through one
+    // at a time. The agent goes from one call to the next with no idle moment told between
+    // them, and is idle once, at the end.
+    use agentserver::events::EventKind;
+    let valve = Valve::closed();
+    let (o, _d) = held_organism(&valve);
+    inject(&o, "a", &ping(0), Some("q0"));
+    until(&o, || agent_state(&o, "a").0 == AgentState::Processing).await;
+    for n in 1..5 {
+        inject(&o, "a", &ping(n), Some(&format!("q{n}")));
+    }
+    let mut events = o.events().subscribe();
+    let mut states = Vec::new();
+    // Reads events, keeping `a`'s states, until `last` says stop.
+    let mut read_until = async |last: &dyn Fn(&EventKind) -> bool| {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                let ev = events.recv().await.expect("events");
+                if let EventKind::AgentState { agent, state, .. } = &ev.kind {
+                    if &**agent == "a" {
+                        states.push(*state);
+                    }
+                }
+                if last(&ev.kind) {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("in time");
+    };
+    for n in 0..5 {
+        valve.open(1);
+        let thread = format!("q{n}");
+        read_until(&|k| {
+            matches!(k, EventKind::ThreadUpdated { thread_id, status: ThreadStatus::Completed, .. }
+                if *thread_id == thread)
+        })
+        .await;
+    }
+    read_until(&|k| matches!(k, EventKind::AgentState { agent, .. } if &**agent == "a")).await;
+    assert_eq!(states, [AgentState::Idle]);
+}
+
+#[tokio::test]
 async fn a_tenant_with_many_threads_does_not_starve_another_tenant() {
     // One handler at a time, organism-wide: acme's agent has eleven threads waiting for it
     // when beta's one message arrives. Threads alone would take turns (beta's last);
