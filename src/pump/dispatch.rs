@@ -448,7 +448,7 @@ impl Shared {
                 // A worker that takes the next ready thread at once leaves the listener
                 // processing: its state is told when it takes it (or finds it cannot), not
                 // as an idle moment between two calls.
-                let goes_on = !q.ready.is_empty() && !(q.paused || q.held || self.is_paused());
+                let goes_on = !(q.ready.is_empty() || q.paused || q.held || self.is_paused());
                 let change = if goes_on {
                     None
                 } else {
