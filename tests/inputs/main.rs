@@ -7,6 +7,7 @@
 mod common;
 
 mod access;
+mod race;
 mod restart;
 
 use std::time::Duration;

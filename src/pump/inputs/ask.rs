@@ -74,7 +74,9 @@ impl Shared {
         mut decided: InputRow,
         answers: Vec<Answer>,
     ) -> Result<Arc<InputRow>, DecideError> {
-        let Some(held) = self.take_open(&decided.id) else {
+        decided.result = None;
+        let decided = Arc::new(decided);
+        let Some(held) = self.take_open(&decided.id, Some(&decided)) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),
@@ -83,7 +85,6 @@ impl Shared {
         let record = held.record;
         let thread = record.thread_id.clone();
         let listener = self.topo().listeners.get(&*decided.listener).cloned();
-        decided.result = None;
         let decided = self.resolved(decided);
         match (decided.status, &listener) {
             (InputStatus::Answered, Some(l)) => {

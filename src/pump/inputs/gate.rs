@@ -89,9 +89,8 @@ impl Shared {
     /// before anything the decision causes is published: after a restart the store holds
     /// either the decision and what followed, or the input still open and nothing that
     /// followed.
-    pub(super) fn resolved(&self, decided: InputRow) -> Arc<InputRow> {
+    pub(super) fn resolved(&self, row: Arc<InputRow>) -> Arc<InputRow> {
         // One row, shared by the event, the inbox's recent decisions and the decider.
-        let row = Arc::new(decided);
         self.events
             .publish(EventKind::InputResolved { input: row.clone() });
         self.inbox.remember(row.clone());
@@ -226,13 +225,14 @@ impl Shared {
     /// approval, `edited` instead of it when given), declined, or killed (cancelled).
     pub(super) fn close(
         self: &Arc<Self>,
-        mut decided: InputRow,
+        decided: InputRow,
         edited: Option<ValidatedPayload>,
     ) -> Result<Arc<InputRow>, DecideError> {
         if decided.kind == InputKind::Question {
             return self.close_question(decided, Vec::new());
         }
-        let Some(held) = self.take_open(&decided.id) else {
+        let mut decided = Arc::new(decided);
+        let Some(held) = self.take_open(&decided.id, Some(&decided)) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),
@@ -283,7 +283,7 @@ impl Shared {
                 origin: Some(crate::threads::Origin::edit(record.id.clone())),
             };
             if let Ok(Admitted::Queued(id)) = self.admit_now(&thread, l, admission) {
-                decided.result = Some(id.to_string());
+                Arc::make_mut(&mut decided).result = Some(id.to_string());
             }
         }
         let decided = self.resolved(decided);

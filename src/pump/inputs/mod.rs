@@ -195,9 +195,27 @@ impl Inbox {
             None => kinds.push((decision.to_string(), 1, waited)),
         }
         drop(decisions);
+        self.keep_recent(row);
+    }
+
+    /// Keeps `row` among the recent decisions: in the place of the same input's decision as
+    /// first known ([`Shared::take_open`], among the last few), else as the newest.
+    fn keep_recent(&self, row: Arc<InputRow>) {
+        /// How far back the decision as first known is looked for (it was kept moments ago).
+        const LOOK_BACK: usize = 256;
         let mut recent = lock(&self.recent);
         let (rows, bytes) = &mut *recent;
         *bytes += weight(&row);
+        let first = rows
+            .iter_mut()
+            .rev()
+            .take(LOOK_BACK)
+            .find(|r| r.id == row.id);
+        if let Some(first) = first {
+            *bytes = bytes.saturating_sub(weight(first));
+            *first = row;
+            return;
+        }
         rows.push_back(row);
         while rows.len() > RECENT_DECIDED || (*bytes > RECENT_DECIDED_BYTES && rows.len() > 1) {
             if let Some(old) = rows.pop_front() {
@@ -261,9 +279,19 @@ impl Shared {
         self.threads.reserve_bytes(total);
     }
 
-    /// Takes the open input `id` (whoever takes it decides it).
-    fn take_open(&self, id: &str) -> Option<Held> {
-        let held = lock(&self.inbox.open).remove(id)?;
+    /// Takes the open input `id` (whoever takes it decides it). `first`, its decision as known
+    /// now, is among the recent decisions before the input is gone from the open ones (under
+    /// their lock): a second decider finds it open or decided, never neither (a 409 with the
+    /// first decision, not a 404).
+    fn take_open(&self, id: &str, first: Option<&Arc<InputRow>>) -> Option<Held> {
+        let held = {
+            let mut open = lock(&self.inbox.open);
+            let held = open.remove(id)?;
+            if let Some(first) = first {
+                self.inbox.keep_recent(first.clone());
+            }
+            held
+        };
         self.inbox.count_tenant(&held.row, false);
         let bytes = held.row.payload_xml.len();
         let total = self

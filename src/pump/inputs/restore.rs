@@ -55,7 +55,7 @@ impl Shared {
     /// message for `escalate_to`'s approvers, expiring after its `reply_timeout` (then
     /// declined). False if the input was decided meanwhile.
     fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
-        let Some(mut held) = self.take_open(&row.id) else {
+        let Some(mut held) = self.take_open(&row.id, None) else {
             return false;
         };
         let gate = held.approval.clone();
@@ -73,7 +73,7 @@ impl Shared {
             reason: Some("nobody decided before the gate's timeout".to_string()),
             ..row.clone()
         };
-        self.resolved(decided);
+        self.resolved(Arc::new(decided));
         let timeout = human
             .as_ref()
             .map_or(crate::config::approval::DEFAULT_APPROVAL_TIMEOUT, |h| {
