@@ -232,7 +232,7 @@ impl Shared {
             return self.close_question(decided, Vec::new());
         }
         let mut decided = Arc::new(decided);
-        let Some(held) = self.take_open(&decided.id, Some(&decided)) else {
+        let Some(held) = self.take_open(&decided) else {
             return Err(match self.inbox.decided(&decided.id) {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),

@@ -279,17 +279,15 @@ impl Shared {
         self.threads.reserve_bytes(total);
     }
 
-    /// Takes the open input `id` (whoever takes it decides it). `first`, its decision as known
-    /// now, is among the recent decisions before the input is gone from the open ones (under
-    /// their lock): a second decider finds it open or decided, never neither (a 409 with the
-    /// first decision, not a 404).
-    fn take_open(&self, id: &str, first: Option<&Arc<InputRow>>) -> Option<Held> {
+    /// Takes the open input `decided.id` (whoever takes it decides it). `decided`, its
+    /// decision as known now, is among the recent decisions before the input is gone from the
+    /// open ones (under their lock): a second decider finds it open or decided, never neither
+    /// (a 409 with the first decision, not a 404).
+    fn take_open(&self, decided: &Arc<InputRow>) -> Option<Held> {
         let held = {
             let mut open = lock(&self.inbox.open);
-            let held = open.remove(id)?;
-            if let Some(first) = first {
-                self.inbox.keep_recent(first.clone());
-            }
+            let held = open.remove(&*decided.id)?;
+            self.inbox.keep_recent(decided.clone());
             held
         };
         self.inbox.count_tenant(&held.row, false);

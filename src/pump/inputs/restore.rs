@@ -55,10 +55,14 @@ impl Shared {
     /// message for `escalate_to`'s approvers, expiring after its `reply_timeout` (then
     /// declined). False if the input was decided meanwhile.
     fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
-        let Some(mut held) = self.take_open(&row.id, None) else {
+        // The gate it was held by, looked at first: the escalation is the decision kept as
+        // the input is taken (a person deciding at that instant is told of it).
+        let Some(gate) = crate::sync::lock(&self.inbox.open)
+            .get(&*row.id)
+            .map(|h| h.approval.clone())
+        else {
             return false;
         };
-        let gate = held.approval.clone();
         let to = gate.as_ref().and_then(|a| a.escalate_to.clone());
         let topo = self.topo();
         let human = to
@@ -73,7 +77,11 @@ impl Shared {
             reason: Some("nobody decided before the gate's timeout".to_string()),
             ..row.clone()
         };
-        self.resolved(Arc::new(decided));
+        let decided = Arc::new(decided);
+        let Some(mut held) = self.take_open(&decided) else {
+            return false;
+        };
+        self.resolved(decided);
         let timeout = human
             .as_ref()
             .map_or(crate::config::approval::DEFAULT_APPROVAL_TIMEOUT, |h| {
