@@ -309,11 +309,10 @@ impl Shared {
 
     /// Starts as many workers as there are ready threads, up to the listener's concurrency.
     pub(crate) fn kick(self: &Arc<Self>, listener: &Arc<Listener>) {
-        let organism_paused = self.is_paused();
         let (start, change) = {
             let mut q = listener.lock();
             let change = self.note_state(listener, &mut q, None);
-            if q.paused || q.held || organism_paused {
+            if self.held_back(&q) {
                 (0, change)
             } else {
                 let free = listener.config.concurrency.saturating_sub(q.workers);
@@ -331,6 +330,12 @@ impl Shared {
                 .runtime
                 .spawn(async move { shared.work(listener).await });
         }
+    }
+
+    /// Whether the listener's workers take no job now: it is paused or held (a reload), or
+    /// the organism is paused.
+    fn held_back(&self, q: &Queue) -> bool {
+        q.paused || q.held || self.is_paused()
     }
 
     /// Computes the listener's state and, if it changed, returns the event to publish.
@@ -400,8 +405,11 @@ impl Shared {
         loop {
             let (job, change) = {
                 let mut q = listener.lock();
-                let paused = q.paused || q.held || self.is_paused();
-                let next = if paused { None } else { q.ready.pop_front() };
+                let next = if self.held_back(&q) {
+                    None
+                } else {
+                    q.ready.pop_front()
+                };
                 let Some(thread) = next else {
                     q.workers -= 1;
                     let change = self.note_state(&listener, &mut q, None);
@@ -448,7 +456,7 @@ impl Shared {
                 // A worker that takes the next ready thread at once leaves the listener
                 // processing: its state is told when it takes it (or finds it cannot), not
                 // as an idle moment between two calls.
-                let goes_on = !(q.ready.is_empty() || q.paused || q.held || self.is_paused());
+                let goes_on = !(q.ready.is_empty() || self.held_back(&q));
                 let change = if goes_on {
                     None
                 } else {

@@ -143,8 +143,7 @@ impl Seen {
                 continue;
             }
             if last.is_some_and(|l| l + 1 != p) {
-                out.push(' ');
-                out.push_str(BARRIER);
+                give(out, BARRIER);
             }
             last = Some(p);
             give(out, &key);
@@ -178,17 +177,13 @@ impl Seen {
             let from = match given {
                 Some(given) if start <= given => given,
                 Some(_) => {
-                    out.push(' ');
-                    out.push_str(BARRIER);
+                    give(out, BARRIER);
                     start
                 }
                 None => start,
             };
             for run in &runs[from..end] {
-                if !out.is_empty() {
-                    out.push(' ');
-                }
-                out.push_str(run);
+                give(out, run);
             }
             given = Some(end);
         }
@@ -219,8 +214,7 @@ impl Generations {
         seen.verbatim(&runs, &pure, &mut verbatim);
         for part in [shorter, verbatim].iter().filter(|p| !p.is_empty()) {
             if !out.is_empty() {
-                out.push(' ');
-                out.push_str(BARRIER);
+                give(&mut out, BARRIER);
             }
             give(&mut out, part);
         }

@@ -57,7 +57,7 @@ impl Shared {
     fn escalate(self: &Arc<Self>, row: InputRow, now: crate::time::Timestamp) -> bool {
         // The gate it was held by, looked at first: the escalation is the decision kept as
         // the input is taken (a person deciding at that instant is told of it).
-        let Some(gate) = crate::sync::lock(&self.inbox.open)
+        let Some(gate) = lock(&self.inbox.open)
             .get(&*row.id)
             .map(|h| h.approval.clone())
         else {
@@ -186,13 +186,13 @@ impl Shared {
             }
             self.threads.open_input(&row.thread_id);
             let record = MessageRecord {
-                id: Arc::from(&*row.message_id),
-                thread_id: Arc::from(&*row.thread_id),
-                parent_id: row.parent_id.as_deref().map(Arc::from),
+                id: row.message_id.clone(),
+                thread_id: row.thread_id.clone(),
+                parent_id: row.parent_id.clone(),
                 slot_index: row.slot_index,
-                from: Arc::from(&*row.from),
-                to: Some(Arc::from(&*row.listener)),
-                payload_type: Some(Arc::from(&*row.payload_type)),
+                from: row.from.clone(),
+                to: Some(row.listener.clone()),
+                payload_type: Some(row.payload_type.clone()),
                 payload_xml: row.payload_xml.clone(),
                 status: match row.kind {
                     InputKind::Approval => MessageStatus::Held,
