@@ -9,6 +9,7 @@
 //!
 //! Run: `cargo run --release --example gate_load -- [THREADS] [ROUNDS]` (default 5000, 3);
 //! `GATE_ONLY=1` runs gated rounds only, `UNGATED_ONLY=1` ungated ones, for profiles;
+//! `GATE_NO_STORE=1` runs both sides without a store;
 //! `GATE_EVENTS=1` prints each round's events per thread by type; `GATE_ALLOCS=1` also counts allocations per thread in each round (counting costs an atomic
 //! add per allocation, so the CPU figures of such a run are not the plain ones).
 
@@ -86,8 +87,14 @@ fn process_cpu_secs() -> f64 {
 fn organism(dir: &std::path::Path, gated: bool) -> Organism {
     std::fs::write(dir.join("t.xsd"), XSD).unwrap();
     let gate = if gated { ", approval: {}" } else { "" };
+    // `GATE_NO_STORE=1`: no store, to part the gate's cost into the store's and the rest.
+    let store = if std::env::var_os("GATE_NO_STORE").is_some() {
+        ""
+    } else {
+        ", store: data.db"
+    };
     let yaml = format!(
-        "organism: {{ name: gates, store: data.db }}
+        "organism: {{ name: gates{store} }}
 limits: {{ max_held_messages: 100000 }}
 listeners:
   - {{ name: a, description: a, kind: native, handler: forward, schema: t.xsd, accepts: [Note], concurrency: 2, config: {{ to: b }} }}

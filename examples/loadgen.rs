@@ -3,7 +3,8 @@
 //! measures two single-thread ceilings on the same payloads, no pump: our strict read + XSD
 //! validation (`ceiling_validations_per_s`, `ratio_to_ceiling`), and libxml2's parse +
 //! validation alone (`ceiling_libxml2_per_s`, `ratio_to_libxml2_ceiling`), so each figure is
-//! also a ratio to what validation alone costs.
+//! also a ratio to what validation alone costs (`LOADGEN_NO_CEILING=1` skips them, for a
+//! profile of the pump alone).
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
@@ -148,6 +149,13 @@ struct Ceilings {
 }
 
 fn ceiling(n: usize) -> Result<Ceilings, Box<dyn std::error::Error>> {
+    // `LOADGEN_NO_CEILING=1`: none measured (a profile of the pump alone); the figures `null`.
+    if std::env::var_os("LOADGEN_NO_CEILING").is_some() {
+        return Ok(Ceilings {
+            strict_read_and_validate: f64::NAN,
+            libxml2: f64::NAN,
+        });
+    }
     let schema = agentserver::schema::Schema::compile("loadgen", XSD)?;
     let limits = agentserver::xml::XmlLimits::default();
     let best = |pass: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {

@@ -195,12 +195,14 @@ impl Inbox {
             None => kinds.push((decision.to_string(), 1, waited)),
         }
         drop(decisions);
-        self.keep_recent(row);
+        self.keep_recent(row, true);
     }
 
-    /// Keeps `row` among the recent decisions: in the place of the same input's decision as
-    /// first known ([`Shared::take_open`], among the last few), else as the newest.
-    fn keep_recent(&self, row: Arc<InputRow>) {
+    /// Keeps `row` among the recent decisions: with `replace`, in the place of the same
+    /// input's decision as first known ([`Shared::take_open`], among the last few), else as
+    /// the newest. (An input just taken from the open ones has no decision there: it is
+    /// kept without a look, which would compare ids all the way back.)
+    fn keep_recent(&self, row: Arc<InputRow>, replace: bool) {
         /// How far back the decision as first known is looked for (it was kept moments ago).
         const LOOK_BACK: usize = 256;
         let mut recent = lock(&self.recent);
@@ -209,8 +211,8 @@ impl Inbox {
         let first = rows
             .iter_mut()
             .rev()
-            .take(LOOK_BACK)
-            .find(|r| r.id == row.id);
+            .take(if replace { LOOK_BACK } else { 0 })
+            .find(|r| Arc::ptr_eq(&r.id, &row.id) || r.id == row.id);
         if let Some(first) = first {
             *bytes = bytes.saturating_sub(weight(first));
             *first = row;
@@ -287,7 +289,7 @@ impl Shared {
         let held = {
             let mut open = lock(&self.inbox.open);
             let held = open.remove(&*decided.id)?;
-            self.inbox.keep_recent(decided.clone());
+            self.inbox.keep_recent(decided.clone(), false);
             held
         };
         self.inbox.count_tenant(&held.row, false);
