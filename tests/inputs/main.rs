@@ -1254,7 +1254,7 @@ async fn a_decline_sends_a_huh_to_a_sender_that_takes_one() {
 async fn decided_inputs_in_memory_are_bounded_by_bytes() {
     let s = gated("{}").await;
     let big = "x".repeat(900 * 1024);
-    let mut first = None;
+    let (mut first, mut last) = (None, None);
     for _ in 0..20 {
         let (code, body) = s
             .post(
@@ -1270,7 +1270,8 @@ async fn decided_inputs_in_memory_are_bounded_by_bytes() {
             .post(&format!("/api/v1/inputs/{id}/reject"), json!({}))
             .await;
         assert_eq!(code, 200);
-        first.get_or_insert(id);
+        first.get_or_insert(id.clone());
+        last = Some(id);
     }
     let (code, _) = s.get(&format!("/api/v1/inputs/{}", first.unwrap())).await;
     assert_eq!(
@@ -1280,6 +1281,22 @@ async fn decided_inputs_in_memory_are_bounded_by_bytes() {
     let (_, page) = s.get("/api/v1/inputs?status=declined&limit=0").await;
     let kept = page["total"].as_u64().unwrap();
     assert!((10..20).contains(&kept), "{kept} kept");
+    // Those kept are found by id, each with its final decision.
+    let (_, page) = s.get("/api/v1/inputs?status=declined&limit=50").await;
+    let ids: Vec<String> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len() as u64, kept);
+    assert_eq!(ids.first(), last.as_ref(), "newest first");
+    for id in ids {
+        let (code, input) = s.get(&format!("/api/v1/inputs/{id}")).await;
+        assert_eq!(code, 200, "{input}");
+        assert_eq!(input["status"], "declined", "{input}");
+        assert_eq!(input["decision"], "reject", "{input}");
+    }
 }
 
 /// Hostile bodies at the inbox's routes: each is refused with what was wrong and where, or

@@ -146,11 +146,55 @@ struct TenantOpen {
     threads: std::collections::HashMap<Arc<str>, usize>,
 }
 
+/// The newest decided inputs by id (so a decision and a look-up are found, not searched
+/// for), the order they came in (past [`RECENT_DECIDED`] or [`RECENT_DECIDED_BYTES`] the
+/// oldest go), and what they weigh together.
+#[derive(Default)]
+struct Recent {
+    by_id: SeededMap<Arc<str>, Arc<InputRow>>,
+    order: VecDeque<Arc<str>>,
+    bytes: usize,
+}
+
+impl Recent {
+    /// Keeps `row`: in the place of the same input's decision if one is kept (the decision
+    /// as first known, [`Shared::take_open`], made final), else as the newest.
+    fn keep(&mut self, row: Arc<InputRow>) {
+        self.bytes += weight(&row);
+        match self.by_id.entry(row.id.clone()) {
+            std::collections::hash_map::Entry::Occupied(mut first) => {
+                let first = first.insert(row);
+                self.bytes = self.bytes.saturating_sub(weight(&first));
+                return;
+            }
+            std::collections::hash_map::Entry::Vacant(new) => {
+                self.order.push_back(new.key().clone());
+                new.insert(row);
+            }
+        }
+        while self.order.len() > RECENT_DECIDED
+            || (self.bytes > RECENT_DECIDED_BYTES && self.order.len() > 1)
+        {
+            let Some(id) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = self.by_id.remove(&id) {
+                self.bytes = self.bytes.saturating_sub(weight(&old));
+            }
+        }
+    }
+
+    /// The rows kept, oldest first.
+    fn rows(&self) -> impl Iterator<Item = &Arc<InputRow>> {
+        self.order.iter().filter_map(|id| self.by_id.get(id))
+    }
+}
+
 /// The open inputs, the recently decided ones, and the table that keeps them.
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
-    /// The newest decided inputs, and what they weigh together.
-    recent: Mutex<(VecDeque<std::sync::Arc<InputRow>>, usize)>,
+    /// The newest decided inputs, by id.
+    recent: Mutex<Recent>,
     /// Decisions since start by listener, then by decision (a listener's few are found by
     /// a look along them: nothing is allocated for a decision but its first of a kind).
     decisions: Mutex<SeededMap<Arc<str>, Vec<Decided>>>,
@@ -195,39 +239,11 @@ impl Inbox {
             None => kinds.push((decision.to_string(), 1, waited)),
         }
         drop(decisions);
-        self.keep_recent(row, true);
-    }
-
-    /// Keeps `row` among the recent decisions: with `replace`, in the place of the same
-    /// input's decision as first known ([`Shared::take_open`], among the last few), else as
-    /// the newest. (An input just taken from the open ones has no decision there: it is
-    /// kept without a look, which would compare ids all the way back.)
-    fn keep_recent(&self, row: Arc<InputRow>, replace: bool) {
-        /// How far back the decision as first known is looked for (it was kept moments ago).
-        const LOOK_BACK: usize = 256;
-        let mut recent = lock(&self.recent);
-        let (rows, bytes) = &mut *recent;
-        *bytes += weight(&row);
-        let first = rows
-            .iter_mut()
-            .rev()
-            .take(if replace { LOOK_BACK } else { 0 })
-            .find(|r| Arc::ptr_eq(&r.id, &row.id) || r.id == row.id);
-        if let Some(first) = first {
-            *bytes = bytes.saturating_sub(weight(first));
-            *first = row;
-            return;
-        }
-        rows.push_back(row);
-        while rows.len() > RECENT_DECIDED || (*bytes > RECENT_DECIDED_BYTES && rows.len() > 1) {
-            if let Some(old) = rows.pop_front() {
-                *bytes = bytes.saturating_sub(weight(&old));
-            }
-        }
+        lock(&self.recent).keep(row);
     }
 
     fn decided(&self, id: &str) -> Option<InputRow> {
-        if let Some(r) = lock(&self.recent).0.iter().rev().find(|r| &*r.id == id) {
+        if let Some(r) = lock(&self.recent).by_id.get(id) {
             return Some(InputRow::clone(r));
         }
         self.table.as_ref()?.get(id).ok().flatten()
@@ -289,7 +305,7 @@ impl Shared {
         let held = {
             let mut open = lock(&self.inbox.open);
             let held = open.remove(&*decided.id)?;
-            self.inbox.keep_recent(decided.clone(), false);
+            lock(&self.inbox.recent).keep(decided.clone());
             held
         };
         self.inbox.count_tenant(&held.row, false);
@@ -337,8 +353,7 @@ impl<'a> Inputs<'a> {
         }
         let inbox = &s.inbox;
         let mut all: Vec<InputRow> = lock(&inbox.recent)
-            .0
-            .iter()
+            .rows()
             .map(|r| InputRow::clone(r))
             .collect();
         all.extend(lock(&inbox.open).values().map(|h| (*h.row).clone()));
