@@ -90,7 +90,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
             },
         },
         7 => EventKind::ThreadUpdated {
-            thread_id: t.to_string(),
+            thread_id: t.into(),
             status: ThreadStatus::Completed,
             message_count: 3,
             error: None,

@@ -205,7 +205,7 @@ pub enum EventKind {
         thread: ThreadInfo,
     },
     ThreadUpdated {
-        thread_id: String,
+        thread_id: Arc<str>,
         status: ThreadStatus,
         message_count: u64,
         error: Option<String>,

@@ -49,7 +49,7 @@ pub(super) enum WireKind {
         thread: WireThread,
     },
     ThreadUpdated {
-        thread_id: String,
+        thread_id: Arc<str>,
         status: ThreadStatus,
         message_count: u64,
         error: Option<String>,

@@ -467,7 +467,7 @@ impl Shared {
 
     fn publish_thread(&self, c: crate::threads::StatusChange) {
         if c.status != ThreadStatus::Active {
-            let waiting = crate::sync::lock(&self.thread_waiters).remove(c.thread_id.as_str());
+            let waiting = crate::sync::lock(&self.thread_waiters).remove(&*c.thread_id);
             for tx in waiting.into_iter().flatten() {
                 let _ = tx.send(c.status);
             }

@@ -171,7 +171,7 @@ impl ThreadRegistry {
                     // Work approved is never refused: counted, not checked.
                     let _ = self.activate(e.owner.as_ref(), None);
                     e.status = ThreadStatus::Active;
-                    revived = Some(e.change(thread));
+                    revived = Some(e.change());
                 }
             }
         }
@@ -193,7 +193,7 @@ impl ThreadRegistry {
         // Work approved is never refused: counted, not checked.
         let _ = self.activate(e.owner.as_ref(), None);
         e.status = ThreadStatus::Active;
-        Some(e.change(thread))
+        Some(e.change())
     }
 
     /// Who sent the thread's first message, if this registry holds it (the identity that

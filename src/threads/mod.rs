@@ -42,6 +42,8 @@ pub use record::{
 const SHARDS: usize = 16;
 
 struct Entry {
+    /// Its id, the map's own key: a status change names the thread without a copy.
+    id: Arc<str>,
     status: ThreadStatus,
     /// Inline up to four (most threads'), so a new thread allocates no list for them.
     participants: smallvec::SmallVec<[Arc<str>; 4]>,
@@ -87,9 +89,9 @@ impl Entry {
         }
     }
 
-    fn change(&self, id: &str) -> StatusChange {
+    fn change(&self) -> StatusChange {
         StatusChange {
-            thread_id: id.to_string(),
+            thread_id: self.id.clone(),
             status: self.status,
             message_count: self.count(),
             error: self.error.clone(),
@@ -229,7 +231,7 @@ impl ThreadRegistry {
                     let quota = quota.filter(|q| e.owner.as_deref() == Some(q.owner));
                     self.activate(e.owner.as_ref(), quota.as_ref())?;
                     e.status = ThreadStatus::Active;
-                    let change = e.change(&id);
+                    let change = e.change();
                     Ok(Opened {
                         id,
                         created: None,
@@ -242,6 +244,7 @@ impl ThreadRegistry {
         self.activate(owner.as_ref(), quota.as_ref())?;
         let now = Timestamp::now();
         let entry = Entry {
+            id: id.clone(),
             owner,
             status: ThreadStatus::Active,
             participants: smallvec::SmallVec::new(),
@@ -283,6 +286,7 @@ impl ThreadRegistry {
             cancel.cancel();
         }
         let entry = Entry {
+            id: id.clone(),
             status: info.status,
             participants: info
                 .participants
@@ -475,7 +479,7 @@ impl ThreadRegistry {
         if was == ThreadStatus::Active {
             self.deactivate(e.owner.as_ref());
         }
-        let change = e.change(thread);
+        let change = e.change();
         if e.status.is_finished() {
             self.note_finished(shard, thread);
         }
@@ -604,7 +608,7 @@ impl ThreadRegistry {
         } else {
             e.cancel.cancel();
         }
-        let change = e.change(thread);
+        let change = e.change();
         self.note_finished(shard, thread);
         Ok(Some(change))
     }

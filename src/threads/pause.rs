@@ -27,7 +27,7 @@ impl ThreadRegistry {
         } else {
             self.paused.fetch_sub(1, Ordering::SeqCst);
         }
-        Ok(Some(e.change(thread)))
+        Ok(Some(e.change()))
     }
 
     /// Whether the thread is paused; without a lock while no thread is.

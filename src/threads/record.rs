@@ -142,7 +142,7 @@ pub struct Quota<'a> {
 /// A status change the pump should publish.
 #[derive(Debug, Clone)]
 pub struct StatusChange {
-    pub thread_id: String,
+    pub thread_id: Arc<str>,
     pub status: ThreadStatus,
     pub message_count: u64,
     pub error: Option<String>,

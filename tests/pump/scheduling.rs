@@ -118,7 +118,7 @@ async fn an_agent_working_through_its_queue_stays_processing() {
         let thread = format!("q{n}");
         read_until(&|k| {
             matches!(k, EventKind::ThreadUpdated { thread_id, status: ThreadStatus::Completed, .. }
-                if *thread_id == thread)
+                if **thread_id == *thread)
         })
         .await;
     }
