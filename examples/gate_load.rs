@@ -88,8 +88,9 @@ fn organism(dir: &std::path::Path, gated: bool) -> Organism {
     std::fs::write(dir.join("t.xsd"), XSD).unwrap();
     let gate = if gated { ", approval: {}" } else { "" };
     // `GATE_NO_STORE=1`: no store, to part the gate's cost into the store's and the rest.
+    // (An organism without `store:` keeps one beside its file: `memory` is none.)
     let store = if std::env::var_os("GATE_NO_STORE").is_some() {
-        ""
+        ", store: memory"
     } else {
         ", store: data.db"
     };
