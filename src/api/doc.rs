@@ -1,4 +1,42 @@
-//! The OpenAPI document, finished: what utoipa's derives cannot say, added to the JSON.
+//! The OpenAPI document, finished: what utoipa's derives cannot say, added to the JSON, and
+//! rendered once for the process, when it is first asked for.
+
+use std::sync::{Mutex, OnceLock};
+
+use utoipa::openapi::OpenApi;
+
+/// The document as served, rendered by the first server of the process asked for it.
+static RENDERED: OnceLock<String> = OnceLock::new();
+
+/// A server's OpenAPI document. It depends on the code alone, so one rendering serves every
+/// server of the process; rendering it (to JSON, with what [`super::auth::document`],
+/// [`links`] and [`label_rules`] add) costs about 5 ms of CPU, which a start no longer pays.
+pub(super) struct Document {
+    /// What utoipa gathered from the routes, until it is rendered.
+    spec: Mutex<Option<OpenApi>>,
+}
+
+impl Document {
+    pub(super) fn new(spec: OpenApi) -> Document {
+        Document {
+            spec: Mutex::new(RENDERED.get().is_none().then_some(spec)),
+        }
+    }
+
+    /// The document's JSON text.
+    pub(super) fn text(&self) -> &'static str {
+        RENDERED.get_or_init(|| {
+            // Taken only here: a document made after the rendering keeps nothing.
+            let spec = crate::sync::lock(&self.spec).take();
+            spec.and_then(|spec| serde_json::to_value(&spec).ok())
+                .map(super::auth::document)
+                .map(links)
+                .map(label_rules)
+                .and_then(|v| serde_json::to_string_pretty(&v).ok())
+                .unwrap_or_else(|| "{}".into())
+        })
+    }
+}
 
 /// Every `labels` map of the document states the label rules a schema can: its keys'
 /// form (not under `agentserver.`), at most 16, and values that always fit in 256 bytes.

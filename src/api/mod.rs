@@ -158,7 +158,7 @@ struct Inner {
     keys: idempotency::Keys,
     /// Stream tokens waiting to be used (`POST /api/v1/stream-tokens`).
     stream_tokens: stream::StreamTokens,
-    openapi: String,
+    openapi: doc::Document,
 }
 
 /// Each tenant's test-vector slots: the limit they were made with, and the semaphore.
@@ -374,12 +374,7 @@ fn router(
         .routes(routes!(ws::ws_events))
         .routes(routes!(ws::ws_messages))
         .split_for_parts();
-    let openapi = serde_json::to_value(&doc)
-        .map(auth::document)
-        .map(doc::links)
-        .map(doc::label_rules)
-        .and_then(|v| serde_json::to_string_pretty(&v))
-        .unwrap_or_else(|_| "{}".into());
+    let openapi = doc::Document::new(doc);
     let keys = idempotency::Keys::load(&organism);
     let state = ApiState {
         inner: Arc::new(Inner {
@@ -627,7 +622,7 @@ impl ApiServer {
 
     /// The OpenAPI document this server serves.
     pub fn openapi_json(&self) -> &str {
-        &self.state.inner.openapi
+        self.state.inner.openapi.text()
     }
 
     /// Resolves once a client asked for a stop (`POST /api/v1/organism/stop` or the `/ws`

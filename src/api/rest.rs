@@ -603,7 +603,7 @@ pub async fn stop_organism(State(s): State<ApiState>) -> (StatusCode, Json<Organ
 pub async fn openapi(State(s): State<ApiState>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        s.inner.openapi.clone(),
+        s.inner.openapi.text(),
     )
         .into_response()
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::open::{migrate, side_connection};
+use super::open::{side_connection, AGENT_MIGRATIONS};
 use super::{err, ms, StoreError};
 use crate::sync::lock;
 use crate::time::Timestamp;
@@ -123,8 +123,10 @@ impl AgentTable {
     /// Agents kept for the life of the process (`store: memory`).
     pub fn memory() -> Result<AgentTable, StoreError> {
         let path = PathBuf::from(":memory:");
-        let mut conn = Connection::open_in_memory().map_err(|e| err(&path, e))?;
-        migrate(&mut conn, &path)?;
+        let conn = Connection::open_in_memory().map_err(|e| err(&path, e))?;
+        for sql in AGENT_MIGRATIONS {
+            conn.execute_batch(sql).map_err(|e| err(&path, e))?;
+        }
         Ok(AgentTable {
             path,
             conn: Mutex::new(conn),
@@ -424,6 +426,37 @@ fn insert_deployment(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The agents' tables and indexes as `conn` has them.
+    fn agent_schema(conn: &Connection) -> Vec<(String, String)> {
+        let mut st = conn
+            .prepare(
+                "SELECT name, sql FROM sqlite_master WHERE tbl_name IN \
+                 ('api_agents', 'agent_versions', 'agent_deployments') ORDER BY name",
+            )
+            .unwrap();
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?)));
+        rows.unwrap()
+            .map(|r| {
+                let (name, sql) = r.unwrap();
+                (name, sql.unwrap_or_default())
+            })
+            .collect()
+    }
+
+    /// With `store: memory`, the agents' tables are made by their own migrations alone: the
+    /// same tables, columns and indexes as a store file migrated to the last version has.
+    #[test]
+    fn an_in_memory_agent_table_has_the_schema_of_a_migrated_store() {
+        let memory = AgentTable::memory().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.db");
+        let mut file = Connection::open(&path).unwrap();
+        super::super::open::migrate(&mut file, &path).unwrap();
+        let want = agent_schema(&file);
+        assert_eq!(want.len(), 6, "{want:?}");
+        assert_eq!(agent_schema(&lock(&memory.conn)), want);
+    }
 
     fn version(agent: &str, v: u64, script: &str) -> VersionRow {
         VersionRow {
