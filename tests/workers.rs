@@ -423,6 +423,32 @@ async fn killing_a_thread_takes_its_delivery_back_from_the_workers_queue() {
     .await;
 }
 
+/// A thread killed at any moment of its delivery's way into the workers' queue (before it
+/// is published, while the stream takes it and the pump awaits the stream's answer, after)
+/// leaves nothing there: 60 threads, each killed a few scheduler turns later than the one
+/// before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_killed_on_its_way_to_the_workers_queue_is_taken_back() {
+    let nats = Nats::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
+    let o = Organism::builder().load(&path).unwrap();
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let prefix = nats.prefix();
+    for i in 0..60 {
+        let r = inject(&o, "relay", &note(&format!("doomed {i}")), None);
+        for _ in 0..i * 20 {
+            tokio::task::yield_now().await;
+        }
+        o.control().kill_thread(&r.thread_id).unwrap();
+        assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Killed);
+    }
+    wait_until_async("every delivery taken back", || async {
+        queued(&js, &prefix).await == 0
+    })
+    .await;
+}
+
 /// A worker whose file differs from the pump's refuses the delivery, saying so; once its
 /// file matches, it reloads it and runs the next.
 #[tokio::test(flavor = "multi_thread")]

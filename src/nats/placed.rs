@@ -251,19 +251,22 @@ impl Placed {
         }
     }
 
-    /// Publishes one item, retrying (NATS away, stream full) until `deadline`; returns its
-    /// sequence in the work stream.
+    /// Publishes one item (`body`, the delivery of `message_id`), retrying (NATS away,
+    /// stream full) until `deadline`, or until its call is `gone`; returns where it is in the
+    /// work stream.
     async fn publish(
         &self,
         subject: String,
-        item: &WorkItem,
+        body: bytes::Bytes,
+        message_id: String,
         deadline: Instant,
-    ) -> Result<(Arc<Ready>, u64), HandlerError> {
-        let body: bytes::Bytes = serde_json::to_vec(item)
-            .map_err(|e| HandlerError(format!("cannot write the delivery: {e}")))?
-            .into();
+        gone: impl Fn() -> bool,
+    ) -> Result<InStream, HandlerError> {
         let mut last = String::from("it did not answer");
         loop {
+            if gone() {
+                return Err(HandlerError("the call was given up".into()));
+            }
             let Some(ready) = self.ready(deadline).await else {
                 return Err(HandlerError(format!(
                     "NATS at {} is not reachable (JetStream not set up within {} ms)",
@@ -278,11 +281,17 @@ impl Placed {
             })?;
             let sent = tokio::time::timeout_at(
                 deadline,
-                ready.link.publish(&subject, body.clone(), &item.message_id),
+                ready.link.publish(&subject, body.clone(), &message_id),
             )
             .await;
             match sent {
-                Ok(Ok(ack)) => return Ok((ready, ack.sequence)),
+                Ok(Ok(ack)) => {
+                    return Ok(InStream {
+                        ready,
+                        seq: ack.sequence,
+                        armed: true,
+                    })
+                }
                 Ok(Err(e)) => last = e,
                 Err(_) => {}
             }
@@ -303,7 +312,7 @@ impl Placed {
 struct Opened {
     placed: Arc<Placed>,
     message_id: String,
-    published: Option<(Arc<Ready>, u64)>,
+    published: Option<InStream>,
 }
 
 impl Drop for Opened {
@@ -311,12 +320,31 @@ impl Drop for Opened {
         let was_open = crate::sync::lock(&self.placed.open)
             .remove(&self.message_id)
             .is_some();
-        if let (true, Some((ready, seq))) = (was_open, self.published.take()) {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move {
-                    let _ = ready.streams.work.delete_message(seq).await;
-                });
-            }
+        // Answered: the worker has taken it. Otherwise it goes with `published`.
+        if let Some(p) = self.published.as_mut() {
+            p.armed = was_open;
+        }
+    }
+}
+
+/// A delivery in the work stream: taken back out when this goes while `armed` (its call
+/// ended unanswered, or was given up while the delivery was on its way and never claimed it).
+struct InStream {
+    ready: Arc<Ready>,
+    seq: u64,
+    armed: bool,
+}
+
+impl Drop for InStream {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (ready, seq) = (self.ready.clone(), self.seq);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = ready.streams.work.delete_message(seq).await;
+            });
         }
     }
 }
@@ -422,7 +450,25 @@ impl PlacedHandler {
             message_id: item.message_id.clone(),
             published: None,
         };
-        opened.published = Some(placed.publish(subject, &item, deadline).await?);
+        let body: bytes::Bytes = serde_json::to_vec(&item)
+            .map_err(|e| HandlerError(format!("cannot write the delivery: {e}")))?
+            .into();
+        // Published by a task of its own: a call given up meanwhile (its thread killed) may
+        // go while the stream has the delivery and its place is not known yet; the place
+        // then comes to nobody, and the delivery is taken back (`InStream`, dropped armed).
+        let (sent_tx, sent_rx) = oneshot::channel();
+        let (publisher, message_id) = (placed.clone(), item.message_id.clone());
+        tokio::spawn(async move {
+            let gone = || sent_tx.is_closed();
+            let sent = publisher
+                .publish(subject, body, message_id, deadline, gone)
+                .await;
+            let _ = sent_tx.send(sent);
+        });
+        opened.published =
+            Some(sent_rx.await.map_err(|_| {
+                HandlerError("the delivery's publishing ended unfinished".into())
+            })??);
         counts.delivered.fetch_add(1, Ordering::Relaxed);
         match tokio::time::timeout_at(deadline, rx).await {
             Ok(Ok(mut result)) => {
