@@ -402,25 +402,46 @@ async fn queued(js: &async_nats::jetstream::Context, prefix: &str) -> u64 {
     }
 }
 
+/// An organism whose `relay` runs on workers (none running: its deliveries wait in the work
+/// stream), a JetStream client, and the streams' prefix.
+struct NoWorkers {
+    _nats: Nats,
+    _dir: tempfile::TempDir,
+    o: Organism,
+    js: async_nats::jetstream::Context,
+    prefix: String,
+}
+
+impl NoWorkers {
+    async fn start() -> NoWorkers {
+        let nats = Nats::start();
+        let dir = tempfile::tempdir().unwrap();
+        let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
+        let o = Organism::builder().load(&path).unwrap();
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        let prefix = nats.prefix();
+        NoWorkers {
+            _nats: nats,
+            _dir: dir,
+            o,
+            js,
+            prefix,
+        }
+    }
+
+    async fn queued_becomes(&self, n: u64, what: &str) {
+        wait_until_async(what, || async { queued(&self.js, &self.prefix).await == n }).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn killing_a_thread_takes_its_delivery_back_from_the_workers_queue() {
-    let nats = Nats::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
-    let o = Organism::builder().load(&path).unwrap();
-    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    let prefix = nats.prefix();
-    let r = inject(&o, "relay", &note("doomed"), None);
-    wait_until_async("the delivery queued for workers", || async {
-        queued(&js, &prefix).await == 1
-    })
-    .await;
-    o.control().kill_thread(&r.thread_id).unwrap();
-    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Killed);
-    wait_until_async("the delivery taken back", || async {
-        queued(&js, &prefix).await == 0
-    })
-    .await;
+    let t = NoWorkers::start().await;
+    let r = inject(&t.o, "relay", &note("doomed"), None);
+    t.queued_becomes(1, "the delivery queued for workers").await;
+    t.o.control().kill_thread(&r.thread_id).unwrap();
+    assert_eq!(settle(&t.o, &r.thread_id).await, ThreadStatus::Killed);
+    t.queued_becomes(0, "the delivery taken back").await;
 }
 
 /// A thread killed at any moment of its delivery's way into the workers' queue (before it
@@ -429,24 +450,16 @@ async fn killing_a_thread_takes_its_delivery_back_from_the_workers_queue() {
 /// before.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delivery_killed_on_its_way_to_the_workers_queue_is_taken_back() {
-    let nats = Nats::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = organism_file(dir.path(), &nats, 0, ", deliver_timeout_ms: 20000");
-    let o = Organism::builder().load(&path).unwrap();
-    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    let prefix = nats.prefix();
+    let t = NoWorkers::start().await;
     for i in 0..60 {
-        let r = inject(&o, "relay", &note(&format!("doomed {i}")), None);
+        let r = inject(&t.o, "relay", &note(&format!("doomed {i}")), None);
         for _ in 0..i * 20 {
             tokio::task::yield_now().await;
         }
-        o.control().kill_thread(&r.thread_id).unwrap();
-        assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Killed);
+        t.o.control().kill_thread(&r.thread_id).unwrap();
+        assert_eq!(settle(&t.o, &r.thread_id).await, ThreadStatus::Killed);
     }
-    wait_until_async("every delivery taken back", || async {
-        queued(&js, &prefix).await == 0
-    })
-    .await;
+    t.queued_becomes(0, "every delivery taken back").await;
 }
 
 /// A worker whose file differs from the pump's refuses the delivery, saying so; once its
