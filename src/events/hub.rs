@@ -73,6 +73,17 @@ struct Ring {
     kinds: Box<[AtomicU64]>,
 }
 
+/// `n` kinds, all 0 (never published), from zeroed memory: the allocator hands fresh pages
+/// over as they are, so a start neither writes nor touches the megabytes an organism's
+/// first events have yet to reach.
+fn zeroed_kinds(n: usize) -> Box<[AtomicU64]> {
+    use std::alloc::{handle_alloc_error, Layout};
+    use zerocopy::FromZeros;
+    <[AtomicU64]>::new_box_zeroed_with_elems(n).unwrap_or_else(|_| {
+        handle_alloc_error(Layout::array::<AtomicU64>(n).unwrap_or(Layout::new::<AtomicU64>()))
+    })
+}
+
 /// How many rings' worth of events [`Ring::kinds`] remembers (at most [`MAX_KINDS`]).
 const KINDS_PER_SLOT: usize = 16;
 const MAX_KINDS: usize = 1 << 20;
@@ -310,9 +321,7 @@ impl EventHub {
                 byte_budget: AtomicUsize::new(usize::MAX),
                 floor: AtomicU64::new(0),
                 trimming: std::sync::Mutex::new(()),
-                kinds: (0..(capacity * KINDS_PER_SLOT).min(MAX_KINDS))
-                    .map(|_| AtomicU64::new(0))
-                    .collect(),
+                kinds: zeroed_kinds((capacity * KINDS_PER_SLOT).min(MAX_KINDS)),
             }),
             sink,
         }
