@@ -8,34 +8,28 @@ use utoipa::openapi::OpenApi;
 /// The document as served, rendered by the first server of the process asked for it.
 static RENDERED: OnceLock<String> = OnceLock::new();
 
-/// A server's OpenAPI document. It depends on the code alone, so one rendering serves every
-/// server of the process; rendering it (to JSON, with what [`super::auth::document`],
-/// [`links`] and [`label_rules`] add) costs about 5 ms of CPU, which a start no longer pays.
-pub(super) struct Document {
-    /// What utoipa gathered from the routes, until it is rendered.
-    spec: Mutex<Option<OpenApi>>,
+/// What utoipa gathered from the routes (once a process, [`super::routes`]), until it is
+/// rendered.
+static GATHERED: Mutex<Option<OpenApi>> = Mutex::new(None);
+
+/// Keeps what utoipa gathered from the routes, for the rendering.
+pub(super) fn gathered(spec: OpenApi) {
+    *crate::sync::lock(&GATHERED) = Some(spec);
 }
 
-impl Document {
-    pub(super) fn new(spec: OpenApi) -> Document {
-        Document {
-            spec: Mutex::new(RENDERED.get().is_none().then_some(spec)),
-        }
-    }
-
-    /// The document's JSON text.
-    pub(super) fn text(&self) -> &'static str {
-        RENDERED.get_or_init(|| {
-            // Taken only here: a document made after the rendering keeps nothing.
-            let spec = crate::sync::lock(&self.spec).take();
-            spec.and_then(|spec| serde_json::to_value(&spec).ok())
-                .map(super::auth::document)
-                .map(links)
-                .map(label_rules)
-                .and_then(|v| serde_json::to_string_pretty(&v).ok())
-                .unwrap_or_else(|| "{}".into())
-        })
-    }
+/// The document's JSON text. It depends on the code alone, so one rendering serves every
+/// server of the process; rendering it (to JSON, with what [`super::auth::document`],
+/// [`links`] and [`label_rules`] add) costs about 5 ms of CPU, which a start does not pay.
+pub(super) fn text() -> &'static str {
+    RENDERED.get_or_init(|| {
+        let spec = crate::sync::lock(&GATHERED).take();
+        spec.and_then(|spec| serde_json::to_value(&spec).ok())
+            .map(super::auth::document)
+            .map(links)
+            .map(label_rules)
+            .and_then(|v| serde_json::to_string_pretty(&v).ok())
+            .unwrap_or_else(|| "{}".into())
+    })
 }
 
 /// Every `labels` map of the document states the label rules a schema can: its keys'

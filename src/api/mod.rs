@@ -158,7 +158,6 @@ struct Inner {
     keys: idempotency::Keys,
     /// Stream tokens waiting to be used (`POST /api/v1/stream-tokens`).
     stream_tokens: stream::StreamTokens,
-    openapi: doc::Document,
 }
 
 /// Each tenant's test-vector slots: the limit they were made with, and the semaphore.
@@ -310,71 +309,84 @@ impl ApiState {
 )]
 struct ApiDoc;
 
+/// The API's routes, and what utoipa gathers of them for the OpenAPI document: gathered once
+/// for the process (utoipa's schema building is a third of a start's CPU) and cloned by every
+/// server, which adds its own state and layers.
+fn routes() -> Router<ApiState> {
+    static ROUTES: std::sync::OnceLock<Router<ApiState>> = std::sync::OnceLock::new();
+    ROUTES
+        .get_or_init(|| {
+            let (routes, spec) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+                .routes(routes!(rest::get_organism))
+                .routes(routes!(rest::me))
+                .routes(routes!(models::list_models))
+                .routes(routes!(usage::get_usage))
+                .routes(routes!(usage::get_budgets))
+                .routes(routes!(rest::get_organism_config))
+                .routes(routes!(rest::list_agents))
+                .routes(routes!(rest::get_agent))
+                .routes(routes!(rest::get_agent_config))
+                .routes(routes!(schema::get_agent_schema))
+                .routes(routes!(schema::get_agent_fields))
+                .routes(routes!(rest::list_threads))
+                .routes(routes!(batch::count_threads))
+                .routes(routes!(batch::batch))
+                .routes(routes!(rest::get_thread, settings::patch_thread))
+                .routes(routes!(rest::thread_messages))
+                .routes(routes!(rest::list_messages))
+                .routes(routes!(rest::inject))
+                .routes(routes!(thread_control::kill_thread))
+                .routes(routes!(thread_control::pause_thread))
+                .routes(routes!(thread_control::resume_thread))
+                .routes(routes!(inputs::abort_thread))
+                .routes(routes!(inputs::list_inputs))
+                .routes(routes!(inputs::get_input))
+                .routes(routes!(messages::get_message))
+                .routes(routes!(retry::retry_message))
+                .routes(routes!(retry::retry_messages))
+                .routes(routes!(fork::fork_thread))
+                .routes(routes!(rewind::rewind_thread))
+                .routes(routes!(stream::thread_events))
+                .routes(routes!(stream::create_stream_token))
+                .routes(routes!(inputs::approve_input))
+                .routes(routes!(inputs::reject_input))
+                .routes(routes!(inputs::answer_input))
+                .routes(routes!(rest::pause_agent))
+                .routes(routes!(rest::resume_agent))
+                .routes(routes!(rest::pause_organism))
+                .routes(routes!(rest::resume_organism))
+                .routes(routes!(rest::reload_organism))
+                .routes(routes!(rest::reload_agent))
+                .routes(routes!(rest::stop_organism))
+                .routes(routes!(external::external_reply))
+                .routes(routes!(agents::create_agent))
+                .routes(routes!(agents::delete_agent))
+                .routes(routes!(agents::upload_script, agents::list_scripts))
+                .routes(routes!(agents::get_script))
+                .routes(routes!(agents::test_script))
+                .routes(routes!(agents::deploy, agents::list_deployments))
+                .routes(routes!(keys::create_key, keys::list_keys))
+                .routes(routes!(keys::revoke_key))
+                .routes(routes!(audit::list_audit))
+                .routes(routes!(rest::openapi))
+                .routes(routes!(rest::metrics))
+                .routes(routes!(rest::healthz))
+                .routes(routes!(rest::readyz))
+                .routes(routes!(ws::ws_events))
+                .routes(routes!(ws::ws_messages))
+                .split_for_parts();
+            doc::gathered(spec);
+            routes
+        })
+        .clone()
+}
+
 fn router(
     organism: Organism,
     options: ApiOptions,
     auth: Option<Arc<auth::Authenticator>>,
 ) -> (Router, ApiState) {
-    let (routes, doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
-        .routes(routes!(rest::get_organism))
-        .routes(routes!(rest::me))
-        .routes(routes!(models::list_models))
-        .routes(routes!(usage::get_usage))
-        .routes(routes!(usage::get_budgets))
-        .routes(routes!(rest::get_organism_config))
-        .routes(routes!(rest::list_agents))
-        .routes(routes!(rest::get_agent))
-        .routes(routes!(rest::get_agent_config))
-        .routes(routes!(schema::get_agent_schema))
-        .routes(routes!(schema::get_agent_fields))
-        .routes(routes!(rest::list_threads))
-        .routes(routes!(batch::count_threads))
-        .routes(routes!(batch::batch))
-        .routes(routes!(rest::get_thread, settings::patch_thread))
-        .routes(routes!(rest::thread_messages))
-        .routes(routes!(rest::list_messages))
-        .routes(routes!(rest::inject))
-        .routes(routes!(thread_control::kill_thread))
-        .routes(routes!(thread_control::pause_thread))
-        .routes(routes!(thread_control::resume_thread))
-        .routes(routes!(inputs::abort_thread))
-        .routes(routes!(inputs::list_inputs))
-        .routes(routes!(inputs::get_input))
-        .routes(routes!(messages::get_message))
-        .routes(routes!(retry::retry_message))
-        .routes(routes!(retry::retry_messages))
-        .routes(routes!(fork::fork_thread))
-        .routes(routes!(rewind::rewind_thread))
-        .routes(routes!(stream::thread_events))
-        .routes(routes!(stream::create_stream_token))
-        .routes(routes!(inputs::approve_input))
-        .routes(routes!(inputs::reject_input))
-        .routes(routes!(inputs::answer_input))
-        .routes(routes!(rest::pause_agent))
-        .routes(routes!(rest::resume_agent))
-        .routes(routes!(rest::pause_organism))
-        .routes(routes!(rest::resume_organism))
-        .routes(routes!(rest::reload_organism))
-        .routes(routes!(rest::reload_agent))
-        .routes(routes!(rest::stop_organism))
-        .routes(routes!(external::external_reply))
-        .routes(routes!(agents::create_agent))
-        .routes(routes!(agents::delete_agent))
-        .routes(routes!(agents::upload_script, agents::list_scripts))
-        .routes(routes!(agents::get_script))
-        .routes(routes!(agents::test_script))
-        .routes(routes!(agents::deploy, agents::list_deployments))
-        .routes(routes!(keys::create_key, keys::list_keys))
-        .routes(routes!(keys::revoke_key))
-        .routes(routes!(audit::list_audit))
-        .routes(routes!(rest::openapi))
-        .routes(routes!(rest::metrics))
-        .routes(routes!(rest::healthz))
-        .routes(routes!(rest::readyz))
-        .routes(routes!(ws::ws_events))
-        .routes(routes!(ws::ws_messages))
-        .split_for_parts();
-    let openapi = doc::Document::new(doc);
+    let routes = routes();
     let keys = idempotency::Keys::load(&organism);
     let state = ApiState {
         inner: Arc::new(Inner {
@@ -390,7 +402,6 @@ fn router(
             tests_running: Default::default(),
             keys,
             stream_tokens: Default::default(),
-            openapi,
         }),
     };
     let limit = state.frame_limit();
@@ -622,7 +633,7 @@ impl ApiServer {
 
     /// The OpenAPI document this server serves.
     pub fn openapi_json(&self) -> &str {
-        self.state.inner.openapi.text()
+        doc::text()
     }
 
     /// Resolves once a client asked for a stop (`POST /api/v1/organism/stop` or the `/ws`
