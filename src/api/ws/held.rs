@@ -44,9 +44,33 @@ impl Held {
         self.frames.is_empty()
     }
 
-    /// The frame held for the message event `seq`, if any.
+    /// The frame held for the message event `seq`, if any. A status change comes soon after
+    /// its message, so the search starts at the newest frames (those still in the cache):
+    /// steps back doubling in length until one is at or before `seq`, then halves the last.
     pub(super) fn message(&mut self, seq: u64) -> Option<&mut Utf8Bytes> {
-        let i = self.frames.binary_search_by_key(&seq, |h| h.seq).ok()?;
+        let at = |i: usize| self.frames[i].seq;
+        // Every frame from `hi` on is after `seq`.
+        let mut hi = self.frames.len();
+        let mut step = 1;
+        let mut lo = hi.checked_sub(1)?;
+        while at(lo) > seq {
+            if lo == 0 {
+                return None;
+            }
+            hi = lo;
+            lo = lo.saturating_sub(step);
+            step *= 2;
+        }
+        // `at(lo) <= seq`, and every frame from `hi` on is after it.
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if at(mid) <= seq {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        let i = (at(lo) == seq).then_some(lo)?;
         let held = &mut self.frames[i];
         held.message.then_some(&mut held.frame)
     }
@@ -85,5 +109,33 @@ impl Held {
             self.until = None;
         }
         next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Held;
+
+    /// The search from the newest frames finds exactly what a binary search finds: every
+    /// message frame held, and nothing for a `seq` not held or not a message's.
+    #[test]
+    fn a_held_message_is_found_by_its_seq_and_nothing_else_is() {
+        for len in 0..40u64 {
+            let mut held = Held::default();
+            // Every third seq is missing; every fourth frame is not a message's.
+            let seqs: Vec<u64> = (1..=len * 3 / 2).filter(|s| s % 3 != 0).collect();
+            for (i, &s) in seqs.iter().enumerate() {
+                held.push(s.to_string().into(), s, i % 4 != 3);
+            }
+            for seq in 0..=len * 2 + 1 {
+                let expected = seqs
+                    .iter()
+                    .position(|&s| s == seq)
+                    .filter(|i| i % 4 != 3)
+                    .map(|_| seq.to_string());
+                let found = held.message(seq).map(|f| f.as_str().to_string());
+                assert_eq!(found, expected, "{len} frames, seq {seq}");
+            }
+        }
     }
 }
