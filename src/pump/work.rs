@@ -48,9 +48,9 @@ fn account(shared: &Shared, last: &mut HashMap<String, Counters>) {
     let mut rows = Vec::new();
     for l in shared.topo().order.iter() {
         let s = &l.stats;
+        // Every call is counted in `handled`, a failed one too (`errors` counts those again).
         let now: Counters = (
-            s.handled.load(std::sync::atomic::Ordering::Relaxed)
-                + s.errors.load(std::sync::atomic::Ordering::Relaxed),
+            s.handled.load(std::sync::atomic::Ordering::Relaxed),
             s.handler_time.sum_us(),
             l.handler.cpu_micros().unwrap_or(0),
         );

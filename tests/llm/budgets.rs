@@ -281,10 +281,10 @@ listeners:
 async fn every_listeners_work_is_in_the_usage_account_and_outlives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("p.xsd"), XSD).unwrap();
-    // Some CPU time a call, then nothing sent.
+    // Some CPU time a call, then nothing sent; a call on an odd goal fails after it.
     std::fs::write(
         dir.path().join("busy.lua"),
-        "function handle(p, meta)\n  local n = 0\n  for i = 1, 300000 do n = n + i % 7 end\n  return nil\nend\n",
+        "function handle(p, meta)\n  local n = 0\n  for i = 1, 300000 do n = n + i % 7 end\n  if p.goal == '1' or p.goal == '3' then error('odd goal') end\n  return nil\nend\n",
     )
     .unwrap();
     let path = dir.path().join("o.yaml");
@@ -302,6 +302,9 @@ listeners:
         let r = inject(&o, "busy", &format!("<Task><goal>{i}</goal></Task>"), None);
         settle(&o, &r.thread_id).await;
     }
+    // Two of the five calls failed: each is still one message handled, not two.
+    let busy = o.agent("busy").unwrap();
+    assert_eq!((busy.handled, busy.errors), (5, 2));
     // The account is taken at stop too.
     o.stop().await;
     drop(o);
