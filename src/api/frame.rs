@@ -1,7 +1,6 @@
 //! The WebSocket frames of events: how an [`Event`] is written as JSON for `/ws` and for
 //! `/ws/messages`. The hub keeps each rendered frame with its event, so a frame is rendered
-//! once however many clients send it (at most once a worker thread, when clients ask at the
-//! same moment: `Event::rendered`); this module is the one renderer.
+//! once however many clients send it; this module is the one renderer.
 
 use axum::extract::ws::Utf8Bytes;
 use serde::Serialize;

@@ -38,8 +38,7 @@ pub struct Event {
     /// The client's command that caused it, if one did ([`Cause`]).
     pub cause: Option<Arc<Cause>>,
     /// The frames an observer rendered from this event, kept so that each is rendered once
-    /// (at most once a worker thread, when clients ask at the same moment) however many
-    /// clients send it. Their type is the observer's: the API keeps shared
+    /// however many clients send it. Their type is the observer's: the API keeps shared
     /// bytes (`api::frame`), so every WebSocket client sends the same buffer.
     frame: OnceLock<Rendered>,
     message_frame: OnceLock<Rendered>,
@@ -113,19 +112,12 @@ impl Event {
         self.rendered(&self.merged_frame, render)
     }
 
-    /// Not waited for: a client that finds the frame not yet rendered renders it, even while
-    /// another does (at most one a worker thread), rather than putting its worker thread to
-    /// sleep until the other is done; the first rendering kept is the one every client sends.
     fn rendered<'a, T: Any + Send + Sync>(
         &'a self,
         cell: &'a OnceLock<Rendered>,
         render: impl FnOnce(&Event) -> T,
     ) -> Option<&'a T> {
-        if let Some(r) = cell.get() {
-            return r.downcast_ref();
-        }
-        let _ = cell.set(Box::new(render(self)));
-        cell.get()?.downcast_ref()
+        cell.get_or_init(|| Box::new(render(self))).downcast_ref()
     }
 
     /// The event's type name as it appears in `event`.
