@@ -38,6 +38,41 @@ fn log(hub: &EventHub, bytes: usize) -> u64 {
 }
 
 #[test]
+fn clients_asking_for_one_frame_at_once_all_send_the_same() {
+    let hub = EventHub::new(4);
+    let mut rx = hub.subscribe();
+    hub.publish(EventKind::ThreadLabels {
+        thread_id: "t".into(),
+        labels: None,
+    });
+    let ev = rx.try_recv().unwrap();
+    // Eight threads ask at once, each with its own renderer: one renders (the others wait
+    // for it), and every one reads back the same frame.
+    let start = std::sync::Barrier::new(8);
+    let seen: Vec<String> = std::thread::scope(|s| {
+        let renders: Vec<_> = (0..8)
+            .map(|i| {
+                let (ev, start) = (&ev, &start);
+                s.spawn(move || {
+                    start.wait();
+                    ev.message_frame(|_| format!("render {i}")).cloned()
+                })
+            })
+            .collect();
+        renders
+            .into_iter()
+            .map(|r| r.join().unwrap().unwrap())
+            .collect()
+    });
+    assert!(seen.iter().all(|f| f == &seen[0]), "{seen:?}");
+    assert_eq!(
+        ev.message_frame::<String>(|_| unreachable!("kept")),
+        Some(&seen[0])
+    );
+    assert!(seen[0].starts_with("render "));
+}
+
+#[test]
 fn a_byte_budget_lets_go_of_the_oldest_events_and_laggards_are_told() {
     let hub = EventHub::new(1024);
     hub.set_byte_budget(10_000);
