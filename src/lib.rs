@@ -67,6 +67,7 @@ pub mod lua;
 pub mod nats;
 pub mod outbound;
 pub mod pump;
+pub(crate) mod recent;
 pub mod schema;
 pub mod server;
 pub mod stats;

@@ -4,24 +4,22 @@
 //! up, the store is let catch up (it then holds all of them) and they are let go of.
 //! Without a store, an id is refused while it is among the recent ones.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use super::{InjectError, READ_CATCH_UP};
+use crate::recent::Recent;
 use crate::store::Store;
 use crate::sync::lock;
 
 /// Bytes of the ids taken lately, kept in memory, at most.
 pub const MAX_RECENT_BYTES: usize = 16 * 1024 * 1024;
 
-#[derive(Default)]
-pub(crate) struct ClientIds(Mutex<Recent>);
+pub(crate) struct ClientIds(Mutex<Recent<()>>);
 
-#[derive(Default)]
-struct Recent {
-    ids: HashSet<Arc<str>>,
-    order: VecDeque<Arc<str>>,
-    bytes: usize,
+impl Default for ClientIds {
+    fn default() -> Self {
+        ClientIds(Mutex::new(Recent::new(usize::MAX, MAX_RECENT_BYTES)))
+    }
 }
 
 impl ClientIds {
@@ -29,7 +27,7 @@ impl ClientIds {
     pub(crate) fn take(&self, id: &str, store: Option<&Store>) -> Result<Arc<str>, InjectError> {
         let taken = || InjectError::MessageIdTaken(id.to_string());
         let mut recent = lock(&self.0);
-        if recent.ids.contains(id) {
+        if recent.contains(id) {
             return Err(taken());
         }
         if let Some(store) = store {
@@ -39,38 +37,20 @@ impl ClientIds {
             {
                 return Err(taken());
             }
-        }
-        let id: Arc<str> = Arc::from(id);
-        if recent.bytes + id.len() > MAX_RECENT_BYTES {
-            match store {
-                // Everything published is in the store once it catches up.
-                Some(store) => {
-                    store.catch_up(READ_CATCH_UP);
-                    *recent = Recent::default();
-                }
-                None => {
-                    while recent.bytes + id.len() > MAX_RECENT_BYTES {
-                        let Some(old) = recent.order.pop_front() else {
-                            break;
-                        };
-                        recent.bytes -= old.len();
-                        recent.ids.remove(&old);
-                    }
-                }
+            // Everything published is in the store once it catches up: the recent ones
+            // are let go of at once (without a store, the oldest go one by one).
+            if recent.bytes() + id.len() > MAX_RECENT_BYTES {
+                store.catch_up(READ_CATCH_UP);
+                recent.clear();
             }
         }
-        recent.bytes += id.len();
-        recent.ids.insert(id.clone());
-        recent.order.push_back(id.clone());
+        let id: Arc<str> = Arc::from(id);
+        recent.insert(id.clone(), (), id.len());
         Ok(id)
     }
 
     /// Gives back an id taken for a message that was not logged after all.
     pub(crate) fn give_back(&self, id: &str) {
-        let mut recent = lock(&self.0);
-        if recent.ids.remove(id) {
-            recent.bytes -= id.len();
-            recent.order.retain(|x| &**x != id);
-        }
+        lock(&self.0).remove(id);
     }
 }

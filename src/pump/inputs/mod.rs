@@ -17,13 +17,13 @@
 //! cancels the thread's inputs; a listener removed by a reload makes its held messages
 //! undeliverable when they are let through.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use crate::config::approval::{Approval, Approvers, Decision, Human};
 use crate::config::Role;
 use crate::hash::SeededMap;
+use crate::recent::Recent;
 use crate::schema::ValidatedPayload;
 use crate::store::inputs::InputsTable;
 use crate::sync::lock;
@@ -146,55 +146,12 @@ struct TenantOpen {
     threads: std::collections::HashMap<Arc<str>, usize>,
 }
 
-/// The newest decided inputs by id (so a decision and a look-up are found, not searched
-/// for), the order they came in (past [`RECENT_DECIDED`] or [`RECENT_DECIDED_BYTES`] the
-/// oldest go), and what they weigh together.
-#[derive(Default)]
-struct Recent {
-    by_id: SeededMap<Arc<str>, Arc<InputRow>>,
-    order: VecDeque<Arc<str>>,
-    bytes: usize,
-}
-
-impl Recent {
-    /// Keeps `row`: in the place of the same input's decision if one is kept (the decision
-    /// as first known, [`Shared::take_open`], made final), else as the newest.
-    fn keep(&mut self, row: Arc<InputRow>) {
-        self.bytes += weight(&row);
-        match self.by_id.entry(row.id.clone()) {
-            std::collections::hash_map::Entry::Occupied(mut first) => {
-                let first = first.insert(row);
-                self.bytes = self.bytes.saturating_sub(weight(&first));
-                return;
-            }
-            std::collections::hash_map::Entry::Vacant(new) => {
-                self.order.push_back(new.key().clone());
-                new.insert(row);
-            }
-        }
-        while self.order.len() > RECENT_DECIDED
-            || (self.bytes > RECENT_DECIDED_BYTES && self.order.len() > 1)
-        {
-            let Some(id) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(old) = self.by_id.remove(&id) {
-                self.bytes = self.bytes.saturating_sub(weight(&old));
-            }
-        }
-    }
-
-    /// The rows kept, oldest first.
-    fn rows(&self) -> impl Iterator<Item = &Arc<InputRow>> {
-        self.order.iter().filter_map(|id| self.by_id.get(id))
-    }
-}
-
 /// The open inputs, the recently decided ones, and the table that keeps them.
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
-    /// The newest decided inputs, by id.
-    recent: Mutex<Recent>,
+    /// The newest decided inputs by id (so a decision and a look-up are found, not searched
+    /// for), oldest first (past [`RECENT_DECIDED`] or [`RECENT_DECIDED_BYTES`] the oldest go).
+    recent: Mutex<Recent<Arc<InputRow>>>,
     /// Decisions since start by listener, then by decision (a listener's few are found by
     /// a look along them: nothing is allocated for a decision but its first of a kind).
     decisions: Mutex<SeededMap<Arc<str>, Vec<Decided>>>,
@@ -213,7 +170,7 @@ impl Inbox {
     pub(crate) fn new(table: Option<InputsTable>, clock: Clock) -> Self {
         Inbox {
             open: Mutex::default(),
-            recent: Mutex::default(),
+            recent: Mutex::new(Recent::new(RECENT_DECIDED, RECENT_DECIDED_BYTES)),
             decisions: Mutex::default(),
             notify_failures: Default::default(),
             held_bytes: Default::default(),
@@ -239,11 +196,14 @@ impl Inbox {
             None => kinds.push((decision.to_string(), 1, waited)),
         }
         drop(decisions);
-        lock(&self.recent).keep(row);
+        // In the place of the same input's decision if one is kept (the decision as first
+        // known, [`Shared::take_open`], made final), else as the newest.
+        let w = weight(&row);
+        lock(&self.recent).replace(row.id.clone(), row, w);
     }
 
     fn decided(&self, id: &str) -> Option<InputRow> {
-        if let Some(r) = lock(&self.recent).by_id.get(id) {
+        if let Some(r) = lock(&self.recent).get(id) {
             return Some(InputRow::clone(r));
         }
         self.table.as_ref()?.get(id).ok().flatten()
@@ -305,7 +265,7 @@ impl Shared {
         let held = {
             let mut open = lock(&self.inbox.open);
             let held = open.remove(&*decided.id)?;
-            lock(&self.inbox.recent).keep(decided.clone());
+            lock(&self.inbox.recent).replace(decided.id.clone(), decided.clone(), weight(decided));
             held
         };
         self.inbox.count_tenant(&held.row, false);
@@ -353,8 +313,8 @@ impl<'a> Inputs<'a> {
         }
         let inbox = &s.inbox;
         let mut all: Vec<InputRow> = lock(&inbox.recent)
-            .rows()
-            .map(|r| InputRow::clone(r))
+            .iter()
+            .map(|(_, r)| InputRow::clone(r))
             .collect();
         all.extend(lock(&inbox.open).values().map(|h| (*h.row).clone()));
         all.retain(|r| filter.matches(r));
