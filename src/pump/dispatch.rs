@@ -7,9 +7,11 @@
 //! ring is empty or the listener is paused, and enqueue starts workers again.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Instant;
 
 use futures_util::FutureExt;
@@ -489,7 +491,6 @@ impl Shared {
                 record.slot_index,
             )
             .await;
-        let cancel = self.threads.cancel_token(&thread);
         let mut failed = None;
 
         let stopped = || {
@@ -499,7 +500,7 @@ impl Shared {
                 "thread killed"
             }
         };
-        if cancel.as_ref().is_none_or(|c| c.is_cancelled()) {
+        if self.threads.is_cancelled(&thread) {
             self.finish_message(&record, MessageStatus::Killed, Some(stopped().into()));
         } else {
             let delivery = Delivery {
@@ -532,14 +533,22 @@ impl Shared {
             let outcome: Outcome = match call {
                 Err(panic) => Outcome::Panicked(panic_text(&panic)),
                 Ok(future) => {
-                    let guarded = AssertUnwindSafe(future).catch_unwind();
-                    match cancel {
-                        Some(token) => tokio::select! {
-                            biased;
-                            _ = token.cancelled() => Outcome::Cancelled,
-                            r = guarded => Outcome::from(r),
+                    let mut guarded = std::pin::pin!(AssertUnwindSafe(future).catch_unwind());
+                    // A handler that answers at once (a native one) is not raced against
+                    // the thread's cancellation: the token is taken (and waited on, which
+                    // locks its node) only for a handler that has to wait.
+                    let first =
+                        std::future::poll_fn(|cx| Poll::Ready(guarded.as_mut().poll(cx))).await;
+                    match first {
+                        Poll::Ready(r) => Outcome::from(r),
+                        Poll::Pending => match self.threads.cancel_token(&thread) {
+                            Some(token) => tokio::select! {
+                                biased;
+                                _ = token.cancelled() => Outcome::Cancelled,
+                                r = &mut guarded => Outcome::from(r),
+                            },
+                            None => Outcome::from(guarded.await),
                         },
-                        None => Outcome::from(guarded.await),
                     }
                 }
             };

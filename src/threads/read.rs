@@ -10,6 +10,14 @@ use super::{lock, MessageRecord, MessageStatus, ThreadInfo, ThreadRegistry, Thre
 
 impl ThreadRegistry {
     /// The thread's cancellation token (cancelled by a kill).
+    /// Whether `thread` was killed or aborted (its token cancelled), or is not held.
+    pub fn is_cancelled(&self, thread: &str) -> bool {
+        lock(self.shard(thread))
+            .threads
+            .get(thread)
+            .is_none_or(|e| e.cancel.is_cancelled())
+    }
+
     pub fn cancel_token(&self, thread: &str) -> Option<CancellationToken> {
         lock(self.shard(thread))
             .threads
