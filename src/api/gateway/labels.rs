@@ -91,12 +91,15 @@ mod tests {
         assert_eq!(t.0.len(), LABELLED_THREADS);
         assert_eq!(t.get("a"), None, "the oldest forgotten");
         assert!(t.get(&format!("t{}", LABELLED_THREADS + 9)).is_some());
-        // A thread set again and again is one entry, the newest.
+        assert!(t.0.order_len() <= 2 * LABELLED_THREADS);
+        // A thread set again often keeps one live entry, and stale ones are dropped.
         for _ in 0..5 * LABELLED_THREADS {
             t.set("hot", labels("y"));
         }
+        assert!(t.0.order_len() <= 2 * LABELLED_THREADS + 1);
         assert_eq!(t.get("hot"), labels("y"));
         assert_eq!(t.0.len(), LABELLED_THREADS);
+        assert_eq!(t.0.weights(), t.0.bytes());
         assert!(t.0.bytes() <= LABEL_BYTES);
     }
 }
