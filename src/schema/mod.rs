@@ -18,8 +18,11 @@
 //! when the count moved), and so does libxml2's parser context (`parse.rs`: used again for each
 //! parse, replaced after 1,024 parses, once its dictionary holds 4,096 names, or after a failed
 //! parse; a payload up to 500 bytes is read in place from a NUL-terminated copy the context
-//! keeps, larger ones through `xmlCtxtReadMemory`; documents get no dictionary of their own,
-//! since libxml2 2.9 counts dictionary references under a process-wide mutex). `model.rs`:
+//! keeps, larger ones from libxml2's copy). A payload is validated as libxml2 reads it, with
+//! no document built (`xmlSchemaSAXPlug`), unless its schema uses a type whose check needs
+//! the document (`xs:ID`, `xs:IDREF`, …) or takes declarations from elsewhere
+//! (`parse::streams`); `verdicts.rs` holds both reads to libxml2's verdict on a built
+//! document. `model.rs`:
 //! `SchemaModel`, read from the XSD once at compile: the one place that knows element order and
 //! leaf types. It types the JSON view of payloads and writes JSON payloads as XML in schema
 //! order (API inject today; the Lua bridge must use it too, not a second copy). It never
@@ -39,6 +42,8 @@ mod dsl;
 pub mod json_schema;
 mod model;
 mod parse;
+#[cfg(test)]
+mod verdicts;
 pub use dsl::fields_to_xsd;
 pub use model::{Field, Leaf, MapError, SchemaModel, MAX_FIELDS, MAX_FIELD_DEPTH};
 
@@ -110,6 +115,8 @@ pub struct Schema {
     xsd: String,
     types: Vec<PayloadType>,
     model: Option<SchemaModel>,
+    /// Whether payloads are validated as they are read ([`parse::streams`]).
+    streams: bool,
 }
 
 /// Why an XSD could not be used.
@@ -176,6 +183,7 @@ impl Schema {
             id: NEXT_SCHEMA_ID.fetch_add(1, Ordering::Relaxed),
             origin,
             model: SchemaModel::read(&xsd),
+            streams: parse::streams(&xsd),
             xsd,
             types,
         };
@@ -294,10 +302,7 @@ impl Schema {
     /// libxml2's part of [`Schema::validate`] alone: parse `xml` and validate it against
     /// this schema, keeping nothing. What the load generator's libxml2 ceiling times.
     pub fn check(&self, xml: &str) -> Result<(), ValidationError> {
-        let doc = parse::parse(xml.as_bytes()).map_err(|message| ValidationError {
-            messages: vec![message],
-        })?;
-        let result = CONTEXTS.with(|cell| {
+        CONTEXTS.with(|cell| {
             let mut contexts = cell.borrow_mut();
             sweep(&mut contexts);
             let context = match contexts.entry(self.id) {
@@ -308,11 +313,8 @@ impl Schema {
                     })?)
                 }
             };
-            context
-                .validate_document(&doc)
-                .map_err(|errors| ValidationError::of(errors.iter().map(describe), errors.len()))
-        });
-        result
+            parse::validate(xml.as_bytes(), context, self.streams)
+        })
     }
 }
 
