@@ -376,7 +376,10 @@ pub async fn tail(
             eprintln!("agentserver tail: {glob}");
         }
     }
-    if !filter.labels.is_empty() {
+    // Labels are asked for by a command: until the server acknowledges it, the frames are
+    // those of the connection's first filter and are not shown.
+    let mut subscribing = !filter.labels.is_empty();
+    if subscribing {
         let ask = filter.subscribe().to_string();
         socket
             .send_text(ask)
@@ -392,6 +395,22 @@ pub async fn tail(
             Frame::Closed(reason) => return Err(ClientError::Ended(format!(" ({reason})"))),
             Frame::Failed(e) => return Err(ClientError::Ended(format!(" ({})", with_causes(&*e)))),
         };
+        if subscribing {
+            let value = serde_json::from_str::<Value>(text.as_str()).unwrap_or(Value::Null);
+            let event = value.get("event").and_then(Value::as_str);
+            if event == Some("ack")
+                && value.get("request_id").and_then(Value::as_str) == Some("tail")
+            {
+                subscribing = false;
+                eprintln!(
+                    "agentserver tail: following threads labelled {}",
+                    filter.labels.join(" and ")
+                );
+            }
+            if event != Some("error") {
+                continue;
+            }
+        }
         if json {
             writeln!(out, "{}", text.as_str())?;
             out.flush()?;

@@ -17,7 +17,7 @@ pub(crate) fn spawn_lines(mut cmd: Command) -> (Running, mpsc::Receiver<String>)
 }
 
 /// The lines a process writes to one of its pipes, as they come.
-fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+pub(crate) fn lines_of(pipe: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(pipe).lines().map_while(Result::ok) {

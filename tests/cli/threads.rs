@@ -31,7 +31,15 @@ fn threads_commands_fork_rewind_pause_and_batch_and_tail_follows_a_label() {
     // A tail of one customer's threads only.
     let mut tail = agentserver();
     tail.args(["tail", "--url", &url, "--label", "customer:acme-42"]);
-    let (tail, lines) = spawn_lines(tail);
+    tail.stderr(std::process::Stdio::piped());
+    let (mut tail, lines) = spawn_lines(tail);
+    // Injected only once the tail says its labels hold: what came before is not shown.
+    let said = crate::remote::lines_of(tail.stderr.take().unwrap());
+    let ready = line_matching(&said, |l| l.starts_with("agentserver tail:"));
+    assert_eq!(
+        ready,
+        "agentserver tail: following threads labelled customer:acme-42"
+    );
 
     let greet = |name: &str, label: &str| {
         let payload = format!(r#"{{"name": "{name}"}}"#);
