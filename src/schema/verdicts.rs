@@ -129,7 +129,34 @@ fn payloads() -> Vec<String> {
         &one,
         &format!("<o:note>{}</o:note>", "<o:b>x</o:b>".repeat(60)),
     ));
+    p.extend(large());
     p
+}
+
+/// Payloads far past libxml2's 250-byte read-ahead, one of them invalid near its end.
+fn large() -> Vec<String> {
+    let one = line("l1", "ABC-12", "3", "");
+    let note = |body: String| {
+        order(
+            "",
+            "><o:name>A</o:name>",
+            &one,
+            &format!("<o:note>{body}</o:note>"),
+        )
+    };
+    vec![
+        note(format!(
+            "{}<o:b>é€ &amp; &#x1F600;</o:b>",
+            "text é€ <o:b>x</o:b>".repeat(8_000)
+        )),
+        note(format!("{}<o:c/>", "<o:b>x</o:b>".repeat(8_000))),
+        order(
+            &format!(" version=\"{}1.0\"", " ".repeat(70_000)),
+            "><o:name>A</o:name>",
+            &one,
+            "",
+        ),
+    ]
 }
 
 /// A message without the line it names: a built document's lines are its elements', a
@@ -191,6 +218,49 @@ fn validating_as_it_reads_gives_libxml2s_verdict_on_a_built_document() {
                 .replace("{IDREF}", "xs:NCName"),
             true,
         )
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn a_payload_cut_anywhere_fails_as_libxml2s_own_read_does() {
+    std::thread::spawn(|| {
+        let xsd = XSD
+            .replace("{ID}", "xs:NCName")
+            .replace("{IDREF}", "xs:NCName");
+        let schema = Schema::compile("orders.xsd", &xsd).unwrap();
+        let parser = Parser {
+            format: ParseFormat::XML,
+        };
+        let whole = payloads();
+        let mut cuts = 0;
+        for xml in [&whole[0], &whole[27], &large()[0]] {
+            let step = (xml.len() / 400).max(1);
+            for end in (0..xml.len())
+                .step_by(step)
+                .filter(|e| xml.is_char_boundary(*e))
+            {
+                let cut = &xml[..end];
+                let options = ParserOptions {
+                    recover: false,
+                    no_net: true,
+                    ..ParserOptions::default()
+                };
+                assert!(
+                    parser.parse_string_with_options(cut, options).is_err(),
+                    "{cut}"
+                );
+                let err = schema.check(cut).unwrap_err();
+                assert!(
+                    err.messages[0].starts_with("line "),
+                    "{cut}: {:?}",
+                    err.messages
+                );
+                cuts += 1;
+            }
+        }
+        assert!(cuts > 700, "{cuts}");
     })
     .join()
     .unwrap();
