@@ -37,8 +37,7 @@ pub const DICT_ENTRIES_MAX: i32 = 4096;
 /// Payloads up to this many bytes are read in place ([`read_validating`]); larger ones from a
 /// copy libxml2 makes. libxml2 2.9 shrinks an input once it has read more than twice its
 /// 250-byte read-ahead, and a static input shrunk that way ends early (measured: "Premature
-/// end of data" from 847 bytes of elements); up to 500 bytes it is never shrunk. Larger
-/// payloads pay the empty reads only in their last 250 bytes.
+/// end of data" from 847 bytes of elements); up to 500 bytes it is never shrunk.
 pub const STATIC_MAX: usize = 500;
 
 /// Recovery off (the libxml2 default), no network, errors kept on the context rather than
@@ -91,9 +90,9 @@ thread_local! {
 /// Parses `xml` with this thread's context and validates it against the schema of
 /// `validator`. With `streaming` (the schema's [`streams`]), libxml2 validates as it reads
 /// (`xmlSchemaSAXPlug` in place of the parser's tree builder), so no document is made,
-/// walked or freed: 17 % fewer instructions a payload than validating a built document.
-/// Otherwise it validates the document it built. A payload that is not well-formed gives libxml2's parse error, with its line; one
-/// that is gives the validator's messages, each with a line.
+/// walked or freed; otherwise it validates the document it built. A payload that is not
+/// well-formed gives libxml2's parse error, with its line; one that is gives the
+/// validator's messages, each with a line.
 pub fn validate(
     xml: &[u8],
     validator: &mut SchemaValidationContext,
@@ -249,9 +248,8 @@ unsafe extern "C" fn locate(
 }
 
 /// Reads `text` with `ctxt` and validates it with `validator` as `how` says. A static input
-/// (`Text::InPlace`) has no read callback: libxml2 2.9 gives a memory input one that reads
-/// nothing, and a document under its 250-byte read-ahead calls it at every token, growing
-/// the input buffer each time (half of a small payload's parse, callgrind).
+/// (`Text::InPlace`) has no read callback, where libxml2 2.9 gives a memory input one that
+/// reads nothing and calls it wherever it finds the input's end.
 ///
 /// # Safety
 ///
@@ -383,7 +381,7 @@ mod tests {
     use super::*;
     use libxml::schemas::SchemaParserContext;
 
-    /// `a` with any content and attributes, `p:b` (namespace `urn:x`) holding ints.
+    /// `a` with any content and attributes; `n`, an int.
     const ANY: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
       <xs:element name="a"><xs:complexType mixed="true"><xs:sequence>
         <xs:any processContents="skip" minOccurs="0" maxOccurs="unbounded"/>
