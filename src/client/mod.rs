@@ -235,6 +235,21 @@ impl TailFilter {
     }
 }
 
+/// A `/ws` command's `error` frame as the client's error: its status, words and place.
+fn refused_command(frame: &Value) -> ClientError {
+    let words = frame["error"]
+        .as_str()
+        .or_else(|| frame["message"].as_str())
+        .unwrap_or("the command was refused");
+    ClientError::Refused {
+        status: frame["status"]
+            .as_u64()
+            .and_then(|s| u16::try_from(s).ok())
+            .unwrap_or(400),
+        body: format!("{words} (at {})", frame["where"]),
+    }
+}
+
 fn encode(v: &str) -> String {
     v.bytes()
         .map(|b| match b {
@@ -410,6 +425,13 @@ pub async fn tail(
             if event != Some("error") {
                 continue;
             }
+            if value.get("request_id").and_then(Value::as_str) == Some("tail") {
+                // The labels were refused: nothing this connection sends is what was asked.
+                if json {
+                    writeln!(out, "{}", text.as_str())?;
+                }
+                return Err(refused_command(&value));
+            }
         }
         if json {
             writeln!(out, "{}", text.as_str())?;
@@ -425,13 +447,7 @@ pub async fn tail(
                 out.flush()?;
             }
             None => match value.get("event").and_then(Value::as_str) {
-                Some("error") => {
-                    let (m, at) = (&value["message"], &value["where"]);
-                    return Err(ClientError::Refused {
-                        status: 400,
-                        body: format!("{} (at {})", m.as_str().unwrap_or(""), at),
-                    });
-                }
+                Some("error") => return Err(refused_command(&value)),
                 Some("dropped") => eprintln!(
                     "agentserver tail: {} message frame(s) dropped (seq {} to {}): this terminal is too slow",
                     value["count"], value["from_seq"], value["to_seq"]

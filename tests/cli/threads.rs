@@ -130,6 +130,22 @@ fn threads_commands_fork_rewind_pause_and_batch_and_tail_follows_a_label() {
         &["threads", "fork", &thread, "--at", &hop2, "--label", "nope"],
     );
     assert_eq!(code, Some(2), "{err}");
+
+    // A label test the server refuses ends a tail with the server's words, in either mode.
+    for json in [false, true] {
+        let args = if json {
+            vec!["tail", "--label", "oops", "--json"]
+        } else {
+            vec!["tail", "--label", "oops"]
+        };
+        let (code, out, err) = cli(&url, &args);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains("400") && err.contains("a label test is `key:value`"),
+            "{err}"
+        );
+        assert_eq!(out.contains("\"event\":\"error\""), json, "{out}");
+    }
     assert_eq!(stop(&url), 202);
     assert_eq!(wait_exit(&mut server), Some(0));
     drop(tail);
