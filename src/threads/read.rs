@@ -9,7 +9,6 @@ use tokio_util::sync::CancellationToken;
 use super::{lock, MessageRecord, MessageStatus, ThreadInfo, ThreadRegistry, ThreadStatus};
 
 impl ThreadRegistry {
-    /// The thread's cancellation token (cancelled by a kill).
     /// Whether `thread` was killed or aborted (its token cancelled), or is not held.
     pub fn is_cancelled(&self, thread: &str) -> bool {
         lock(self.shard(thread))
@@ -18,6 +17,7 @@ impl ThreadRegistry {
             .is_none_or(|e| e.cancel.is_cancelled())
     }
 
+    /// The thread's cancellation token (cancelled by a kill).
     pub fn cancel_token(&self, thread: &str) -> Option<CancellationToken> {
         lock(self.shard(thread))
             .threads
