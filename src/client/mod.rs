@@ -412,25 +412,26 @@ pub async fn tail(
         };
         if subscribing {
             let value = serde_json::from_str::<Value>(text.as_str()).unwrap_or(Value::Null);
-            let event = value.get("event").and_then(Value::as_str);
-            if event == Some("ack")
-                && value.get("request_id").and_then(Value::as_str) == Some("tail")
-            {
-                subscribing = false;
-                eprintln!(
-                    "agentserver tail: following threads labelled {}",
-                    filter.labels.join(" and ")
-                );
-            }
-            if event != Some("error") {
-                continue;
-            }
-            if value.get("request_id").and_then(Value::as_str) == Some("tail") {
-                // The labels were refused: nothing this connection sends is what was asked.
-                if json {
-                    writeln!(out, "{}", text.as_str())?;
+            let ours = value.get("request_id").and_then(Value::as_str) == Some("tail");
+            match value.get("event").and_then(Value::as_str) {
+                Some("ack") if ours => {
+                    subscribing = false;
+                    eprintln!(
+                        "agentserver tail: following threads labelled {}",
+                        filter.labels.join(" and ")
+                    );
+                    continue;
                 }
-                return Err(refused_command(&value));
+                // The labels were refused: nothing this connection sends is what was asked.
+                Some("error") if ours => {
+                    if json {
+                        writeln!(out, "{}", text.as_str())?;
+                    }
+                    return Err(refused_command(&value));
+                }
+                // Another error is shown as any error is.
+                Some("error") => {}
+                _ => continue,
             }
         }
         if json {
