@@ -28,13 +28,37 @@ pub fn thread_cpu_time() -> Duration {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub u64);
 
+/// The system's wall clock now, as seconds and nanoseconds since the Unix epoch (zero before
+/// it). On Linux one `clock_gettime` and no arithmetic of `Duration`s: a hop reads the clock
+/// several times.
+pub fn wall_clock() -> (u64, u32) {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes one timespec we own and reads nothing of ours.
+        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } == 0 {
+            return match u64::try_from(ts.tv_sec) {
+                Ok(s) => (s, ts.tv_nsec.clamp(0, 999_999_999) as u32),
+                Err(_) => (0, 0),
+            };
+        }
+    }
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| (d.as_secs(), d.subsec_nanos()))
+        .unwrap_or((0, 0))
+}
+
 impl Timestamp {
     pub fn now() -> Self {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        Timestamp(ms)
+        let (s, ns) = wall_clock();
+        Timestamp(
+            s.saturating_mul(1000)
+                .saturating_add(u64::from(ns / 1_000_000)),
+        )
     }
 
     /// Reads an RFC 3339 date-time (any offset; sub-millisecond digits dropped).
@@ -92,6 +116,34 @@ mod tests {
             Some(super::Timestamp(1_705_314_601_123))
         );
         assert_eq!(super::Timestamp::parse_rfc3339("yesterday"), None);
+    }
+
+    #[test]
+    fn now_is_the_systems_clock_in_milliseconds() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        let ms = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+        let before = ms(SystemTime::now());
+        let now = super::Timestamp::now().0;
+        let after = ms(SystemTime::now());
+        assert!(before <= now && now <= after, "{before} {now} {after}");
+    }
+
+    #[test]
+    fn a_new_id_is_a_version_7_uuid_of_now_and_never_repeats() {
+        let before = super::Timestamp::now().0;
+        let ids: Vec<_> = (0..10_000).map(|_| crate::threads::new_id()).collect();
+        let after = super::Timestamp::now().0;
+        let unique: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len());
+        for id in &ids {
+            assert!(crate::threads::valid_thread_id(id), "{id}");
+            let u = uuid::Uuid::parse_str(id).unwrap();
+            assert_eq!(u.get_version_num(), 7, "{id}");
+            assert_eq!(u.get_variant(), uuid::Variant::RFC4122, "{id}");
+            let (s, ns) = u.get_timestamp().unwrap().to_unix();
+            let ms = s * 1000 + u64::from(ns / 1_000_000);
+            assert!(before <= ms && ms <= after, "{id}: {before} {ms} {after}");
+        }
     }
 
     #[test]
