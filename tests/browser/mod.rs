@@ -69,6 +69,9 @@ impl Chromium {
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
             .kill_on_drop(true)
+            // Its own process group: dropped, the browser and every process it started are
+            // stopped together, before its profile is removed.
+            .process_group(0)
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
@@ -287,7 +290,18 @@ impl Chromium {
 }
 
 impl Drop for Chromium {
+    /// Stops the browser's whole process group and waits (up to 5 s) until the browser has
+    /// exited, so that none of its processes writes in the profile after it is removed
+    /// (which left a directory behind in the system's temp dir at every launch).
     fn drop(&mut self) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            // SAFETY: kill sends a signal to the group this launch made; it reads no memory.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
         let _ = self.child.start_kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
