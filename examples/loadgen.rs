@@ -4,7 +4,10 @@
 //! validation (`ceiling_validations_per_s`, `ratio_to_ceiling`), and libxml2's parse +
 //! validation alone (`ceiling_libxml2_per_s`, `ratio_to_libxml2_ceiling`), so each figure is
 //! also a ratio to what validation alone costs (`LOADGEN_NO_CEILING=1` skips them, for a
-//! profile of the pump alone).
+//! profile of the pump alone). `LOADGEN_OWN_SCHEMAS=1` gives each listener a schema of its
+//! own text, so that a payload a listener hands on unchanged is read again at every hop (by
+//! default the chain's three listeners share one XSD text, and a forwarded payload keeps the
+//! verdict it earned at the first).
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
@@ -16,7 +19,9 @@
 //! beside the workers, as every figure before 2026-11-22's seventh session was measured.
 //! Workloads:
 //!
-//! - `chain`: a → b → c, native handlers, XSD validation at every hop, SQLite store on.
+//! - `chain`: a → b → c, native `forward` handlers, every hop's payload validated for its
+//!   receiver (libxml2 reads it at the first; the same XSD text keeps that verdict after),
+//!   SQLite store on.
 //! - `chain-memory`: the same with `store: memory` (the store's cost is the difference).
 //! - `lua`: the same chain with Lua handlers.
 //! - `fanout`: one payload broadcast to 8 listeners (copies counted as deliveries).
@@ -117,13 +122,36 @@ fn organism_yaml(workload: &str) -> String {
 
 /// Starts the organism `yaml` describes in a fresh directory holding the schema and the Lua
 /// script it may name. The directory (and a store file in it) lives as long as the guard.
+/// With `LOADGEN_OWN_SCHEMAS=1` each listener gets a schema file of its own whose text
+/// differs (by a comment), so a payload handed on unchanged is read by libxml2 at every hop
+/// instead of keeping the verdict of a schema of the same text.
 fn start(yaml: &str) -> Result<(tempfile::TempDir, Organism), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     std::fs::write(dir.path().join("t.xsd"), XSD)?;
     std::fs::write(dir.path().join("fwd.lua"), FORWARD_LUA)?;
     std::fs::write(dir.path().join("to.lua"), TO_LUA)?;
+    let mut yaml = yaml.to_string();
+    if std::env::var_os("LOADGEN_OWN_SCHEMAS").is_some() {
+        let mut own = String::new();
+        for line in yaml.lines() {
+            let name = line
+                .split_once("name: ")
+                .and_then(|(_, rest)| rest.split_once(','))
+                .map(|(name, _)| name.trim());
+            match name.filter(|_| line.contains("schema: t.xsd")) {
+                Some(name) => {
+                    let xsd = format!("{XSD}<!-- {name} -->\n");
+                    std::fs::write(dir.path().join(format!("{name}.xsd")), xsd)?;
+                    own.push_str(&line.replace("schema: t.xsd", &format!("schema: {name}.xsd")));
+                }
+                None => own.push_str(line),
+            }
+            own.push('\n');
+        }
+        yaml = own;
+    }
     let path = dir.path().join("o.yaml");
-    std::fs::write(&path, yaml)?;
+    std::fs::write(&path, &yaml)?;
     let organism = Organism::builder().load(&path)?;
     Ok((dir, organism))
 }

@@ -33,10 +33,10 @@ fn schemas_compile_and_payloads_validate_with_libxml2_on_mimalloc() {
                     assert!(err.to_string().contains("qty"), "{err}");
                 }
                 // Text libxml2 itself refuses: its message, and the next parse still works.
-                let broken = NormalizedPayload {
-                    payload_type: PayloadType::new(None, "Order"),
-                    xml: std::sync::Arc::new("<Order><item>x</Order>".to_string()),
-                };
+                let broken = NormalizedPayload::new(
+                    PayloadType::new(None, "Order"),
+                    std::sync::Arc::new("<Order><item>x</Order>".to_string()),
+                );
                 let err = schema.validate(broken).unwrap_err();
                 assert!(err.to_string().starts_with("line 1:"), "{err}");
                 let again = "<Order><item>y</item><qty>1</qty></Order>";

@@ -77,18 +77,16 @@ struct Refusal {
 
 /// An output that is the payload its listener was given, byte for byte: that payload's
 /// normalized form and type as they are (normalizing normalized XML gives it back), with no
-/// second read. Still within the limits as they are now, and validated again for its
-/// receiver like any output.
+/// second read. Still within the limits as they are now. Validated for its receiver like any
+/// output, except by a schema of the same text as the one it passed (`Schema::validate`:
+/// the same bytes and the same XSD, the same verdict).
 fn echoed(
     handled: Option<&ValidatedPayload>,
     output: &str,
     limits: &crate::xml::XmlLimits,
 ) -> Option<NormalizedPayload> {
     let given = handled?;
-    (given.xml() == output && output.len() <= limits.max_bytes).then(|| NormalizedPayload {
-        payload_type: given.payload_type().clone(),
-        xml: given.xml_arc(),
-    })
+    (given.xml() == output && output.len() <= limits.max_bytes).then(|| given.again())
 }
 
 impl Shared {

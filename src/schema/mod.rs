@@ -21,7 +21,7 @@
 //! keeps, larger ones from libxml2's copy). A payload is validated as libxml2 reads it, with
 //! no document built (`xmlSchemaSAXPlug`), unless its schema uses a type whose check needs
 //! the document (`xs:ID`, `xs:IDREF`, …) or takes declarations from elsewhere
-//! (`parse::streams`); `verdicts.rs` holds both reads to libxml2's verdict on a built
+//! (`parse::scan`); `verdicts.rs` holds both reads to libxml2's verdict on a built
 //! document. `model.rs`:
 //! `SchemaModel`, read from the XSD once at compile: the one place that knows element order and
 //! leaf types. It types the JSON view of payloads and writes JSON payloads as XML in schema
@@ -100,6 +100,12 @@ pub fn payload_json(schema: Option<&Schema>, xml: &str) -> serde_json::Value {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Payloads this thread's libxml2 has read (tests: a verdict reused is not read).
+    static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Validation contexts cached on this thread (tests: retired ones are freed).
 #[doc(hidden)]
 pub fn cached_contexts() -> usize {
@@ -115,8 +121,24 @@ pub struct Schema {
     xsd: String,
     types: Vec<PayloadType>,
     model: Option<SchemaModel>,
-    /// Whether payloads are validated as they are read ([`parse::streams`]).
+    /// Whether payloads are validated as they are read ([`parse::Scan::streams`]).
     streams: bool,
+    verdicts: Verdicts,
+}
+
+/// What a schema's verdicts depend on: its text, when the text names no other document
+/// (two schemas of one such text accept exactly the same payloads, whichever listener or
+/// tenant compiled them), else this compile alone (what an `include` brings may change).
+/// A payload valid for one schema is valid for any with the same `Verdicts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdicts(VerdictsOf);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VerdictsOf {
+    /// SHA-256 of the XSD's text.
+    Text([u8; 32]),
+    /// The schema's process-unique id.
+    Compile(u64),
 }
 
 /// Why an XSD could not be used.
@@ -179,11 +201,20 @@ impl Schema {
                 message: "the schema declares no global element, so it accepts no payload".into(),
             });
         }
+        let id = NEXT_SCHEMA_ID.fetch_add(1, Ordering::Relaxed);
+        let scan = parse::scan(&xsd);
+        let verdicts = Verdicts(if scan.self_contained {
+            use sha2::Digest;
+            VerdictsOf::Text(sha2::Sha256::digest(xsd.as_bytes()).into())
+        } else {
+            VerdictsOf::Compile(id)
+        });
         let schema = Schema {
-            id: NEXT_SCHEMA_ID.fetch_add(1, Ordering::Relaxed),
+            id,
             origin,
             model: SchemaModel::read(&xsd),
-            streams: parse::streams(&xsd),
+            streams: scan.streams,
+            verdicts,
             xsd,
             types,
         };
@@ -288,20 +319,28 @@ impl Schema {
 
     /// Validates a normalized payload against this schema. The payload's type must be one of
     /// the schema's global elements; the caller (routing) has already chosen this schema for it.
+    /// A payload known valid for a schema of the same [`Verdicts`]
+    /// ([`NormalizedPayload::valid_for`]: a handler's output that is the payload it was
+    /// given) has this schema's verdict already, and is not read again.
     pub fn validate(
         &self,
         payload: NormalizedPayload,
     ) -> Result<ValidatedPayload, ValidationError> {
-        self.check(&payload.xml)?;
+        if payload.valid_for != Some(self.verdicts) {
+            self.check(&payload.xml)?;
+        }
         Ok(ValidatedPayload {
             payload_type: payload.payload_type,
             xml: payload.xml,
+            verdicts: self.verdicts,
         })
     }
 
     /// libxml2's part of [`Schema::validate`] alone: parse `xml` and validate it against
     /// this schema, keeping nothing. What the load generator's libxml2 ceiling times.
     pub fn check(&self, xml: &str) -> Result<(), ValidationError> {
+        #[cfg(test)]
+        READS.with(|r| r.set(r.get() + 1));
         CONTEXTS.with(|cell| {
             let mut contexts = cell.borrow_mut();
             sweep(&mut contexts);
@@ -468,6 +507,8 @@ fn attr(e: &quick_xml::events::BytesStart<'_>, name: &str) -> Option<String> {
 pub struct ValidatedPayload {
     payload_type: PayloadType,
     xml: SharedXml,
+    /// The schema it passed.
+    verdicts: Verdicts,
 }
 
 impl ValidatedPayload {
@@ -483,6 +524,16 @@ impl ValidatedPayload {
     /// A shared handle on the normalized XML.
     pub fn xml_arc(&self) -> SharedXml {
         self.xml.clone()
+    }
+
+    /// This payload again, as a handler's output that is the payload it was given: the same
+    /// text and type, known valid for every schema of the verdicts it passed.
+    pub fn again(&self) -> NormalizedPayload {
+        NormalizedPayload {
+            payload_type: self.payload_type.clone(),
+            xml: self.xml.clone(),
+            valid_for: Some(self.verdicts),
+        }
     }
 
     /// The JSON view of the payload (SPEC §9).
@@ -504,6 +555,41 @@ mod tests {
 
     fn norm(s: &str) -> NormalizedPayload {
         normalize_payload(s, &XmlLimits::default()).unwrap()
+    }
+
+    #[test]
+    fn a_payload_given_again_is_read_again_only_by_a_schema_of_another_text() {
+        let reads = || READS.with(|r| r.get());
+        let first = Schema::compile("a.xsd", XSD).unwrap();
+        let twin = Schema::compile("twin.xsd", XSD).unwrap();
+        let other = Schema::compile("other.xsd", XSD.replace("xs:string", "xs:int")).unwrap();
+        assert_eq!(first.verdicts, twin.verdicts);
+        assert_ne!(first.verdicts, other.verdicts);
+        let greeting = "<Greeting><name>x</name></Greeting>";
+        let valid = first.validate(norm(greeting)).unwrap();
+        let before = reads();
+        assert_eq!(twin.validate(valid.again()).unwrap(), valid);
+        assert!(first.validate(valid.again()).is_ok());
+        assert_eq!(reads(), before, "the verdict is reused");
+        let err = other.validate(valid.again()).unwrap_err();
+        assert!(
+            err.to_string().contains("'x' is not a valid value"),
+            "{err}"
+        );
+        // The same text read by the normalizer carries no verdict: it is read.
+        assert!(twin.validate(norm(greeting)).is_ok());
+        assert_eq!(reads(), before + 2);
+        // A schema that takes declarations from elsewhere has verdicts of its own compile.
+        let import = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+          <xs:import namespace="urn:x"/><xs:element name="a" type="xs:string"/></xs:schema>"#;
+        let one = Schema::compile("i.xsd", import).unwrap();
+        let two = Schema::compile("i.xsd", import).unwrap();
+        assert_ne!(one.verdicts, two.verdicts);
+        let a = one.validate(norm("<a>y</a>")).unwrap();
+        let before = reads();
+        assert!(two.validate(a.again()).is_ok());
+        assert!(one.validate(a.again()).is_ok());
+        assert_eq!(reads(), before + 1);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! libxml2's parse and validation of a payload, with one parser context per OS thread, used
 //! again for each parse instead of made and freed every time. A payload is validated as it is
-//! read (libxml2's streaming validation), unless its schema needs a document ([`streams`]).
+//! read (libxml2's streaming validation), unless its schema needs a document ([`Scan::streams`]).
 //!
 //! A new context costs libxml2 a dictionary and its stacks: about a fifth of a payload's
 //! parse and validation (callgrind). A context keeps its dictionary between parses, and the
@@ -41,7 +41,7 @@ pub const DICT_ENTRIES_MAX: i32 = 4096;
 pub const STATIC_MAX: usize = 500;
 
 /// Recovery off (the libxml2 default), no network, errors kept on the context rather than
-/// printed. A document built (for a schema that does not [`streams`]) keeps its names in the
+/// printed. A document built (for a schema whose payloads do not stream, [`Scan::streams`]) keeps its names in the
 /// context's dictionary: without one (`NODICT`), libxml2 2.9's validator cannot resolve an
 /// `xsi:type`'s prefix (tested in `verdicts.rs`).
 const OPTIONS: i32 = (xmlParserOption_XML_PARSE_NONET
@@ -88,7 +88,7 @@ thread_local! {
 }
 
 /// Parses `xml` with this thread's context and validates it against the schema of
-/// `validator`. With `streaming` (the schema's [`streams`]), libxml2 validates as it reads
+/// `validator`. With `streaming` (the schema's [`Scan::streams`]), libxml2 validates as it reads
 /// (`xmlSchemaSAXPlug` in place of the parser's tree builder), so no document is made,
 /// walked or freed; otherwise it validates the document it built. A payload that is not
 /// well-formed gives libxml2's parse error, with its line; one that is gives the
@@ -106,29 +106,49 @@ pub fn validate(
     validate_in(xml, xml.len() <= STATIC_MAX, validator, how)
 }
 
-/// Whether payloads of `xsd` may be validated as they are read. libxml2's streaming
-/// validator has no document to keep identifiers in, so it does not check that an `xs:ID`
-/// is unique or that an `xs:IDREF` names one (tested in `verdicts.rs`); a schema that uses
-/// those types (or `ENTITY`, `ENTITIES`, `NOTATION`, which need a document too), or takes
-/// declarations from other documents, has its payloads validated as built documents.
-pub fn streams(xsd: &str) -> bool {
+/// What the compiler needs to know of an XSD's text before validating with it ([`scan`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scan {
+    /// It takes no declaration from another document (no `include`, `import`, `redefine` or
+    /// `override`): its text alone says what it accepts.
+    pub self_contained: bool,
+    /// Whether its payloads may be validated as they are read. libxml2's streaming
+    /// validator has no document to keep identifiers in, so it does not check that an
+    /// `xs:ID` is unique or that an `xs:IDREF` names one (tested in `verdicts.rs`); a schema
+    /// that uses those types (or `ENTITY`, `ENTITIES`, `NOTATION`, which need a document
+    /// too), or is not self-contained, has its payloads validated as built documents.
+    pub streams: bool,
+}
+
+/// Reads `xsd` for [`Scan`]'s facts. A text it cannot read says neither.
+pub fn scan(xsd: &str) -> Scan {
     const NEEDS_A_DOCUMENT: [&str; 6] = ["ID", "IDREF", "IDREFS", "ENTITY", "ENTITIES", "NOTATION"];
+    const UNREAD: Scan = Scan {
+        self_contained: false,
+        streams: false,
+    };
+    let mut needs_a_document = false;
     let mut reader = quick_xml::Reader::from_str(xsd);
     loop {
         let element = match reader.read_event() {
             Ok(quick_xml::events::Event::Start(e) | quick_xml::events::Event::Empty(e)) => e,
-            Ok(quick_xml::events::Event::Eof) => return true,
+            Ok(quick_xml::events::Event::Eof) => {
+                return Scan {
+                    self_contained: true,
+                    streams: !needs_a_document,
+                }
+            }
             Ok(_) => continue,
-            Err(_) => return false,
+            Err(_) => return UNREAD,
         };
         let name = element.local_name();
         let name: &str = name.into_inner();
         if matches!(name, "include" | "import" | "redefine" | "override") {
-            return false;
+            return UNREAD;
         }
         for attribute in element.attributes() {
             let Ok(attribute) = attribute else {
-                return false;
+                return UNREAD;
             };
             let key = attribute.key.local_name();
             let key: &str = key.into_inner();
@@ -137,15 +157,12 @@ pub fn streams(xsd: &str) -> bool {
             }
             // Unescaped as libxml2 reads it: `xs:&#73;D` is `xs:ID`.
             let Ok(value) = attribute.normalized_value(quick_xml::XmlVersion::Implicit1_0) else {
-                return false;
+                return UNREAD;
             };
-            let names_one = value.split_ascii_whitespace().any(|name| {
+            needs_a_document |= value.split_ascii_whitespace().any(|name| {
                 let local = name.rsplit(':').next().unwrap_or(name);
                 NEEDS_A_DOCUMENT.contains(&local)
             });
-            if names_one {
-                return false;
-            }
         }
     }
 }

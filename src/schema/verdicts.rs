@@ -192,7 +192,7 @@ fn streaming_xsd() -> String {
 
 /// Checks every payload against `xsd` both ways; `streams` is what the schema should say.
 fn same_verdicts(xsd: &str, streams: bool) {
-    assert_eq!(super::parse::streams(xsd), streams);
+    assert_eq!(super::parse::scan(xsd).streams, streams);
     let schema = Schema::compile("orders.xsd", xsd).unwrap();
     let mut reference =
         SchemaValidationContext::from_parser(&mut SchemaParserContext::from_buffer(xsd)).unwrap();
@@ -280,11 +280,13 @@ fn identifiers_are_checked_on_a_built_document() {
         );
         let import = "<xs:schema xmlns:xs=\"http://www.w3.org/2001/XMLSchema\">\
             <xs:import namespace=\"urn:x\"/><xs:element name=\"a\"/></xs:schema>";
-        assert!(!super::parse::streams(import));
+        let scan = super::parse::scan(import);
+        assert!(!scan.streams && !scan.self_contained, "{scan:?}");
         let list = "<xs:schema xmlns:xs=\"http://www.w3.org/2001/XMLSchema\">\
             <xs:simpleType name=\"t\"><xs:union memberTypes=\"xs:int xs:IDREFS\"/></xs:simpleType>\
             <xs:element name=\"a\" type=\"t\"/></xs:schema>";
-        assert!(!super::parse::streams(list));
+        let scan = super::parse::scan(list);
+        assert!(!scan.streams && scan.self_contained, "{scan:?}");
     })
     .join()
     .unwrap();

@@ -20,12 +20,27 @@ use super::{
 };
 
 /// A payload that passed the input guards and was read strictly, in normalized form.
-/// Not yet validated against any schema.
+/// Not yet validated against its receiver's schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NormalizedPayload {
     pub payload_type: PayloadType,
     /// Shared from here on: the log, the queues and the event ring hold this one text.
     pub xml: super::SharedXml,
+    /// The schemas it is known to be valid for, if any: those with these verdicts. Only the
+    /// schema gate sets it (`ValidatedPayload::again`), so it cannot be forged.
+    pub(crate) valid_for: Option<crate::schema::Verdicts>,
+}
+
+impl NormalizedPayload {
+    /// `xml` as a payload of `payload_type`, known valid for no schema. The caller vouches
+    /// that it is normalized ([`normalize_payload`] makes one that is).
+    pub fn new(payload_type: PayloadType, xml: super::SharedXml) -> Self {
+        NormalizedPayload {
+            payload_type,
+            xml,
+            valid_for: None,
+        }
+    }
 }
 
 /// Reads a standalone payload document strictly and normalizes it.
@@ -138,6 +153,7 @@ pub(crate) fn normalize_element(
         return Ok(NormalizedPayload {
             payload_type,
             xml: super::SharedXml::new(out),
+            valid_for: None,
         });
     }
     check_depth(outer_depth + 1, limits)?;
@@ -178,6 +194,7 @@ pub(crate) fn normalize_element(
                     return Ok(NormalizedPayload {
                         payload_type,
                         xml: super::SharedXml::new(out),
+                        valid_for: None,
                     });
                 }
             }

@@ -423,3 +423,68 @@ listeners:
         rejected.error
     );
 }
+
+/// A handler that sends the payload it was given, unchanged, to `to`.
+fn echoing(to: &'static str) -> impl agentserver::listener::Handler {
+    FnHandler(move |d: Delivery| async move { Ok(vec![Output::to(to, d.payload.xml())]) })
+}
+
+#[tokio::test]
+async fn an_echoed_payload_is_held_to_its_receivers_schema_not_to_the_senders() {
+    // `a` and `b` pass on what they were given. A payload valid for their schema is refused
+    // by a receiver whose schema (another text) refuses it, and delivered to one whose
+    // schema has the same text in another file: the verdict a payload earned is reused only
+    // for a schema that would give the same.
+    let dir = tempfile::tempdir().unwrap();
+    let strict = TEST_XSD.replace(
+        r#"name="n" type="xs:int""#,
+        r#"name="n" type="xs:positiveInteger""#,
+    );
+    assert_ne!(strict, TEST_XSD);
+    for (file, xsd) in [
+        ("t.xsd", TEST_XSD),
+        ("twin.xsd", TEST_XSD),
+        ("strict.xsd", &strict),
+    ] {
+        std::fs::write(dir.path().join(file), xsd).unwrap();
+    }
+    let yaml = r#"organism: { name: test, store: memory }
+listeners:
+  - { name: a, description: echoes to strict, kind: native, handler: echo-strict, schema: t.xsd, accepts: [Ping] }
+  - { name: b, description: echoes to twin, kind: native, handler: echo-twin, schema: t.xsd, accepts: [Ping] }
+  - { name: strict, description: positive n only, kind: native, handler: log, schema: strict.xsd, accepts: [Ping] }
+  - { name: twin, description: the same text as t.xsd, kind: native, handler: log, schema: twin.xsd, accepts: [Ping] }
+"#;
+    std::fs::write(dir.path().join("o.yaml"), yaml).unwrap();
+    let log = Log::default();
+    let o = Organism::builder()
+        .handler("echo-strict", echoing("strict"))
+        .handler("echo-twin", echoing("twin"))
+        .handler("log", log.handler())
+        .load(&dir.path().join("o.yaml"))
+        .unwrap();
+
+    let r = inject(&o, "a", &ping(-1), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Error);
+    let ms = messages(&o, &r.thread_id);
+    assert_eq!(ms.len(), 2, "{ms:?}");
+    assert_eq!(ms[1].status, MessageStatus::Rejected);
+    let error = ms[1].error.as_deref().unwrap();
+    assert!(
+        error.contains("is invalid for `strict`") && error.contains("positiveInteger"),
+        "{error}"
+    );
+
+    let r = inject(&o, "b", &ping(-1), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
+    let ms = messages(&o, &r.thread_id);
+    assert_eq!(ms[1].status, MessageStatus::Delivered);
+    assert_eq!(to_of(&ms[1]), "twin");
+    assert_eq!(log.entries().len(), 1);
+    assert_eq!(log.entries()[0].2, ping(-1));
+
+    // A valid payload goes through `a` to `strict` as well.
+    let r = inject(&o, "a", &ping(5), None);
+    assert_eq!(settle(&o, &r.thread_id).await, ThreadStatus::Completed);
+    assert_eq!(log.entries().len(), 2);
+}
