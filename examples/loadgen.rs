@@ -249,8 +249,13 @@ async fn drive(
                 thread_id: None,
             }) {
                 Ok(r) => break r,
+                // Refused for now: wait a moment, as a client told 429 would. Tried again at
+                // once, the driver would spin through the store's backlog, and the figure
+                // would count that spinning as the organism's CPU.
                 Err(agentserver::InjectError::Overloaded { .. })
-                | Err(agentserver::InjectError::StoreBehind) => tokio::task::yield_now().await,
+                | Err(agentserver::InjectError::StoreBehind) => {
+                    tokio::time::sleep(Duration::from_millis(1)).await
+                }
                 Err(e) => return Err(e.into()),
             }
         };

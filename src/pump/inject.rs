@@ -42,6 +42,7 @@ impl Organism {
             if let Some(l) = labels {
                 crate::threads::patched(None, &crate::threads::as_patch(l))?;
             }
+            self.shared.shed()?;
             let payload = normalize_payload(&req.payload_xml, &self.shared.xml_limits)?;
             let thread = req.thread_id.as_deref();
             self.inject_normalized(&req.from, &req.to, payload, thread, message_id, labels)
@@ -55,6 +56,7 @@ impl Organism {
     pub fn inject_envelope(&self, identity: &str, xml: &str) -> Result<InjectReceipt, InjectError> {
         let mut to = String::new();
         let result = (|| {
+            self.shared.shed()?;
             let env = parse_envelope(xml, &self.shared.xml_limits)?;
             to = env.to.clone().ok_or(InjectError::NoTarget)?;
             self.inject_normalized(
@@ -252,9 +254,31 @@ pub(super) struct ForkEntry<'a> {
 }
 
 impl super::Shared {
-    /// What holds for every message that enters from outside before its thread opens: the
-    /// store keeping up (a thread it holds and memory does not is adopted), a fork's thread
-    /// new, the tenant's token budget for an LLM listener, the organism's pending limit.
+    /// The refusals of an organism too busy for more, whatever is sent: the store failing
+    /// or behind, the pending limit reached. Asked before a payload is read, so that a
+    /// client retrying under load costs the read nothing; and again in [`Self::room_for`].
+    fn shed(&self) -> Result<(), InjectError> {
+        if let Some(store) = &self.store {
+            if let Some(e) = store.failure() {
+                return Err(InjectError::StoreFailed(e));
+            }
+            if store.backlogged() {
+                return Err(InjectError::StoreBehind);
+            }
+        }
+        let pending = self.load.pending.load(Ordering::SeqCst);
+        if pending >= self.limits.max_pending_messages {
+            return Err(InjectError::Overloaded {
+                pending,
+                max: self.limits.max_pending_messages,
+            });
+        }
+        Ok(())
+    }
+
+    /// What holds for every message that enters from outside before its thread opens: room
+    /// ([`Self::shed`]), a thread the store holds and memory does not adopted, a fork's
+    /// thread new, the tenant's token budget for an LLM listener.
     fn room_for(
         &self,
         listener: &super::dispatch::Listener,
@@ -262,18 +286,11 @@ impl super::Shared {
         fork: bool,
     ) -> Result<(), InjectError> {
         let s = self;
-        if let Some(store) = &s.store {
-            if let Some(e) = store.failure() {
-                return Err(InjectError::StoreFailed(e));
-            }
-            if store.backlogged() {
-                return Err(InjectError::StoreBehind);
-            }
-            // A thread from before a restart, or evicted from memory, continues where its
-            // stored history ends.
-            if let Some(id) = thread_id {
-                s.adopt_stored(id);
-            }
+        s.shed()?;
+        // A thread from before a restart, or evicted from memory, continues where its
+        // stored history ends.
+        if let Some(id) = thread_id {
+            s.adopt_stored(id);
         }
         // A fork opens a thread: one that exists is not one.
         if let Some(t) = thread_id.filter(|t| fork && s.threads.contains(t)) {
@@ -286,13 +303,6 @@ impl super::Shared {
             if let Some(e) = s.budgets.exhausted(t) {
                 return Err(InjectError::BudgetExhausted(e));
             }
-        }
-        let pending = s.load.pending.load(Ordering::SeqCst);
-        if pending >= s.limits.max_pending_messages {
-            return Err(InjectError::Overloaded {
-                pending,
-                max: s.limits.max_pending_messages,
-            });
         }
         Ok(())
     }

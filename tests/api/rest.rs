@@ -578,6 +578,11 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     assert_eq!(s.post("/api/v1/inject", note("2")).await.0, 202);
     let (st, e) = s.post("/api/v1/inject", note("3")).await;
     assert_eq!((st, e["error"]["code"].as_str()), (429, Some("overloaded")));
+    // Refused before its payload is read (a client retrying costs no parse): a malformed
+    // one is told the same, and told it is malformed once there is room.
+    let broken = json!({"to": "a", "payload_xml": "<Note>"});
+    let (st, e) = s.post("/api/v1/inject", broken.clone()).await;
+    assert_eq!((st, e["error"]["code"].as_str()), (429, Some("overloaded")));
 
     // Every refusal that reached the pump was recorded, and the organism still runs.
     assert!(
@@ -589,6 +594,12 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     s.organism.control().resume_listener("a").unwrap();
     let t = s.inject_note("a", "still fine").await;
     settle(&s.organism, &t).await;
+    let (st, e) = s.post("/api/v1/inject", broken).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (422, Some("malformed_xml")),
+        "{e}"
+    );
 
     // Unknown routes and methods answer JSON too.
     let (st, e) = s.get("/api/v1/nothing").await;
@@ -606,7 +617,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     for needle in [
         "agentserver_http_refused_total{status=\"415\"} 1",
         "agentserver_http_refused_total{status=\"405\"} 1",
-        "agentserver_http_refused_total{status=\"429\"} 1",
+        "agentserver_http_refused_total{status=\"429\"} 2",
     ] {
         assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
     }
