@@ -129,24 +129,6 @@ mod tests {
     }
 
     #[test]
-    fn a_new_id_is_a_version_7_uuid_of_now_and_never_repeats() {
-        let before = super::Timestamp::now().0;
-        let ids: Vec<_> = (0..10_000).map(|_| crate::threads::new_id()).collect();
-        let after = super::Timestamp::now().0;
-        let unique: std::collections::HashSet<_> = ids.iter().collect();
-        assert_eq!(unique.len(), ids.len());
-        for id in &ids {
-            assert!(crate::threads::valid_thread_id(id), "{id}");
-            let u = uuid::Uuid::parse_str(id).unwrap();
-            assert_eq!(u.get_version_num(), 7, "{id}");
-            assert_eq!(u.get_variant(), uuid::Variant::RFC4122, "{id}");
-            let (s, ns) = u.get_timestamp().unwrap().to_unix();
-            let ms = s * 1000 + u64::from(ns / 1_000_000);
-            assert!(before <= ms && ms <= after, "{id}: {before} {ms} {after}");
-        }
-    }
-
-    #[test]
     fn a_threads_cpu_time_grows_with_its_work_only() {
         use std::time::{Duration, Instant};
         let before = super::thread_cpu_time();

@@ -418,6 +418,115 @@ async fn bad_uploads_get_clear_answers_and_change_nothing() {
     s.stop().await;
 }
 
+/// An uploaded agent's XSD, for a payload `Ask`, with `head` before its declarations and
+/// `prologue` before the schema element.
+fn xsd_body(name: &str, prologue: &str, head: &str) -> Value {
+    let mut b = echo_body(name);
+    b.as_object_mut().unwrap().remove("fields");
+    b["xsd"] = json!(format!(
+        r#"{prologue}<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">{head}<xs:element name="Ask"><xs:complexType><xs:sequence><xs:element name="text" type="xs:string"/></xs:sequence></xs:complexType></xs:element></xs:schema>"#
+    ));
+    b
+}
+
+#[tokio::test]
+async fn an_uploaded_xsd_can_read_no_file_and_no_url() {
+    // The attacker uploads an XSD that would have libxml2 read the operator's schema file
+    // (relative or absolute), any file, or a URL when it compiles: by `include`, `import`,
+    // `redefine`, `override`, or a DOCTYPE's entities. Each is refused before any compile,
+    // on every path an XSD arrives by (a new agent, a new version, a dry run).
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(dir.path(), "", "");
+    let s = Server::start(&path).await;
+    assert_eq!(s.post("/api/v1/agents", echo_body("echo")).await.0, 201);
+    let theirs = dir.path().join("t.xsd");
+    let secret = dir.path().join("secret.txt");
+    std::fs::write(&secret, r#"<xs:element name="Secret" type="xs:string"/>"#).unwrap();
+    let (theirs, secret) = (theirs.display(), secret.display());
+    let elsewhere = "may not take declarations from another document";
+    let doctype = "DOCTYPE";
+    let cases = [
+        (
+            "",
+            r#"<xs:include schemaLocation="t.xsd"/>"#.to_string(),
+            elsewhere,
+        ),
+        (
+            "",
+            format!(r#"<xs:include schemaLocation="{theirs}"/>"#),
+            elsewhere,
+        ),
+        (
+            "",
+            format!(r#"<xs:include schemaLocation="file://{theirs}"/>"#),
+            elsewhere,
+        ),
+        (
+            "",
+            r#"<xs:import namespace="urn:x" schemaLocation="http://127.0.0.1:9/x.xsd"/>"#
+                .to_string(),
+            elsewhere,
+        ),
+        (
+            "",
+            r#"<xs:import namespace="urn:x"/>"#.to_string(),
+            elsewhere,
+        ),
+        (
+            "",
+            format!(r#"<xs:redefine schemaLocation="{theirs}"/>"#),
+            elsewhere,
+        ),
+        (
+            "",
+            format!(r#"<xs:override schemaLocation="{theirs}"/>"#),
+            elsewhere,
+        ),
+        (
+            &*format!(r#"<!DOCTYPE xs:schema [<!ENTITY x SYSTEM "file://{secret}">]>"#),
+            r#"<xs:annotation><xs:documentation>&x;</xs:documentation></xs:annotation>"#
+                .to_string(),
+            doctype,
+        ),
+        (
+            r#"<!DOCTYPE xs:schema [<!ENTITY x "x">]>"#,
+            String::new(),
+            doctype,
+        ),
+    ];
+    for (prologue, head, says) in &cases {
+        let (st, e) = s
+            .post("/api/v1/agents", xsd_body("bad", prologue, head))
+            .await;
+        assert_eq!(st, 422, "{head}: {e}");
+        assert!(e.to_string().contains(says), "{head}: {e}");
+        assert_eq!(
+            s.get("/api/v1/agents/bad").await.0,
+            404,
+            "nothing was created"
+        );
+        let version = json!({"script": script(2), "xsd": xsd_body("echo", prologue, head)["xsd"]});
+        for route in [
+            "/api/v1/agents/echo/scripts",
+            "/api/v1/agents/echo/scripts?dry_run=true",
+        ] {
+            let (st, e) = s.post(route, version.clone()).await;
+            assert_eq!(st, 422, "{route} {head}: {e}");
+            assert!(e.to_string().contains(says), "{route} {head}: {e}");
+        }
+        still_running(&s).await;
+    }
+    let (_, list) = s.get("/api/v1/agents/echo/scripts").await;
+    assert_eq!(list["total"], 1, "no version was kept");
+    // A self-contained XSD is taken, and its agent answers.
+    assert_eq!(
+        s.post("/api/v1/agents", xsd_body("good", "", "")).await.0,
+        201
+    );
+    assert_eq!(s.ask("good", "fine").await, 1);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shared() {
     let dir = tempfile::tempdir().unwrap();

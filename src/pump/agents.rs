@@ -22,6 +22,7 @@ use crate::store::agents::{AgentRow, AgentTable, DeploymentRow, VersionRow};
 use crate::store::StoreError;
 use crate::time::Timestamp;
 
+mod check;
 mod tester;
 pub use tester::{CaseOutcome, TestOutput, Tester, MAX_TEST_CASES, TEST_BUDGET, TEST_SENDER};
 
@@ -123,30 +124,6 @@ pub fn is_llm(agent: &AgentRow) -> bool {
         .get("kind")
         .and_then(serde_json::Value::as_str)
         == Some("llm")
-}
-
-/// Checks what the config cannot: sizes, and that a script is source text.
-fn check_version(v: &NewVersion) -> Result<(), AgentError> {
-    if v.script.len() > MAX_SCRIPT_BYTES {
-        return Err(AgentError::Bad(format!(
-            "the script is {} bytes; at most {MAX_SCRIPT_BYTES}",
-            v.script.len()
-        )));
-    }
-    if v.script.contains('\0') || v.script.starts_with('\u{1b}') {
-        return Err(AgentError::Bad(
-            "the script is not source text (no NUL; Lua bytecode is not accepted)".into(),
-        ));
-    }
-    if v.xsd.as_ref().is_some_and(|x| x.len() > MAX_XSD_BYTES) {
-        return Err(AgentError::Bad(format!(
-            "the XSD is larger than {MAX_XSD_BYTES} bytes"
-        )));
-    }
-    if v.fields.is_some() && v.xsd.is_some() {
-        return Err(AgentError::Bad("give `fields` or `xsd`, not both".into()));
-    }
-    Ok(())
 }
 
 impl ApiAgents {
@@ -304,7 +281,7 @@ impl ApiAgents {
         base: Option<&VersionRow>,
         author: &Option<String>,
     ) -> Result<VersionRow, AgentError> {
-        check_version(v)?;
+        check::check_version(v)?;
         let (fields, xsd) = match (&v.fields, &v.xsd) {
             (None, None) => (
                 base.and_then(|b| b.fields.clone()),

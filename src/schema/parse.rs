@@ -112,6 +112,9 @@ pub struct Scan {
     /// It takes no declaration from another document (no `include`, `import`, `redefine` or
     /// `override`): its text alone says what it accepts.
     pub self_contained: bool,
+    /// It names another document to take declarations from (which libxml2 would read,
+    /// from a file or the network, when it compiles).
+    pub names_elsewhere: bool,
     /// Whether its payloads may be validated as they are read. libxml2's streaming
     /// validator has no document to keep identifiers in, so it does not check that an
     /// `xs:ID` is unique or that an `xs:IDREF` names one (tested in `verdicts.rs`); a schema
@@ -125,6 +128,7 @@ pub fn scan(xsd: &str) -> Scan {
     const NEEDS_A_DOCUMENT: [&str; 6] = ["ID", "IDREF", "IDREFS", "ENTITY", "ENTITIES", "NOTATION"];
     const UNREAD: Scan = Scan {
         self_contained: false,
+        names_elsewhere: false,
         streams: false,
     };
     let mut needs_a_document = false;
@@ -135,6 +139,7 @@ pub fn scan(xsd: &str) -> Scan {
             Ok(quick_xml::events::Event::Eof) => {
                 return Scan {
                     self_contained: true,
+                    names_elsewhere: false,
                     streams: !needs_a_document,
                 }
             }
@@ -144,7 +149,10 @@ pub fn scan(xsd: &str) -> Scan {
         let name = element.local_name();
         let name: &str = name.into_inner();
         if matches!(name, "include" | "import" | "redefine" | "override") {
-            return UNREAD;
+            return Scan {
+                names_elsewhere: true,
+                ..UNREAD
+            };
         }
         for attribute in element.attributes() {
             let Ok(attribute) = attribute else {

@@ -121,3 +121,21 @@ fn reserved_bytes_leave_finished_threads_less_room() {
     assert!(all >= 2 * SHARDS, "{all}");
     assert!(half < all && half >= SHARDS, "{half} of {all}");
 }
+
+#[test]
+fn a_new_id_is_a_version_7_uuid_of_now_and_never_repeats() {
+    let before = crate::time::Timestamp::now().0;
+    let ids: Vec<_> = (0..10_000).map(|_| new_id()).collect();
+    let after = crate::time::Timestamp::now().0;
+    let unique: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len());
+    for id in &ids {
+        assert!(valid_thread_id(id), "{id}");
+        let u = uuid::Uuid::parse_str(id).unwrap();
+        assert_eq!(u.get_version_num(), 7, "{id}");
+        assert_eq!(u.get_variant(), uuid::Variant::RFC4122, "{id}");
+        let (s, ns) = u.get_timestamp().unwrap().to_unix();
+        let ms = s * 1000 + u64::from(ns / 1_000_000);
+        assert!(before <= ms && ms <= after, "{id}: {before} {ms} {after}");
+    }
+}

@@ -28,7 +28,8 @@ use std::sync::Arc;
 pub use envelope::{build_envelope, parse_envelope, Envelope, ENVELOPE_NS};
 pub use extract::extract_payloads;
 pub use json::{root_local_name, xml_to_json};
-pub use normalize::{normalize_payload, NormalizedPayload};
+pub(crate) use normalize::VerdictsOf;
+pub use normalize::{normalize_payload, NormalizedPayload, Verdicts};
 
 /// A payload's normalized XML, shared by the message log, the event ring and the queues.
 /// An `Arc<String>` rather than an `Arc<str>`: it is made from the normalizer's `String`

@@ -28,7 +28,23 @@ pub struct NormalizedPayload {
     pub xml: super::SharedXml,
     /// The schemas it is known to be valid for, if any: those with these verdicts. Only the
     /// schema gate sets it (`ValidatedPayload::again`), so it cannot be forged.
-    pub(crate) valid_for: Option<crate::schema::Verdicts>,
+    pub(crate) valid_for: Option<Verdicts>,
+}
+
+/// What a schema's verdicts depend on: its text, when the text names no other document
+/// (two schemas of one such text accept exactly the same payloads, whichever listener or
+/// tenant compiled them), else that compile alone (what an `include` brings may change).
+/// A payload valid for one schema is valid for any with the same `Verdicts`. Made by the
+/// schema gate only (`schema::Schema::compile`); here so that a payload can carry one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdicts(pub(crate) VerdictsOf);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VerdictsOf {
+    /// SHA-256 of the XSD's text.
+    Text([u8; 32]),
+    /// The schema's process-unique id.
+    Compile(u64),
 }
 
 impl NormalizedPayload {

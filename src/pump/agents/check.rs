@@ -1,0 +1,39 @@
+//! What the config cannot check of an uploaded version: sizes, that a script is source
+//! text, that an XSD names no other document.
+
+use super::{AgentError, NewVersion, MAX_SCRIPT_BYTES, MAX_XSD_BYTES};
+
+/// Checks what the config cannot: sizes, that a script is source text, that an XSD names
+/// no other document.
+pub(super) fn check_version(v: &NewVersion) -> Result<(), AgentError> {
+    if v.script.len() > MAX_SCRIPT_BYTES {
+        return Err(AgentError::Bad(format!(
+            "the script is {} bytes; at most {MAX_SCRIPT_BYTES}",
+            v.script.len()
+        )));
+    }
+    if v.script.contains('\0') || v.script.starts_with('\u{1b}') {
+        return Err(AgentError::Bad(
+            "the script is not source text (no NUL; Lua bytecode is not accepted)".into(),
+        ));
+    }
+    if v.xsd.as_ref().is_some_and(|x| x.len() > MAX_XSD_BYTES) {
+        return Err(AgentError::Bad(format!(
+            "the XSD is larger than {MAX_XSD_BYTES} bytes"
+        )));
+    }
+    if v.xsd
+        .as_deref()
+        .is_some_and(crate::schema::names_other_documents)
+    {
+        return Err(AgentError::Bad(
+            "an uploaded XSD may not take declarations from another document (include, \
+             import, redefine, override): write them in it"
+                .into(),
+        ));
+    }
+    if v.fields.is_some() && v.xsd.is_some() {
+        return Err(AgentError::Bad("give `fields` or `xsd`, not both".into()));
+    }
+    Ok(())
+}
