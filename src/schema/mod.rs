@@ -548,13 +548,14 @@ mod tests {
     use super::*;
     use crate::xml::{normalize_payload, XmlLimits};
 
-    const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+    /// Also `reuse.rs`'s.
+    pub(super) const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
       <xs:element name="Greeting"><xs:complexType><xs:sequence>
         <xs:element name="name" type="xs:string"/></xs:sequence></xs:complexType></xs:element>
       <xs:element name="Other" type="xs:int"/>
     </xs:schema>"#;
 
-    fn norm(s: &str) -> NormalizedPayload {
+    pub(super) fn norm(s: &str) -> NormalizedPayload {
         normalize_payload(s, &XmlLimits::default()).unwrap()
     }
 

@@ -1,18 +1,8 @@
 //! A verdict reused (`Schema::validate` on a payload given again), and the XSDs that would
 //! have libxml2 read another document when it compiles.
 
+use super::tests::{norm, XSD};
 use super::{names_other_documents, Schema, READS};
-use crate::xml::{normalize_payload, NormalizedPayload, XmlLimits};
-
-const XSD: &str = r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
-  <xs:element name="Greeting"><xs:complexType><xs:sequence>
-    <xs:element name="name" type="xs:string"/></xs:sequence></xs:complexType></xs:element>
-  <xs:element name="Other" type="xs:int"/>
-</xs:schema>"#;
-
-fn norm(s: &str) -> NormalizedPayload {
-    normalize_payload(s, &XmlLimits::default()).unwrap()
-}
 
 #[test]
 fn a_payload_given_again_is_read_again_only_by_a_schema_of_another_text() {

@@ -27,7 +27,7 @@ pub struct NormalizedPayload {
     /// Shared from here on: the log, the queues and the event ring hold this one text.
     pub xml: super::SharedXml,
     /// The schemas it is known to be valid for, if any: those with these verdicts. Only the
-    /// schema gate sets it (`ValidatedPayload::again`), so it cannot be forged.
+    /// schema gate sets it (`ValidatedPayload::again`); crate-private, so no embedder can.
     pub(crate) valid_for: Option<Verdicts>,
 }
 
