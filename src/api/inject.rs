@@ -158,6 +158,8 @@ pub fn inject(
             )
             .at("to")
         })?;
+    // Refused for want of room before the payload is read or made.
+    organism.room()?;
     let payload_xml = match (body.payload, body.payload_xml) {
         (Some(_), Some(_)) | (None, None) => {
             return Err(ApiError::bad_request(

@@ -51,6 +51,13 @@ impl Organism {
         result
     }
 
+    /// Whether the organism has room for an inject now (the store keeping up, the pending
+    /// limit not reached): what [`Organism::inject`] asks first. A front end asks it before
+    /// work of its own on a request (the API's JSON payload made XML).
+    pub fn room(&self) -> Result<(), InjectError> {
+        self.shared.shed()
+    }
+
     /// Injects a whole `<message>` envelope. The envelope's `from` is ignored: the message is
     /// from `identity`. Its `thread`, if any, names the thread to continue.
     pub fn inject_envelope(&self, identity: &str, xml: &str) -> Result<InjectReceipt, InjectError> {

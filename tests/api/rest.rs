@@ -583,6 +583,9 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     let broken = json!({"to": "a", "payload_xml": "<Note>"});
     let (st, e) = s.post("/api/v1/inject", broken.clone()).await;
     assert_eq!((st, e["error"]["code"].as_str()), (429, Some("overloaded")));
+    let unmappable = json!({"to": "a", "payload": {"no": {"such": "field"}}});
+    let (st, e) = s.post("/api/v1/inject", unmappable.clone()).await;
+    assert_eq!((st, e["error"]["code"].as_str()), (429, Some("overloaded")));
 
     // Every refusal that reached the pump was recorded, and the organism still runs.
     assert!(
@@ -600,6 +603,8 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
         (422, Some("malformed_xml")),
         "{e}"
     );
+    let (st, e) = s.post("/api/v1/inject", unmappable).await;
+    assert!(st == 400 || st == 422, "{st} {e}");
 
     // Unknown routes and methods answer JSON too.
     let (st, e) = s.get("/api/v1/nothing").await;
@@ -617,7 +622,7 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     for needle in [
         "agentserver_http_refused_total{status=\"415\"} 1",
         "agentserver_http_refused_total{status=\"405\"} 1",
-        "agentserver_http_refused_total{status=\"429\"} 2",
+        "agentserver_http_refused_total{status=\"429\"} 3",
     ] {
         assert!(text.contains(needle), "missing `{needle}` in:\n{text}");
     }
