@@ -430,7 +430,7 @@ fn xsd_body(name: &str, prologue: &str, head: &str) -> Value {
 }
 
 #[tokio::test]
-async fn an_uploaded_xsd_can_read_no_file_and_no_url() {
+async fn an_uploaded_xsd_can_read_no_file_no_url_and_holds_no_slow_pattern() {
     // The attacker uploads an XSD that would have libxml2 read the operator's schema file
     // (relative or absolute), any file, or a URL when it compiles: by `include`, `import`,
     // `redefine`, `override`, or a DOCTYPE's entities. Each is refused before any compile,
@@ -516,6 +516,15 @@ async fn an_uploaded_xsd_can_read_no_file_and_no_url() {
         }
         still_running(&s).await;
     }
+    // A pattern libxml2 takes up to a second to refuse a value by: each payload sent to
+    // the agent would hold a pump thread that long.
+    let slow = r#"<xs:simpleType name="t"><xs:restriction base="xs:string"><xs:pattern value="(\w+\s?){1,100}c"/></xs:restriction></xs:simpleType>"#;
+    let (st, e) = s.post("/api/v1/agents", xsd_body("bad", "", slow)).await;
+    assert_eq!(st, 422, "{e}");
+    assert!(e.to_string().contains("repeats a repetition"), "{e}");
+    let version = json!({"script": script(2), "xsd": xsd_body("echo", "", slow)["xsd"]});
+    let (st, e) = s.post("/api/v1/agents/echo/scripts", version).await;
+    assert_eq!(st, 422, "{e}");
     let (_, list) = s.get("/api/v1/agents/echo/scripts").await;
     assert_eq!(list["total"], 1, "no version was kept");
     // A self-contained XSD is taken, and its agent answers.

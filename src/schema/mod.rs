@@ -42,12 +42,14 @@ mod dsl;
 pub mod json_schema;
 mod model;
 mod parse;
+mod patterns;
 #[cfg(test)]
 mod reuse;
 #[cfg(test)]
 mod verdicts;
 pub use dsl::fields_to_xsd;
 pub use model::{Field, Leaf, MapError, SchemaModel, MAX_FIELDS, MAX_FIELD_DEPTH};
+pub use patterns::slow_pattern;
 
 static NEXT_SCHEMA_ID: AtomicU64 = AtomicU64::new(1);
 

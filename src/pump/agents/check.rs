@@ -1,10 +1,10 @@
 //! What the config cannot check of an uploaded version: sizes, that a script is source
-//! text, that an XSD names no other document.
+//! text, that an XSD names no other document and holds no pattern slow to refuse a value.
 
 use super::{AgentError, NewVersion, MAX_SCRIPT_BYTES, MAX_XSD_BYTES};
 
 /// Checks what the config cannot: sizes, that a script is source text, that an XSD names
-/// no other document.
+/// no other document and holds no slow pattern (`schema::slow_pattern`).
 pub(super) fn check_version(v: &NewVersion) -> Result<(), AgentError> {
     if v.script.len() > MAX_SCRIPT_BYTES {
         return Err(AgentError::Bad(format!(
@@ -31,6 +31,14 @@ pub(super) fn check_version(v: &NewVersion) -> Result<(), AgentError> {
              import, redefine, override): write them in it"
                 .into(),
         ));
+    }
+    if let Some(p) = v.xsd.as_deref().and_then(crate::schema::slow_pattern) {
+        return Err(AgentError::Bad(format!(
+            "the XSD's pattern `{}` repeats a repetition with a range of counts (or cannot be \
+             read): libxml2 may take a second to refuse one value by it. Write it with one \
+             level of repetition",
+            crate::clip::clip(p, 200)
+        )));
     }
     if v.fields.is_some() && v.xsd.is_some() {
         return Err(AgentError::Bad("give `fields` or `xsd`, not both".into()));
