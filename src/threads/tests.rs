@@ -123,12 +123,14 @@ fn reserved_bytes_leave_finished_threads_less_room() {
 }
 
 #[test]
-fn a_new_id_is_a_version_7_uuid_of_now_and_never_repeats() {
+fn a_new_id_is_a_version_7_uuid_of_now_and_ids_sort_as_they_were_made() {
     let before = crate::time::Timestamp::now().0;
     let ids: Vec<_> = (0..10_000).map(|_| new_id()).collect();
     let after = crate::time::Timestamp::now().0;
-    let unique: std::collections::HashSet<_> = ids.iter().collect();
-    assert_eq!(unique.len(), ids.len());
+    // Many in one millisecond: the thread listing orders those by id.
+    for pair in ids.windows(2) {
+        assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+    }
     for id in &ids {
         assert!(valid_thread_id(id), "{id}");
         let u = uuid::Uuid::parse_str(id).unwrap();
