@@ -4,22 +4,30 @@
 use serde::{Serialize, Serializer};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// One of the system's clocks now, as seconds and nanoseconds (a reading before its zero as
+/// zero); `None` where it cannot be read. One `clock_gettime`, no arithmetic of `Duration`s:
+/// a hop reads the wall clock several times.
+#[cfg(target_os = "linux")]
+fn read_clock(clock: libc::clockid_t) -> Option<(u64, u32)> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own and reads nothing of ours.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return None;
+    }
+    Some(match u64::try_from(ts.tv_sec) {
+        Ok(s) => (s, ts.tv_nsec.clamp(0, 999_999_999) as u32),
+        Err(_) => (0, 0),
+    })
+}
+
 /// CPU time the calling OS thread has used so far (zero where it cannot be read).
 pub fn thread_cpu_time() -> Duration {
     #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes one timespec we own and reads nothing of ours.
-        let ok = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0;
-        if ok {
-            return Duration::new(
-                ts.tv_sec.max(0) as u64,
-                ts.tv_nsec.clamp(0, 999_999_999) as u32,
-            );
-        }
+    if let Some((s, ns)) = read_clock(libc::CLOCK_THREAD_CPUTIME_ID) {
+        return Duration::new(s, ns);
     }
     Duration::ZERO
 }
@@ -29,22 +37,11 @@ pub fn thread_cpu_time() -> Duration {
 pub struct Timestamp(pub u64);
 
 /// The system's wall clock now, as seconds and nanoseconds since the Unix epoch (zero before
-/// it). On Linux one `clock_gettime` and no arithmetic of `Duration`s: a hop reads the clock
-/// several times.
-pub fn wall_clock() -> (u64, u32) {
+/// it).
+fn wall_clock() -> (u64, u32) {
     #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes one timespec we own and reads nothing of ours.
-        if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) } == 0 {
-            return match u64::try_from(ts.tv_sec) {
-                Ok(s) => (s, ts.tv_nsec.clamp(0, 999_999_999) as u32),
-                Err(_) => (0, 0),
-            };
-        }
+    if let Some(now) = read_clock(libc::CLOCK_REALTIME) {
+        return now;
     }
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
