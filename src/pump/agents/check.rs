@@ -17,28 +17,27 @@ pub(super) fn check_version(v: &NewVersion) -> Result<(), AgentError> {
             "the script is not source text (no NUL; Lua bytecode is not accepted)".into(),
         ));
     }
-    if v.xsd.as_ref().is_some_and(|x| x.len() > MAX_XSD_BYTES) {
-        return Err(AgentError::Bad(format!(
-            "the XSD is larger than {MAX_XSD_BYTES} bytes"
-        )));
-    }
-    if v.xsd
-        .as_deref()
-        .is_some_and(crate::schema::names_other_documents)
-    {
-        return Err(AgentError::Bad(
-            "an uploaded XSD may not take declarations from another document (include, \
-             import, redefine, override): write them in it"
-                .into(),
-        ));
-    }
-    if let Some(p) = v.xsd.as_deref().and_then(crate::schema::slow_pattern) {
-        return Err(AgentError::Bad(format!(
-            "the XSD's pattern `{}` repeats a repetition with a range of counts (or cannot be \
-             read): libxml2 may take a second to refuse one value by it. Write it with one \
-             level of repetition",
-            crate::clip::clip(p, 200)
-        )));
+    if let Some(xsd) = v.xsd.as_deref() {
+        if xsd.len() > MAX_XSD_BYTES {
+            return Err(AgentError::Bad(format!(
+                "the XSD is larger than {MAX_XSD_BYTES} bytes"
+            )));
+        }
+        if crate::schema::names_other_documents(xsd) {
+            return Err(AgentError::Bad(
+                "an uploaded XSD may not take declarations from another document (include, \
+                 import, redefine, override): write them in it"
+                    .into(),
+            ));
+        }
+        if let Some(p) = crate::schema::slow_pattern(xsd) {
+            return Err(AgentError::Bad(format!(
+                "the XSD's pattern `{}` repeats a repetition with a range of counts (or cannot \
+                 be read): libxml2 may take a second to refuse one value by it. Write it with \
+                 one level of repetition",
+                crate::clip::clip(p, 200)
+            )));
+        }
     }
     if v.fields.is_some() && v.xsd.is_some() {
         return Err(AgentError::Bad("give `fields` or `xsd`, not both".into()));
