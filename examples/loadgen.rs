@@ -7,7 +7,8 @@
 //! profile of the pump alone). `LOADGEN_OWN_SCHEMAS=1` gives each listener a schema of its
 //! own text, so that a payload a listener hands on unchanged is read again at every hop (by
 //! default the chain's three listeners share one XSD text, and a forwarded payload keeps the
-//! verdict it earned at the first).
+//! verdict it earned at the first). `LOADGEN_CLIENT_QUEUE=N` sets the API's `client_queue`
+//! (frames queued per WebSocket client) for `ws50`.
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
@@ -311,7 +312,14 @@ async fn run(
         } else {
             None
         };
-        let s = ApiServer::bind(organism.clone(), "127.0.0.1:0", ApiOptions::default()).await?;
+        let mut options = ApiOptions::default();
+        if let Some(n) = std::env::var("LOADGEN_CLIENT_QUEUE")
+            .ok()
+            .and_then(|n| n.parse().ok())
+        {
+            options.client_queue = n;
+        }
+        let s = ApiServer::bind(organism.clone(), "127.0.0.1:0", options).await?;
         let url = format!("ws://{}/ws/messages", s.local_addr());
         for _ in 0..50 {
             use tokio_tungstenite::tungstenite::client::IntoClientRequest;

@@ -65,6 +65,9 @@ impl Chromium {
                 "--remote-debugging-port=0",
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
+            // Its singleton socket's directory (made in the temp dir, removed only by a
+            // browser that exits cleanly) goes in the profile, removed with it.
+            .env("TMPDIR", profile.path())
             .arg("about:blank")
             .stderr(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())
