@@ -83,3 +83,12 @@ impl Nats {
         format!("t{}", self.port)
     }
 }
+
+impl Drop for Nats {
+    /// Stops the server before its store is removed (fields drop in order, the store's
+    /// directory first: a server still running wrote its `jetstream` directory again, left
+    /// in the system's temp dir).
+    fn drop(&mut self) {
+        self.down();
+    }
+}
