@@ -2,6 +2,7 @@
 //! `MessageRecord`, `ThreadInfo`, the registry's errors and the values its operations take
 //! and give.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::time::Timestamp;
@@ -306,10 +307,58 @@ pub fn valid_thread_id(id: &str) -> bool {
 }
 
 /// A new id for a thread or a message: a UUID v7 (time-ordered), written straight into its
-/// shared text (one allocation, not a `String` copied into an `Arc`). uuid's shared context
-/// counts the ids of one millisecond, so the ids of a process sort in the order they were
-/// made: the thread listing's order (`created_at DESC, id DESC`) relies on it.
+/// shared text (one allocation, not a `String` copied into an `Arc`). The ids of a process
+/// sort in the order they were made, on every thread: the thread listing's order
+/// (`created_at DESC, id DESC`) relies on it. Its bits: the millisecond (48), the version
+/// (4), a counter of the millisecond's ids (12, then 10 after the variant's 2), random (52).
+/// The counter starts at a random point of its lower half each millisecond, so two
+/// processes' ids of one millisecond differ there too; at its end the millisecond moves on.
 pub fn new_id() -> Arc<str> {
+    let random: u128 = rand::random();
+    let (ms, counter) = next_tick(&LAST, Timestamp::now().0, random as u64);
+    let bits = u128::from(ms) << 80
+        | 0x7 << 76
+        | u128::from(counter >> 10) << 64
+        | 0b10 << 62
+        | u128::from(counter & 0x3ff) << 52
+        | random >> 76;
     let mut buf = uuid::Uuid::encode_buffer();
-    Arc::from(&*uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf))
+    Arc::from(
+        &*uuid::Uuid::from_u128(bits)
+            .hyphenated()
+            .encode_lower(&mut buf),
+    )
+}
+
+/// Bits of the counter within a millisecond.
+const COUNTER_BITS: u32 = 22;
+const COUNTER_MAX: u64 = (1 << COUNTER_BITS) - 1;
+/// Milliseconds an id can name (to the year 2109).
+const MS_MAX: u64 = (1 << (64 - COUNTER_BITS)) - 1;
+
+/// The last id's millisecond (high bits) and counter (low [`COUNTER_BITS`]). One atomic
+/// word: every id a thread makes after another's (as seen through any synchronization) is
+/// above it.
+static LAST: AtomicU64 = AtomicU64::new(0);
+
+/// The millisecond and counter of the next id after `last`'s, `now` being the clock's
+/// millisecond: after the last id's even if the clock went back.
+pub(super) fn next_tick(last_id: &AtomicU64, now: u64, random: u64) -> (u64, u64) {
+    let seed = random & (COUNTER_MAX >> 1);
+    let now = now.min(MS_MAX);
+    let mut last = last_id.load(Ordering::Relaxed);
+    loop {
+        let (ms, counter) = (last >> COUNTER_BITS, last & COUNTER_MAX);
+        let next = if now > ms {
+            now << COUNTER_BITS | seed
+        } else if counter < COUNTER_MAX {
+            last + 1
+        } else {
+            (ms + 1).min(MS_MAX) << COUNTER_BITS | seed
+        };
+        match last_id.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return (next >> COUNTER_BITS, next & COUNTER_MAX),
+            Err(seen) => last = seen,
+        }
+    }
 }

@@ -141,3 +141,43 @@ fn a_new_id_is_a_version_7_uuid_of_now_and_ids_sort_as_they_were_made() {
         assert!(before <= ms && ms <= after, "{id}: {before} {ms} {after}");
     }
 }
+
+/// Ids made on many threads, each made before the next (a lock between), sort in that order.
+#[test]
+fn ids_made_on_many_threads_sort_in_the_order_they_were_made() {
+    let made = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                for _ in 0..5_000 {
+                    let mut made = made.lock().unwrap();
+                    made.push(new_id());
+                }
+            });
+        }
+    });
+    let made = made.into_inner().unwrap();
+    assert_eq!(made.len(), 20_000);
+    for pair in made.windows(2) {
+        assert!(pair[0] < pair[1], "{} then {}", pair[0], pair[1]);
+    }
+}
+
+/// The next id's millisecond and counter: a new millisecond starts its counter in the lower
+/// half; a clock gone back, or a millisecond's counter at its end, still moves forward.
+#[test]
+fn the_id_clock_moves_forward_when_the_wall_clock_goes_back_and_past_a_full_millisecond() {
+    use super::record::next_tick;
+    use std::sync::atomic::AtomicU64;
+    let last = AtomicU64::new(0);
+    let (ms, c) = next_tick(&last, 1_000, u64::MAX);
+    assert_eq!(ms, 1_000);
+    assert_eq!(c, (1 << 21) - 1, "the seed is in the counter's lower half");
+    // The clock goes back: the same millisecond, the next count.
+    assert_eq!(next_tick(&last, 900, 0), (1_000, c + 1));
+    // A later millisecond starts again from its seed.
+    assert_eq!(next_tick(&last, 1_001, 5), (1_001, 5));
+    // A millisecond whose counter is full moves on to the next.
+    let last = AtomicU64::new(2_000 << 22 | ((1 << 22) - 1));
+    assert_eq!(next_tick(&last, 2_000, 7), (2_001, 7));
+}
