@@ -675,7 +675,74 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
         .call("POST", "/api/v1/agents", Some(file_peer), "beta")
         .await;
     assert_eq!(st, 422, "{e}");
+    // What a tenant's change reports names only its own tenant's listeners: never another
+    // tenant's, nor the operator's own (a create, a deploy, a delete).
+    let (st, made) = s
+        .call(
+            "POST",
+            "/api/v1/agents",
+            Some(echo_body("beta-echo")),
+            "beta",
+        )
+        .await;
+    assert_eq!(st, 201, "{made}");
+    let v2 = json!({"script": script(2)});
+    let (st, e) = s
+        .call("POST", "/api/v1/agents/beta-echo/scripts", Some(v2), "beta")
+        .await;
+    assert_eq!(st, 201, "{e}");
+    let deploy = json!({"version": 2});
+    let (st, deployed) = s
+        .call(
+            "POST",
+            "/api/v1/agents/beta-echo/deployments",
+            Some(deploy),
+            "beta",
+        )
+        .await;
+    assert_eq!(st, 201, "{deployed}");
+    let (st, deleted) = s
+        .call("DELETE", "/api/v1/agents/beta-echo", None, "beta")
+        .await;
+    assert_eq!(st, 200, "{deleted}");
+    let named = |answer: &Value| -> Vec<String> {
+        ["added", "removed", "changed", "unchanged"]
+            .iter()
+            .flat_map(|k| answer["reload"][k].as_array().unwrap().clone())
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    for (what, answer, own) in [
+        ("create", &made, "added"),
+        ("deploy", &deployed, "changed"),
+        ("delete", &deleted, "removed"),
+    ] {
+        assert_eq!(
+            answer["reload"][own],
+            json!(["beta-echo"]),
+            "{what}: {answer}"
+        );
+        let mut names = named(answer);
+        names.sort();
+        assert_eq!(names, ["beta-echo"], "{what}: {answer}");
+    }
     // The organism-wide admin sees and changes every tenant's agents.
+    let (st, made) = s
+        .call(
+            "POST",
+            "/api/v1/agents",
+            Some(echo_body("root-echo")),
+            "admin",
+        )
+        .await;
+    assert_eq!(st, 201, "{made}");
+    let mut names = named(&made);
+    names.sort();
+    assert_eq!(
+        names,
+        ["a", "acme-echo", "b", "collector", "root-echo"],
+        "{made}"
+    );
     let (st, _) = s
         .call("GET", "/api/v1/agents/acme-echo/scripts", None, "admin")
         .await;

@@ -359,12 +359,25 @@ fn version_text(llm: bool, script: Option<String>, system: Option<String>) -> Ap
     }
 }
 
-fn changed(name: &str, c: &AgentChange) -> AgentChanged {
+/// What a change of agent `name` did, its reload's lists holding only the listeners the
+/// caller sees (a tenant's credential is not told other listeners' names).
+fn changed(name: &str, c: &AgentChange, seen: &Seen) -> AgentChanged {
+    let mut reload = ReloadReport::from(&c.report);
+    if !seen.scope.everything() {
+        for list in [
+            &mut reload.added,
+            &mut reload.removed,
+            &mut reload.changed,
+            &mut reload.unchanged,
+        ] {
+            list.retain(|l| l == name || seen.scope.sees(l));
+        }
+    }
     AgentChanged {
         agent: name.to_string(),
         version: c.version,
         from_version: c.from_version,
-        reload: ReloadReport::from(&c.report),
+        reload,
     }
 }
 
@@ -443,7 +456,7 @@ pub async fn create_agent(
     let author = seen.principal.name.clone();
     let done = blocking(move || organism.uploads().create_agent(new, author)).await?;
     let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
-    Ok((StatusCode::CREATED, Json(changed(&name, &change))))
+    Ok((StatusCode::CREATED, Json(changed(&name, &change, &seen))))
 }
 
 #[utoipa::path(delete, path = "/api/v1/agents/{name}", tag = "agents",
@@ -462,7 +475,7 @@ pub async fn delete_agent(
     let target = name.clone();
     let done = blocking(move || organism.uploads().delete_agent(&target, author)).await?;
     let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
-    Ok(Json(changed(&name, &change)))
+    Ok(Json(changed(&name, &change, &seen)))
 }
 
 #[utoipa::path(post, path = "/api/v1/agents/{name}/scripts", tag = "agents", request_body = UploadScript,
@@ -633,7 +646,7 @@ pub async fn deploy(
     })
     .await?;
     let change = done.map_err(|e| error(for_caller(e, &seen, &name)))?;
-    Ok((StatusCode::CREATED, Json(changed(&name, &change))))
+    Ok((StatusCode::CREATED, Json(changed(&name, &change, &seen))))
 }
 
 #[utoipa::path(get, path = "/api/v1/agents/{name}/deployments", tag = "agents",
