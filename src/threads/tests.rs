@@ -134,6 +134,7 @@ fn a_new_id_is_a_version_7_uuid_of_now_and_ids_sort_as_they_were_made() {
     for id in &ids {
         assert!(valid_thread_id(id), "{id}");
         let u = uuid::Uuid::parse_str(id).unwrap();
+        assert_eq!(u.hyphenated().to_string(), **id, "the canonical text");
         assert_eq!(u.get_version_num(), 7, "{id}");
         assert_eq!(u.get_variant(), uuid::Variant::RFC4122, "{id}");
         let (s, ns) = u.get_timestamp().unwrap().to_unix();
