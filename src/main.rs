@@ -539,8 +539,12 @@ fn validate(path: &Path) -> ExitCode {
     }
 }
 
-/// Without authentication, `run` refuses an address beyond loopback: say so at `validate`.
+/// Without authentication, `run` refuses an address beyond loopback: say so at `validate`;
+/// and the file's slow schema patterns.
 fn warn_if_exposed(c: &config::OrganismConfig) {
+    for w in config::slow_pattern_warnings(c) {
+        eprintln!("WARNING: {w}");
+    }
     if !c.auth.enabled() && !config::listen_is_loopback(&c.listen) {
         eprintln!(
             "WARNING: the API listens on {}, beyond this machine, and the organism has no \

@@ -778,3 +778,51 @@ fn human_listeners_are_checked_key_by_key() {
         assert!(e.contains(key) && e.contains(says), "{listener}: {e}");
     }
 }
+
+/// An XSD of the organism's file with a slow pattern loads (the operator's choice), but
+/// `validate` warns of it once, naming every listener it serves; the shipped examples hold
+/// none.
+#[test]
+fn validate_warns_of_a_slow_pattern_in_the_files_schemas() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.xsd"),
+        r#"<xs:schema xmlns:xs="http://www.w3.org/2001/XMLSchema">
+  <xs:element name="Note"><xs:simpleType><xs:restriction base="xs:string">
+    <xs:pattern value="(\w+\s?){1,100}c"/>
+  </xs:restriction></xs:simpleType></xs:element>
+</xs:schema>"#,
+    )
+    .unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        "organism: {name: v, store: memory}\nlisteners:\n  - {name: a, description: one, kind: native, handler: sink, schema: s.xsd}\n  - {name: b, description: two, kind: native, handler: sink, schema: s.xsd}\n",
+    )
+    .unwrap();
+    let validate = |path: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_agentserver"))
+            .arg("validate")
+            .arg(path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, said) = validate(&path);
+    assert_eq!(code, Some(0), "{said}");
+    let warnings: Vec<&str> = said.lines().filter(|l| l.starts_with("WARNING")).collect();
+    assert_eq!(warnings.len(), 1, "{said}");
+    assert!(
+        warnings[0].contains(r"s.xsd holds the pattern `(\w+\s?){1,100}c` (listeners a, b)"),
+        "{said}"
+    );
+    let examples = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/organisms"));
+    for name in ["hello-world.yaml", "tenants.yaml", "approvals.yaml"] {
+        let (code, said) = validate(&examples.join(name));
+        assert_eq!(code, Some(0), "{name}: {said}");
+        assert!(!said.contains("WARNING"), "{name}: {said}");
+    }
+}

@@ -627,6 +627,46 @@ pub fn listen_is_loopback(listen: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// A warning for each XSD of the organism's file that holds a slow pattern
+/// (`schema::slow_pattern`: an uploaded agent's XSD may hold none): a value it refuses can
+/// keep a pump thread for up to a second. One per schema, naming its listeners.
+pub fn slow_pattern_warnings(c: &OrganismConfig) -> Vec<String> {
+    // Each schema's origin (its file), its slow pattern and the listeners it serves.
+    let mut found: Vec<(&str, Option<String>, Vec<&str>)> = Vec::new();
+    for l in c
+        .listeners
+        .iter()
+        .filter(|l| matches!(l.origin, ListenerOrigin::File))
+    {
+        for (_, schema) in &l.accepts {
+            let at = match found.iter().position(|f| f.0 == schema.origin()) {
+                Some(at) => at,
+                None => {
+                    let slow = crate::schema::slow_pattern(schema.xsd());
+                    found.push((schema.origin(), slow, Vec::new()));
+                    found.len() - 1
+                }
+            };
+            let names = &mut found[at].2;
+            if !names.contains(&l.name.as_str()) {
+                names.push(l.name.as_str());
+            }
+        }
+    }
+    found
+        .into_iter()
+        .filter_map(|(origin, slow, names)| {
+            Some(format!(
+                "{origin} holds the pattern `{}` (listeners {}): it repeats a repetition with a \
+                 range of counts, and libxml2 can take up to a second of a pump thread to \
+                 refuse a value by it",
+                slow?,
+                names.join(", ")
+            ))
+        })
+        .collect()
+}
+
 /// `30d`, `12h`, `15m`, `45s`, `500ms`.
 pub fn parse_age(s: &str) -> Option<std::time::Duration> {
     let s = s.trim();

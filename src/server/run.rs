@@ -24,6 +24,9 @@ pub struct RunOptions {
 /// Runs the organism `config` describes until it is stopped. `Err` when it could not start,
 /// or when its store could not commit everything before stopping (never a silent loss).
 pub async fn run(config: OrganismConfig, options: RunOptions) -> Result<(), String> {
+    for w in crate::config::slow_pattern_warnings(&config) {
+        eprintln!("agentserver: WARNING: {w}");
+    }
     let overrides = Overrides {
         listen: options.listen,
         store: options.store,
