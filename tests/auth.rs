@@ -1139,6 +1139,224 @@ async fn a_tenants_replay_from_the_store_holds_only_its_own_messages() {
     }
 }
 
+/// The ids a tenant's credential chooses for new threads begin with its tenant's name
+/// (`acme-`): a tenant cannot take an id another tenant would choose, nor learn that one is
+/// taken. Every id it names and does not see is refused in the same words, whether a thread
+/// has it or not, on each path that names a thread: REST and `/ws` inject, REST and `/ws`
+/// fork (whose new id must begin so before it is looked up); and so do its chosen message
+/// ids.
+#[tokio::test]
+async fn a_tenant_takes_no_thread_id_another_would_choose_and_learns_of_none() {
+    let g = guarded_with(TENANTS).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
+    let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
+    let admin = g.key(Role::Admin).to_string();
+    let inject = |key: &str, to: &str, thread: &str| {
+        let body = json!({"to": to, "payload_xml": "<Note>x</Note>", "thread_id": thread});
+        let (g, key) = (&g, key.to_string());
+        async move {
+            let (s, _, r) = g
+                .send(
+                    reqwest::Method::POST,
+                    "/api/v1/inject",
+                    Some(&key),
+                    Some(body),
+                )
+                .await;
+            (s, r)
+        }
+    };
+    // What a refusal says, its id put aside: it must not depend on the thread existing.
+    let words = |r: &Value, id: &str| r.to_string().replace(id, "ID");
+
+    // Beta opens an id of its own, and is refused any other it chooses.
+    let (s, r) = inject(&beta, "b1", "beta-order-1").await;
+    assert_eq!(s, 202, "{r}");
+    settle(&g.organism, "beta-order-1").await;
+    for id in ["order-1", "acme-order-1"] {
+        let (s, r) = inject(&beta, "b1", id).await;
+        assert_eq!(s, 404, "{r}");
+        assert!(r.to_string().contains("begins with `beta-`"), "{r}");
+    }
+    // The operator's credential names any id: one with beta's listeners.
+    let (s, r) = inject(&admin, "b1", "order-2").await;
+    assert_eq!(s, 202, "{r}");
+    settle(&g.organism, "order-2").await;
+    // And one whose id the server made.
+    let (s, _, r) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/inject",
+            Some(&beta),
+            Some(json!({"to": "b1", "payload_xml": "<Note>x</Note>"})),
+        )
+        .await;
+    assert_eq!(s, 202, "{r}");
+    let uuid_beta = r["thread_id"].as_str().unwrap().to_string();
+    settle(&g.organism, &uuid_beta).await;
+
+    // Acme: beta's threads (chosen, the operator's, made by the server) and ids nobody has
+    // are refused alike; it learns nothing of which exist.
+    let (_, never) = inject(&acme, "a1", "beta-never").await;
+    for id in [
+        "beta-order-1",
+        "order-2",
+        uuid_beta.as_str(),
+        "beta-never",
+        "never",
+    ] {
+        let (s, r) = inject(&acme, "a1", id).await;
+        assert_eq!(s, 404, "{id}: {r}");
+        assert_eq!(words(&r, id), words(&never, "beta-never"), "{id}");
+        assert!(r.to_string().contains("begins with `acme-`"), "{r}");
+    }
+    // Its own prefix opens, then continues, a thread of its own.
+    for _ in 0..2 {
+        let (s, r) = inject(&acme, "a1", "acme-order-1").await;
+        assert_eq!(
+            (s, r["thread_id"].as_str()),
+            (202, Some("acme-order-1")),
+            "{r}"
+        );
+        settle(&g.organism, "acme-order-1").await;
+    }
+    // Beta's threads hold beta's messages only.
+    for t in ["beta-order-1", "order-2"] {
+        let (_, _, r) = g
+            .send(
+                reqwest::Method::GET,
+                &format!("/api/v1/threads/{t}/messages"),
+                Some(&admin),
+                None,
+            )
+            .await;
+        let to: Vec<&str> = r["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["to"].as_str())
+            .collect();
+        assert!(to.iter().all(|t| ["b1", "b2"].contains(t)), "{r}");
+    }
+
+    // A chosen message id: the same rule, told before whether it is taken.
+    let with_id = |key: &str, to: &str, id: &str| {
+        let body = json!({"to": to, "payload_xml": "<Note>x</Note>", "message_id": id});
+        let (g, key) = (&g, key.to_string());
+        async move {
+            let (s, _, r) = g
+                .send(
+                    reqwest::Method::POST,
+                    "/api/v1/inject",
+                    Some(&key),
+                    Some(body),
+                )
+                .await;
+            (s, r)
+        }
+    };
+    let (s, r) = with_id(&beta, "b1", "beta-m1").await;
+    assert_eq!((s, r["message_id"].as_str()), (202, Some("beta-m1")), "{r}");
+    let (_, refused) = with_id(&acme, "a1", "beta-m2").await;
+    for id in ["beta-m1", "beta-m2", "m1"] {
+        let (s, r) = with_id(&acme, "a1", id).await;
+        assert_eq!(
+            (s, &r["error"]["code"]),
+            (400, &json!("invalid_message_id")),
+            "{r}"
+        );
+        assert_eq!(words(&r, id), words(&refused, "beta-m2"), "{id}");
+    }
+    let (s, r) = with_id(&acme, "a1", "acme-m1").await;
+    assert_eq!((s, r["message_id"].as_str()), (202, Some("acme-m1")), "{r}");
+
+    // A fork's new id: the same rule, told before whether it is taken.
+    let (_, _, listed) = g
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/threads/acme-order-1/messages",
+            Some(&acme),
+            None,
+        )
+        .await;
+    let at = listed["items"][0]["id"].as_str().unwrap().to_string();
+    let fork = |new: &str| {
+        let body = json!({"at": at, "thread_id": new});
+        let (g, acme) = (&g, acme.clone());
+        async move {
+            let (s, _, r) = g
+                .send(
+                    reqwest::Method::POST,
+                    "/api/v1/threads/acme-order-1/fork",
+                    Some(&acme),
+                    Some(body),
+                )
+                .await;
+            (s, r)
+        }
+    };
+    let (_, refused) = fork("beta-never").await;
+    for id in ["beta-order-1", "order-2", "beta-never"] {
+        let (s, r) = fork(id).await;
+        assert_eq!(s, 400, "{id}: {r}");
+        assert_eq!(r["error"]["code"], "invalid_thread_id", "{r}");
+        assert_eq!(words(&r, id), words(&refused, "beta-never"), "{id}");
+    }
+    let (s, r) = fork("acme-order-1").await;
+    assert_eq!(
+        (s, &r["error"]["code"]),
+        (409, &json!("thread_exists")),
+        "{r}"
+    );
+    let (s, r) = fork("acme-fork").await;
+    assert_eq!(
+        (s, r["thread_id"].as_str()),
+        (201, Some("acme-fork")),
+        "{r}"
+    );
+
+    // `/ws`: the same answers.
+    let mut ws = ws_with_header(&g.ws_url("/ws"), &acme).await;
+    next_json(&mut ws).await;
+    for (i, id) in ["beta-order-1", "never"].into_iter().enumerate() {
+        let a = ask(
+            &mut ws,
+            json!({"cmd": "inject", "request_id": i, "to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": id}),
+        )
+        .await;
+        assert_eq!(
+            (a["event"].as_str(), a["status"].as_u64()),
+            (Some("error"), Some(404)),
+            "{a}"
+        );
+        assert!(
+            a["error"].as_str().unwrap().contains("begins with `acme-`"),
+            "{a}"
+        );
+        let f = ask(
+            &mut ws,
+            json!({"cmd": "fork", "request_id": 10 + i, "thread_id": "acme-order-1", "at": at, "new_thread_id": id}),
+        )
+        .await;
+        assert_eq!(
+            (f["event"].as_str(), f["status"].as_u64()),
+            (Some("error"), Some(400)),
+            "{f}"
+        );
+    }
+    let a = ask(
+        &mut ws,
+        json!({"cmd": "inject", "request_id": 20, "to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": "acme-ws"}),
+    )
+    .await;
+    assert_eq!(
+        (a["event"].as_str(), a["thread_id"].as_str()),
+        (Some("ack"), Some("acme-ws")),
+        "{a}"
+    );
+}
+
 fn names(list: &Value, key: &str) -> Vec<String> {
     let mut v: Vec<String> = list["items"]
         .as_array()

@@ -14,7 +14,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::VisibleThread;
+use super::auth::{chosen_id_prefix, chosen_id_rule, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
@@ -48,7 +48,8 @@ pub struct ForkBody {
     /// Another receiver for it; else its own.
     pub to: Option<String>,
     /// The new thread's id (else a new one): `[A-Za-z0-9_-]{1,128}` but not `batch`, `count`
-    /// or `retry`, unused (else 409 `thread_exists`).
+    /// or `retry`, unused (else 409 `thread_exists`); a tenant's credential's begins with its
+    /// tenant's name and `-`.
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
     /// Labels for the new thread, over those it inherits (inject's rules).
@@ -102,33 +103,40 @@ impl Forked {
               (status = 429, description = "A quota or limit an inject meets", body = ErrorResponse)))]
 pub async fn fork_thread(
     State(s): State<ApiState>,
-    VisibleThread { id, scope, .. }: VisibleThread,
+    VisibleThread {
+        id, scope, tenant, ..
+    }: VisibleThread,
     JsonBody(body): JsonBody<ForkBody>,
 ) -> Result<Response, ApiError> {
-    let answer = fork(&s.inner.organism, &scope, &id, body).await?;
+    let answer = fork(&s.inner.organism, &scope, tenant.as_deref(), &id, body).await?;
     let made = answer.thread_id.is_some();
     Ok(made_or_planned(answer, made))
 }
 
-/// Forks `thread` (seen by `scope`) as `body` says, off the async workers: the answer of
-/// the REST route and the `/ws` `fork` command.
+/// Forks `thread` (seen by `scope`, a credential of `tenant`) as `body` says, off the async
+/// workers: the answer of the REST route and the `/ws` `fork` command.
 pub(super) async fn fork(
     organism: &crate::Organism,
     scope: &crate::access::Scope,
+    tenant: Option<&str>,
     thread: &str,
     body: ForkBody,
 ) -> Result<Forked, ApiError> {
-    if body
-        .thread_id
-        .as_deref()
-        .is_some_and(|t| !valid_thread_id(t))
-    {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_thread_id",
-            format!("thread_id {}", crate::threads::ID_RULE),
-        )
-        .at("thread_id"));
+    let invalid = |rule: String| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_thread_id", rule).at("thread_id")
+    };
+    if let Some(t) = body.thread_id.as_deref() {
+        if !valid_thread_id(t) {
+            return Err(invalid(format!("thread_id {}", crate::threads::ID_RULE)));
+        }
+        // Before whether it is taken: a tenant learns nothing of another's ids.
+        let tenant = tenant.filter(|_| !scope.everything());
+        if let Some(tenant) = tenant {
+            let prefix = chosen_id_prefix(tenant);
+            if !prefix.is_some_and(|p| t.starts_with(&p)) {
+                return Err(invalid(chosen_id_rule(tenant, "thread")));
+            }
+        }
     }
     let exists = |to: &str| organism.config().listener(to).is_some();
     if let Some(to) = body.to.as_deref().filter(|t| !scope.sees(t) || !exists(t)) {

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{unknown_thread, Seen};
+use super::auth::{chosen_id_prefix, chosen_id_rule, may_name_thread, Seen};
 use super::error::ApiError;
 use crate::config::{json_payload, JsonPayloadError, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
@@ -31,13 +31,14 @@ pub struct InjectBody {
     /// when the listener accepts more than one.
     pub payload_type: Option<String>,
     /// Continue this thread (or open it with this id): `[A-Za-z0-9_-]{1,128}` but not
-    /// `batch`, `count` or `retry` (routes beside `/threads/{id}`).
+    /// `batch`, `count` or `retry` (routes beside `/threads/{id}`). A tenant's credential
+    /// opens a thread only with an id that begins with its tenant's name and `-`.
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub thread_id: Option<String>,
     /// The id of the message this inject makes, chosen by the client so it knows it before
     /// the answer: `[A-Za-z0-9_-]{1,128}` but not `batch`, `count` or `retry`, unused in
     /// the organism (else 409
-    /// `message_id_taken`).
+    /// `message_id_taken`); a tenant's credential's begins with its tenant's name and `-`.
     #[schema(pattern = "^[A-Za-z0-9_-]{1,128}$")]
     pub message_id: Option<String>,
     /// When `thread_id` names a thread with work queued or running: `enqueue` (default)
@@ -125,28 +126,24 @@ pub fn inject(
             .at("thread_id"));
         }
     }
-    if body
-        .message_id
-        .as_deref()
-        .is_some_and(|m| !valid_thread_id(m))
-    {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_message_id",
-            format!("message_id {}", crate::threads::ID_RULE),
-        )
-        .at("message_id"));
+    if let Some(m) = body.message_id.as_deref() {
+        let invalid = |rule: String| {
+            ApiError::new(StatusCode::BAD_REQUEST, "invalid_message_id", rule).at("message_id")
+        };
+        if !valid_thread_id(m) {
+            return Err(invalid(format!("message_id {}", crate::threads::ID_RULE)));
+        }
+        // A tenant's chosen ids begin with its name, as its threads' (before it is looked
+        // up: it learns nothing of another tenant's ids, and takes none).
+        if let Some(tenant) = seen.principal.tenant.as_deref() {
+            if !chosen_id_prefix(tenant).is_some_and(|p| m.starts_with(&p)) {
+                return Err(invalid(chosen_id_rule(tenant, "message")));
+            }
+        }
     }
     let config = organism.config();
-    if let Some(t) = body
-        .thread_id
-        .as_deref()
-        .filter(|_| !seen.scope.everything())
-    {
-        let existing = organism.history().thread_info(t)?;
-        if existing.is_some_and(|info| !seen.scope.sees_thread(&info.participants)) {
-            return Err(unknown_thread(t).at("thread_id"));
-        }
+    if let Some(t) = body.thread_id.as_deref() {
+        may_name_thread(organism, &seen.scope, seen.principal.tenant.as_deref(), t)?;
     }
     let listener = config
         .listener(&body.to)

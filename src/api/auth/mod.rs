@@ -25,7 +25,10 @@ pub use policy::{
     command_least, command_rule, organism_wide, route_need, route_rule, Need, On, Role, Rule, Via,
     TABLE,
 };
-pub use visible::{sees_event, unknown_thread, Seen, VisibleAgent, VisibleThread};
+pub use visible::{
+    chosen_id_prefix, chosen_id_rule, may_name_thread, sees_event, unknown_thread, Seen,
+    VisibleAgent, VisibleThread,
+};
 
 /// The longest credential read; a longer one is refused unread.
 pub use crate::access::MAX_CREDENTIAL_BYTES;

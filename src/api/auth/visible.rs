@@ -60,11 +60,60 @@ pub struct VisibleThread {
     pub id: String,
     pub info: ThreadInfo,
     pub scope: Scope,
+    /// The principal's tenant.
+    pub tenant: Option<String>,
 }
 
 /// The 404 of a thread that does not exist or is not visible.
 pub fn unknown_thread(id: &str) -> ApiError {
     ApiError::not_found("unknown_thread", format!("no thread `{id}`"))
+}
+
+/// How the id of a thread a tenant's credential opens with an id of its choosing begins
+/// (`acme-`), so that no tenant takes, or learns of, an id another tenant chose. `None` for
+/// a tenant whose name holds a `.`, which ids may not: its new threads' ids are the server's.
+pub fn chosen_id_prefix(tenant: &str) -> Option<String> {
+    let fits = tenant
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    (fits && !tenant.is_empty()).then(|| format!("{tenant}-"))
+}
+
+/// What a tenant's credential may choose as the id of a new `what` (thread, message), said
+/// where one is refused.
+pub fn chosen_id_rule(tenant: &str, what: &str) -> String {
+    match chosen_id_prefix(tenant) {
+        Some(p) => format!(
+            "the id of a new {what} chosen by a credential of tenant `{tenant}` begins with `{p}`"
+        ),
+        None => format!(
+            "a credential of tenant `{tenant}` (a name with a `.`) leaves a new {what}'s id to the server"
+        ),
+    }
+}
+
+/// Whether a credential of `tenant` (seeing `scope`) may name thread `t` in an inject: one
+/// it sees is continued; one that does not exist is opened if its id begins with the
+/// tenant's [`chosen_id_prefix`]. Any other is refused exactly as a thread that does not
+/// exist, whether one does or not. An organism-wide credential names any thread.
+pub fn may_name_thread(
+    organism: &crate::Organism,
+    scope: &Scope,
+    tenant: Option<&str>,
+    t: &str,
+) -> Result<(), ApiError> {
+    let Some(tenant) = tenant.filter(|_| !scope.everything()) else {
+        return Ok(());
+    };
+    match organism.history().thread_info(t)? {
+        Some(info) if scope.sees_thread(&info.participants) => Ok(()),
+        None if chosen_id_prefix(tenant).is_some_and(|p| t.starts_with(&p)) => Ok(()),
+        _ => Err(ApiError::not_found(
+            "unknown_thread",
+            format!("no thread `{t}` ({})", chosen_id_rule(tenant, "thread")),
+        )
+        .at("thread_id")),
+    }
 }
 
 impl FromRequestParts<ApiState> for VisibleThread {
@@ -80,6 +129,7 @@ impl FromRequestParts<ApiState> for VisibleThread {
                 id,
                 info,
                 scope: seen.scope,
+                tenant: seen.principal.tenant,
             }),
             _ => Err(unknown_thread(&id)),
         }

@@ -120,7 +120,10 @@ async fn run(
         }
         Command::Fork(t, body) => {
             see_thread(&organism, &scope, &t)?;
-            out = fields(crate::api::fork::fork(&organism, &scope, &t, *body).await?);
+            out = fields(
+                crate::api::fork::fork(&organism, &scope, s.principal.tenant.as_deref(), &t, *body)
+                    .await?,
+            );
         }
         Command::Rewind(t, body) => {
             see_thread(&organism, &scope, &t)?;
