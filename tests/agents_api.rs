@@ -1112,19 +1112,21 @@ async fn each_tenant_quota_is_enforced_and_named() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("tenants") && e.contains("max_agent"), "{e}");
-    let zero = write_files(
-        dir.path(),
-        "tenants:\n  default: {max_active_threads: 0}\n",
-        "",
-    );
-    let e = Organism::builder()
-        .load_config(&zero)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        e.contains("tenants.default.max_active_threads") && e.contains("at least 1"),
-        "{e}"
-    );
+    for key in ["max_active_threads", "max_streams"] {
+        let zero = write_files(
+            dir.path(),
+            &format!("tenants:\n  default: {{{key}: 0}}\n"),
+            "",
+        );
+        let e = Organism::builder()
+            .load_config(&zero)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("tenants.default.{key}")) && e.contains("at least 1"),
+            "{e}"
+        );
+    }
     let path = write_files(dir.path(), quotas, "");
     let s = Server::start(&path).await;
     let of = |tenant: &str, name: &str, extra: Value| {

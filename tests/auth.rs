@@ -1357,6 +1357,85 @@ async fn a_tenant_takes_no_thread_id_another_would_choose_and_learns_of_none() {
     );
 }
 
+/// A tenant's credentials hold at most `tenants.<t>.max_streams` event streams open at
+/// once, whichever of its keys opens them and however (a WebSocket session by header or
+/// first frame, a thread's events): one more is refused (close 4429, or 429
+/// `too_many_streams`), another tenant is not held back, and a stream closed gives its
+/// place back.
+#[tokio::test]
+async fn a_tenant_holds_at_most_its_max_streams_open() {
+    let g = guarded_with(&format!("tenants:\n  acme: {{max_streams: 2}}\n{TENANTS}")).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
+    let acme2 = add_tenant_key(&config, "acme-2", Role::Viewer, Some("acme"));
+    let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
+    let refused = |m: Option<WsMessage>| match m {
+        Some(WsMessage::Close(Some(f))) => (u16::from(f.code), f.reason.to_string()),
+        other => panic!("not a close: {other:?}"),
+    };
+    let mut first = ws_with_header(&g.ws_url("/ws"), &acme).await;
+    assert_eq!(next_json(&mut first).await["event"], "connected");
+    let mut second = ws_with_header(&g.ws_url("/ws/messages"), &acme2).await;
+    assert_eq!(next_json(&mut second).await["event"], "connected");
+    // A third, by header or by first frame: refused, saying why.
+    let mut third = ws_with_header(&g.ws_url("/ws"), &acme).await;
+    let (code, reason) = refused(next_frame(&mut third).await);
+    assert_eq!(code, 4429, "{reason}");
+    assert!(reason.contains("tenants.acme.max_streams"), "{reason}");
+    let mut fourth = ws_connect(&g.ws_url("/ws/messages")).await;
+    send_json(&mut fourth, json!({"cmd": "auth", "token": acme2})).await;
+    assert_eq!(refused(next_frame(&mut fourth).await).0, 4429);
+    // A thread's events count too.
+    let body = json!({"to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": "acme-s"});
+    let (s, _, r) = g
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/inject",
+            Some(&acme),
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, 202, "{r}");
+    let (s, h, r) = g
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/threads/acme-s/events",
+            Some(&acme),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, &r["error"]["code"]),
+        (429, &json!("too_many_streams")),
+        "{r}"
+    );
+    assert!(h.get("retry-after").is_some(), "{h:?}");
+    // Beta is not held back.
+    let mut betas = Vec::new();
+    for _ in 0..3 {
+        let mut ws = ws_with_header(&g.ws_url("/ws"), &beta).await;
+        assert_eq!(next_json(&mut ws).await["event"], "connected");
+        betas.push(ws);
+    }
+    // A stream closed gives its place back (once the server has seen it end).
+    first.close(None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut again = ws_with_header(&g.ws_url("/ws"), &acme).await;
+        match next_frame(&mut again).await {
+            Some(WsMessage::Text(t)) if t.contains("\"connected\"") => break,
+            other => {
+                assert_eq!(refused(other).0, 4429);
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no place given back"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 fn names(list: &Value, key: &str) -> Vec<String> {
     let mut v: Vec<String> = list["items"]
         .as_array()

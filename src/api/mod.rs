@@ -63,6 +63,7 @@ mod sanitize;
 mod schema;
 mod settings;
 pub(crate) mod stream;
+mod streams;
 mod test_vectors;
 mod thread_control;
 mod usage;
@@ -158,6 +159,8 @@ struct Inner {
     keys: idempotency::Keys,
     /// Stream tokens waiting to be used (`POST /api/v1/stream-tokens`).
     stream_tokens: stream::StreamTokens,
+    /// Each tenant's event streams open (`tenants.<t>.max_streams`).
+    streams: Arc<streams::Streams>,
 }
 
 /// Each tenant's test-vector slots: the limit they were made with, and the semaphore.
@@ -402,6 +405,7 @@ fn router(
             tests_running: Default::default(),
             keys,
             stream_tokens: Default::default(),
+            streams: Default::default(),
         }),
     };
     let limit = state.frame_limit();

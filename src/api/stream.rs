@@ -153,14 +153,25 @@ pub struct EventsQuery {
     params(("id" = String, Path, description = "Thread id"), EventsQuery,
            ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this `seq`")),
     responses((status = 200, description = "`text/event-stream`: `thread_snapshot` part(s), then the thread's events, each `id: <seq>`", content_type = "text/event-stream", body = String),
-              (status = 404, description = "No such thread (in this credential's scope)", body = ErrorResponse)))]
+              (status = 404, description = "No such thread (in this credential's scope)", body = ErrorResponse),
+              (status = 429, description = "`too_many_streams`: the credential's tenant has `tenants.<t>.max_streams` event streams open; or `rate_limited`: too many wrong credentials from this address; with `Retry-After`", body = ErrorResponse,
+               headers(("Retry-After" = u64, description = "Seconds to wait")))))]
 pub async fn thread_events(
     State(s): State<ApiState>,
     thread: VisibleThread,
     seen: Seen,
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let config = s.inner.organism.config();
+    let slot = s
+        .inner
+        .streams
+        .take(&config, seen.principal.tenant.as_deref())
+        .map_err(|why| {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", why)
+                .retry_after(HEARTBEAT)
+        })?;
     let since = q.since.or_else(|| {
         headers
             .get("last-event-id")
@@ -186,6 +197,7 @@ pub async fn thread_events(
         as_of: sub.seq,
         phase: start,
         sent: HashSet::new(),
+        _slot: slot,
     };
     let closing = s.inner.closing.clone();
     let stream = futures_util::stream::unfold(state, |mut r| async move {
@@ -193,7 +205,7 @@ pub async fn thread_events(
         Some((Ok(ev), r))
     });
     let stream = futures_util::StreamExt::take_until(stream, closing.cancelled_owned());
-    Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT))
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(HEARTBEAT)))
 }
 
 /// Where a stream stands.
@@ -219,6 +231,8 @@ struct Reader {
     sent: HashSet<Arc<str>>,
     /// The credential to look at again while the stream lasts, and whose it is.
     check: Option<(Arc<crate::access::Authenticator>, Principal)>,
+    /// Its place among its tenant's streams (`tenants.<t>.max_streams`).
+    _slot: Option<super::streams::StreamSlot>,
 }
 
 /// One `thread_snapshot` part.

@@ -392,6 +392,9 @@ pub struct TenantQuotas {
     /// Threads waiting on the tenant's inputs at once, apart from `max_active_threads`, so
     /// a backlog of waiting threads does not block new work.
     pub max_waiting_threads: usize,
+    /// Event streams (`/ws`, `/ws/messages`, a thread's events) its credentials hold open
+    /// at once; one more is refused.
+    pub max_streams: usize,
     /// Tokens its `kind: llm` listeners may use in a UTC day, and in a UTC month (none: no
     /// such limit): a call is refused before it is made when what it may take would pass
     /// either.
@@ -412,6 +415,7 @@ impl Default for TenantQuotas {
             max_active_threads: 1000,
             max_open_inputs: 1000,
             max_waiting_threads: 1000,
+            max_streams: 64,
             tokens_per_day: None,
             tokens_per_month: None,
         }
@@ -432,6 +436,7 @@ pub(crate) struct TenantSection {
     pub max_active_threads: Option<usize>,
     pub max_open_inputs: Option<usize>,
     pub max_waiting_threads: Option<usize>,
+    pub max_streams: Option<usize>,
     pub tokens_per_day: Option<u64>,
     pub tokens_per_month: Option<u64>,
     /// The models its LLM listeners may use (none: any).
@@ -469,6 +474,7 @@ impl TenantSection {
             max_active_threads: self.max_active_threads.unwrap_or(base.max_active_threads),
             max_open_inputs: self.max_open_inputs.unwrap_or(base.max_open_inputs),
             max_waiting_threads: self.max_waiting_threads.unwrap_or(base.max_waiting_threads),
+            max_streams: self.max_streams.unwrap_or(base.max_streams),
             tokens_per_day: self.tokens_per_day.or(base.tokens_per_day),
             tokens_per_month: self.tokens_per_month.or(base.tokens_per_month),
         }

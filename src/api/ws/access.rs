@@ -51,6 +51,8 @@ pub const AUTH_FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Close codes of sessions refused or ended for their credential.
 pub(in crate::api) const CLOSE_UNAUTHORIZED: u16 = 4401;
+/// The close code of a session refused because its tenant has `max_streams` open.
+pub(in crate::api) const CLOSE_TOO_MANY_STREAMS: u16 = 4429;
 
 /// Waits up to [`AUTH_FRAME_TIMEOUT`] for `{"cmd": "auth", "token": …}` as the session's
 /// first frame. Err: the close reason (the same whatever was wrong; the log has the detail).

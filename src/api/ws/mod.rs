@@ -12,7 +12,7 @@ pub(in crate::api) mod session;
 mod socket;
 
 pub use access::Who;
-pub(in crate::api) use access::{first_frame_auth, CLOSE_UNAUTHORIZED};
+pub(in crate::api) use access::{first_frame_auth, CLOSE_TOO_MANY_STREAMS, CLOSE_UNAUTHORIZED};
 pub(in crate::api) use frames::{
     dropped_frame, protocol_close, resync_frame, text, Dropped, Folded, Folding,
 };
@@ -27,6 +27,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::{ApiError, Params};
 use super::frame::{event_frame, message_frame};
+use super::streams::StreamSlot;
 use super::{ApiState, Endpoint};
 use crate::api::auth::{Principal, Scope};
 use crate::events::Event;
@@ -164,6 +165,11 @@ impl Source for Pump {
 
     fn count_dropped(&self, ep: Endpoint, n: u64) {
         self.0.count_dropped(ep, n);
+    }
+
+    fn stream_slot(&self, p: &Principal) -> Result<Option<StreamSlot>, String> {
+        let config = self.0.inner.organism.config();
+        self.0.inner.streams.take(&config, p.tenant.as_deref())
     }
 
     async fn open(

@@ -28,10 +28,11 @@ use tokio_util::sync::CancellationToken;
 use super::frames::frame_len;
 use super::socket::{read_frames, write_frames};
 use super::{dropped_frame, first_frame_auth, Dropped, Folded, Folding, Who};
-use super::{WsQuery, CLOSE_UNAUTHORIZED};
+use super::{WsQuery, CLOSE_TOO_MANY_STREAMS, CLOSE_UNAUTHORIZED};
 use crate::api::auth::{Authenticator, Principal, Scope};
 use crate::api::error::ApiError;
 use crate::api::filter::Filter;
+use crate::api::streams::StreamSlot;
 use crate::api::{ApiOptions, Endpoint};
 use crate::config::Limits;
 use crate::events::{Cause, Event, Receiver, RecvError, Subscription, TryRecvError};
@@ -77,6 +78,11 @@ pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
     fn count_dropped(&self, _ep: Endpoint, _n: u64) {}
     /// A thread's labels now, for a filter's label tests.
     fn thread_labels(&self, thread: &str) -> Option<Arc<crate::threads::Labels>>;
+    /// A slot for one more stream of `p`'s tenant (`tenants.<t>.max_streams`), held for the
+    /// session; `Err`: why not. (A gateway counts none.)
+    fn stream_slot(&self, _p: &Principal) -> Result<Option<StreamSlot>, String> {
+        Ok(None)
+    }
 
     /// Subscribes the session to the events after `since` (or the latest), queueing what
     /// comes before them (`resync_required`, `connected`); with the `since` it resumes
@@ -194,6 +200,16 @@ pub(in crate::api) async fn run<S: Source>(
                 return;
             }
         },
+    };
+    let _slot = match source.stream_slot(&principal) {
+        Ok(slot) => slot,
+        Err(reason) => {
+            tracing::info!(principal = ?principal.name, "{reason}");
+            let reason = Utf8Bytes::from(reason);
+            let refused = sink.send(close(CLOSE_TOO_MANY_STREAMS, reason));
+            let _ = tokio::time::timeout(options.heartbeat, refused).await;
+            return;
+        }
     };
     let (tx, rx) = mpsc::channel::<Message>(options.client_queue.max(1));
     let queued = Arc::new(AtomicUsize::new(0));
