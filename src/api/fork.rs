@@ -14,7 +14,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{chosen_id_prefix, chosen_id_rule, VisibleThread};
+use super::auth::{chosen_id_rule, may_choose, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
@@ -131,11 +131,8 @@ pub(super) async fn fork(
         }
         // Before whether it is taken: a tenant learns nothing of another's ids.
         let tenant = tenant.filter(|_| !scope.everything());
-        if let Some(tenant) = tenant {
-            let prefix = chosen_id_prefix(tenant);
-            if !prefix.is_some_and(|p| t.starts_with(&p)) {
-                return Err(invalid(chosen_id_rule(tenant, "thread")));
-            }
+        if let Some(tenant) = tenant.filter(|tenant| !may_choose(tenant, t)) {
+            return Err(invalid(chosen_id_rule(tenant, "thread")));
         }
     }
     let exists = |to: &str| organism.config().listener(to).is_some();

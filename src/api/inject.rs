@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{chosen_id_prefix, chosen_id_rule, may_name_thread, Seen};
+use super::auth::{chosen_id_rule, may_choose, may_name_thread, Seen};
 use super::error::ApiError;
 use crate::config::{json_payload, JsonPayloadError, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
@@ -135,10 +135,9 @@ pub fn inject(
         }
         // A tenant's chosen ids begin with its name, as its threads' (before it is looked
         // up: it learns nothing of another tenant's ids, and takes none).
-        if let Some(tenant) = seen.principal.tenant.as_deref() {
-            if !chosen_id_prefix(tenant).is_some_and(|p| m.starts_with(&p)) {
-                return Err(invalid(chosen_id_rule(tenant, "message")));
-            }
+        let tenant = seen.principal.tenant.as_deref();
+        if let Some(tenant) = tenant.filter(|tenant| !may_choose(tenant, m)) {
+            return Err(invalid(chosen_id_rule(tenant, "message")));
         }
     }
     let config = organism.config();

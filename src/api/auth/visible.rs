@@ -79,6 +79,12 @@ pub fn chosen_id_prefix(tenant: &str) -> Option<String> {
     (fits && !tenant.is_empty()).then(|| format!("{tenant}-"))
 }
 
+/// Whether a credential of `tenant` may choose `id` for a new thread or message: it begins
+/// with the tenant's [`chosen_id_prefix`].
+pub fn may_choose(tenant: &str, id: &str) -> bool {
+    chosen_id_prefix(tenant).is_some_and(|p| id.starts_with(&p))
+}
+
 /// What a tenant's credential may choose as the id of a new `what` (thread, message), said
 /// where one is refused.
 pub fn chosen_id_rule(tenant: &str, what: &str) -> String {
@@ -107,7 +113,7 @@ pub fn may_name_thread(
     };
     match organism.history().thread_info(t)? {
         Some(info) if scope.sees_thread(&info.participants) => Ok(()),
-        None if chosen_id_prefix(tenant).is_some_and(|p| t.starts_with(&p)) => Ok(()),
+        None if may_choose(tenant, t) => Ok(()),
         _ => Err(ApiError::not_found(
             "unknown_thread",
             format!("no thread `{t}` ({})", chosen_id_rule(tenant, "thread")),
