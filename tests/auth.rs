@@ -1152,20 +1152,18 @@ async fn a_tenant_takes_no_thread_id_another_would_choose_and_learns_of_none() {
     let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
     let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
     let admin = g.key(Role::Admin).to_string();
-    let inject = |key: &str, to: &str, thread: &str| {
-        let body = json!({"to": to, "payload_xml": "<Note>x</Note>", "thread_id": thread});
-        let (g, key) = (&g, key.to_string());
+    let post = |key: &str, path: &str, body: Value| {
+        let (g, key, path) = (&g, key.to_string(), path.to_string());
         async move {
             let (s, _, r) = g
-                .send(
-                    reqwest::Method::POST,
-                    "/api/v1/inject",
-                    Some(&key),
-                    Some(body),
-                )
+                .send(reqwest::Method::POST, &path, Some(&key), Some(body))
                 .await;
             (s, r)
         }
+    };
+    let inject = |key: &str, to: &str, thread: &str| {
+        let body = json!({"to": to, "payload_xml": "<Note>x</Note>", "thread_id": thread});
+        post(key, "/api/v1/inject", body)
     };
     // What a refusal says, its id put aside: it must not depend on the thread existing.
     let words = |r: &Value, id: &str| r.to_string().replace(id, "ID");
@@ -1243,18 +1241,7 @@ async fn a_tenant_takes_no_thread_id_another_would_choose_and_learns_of_none() {
     // A chosen message id: the same rule, told before whether it is taken.
     let with_id = |key: &str, to: &str, id: &str| {
         let body = json!({"to": to, "payload_xml": "<Note>x</Note>", "message_id": id});
-        let (g, key) = (&g, key.to_string());
-        async move {
-            let (s, _, r) = g
-                .send(
-                    reqwest::Method::POST,
-                    "/api/v1/inject",
-                    Some(&key),
-                    Some(body),
-                )
-                .await;
-            (s, r)
-        }
+        post(key, "/api/v1/inject", body)
     };
     let (s, r) = with_id(&beta, "b1", "beta-m1").await;
     assert_eq!((s, r["message_id"].as_str()), (202, Some("beta-m1")), "{r}");
@@ -1283,18 +1270,7 @@ async fn a_tenant_takes_no_thread_id_another_would_choose_and_learns_of_none() {
     let at = listed["items"][0]["id"].as_str().unwrap().to_string();
     let fork = |new: &str| {
         let body = json!({"at": at, "thread_id": new});
-        let (g, acme) = (&g, acme.clone());
-        async move {
-            let (s, _, r) = g
-                .send(
-                    reqwest::Method::POST,
-                    "/api/v1/threads/acme-order-1/fork",
-                    Some(&acme),
-                    Some(body),
-                )
-                .await;
-            (s, r)
-        }
+        post(&acme, "/api/v1/threads/acme-order-1/fork", body)
     };
     let (_, refused) = fork("beta-never").await;
     for id in ["beta-order-1", "order-2", "beta-never"] {
