@@ -131,7 +131,8 @@ impl<S: Source> Session<S> {
             return dropped(self);
         }
         let budget = self.options.client_queue_bytes;
-        if self.queued.load(Ordering::Relaxed) + frame.len() > budget
+        if self.tx.capacity() == 0
+            || self.queued.load(Ordering::Relaxed) + frame.len() > budget
             || !self.try_queue(Message::Text(frame))
         {
             dropped(self);
@@ -151,7 +152,9 @@ impl<S: Source> Session<S> {
         let Some(d) = self.dropped else {
             return true;
         };
-        if !self.try_queue(dropped_frame(d)) {
+        // A full queue takes nothing: the notice is not written only to be thrown away
+        // (at every frame offered while the client is behind).
+        if self.tx.capacity() == 0 || !self.try_queue(dropped_frame(d)) {
             return false;
         }
         self.dropped = None;
