@@ -44,24 +44,46 @@ impl Held {
         self.frames.is_empty()
     }
 
-    /// The frame held for the message event `seq`, if any. A status change comes soon after
-    /// its message, so the search starts at the newest frames (those still in the cache):
-    /// steps back doubling in length until one is at or before `seq`, then halves the last.
+    /// The frame held for the message event `seq`, if any. Held seqs rise at nearly even
+    /// steps, so the search starts where `seq` would be if they were even, gallops towards
+    /// it (steps doubling), then halves the last step: a few looks, where a search from
+    /// either end takes a dozen or more.
     pub(super) fn message(&mut self, seq: u64) -> Option<&mut Utf8Bytes> {
-        let at = |i: usize| self.frames[i].seq;
-        // Every frame from `hi` on is after `seq`.
-        let mut hi = self.frames.len();
-        let mut step = 1;
-        let mut lo = hi.checked_sub(1)?;
-        while at(lo) > seq {
-            if lo == 0 {
-                return None;
-            }
-            hi = lo;
-            lo = lo.saturating_sub(step);
-            step *= 2;
+        let len = self.frames.len();
+        let first = self.frames.front()?.seq;
+        let last = self.frames.back()?.seq;
+        if seq < first || seq > last {
+            return None;
         }
-        // `at(lo) <= seq`, and every frame from `hi` on is after it.
+        let at = |i: usize| self.frames[i].seq;
+        let span = (last - first).max(1);
+        let guess = (seq - first)
+            .checked_mul(len as u64 - 1)
+            .and_then(|p| usize::try_from(p / span).ok())
+            .map_or(len - 1, |g| g.min(len - 1));
+        // Then `at(lo) <= seq < at(hi)`, `hi == len` standing for past the end.
+        let (mut lo, mut hi) = if at(guess) <= seq {
+            let (mut lo, mut step) = (guess, 1);
+            loop {
+                let next = lo + step;
+                if next >= len || at(next) > seq {
+                    break (lo, next.min(len));
+                }
+                lo = next;
+                step *= 2;
+            }
+        } else {
+            // `at(0) == first <= seq`: the walk back stops at 0 at the latest.
+            let (mut hi, mut step) = (guess, 1);
+            loop {
+                let prev = hi.saturating_sub(step);
+                if at(prev) <= seq {
+                    break (prev, hi);
+                }
+                hi = prev;
+                step *= 2;
+            }
+        };
         while hi - lo > 1 {
             let mid = lo + (hi - lo) / 2;
             if at(mid) <= seq {
@@ -122,12 +144,16 @@ mod tests {
     fn a_held_message_is_found_by_its_seq_and_nothing_else_is() {
         for len in 0..40u64 {
             let mut held = Held::default();
-            // Every third seq is missing; every fourth frame is not a message's.
-            let seqs: Vec<u64> = (1..=len * 3 / 2).filter(|s| s % 3 != 0).collect();
+            // Every third seq is missing, and past the middle the steps grow (uneven
+            // spacing); every fourth frame is not a message's.
+            let seqs: Vec<u64> = (1..=len * 3 / 2)
+                .filter(|s| s % 3 != 0)
+                .map(|s| if s > len / 2 { s * s } else { s })
+                .collect();
             for (i, &s) in seqs.iter().enumerate() {
                 held.push(s.to_string().into(), s, i % 4 != 3);
             }
-            for seq in 0..=len * 2 + 1 {
+            for seq in 0..=(len * 3 / 2).pow(2) + 1 {
                 let expected = seqs
                     .iter()
                     .position(|&s| s == seq)
