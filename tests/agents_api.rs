@@ -640,6 +640,25 @@ async fn tenants_create_only_their_own_agents_and_talk_only_to_their_own_or_shar
         )
         .await;
     assert_eq!(st, 404);
+    // A name not of its own tenant's: refused in the same words, before it is looked up,
+    // whether another tenant's agent has it or nobody does.
+    let (_, nobodys) = s
+        .call(
+            "POST",
+            "/api/v1/agents",
+            Some(echo_body("acme-new")),
+            "beta",
+        )
+        .await;
+    for name in ["acme-echo", "acme-new", "ghost"] {
+        let (st, e) = s
+            .call("POST", "/api/v1/agents", Some(echo_body(name)), "beta")
+            .await;
+        assert_eq!(st, 422, "{e}");
+        assert!(e.to_string().contains("begins with `beta-`"), "{e}");
+        let words = |v: &Value, n: &str| v.to_string().replace(n, "NAME");
+        assert_eq!(words(&e, name), words(&nobodys, "acme-new"), "{name}");
+    }
     // Naming another tenant, or talking to another tenant's agent.
     let mut other = echo_body("beta-echo");
     other["tenant"] = json!("acme");

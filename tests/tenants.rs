@@ -346,20 +346,20 @@ fn test_vector_answers_are_bounded_by_bytes_and_runs_by_tenant() {
     };
     let (st, body) = rt.block_on(post(
         "/api/v1/agents".into(),
-        json!({"name": "big", "description": "answers big", "fields": {"Go": {"to": "string?"}},
+        json!({"name": "acme-big", "description": "answers big", "fields": {"Go": {"to": "string?"}},
                "script": BIG, "limits": {"memory_mb": 64, "cpu_ms": 1000}}),
     ));
     assert_eq!(st, 201, "{}", String::from_utf8_lossy(&body));
     let cases: Vec<serde_json::Value> = (0..50).map(|_| json!({"payload": {}})).collect();
     let test = || {
         post(
-            "/api/v1/agents/big/scripts/1/test".into(),
+            "/api/v1/agents/acme-big/scripts/1/test".into(),
             json!({"cases": cases}),
         )
     };
     // Warm: one case, so what the first run sets up once is in the baseline.
     let (st, body) = rt.block_on(post(
-        "/api/v1/agents/big/scripts/1/test".into(),
+        "/api/v1/agents/acme-big/scripts/1/test".into(),
         json!({"cases": [{"payload": {}}]}),
     ));
     assert_eq!(st, 200);
@@ -413,7 +413,7 @@ fn test_vector_answers_are_bounded_by_bytes_and_runs_by_tenant() {
     // Still healthy: an inject is taken and the server answers.
     let (st, _) = rt.block_on(post(
         "/api/v1/inject".into(),
-        json!({"to": "big", "payload_xml": "<Go/>"}),
+        json!({"to": "acme-big", "payload_xml": "<Go/>"}),
     ));
     assert_eq!(st, 202);
     drop(child);

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
+use super::agents_scope::{for_caller, foreign_name, report_for};
 use super::auth::visible::Seen;
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::rest::PageQuery;
@@ -29,6 +30,7 @@ use crate::store::agents::{DeploymentRow, VersionRow};
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAgent {
+    /// Unique in the organism; a tenant's credential's begins with its tenant's name and `-`.
     #[schema(pattern = "^[A-Za-z0-9_.-]{1,128}$")]
     pub name: String,
     #[schema(min_length = 1)]
@@ -211,6 +213,16 @@ pub struct AgentChanged {
     pub reload: ReloadReport,
 }
 
+/// What a change of agent `name` did, as the caller may see it.
+fn changed(name: &str, c: &AgentChange, seen: &Seen) -> AgentChanged {
+    AgentChanged {
+        agent: name.to_string(),
+        version: c.version,
+        from_version: c.from_version,
+        reload: report_for(name, c, seen),
+    }
+}
+
 fn error(e: AgentError) -> ApiError {
     let message = e.to_string();
     match e {
@@ -248,31 +260,6 @@ fn error(e: AgentError) -> ApiError {
         AgentError::NoSource => ApiError::new(StatusCode::CONFLICT, "not_reloadable", message),
         AgentError::Stopping => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message),
         AgentError::Store(e) => e.into(),
-    }
-}
-
-/// Keeps only the problems about `agent` for a tenant's credential: the rest are about the
-/// operator's file, which a tenant may not read.
-fn for_caller(e: AgentError, seen: &Seen, agent: &str) -> AgentError {
-    match e {
-        AgentError::Invalid(problems) if !seen.scope.everything() => {
-            let (mine, others): (Vec<_>, Vec<_>) = problems
-                .into_iter()
-                .partition(|p| p.listener.as_deref() == Some(agent));
-            let mut shown = mine;
-            if !others.is_empty() {
-                shown.push(crate::config::diff::ReloadProblem {
-                    line: None,
-                    listener: None,
-                    key: None,
-                    message: "the organism's own configuration does not load at the moment; \
-                              an operator must fix it"
-                        .into(),
-                });
-            }
-            AgentError::Invalid(shown)
-        }
-        other => other,
     }
 }
 
@@ -359,28 +346,6 @@ fn version_text(llm: bool, script: Option<String>, system: Option<String>) -> Ap
     }
 }
 
-/// What a change of agent `name` did, its reload's lists holding only the listeners the
-/// caller sees (a tenant's credential is not told other listeners' names).
-fn changed(name: &str, c: &AgentChange, seen: &Seen) -> AgentChanged {
-    let mut reload = ReloadReport::from(&c.report);
-    if !seen.scope.everything() {
-        for list in [
-            &mut reload.added,
-            &mut reload.removed,
-            &mut reload.changed,
-            &mut reload.unchanged,
-        ] {
-            list.retain(|l| l == name || seen.scope.sees(l));
-        }
-    }
-    AgentChanged {
-        agent: name.to_string(),
-        version: c.version,
-        from_version: c.from_version,
-        reload,
-    }
-}
-
 #[utoipa::path(post, path = "/api/v1/agents", tag = "agents", request_body = CreateAgent,
     responses((status = 201, description = "Created and live at version 1", body = AgentChanged),
               (status = 400, description = "A body that is not a Lua listener, or a tenant not the caller's", body = ErrorResponse),
@@ -439,6 +404,9 @@ pub async fn create_agent(
         definition.insert("agent".into(), true.into());
     }
     let name = body.name;
+    if let Some(refused) = foreign_name(&seen, &name) {
+        return Err(error(refused));
+    }
     let new = NewAgent {
         name: name.clone(),
         tenant,

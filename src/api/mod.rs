@@ -33,6 +33,7 @@
 //! `keys.rs`: the keys API.
 
 mod agents;
+mod agents_scope;
 mod audit;
 pub mod auth;
 mod batch;
