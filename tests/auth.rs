@@ -1340,7 +1340,11 @@ async fn a_tenant_takes_no_thread_id_another_would_choose_and_learns_of_none() {
 /// place back.
 #[tokio::test]
 async fn a_tenant_holds_at_most_its_max_streams_open() {
-    let g = guarded_with(&format!("tenants:\n  acme: {{max_streams: 2}}\n{TENANTS}")).await;
+    let long = "t".repeat(64);
+    let g = guarded_with(&format!(
+        "tenants:\n  acme: {{max_streams: 2}}\n  {long}: {{max_streams: 1}}\n{TENANTS}"
+    ))
+    .await;
     let config = Organism::builder().load_config(&g.path).unwrap();
     let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
     let acme2 = add_tenant_key(&config, "acme-2", Role::Viewer, Some("acme"));
@@ -1393,6 +1397,17 @@ async fn a_tenant_holds_at_most_its_max_streams_open() {
         assert_eq!(next_json(&mut ws).await["event"], "connected");
         betas.push(ws);
     }
+    // The reason fits a close frame (123 bytes) whatever the tenant's name.
+    let longest = add_tenant_key(&config, "long", Role::Viewer, Some(&long));
+    let mut only = ws_with_header(&g.ws_url("/ws"), &longest).await;
+    assert_eq!(next_json(&mut only).await["event"], "connected");
+    let mut over = ws_with_header(&g.ws_url("/ws"), &longest).await;
+    let (code, reason) = refused(next_frame(&mut over).await);
+    assert_eq!(code, 4429, "{reason}");
+    assert!(
+        reason.len() <= 123 && reason.contains("max_streams"),
+        "{reason}"
+    );
     // A stream closed gives its place back (once the server has seen it end).
     first.close(None).await.unwrap();
     let deadline = tokio::time::Instant::now() + WAIT;

@@ -33,8 +33,7 @@ impl Streams {
         let n = open.entry(tenant.to_string()).or_default();
         if *n >= quotas.max_streams {
             return Err(format!(
-                "tenant `{tenant}` has {} event streams open, its limit ({key}.max_streams); \
-                 close one first",
+                "{} event streams open, the limit ({key}.max_streams)",
                 quotas.max_streams
             ));
         }

@@ -205,7 +205,8 @@ pub(in crate::api) async fn run<S: Source>(
         Ok(slot) => slot,
         Err(reason) => {
             tracing::info!(principal = ?principal.name, "{reason}");
-            let reason = Utf8Bytes::from(reason);
+            // A close frame's reason is at most 123 bytes (RFC 6455).
+            let reason = Utf8Bytes::from(crate::clip::clip(reason, 123));
             let refused = sink.send(close(CLOSE_TOO_MANY_STREAMS, reason));
             let _ = tokio::time::timeout(options.heartbeat, refused).await;
             return;
