@@ -423,7 +423,8 @@ async fn ws_from(url: &str, key: Option<&str>, origin: Option<&str>) -> Result<W
 
 /// With `--auth-from`, a gateway refuses a bad credential (401) or a bad first frame (4401),
 /// takes one in the first frame from a browser, shows a tenant's key only its tenant's
-/// messages and an organism-wide key all, and closes a session whose key is revoked (4401).
+/// messages and an organism-wide key all, holds a tenant to its `max_streams`, and closes a
+/// session whose key is revoked (4401).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_gateway_with_the_organisms_auth_checks_credentials_and_tenants() {
     let nats = Nats::start();
@@ -439,6 +440,8 @@ async fn a_gateway_with_the_organisms_auth_checks_credentials_and_tenants() {
   allowed_origins: [\"http://dash.example:3000\"]
   nats: {{url: {}, stream_prefix: {}}}
 auth: {{methods: [keys], failed_auth_per_minute: 3}}
+tenants:
+  acme: {{max_streams: 2}}
 listeners:
 {CHAIN}
   - {{name: t1, description: acme's, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}}
@@ -511,6 +514,9 @@ listeners:
     let hello = next_json(&mut tenant_ws).await;
     assert_eq!(hello["event"], "connected", "{hello}");
     assert_eq!(agent_names(&hello), ["t1"]);
+    // Its two sessions are its `tenants.acme.max_streams` here: a third is closed 4429.
+    let mut third = ws_with_key(&url, Some(&acme)).await.unwrap();
+    assert_eq!(close_code(&mut third).await, 4429);
     // Its events are the pump's rule for a tenant: its own agents' states, no one else's.
     let ours = inject(&o, "t1", "<Note>acme's again</Note>", None);
     settle(&o, &ours.thread_id).await;

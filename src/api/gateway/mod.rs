@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{Authenticator, Principal, Scope};
 use super::error::ApiError;
+use super::streams::{StreamSlot, Streams};
 use super::ws::session::{self, query_filter, subscribe_spec, Session, Source};
 use super::ws::{resync_frame, Who, WsQuery};
 use super::{ApiOptions, Endpoint};
@@ -82,6 +83,8 @@ struct Gate {
     listen: String,
     closing: CancellationToken,
     labels: Labelled,
+    /// Each tenant's sessions open here (`tenants.<t>.max_streams` of `auth_from`).
+    streams: Arc<Streams>,
 }
 
 /// The local hub, once the first event is read, and the `seq` before that event.
@@ -169,6 +172,7 @@ impl Gateway {
             listen: addr.to_string(),
             closing: closing.clone(),
             labels,
+            streams: Default::default(),
         };
         let app = Router::new()
             .route("/healthz", get(healthz))
@@ -465,6 +469,13 @@ impl Source for Gate {
 
     fn closing(&self) -> CancellationToken {
         self.closing.clone()
+    }
+
+    fn stream_slot(&self, p: &Principal) -> Result<Option<StreamSlot>, String> {
+        match &self.access {
+            Some(a) => self.streams.take(&a.config, p.tenant.as_deref()),
+            None => Ok(None),
+        }
     }
 
     async fn open(
