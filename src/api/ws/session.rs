@@ -79,7 +79,7 @@ pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
     /// A thread's labels now, for a filter's label tests.
     fn thread_labels(&self, thread: &str) -> Option<Arc<crate::threads::Labels>>;
     /// A slot for one more stream of `p`'s tenant (`tenants.<t>.max_streams`), held for the
-    /// session; `Err`: why not. (A gateway counts none.)
+    /// session; `Err`: why not. (None where nothing is counted.)
     fn stream_slot(&self, _p: &Principal) -> Result<Option<StreamSlot>, String> {
         Ok(None)
     }
