@@ -14,7 +14,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{chosen_id_rule, may_choose, VisibleThread};
+use super::auth::{refused_choice, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
@@ -130,9 +130,8 @@ pub(super) async fn fork(
             return Err(invalid(format!("thread_id {}", crate::threads::ID_RULE)));
         }
         // Before whether it is taken: a tenant learns nothing of another's ids.
-        let tenant = tenant.filter(|_| !scope.everything());
-        if let Some(tenant) = tenant.filter(|tenant| !may_choose(tenant, t)) {
-            return Err(invalid(chosen_id_rule(tenant, "thread")));
+        if let Some(rule) = refused_choice(tenant, t, "thread") {
+            return Err(invalid(rule));
         }
     }
     let exists = |to: &str| organism.config().listener(to).is_some();

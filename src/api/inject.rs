@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{chosen_id_rule, may_choose, may_name_thread, Seen};
+use super::auth::{may_name_thread, refused_choice, Seen};
 use super::error::ApiError;
 use crate::config::{json_payload, JsonPayloadError, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
@@ -135,9 +135,8 @@ pub fn inject(
         }
         // A tenant's chosen ids begin with its name, as its threads' (before it is looked
         // up: it learns nothing of another tenant's ids, and takes none).
-        let tenant = seen.principal.tenant.as_deref();
-        if let Some(tenant) = tenant.filter(|tenant| !may_choose(tenant, m)) {
-            return Err(invalid(chosen_id_rule(tenant, "message")));
+        if let Some(rule) = refused_choice(seen.principal.tenant.as_deref(), m, "message") {
+            return Err(invalid(rule));
         }
     }
     let config = organism.config();

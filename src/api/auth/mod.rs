@@ -26,8 +26,7 @@ pub use policy::{
     TABLE,
 };
 pub use visible::{
-    chosen_id_rule, may_choose, may_name_thread, sees_event, unknown_thread, Seen, VisibleAgent,
-    VisibleThread,
+    may_name_thread, refused_choice, sees_event, unknown_thread, Seen, VisibleAgent, VisibleThread,
 };
 
 /// The longest credential read; a longer one is refused unread.

@@ -72,7 +72,7 @@ pub fn unknown_thread(id: &str) -> ApiError {
 /// How the id of a thread a tenant's credential opens with an id of its choosing begins
 /// (`acme-`), so that no tenant takes, or learns of, an id another tenant chose. `None` for
 /// a tenant whose name holds a `.`, which ids may not: its new threads' ids are the server's.
-pub fn chosen_id_prefix(tenant: &str) -> Option<String> {
+fn chosen_id_prefix(tenant: &str) -> Option<String> {
     let fits = tenant
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
@@ -81,13 +81,20 @@ pub fn chosen_id_prefix(tenant: &str) -> Option<String> {
 
 /// Whether a credential of `tenant` may choose `id` for a new thread or message: it begins
 /// with the tenant's [`chosen_id_prefix`].
-pub fn may_choose(tenant: &str, id: &str) -> bool {
+fn may_choose(tenant: &str, id: &str) -> bool {
     chosen_id_prefix(tenant).is_some_and(|p| id.starts_with(&p))
+}
+
+/// Why a credential of `tenant` (none: organism-wide, which chooses any) may not choose `id`
+/// for a new `what` (thread, message), if it may not. Asked before the id is looked up.
+pub fn refused_choice(tenant: Option<&str>, id: &str, what: &str) -> Option<String> {
+    let tenant = tenant.filter(|t| !may_choose(t, id))?;
+    Some(chosen_id_rule(tenant, what))
 }
 
 /// What a tenant's credential may choose as the id of a new `what` (thread, message), said
 /// where one is refused.
-pub fn chosen_id_rule(tenant: &str, what: &str) -> String {
+fn chosen_id_rule(tenant: &str, what: &str) -> String {
     match chosen_id_prefix(tenant) {
         Some(p) => format!(
             "the id of a new {what} chosen by a credential of tenant `{tenant}` begins with `{p}`"
@@ -108,7 +115,7 @@ pub fn may_name_thread(
     tenant: Option<&str>,
     t: &str,
 ) -> Result<(), ApiError> {
-    let Some(tenant) = tenant.filter(|_| !scope.everything()) else {
+    let Some(tenant) = tenant else {
         return Ok(());
     };
     match organism.history().thread_info(t)? {
