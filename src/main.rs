@@ -531,7 +531,7 @@ fn validate(path: &Path) -> ExitCode {
                 eprintln!("{}: 1 problem(s)", path.display());
                 return ExitCode::FAILURE;
             }
-            warn_if_exposed(&c);
+            warn_at_validate(&c);
             println!("{}: ok ({} listeners)", path.display(), c.listeners.len());
             ExitCode::SUCCESS
         }
@@ -539,9 +539,9 @@ fn validate(path: &Path) -> ExitCode {
     }
 }
 
-/// Without authentication, `run` refuses an address beyond loopback: say so at `validate`;
-/// and the file's slow schema patterns.
-fn warn_if_exposed(c: &config::OrganismConfig) {
+/// What `validate` warns of: the file's slow schema patterns (`run` warns of them too), and
+/// an address beyond loopback without authentication, which `run` refuses.
+fn warn_at_validate(c: &config::OrganismConfig) {
     for w in config::slow_pattern_warnings(c) {
         eprintln!("WARNING: {w}");
     }
