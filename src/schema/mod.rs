@@ -337,7 +337,7 @@ impl Schema {
     pub fn check(&self, xml: &str) -> Result<(), ValidationError> {
         #[cfg(test)]
         READS.with(|r| r.set(r.get() + 1));
-        CONTEXTS.with(|cell| {
+        let checked = CONTEXTS.with(|cell| {
             let mut contexts = cell.borrow_mut();
             sweep(&mut contexts);
             let context = match contexts.entry(self.id) {
@@ -349,6 +349,17 @@ impl Schema {
                 }
             };
             parse::validate(xml.as_bytes(), context, self.streams)
+        });
+        // A character XML does not allow: libxml2's words are about what follows it.
+        checked.map_err(|refused| match crate::xml::disallowed_char(xml) {
+            Some((at, c)) => ValidationError {
+                messages: vec![format!(
+                    "line {}: {}",
+                    crate::xml::line_of(xml, at as u64),
+                    crate::xml::disallowed_char_message(c)
+                )],
+            },
+            None => refused,
         })
     }
 }

@@ -166,7 +166,10 @@ fn read_text(reader: &mut StrictReader<'_>, input: &str) -> Result<String, XmlEr
         match next(reader, input)? {
             Event::Text(t) => text.push_str(&t.xml10_content()),
             Event::CData(c) => text.push_str(&c.xml10_content()),
-            Event::GeneralRef(r) => text.push_str(&resolve_reference(&r)?),
+            Event::GeneralRef(r) => {
+                let line = || super::line_of(input, reader.buffer_position());
+                text.push_str(&resolve_reference(&r, line)?)
+            }
             Event::End(_) => return Ok(text.trim().to_string()),
             Event::Comment(_) => {}
             _ => return Err(env_err("<meta> fields hold text only")),

@@ -115,7 +115,7 @@ fn convert(xml: &str) -> Option<Value> {
             Event::GeneralRef(r) => {
                 if let Some(top) = stack.last_mut() {
                     top.text
-                        .push_str(&super::normalize::resolve_reference(&r).ok()?);
+                        .push_str(&super::normalize::resolve_reference(&r, || 0).ok()?);
                 }
             }
             Event::Eof => return None,

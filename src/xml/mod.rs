@@ -222,6 +222,22 @@ pub fn guard(input: &str, limits: &XmlLimits) -> Result<(), XmlError> {
     Ok(())
 }
 
+/// The first character of `text` that XML 1.0 does not allow in a document (a C0 control
+/// other than tab, line feed and carriage return, or U+FFFE, U+FFFF), with its byte offset.
+/// (A `str` holds no surrogate.) libxml2 refuses such a payload, in words about what follows
+/// (a NUL ends its input: "Premature end of data in tag"); the schema gate then says which
+/// character, and where (`Schema::check`), so a valid payload pays nothing for the search.
+pub fn disallowed_char(text: &str) -> Option<(usize, char)> {
+    text.char_indices().find(|&(_, c)| {
+        matches!(c, '\0'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}')
+    })
+}
+
+/// Why a character [`disallowed_char`] found is refused.
+pub fn disallowed_char_message(c: char) -> String {
+    format!("character U+{:04X} is not allowed in XML 1.0", c as u32)
+}
+
 /// Whether `<!DOCTYPE` (any case) occurs: a vectorized search for `<!`, then seven bytes.
 fn contains_doctype(bytes: &[u8]) -> bool {
     memchr::memmem::find_iter(bytes, b"<!").any(|at| {
@@ -279,6 +295,23 @@ pub fn escape_attribute(s: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The first character XML 1.0 refuses is found wherever it stands (after multi-byte
+    /// characters, a control before a noncharacter and the other way round); tab, line feed,
+    /// carriage return and U+FFFD are allowed.
+    #[test]
+    fn the_first_character_xml_refuses_is_found() {
+        assert_eq!(disallowed_char("a\tb\r\nc \u{FFFD} é"), None);
+        for at in [0, 1, 62, 63, 64, 65, 127, 128, 200] {
+            let text = format!("{}\u{1}{}", "x".repeat(at), "y".repeat(70));
+            assert_eq!(disallowed_char(&text), Some((at, '\u{1}')), "at {at}");
+        }
+        assert_eq!(disallowed_char("éé\u{0}"), Some((4, '\u{0}')));
+        assert_eq!(disallowed_char("a\u{FFFE}b\u{1f}"), Some((1, '\u{FFFE}')));
+        assert_eq!(disallowed_char("a\u{1f}b\u{FFFF}"), Some((1, '\u{1f}')));
+        let far = format!("{}\u{FFFF}{}\u{2}", "é".repeat(40), "z".repeat(100));
+        assert_eq!(disallowed_char(&far), Some((80, '\u{FFFF}')));
+    }
 
     /// A type made again on the same thread shares the first one's strings; another
     /// namespace or name is another type; the memory of types is bounded.

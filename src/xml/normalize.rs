@@ -216,7 +216,10 @@ pub(crate) fn normalize_element(
             }
             Event::Text(t) => out.push_str(&escape_text(&t.xml10_content())),
             Event::CData(c) => out.push_str(&escape_text(&c.xml10_content())),
-            Event::GeneralRef(r) => out.push_str(&escape_text(&resolve_reference(&r)?)),
+            Event::GeneralRef(r) => {
+                let text = resolve_reference(&r, || line_of(input, pos))?;
+                out.push_str(&escape_text(&text))
+            }
             Event::Comment(_) | Event::PI(_) => {}
             Event::DocType(_) => return Err(XmlError::DoctypeRefused),
             Event::Decl(_) => {
@@ -251,9 +254,18 @@ fn check_depth(depth: usize, limits: &XmlLimits) -> Result<(), XmlError> {
 
 /// Resolves a character reference or one of the five predefined entities; anything else is
 /// refused, since no DTD can declare more.
-pub(crate) fn resolve_reference(r: &BytesRef<'_>) -> Result<String, XmlError> {
+pub(crate) fn resolve_reference(
+    r: &BytesRef<'_>,
+    line: impl FnOnce() -> usize,
+) -> Result<String, XmlError> {
     let name = r.xml10_content();
     match r.resolve_char_ref() {
+        Ok(Some(ch)) if super::disallowed_char(ch.encode_utf8(&mut [0; 4])).is_some() => {
+            return Err(XmlError::Malformed {
+                line: line(),
+                message: format!("&{name}; names a {}", super::disallowed_char_message(ch)),
+            })
+        }
         Ok(Some(ch)) => return Ok(ch.to_string()),
         Ok(None) => {}
         Err(_) => return Err(XmlError::UndefinedEntity(name.into_owned())),

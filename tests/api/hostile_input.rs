@@ -252,3 +252,78 @@ async fn large_payloads_are_held_in_memory_within_max_retained_bytes() {
     let t = inject(&o, "a", "<Note>small</Note>", None);
     assert_eq!(settle(&o, &t.thread_id).await, ThreadStatus::Completed);
 }
+
+/// A character XML 1.0 does not allow (a NUL, another control, U+FFFF), raw or by a
+/// character reference, in XML or in a JSON payload's text, is refused naming the character
+/// and where it is (libxml2 would say "Premature end of data" of a NUL, about the text
+/// after it); tab, line feed and carriage return pass, and the organism goes on.
+#[tokio::test]
+async fn a_character_xml_does_not_allow_is_refused_saying_which_and_where() {
+    let listeners = format!(
+        "{CHAIN}\n  - {{name: p, description: pings, kind: native, handler: sink, schema: t.xsd, accepts: [Ping]}}"
+    );
+    let s = serve_with(
+        Organism::builder(),
+        "",
+        &listeners,
+        agentserver::api::ApiOptions::default(),
+    )
+    .await;
+    let cases = [
+        (
+            serde_json::json!({"to": "a", "payload_xml": "<Note>\nok\u{0}then</Note>"}),
+            "invalid_payload",
+            "payload",
+            "line 2: character U+0000",
+        ),
+        (
+            serde_json::json!({"to": "a", "payload_xml": "<Note>\u{7}</Note>"}),
+            "invalid_payload",
+            "payload",
+            "line 1: character U+0007",
+        ),
+        (
+            serde_json::json!({"to": "a", "payload_xml": "<Note a='\u{FFFF}'/>"}),
+            "invalid_payload",
+            "payload",
+            "line 1: character U+FFFF",
+        ),
+        (
+            serde_json::json!({"to": "a", "payload_xml": "<Note>\n\n&#1;</Note>"}),
+            "malformed_xml",
+            "payload line 3",
+            "&#1; names a character U+0001",
+        ),
+        (
+            serde_json::json!({"to": "a", "payload": "bad\u{1b}"}),
+            "invalid_payload",
+            "payload",
+            "U+001B",
+        ),
+        (
+            serde_json::json!({"to": "p", "payload": {"n": "1\u{0}"}}),
+            "invalid_payload",
+            "payload.n",
+            "U+0000",
+        ),
+    ];
+    for (body, code, place, says) in cases {
+        let (st, e) = s.post("/api/v1/inject", body.clone()).await;
+        assert_eq!(st, 422, "{body}: {e}");
+        assert_eq!(e["error"]["code"], code, "{body}: {e}");
+        assert_eq!(e["error"]["where"], place, "{body}: {e}");
+        let message = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{body}: {e}");
+        assert!(message.contains("not allowed in XML 1.0"), "{body}: {e}");
+    }
+    // The characters XML allows, and the escaped ones, pass and are delivered.
+    let (st, r) = s
+        .post(
+            "/api/v1/inject",
+            serde_json::json!({"to": "a", "payload_xml": "<Note>a\tb\r\nc &#9;&#xFFFD;\u{FFFD}</Note>"}),
+        )
+        .await;
+    assert_eq!(st, 202, "{r}");
+    let thread = r["thread_id"].as_str().unwrap_or_default();
+    assert_eq!(settle(&s.organism, thread).await, ThreadStatus::Completed);
+}

@@ -79,6 +79,14 @@ fn scalar_text(v: &Value) -> Option<String> {
     }
 }
 
+/// `text` as XML may hold it, or why not, at `path`.
+fn xml_text(text: String, path: &str) -> Result<String, MapError> {
+    match crate::xml::disallowed_char(&text) {
+        Some((_, c)) => Err(err(path, crate::xml::disallowed_char_message(c))),
+        None => Ok(text),
+    }
+}
+
 fn err(path: &str, message: impl Into<String>) -> MapError {
     MapError {
         path: path.to_string(),
@@ -131,7 +139,7 @@ impl Writer<'_> {
                 self.object(name, extra, parts.as_ref(), map, path, depth)
             }
             scalar => {
-                let text = scalar_text(scalar).unwrap_or_default();
+                let text = xml_text(scalar_text(scalar).unwrap_or_default(), path)?;
                 if let Ty::Complex(ct) = ty {
                     let mut parts = Parts::default();
                     self.model.parts(ct, depth, &mut parts);
@@ -173,23 +181,19 @@ impl Writer<'_> {
                     ));
                 }
             }
-            let text = scalar_text(v).ok_or_else(|| {
-                err(
-                    &format!("{path}.{key}"),
-                    "an attribute value must be a text, number or boolean",
-                )
-            })?;
+            let at = format!("{path}.{key}");
+            let text = scalar_text(v)
+                .ok_or_else(|| err(&at, "an attribute value must be a text, number or boolean"))?;
+            let text = xml_text(text, &at)?;
             self.out
                 .push_str(&format!(" {attr}=\"{}\"", escape_attr(&text)));
         }
         self.out.push('>');
         if let Some(t) = map.get("#text") {
-            let text = scalar_text(t).ok_or_else(|| {
-                err(
-                    &format!("{path}.#text"),
-                    "text must be a text, number or boolean",
-                )
-            })?;
+            let at = format!("{path}.#text");
+            let text =
+                scalar_text(t).ok_or_else(|| err(&at, "text must be a text, number or boolean"))?;
+            let text = xml_text(text, &at)?;
             self.out.push_str(&escape_text(&text));
         }
         let child_prefix = match (&self.model.target_ns, self.model.qualified) {
