@@ -262,6 +262,37 @@ async fn commands_are_answered_with_their_request_id() {
     .pop()
     .unwrap();
     assert!(e["error"].as_str().unwrap().contains("JSON object"));
+    assert!(e["error"].as_str().unwrap().contains("not JSON"), "{e}");
+    assert_eq!(e["where"], "line 1, column 2", "{e}");
+    // A request_id JSON cannot hold says so, where it stands, not that `cmd` is missing.
+    let huge = format!(r#"{{"cmd": "ping", "request_id": 1{}}}"#, "0".repeat(400));
+    ws.send(tokio_tungstenite::tungstenite::Message::Text(huge.into()))
+        .await
+        .unwrap();
+    let e = read_until(&mut ws, |v| {
+        v["event"] == "error" && v["request_id"].is_null()
+    })
+    .await
+    .pop()
+    .unwrap();
+    assert!(e["error"].as_str().unwrap().contains("number out of range"), "{e}");
+    assert!(e["where"].as_str().unwrap().starts_with("line 1, column "), "{e}");
+    // A binary frame is answered, not ignored; the session goes on.
+    ws.send(tokio_tungstenite::tungstenite::Message::Binary(
+        br#"{"cmd": "ping"}"#.to_vec().into(),
+    ))
+    .await
+    .unwrap();
+    let e = read_until(&mut ws, |v| {
+        v["event"] == "error" && v["request_id"].is_null()
+    })
+    .await
+    .pop()
+    .unwrap();
+    assert_eq!(e["code"], "bad_request", "{e}");
+    assert!(e["error"].as_str().unwrap().contains("binary frame"), "{e}");
+    send_json(&mut ws, json!({"cmd": "dance", "request_id": "after"})).await;
+    read_until(&mut ws, answer("after")).await;
 }
 
 #[tokio::test]

@@ -424,9 +424,17 @@ impl<S: Source> Session<S> {
         last_heard: &mut Instant,
     ) -> Option<End> {
         match frame {
-            Some(Some(Message::Text(t))) => {
+            Some(Some(frame @ (Message::Text(_) | Message::Binary(_)))) => {
                 *last_heard = Instant::now();
-                self.command(t.as_str()).await;
+                match frame {
+                    Message::Text(t) => self.command(t.as_str()).await,
+                    _ => {
+                        let refused = ApiError::bad_request(
+                            "a command is a JSON object in a text frame: a binary frame is not read",
+                        );
+                        self.answer(Value::Null, String::new(), Err(refused));
+                    }
+                }
                 if self.overflow {
                     tracing::info!(endpoint = self.ep.path(), "closing a WebSocket client that sends commands but does not read their answers");
                     let reason = "not reading: answers over the client queue";
@@ -544,10 +552,25 @@ impl<S: Source> Session<S> {
                     _ => Err(ApiError::bad_request("a command needs a `cmd` string").at("cmd")),
                 }
             }
-            Ok(_) | Err(_) => Err(ApiError::bad_request(
+            Ok(_) => Err(ApiError::bad_request(
                 "a command is a JSON object with a `cmd` field",
             )),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "a command is a JSON object with a `cmd` field, and this is not JSON: {e}"
+            ))
+            .at(format!("line {}, column {}", e.line(), e.column()))),
         };
+        self.answer(request_id, cmd, reply);
+    }
+
+    /// Answers a command (`cmd`, carrying `request_id`) with `ack` and the fields of `reply`,
+    /// or `error`.
+    fn answer(
+        &mut self,
+        request_id: Value,
+        cmd: String,
+        reply: Result<Map<String, Value>, ApiError>,
+    ) {
         // Not the hub's latest: an answer never carries a `seq` ahead of the events this
         // connection has been offered, so a client resuming from the highest `seq` it saw
         // loses nothing.
