@@ -826,3 +826,47 @@ fn validate_warns_of_a_slow_pattern_in_the_files_schemas() {
         assert!(!said.contains("WARNING"), "{name}: {said}");
     }
 }
+
+/// A file the YAML reader would take minutes over (its time grows with the square of how
+/// deep `[` and `{` nest: yaml/yaml-serde#1) is refused at once, naming the line; one too
+/// large to be an organism is refused before it is read whole. Brackets are counted as bytes
+/// (in strings too), against twice the depth a file can nest and still be read: a hundred
+/// unmatched in a description are no reason to refuse a file.
+#[test]
+fn a_file_nested_too_deep_or_too_large_is_refused_at_once() {
+    let deep = format!(
+        "organism: {{name: d, listen: \"127.0.0.1:0\"}}\nlisteners:\n  - {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let e = errors(&deep);
+    assert!(
+        has(
+            &e,
+            None,
+            None,
+            "`[` and `{` nest deeper than 256 levels at line 3"
+        ),
+        "{e:?}"
+    );
+
+    let (_dir, path) = write("organism: {name: big, listen: \"127.0.0.1:0\"}\nlisteners: []\n");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str(&format!("# {}\n", "x".repeat(4 << 20)));
+    std::fs::write(&path, text).unwrap();
+    let e = load_file(&path, known(&["sink"])).unwrap_err().0;
+    assert!(
+        e.iter().any(|e| e
+            .message
+            .contains("over 4 MiB, the most an organism file may hold")),
+        "{e:?}"
+    );
+
+    let brackets = "[{".repeat(50);
+    let ok = format!(
+        "organism: {{name: b, listen: \"127.0.0.1:0\"}}\nlisteners:\n  - {{name: a, description: \"{brackets}\", kind: native, handler: sink, schema: s.xsd}}\n  - name: b\n    description: a plain scalar {brackets} too\n    kind: native\n    handler: sink\n    schema: s.xsd\n"
+    );
+    let (_dir, path) = write(&ok);
+    let config = load_file(&path, known(&["sink"]));
+    assert!(config.is_ok(), "{:?}", config.err());
+}

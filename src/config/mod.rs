@@ -231,13 +231,13 @@ pub fn load_file_layered(
     known: Known<'_>,
     layer: &[layer::LayerListener],
 ) -> Result<OrganismConfig, ConfigErrors> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = read::file_text(path).map_err(|message| {
         ConfigErrors(vec![ConfigError {
             file: path.display().to_string(),
             line: None,
             listener: None,
             key: None,
-            message: format!("cannot read: {e}"),
+            message,
         }])
     })?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -270,6 +270,15 @@ pub fn load_str_layered(
         text,
         errors: Vec::new(),
     };
+    if let Some(line) = read::too_deep(text) {
+        let max = read::MAX_FLOW_DEPTH;
+        c.push(
+            None,
+            None,
+            format!("not valid YAML: `[` and `{{` nest deeper than {max} levels at line {line} (counted in strings and comments too)"),
+        );
+        return Err(ConfigErrors(c.errors));
+    }
     let root: yaml_serde::Value = match yaml_serde::from_str(text) {
         Ok(v) => v,
         Err(e) => {

@@ -11,6 +11,52 @@ pub(super) struct Unread {
     pub message: String,
 }
 
+/// The most bytes an organism file may hold (read no further).
+pub(super) const MAX_FILE_BYTES: u64 = 4 << 20;
+
+/// The text of the organism file at `path`, at most [`MAX_FILE_BYTES`], or why not.
+pub(super) fn file_text(path: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "cannot read: over {} MiB, the most an organism file may hold",
+            MAX_FILE_BYTES >> 20
+        ));
+    }
+    String::from_utf8(bytes).map_err(|e| format!("cannot read: not UTF-8 text ({e})"))
+}
+
+/// How deep `[` and `{` may nest in an organism file, counted over `]` and `}` as bytes
+/// (in quotes and comments too): twice what a file can nest and still be read (serde's
+/// recursion limit, 128), so no file that reads is refused. The YAML reader's time grows with
+/// the square of that depth (yaml/yaml-serde#1: 100,000 `[` took minutes); bounded so, a file
+/// costs it time in proportion to its size.
+pub(super) const MAX_FLOW_DEPTH: usize = 256;
+
+/// The line where `text`'s `[` and `{` first nest deeper than [`MAX_FLOW_DEPTH`], if they do.
+pub(super) fn too_deep(text: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut line = 1;
+    for b in text.bytes() {
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return Some(line);
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            b'\n' => line += 1,
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Reads `v` as a `T`.
 pub(super) fn read<T: DeserializeOwned>(v: &yaml_serde::Value) -> Result<T, Unread> {
     serde_path_to_error::deserialize(v.clone()).map_err(|e| {

@@ -275,8 +275,14 @@ async fn commands_are_answered_with_their_request_id() {
     .await
     .pop()
     .unwrap();
-    assert!(e["error"].as_str().unwrap().contains("number out of range"), "{e}");
-    assert!(e["where"].as_str().unwrap().starts_with("line 1, column "), "{e}");
+    assert!(
+        e["error"].as_str().unwrap().contains("number out of range"),
+        "{e}"
+    );
+    assert!(
+        e["where"].as_str().unwrap().starts_with("line 1, column "),
+        "{e}"
+    );
     // A binary frame is answered, not ignored; the session goes on.
     ws.send(tokio_tungstenite::tungstenite::Message::Binary(
         br#"{"cmd": "ping"}"#.to_vec().into(),
