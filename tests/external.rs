@@ -28,6 +28,8 @@ enum Answer {
     Status(u16),
     /// Answers 200 after this long.
     Slow(Duration),
+    /// Answers 500 with a body that never ends.
+    Endless,
 }
 
 /// A stand-in external agent: every delivery's JSON goes to `seen`.
@@ -48,11 +50,23 @@ async fn agent(answer: Answer) -> Agent {
             let how = *how.lock().unwrap();
             async move {
                 let _ = tx.send(body);
+                use axum::response::IntoResponse;
                 match how {
-                    Answer::Status(s) => (StatusCode::from_u16(s).unwrap(), "agent says no"),
+                    Answer::Status(s) => {
+                        (StatusCode::from_u16(s).unwrap(), "agent says no").into_response()
+                    }
                     Answer::Slow(d) => {
                         tokio::time::sleep(d).await;
-                        (StatusCode::OK, "")
+                        (StatusCode::OK, "").into_response()
+                    }
+                    Answer::Endless => {
+                        let chunk =
+                            bytes::Bytes::from(format!("overloaded {}", "x".repeat(65_536)));
+                        let body = futures_util::stream::repeat_with(move || {
+                            Ok::<_, std::convert::Infallible>(chunk.clone())
+                        });
+                        let body = axum::body::Body::from_stream(body);
+                        (StatusCode::INTERNAL_SERVER_ERROR, body).into_response()
                     }
                 }
             }
@@ -396,6 +410,20 @@ async fn failed_forwards_are_recorded_with_the_cause_and_never_show_credentials(
         }
     }
     assert_ne!(s.agent_state("ext").await, "waiting");
+
+    // An answer that never ends: its first bytes are shown, the rest never read (read
+    // whole, it would have taken the minute of timeout_ms and all the memory it could).
+    let mut endless = agent(Answer::Endless).await;
+    let s2 = served(&endless.url, ", timeout_ms: 60000", "").await;
+    let asked = s2.inject_into("t-endless").await;
+    endless.next().await;
+    let m = failed_message(&s2, "t-endless", &asked).await;
+    let error = m.error.clone().unwrap();
+    assert!(
+        error.contains("answered 500 Internal Server Error: overloaded xxx"),
+        "{error}"
+    );
+    assert!(error.len() < 400, "{error}");
 
     // Too slow for timeout_ms.
     *failing.answer.lock().unwrap() = Answer::Slow(Duration::from_secs(3));

@@ -60,6 +60,22 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     cur.to_string()
 }
 
+/// Characters of a refusing agent's answer shown in the failure.
+const SNIPPET_CHARS: usize = 200;
+
+/// The first bytes of an answer's body, at most `max`: enough to say what went wrong, and no
+/// more read however much the agent sends (the rest is left unread; the connection goes).
+async fn body_start(mut resp: reqwest::Response, max: usize) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < max {
+        match resp.chunk().await {
+            Ok(Some(c)) => bytes.extend_from_slice(&c[..c.len().min(max - bytes.len())]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 impl Handler for ExternalHandler {
     fn handle(&self, delivery: Delivery) -> HandlerFuture {
         let agent = self.listener.name.as_str();
@@ -89,8 +105,8 @@ impl Handler for ExternalHandler {
                 Ok(resp) if resp.status().is_success() => Ok(Vec::new()),
                 Ok(resp) => {
                     let status = resp.status();
-                    let text = resp.text().await.unwrap_or_default();
-                    let snippet: String = text.chars().take(200).collect();
+                    let text = body_start(resp, 4 * SNIPPET_CHARS).await;
+                    let snippet: String = text.chars().take(SNIPPET_CHARS).collect();
                     Err(HandlerError(if snippet.trim().is_empty() {
                         format!("POST {shown} answered {status}")
                     } else {
