@@ -909,6 +909,19 @@ listeners:
         .iter()
         .any(|f| f["event"] == "message" && f["message"]["from"] == "think"));
 
+    // A bad query parameter is a 400 naming it, as at the pump.
+    match tokio_tungstenite::connect_async(format!("{gw}/ws?since=abc")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status().as_u16(), 400);
+            let body = String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).to_string();
+            assert!(
+                body.contains("invalid_query") && body.contains(r#""where":"since""#),
+                "{body}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+
     // Resumed from before the pieces: what follows comes whole, with no gap told.
     let mut resumed = ws_connect(&format!("{gw}/ws?since={before}")).await;
     let frames = frames_until_done(&mut resumed, &[after.thread_id.to_string()]).await;

@@ -15,7 +15,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
@@ -23,7 +23,7 @@ use futures_util::Stream;
 use serde::{Deserialize, Serialize};
 
 use super::auth::{sees_event, unknown_thread, Seen, VisibleThread};
-use super::error::{ApiError, ErrorResponse, JsonBody};
+use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::view::{Message, Thread, Timestamp};
 use super::ApiState;
 use crate::access::{Principal, Scope};
@@ -140,6 +140,7 @@ pub async fn create_stream_token(
 
 /// `GET /api/v1/threads/{id}/events`'s query.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Resume after this `seq` (as `Last-Event-ID`).
     pub since: Option<u64>,
@@ -153,6 +154,7 @@ pub struct EventsQuery {
     params(("id" = String, Path, description = "Thread id"), EventsQuery,
            ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this `seq`")),
     responses((status = 200, description = "`text/event-stream`: `thread_snapshot` part(s), then the thread's events, each `id: <seq>`", content_type = "text/event-stream", body = String),
+              (status = 400, description = "Bad query parameter", body = ErrorResponse),
               (status = 404, description = "No such thread (in this credential's scope)", body = ErrorResponse),
               (status = 429, description = "`too_many_streams`: the credential's tenant has `tenants.<t>.max_streams` event streams open; or `rate_limited`: too many wrong credentials from this address; with `Retry-After`", body = ErrorResponse,
                headers(("Retry-After" = u64, description = "Seconds to wait")))))]
@@ -160,7 +162,7 @@ pub async fn thread_events(
     State(s): State<ApiState>,
     thread: VisibleThread,
     seen: Seen,
-    Query(q): Query<EventsQuery>,
+    Params(q): Params<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     let config = s.inner.organism.config();

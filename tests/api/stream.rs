@@ -231,6 +231,12 @@ async fn a_thread_stream_gives_the_whole_history_then_every_live_event_once() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 404);
+    // A bad query parameter is a 400 naming it, as on every route.
+    let r = http().get(format!("{url}?since=abc")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let e: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "invalid_query", "{e}");
+    assert_eq!(e["error"]["where"], "since", "{e}");
     drop((s, again, old));
     server.shutdown().await;
     o.stop().await;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::ws::{Utf8Bytes, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, Query, State};
+use axum::extract::{ConnectInfo, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -32,7 +32,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Authenticator, Principal, Scope};
-use super::error::ApiError;
+use super::error::{ApiError, Params};
 use super::streams::{StreamSlot, Streams};
 use super::ws::session::{self, query_filter, subscribe_spec, Session, Source};
 use super::ws::{resync_frame, Who, WsQuery};
@@ -362,7 +362,7 @@ async fn ws_events(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
     caller: Caller,
-    Query(q): Query<WsQuery>,
+    Params(q): Params<WsQuery>,
 ) -> Result<Response, ApiError> {
     upgrade(ws, gate, caller, q, Endpoint::Events)
 }
@@ -371,7 +371,7 @@ async fn ws_messages(
     ws: WebSocketUpgrade,
     State(gate): State<Gate>,
     caller: Caller,
-    Query(q): Query<WsQuery>,
+    Params(q): Params<WsQuery>,
 ) -> Result<Response, ApiError> {
     upgrade(ws, gate, caller, q, Endpoint::Messages)
 }
