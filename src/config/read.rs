@@ -32,9 +32,10 @@ pub(super) fn file_text(path: &std::path::Path) -> Result<String, String> {
 
 /// How deep `[` and `{` may nest in an organism file, counted over `]` and `}` as bytes
 /// (in quotes and comments too): twice what a file can nest and still be read (serde's
-/// recursion limit, 128), so no file that reads is refused. The YAML reader's time grows with
-/// the square of that depth (yaml/yaml-serde#1: 100,000 `[` took minutes); bounded so, a file
-/// costs it time in proportion to its size.
+/// recursion limit, 128), so a file that reads is refused only if its strings or comments
+/// hold over a hundred `[` or `{` left open. The YAML reader's time grows with the square of
+/// that depth (yaml/yaml-serde#1: 100,000 `[` took minutes); bounded so, a file costs it time
+/// in proportion to its size.
 pub(super) const MAX_FLOW_DEPTH: usize = 256;
 
 /// The line where `text`'s `[` and `{` first nest deeper than [`MAX_FLOW_DEPTH`], if they do.
