@@ -249,32 +249,14 @@ async fn commands_are_answered_with_their_request_id() {
     send_json(&mut ws, json!({"cmd": "dance", "request_id": "d"})).await;
     let e = read_until(&mut ws, answer("d")).await.pop().unwrap();
     assert_eq!(e["code"], "bad_request");
-    use futures_util::SinkExt;
-    ws.send(tokio_tungstenite::tungstenite::Message::Text(
-        "not json".into(),
-    ))
-    .await
-    .unwrap();
-    let e = read_until(&mut ws, |v| {
-        v["event"] == "error" && v["request_id"].is_null()
-    })
-    .await
-    .pop()
-    .unwrap();
+    use tokio_tungstenite::tungstenite::Message as Frame;
+    let e = unanswerable(&mut ws, Frame::Text("not json".into())).await;
     assert!(e["error"].as_str().unwrap().contains("JSON object"));
     assert!(e["error"].as_str().unwrap().contains("not JSON"), "{e}");
     assert_eq!(e["where"], "line 1, column 2", "{e}");
     // A request_id JSON cannot hold says so, where it stands, not that `cmd` is missing.
     let huge = format!(r#"{{"cmd": "ping", "request_id": 1{}}}"#, "0".repeat(400));
-    ws.send(tokio_tungstenite::tungstenite::Message::Text(huge.into()))
-        .await
-        .unwrap();
-    let e = read_until(&mut ws, |v| {
-        v["event"] == "error" && v["request_id"].is_null()
-    })
-    .await
-    .pop()
-    .unwrap();
+    let e = unanswerable(&mut ws, Frame::Text(huge.into())).await;
     assert!(
         e["error"].as_str().unwrap().contains("number out of range"),
         "{e}"
@@ -284,17 +266,8 @@ async fn commands_are_answered_with_their_request_id() {
         "{e}"
     );
     // A binary frame is answered, not ignored; the session goes on.
-    ws.send(tokio_tungstenite::tungstenite::Message::Binary(
-        br#"{"cmd": "ping"}"#.to_vec().into(),
-    ))
-    .await
-    .unwrap();
-    let e = read_until(&mut ws, |v| {
-        v["event"] == "error" && v["request_id"].is_null()
-    })
-    .await
-    .pop()
-    .unwrap();
+    let binary = Frame::Binary(br#"{"cmd": "ping"}"#.to_vec().into());
+    let e = unanswerable(&mut ws, binary).await;
     assert_eq!(e["code"], "bad_request", "{e}");
     assert!(e["error"].as_str().unwrap().contains("binary frame"), "{e}");
     send_json(&mut ws, json!({"cmd": "dance", "request_id": "after"})).await;
@@ -1073,4 +1046,15 @@ async fn a_subscription_with_history_sends_the_thread_so_far_then_live() {
         .pop()
         .unwrap();
     assert_eq!(e["where"], "history", "{e}");
+}
+
+/// Sends `frame`, a command the session cannot read, and returns its `error` answer (one
+/// without a `request_id`).
+async fn unanswerable(ws: &mut Ws, frame: tokio_tungstenite::tungstenite::Message) -> Value {
+    use futures_util::SinkExt;
+    ws.send(frame).await.unwrap();
+    read_until(ws, |v| v["event"] == "error" && v["request_id"].is_null())
+        .await
+        .pop()
+        .unwrap()
 }
