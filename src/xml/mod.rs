@@ -228,9 +228,12 @@ pub fn guard(input: &str, limits: &XmlLimits) -> Result<(), XmlError> {
 /// (a NUL ends its input: "Premature end of data in tag"); the schema gate then says which
 /// character, and where (`Schema::check`), so a valid payload pays nothing for the search.
 pub fn disallowed_char(text: &str) -> Option<(usize, char)> {
-    text.char_indices().find(|&(_, c)| {
-        matches!(c, '\0'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}')
-    })
+    text.char_indices().find(|&(_, c)| is_disallowed(c))
+}
+
+/// Whether XML 1.0 does not allow `c` in a document (see [`disallowed_char`]).
+pub(crate) fn is_disallowed(c: char) -> bool {
+    matches!(c, '\0'..='\u{8}' | '\u{b}' | '\u{c}' | '\u{e}'..='\u{1f}' | '\u{fffe}' | '\u{ffff}')
 }
 
 /// Why a character [`disallowed_char`] found is refused.

@@ -260,7 +260,7 @@ pub(crate) fn resolve_reference(
 ) -> Result<String, XmlError> {
     let name = r.xml10_content();
     match r.resolve_char_ref() {
-        Ok(Some(ch)) if super::disallowed_char(ch.encode_utf8(&mut [0; 4])).is_some() => {
+        Ok(Some(ch)) if super::is_disallowed(ch) => {
             return Err(XmlError::Malformed {
                 line: line(),
                 message: format!("&{name}; names a {}", super::disallowed_char_message(ch)),
