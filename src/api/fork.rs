@@ -14,12 +14,11 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{refused_choice, VisibleThread};
+use super::auth::{chosen_id, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody};
 use super::retry::{made_or_planned, RunsAgain};
 use super::ApiState;
 use crate::pump::{ForkCopy, ForkError, ForkPlan, ForkRequest};
-use crate::threads::valid_thread_id;
 
 /// What a fork copies before the message it is forked at.
 #[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, utoipa::ToSchema)]
@@ -122,17 +121,8 @@ pub(super) async fn fork(
     thread: &str,
     body: ForkBody,
 ) -> Result<Forked, ApiError> {
-    let invalid = |rule: String| {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_thread_id", rule).at("thread_id")
-    };
     if let Some(t) = body.thread_id.as_deref() {
-        if !valid_thread_id(t) {
-            return Err(invalid(format!("thread_id {}", crate::threads::ID_RULE)));
-        }
-        // Before whether it is taken: a tenant learns nothing of another's ids.
-        if let Some(rule) = refused_choice(tenant, t, "thread") {
-            return Err(invalid(rule));
-        }
+        chosen_id(tenant, t, "thread")?;
     }
     let exists = |to: &str| organism.config().listener(to).is_some();
     if let Some(to) = body.to.as_deref().filter(|t| !scope.sees(t) || !exists(t)) {

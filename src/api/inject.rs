@@ -7,12 +7,11 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::auth::{may_name_thread, refused_choice, Seen};
+use super::auth::{chosen_id, may_name_thread, Seen};
 use super::error::ApiError;
 use crate::config::{json_payload, JsonPayloadError, NoType};
 use crate::pump::{InjectReceipt, InjectRequest, Organism};
 use crate::schema::Schema;
-use crate::threads::valid_thread_id;
 use crate::xml::{root_local_name, PayloadType};
 
 /// `POST /api/v1/inject` and the `/ws` `inject` command.
@@ -117,27 +116,13 @@ pub fn inject(
     body: InjectBody,
 ) -> Result<InjectReceipt, ApiError> {
     if let Some(t) = &body.thread_id {
-        if !valid_thread_id(t) {
-            return Err(ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_thread_id",
-                format!("thread_id {}", crate::threads::ID_RULE),
-            )
-            .at("thread_id"));
-        }
+        // An id; whose it may be (a tenant may continue a thread it sees) is asked below.
+        chosen_id(None, t, "thread")?;
     }
     if let Some(m) = body.message_id.as_deref() {
-        let invalid = |rule: String| {
-            ApiError::new(StatusCode::BAD_REQUEST, "invalid_message_id", rule).at("message_id")
-        };
-        if !valid_thread_id(m) {
-            return Err(invalid(format!("message_id {}", crate::threads::ID_RULE)));
-        }
-        // A tenant's chosen ids begin with its name, as its threads' (before it is looked
-        // up: it learns nothing of another tenant's ids, and takes none).
-        if let Some(rule) = refused_choice(seen.principal.tenant.as_deref(), m, "message") {
-            return Err(invalid(rule));
-        }
+        // A tenant's chosen ids begin with its name, as its threads' (it takes none of
+        // another tenant's).
+        chosen_id(seen.principal.tenant.as_deref(), m, "message")?;
     }
     let config = organism.config();
     if let Some(t) = body.thread_id.as_deref() {

@@ -26,7 +26,7 @@ pub use policy::{
     TABLE,
 };
 pub use visible::{
-    may_name_thread, refused_choice, sees_event, unknown_thread, Seen, VisibleAgent, VisibleThread,
+    chosen_id, may_name_thread, sees_event, unknown_thread, Seen, VisibleAgent, VisibleThread,
 };
 
 /// The longest credential read; a longer one is refused unread.

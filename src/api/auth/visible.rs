@@ -85,11 +85,21 @@ fn may_choose(tenant: &str, id: &str) -> bool {
     chosen_id_prefix(tenant).is_some_and(|p| id.starts_with(&p))
 }
 
-/// Why a credential of `tenant` (none: organism-wide, which chooses any) may not choose `id`
-/// for a new `what` (thread, message), if it may not. Asked before the id is looked up.
-pub fn refused_choice(tenant: Option<&str>, id: &str, what: &str) -> Option<String> {
-    let tenant = tenant.filter(|t| !may_choose(t, id))?;
-    Some(chosen_id_rule(tenant, what))
+/// Refuses `id`, given as `{what}_id` for a new `what` (thread, message), with `400
+/// invalid_{what}_id` unless it is an id (`threads::ID_RULE`) and, chosen by a credential of
+/// `tenant` (none: organism-wide, which chooses any), begins with the tenant's
+/// [`chosen_id_prefix`]. Asked before the id is looked up, so that a tenant learns nothing
+/// of another's ids.
+pub fn chosen_id(tenant: Option<&str>, id: &str, what: &str) -> Result<(), ApiError> {
+    let rule = if !crate::threads::valid_thread_id(id) {
+        format!("{what}_id {}", crate::threads::ID_RULE)
+    } else if let Some(tenant) = tenant.filter(|t| !may_choose(t, id)) {
+        chosen_id_rule(tenant, what)
+    } else {
+        return Ok(());
+    };
+    let code = format!("invalid_{what}_id");
+    Err(ApiError::new(axum::http::StatusCode::BAD_REQUEST, &code, rule).at(format!("{what}_id")))
 }
 
 /// What a tenant's credential may choose as the id of a new `what` (thread, message), said
