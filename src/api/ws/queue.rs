@@ -131,8 +131,7 @@ impl<S: Source> Session<S> {
             return dropped(self);
         }
         let budget = self.options.client_queue_bytes;
-        if self.tx.capacity() == 0
-            || self.queued.load(Ordering::Relaxed) + frame.len() > budget
+        if self.queued.load(Ordering::Relaxed) + frame.len() > budget
             || !self.try_queue(Message::Text(frame))
         {
             dropped(self);
@@ -197,6 +196,10 @@ impl<S: Source> Session<S> {
 
     /// Queues a frame if there is room, keeping the byte count the writer pays back.
     pub(super) fn try_queue(&self, msg: Message) -> bool {
+        // A full queue takes nothing: said before its byte count is touched.
+        if self.tx.capacity() == 0 {
+            return false;
+        }
         let len = frame_len(&msg);
         self.queued.fetch_add(len, Ordering::Relaxed);
         if self.tx.try_send(msg).is_err() {
