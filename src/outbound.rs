@@ -65,6 +65,37 @@ pub fn http_client_with(tls: Arc<rustls::ClientConfig>) -> reqwest::ClientBuilde
     reqwest::Client::builder().tls_backend_preconfigured((*tls).clone())
 }
 
+/// The first bytes of an answer's body, at most `max`: enough to say what went wrong, and no
+/// more read however much the other side sends (the rest is left unread; the connection goes).
+pub async fn body_start(mut resp: reqwest::Response, max: usize) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < max {
+        match resp.chunk().await {
+            Ok(Some(c)) => bytes.extend_from_slice(&c[..c.len().min(max - bytes.len())]),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// An answer's whole body if it is at most `max` bytes; past that, an error saying so, and
+/// the rest is left unread.
+pub async fn body_at_most(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    let mut bytes = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(c)) if bytes.len() + c.len() > max => {
+                return Err(format!(
+                    "the answer is over {max} bytes; the rest was not read"
+                ))
+            }
+            Ok(Some(c)) => bytes.extend_from_slice(&c),
+            Ok(None) => return Ok(bytes),
+            Err(e) => return Err(format!("the answer broke off: {e}")),
+        }
+    }
+}
+
 /// The certificates of a PEM file, to trust as roots (`--ca-cert`, `AGENTSERVER_CA_CERT`).
 /// Errors name the file.
 pub fn read_roots(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {

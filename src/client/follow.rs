@@ -5,7 +5,9 @@ use std::io::Write;
 
 use serde_json::Value;
 
-use super::{connect_failure, tail_line, ClientError, Remote, TailFilter};
+use super::{
+    connect_failure, tail_line, ClientError, Remote, TailFilter, MAX_ANSWER_BYTES, REFUSAL_BYTES,
+};
 
 /// The thread's messages so far, then its messages and status changes as they come, to
 /// `out` (one line each, or the JSON of each message and status with `json`). Ends with
@@ -28,14 +30,23 @@ pub(super) async fn follow(
         })?;
     let status = response.status().as_u16();
     if status != 200 {
-        let body = response.text().await.unwrap_or_default();
+        let body = crate::outbound::body_start(response, REFUSAL_BYTES).await;
         return Err(ClientError::Refused { status, body });
     }
-    let mut buf = String::new();
+    // Bytes, not text, until an event is whole: a character may straddle two chunks.
+    let mut buf: Vec<u8> = Vec::new();
+    // How far `buf` has been looked through for an event's end, so that an event coming in
+    // many chunks is looked through once.
+    let mut looked = 0;
     loop {
-        while let Some(end) = buf.find("\n\n") {
-            let block: String = buf.drain(..end + 2).collect();
-            for frame in frames(&block) {
+        while let Some(end) = buf[looked..]
+            .windows(2)
+            .position(|w| w == b"\n\n")
+            .map(|at| looked + at)
+        {
+            looked = 0;
+            let block: Vec<u8> = buf.drain(..end + 2).collect();
+            for frame in frames(&String::from_utf8_lossy(&block)) {
                 if !shown(&frame, filter) {
                     continue;
                 }
@@ -49,8 +60,15 @@ pub(super) async fn follow(
                 out.flush()?;
             }
         }
+        // The next look starts a byte early: an event's end may straddle two chunks.
+        looked = buf.len().saturating_sub(1);
         match response.chunk().await {
-            Ok(Some(chunk)) => buf.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(Some(chunk)) if buf.len() + chunk.len() > MAX_ANSWER_BYTES => {
+                return Err(ClientError::Ended(format!(
+                    " (an event over {MAX_ANSWER_BYTES} bytes; the rest was not read)"
+                )))
+            }
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
             Ok(None) => return Err(ClientError::Ended(String::new())),
             Err(e) => return Err(ClientError::Ended(format!(" ({e})"))),
         }

@@ -155,14 +155,11 @@ impl Remote {
                 message: connect_failure(&e),
             })?;
         let status = response.status().as_u16();
-        let text = response.text().await.unwrap_or_default();
         if !(200..300).contains(&status) {
-            return Err(ClientError::Refused { status, body: text });
+            let body = outbound::body_start(response, REFUSAL_BYTES).await;
+            return Err(ClientError::Refused { status, body });
         }
-        serde_json::from_str(&text).map_err(|e| ClientError::Refused {
-            status,
-            body: format!("{text} ({e})"),
-        })
+        answer_json(response).await
     }
 
     /// `request` with `Authorization: Bearer <token>` when there is a token.
@@ -172,6 +169,28 @@ impl Remote {
             None => request,
         }
     }
+}
+
+/// A server's answer the client reads, at most: far above any page the server sends (16 MiB)
+/// and a message of any `max_message_bytes` in use; a server that sends more is refused, not
+/// held.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024 * 1024;
+
+/// Of a refusal's body, the client reads (and shows) at most this much.
+pub const REFUSAL_BYTES: usize = 64 * 1024;
+
+/// A 2xx answer's JSON, read at most [`MAX_ANSWER_BYTES`]; an answer too large or not JSON
+/// is [`ClientError::Refused`], saying so (with its start, if not JSON).
+async fn answer_json(response: reqwest::Response) -> Result<Value, ClientError> {
+    let status = response.status().as_u16();
+    let refused = |body| ClientError::Refused { status, body };
+    let bytes = outbound::body_at_most(response, MAX_ANSWER_BYTES)
+        .await
+        .map_err(refused)?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        let start = crate::clip::clip(String::from_utf8_lossy(&bytes).into_owned(), 600);
+        refused(format!("{start} (not the JSON expected: {e})"))
+    })
 }
 
 /// How a client command reaches a running server (`--url`, `--token`, `--ca-cert`).
@@ -502,14 +521,12 @@ async fn agent_names(remote: &Remote) -> Option<Vec<String>> {
             remote.url(),
             names.len()
         );
-        let page: Value = remote
+        let response = remote
             .authorized(remote.http.get(&endpoint))
             .send()
             .await
-            .ok()?
-            .json()
-            .await
             .ok()?;
+        let page = answer_json(response).await.ok()?;
         let items = page.get("items")?.as_array()?;
         names.extend(
             items

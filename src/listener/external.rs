@@ -63,19 +63,6 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 /// Characters of a refusing agent's answer shown in the failure.
 const SNIPPET_CHARS: usize = 200;
 
-/// The first bytes of an answer's body, at most `max`: enough to say what went wrong, and no
-/// more read however much the agent sends (the rest is left unread; the connection goes).
-async fn body_start(mut resp: reqwest::Response, max: usize) -> String {
-    let mut bytes = Vec::new();
-    while bytes.len() < max {
-        match resp.chunk().await {
-            Ok(Some(c)) => bytes.extend_from_slice(&c[..c.len().min(max - bytes.len())]),
-            _ => break,
-        }
-    }
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 impl Handler for ExternalHandler {
     fn handle(&self, delivery: Delivery) -> HandlerFuture {
         let agent = self.listener.name.as_str();
@@ -105,7 +92,7 @@ impl Handler for ExternalHandler {
                 Ok(resp) if resp.status().is_success() => Ok(Vec::new()),
                 Ok(resp) => {
                     let status = resp.status();
-                    let text = body_start(resp, 4 * SNIPPET_CHARS).await;
+                    let text = crate::outbound::body_start(resp, 4 * SNIPPET_CHARS).await;
                     let snippet: String = text.chars().take(SNIPPET_CHARS).collect();
                     Err(HandlerError(if snippet.trim().is_empty() {
                         format!("POST {shown} answered {status}")

@@ -4,6 +4,7 @@
 #[path = "../child/mod.rs"]
 mod child;
 
+mod hostile;
 mod local;
 mod remote;
 mod threads;
