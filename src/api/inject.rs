@@ -98,12 +98,21 @@ pub(super) fn json_to_xml(
     let to = listener.name.as_str();
     json_payload(&listener.accepts, wanted, json).map_err(|e| match e {
         JsonPayloadError::Type(why) => no_type(&listener.accepts, to, wanted, why),
-        JsonPayloadError::Map(ty, e) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_payload",
-            format!("payload cannot be written as `{ty}`: {}", e.message),
-        )
-        .at(e.path),
+        JsonPayloadError::Map(ty, e) => {
+            // An XML text sent as `payload` (a string) instead of `payload_xml`.
+            let hint = match json.as_str() {
+                Some(s) if s.trim_start().starts_with('<') => {
+                    " (an XML payload goes in `payload_xml`, as a string)"
+                }
+                _ => "",
+            };
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_payload",
+                format!("payload cannot be written as `{ty}`: {}{hint}", e.message),
+            )
+            .at(e.path)
+        }
     })
 }
 

@@ -396,6 +396,32 @@ async fn inject_maps_json_in_schema_order_and_answers_202() {
     assert_eq!(st, 422);
     assert_eq!(e["error"]["code"], "invalid_payload");
     assert_eq!(e["error"]["where"], "payload.m");
+
+    // XML sent as `payload` (a string) is told where XML goes.
+    let (st, e) = s
+        .post(
+            "/api/v1/inject",
+            json!({"to": "p", "payload": " <Ping><n>1</n></Ping>"}),
+        )
+        .await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (422, Some("invalid_payload"))
+    );
+    let said = e["error"]["message"].as_str().unwrap();
+    assert!(said.contains("an XML payload goes in `payload_xml`"), "{e}");
+    // Not so for another string.
+    let (st, e) = s
+        .post("/api/v1/inject", json!({"to": "p", "payload": "seven"}))
+        .await;
+    assert_eq!(st, 422, "{e}");
+    assert!(
+        !e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("payload_xml"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
