@@ -58,7 +58,28 @@ listeners:
   - { name: g, description: missing xsd, kind: native, handler: sink, schema: nowhere.xsd }
   - { name: h, description: no handler, kind: native, handler: nope, schema: s.xsd }
   - { name: i, description: narrowed wrong, kind: native, handler: sink, schema: s.xsd, accepts: [Z] }
+  - { name: shouter, description: a name to mistype, kind: native, handler: sink, schema: s.xsd, accepts: [B] }
+  - { name: j, description: typo, kind: native, handler: forward, schema: s.xsd, peers: [shoutr], config: { to: shuoter }, accepts: [B] }
 "#,
+    );
+    // A name like a listener's is suggested; one like none (`ghost`) is not.
+    assert!(
+        has(
+            &errs,
+            Some("j"),
+            Some("peers"),
+            "`shoutr` names no listener (did you mean `shouter`?)"
+        ),
+        "{errs:#?}"
+    );
+    assert!(
+        has(
+            &errs,
+            Some("j"),
+            Some("config.to"),
+            "`shuoter` names no listener (did you mean `shouter`?)"
+        ),
+        "{errs:#?}"
     );
     assert!(
         has(&errs, Some("a"), Some("colour"), "unknown field `colour`"),

@@ -444,6 +444,17 @@ fn check_schema(
     (accepts, schema_origin)
 }
 
+/// ` (did you mean `x`?)` for the one of `names` most like `name`, if one is as alike as a
+/// typo makes it (Jaro-Winkler 0.8 or more; the first by name of those alike); else nothing.
+fn did_you_mean<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> String {
+    names
+        .map(|n| (strsim::jaro_winkler(name, n), n))
+        .filter(|(alike, _)| *alike >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+        .map(|(_, n)| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default()
+}
+
 /// Every peer names a listener in the file.
 fn check_peers(
     s: &ListenerSection,
@@ -455,7 +466,8 @@ fn check_peers(
         for p in ps {
             // A tenant's unknown peer is told as one out of its scope (`tenant.rs`).
             if !names.contains(p.as_str()) && s.tenant.is_none() {
-                c.push(l, Some("peers"), format!("`{p}` names no listener"));
+                let hint = did_you_mean(p, names.iter().copied());
+                c.push(l, Some("peers"), format!("`{p}` names no listener{hint}"));
             }
         }
         ps.iter().map(|p| ListenerName::new(p)).collect::<Vec<_>>()
@@ -495,7 +507,14 @@ fn check_handler_config(
     if s.handler.as_deref() == Some("forward") {
         match config.get("to").and_then(|t| t.as_str()) {
             Some(t) if names.contains(t) => {}
-            Some(t) => c.push(l, Some("config.to"), format!("`{t}` names no listener")),
+            Some(t) => {
+                let hint = did_you_mean(t, names.iter().copied());
+                c.push(
+                    l,
+                    Some("config.to"),
+                    format!("`{t}` names no listener{hint}"),
+                )
+            }
             None => c.push(
                 l,
                 Some("config.to"),
