@@ -1500,6 +1500,22 @@ async fn a_tenants_credential_sees_and_touches_only_its_tenants_listeners() {
                 .replace("nope", to)
         );
     }
+    // A mistyped name is told the listener meant only among those the credential sees:
+    // acme's `b1x` suggests nothing (beta's `b1` is as absent as `nope`), the organism's
+    // operator's does.
+    let (_, _, r) = inject(acme.clone(), "a1x", None).await;
+    assert_eq!(
+        r["error"]["message"],
+        "no listener named `a1x` (did you mean `a1`?)"
+    );
+    let (_, _, r) = inject(acme.clone(), "b1x", None).await;
+    assert_eq!(r["error"]["message"], "no listener named `b1x`", "{r}");
+    let op = g.key(Role::Operator).to_string();
+    let (_, _, r) = inject(op, "b1x", None).await;
+    assert_eq!(
+        r["error"]["message"],
+        "no listener named `b1x` (did you mean `b1`?)"
+    );
     // Nor can it continue another tenant's thread.
     let (s, _, r) = inject(acme.clone(), "a1", Some(&beta_thread)).await;
     assert_eq!(

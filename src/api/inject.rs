@@ -141,9 +141,13 @@ pub fn inject(
         .listener(&body.to)
         .filter(|_| seen.scope.sees(&body.to))
         .ok_or_else(|| {
+            // Only a name the credential sees is suggested.
+            let seen_names = config.listeners.iter().map(|l| l.name.as_str());
+            let hint =
+                crate::config::did_you_mean(&body.to, seen_names.filter(|n| seen.scope.sees(n)));
             ApiError::not_found(
                 "unknown_listener",
-                format!("no listener named `{}`", body.to),
+                format!("no listener named `{}`{hint}", body.to),
             )
             .at("to")
         })?;

@@ -37,8 +37,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use check::valid_tenant;
 use check::{check_listeners, variant_key};
+pub use check::{did_you_mean, valid_tenant};
 use check_sections::{check_auth, check_external_callbacks, check_nats};
 pub use check_sections::{
     DEFAULT_EVENTS_MAX_AGE, DEFAULT_EVENTS_MAX_BYTES, DEFAULT_NATS_ACK_WAIT_MS,
