@@ -40,6 +40,12 @@ pub(super) fn prune_chunk(
     };
     let mut delete = |tx: &rusqlite::Transaction<'_>, n: i64| -> rusqlite::Result<u64> {
         let gone = delete_messages(tx, n, &mut deltas)?;
+        // Its calls' rows: they count only towards its own `tokens_per_thread` (the day sums,
+        // which hold the tenants' windows, stay).
+        tx.prepare_cached(
+            "DELETE FROM usage WHERE thread = (SELECT id FROM threads WHERE n = ?1)",
+        )?
+        .execute(params![n])?;
         tx.prepare_cached("DELETE FROM threads WHERE n = ?1")?
             .execute(params![n])?;
         tx.prepare_cached("DELETE FROM thread_labels WHERE thread = ?1")?

@@ -193,7 +193,42 @@ fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
             .unwrap();
         }
     }
+    // An LLM call in the thread pruned and in one kept.
+    for t in ["old", "new"] {
+        store.record(
+            2,
+            &EventKind::Usage(Box::new(crate::events::Usage {
+                tenant: None,
+                listener: "g".into(),
+                thread_id: t.into(),
+                message_id: format!("{t}-0").into(),
+                model: "m".into(),
+                input_tokens: 10,
+                output_tokens: 5,
+                cached_tokens: 0,
+                cost_micros: 0,
+                estimated: false,
+                ms: 1,
+            })),
+        );
+    }
+    store.flush(2);
     assert_eq!(store.prune(Some(4), None).unwrap(), 4);
+    // The pruned thread's calls went with it (the usage table is as bounded as the log);
+    // the kept thread's still count.
+    assert_eq!(store.thread_usage("g", "old").unwrap(), 0);
+    assert_eq!(store.thread_usage("g", "new").unwrap(), 15);
+    let day: i64 = store
+        .reader
+        .lock()
+        .unwrap()
+        .query_row(
+            "SELECT SUM(input_tokens + output_tokens) FROM usage_daily",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(day, 30, "the day's sums stay");
     let left: Vec<String> = store
         .query_threads(&ThreadFilter::default(), Page::default())
         .unwrap()
