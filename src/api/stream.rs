@@ -46,6 +46,9 @@ pub const TOKEN_TTL: Duration = Duration::from_secs(60);
 pub const MAX_STREAM_TOKENS: usize = 10_000;
 /// Stream tokens of one principal waiting to be used, at most (so one cannot take them all).
 pub const MAX_STREAM_TOKENS_EACH: usize = 100;
+/// Stream tokens of one tenant's principals together, at most (so a tenant of many
+/// credentials cannot take them all from the others).
+pub const MAX_STREAM_TOKENS_PER_TENANT: usize = 1000;
 
 /// The stream tokens waiting to be used: token → (whose, which thread, until when).
 #[derive(Default)]
@@ -66,12 +69,28 @@ impl StreamTokens {
         let now = Instant::now();
         tokens.retain(|_, (_, _, until)| *until > now);
         let mine = tokens.values().filter(|(q, _, _)| q.name == p.name).count();
-        if tokens.len() >= MAX_STREAM_TOKENS || mine >= MAX_STREAM_TOKENS_EACH {
+        let tenants = match &p.tenant {
+            Some(t) => tokens
+                .values()
+                .filter(|(q, _, _)| q.tenant.as_ref() == Some(t))
+                .count(),
+            None => 0,
+        };
+        if tokens.len() >= MAX_STREAM_TOKENS
+            || mine >= MAX_STREAM_TOKENS_EACH
+            || tenants >= MAX_STREAM_TOKENS_PER_TENANT
+        {
+            let tenant = match &p.tenant {
+                Some(t) => format!(
+                    ", {tenants} of tenant `{t}`'s ({MAX_STREAM_TOKENS_PER_TENANT} at most)"
+                ),
+                None => String::new(),
+            };
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_stream_tokens",
                 format!(
-                    "{mine} of this credential's stream tokens ({MAX_STREAM_TOKENS_EACH} at most) and {} in all ({MAX_STREAM_TOKENS} at most) wait to be used; use them or let them expire first",
+                    "{mine} of this credential's stream tokens ({MAX_STREAM_TOKENS_EACH} at most){tenant} and {} in all ({MAX_STREAM_TOKENS} at most) wait to be used; use them or let them expire first",
                     tokens.len()
                 ),
             ));

@@ -263,6 +263,8 @@ async fn stream_tokens_open_one_stream_once_and_nothing_else() {
         key
     };
     let (acme, beta) = (key("acme", "acme"), key("beta", "beta"));
+    // Ten more of acme's credentials, to reach its tenant's bound on tokens.
+    let more: Vec<String> = (0..10).map(|i| key(&format!("acme{i}"), "acme")).collect();
     let admin = {
         let (key, row) = agentserver::access::new_key("root", Role::Admin, None, None).unwrap();
         KeySource::of(&config).unwrap().add(&row).unwrap();
@@ -362,6 +364,28 @@ async fn stream_tokens_open_one_stream_once_and_nothing_else() {
         (429, Some("too_many_stream_tokens")),
         "{e}"
     );
+    // One tenant's credentials together hold at most 1,000: acme's 100 and nine more
+    // credentials' 100 each; a tenth is refused, naming the tenant's bound, while beta
+    // still gets its own.
+    for cred in &more[..9] {
+        for _ in 0..100 {
+            let (st, e) = token_for(cred.clone(), "acme-t").await;
+            assert_eq!(st, 201, "{e}");
+        }
+    }
+    let (st, e) = token_for(more[9].clone(), "acme-t").await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (429, Some("too_many_stream_tokens")),
+        "{e}"
+    );
+    let said = e["error"]["message"].as_str().unwrap();
+    assert!(
+        said.contains("1000 of tenant `acme`'s (1000 at most)"),
+        "{said}"
+    );
+    let (st, e) = token_for(beta.clone(), "beta-t").await;
+    assert_eq!(st, 201, "{e}");
     drop(s);
 
     // A stream on a key ends when the key is revoked.
