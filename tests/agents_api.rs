@@ -1599,6 +1599,86 @@ async fn a_tenants_active_threads_are_bounded_and_freed_as_they_finish() {
     s.stop().await;
 }
 
+/// A tenant's agents cannot fill the organism's queues for the others: the messages
+/// pending in its threads are bounded together (`max_pending_messages`).
+#[tokio::test]
+async fn a_tenants_pending_messages_are_bounded_and_its_runaway_agent_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_files(
+        dir.path(),
+        "limits:\n  max_messages_per_thread: 300\ntenants:\n  acme: {max_pending_messages: 20}\n",
+        "",
+    );
+    let s = Server::start(&path).await;
+    let of = |mut body: Value, tenant: &str| {
+        body["tenant"] = json!(tenant);
+        body
+    };
+    let fan = json!({
+        "name": "acme-fan",
+        "description": "answers each message with four to itself",
+        "fields": {"Ask": {"text": "string"}},
+        "accepts": ["Ask"],
+        "peers": ["acme-fan"],
+        "script": "function handle(p, meta)\n  local out = {}\n  for i = 1, 4 do\n    out[i] = { to = \"acme-fan\", payload = { text = p.text } }\n  end\n  return out\nend\n",
+        "message": "first",
+    });
+    for body in [
+        of(echo_body("acme-echo"), "acme"),
+        of(fan, "acme"),
+        of(echo_body("beta-echo"), "beta"),
+    ] {
+        let (st, r) = s.post("/api/v1/agents", body).await;
+        assert_eq!(st, 201, "{r}");
+    }
+    let ask = |to: &str| json!({"to": to, "payload": {"text": "x"}});
+    let said = "tenant `acme` has 20 messages pending in its threads, its limit \
+                (tenants.acme.max_pending_messages)";
+
+    // Paused, acme's agent holds what it is sent pending: 20 at most, in all its threads.
+    s.organism.control().pause_listener("acme-echo").unwrap();
+    let mut threads = Vec::new();
+    for _ in 0..20 {
+        let (st, r) = s.post("/api/v1/inject", ask("acme-echo")).await;
+        assert_eq!(st, 202, "{r}");
+        threads.push(r["thread_id"].as_str().unwrap().to_string());
+    }
+    let (st, e) = s.post("/api/v1/inject", ask("acme-echo")).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (429, Some("too_many_pending")),
+        "{e}"
+    );
+    assert_eq!(e["error"]["message"], said);
+    // Another tenant's work goes on meanwhile.
+    let (st, r) = s.post("/api/v1/inject", ask("beta-echo")).await;
+    assert_eq!(st, 202, "{r}");
+    let beta = r["thread_id"].as_str().unwrap().to_string();
+    assert_eq!(settle(&s.organism, &beta).await, ThreadStatus::Completed);
+    s.organism.control().resume_listener("acme-echo").unwrap();
+    for t in &threads {
+        assert_eq!(settle(&s.organism, t).await, ThreadStatus::Completed);
+    }
+
+    // An agent answering each message with four to itself: its outputs go on up to twice
+    // the bound and fail past it, and its thread with them (its budget ends the rest).
+    let (st, r) = s.post("/api/v1/inject", ask("acme-fan")).await;
+    assert_eq!(st, 202, "{r}");
+    let runaway = r["thread_id"].as_str().unwrap().to_string();
+    assert_eq!(settle(&s.organism, &runaway).await, ThreadStatus::Error);
+    let (_, t) = s.get(&format!("/api/v1/threads/{runaway}")).await;
+    assert_eq!(
+        t["error"],
+        "tenant `acme` has 40 messages pending in its threads, twice its limit \
+         (tenants.acme.max_pending_messages: 20)",
+        "{t}"
+    );
+    // Its place is free again once its work is done, and beta's was never taken.
+    assert_eq!(s.post("/api/v1/inject", ask("acme-echo")).await.0, 202);
+    assert_eq!(s.post("/api/v1/inject", ask("beta-echo")).await.0, 202);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn a_lua_listener_of_the_file_has_its_scripts_as_versions_too() {
     let dir = tempfile::tempdir().unwrap();

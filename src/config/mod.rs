@@ -191,6 +191,7 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
         }
         for (key, value) in [
             ("max_active_threads", section.max_active_threads),
+            ("max_pending_messages", section.max_pending_messages),
             ("max_open_inputs", section.max_open_inputs),
             ("max_waiting_threads", section.max_waiting_threads),
             ("max_streams", section.max_streams),

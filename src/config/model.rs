@@ -386,6 +386,10 @@ pub struct TenantQuotas {
     /// Threads opened by an inject to one of the tenant's listeners that may be active at
     /// once (another inject that would open or revive one is refused).
     pub max_active_threads: usize,
+    /// Messages queued for or being handled in the threads it opened, at once: an inject
+    /// at it is refused (429); a handler's output fails (and its thread) only at twice it,
+    /// so work under way finishes and a fan-out does not grow without end.
+    pub max_pending_messages: usize,
     /// Inputs (held messages, questions) of the tenant's listeners open at once; one more
     /// is refused (an inject 429 `too_many_held`, a handler's output `failed`).
     pub max_open_inputs: usize,
@@ -413,6 +417,7 @@ impl Default for TenantQuotas {
             max_concurrency: 4,
             inject_per_s: None,
             max_active_threads: 1000,
+            max_pending_messages: 10_000,
             max_open_inputs: 1000,
             max_waiting_threads: 1000,
             max_streams: 64,
@@ -434,6 +439,7 @@ pub(crate) struct TenantSection {
     pub max_concurrency: Option<usize>,
     pub inject_per_s: Option<u32>,
     pub max_active_threads: Option<usize>,
+    pub max_pending_messages: Option<usize>,
     pub max_open_inputs: Option<usize>,
     pub max_waiting_threads: Option<usize>,
     pub max_streams: Option<usize>,
@@ -472,6 +478,9 @@ impl TenantSection {
             max_concurrency: self.max_concurrency.unwrap_or(base.max_concurrency),
             inject_per_s: self.inject_per_s.or(base.inject_per_s),
             max_active_threads: self.max_active_threads.unwrap_or(base.max_active_threads),
+            max_pending_messages: self
+                .max_pending_messages
+                .unwrap_or(base.max_pending_messages),
             max_open_inputs: self.max_open_inputs.unwrap_or(base.max_open_inputs),
             max_waiting_threads: self.max_waiting_threads.unwrap_or(base.max_waiting_threads),
             max_streams: self.max_streams.unwrap_or(base.max_streams),

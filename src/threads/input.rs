@@ -166,7 +166,7 @@ impl ThreadRegistry {
                 m.error = error;
             }
             if status == MessageStatus::Pending && e.status != ThreadStatus::Killed {
-                e.outstanding += 1;
+                e.add_outstanding();
                 if e.status != ThreadStatus::Active {
                     // Work approved is never refused: counted, not checked.
                     let _ = self.activate(e.owner.as_ref(), None);

@@ -18,6 +18,7 @@ use crate::time::Timestamp;
 mod errors;
 mod input;
 mod labels;
+mod owned;
 mod pause;
 mod read;
 mod rewind;
@@ -66,6 +67,8 @@ struct Entry {
     cancel: CancellationToken,
     /// Whose active threads it counts among ([`Quota`]), while active.
     owner: Option<Arc<str>>,
+    /// The count of its owner's pending messages its own `outstanding` adds to.
+    pending: Option<Box<owned::OwnerPending>>,
     settings: Option<Arc<ThreadSettings>>,
     labels: Option<Arc<Labels>>,
     paused: bool,
@@ -73,7 +76,35 @@ struct Entry {
     rewinds: Vec<Rewind>,
 }
 
+impl Drop for Entry {
+    /// What it still counts for its owner goes with it: a killed thread evicted before its
+    /// queued work is cancelled finds no entry to finish that work in.
+    fn drop(&mut self) {
+        if let Some(p) = &self.pending {
+            p.done(self.outstanding);
+        }
+    }
+}
+
 impl Entry {
+    /// One more message queued or handled, or reply owed: counted for its owner too.
+    fn add_outstanding(&mut self) {
+        self.outstanding += 1;
+        if let Some(p) = &self.pending {
+            p.add();
+        }
+    }
+
+    /// One of them is done.
+    fn finish_outstanding(&mut self) {
+        if self.outstanding > 0 {
+            self.outstanding -= 1;
+            if let Some(p) = &self.pending {
+                p.done(1);
+            }
+        }
+    }
+
     fn info(&self, id: &str) -> ThreadInfo {
         ThreadInfo {
             id: id.to_string(),
@@ -173,6 +204,8 @@ pub struct ThreadRegistry {
     /// Active threads by owner. Locked only by threads with an owner, inside their shard's
     /// lock, where one changes between active and not.
     owned: Mutex<SeededMap<Arc<str>, usize>>,
+    /// Messages pending in each owner's threads (`owned.rs`), shared by its threads.
+    pending_owned: Mutex<SeededMap<Arc<str>, Arc<std::sync::atomic::AtomicUsize>>>,
     hasher: crate::hash::SeededState,
     max_messages: u64,
     retain_finished: usize,
@@ -192,6 +225,7 @@ impl ThreadRegistry {
         ThreadRegistry {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             owned: Mutex::default(),
+            pending_owned: Mutex::default(),
             hasher: Default::default(),
             max_messages: max_messages_per_thread,
             retain_finished,
@@ -207,7 +241,9 @@ impl ThreadRegistry {
 
     /// Opens a new thread (`requested` = None: a uuid v7) or continues an existing one. With
     /// a quota, a new thread counts against its owner, and neither a new one nor a finished
-    /// one of that owner becomes active while the owner has `max` active already.
+    /// one of that owner becomes active while the owner has `max` active already; nor is one
+    /// of the owner's threads opened or continued while its threads hold `max_pending`
+    /// messages.
     pub fn open(
         &self,
         requested: Option<&str>,
@@ -220,6 +256,9 @@ impl ThreadRegistry {
         };
         let mut shard = lock(self.shard(&id));
         if let Some(e) = shard.threads.get_mut(&id) {
+            if let Some(full) = e.pending.as_ref().and_then(|p| p.full()) {
+                return Err(full);
+            }
             return match e.status {
                 ThreadStatus::Killed => Err(ThreadError::Killed(id.to_string())),
                 ThreadStatus::Active => Ok(Opened {
@@ -241,11 +280,19 @@ impl ThreadRegistry {
             };
         }
         let owner = quota.as_ref().map(|q| Arc::<str>::from(q.owner));
+        let pending = match (&owner, &quota) {
+            (Some(o), Some(q)) => Some(self.owner_pending(o, q)),
+            _ => None,
+        };
+        if let Some(full) = pending.as_ref().and_then(|p| p.full()) {
+            return Err(full);
+        }
         self.activate(owner.as_ref(), quota.as_ref())?;
         let now = Timestamp::now();
         let entry = Entry {
             id: id.clone(),
             owner,
+            pending,
             status: ThreadStatus::Active,
             participants: smallvec::SmallVec::new(),
             created_at: now,
@@ -304,6 +351,7 @@ impl ThreadRegistry {
             messages: Vec::new(),
             cancel,
             owner: None,
+            pending: None,
             settings: info.settings.clone(),
             labels: info.labels.clone(),
             paused: false,
@@ -352,6 +400,12 @@ impl ThreadRegistry {
                 }
                 .to_string(),
             );
+        } else if m.status == MessageStatus::Pending {
+            // Its owner's threads hold as many pending messages as they may.
+            if let Some(why) = e.pending.as_ref().and_then(|p| p.overflow()) {
+                m.status = MessageStatus::Failed;
+                m.error = Some(why);
+            }
         }
         let now = Timestamp::now();
         e.note_participant(&m.from);
@@ -359,7 +413,7 @@ impl ThreadRegistry {
             e.note_participant(to);
         }
         match m.status {
-            MessageStatus::Pending => e.outstanding += 1,
+            MessageStatus::Pending => e.add_outstanding(),
             MessageStatus::Held => e.inputs += 1,
             _ => {}
         }
@@ -442,7 +496,7 @@ impl ThreadRegistry {
         let mut shard = lock(self.shard(thread));
         match shard.threads.get_mut(thread) {
             Some(e) if e.status != ThreadStatus::Killed => {
-                e.outstanding += 1;
+                e.add_outstanding();
                 if e.status != ThreadStatus::Active {
                     // Work owed is never refused: counted, not checked.
                     let _ = self.activate(e.owner.as_ref(), None);
@@ -460,7 +514,7 @@ impl ThreadRegistry {
         let mut shard = lock(self.shard(thread));
         let shard = &mut *shard;
         let e = shard.threads.get_mut(thread)?;
-        e.outstanding = e.outstanding.saturating_sub(1);
+        e.finish_outstanding();
         self.settle_in(shard, thread)
     }
 

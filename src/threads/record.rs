@@ -129,6 +129,12 @@ pub enum ThreadError {
         max: usize,
         quota: String,
     },
+    #[error("tenant `{owner}` has {max} messages pending in its threads, its limit ({quota})")]
+    TooManyPending {
+        owner: String,
+        max: usize,
+        quota: String,
+    },
 }
 
 /// Whom a thread opened by an inject counts against (a tenant whose listener it was
@@ -138,6 +144,10 @@ pub struct Quota<'a> {
     pub max: usize,
     /// The setting the limit comes from, for the error (`tenants.acme.max_active_threads`).
     pub key: &'a str,
+    /// Messages pending in the owner's threads at once, at most, and its setting
+    /// (`tenants.acme.max_pending_messages`).
+    pub max_pending: usize,
+    pub pending_key: &'a str,
 }
 
 /// A status change the pump should publish.

@@ -66,6 +66,8 @@ fn an_owner_has_at_most_its_quota_of_active_threads() {
             owner: "acme",
             max: 2,
             key: "tenants.acme.max_active_threads",
+            max_pending: 100,
+            pending_key: "tenants.acme.max_pending_messages",
         })
     };
     let a = r.open(None, q()).unwrap().id;
@@ -95,6 +97,70 @@ fn an_owner_has_at_most_its_quota_of_active_threads() {
     r.hold(&c);
     r.hold(&c);
     assert_eq!(r.active_owned("acme"), 2);
+}
+
+#[test]
+fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
+    let r = ThreadRegistry::new(100, 100, usize::MAX);
+    let q = |max_pending| {
+        Some(Quota {
+            owner: "acme",
+            max: 1000,
+            key: "tenants.acme.max_active_threads",
+            max_pending,
+            pending_key: "tenants.acme.max_pending_messages",
+        })
+    };
+    let a = r.open(None, q(3)).unwrap().id;
+    r.append(&a, msg(MessageStatus::Pending)).unwrap();
+    r.append(&a, msg(MessageStatus::Pending)).unwrap();
+    let b = r.open(None, q(3)).unwrap().id;
+    r.append(&b, msg(MessageStatus::Pending)).unwrap();
+    assert_eq!(r.pending_owned("acme"), 3);
+    // An inject may neither open nor continue one of its threads meanwhile.
+    let said = "tenant `acme` has 3 messages pending in its threads, its limit \
+                (tenants.acme.max_pending_messages)";
+    assert_eq!(r.open(None, q(3)).err().unwrap().to_string(), said);
+    assert_eq!(r.open(Some(&a), q(3)).err().unwrap().to_string(), said);
+    // Handlers' outputs go on up to twice it; past that they fail, and their thread.
+    for _ in 0..3 {
+        let out = r.append(&b, msg(MessageStatus::Pending)).unwrap();
+        assert_eq!(out.status, MessageStatus::Pending);
+    }
+    let over = r.append(&b, msg(MessageStatus::Pending)).unwrap();
+    let said = "tenant `acme` has 6 messages pending in its threads, twice its limit \
+                (tenants.acme.max_pending_messages: 3)";
+    assert_eq!(
+        (over.status, over.error.as_deref()),
+        (MessageStatus::Failed, Some(said))
+    );
+    assert_eq!(r.pending_owned("acme"), 6);
+    // Others' threads are not counted.
+    let other = r.open(None, None).unwrap().id;
+    r.append(&other, msg(MessageStatus::Pending)).unwrap();
+    assert_eq!(r.pending_owned("acme"), 6);
+    // What is done frees its place.
+    for _ in 0..4 {
+        r.finish_one(&b);
+    }
+    assert_eq!(r.pending_owned("acme"), 2);
+    r.open(None, q(3)).unwrap();
+
+    // Killed threads evicted before their queued work is cancelled give their share back
+    // as they go; the work cancelled later finds no entry and counts nothing twice.
+    let r = ThreadRegistry::new(100, 0, usize::MAX);
+    let ids: Vec<_> = (0..40)
+        .map(|_| {
+            let t = r.open(None, q(1000)).unwrap().id;
+            r.append(&t, msg(MessageStatus::Pending)).unwrap();
+            r.kill(&t).unwrap();
+            t
+        })
+        .collect();
+    for t in &ids {
+        r.finish_one(t);
+    }
+    assert_eq!(r.pending_owned("acme"), 0);
 }
 
 /// Bytes reserved (payloads held at approval gates) count against what finished threads
