@@ -1,5 +1,6 @@
 //! Where the audit log goes: the store file's `audit` table, or, with `store: memory`, the
-//! last [`MEMORY_ENTRIES`] entries in memory. Each entry is also published as an `audit`
+//! last [`MEMORY_ENTRIES`] entries of the organism's and [`MEMORY_TENANT_ENTRIES`] of each
+//! tenant's in memory. Each entry is also published as an `audit`
 //! event (organism-wide `/ws` sessions only).
 
 use std::collections::VecDeque;
@@ -11,8 +12,11 @@ use crate::store::audit::{AuditFilter, AuditRow, AuditTable};
 use crate::store::StoreError;
 use crate::threads::{Page, Paged};
 
-/// Entries kept without a store file.
+/// Entries of the organism's own principals kept without a store file.
 pub const MEMORY_ENTRIES: usize = 10_000;
+/// Entries of one tenant's principals kept without a store file (so that no tenant's
+/// actions push the others' out, as with the store's bounds).
+pub const MEMORY_TENANT_ENTRIES: usize = 1_000;
 
 /// Bytes of one text field of an entry, at most.
 const FIELD_BYTES: usize = 512;
@@ -58,8 +62,15 @@ impl AuditLog {
             }
             AuditLog::Memory(m) => {
                 let mut m = crate::sync::lock(m);
-                if m.len() >= MEMORY_ENTRIES {
-                    m.pop_front();
+                let keep = match row.tenant {
+                    Some(_) => MEMORY_TENANT_ENTRIES,
+                    None => MEMORY_ENTRIES,
+                };
+                let same = |r: &AuditRow| r.tenant == row.tenant;
+                if m.iter().filter(|r| same(r)).count() >= keep {
+                    if let Some(oldest) = m.iter().position(same) {
+                        m.remove(oldest);
+                    }
                 }
                 m.push_back(row);
             }

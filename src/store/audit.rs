@@ -1,7 +1,9 @@
 //! The audit log of an organism, in its store file (`audit`, schema v6): every control
 //! action, key change and (rate-limited) failed authentication, with who, role, tenant,
 //! action, target, result, time and remote address. Kept on its own connection like the keys
-//! (`store::keys`), bounded to [`MAX_AUDIT_ROWS`] (the oldest go first).
+//! (`store::keys`). The organism's own entries (no tenant) are bounded to [`MAX_AUDIT_ROWS`]
+//! and each tenant's to [`MAX_TENANT_AUDIT_ROWS`], the oldest going first: so no tenant's
+//! actions push the organism's or another tenant's entries out.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -14,8 +16,16 @@ use crate::sync::lock;
 use crate::threads::{Page, Paged};
 use crate::time::Timestamp;
 
-/// Rows kept at most; past it the oldest are deleted.
+/// Rows of the organism's own principals (and of unknown ones) kept at most; past it the
+/// oldest of them are deleted.
 pub const MAX_AUDIT_ROWS: i64 = 1_000_000;
+/// Rows of one tenant's principals kept at most; past it its oldest are deleted.
+pub const MAX_TENANT_AUDIT_ROWS: i64 = 100_000;
+/// Inserts of one tenant (or of the organism's) between two deletions of its oldest.
+const PRUNE_EVERY: u32 = 256;
+/// Tenants whose inserts since their last deletion are counted, at most (past it the
+/// counts start again: a deletion comes later, never wrongly).
+const COUNTED_TENANTS: usize = 10_000;
 
 /// One entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +71,10 @@ impl AuditFilter {
 pub struct AuditTable {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// Inserts by tenant (`None`: the organism's) since its oldest were last deleted.
+    since_pruned: Mutex<std::collections::HashMap<Option<String>, u32>>,
+    /// [`MAX_AUDIT_ROWS`], [`MAX_TENANT_AUDIT_ROWS`] and [`PRUNE_EVERY`] (smaller in tests).
+    bounds: (i64, i64, u32),
 }
 
 impl AuditTable {
@@ -68,7 +82,30 @@ impl AuditTable {
         Ok(AuditTable {
             path: path.to_path_buf(),
             conn: Mutex::new(side_connection(path)?),
+            since_pruned: Mutex::default(),
+            bounds: (MAX_AUDIT_ROWS, MAX_TENANT_AUDIT_ROWS, PRUNE_EVERY),
         })
+    }
+
+    #[cfg(test)]
+    pub(super) fn with_bounds(mut self, organism: i64, tenant: i64, every: u32) -> Self {
+        self.bounds = (organism, tenant, every);
+        self
+    }
+
+    /// Whether `tenant`'s oldest entries are due to be bounded again, after one more insert.
+    fn prune_due(&self, tenant: &Option<String>) -> bool {
+        let mut counts = lock(&self.since_pruned);
+        if counts.len() >= COUNTED_TENANTS && !counts.contains_key(tenant) {
+            counts.clear();
+        }
+        let n = counts.entry(tenant.clone()).or_default();
+        *n += 1;
+        if *n < self.bounds.2 {
+            return false;
+        }
+        *n = 0;
+        true
     }
 
     fn fail(&self, e: rusqlite::Error) -> StoreError {
@@ -94,12 +131,17 @@ impl AuditTable {
             ])
         })
         .map_err(|e| self.fail(e))?;
-        let id = conn.last_insert_rowid();
-        if id % 1024 == 0 {
-            conn.execute(
-                "DELETE FROM audit WHERE id <= ?1",
-                params![id - MAX_AUDIT_ROWS],
+        if self.prune_due(&r.tenant) {
+            // Its entries past its bound, oldest first: the id below which it keeps none.
+            let keep = match r.tenant {
+                Some(_) => self.bounds.1,
+                None => self.bounds.0,
+            };
+            conn.prepare_cached(
+                "DELETE FROM audit WHERE tenant IS ?1 AND id <= (SELECT id FROM audit \
+                 WHERE tenant IS ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)",
             )
+            .and_then(|mut st| st.execute(params![r.tenant, keep]))
             .map_err(|e| self.fail(e))?;
         }
         Ok(())
@@ -153,5 +195,64 @@ impl AuditTable {
             },
         )
         .map_err(|e| self.fail(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(tenant: Option<&str>, n: usize) -> AuditRow {
+        AuditRow {
+            ts: Timestamp(n as u64),
+            who: Some(format!("key:{}", tenant.unwrap_or("root"))),
+            role: Some("operator".into()),
+            tenant: tenant.map(str::to_string),
+            action: format!("POST /api/v1/threads/t{n}/pause"),
+            target: None,
+            result: "200".into(),
+            remote: None,
+        }
+    }
+
+    fn count(t: &AuditTable, tenant: Option<&str>) -> usize {
+        let all = t.page(&AuditFilter::default(), Page::ALL).unwrap();
+        all.items
+            .iter()
+            .filter(|r| r.tenant.as_deref() == tenant)
+            .count()
+    }
+
+    /// A tenant's actions, however many, push out only its own oldest entries: the
+    /// organism's and the other tenants' stay.
+    #[test]
+    fn each_tenants_entries_are_bounded_on_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = AuditTable::open(&dir.path().join("s.db"))
+            .unwrap()
+            .with_bounds(20, 10, 4);
+        for n in 0..3 {
+            t.add(&row(None, n)).unwrap();
+            t.add(&row(Some("beta"), n)).unwrap();
+        }
+        for n in 0..500 {
+            t.add(&row(Some("acme"), n)).unwrap();
+        }
+        assert_eq!((count(&t, None), count(&t, Some("beta"))), (3, 3));
+        // acme keeps its newest: its bound, and what came since its last deletion.
+        let acme = count(&t, Some("acme"));
+        assert!((10..=14).contains(&acme), "{acme}");
+        let newest = t
+            .page(&AuditFilter::default(), Page::new(Some(1), None))
+            .unwrap()
+            .items;
+        assert_eq!(newest[0].action, "POST /api/v1/threads/t499/pause");
+        // The organism's own are bounded too, apart from the tenants'.
+        for n in 0..100 {
+            t.add(&row(None, n)).unwrap();
+        }
+        let own = count(&t, None);
+        assert!((20..=24).contains(&own), "{own}");
+        assert_eq!(count(&t, Some("beta")), 3);
     }
 }

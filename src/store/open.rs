@@ -416,6 +416,8 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
      DROP TABLE thread_words; \
      CREATE VIRTUAL TABLE thread_words USING fts5(text, tokenize=\"unicode61 tokenchars '_'\", \
      content='', contentless_delete=1);",
+    // v24: the audit log by tenant, each tenant's entries bounded on their own (`audit.rs`).
+    "CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, id);",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),
