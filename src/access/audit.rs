@@ -93,3 +93,40 @@ impl AuditLog {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// In memory as in the store: a tenant's actions push out only its own oldest entries.
+    #[test]
+    fn in_memory_each_tenants_entries_are_bounded_on_their_own() {
+        let log = AuditLog::Memory(Mutex::default());
+        let events = EventHub::new(16);
+        let row = |tenant: Option<&str>, n: usize| AuditRow {
+            ts: crate::time::Timestamp(n as u64),
+            who: None,
+            role: None,
+            tenant: tenant.map(str::to_string),
+            action: format!("ws pause {n}"),
+            target: None,
+            result: "ack".into(),
+            remote: None,
+        };
+        for n in 0..5 {
+            log.record(row(None, n), &events);
+            log.record(row(Some("beta"), n), &events);
+        }
+        for n in 0..MEMORY_TENANT_ENTRIES + 500 {
+            log.record(row(Some("acme"), n), &events);
+        }
+        let all = log.page(&AuditFilter::default(), Page::ALL).unwrap().items;
+        let of = |t: Option<&str>| all.iter().filter(|r| r.tenant.as_deref() == t).count();
+        assert_eq!(
+            (of(None), of(Some("beta")), of(Some("acme"))),
+            (5, 5, MEMORY_TENANT_ENTRIES)
+        );
+        let newest = MEMORY_TENANT_ENTRIES + 499;
+        assert_eq!(all[0].action, format!("ws pause {newest}"));
+    }
+}
