@@ -205,7 +205,7 @@ pub struct ThreadRegistry {
     /// lock, where one changes between active and not.
     owned: Mutex<SeededMap<Arc<str>, usize>>,
     /// Messages pending in each owner's threads (`owned.rs`), shared by its threads.
-    pending_owned: Mutex<SeededMap<Arc<str>, Arc<std::sync::atomic::AtomicUsize>>>,
+    pending_owned: Mutex<SeededMap<Arc<str>, Arc<owned::Owned>>>,
     hasher: crate::hash::SeededState,
     max_messages: u64,
     retain_finished: usize,

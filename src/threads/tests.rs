@@ -146,6 +146,17 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
     assert_eq!(r.pending_owned("acme"), 2);
     r.open(None, q(3)).unwrap();
 
+    // A bound changed by a reload holds for the threads already open too, from the next
+    // inject on: at 2 pending, an inject that reads a bound of 1 is refused, and the
+    // threads' outputs fail at twice that.
+    assert!(r.open(None, q(1)).is_err());
+    let out = r.append(&b, msg(MessageStatus::Pending)).unwrap();
+    assert_eq!(out.status, MessageStatus::Failed, "{:?}", out.error);
+    assert!(out
+        .error
+        .unwrap()
+        .contains("twice its limit (tenants.acme.max_pending_messages: 1)"));
+
     // Killed threads evicted before their queued work is cancelled give their share back
     // as they go; the work cancelled later finds no entry and counts nothing twice.
     let r = ThreadRegistry::new(100, 0, usize::MAX);
