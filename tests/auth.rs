@@ -1510,6 +1510,10 @@ async fn a_tenants_credential_sees_and_touches_only_its_tenants_listeners() {
     );
     let (_, _, r) = inject(acme.clone(), "b1x", None).await;
     assert_eq!(r["error"]["message"], "no listener named `b1x`", "{r}");
+    // A name no listener could have is compared with none (the cost is its length).
+    let long = "a1".repeat(100);
+    let (_, _, r) = inject(acme.clone(), &long, None).await;
+    assert_eq!(r["error"]["message"], format!("no listener named `{long}`"));
     let op = g.key(Role::Operator).to_string();
     let (_, _, r) = inject(op, "b1x", None).await;
     assert_eq!(

@@ -446,7 +446,12 @@ fn check_schema(
 
 /// ` (did you mean `x`?)` for the one of `names` most like `name`, if one is as alike as a
 /// typo makes it (Jaro-Winkler 0.8 or more; the first by name of those alike); else nothing.
+/// A `name` that could not be a listener's (too long, other characters) is compared with
+/// none: the comparison costs its length times theirs.
 pub fn did_you_mean<'a>(name: &str, names: impl Iterator<Item = &'a str>) -> String {
+    if !valid_name(name) {
+        return String::new();
+    }
     names
         .map(|n| (strsim::jaro_winkler(name, n), n))
         .filter(|(alike, _)| *alike >= 0.8)
