@@ -393,6 +393,9 @@ pub struct TenantQuotas {
     /// Inputs (held messages, questions) of the tenant's listeners open at once; one more
     /// is refused (an inject 429 `too_many_held`, a handler's output `failed`).
     pub max_open_inputs: usize,
+    /// Bytes of the payloads of those inputs at once (apart from `limits.max_held_bytes`,
+    /// the organism's): one more is refused as past `max_open_inputs`.
+    pub max_held_bytes: usize,
     /// Threads waiting on the tenant's inputs at once, apart from `max_active_threads`, so
     /// a backlog of waiting threads does not block new work.
     pub max_waiting_threads: usize,
@@ -419,6 +422,7 @@ impl Default for TenantQuotas {
             max_active_threads: 1000,
             max_pending_messages: 10_000,
             max_open_inputs: 1000,
+            max_held_bytes: 16 * 1024 * 1024,
             max_waiting_threads: 1000,
             max_streams: 64,
             tokens_per_day: None,
@@ -441,6 +445,7 @@ pub(crate) struct TenantSection {
     pub max_active_threads: Option<usize>,
     pub max_pending_messages: Option<usize>,
     pub max_open_inputs: Option<usize>,
+    pub max_held_bytes: Option<usize>,
     pub max_waiting_threads: Option<usize>,
     pub max_streams: Option<usize>,
     pub tokens_per_day: Option<u64>,
@@ -482,6 +487,7 @@ impl TenantSection {
                 .max_pending_messages
                 .unwrap_or(base.max_pending_messages),
             max_open_inputs: self.max_open_inputs.unwrap_or(base.max_open_inputs),
+            max_held_bytes: self.max_held_bytes.unwrap_or(base.max_held_bytes),
             max_waiting_threads: self.max_waiting_threads.unwrap_or(base.max_waiting_threads),
             max_streams: self.max_streams.unwrap_or(base.max_streams),
             tokens_per_day: self.tokens_per_day.or(base.tokens_per_day),

@@ -307,3 +307,63 @@ async fn a_tenants_inbox_quotas_are_its_own_and_named_when_reached() {
     let e = send("acme-pay", None).unwrap_err().to_string();
     assert!(e.contains("tenants.acme."), "still at its quotas: {e}");
 }
+
+/// A tenant's held payloads are bounded by bytes on their own (`max_held_bytes`), so one
+/// tenant holding large payloads cannot take the organism's `limits.max_held_bytes` from
+/// the others.
+#[tokio::test]
+async fn a_tenants_held_payloads_are_bounded_by_bytes_and_named_when_reached() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let note = "schema: t.xsd, accepts: [Note]";
+    let yaml = format!(
+        "organism:\n  name: quotas\n  store: memory\ntenants:\n  acme: {{max_held_bytes: 250}}\nlisteners:
+  - {{name: acme-pay, description: d, kind: native, handler: sink, {note}, tenant: acme, approval: {{}}}}
+  - {{name: globex-pay, description: d, kind: native, handler: sink, {note}, tenant: globex, approval: {{}}}}
+"
+    );
+    let path = dir.path().join("organism.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    // Payloads of 100 bytes.
+    let payload = format!("<Note>{}</Note>", "x".repeat(100 - 13));
+    assert_eq!(payload.len(), 100);
+    let send = |to: &str| {
+        o.inject(agentserver::InjectRequest {
+            from: "api".into(),
+            to: to.into(),
+            payload_xml: payload.clone(),
+            thread_id: None,
+        })
+    };
+    let first = send("acme-pay").unwrap();
+    send("acme-pay").unwrap();
+    let e = send("acme-pay").unwrap_err().to_string();
+    assert!(
+        e.contains("200 bytes of payloads of tenant `acme`")
+            && e.contains("tenants.acme.max_held_bytes"),
+        "{e}"
+    );
+    // Another tenant is not held back (its default is 16 MiB).
+    for _ in 0..5 {
+        send("globex-pay").unwrap();
+    }
+    // A decision frees its bytes.
+    let filter = agentserver::threads::InputFilter {
+        thread: Some(first.thread_id.to_string()),
+        ..Default::default()
+    };
+    let page = agentserver::threads::Page {
+        limit: 10,
+        offset: 0,
+    };
+    let open = o.inputs().list(&filter, page).unwrap().items;
+    let who = agentserver::pump::Decider {
+        name: None,
+        role: agentserver::config::Role::Operator,
+        tenant: None,
+    };
+    let verdict = agentserver::pump::Verdict::Reject { reason: None };
+    o.inputs().decide(&open[0].id, &who, verdict).unwrap();
+    send("acme-pay").unwrap();
+}

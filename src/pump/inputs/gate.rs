@@ -99,7 +99,7 @@ impl Shared {
 
     /// Whether the inbox holds as much as it may, one more input of `listener`'s in
     /// `thread` with a payload of `size` bytes counted: organism-wide (`limits`), and for a
-    /// tenant's listener its `max_open_inputs` and `max_waiting_threads`. The limit passed,
+    /// tenant's listener its `max_open_inputs`, `max_held_bytes` and `max_waiting_threads`. The limit passed,
     /// as the refusal.
     pub(super) fn gates_full(
         &self,
@@ -109,16 +109,22 @@ impl Shared {
     ) -> Option<ThreadError> {
         if let Some(tenant) = listener.config.tenant.as_deref() {
             let (q, key) = self.topo().config.tenants.of(tenant);
-            let (inputs, threads, this_waits) = self.inbox.tenant_totals(tenant, thread);
-            if inputs >= q.max_open_inputs {
+            let t = self.inbox.tenant_totals(tenant, thread);
+            if t.inputs >= q.max_open_inputs {
                 return Some(ThreadError::TooManyHeld {
-                    held: format!("{inputs} open inputs of tenant `{tenant}`"),
+                    held: format!("{} open inputs of tenant `{tenant}`", t.inputs),
                     limit: format!("{key}.max_open_inputs"),
                 });
             }
-            if !this_waits && threads >= q.max_waiting_threads {
+            if t.bytes + size > q.max_held_bytes {
                 return Some(ThreadError::TooManyHeld {
-                    held: format!("{threads} waiting threads of tenant `{tenant}`"),
+                    held: format!("{} bytes of payloads of tenant `{tenant}`", t.bytes),
+                    limit: format!("{key}.max_held_bytes"),
+                });
+            }
+            if !t.this_waits && t.threads >= q.max_waiting_threads {
+                return Some(ThreadError::TooManyHeld {
+                    held: format!("{} waiting threads of tenant `{tenant}`", t.threads),
                     limit: format!("{key}.max_waiting_threads"),
                 });
             }

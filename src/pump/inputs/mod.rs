@@ -139,11 +139,22 @@ struct Held {
 /// their inputs waited in all.
 type Decided = (String, u64, f64);
 
-/// A tenant's open inputs: how many, and how many in each thread.
+/// A tenant's open inputs: how many, their payloads' bytes, and how many in each thread.
 #[derive(Default)]
 struct TenantOpen {
     inputs: usize,
+    bytes: usize,
     threads: std::collections::HashMap<Arc<str>, usize>,
+}
+
+/// What a tenant's open inputs hold: inputs, their payloads' bytes, threads waiting on
+/// them, and whether the thread asked about is one.
+#[derive(Default)]
+struct TenantTotals {
+    inputs: usize,
+    bytes: usize,
+    threads: usize,
+    this_waits: bool,
 }
 
 /// The open inputs, the recently decided ones, and the table that keeps them.
@@ -210,10 +221,15 @@ impl Inbox {
     }
 
     /// A tenant's open inputs, the threads they are in, and whether `thread` is one.
-    fn tenant_totals(&self, tenant: &str, thread: &str) -> (usize, usize, bool) {
+    fn tenant_totals(&self, tenant: &str, thread: &str) -> TenantTotals {
         match lock(&self.tenants).get(tenant) {
-            Some(t) => (t.inputs, t.threads.len(), t.threads.contains_key(thread)),
-            None => (0, 0, false),
+            Some(t) => TenantTotals {
+                inputs: t.inputs,
+                bytes: t.bytes,
+                threads: t.threads.len(),
+                this_waits: t.threads.contains_key(thread),
+            },
+            None => TenantTotals::default(),
         }
     }
 
@@ -223,11 +239,14 @@ impl Inbox {
         let mut tenants = lock(&self.tenants);
         let t = tenants.entry(tenant.clone()).or_default();
         let in_thread = t.threads.entry(row.thread_id.clone()).or_default();
+        let bytes = row.payload_xml.len();
         if up {
             t.inputs += 1;
+            t.bytes += bytes;
             *in_thread += 1;
             return;
         }
+        t.bytes = t.bytes.saturating_sub(bytes);
         *in_thread = in_thread.saturating_sub(1);
         if *in_thread == 0 {
             t.threads.remove(&*row.thread_id);
