@@ -1606,7 +1606,7 @@ async fn a_tenants_pending_messages_are_bounded_and_its_runaway_agent_fails_alon
     let dir = tempfile::tempdir().unwrap();
     let path = write_files(
         dir.path(),
-        "limits:\n  max_messages_per_thread: 300\ntenants:\n  acme: {max_pending_messages: 20}\n",
+        "limits:\n  max_messages_per_thread: 300\ntenants:\n  acme: {max_pending_messages: 20, max_pending_bytes: 100000}\n",
         "",
     );
     let s = Server::start(&path).await;
@@ -1673,6 +1673,23 @@ async fn a_tenants_pending_messages_are_bounded_and_its_runaway_agent_fails_alon
          (tenants.acme.max_pending_messages: 20)",
         "{t}"
     );
+    // Its payloads are bounded by bytes too: one of 150 kB would pass 100 kB.
+    let big = json!({"to": "acme-echo", "payload": {"text": "x".repeat(150_000)}});
+    let (st, e) = s.post("/api/v1/inject", big.clone()).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (429, Some("too_many_pending")),
+        "{e}"
+    );
+    let said = e["error"]["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("tenant `acme` has 0 bytes of payloads pending in its threads; ")
+            && said.ends_with("more would pass its limit (tenants.acme.max_pending_bytes: 100000)"),
+        "{said}"
+    );
+    let mut beta_big = big;
+    beta_big["to"] = json!("beta-echo");
+    assert_eq!(s.post("/api/v1/inject", beta_big).await.0, 202);
     // Its place is free again once its work is done, and beta's was never taken.
     assert_eq!(s.post("/api/v1/inject", ask("acme-echo")).await.0, 202);
     assert_eq!(s.post("/api/v1/inject", ask("beta-echo")).await.0, 202);

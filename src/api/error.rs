@@ -190,9 +190,9 @@ impl From<InjectError> for ApiError {
             InjectError::Thread(ThreadError::TooManyActive { .. }) => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_threads")
             }
-            InjectError::Thread(ThreadError::TooManyPending { .. }) => {
-                (StatusCode::TOO_MANY_REQUESTS, "too_many_pending")
-            }
+            InjectError::Thread(
+                ThreadError::TooManyPending { .. } | ThreadError::TooManyPendingBytes { .. },
+            ) => (StatusCode::TOO_MANY_REQUESTS, "too_many_pending"),
             InjectError::Thread(ThreadError::TooManyHeld { .. }) => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_held")
             }

@@ -192,6 +192,7 @@ fn tenants(v: Option<&yaml_serde::Value>, c: &mut Collector) -> Tenants {
         for (key, value) in [
             ("max_active_threads", section.max_active_threads),
             ("max_pending_messages", section.max_pending_messages),
+            ("max_pending_bytes", section.max_pending_bytes),
             ("max_open_inputs", section.max_open_inputs),
             ("max_held_bytes", section.max_held_bytes),
             ("max_waiting_threads", section.max_waiting_threads),

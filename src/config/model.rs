@@ -390,6 +390,9 @@ pub struct TenantQuotas {
     /// at it is refused (429); a handler's output fails (and its thread) only at twice it,
     /// so work under way finishes and a fan-out does not grow without end.
     pub max_pending_messages: usize,
+    /// Bytes of the payloads not yet handled in those threads, at once: bounded as
+    /// `max_pending_messages` is.
+    pub max_pending_bytes: usize,
     /// Inputs (held messages, questions) of the tenant's listeners open at once; one more
     /// is refused (an inject 429 `too_many_held`, a handler's output `failed`).
     pub max_open_inputs: usize,
@@ -421,6 +424,7 @@ impl Default for TenantQuotas {
             inject_per_s: None,
             max_active_threads: 1000,
             max_pending_messages: 10_000,
+            max_pending_bytes: 256 * 1024 * 1024,
             max_open_inputs: 1000,
             max_held_bytes: 16 * 1024 * 1024,
             max_waiting_threads: 1000,
@@ -444,6 +448,7 @@ pub(crate) struct TenantSection {
     pub inject_per_s: Option<u32>,
     pub max_active_threads: Option<usize>,
     pub max_pending_messages: Option<usize>,
+    pub max_pending_bytes: Option<usize>,
     pub max_open_inputs: Option<usize>,
     pub max_held_bytes: Option<usize>,
     pub max_waiting_threads: Option<usize>,
@@ -486,6 +491,7 @@ impl TenantSection {
             max_pending_messages: self
                 .max_pending_messages
                 .unwrap_or(base.max_pending_messages),
+            max_pending_bytes: self.max_pending_bytes.unwrap_or(base.max_pending_bytes),
             max_open_inputs: self.max_open_inputs.unwrap_or(base.max_open_inputs),
             max_held_bytes: self.max_held_bytes.unwrap_or(base.max_held_bytes),
             max_waiting_threads: self.max_waiting_threads.unwrap_or(base.max_waiting_threads),

@@ -156,18 +156,20 @@ impl Organism {
         s.room_for(listener, thread_id, fork.is_some())?;
         // A thread injected to a tenant's listener counts against the tenant's
         // `max_active_threads`.
-        let (key, pending_key);
+        let (key, section);
         let quota = match listener.config.tenant.as_deref() {
             Some(owner) => {
-                let (q, section) = topo.config.tenants.of(owner);
+                let q;
+                (q, section) = topo.config.tenants.of(owner);
                 key = format!("{section}.max_active_threads");
-                pending_key = format!("{section}.max_pending_messages");
                 Some(Quota {
                     owner,
                     max: q.max_active_threads,
                     key: &key,
                     max_pending: q.max_pending_messages,
-                    pending_key: &pending_key,
+                    max_pending_bytes: q.max_pending_bytes,
+                    section: &section,
+                    incoming: valid.xml().len(),
                 })
             }
             None => None,

@@ -167,6 +167,13 @@ impl ThreadRegistry {
             }
             if status == MessageStatus::Pending && e.status != ThreadStatus::Killed {
                 e.add_outstanding();
+                // Approved: its payload waits to be handled (never refused: counted).
+                let bytes = index
+                    .and_then(|i| e.messages.get(i))
+                    .map(|m| m.payload_xml.len());
+                if let (Some(p), Some(bytes)) = (&e.pending, bytes) {
+                    p.add_bytes(bytes);
+                }
                 if e.status != ThreadStatus::Active {
                     // Work approved is never refused: counted, not checked.
                     let _ = self.activate(e.owner.as_ref(), None);

@@ -82,6 +82,7 @@ impl Drop for Entry {
     fn drop(&mut self) {
         if let Some(p) = &self.pending {
             p.done(self.outstanding);
+            p.done_bytes(owned::pending_bytes(&self.messages));
         }
     }
 }
@@ -256,7 +257,8 @@ impl ThreadRegistry {
         };
         let mut shard = lock(self.shard(&id));
         if let Some(e) = shard.threads.get_mut(&id) {
-            if let Some(full) = e.pending.as_ref().and_then(|p| p.full()) {
+            let incoming = quota.as_ref().map_or(0, |q| q.incoming);
+            if let Some(full) = e.pending.as_ref().and_then(|p| p.full(incoming)) {
                 return Err(full);
             }
             return match e.status {
@@ -284,7 +286,8 @@ impl ThreadRegistry {
             (Some(o), Some(q)) => Some(self.owner_pending(o, q)),
             _ => None,
         };
-        if let Some(full) = pending.as_ref().and_then(|p| p.full()) {
+        let incoming = quota.as_ref().map_or(0, |q| q.incoming);
+        if let Some(full) = pending.as_ref().and_then(|p| p.full(incoming)) {
             return Err(full);
         }
         self.activate(owner.as_ref(), quota.as_ref())?;
@@ -402,10 +405,18 @@ impl ThreadRegistry {
             );
         } else if m.status == MessageStatus::Pending {
             // Its owner's threads hold as many pending messages as they may.
-            if let Some(why) = e.pending.as_ref().and_then(|p| p.overflow()) {
+            let incoming = m.payload_xml.len();
+            if let Some(why) = e.pending.as_ref().and_then(|p| p.overflow(incoming)) {
                 m.status = MessageStatus::Failed;
                 m.error = Some(why);
             }
+        }
+        if let Some(p) = e
+            .pending
+            .as_ref()
+            .filter(|_| m.status == MessageStatus::Pending)
+        {
+            p.add_bytes(m.payload_xml.len());
         }
         let now = Timestamp::now();
         e.note_participant(&m.from);
@@ -470,6 +481,12 @@ impl ThreadRegistry {
             if let Some(m) = index.and_then(|i| e.messages.get_mut(i)) {
                 if m.status != status {
                     counted = Some((m.to.clone(), m.status));
+                }
+                // Handled (or stopped): its payload is pending no more.
+                if m.status == MessageStatus::Pending && status != MessageStatus::Pending {
+                    if let Some(p) = &e.pending {
+                        p.done_bytes(m.payload_xml.len());
+                    }
                 }
                 m.status = status;
                 m.error = error;

@@ -135,6 +135,17 @@ pub enum ThreadError {
         max: usize,
         quota: String,
     },
+    #[error(
+        "tenant `{owner}` has {bytes} bytes of payloads pending in its threads; {incoming} \
+         more would pass its limit ({quota}: {max})"
+    )]
+    TooManyPendingBytes {
+        owner: String,
+        bytes: usize,
+        incoming: usize,
+        max: usize,
+        quota: String,
+    },
 }
 
 /// Whom a thread opened by an inject counts against (a tenant whose listener it was
@@ -144,10 +155,14 @@ pub struct Quota<'a> {
     pub max: usize,
     /// The setting the limit comes from, for the error (`tenants.acme.max_active_threads`).
     pub key: &'a str,
-    /// Messages pending in the owner's threads at once, at most, and its setting
-    /// (`tenants.acme.max_pending_messages`).
+    /// Messages pending in the owner's threads at once, at most, and the bytes of their
+    /// payloads not yet handled.
     pub max_pending: usize,
-    pub pending_key: &'a str,
+    pub max_pending_bytes: usize,
+    /// Where those bounds are set (`tenants.acme`, or `tenants.default`).
+    pub section: &'a str,
+    /// The bytes of the payload the inject brings.
+    pub incoming: usize,
 }
 
 /// A status change the pump should publish.

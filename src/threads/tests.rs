@@ -67,7 +67,9 @@ fn an_owner_has_at_most_its_quota_of_active_threads() {
             max: 2,
             key: "tenants.acme.max_active_threads",
             max_pending: 100,
-            pending_key: "tenants.acme.max_pending_messages",
+            max_pending_bytes: usize::MAX,
+            section: "tenants.acme",
+            incoming: 0,
         })
     };
     let a = r.open(None, q()).unwrap().id;
@@ -108,7 +110,9 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
             max: 1000,
             key: "tenants.acme.max_active_threads",
             max_pending,
-            pending_key: "tenants.acme.max_pending_messages",
+            max_pending_bytes: usize::MAX / 4,
+            section: "tenants.acme",
+            incoming: 4,
         })
     };
     let a = r.open(None, q(3)).unwrap().id;
@@ -116,7 +120,7 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
     r.append(&a, msg(MessageStatus::Pending)).unwrap();
     let b = r.open(None, q(3)).unwrap().id;
     r.append(&b, msg(MessageStatus::Pending)).unwrap();
-    assert_eq!(r.pending_owned("acme"), 3);
+    assert_eq!(r.pending_owned("acme").0, 3);
     // An inject may neither open nor continue one of its threads meanwhile.
     let said = "tenant `acme` has 3 messages pending in its threads, its limit \
                 (tenants.acme.max_pending_messages)";
@@ -134,16 +138,16 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
         (over.status, over.error.as_deref()),
         (MessageStatus::Failed, Some(said))
     );
-    assert_eq!(r.pending_owned("acme"), 6);
+    assert_eq!(r.pending_owned("acme").0, 6);
     // Others' threads are not counted.
     let other = r.open(None, None).unwrap().id;
     r.append(&other, msg(MessageStatus::Pending)).unwrap();
-    assert_eq!(r.pending_owned("acme"), 6);
+    assert_eq!(r.pending_owned("acme").0, 6);
     // What is done frees its place.
     for _ in 0..4 {
         r.finish_one(&b);
     }
-    assert_eq!(r.pending_owned("acme"), 2);
+    assert_eq!(r.pending_owned("acme").0, 2);
     r.open(None, q(3)).unwrap();
 
     // A bound changed by a reload holds for the threads already open too, from the next
@@ -168,10 +172,64 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
             t
         })
         .collect();
+    // As the pump does for each job it cancels: its message killed, then released.
     for t in &ids {
+        r.set_message_status(t, 0, MessageStatus::Killed, Some("thread killed".into()));
         r.finish_one(t);
     }
-    assert_eq!(r.pending_owned("acme"), 0);
+    assert_eq!(r.pending_owned("acme"), (0, 0));
+}
+
+#[test]
+fn an_owners_threads_hold_at_most_its_quota_of_pending_bytes() {
+    let r = ThreadRegistry::new(100, 100, usize::MAX);
+    let q = |incoming| {
+        Some(Quota {
+            owner: "acme",
+            max: 1000,
+            key: "tenants.acme.max_active_threads",
+            max_pending: 1000,
+            max_pending_bytes: 10,
+            section: "tenants.acme",
+            incoming,
+        })
+    };
+    // Payloads of 4 bytes (`<X/>`).
+    let a = r.open(None, q(4)).unwrap().id;
+    r.append(&a, msg(MessageStatus::Pending)).unwrap();
+    r.append(&a, msg(MessageStatus::Pending)).unwrap();
+    assert_eq!(r.pending_owned("acme"), (2, 8));
+    // An inject of 4 more would pass 10: refused, naming the bound; one of 2 fits.
+    assert_eq!(
+        r.open(None, q(4)).err().unwrap().to_string(),
+        "tenant `acme` has 8 bytes of payloads pending in its threads; 4 more would pass \
+         its limit (tenants.acme.max_pending_bytes: 10)"
+    );
+    r.open(None, q(2)).unwrap();
+    // Outputs go on up to twice it, then fail.
+    for _ in 0..3 {
+        let out = r.append(&a, msg(MessageStatus::Pending)).unwrap();
+        assert_eq!(out.status, MessageStatus::Pending);
+    }
+    let over = r.append(&a, msg(MessageStatus::Pending)).unwrap();
+    assert_eq!(over.status, MessageStatus::Failed);
+    assert_eq!(
+        over.error.as_deref(),
+        Some(
+            "tenant `acme` has 20 bytes of payloads pending in its threads; 4 more would \
+             pass twice its limit (tenants.acme.max_pending_bytes: 10)"
+        )
+    );
+    assert_eq!(r.pending_owned("acme"), (5, 20));
+    // A message handled, or stopped, gives its bytes back, once.
+    r.set_message_status(&a, 0, MessageStatus::Delivered, None);
+    r.set_message_status(&a, 1, MessageStatus::Killed, Some("thread killed".into()));
+    assert_eq!(r.pending_owned("acme").1, 12);
+    r.set_message_status(&a, 0, MessageStatus::Failed, Some("no reply".into()));
+    assert_eq!(r.pending_owned("acme").1, 12);
+    // A thread that goes takes what it still holds pending with it.
+    r.kill(&a).unwrap();
+    drop(r);
 }
 
 /// Bytes reserved (payloads held at approval gates) count against what finished threads
