@@ -67,7 +67,8 @@ struct Entry {
     cancel: CancellationToken,
     /// Whose active threads it counts among ([`Quota`]), while active.
     owner: Option<Arc<str>>,
-    /// The count of its owner's pending messages its own `outstanding` adds to.
+    /// What its owner's threads hold pending together (`owned.rs`): its `outstanding` and
+    /// the bytes of its `Pending` messages count there.
     pending: Option<Box<owned::OwnerPending>>,
     settings: Option<Arc<ThreadSettings>>,
     labels: Option<Arc<Labels>>,
@@ -244,7 +245,7 @@ impl ThreadRegistry {
     /// a quota, a new thread counts against its owner, and neither a new one nor a finished
     /// one of that owner becomes active while the owner has `max` active already; nor is one
     /// of the owner's threads opened or continued while its threads hold `max_pending`
-    /// messages.
+    /// messages, or `max_pending_bytes` with the inject's payload.
     pub fn open(
         &self,
         requested: Option<&str>,
