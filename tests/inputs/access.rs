@@ -248,6 +248,26 @@ async fn the_event_stream_shows_a_tenant_only_its_own_inputs() {
     }
 }
 
+/// Rejects the first open input of `thread`, as an organism-wide operator.
+fn reject_first_input(o: &Organism, thread: &str) {
+    let filter = agentserver::threads::InputFilter {
+        thread: Some(thread.to_string()),
+        ..Default::default()
+    };
+    let page = agentserver::threads::Page {
+        limit: 10,
+        offset: 0,
+    };
+    let open = o.inputs().list(&filter, page).unwrap().items;
+    let who = agentserver::pump::Decider {
+        name: None,
+        role: Role::Operator,
+        tenant: None,
+    };
+    let verdict = agentserver::pump::Verdict::Reject { reason: None };
+    o.inputs().decide(&open[0].id, &who, verdict).unwrap();
+}
+
 #[tokio::test]
 async fn a_tenants_inbox_quotas_are_its_own_and_named_when_reached() {
     let dir = tempfile::tempdir().unwrap();
@@ -287,22 +307,7 @@ async fn a_tenants_inbox_quotas_are_its_own_and_named_when_reached() {
     }
     assert_eq!(o.inputs().open_count(), 6);
     // A decision frees its place: acme may hold one more again.
-    let filter = agentserver::threads::InputFilter {
-        thread: Some(first.thread_id.to_string()),
-        ..Default::default()
-    };
-    let page = agentserver::threads::Page {
-        limit: 10,
-        offset: 0,
-    };
-    let open = o.inputs().list(&filter, page).unwrap().items;
-    let who = agentserver::pump::Decider {
-        name: None,
-        role: agentserver::config::Role::Operator,
-        tenant: None,
-    };
-    let verdict = agentserver::pump::Verdict::Reject { reason: None };
-    o.inputs().decide(&open[0].id, &who, verdict).unwrap();
+    reject_first_input(&o, &first.thread_id);
     send("acme-pay", Some(&first.thread_id)).unwrap();
     let e = send("acme-pay", None).unwrap_err().to_string();
     assert!(e.contains("tenants.acme."), "still at its quotas: {e}");
@@ -349,21 +354,6 @@ async fn a_tenants_held_payloads_are_bounded_by_bytes_and_named_when_reached() {
         send("globex-pay").unwrap();
     }
     // A decision frees its bytes.
-    let filter = agentserver::threads::InputFilter {
-        thread: Some(first.thread_id.to_string()),
-        ..Default::default()
-    };
-    let page = agentserver::threads::Page {
-        limit: 10,
-        offset: 0,
-    };
-    let open = o.inputs().list(&filter, page).unwrap().items;
-    let who = agentserver::pump::Decider {
-        name: None,
-        role: agentserver::config::Role::Operator,
-        tenant: None,
-    };
-    let verdict = agentserver::pump::Verdict::Reject { reason: None };
-    o.inputs().decide(&open[0].id, &who, verdict).unwrap();
+    reject_first_input(&o, &first.thread_id);
     send("acme-pay").unwrap();
 }
