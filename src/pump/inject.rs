@@ -156,16 +156,14 @@ impl Organism {
         s.room_for(listener, thread_id, fork.is_some())?;
         // A thread injected to a tenant's listener counts against the tenant's
         // `max_active_threads`.
-        let (key, section);
+        let section;
         let quota = match listener.config.tenant.as_deref() {
             Some(owner) => {
-                let q;
-                (q, section) = topo.config.tenants.of(owner);
-                key = format!("{section}.max_active_threads");
+                let (q, s) = topo.config.tenants.of(owner);
+                section = s;
                 Some(Quota {
                     owner,
                     max: q.max_active_threads,
-                    key: &key,
                     max_pending: q.max_pending_messages,
                     max_pending_bytes: q.max_pending_bytes,
                     section: &section,

@@ -162,18 +162,15 @@ impl ThreadRegistry {
             }
             if let Some(m) = index.and_then(|i| e.messages.get_mut(i)) {
                 counted = Some((m.to.clone(), m.status, status));
+                // An approved payload counts as pending (never refused: counted).
+                if let Some(p) = &e.pending {
+                    p.moved(m.payload_xml.len(), Some(m.status), status);
+                }
                 m.status = status;
                 m.error = error;
             }
             if status == MessageStatus::Pending && e.status != ThreadStatus::Killed {
                 e.add_outstanding();
-                // Approved: its payload waits to be handled (never refused: counted).
-                let bytes = index
-                    .and_then(|i| e.messages.get(i))
-                    .map(|m| m.payload_xml.len());
-                if let (Some(p), Some(bytes)) = (&e.pending, bytes) {
-                    p.add_bytes(bytes);
-                }
                 if e.status != ThreadStatus::Active {
                     // Work approved is never refused: counted, not checked.
                     let _ = self.activate(e.owner.as_ref(), None);

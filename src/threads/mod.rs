@@ -69,7 +69,7 @@ struct Entry {
     owner: Option<Arc<str>>,
     /// What its owner's threads hold pending together (`owned.rs`): its `outstanding` and
     /// the bytes of its `Pending` messages count there.
-    pending: Option<Box<owned::OwnerPending>>,
+    pending: Option<Arc<owned::Owned>>,
     settings: Option<Arc<ThreadSettings>>,
     labels: Option<Arc<Labels>>,
     paused: bool,
@@ -82,8 +82,7 @@ impl Drop for Entry {
     /// queued work is cancelled finds no entry to finish that work in.
     fn drop(&mut self) {
         if let Some(p) = &self.pending {
-            p.done(self.outstanding);
-            p.done_bytes(owned::pending_bytes(&self.messages));
+            p.gone(self.outstanding, &self.messages);
         }
     }
 }
@@ -284,7 +283,7 @@ impl ThreadRegistry {
         }
         let owner = quota.as_ref().map(|q| Arc::<str>::from(q.owner));
         let pending = match (&owner, &quota) {
-            (Some(o), Some(q)) => Some(self.owner_pending(o, q)),
+            (Some(o), Some(q)) => Some(self.owned(o, q)),
             _ => None,
         };
         let incoming = quota.as_ref().map_or(0, |q| q.incoming);
@@ -412,12 +411,8 @@ impl ThreadRegistry {
                 m.error = Some(why);
             }
         }
-        if let Some(p) = e
-            .pending
-            .as_ref()
-            .filter(|_| m.status == MessageStatus::Pending)
-        {
-            p.add_bytes(m.payload_xml.len());
+        if let Some(p) = &e.pending {
+            p.moved(m.payload_xml.len(), None, m.status);
         }
         let now = Timestamp::now();
         e.note_participant(&m.from);
@@ -483,11 +478,8 @@ impl ThreadRegistry {
                 if m.status != status {
                     counted = Some((m.to.clone(), m.status));
                 }
-                // Handled (or stopped): its payload is pending no more.
-                if m.status == MessageStatus::Pending && status != MessageStatus::Pending {
-                    if let Some(p) = &e.pending {
-                        p.done_bytes(m.payload_xml.len());
-                    }
+                if let Some(p) = &e.pending {
+                    p.moved(m.payload_xml.len(), Some(m.status), status);
                 }
                 m.status = status;
                 m.error = error;
@@ -573,7 +565,7 @@ impl ThreadRegistry {
             return Err(ThreadError::TooManyActive {
                 owner: owner.to_string(),
                 max: q.max,
-                quota: q.key.to_string(),
+                quota: format!("{}.max_active_threads", q.section),
             });
         }
         *n += 1;

@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use super::{MessageRecord, MessageStatus, Quota, ThreadError, ThreadRegistry};
 use crate::sync::lock;
 
-/// What a tenant's threads share: their pending messages and bytes, and the bounds as the
-/// latest inject of it that opened (or tried to open) a thread read them from the
-/// configuration, so a reload's change holds for all its threads from then on.
-#[derive(Default)]
+/// What a tenant's threads share (each holds it): their pending messages and bytes, and the
+/// bounds as the latest inject of it that opened (or tried to open) a thread read them from
+/// the configuration, so a reload's change holds for all its threads from then on.
 pub(super) struct Owned {
+    owner: Arc<str>,
     count: AtomicUsize,
     bytes: AtomicUsize,
     max: AtomicUsize,
@@ -24,21 +24,30 @@ pub(super) struct Owned {
     section: Mutex<Arc<str>>,
 }
 
-/// A thread's hold on its owner's [`Owned`].
-pub(super) struct OwnerPending {
-    owner: Arc<str>,
-    shared: Arc<Owned>,
-}
+impl Owned {
+    fn new(owner: Arc<str>) -> Self {
+        Owned {
+            owner,
+            count: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            max: AtomicUsize::new(0),
+            max_bytes: AtomicUsize::new(0),
+            section: Mutex::new(Arc::from("")),
+        }
+    }
 
-impl OwnerPending {
     fn load(&self) -> (usize, usize, usize, usize) {
-        let s = &self.shared;
         let get = |a: &AtomicUsize| a.load(Ordering::Relaxed);
-        (get(&s.count), get(&s.bytes), get(&s.max), get(&s.max_bytes))
+        (
+            get(&self.count),
+            get(&self.bytes),
+            get(&self.max),
+            get(&self.max_bytes),
+        )
     }
 
     fn section(&self) -> Arc<str> {
-        lock(&self.shared.section).clone()
+        lock(&self.section).clone()
     }
 
     /// The refusal of an inject bringing `incoming` bytes, if the owner has as many
@@ -84,32 +93,37 @@ impl OwnerPending {
 
     /// One more outstanding message (or reply owed).
     pub(super) fn add(&self) {
-        self.shared.count.fetch_add(1, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
     }
 
     /// `n` of them are done (as many in all as [`Self::add`]ed).
     pub(super) fn done(&self, n: u64) {
-        sub(&self.shared.count, n as usize);
+        sub(&self.count, n as usize);
     }
 
-    /// A payload of `len` bytes is pending (not yet handled).
-    pub(super) fn add_bytes(&self, len: usize) {
-        self.shared.bytes.fetch_add(len, Ordering::Relaxed);
+    /// A message of `len` bytes went from `from` (`None`: it was just logged) to `to`: its
+    /// payload counts while its status is `Pending` (not yet handled), and from no other
+    /// change. Every change of a stored message's status goes through here.
+    pub(super) fn moved(&self, len: usize, from: Option<MessageStatus>, to: MessageStatus) {
+        let was = from == Some(MessageStatus::Pending);
+        let is = to == MessageStatus::Pending;
+        if is && !was {
+            self.bytes.fetch_add(len, Ordering::Relaxed);
+        } else if was && !is {
+            sub(&self.bytes, len);
+        }
     }
 
-    /// Payloads of `len` bytes are pending no more.
-    pub(super) fn done_bytes(&self, len: usize) {
-        sub(&self.shared.bytes, len);
+    /// The thread holding `messages` goes: what they still hold pending goes with it.
+    pub(super) fn gone(&self, outstanding: u64, messages: &[MessageRecord]) {
+        self.done(outstanding);
+        let pending = messages
+            .iter()
+            .filter(|m| m.status == MessageStatus::Pending)
+            .map(|m| m.payload_xml.len())
+            .sum();
+        sub(&self.bytes, pending);
     }
-}
-
-/// The bytes of the payloads among `messages` not yet handled.
-pub(super) fn pending_bytes(messages: &[MessageRecord]) -> usize {
-    messages
-        .iter()
-        .filter(|m| m.status == MessageStatus::Pending)
-        .map(|m| m.payload_xml.len())
-        .sum()
 }
 
 /// Takes `n` off, never below 0 (each is given back once; this only keeps a mistake from
@@ -121,11 +135,11 @@ fn sub(a: &AtomicUsize, n: usize) {
 }
 
 impl ThreadRegistry {
-    /// A hold on what `owner`'s threads share, its bounds set as `quota` says.
-    pub(super) fn owner_pending(&self, owner: &Arc<str>, quota: &Quota<'_>) -> Box<OwnerPending> {
+    /// What `owner`'s threads share, its bounds set as `quota` says.
+    pub(super) fn owned(&self, owner: &Arc<str>, quota: &Quota<'_>) -> Arc<Owned> {
         let shared = lock(&self.pending_owned)
             .entry(owner.clone())
-            .or_default()
+            .or_insert_with(|| Arc::new(Owned::new(owner.clone())))
             .clone();
         shared.max.store(quota.max_pending, Ordering::Relaxed);
         shared
@@ -136,10 +150,7 @@ impl ThreadRegistry {
             *section = Arc::from(quota.section);
         }
         drop(section);
-        Box::new(OwnerPending {
-            owner: owner.clone(),
-            shared,
-        })
+        shared
     }
 
     /// Messages pending in the threads `owner` opened (those from before a restart apart),

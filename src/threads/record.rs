@@ -153,13 +153,11 @@ pub enum ThreadError {
 pub struct Quota<'a> {
     pub owner: &'a str,
     pub max: usize,
-    /// The setting the limit comes from, for the error (`tenants.acme.max_active_threads`).
-    pub key: &'a str,
     /// Messages pending in the owner's threads at once, at most, and the bytes of their
     /// payloads not yet handled.
     pub max_pending: usize,
     pub max_pending_bytes: usize,
-    /// Where those bounds are set (`tenants.acme`, or `tenants.default`).
+    /// Where these bounds are set (`tenants.acme`, or `tenants.default`), for the errors.
     pub section: &'a str,
     /// The bytes of the payload the inject brings.
     pub incoming: usize,

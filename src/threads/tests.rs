@@ -65,7 +65,6 @@ fn an_owner_has_at_most_its_quota_of_active_threads() {
         Some(Quota {
             owner: "acme",
             max: 2,
-            key: "tenants.acme.max_active_threads",
             max_pending: 100,
             max_pending_bytes: usize::MAX,
             section: "tenants.acme",
@@ -108,7 +107,6 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_messages() {
         Some(Quota {
             owner: "acme",
             max: 1000,
-            key: "tenants.acme.max_active_threads",
             max_pending,
             max_pending_bytes: usize::MAX / 4,
             section: "tenants.acme",
@@ -187,7 +185,6 @@ fn an_owners_threads_hold_at_most_its_quota_of_pending_bytes() {
         Some(Quota {
             owner: "acme",
             max: 1000,
-            key: "tenants.acme.max_active_threads",
             max_pending: 1000,
             max_pending_bytes: 10,
             section: "tenants.acme",
