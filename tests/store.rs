@@ -338,6 +338,76 @@ async fn retention_prunes_the_oldest_threads_and_counts_it() {
     assert_eq!(ids, vec![&*threads[4], &*threads[3]], "the newest survive");
 }
 
+/// A thread waiting for a person's decision is not finished: retention, however old the
+/// thread, leaves its messages, and the decision continues it whole.
+#[tokio::test]
+async fn retention_never_prunes_a_thread_waiting_for_a_decision() {
+    use agentserver::pump::{Decider, Verdict};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "organism: {{ name: gated, store: log.db, store_retention: {{ max_messages: 2 }} }}
+listeners:
+  - {{name: pay, description: payments, kind: native, handler: forward, schema: t.xsd, accepts: [Note], config: {{to: c}}, approval: {{timeout: 7d}}}}
+{CHAIN}
+"
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    // The oldest thread: held at `pay`'s gate, waiting.
+    let waiting = inject(&o, "pay", "<Note>approve me</Note>", None).thread_id;
+    let filter = agentserver::threads::InputFilter {
+        thread: Some(waiting.to_string()),
+        ..Default::default()
+    };
+    let open = || o.inputs().list(&filter, Page::default()).unwrap().items;
+    until(&o, || !open().is_empty()).await;
+    // Then five finished threads of three messages each: 16 messages, 2 allowed.
+    completed_threads(&o, 5).await;
+    o.history().store().unwrap().flush(o.events().last_seq());
+    wait_until_async("12 messages pruned", || async {
+        o.history().pruned_messages() >= 12
+    })
+    .await;
+    let messages = |o: &Organism| {
+        let filter = MessageFilter {
+            thread: Some(waiting.to_string()),
+            ..Default::default()
+        };
+        o.history()
+            .query_messages(&filter, Page::default())
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|m| format!("{}>{}", m.from, m.to.unwrap_or_default()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(messages(&o), ["api>pay"], "the waiting thread kept");
+    // Approved, it goes on with its history whole.
+    let who = Decider {
+        name: None,
+        role: agentserver::access::Role::Operator,
+        tenant: None,
+    };
+    o.inputs()
+        .decide(
+            &open()[0].id,
+            &who,
+            Verdict::Approve {
+                reason: None,
+                payload_xml: None,
+            },
+        )
+        .unwrap();
+    settle(&o, &waiting).await;
+    o.history().store().unwrap().flush(o.events().last_seq());
+    assert_eq!(messages(&o), ["api>pay", "pay>c"]);
+}
+
 #[tokio::test]
 async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
-//! Pruning: whole finished threads, oldest first, by count and by age, in chunks the writer
-//! runs between its batches.
+//! Pruning: whole finished threads (neither active nor waiting for a person), oldest first,
+//! by count and by age, in chunks the writer runs between its batches.
 
 use super::*;
 
@@ -54,7 +54,7 @@ pub(super) fn prune_chunk(
     };
     let oldest = |tx: &rusqlite::Transaction<'_>, cutoff: i64| -> rusqlite::Result<Vec<i64>> {
         tx.prepare_cached(
-            "SELECT n FROM threads WHERE last_activity < ?1 AND status != 'active' \
+            "SELECT n FROM threads WHERE last_activity < ?1 AND status NOT IN ('active', 'waiting') \
              ORDER BY last_activity, n LIMIT ?2",
         )?
         .query_map(params![cutoff, chunk.min(i64::MAX as u64) as i64], |r| {

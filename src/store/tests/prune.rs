@@ -160,7 +160,7 @@ fn a_prune_larger_than_one_chunk_deletes_exactly_across_chunks() {
 }
 
 #[test]
-fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
+fn retention_prunes_whole_threads_oldest_first_and_never_active_or_waiting_ones() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("s.db")).unwrap();
     for (i, t) in ["old", "mid", "new"].iter().enumerate() {
@@ -174,18 +174,26 @@ fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
             );
         }
     }
+    // Neither a running thread nor one waiting for a person's decision is finished.
     thread(&store, "running", ThreadStatus::Active, 0);
-    store.record(
-        1,
-        &EventKind::Message {
-            message: msg("running", 0, "api", "g", 1),
-        },
-    );
+    thread(&store, "waiting", ThreadStatus::Waiting, 0);
+    for t in ["running", "waiting"] {
+        store.record(
+            1,
+            &EventKind::Message {
+                message: msg(t, 0, "api", "g", 1),
+            },
+        );
+    }
     store.flush(1);
-    // Make activity order explicit: old < mid < new; running is oldest but active.
+    // Make activity order explicit: old < mid < new; running and waiting are oldest but
+    // not finished.
     {
         let conn = store.reader.lock().unwrap();
-        for (i, t) in ["running", "old", "mid", "new"].iter().enumerate() {
+        for (i, t) in ["waiting", "running", "old", "mid", "new"]
+            .iter()
+            .enumerate()
+        {
             conn.execute(
                 "UPDATE threads SET last_activity = ? WHERE id = ?",
                 params![i as i64, t],
@@ -236,11 +244,11 @@ fn retention_prunes_whole_threads_oldest_first_and_never_active_ones() {
         .into_iter()
         .map(|t| t.id)
         .collect();
-    assert_eq!(left, vec!["new", "running"]);
+    assert_eq!(left, vec!["new", "waiting", "running"]);
     assert_eq!(
         store.prune(None, Some(Duration::from_secs(1))).unwrap(),
         2,
-        "new is old by the clock; running stays"
+        "new is old by the clock; running and waiting stay"
     );
 }
 
