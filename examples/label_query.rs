@@ -54,6 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             settings: None,
             labels: None,
             paused: false,
+            owner: None,
         };
         store.record(seq, &EventKind::ThreadCreated { thread });
         seq += 1;

@@ -44,6 +44,7 @@ fn fill(store: &Store, first: usize, n: usize, mut seq: u64) -> u64 {
                 settings: None,
                 labels: None,
                 paused: false,
+                owner: None,
             };
             store.record(seq, &EventKind::ThreadCreated { thread: info });
         }

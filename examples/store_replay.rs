@@ -87,6 +87,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 settings: None,
                 labels: None,
                 paused: false,
+                owner: None,
             },
         },
         7 => EventKind::ThreadUpdated {

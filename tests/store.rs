@@ -408,6 +408,60 @@ listeners:
     assert_eq!(messages(&o), ["api>pay", "pay>c"]);
 }
 
+/// The attacker is a tenant sending as much as it likes while the organism's retention is
+/// on: the history pruned is its own, never the other tenant's older threads.
+#[tokio::test]
+async fn one_tenants_volume_prunes_its_own_history_not_anothers() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    let sink = |name: &str, tenant: &str| {
+        format!("  - {{name: {name}, description: keeps, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: {tenant}}}\n")
+    };
+    std::fs::write(
+        &path,
+        format!(
+            "organism: {{ name: shared, store: log.db, store_retention: {{ max_messages: 10 }} }}\nlisteners:\n{}{}",
+            sink("acme-note", "acme"),
+            sink("beta-note", "beta")
+        ),
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let run = |to: &str, n: usize| {
+        (0..n)
+            .map(|i| inject(&o, to, &format!("<Note>{i}</Note>"), None).thread_id)
+            .collect::<Vec<_>>()
+    };
+    let beta = run("beta-note", 3);
+    let acme = run("acme-note", 30);
+    for t in beta.iter().chain(&acme) {
+        settle(&o, t).await;
+    }
+    o.history().store().unwrap().flush(o.events().last_seq());
+    // 33 messages, 10 kept: acme's 30 come down to 7, beta's 3 stay.
+    wait_until_async("23 messages pruned", || async {
+        o.history().pruned_messages() >= 23
+    })
+    .await;
+    let kept = |threads: &[std::sync::Arc<str>]| {
+        threads
+            .iter()
+            .filter(|t| {
+                let filter = MessageFilter {
+                    thread: Some(t.to_string()),
+                    ..Default::default()
+                };
+                let page = o.history().query_messages(&filter, Page::default());
+                page.unwrap().total > 0
+            })
+            .count()
+    };
+    assert_eq!(kept(&beta), 3, "beta's older history is whole");
+    assert_eq!(kept(&acme), 7, "acme's oldest went");
+    assert_eq!(kept(&acme[23..]), 7, "acme's newest stay");
+}
+
 #[tokio::test]
 async fn retention_added_or_changed_by_a_reload_applies_at_once() {
     let dir = tempfile::tempdir().unwrap();

@@ -19,6 +19,10 @@ pub(super) struct WireThread {
     settings: Option<ThreadSettings>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     labels: Option<crate::threads::Labels>,
+    /// Its tenant (none: the organism's), so a store restored from the mirror prunes it
+    /// as the pump's does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
 }
 
 impl From<&ThreadInfo> for WireThread {
@@ -33,6 +37,7 @@ impl From<&ThreadInfo> for WireThread {
             error: t.error.clone(),
             settings: t.settings.as_deref().cloned(),
             labels: t.labels.as_deref().cloned(),
+            owner: t.owner.as_deref().map(str::to_string),
         }
     }
 }
@@ -50,6 +55,7 @@ impl From<WireThread> for ThreadInfo {
             settings: t.settings.and_then(ThreadSettings::kept),
             labels: t.labels.filter(|l| !l.is_empty()).map(std::sync::Arc::new),
             paused: false,
+            owner: t.owner.map(std::sync::Arc::from),
         }
     }
 }

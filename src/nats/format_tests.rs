@@ -105,6 +105,7 @@ fn events() -> Vec<Event> {
                 settings: None,
                 labels: None,
                 paused: false,
+                owner: None,
             },
         },
         EventKind::ThreadUpdated {
@@ -375,4 +376,42 @@ fn a_delta_reads_back() {
         ),
         ("planner", "m1", crate::events::DeltaKind::Thinking, 3, "hm")
     );
+}
+
+/// A thread's tenant (added to version 1) reads back, so a store restored from the mirror
+/// prunes it as the pump's does; a thread without one is written as before.
+#[test]
+fn a_threads_owner_reads_back() {
+    let thread = |owner: Option<&str>| ThreadInfo {
+        id: "t1".into(),
+        status: ThreadStatus::Active,
+        participants: vec![],
+        message_count: 0,
+        created_at: Timestamp(1),
+        last_activity: Timestamp(1),
+        error: None,
+        settings: None,
+        labels: None,
+        paused: false,
+        owner: owner.map(Arc::from),
+    };
+    let none = Frames {
+        frame: None,
+        message_frame: None,
+    };
+    for owner in [Some("acme"), None] {
+        let kind = EventKind::ThreadCreated {
+            thread: thread(owner),
+        };
+        let ev = Event::numbered(9, Timestamp(1), kind, None::<String>, ());
+        let body = body_of(&ev, &none, None).unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&body).contains("owner"),
+            owner.is_some()
+        );
+        let EventKind::ThreadCreated { thread } = parse(&body).unwrap().kind else {
+            panic!("not a thread")
+        };
+        assert_eq!(thread.owner.as_deref(), owner);
+    }
 }

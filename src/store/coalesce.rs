@@ -84,6 +84,8 @@ pub(super) enum Write<'a> {
         error: Option<&'a str>,
         /// Its last activity: the latest time of the events folded into this write.
         at: Timestamp,
+        /// Its tenant, given when the thread is created for one.
+        owner: Option<&'a str>,
     },
     /// A thread with messages (or status changes) in a batch that has no thread write of
     /// its own: its row's count rises to at least `message_count`, its last activity to at
@@ -180,6 +182,7 @@ impl<'a> Write<'a> {
                 created_at: Some(t.created_at),
                 error: t.error.as_deref(),
                 at: t.last_activity,
+                owner: t.owner.as_deref(),
             },
             EventKind::ThreadUpdated {
                 thread_id,
@@ -194,6 +197,7 @@ impl<'a> Write<'a> {
                 created_at: None,
                 error: error.as_deref(),
                 at: event.timestamp,
+                owner: None,
             },
             EventKind::InputRequested { input } => Write::InputOpened(input, None),
             EventKind::InputResolved { input } => Write::InputDecided(input),
@@ -449,6 +453,7 @@ fn merge<'a>(slot: &mut Write<'a>, w: Write<'a>) -> Result<(), Write<'a>> {
                 created_at,
                 error,
                 at,
+                owner,
                 ..
             },
             Write::Thread {
@@ -457,9 +462,11 @@ fn merge<'a>(slot: &mut Write<'a>, w: Write<'a>) -> Result<(), Write<'a>> {
                 created_at: created,
                 error: e,
                 at: t,
+                owner: o,
                 ..
             },
         ) => {
+            *owner = owner.or(o);
             *status = s;
             *message_count = (*message_count).max(c);
             *created_at = created_at.or(created);

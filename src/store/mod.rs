@@ -95,6 +95,7 @@ mod search;
 #[cfg(test)]
 mod tests;
 mod thread_fields;
+mod thread_writes;
 pub mod usage;
 pub mod watched;
 mod words;
@@ -185,7 +186,8 @@ enum Op {
     Flush(Box<dyn FnOnce() + Send>),
     /// One chunk of pruning, run by the writer between batches (see [`Store::prune`]).
     Prune {
-        excess: u64,
+        /// Messages to go by count, and whose threads they come from.
+        shares: Vec<(prune::Holder, u64)>,
         cutoff: Option<i64>,
         done: mpsc::Sender<rusqlite::Result<Pruned>>,
     },

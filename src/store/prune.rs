@@ -22,12 +22,22 @@ pub(super) struct Pruned {
     pub(super) more_by_age: bool,
 }
 
+/// Whose finished threads a share of the messages to prune comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Holder {
+    /// Anyone's: the organism has no tenant's threads.
+    Anyone,
+    /// The organism's own threads.
+    Organism,
+    Tenant(String),
+}
+
 /// One pruning transaction on the writer's connection: deletes finished threads past
-/// `cutoff` (oldest first), then the oldest finished threads while `excess` messages remain to
-/// go, about `chunk` messages in all (whole threads, at least one).
+/// `cutoff` (oldest first), then each holder's oldest finished threads while its share of
+/// messages remains to go, about `chunk` messages in all (whole threads, at least one).
 pub(super) fn prune_chunk(
     conn: &mut Connection,
-    excess: u64,
+    shares: &[(Holder, u64)],
     cutoff: Option<i64>,
     chunk: u64,
 ) -> rusqlite::Result<Pruned> {
@@ -52,18 +62,32 @@ pub(super) fn prune_chunk(
             .execute(params![n])?;
         Ok(gone)
     };
-    let oldest = |tx: &rusqlite::Transaction<'_>, cutoff: i64| -> rusqlite::Result<Vec<i64>> {
-        tx.prepare_cached(
-            "SELECT n FROM threads WHERE last_activity < ?1 AND status NOT IN ('active', 'waiting') \
-             ORDER BY last_activity, n LIMIT ?2",
-        )?
-        .query_map(params![cutoff, chunk.min(i64::MAX as u64) as i64], |r| {
-            r.get(0)
-        })?
-        .collect()
+    // The oldest finished threads (of a holder), at most `limit`.
+    let oldest = |tx: &rusqlite::Transaction<'_>,
+                  cutoff: i64,
+                  holder: &Holder,
+                  limit: u64|
+     -> rusqlite::Result<Vec<i64>> {
+        const FINISHED: &str = "status NOT IN ('active', 'waiting') AND last_activity < ?1";
+        const ORDER: &str = "ORDER BY last_activity, n LIMIT ?2";
+        let limit = limit.min(i64::MAX as u64) as i64;
+        let (sql, owner) = match holder {
+            Holder::Anyone => (format!("WHERE {FINISHED} {ORDER}"), None),
+            Holder::Organism => (format!("WHERE owner IS NULL AND {FINISHED} {ORDER}"), None),
+            Holder::Tenant(t) => (format!("WHERE owner = ?3 AND {FINISHED} {ORDER}"), Some(t)),
+        };
+        let mut stmt = tx.prepare_cached(&format!("SELECT n FROM threads {sql}"))?;
+        match owner {
+            Some(t) => stmt
+                .query_map(params![cutoff, limit, t], |r| r.get(0))?
+                .collect(),
+            None => stmt
+                .query_map(params![cutoff, limit], |r| r.get(0))?
+                .collect(),
+        }
     };
     if let Some(cutoff) = cutoff {
-        let ids = oldest(&tx, cutoff)?;
+        let ids = oldest(&tx, cutoff, &Holder::Anyone, chunk)?;
         // A full page may have more behind it, even when all of it was deleted.
         out.more_by_age = ids.len() as u64 >= chunk;
         for n in ids {
@@ -74,13 +98,18 @@ pub(super) fn prune_chunk(
             out.by_age += delete(&tx, n)?;
         }
     }
-    let room = chunk.saturating_sub(out.by_age).min(excess);
-    if room > 0 && !out.more_by_age {
-        for n in oldest(&tx, i64::MAX)? {
-            if out.by_count >= room {
-                break;
+    if !out.more_by_age {
+        for (holder, share) in shares {
+            let room = chunk.saturating_sub(out.by_age + out.by_count);
+            let want = (*share).min(room);
+            let mut given = 0;
+            for n in oldest(&tx, i64::MAX, holder, want)? {
+                if given >= want {
+                    break;
+                }
+                given += delete(&tx, n)?;
             }
-            out.by_count += delete(&tx, n)?;
+            out.by_count += given;
         }
     }
     deltas.write(&tx)?;
@@ -116,9 +145,16 @@ impl Store {
         }
         let mut deleted = 0u64;
         loop {
+            // Whose threads give, as they hold now (the last chunk committed).
+            let shares = match excess {
+                0 => Vec::new(),
+                _ => self
+                    .read(holders)?
+                    .map_or_else(|| vec![(Holder::Anyone, excess)], |h| shares(h, excess)),
+            };
             let (done, wait) = mpsc::channel();
             self.send(Op::Prune {
-                excess,
+                shares,
                 cutoff,
                 done,
             });
@@ -139,4 +175,57 @@ impl Store {
     pub fn pruned(&self) -> u64 {
         self.health.pruned.load(Ordering::Relaxed)
     }
+}
+
+/// What each holder has stored: the organism's own threads and each tenant's (none when no
+/// thread is a tenant's). Tenants' sums come from `threads_owner` alone; the organism's is
+/// the rest.
+fn holders(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<Vec<(Holder, u64)>>> {
+    let tenants = tx
+        .prepare_cached(
+            "SELECT owner, SUM(message_count) FROM threads WHERE owner IS NOT NULL GROUP BY owner",
+        )?
+        .query_map([], |r| Ok((Holder::Tenant(r.get(0)?), get_u64(r, 1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    if tenants.is_empty() {
+        return Ok(None);
+    }
+    let theirs: u64 = tenants.iter().map(|(_, n)| n).sum();
+    let own = stored_total(tx)?.saturating_sub(theirs);
+    Ok(Some(
+        std::iter::once((Holder::Organism, own))
+            .chain(tenants)
+            .collect(),
+    ))
+}
+
+/// How many of `excess` messages each holder gives: whoever holds the most gives first,
+/// down to the next one's level, then both alike, and so on, so one holder's volume prunes
+/// its own history before anyone else's. Largest first; holders that give nothing left out.
+pub(super) fn shares(mut holders: Vec<(Holder, u64)>, excess: u64) -> Vec<(Holder, u64)> {
+    holders.sort_by_key(|h| std::cmp::Reverse(h.1));
+    let above = |level: u64| -> u64 { holders.iter().map(|(_, n)| n.saturating_sub(level)).sum() };
+    // The lowest level down to which the holders above it give no more than `excess`.
+    let (mut lo, mut hi) = (0, holders.first().map_or(0, |h| h.1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if above(mid) <= excess {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    // What is left gives one more each from those at the level, the largest first.
+    let mut left = if lo > 0 { excess - above(lo) } else { 0 };
+    holders
+        .into_iter()
+        .filter_map(|(h, n)| {
+            let mut give = n.saturating_sub(lo);
+            if left > 0 && n >= lo {
+                give += 1;
+                left -= 1;
+            }
+            (give > 0).then_some((h, give))
+        })
+        .collect()
 }

@@ -489,7 +489,7 @@ pub(super) const THREAD_ORDER: &str = "created_at DESC, id DESC";
 
 /// The columns of a thread's row that [`thread_of`] reads.
 pub(super) const THREAD_COLUMNS: &str =
-    "id, status, message_count, created_at, last_activity, error, n, settings, labels";
+    "id, status, message_count, created_at, last_activity, error, n, settings, labels, owner";
 
 /// A thread as its row ([`THREAD_COLUMNS`]) holds it, and its number (its participants are
 /// read with it: [`participants`]).
@@ -505,6 +505,7 @@ pub(super) fn thread_of(r: &rusqlite::Row<'_>) -> rusqlite::Result<(ThreadInfo, 
         settings: super::thread_fields::settings_of(r.get(7)?),
         labels: super::thread_fields::labels_of(r.get(8)?),
         paused: false,
+        owner: r.get::<_, Option<String>>(9)?.map(Arc::from),
     };
     Ok((thread, r.get(6)?))
 }

@@ -135,7 +135,7 @@ fn run_prunes(
 ) {
     for op in prunes {
         if let Op::Prune {
-            excess,
+            shares,
             cutoff,
             done,
         } = op
@@ -144,7 +144,7 @@ fn run_prunes(
             // arrivals (the writer's backlog, and so inject's 429, pays for it).
             let chunk = PRUNE_CHUNK.max(2 * *arrived_since_prune);
             *arrived_since_prune = 0;
-            let result = prune_chunk(conn, excess, cutoff, chunk);
+            let result = prune_chunk(conn, &shares, cutoff, chunk);
             // Thread numbers and messages may be gone with their rows.
             cache.pruned();
             if let Ok(p) = &result {

@@ -255,6 +255,9 @@ pub(super) struct Writes<'t, 'c, 'o> {
     /// every thread row it writes exists.
     pub(super) touches: Vec<(&'o str, i64, Option<&'o str>, i64)>,
     pub(super) touch: rusqlite::CachedStatement<'t>,
+    /// Threads created for a tenant, and the tenant: written at the end of the transaction
+    /// (`thread_writes.rs`).
+    pub(super) owned: Vec<(&'o str, &'o str)>,
     pub(super) seq: rusqlite::CachedStatement<'t>,
     /// The store `seq` of the last message this transaction wrote, for its event mark.
     pub(super) last_message: Option<i64>,
@@ -314,6 +317,7 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                    error = COALESCE(error, ?4)
                  WHERE n = ?1",
             )?,
+            owned: Vec::new(),
             seq: tx.prepare_cached(
                 "INSERT INTO meta (key, value) VALUES ('last_seq', ?1) ON CONFLICT(key) DO UPDATE SET value = MAX(value, excluded.value)",
             )?,
@@ -564,7 +568,9 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 created_at,
                 error,
                 at,
+                owner,
             } => {
+                self.owned.extend(owner.map(|o| (id, o)));
                 let at = at.0 as i64;
                 // A thread created now (the common case for its first write) is new unless
                 // its id has a row already, which `insert_threads` finds without a lookup
@@ -620,61 +626,6 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
         Ok(())
     }
 
-    /// A thread's `settings`, after the thread rows this batch holds so far (one of which
-    /// may be its).
-    fn settings(
-        &mut self,
-        id: &str,
-        settings: Option<&crate::threads::ThreadSettings>,
-    ) -> rusqlite::Result<()> {
-        self.insert_pending()?;
-        let json = settings.and_then(|s| serde_json::to_string(s).ok());
-        self.tx
-            .prepare_cached("UPDATE threads SET settings = ?2 WHERE id = ?1")?
-            .execute(params![id, json])?;
-        Ok(())
-    }
-
-    /// A thread's labels: shown (`threads.labels`) and found (`thread_labels`), after the
-    /// thread rows this batch holds so far.
-    fn labels(
-        &mut self,
-        id: &str,
-        labels: Option<&crate::threads::Labels>,
-    ) -> rusqlite::Result<()> {
-        self.insert_pending()?;
-        let Some(n) = self.thread_number(id)? else {
-            return Ok(());
-        };
-        let json = labels.and_then(|l| serde_json::to_string(l).ok());
-        self.tx
-            .prepare_cached("UPDATE threads SET labels = ?2 WHERE n = ?1")?
-            .execute(params![n, json])?;
-        self.tx
-            .prepare_cached("DELETE FROM thread_labels WHERE thread = ?1")?
-            .execute(params![n])?;
-        let mut add = self.tx.prepare_cached(
-            "INSERT OR IGNORE INTO thread_labels (key, value, thread) VALUES (?1, ?2, ?3)",
-        )?;
-        for (k, v) in labels.into_iter().flatten() {
-            add.execute(params![k, v, n])?;
-        }
-        Ok(())
-    }
-
-    /// A thread rewound: added to its `rewinds` (JSON), after the thread rows this batch
-    /// holds so far.
-    fn rewound(&mut self, id: &str, r: crate::threads::Rewind) -> rusqlite::Result<()> {
-        self.insert_pending()?;
-        self.tx
-            .prepare_cached(
-                "UPDATE threads SET rewinds = json_insert(COALESCE(rewinds, '[]'), '$[#]', \
-                 json_object('after', ?2, 'before', ?3)) WHERE id = ?1",
-            )?
-            .execute(params![id, r.after as i64, r.before as i64])?;
-        Ok(())
-    }
-
     /// Writes what is still buffered: pending message rows (and the thread rows before
     /// them), then the touched threads. A thread without a row is left alone.
     pub(super) fn finish(&mut self) -> rusqlite::Result<()> {
@@ -684,6 +635,6 @@ impl<'t, 'c, 'o> Writes<'t, 'c, 'o> {
                 self.touch.execute(params![n, count, at, error])?;
             }
         }
-        Ok(())
+        self.owners()
     }
 }

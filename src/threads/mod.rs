@@ -118,6 +118,7 @@ impl Entry {
             settings: self.settings.clone(),
             labels: self.labels.clone(),
             paused: self.paused,
+            owner: self.owner.clone(),
         }
     }
 

@@ -107,6 +107,9 @@ pub struct ThreadInfo {
     pub labels: Option<Arc<super::Labels>>,
     /// Paused (`POST /threads/{id}/pause`): its queued messages wait (kept in memory only).
     pub paused: bool,
+    /// The tenant whose listener it was opened at (none: the organism's): whose quotas it
+    /// counts against, and whose share of the history it is when retention prunes.
+    pub owner: Option<Arc<str>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -124,6 +124,7 @@ mod tests {
                 settings: None,
                 labels: labels(v),
                 paused: false,
+                owner: None,
             },
         }
     }

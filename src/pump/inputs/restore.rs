@@ -181,6 +181,7 @@ impl Shared {
                         settings: None,
                         labels: None,
                         paused: false,
+                        owner: None,
                     });
                 self.threads.adopt(&info);
             }

@@ -96,6 +96,7 @@ fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
                 settings: None,
                 labels: None,
                 paused: false,
+                owner: None,
             },
         },
     );

@@ -318,3 +318,135 @@ fn a_replay_is_whole_or_refused() {
         ["71:t7-0"]
     );
 }
+
+#[test]
+fn shares_take_from_whoever_holds_the_most_down_to_a_common_level() {
+    use super::super::prune::{shares, Holder};
+    let t = |n: &str| Holder::Tenant(n.into());
+    let of = |h: &[(Holder, u64)]| shares(h.to_vec(), 30);
+    // The largest alone gives while it is above the others.
+    assert_eq!(
+        of(&[(Holder::Organism, 4), (t("acme"), 40), (t("beta"), 6)]),
+        [(t("acme"), 30)]
+    );
+    // Down to a common level, then alike; what is left comes from the largest first.
+    assert_eq!(
+        of(&[(t("a"), 20), (t("b"), 20), (t("c"), 5)]),
+        [(t("a"), 15), (t("b"), 15)]
+    );
+    assert_eq!(
+        shares(vec![(t("a"), 20), (t("b"), 19), (t("c"), 5)], 6),
+        [(t("a"), 4), (t("b"), 2)]
+    );
+    assert_eq!(
+        shares(vec![(t("a"), 10), (t("b"), 10), (t("c"), 10)], 4),
+        [(t("a"), 2), (t("b"), 1), (t("c"), 1)]
+    );
+    // More than everything: everything.
+    assert_eq!(
+        shares(vec![(t("a"), 3), (Holder::Organism, 2)], 9),
+        [(t("a"), 3), (Holder::Organism, 2)]
+    );
+    assert_eq!(shares(Vec::new(), 5), []);
+}
+
+/// One tenant sending as much as it likes, with the organism's retention on: its own oldest
+/// threads go, never the older threads of the other tenant or of the organism, while it
+/// holds more than they do; a thread keeps the tenant it was created for.
+#[test]
+fn retention_prunes_the_largest_holders_history_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    let owned = |id: &str, owner: Option<&str>, created: u64| {
+        store.record(
+            1,
+            &EventKind::ThreadCreated {
+                thread: ThreadInfo {
+                    id: id.into(),
+                    status: ThreadStatus::Active,
+                    participants: vec![],
+                    message_count: 0,
+                    created_at: Timestamp(created),
+                    last_activity: Timestamp(created),
+                    error: None,
+                    settings: None,
+                    labels: None,
+                    paused: false,
+                    owner: owner.map(Arc::from),
+                },
+            },
+        );
+        for slot in 0..2 {
+            store.record(
+                1,
+                &EventKind::Message {
+                    message: msg(id, slot, "api", "g", created),
+                },
+            );
+        }
+        store.record(
+            1,
+            &EventKind::ThreadUpdated {
+                thread_id: id.into(),
+                status: ThreadStatus::Completed,
+                message_count: 2,
+                error: None,
+                paused: false,
+                labels: None,
+            },
+        );
+    };
+    // Oldest first: the organism's 2 threads, beta's 3, then acme's 20.
+    for i in 0..2 {
+        owned(&format!("o{i}"), None, i);
+    }
+    for i in 0..3 {
+        owned(&format!("beta-{i}"), Some("beta"), 10 + i);
+    }
+    for i in 0..20 {
+        owned(&format!("acme-{i:02}"), Some("acme"), 100 + i);
+    }
+    store.flush(1);
+    {
+        let conn = store.reader.lock().unwrap();
+        for (i, t) in ["o0", "o1", "beta-0", "beta-1", "beta-2"]
+            .iter()
+            .enumerate()
+        {
+            conn.execute(
+                "UPDATE threads SET last_activity = ? WHERE id = ?",
+                params![i as i64, t],
+            )
+            .unwrap();
+        }
+    }
+    let owner = |id: &str| store.thread(id).unwrap().unwrap().owner;
+    assert_eq!(
+        owner("acme-00").as_deref(),
+        Some("acme"),
+        "kept past an update"
+    );
+    assert_eq!(owner("o0"), None);
+    // 50 messages, 20 kept: acme's 40 come down to 10.
+    assert_eq!(store.prune(Some(20), None).unwrap(), 30);
+    let left = |prefix: &str| {
+        store
+            .query_threads(&ThreadFilter::default(), Page::default())
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|t| t.id.starts_with(prefix))
+            .count()
+    };
+    assert_eq!((left("o"), left("beta"), left("acme")), (2, 3, 5));
+    assert!(
+        store.thread("acme-14").unwrap().is_none(),
+        "acme's oldest went"
+    );
+    assert!(store.thread("acme-15").unwrap().is_some());
+    // Past the others' level, all give alike (whole threads: 8, 3 and 1 asked, 8, 4 and 2
+    // given).
+    assert_eq!(store.prune(Some(8), None).unwrap(), 14);
+    assert_eq!((left("o"), left("beta"), left("acme")), (1, 1, 1));
+    assert_kept_counts_match_scans(&store);
+}

@@ -112,6 +112,7 @@ fn coalescing_keeps_what_a_batch_writes() {
                 settings: None,
                 labels: None,
                 paused: false,
+                owner: None,
             },
         }),
         event_op(EventKind::MessageStatus {
