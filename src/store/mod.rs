@@ -220,6 +220,8 @@ pub struct Store {
     words: words::Words,
     health: Arc<Health>,
     recovered: Recovered,
+    /// What each holder had stored as last read, for retention's shares (`prune.rs`).
+    held: Mutex<Option<prune::Held>>,
     /// `<file>.lock`, locked (`flock`) while this store is open, so a second process (or a
     /// second store in this one) cannot write the same file: each writer numbers rows and
     /// threads itself. Declared last: let go only after both connections are closed. The

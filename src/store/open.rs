@@ -418,12 +418,11 @@ CREATE INDEX thread_labels_thread ON thread_labels(thread);
      content='', contentless_delete=1);",
     // v24: the audit log by tenant, each tenant's entries bounded on their own (`audit.rs`).
     "CREATE INDEX IF NOT EXISTS audit_tenant ON audit(tenant, id);",
-    // v25: each thread's tenant (NULL: the organism's), set when it is created; retention
-    // takes from whoever holds the most (`prune.rs`), summing tenants' threads from this
-    // index alone.
-    "ALTER TABLE threads ADD COLUMN owner TEXT; \
-     CREATE INDEX threads_owner ON threads(owner, last_activity, message_count) \
-     WHERE owner IS NOT NULL;",
+    // v25: the tenant of each thread created for one (by the thread's number; the
+    // organism's own threads have no row, so its writes cost nothing here); retention takes
+    // from whoever holds the most (`prune.rs`).
+    "CREATE TABLE IF NOT EXISTS thread_owners (n INTEGER PRIMARY KEY, owner TEXT NOT NULL); \
+     CREATE INDEX IF NOT EXISTS thread_owners_owner ON thread_owners(owner);",
 ];
 
 /// A connection of its own to the store file at `path` (created and migrated if need be),
@@ -678,6 +677,7 @@ impl Store {
                 interrupted,
                 interrupted_messages,
             },
+            held: Mutex::default(),
             _lock: lock,
         })
     }

@@ -20,7 +20,22 @@ pub(super) struct Pruned {
     pub(super) by_count: u64,
     /// More threads past the age limit remain.
     pub(super) more_by_age: bool,
+    /// What each share gave, in the shares' order.
+    pub(super) given: Vec<u64>,
 }
+
+/// What each holder had stored (none: no thread is a tenant's), when that was read, and
+/// what reading it cost: read again once older than [`HELD_COST_RATIO`] times that cost (a
+/// second at least), so summing every tenant's threads takes a small part of a busy store's
+/// time; what pruning takes from each holder is taken off meanwhile.
+pub(super) struct Held {
+    at: std::time::Instant,
+    cost: Duration,
+    holders: Option<Vec<(Holder, u64)>>,
+}
+
+/// How many times its own cost the holders' counts are kept before being read again.
+const HELD_COST_RATIO: u32 = 20;
 
 /// Whose finished threads a share of the messages to prune comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +62,7 @@ pub(super) fn prune_chunk(
         by_age: 0,
         by_count: 0,
         more_by_age: false,
+        given: Vec::with_capacity(shares.len()),
     };
     let mut delete = |tx: &rusqlite::Transaction<'_>, n: i64| -> rusqlite::Result<u64> {
         let gone = delete_messages(tx, n, &mut deltas)?;
@@ -58,6 +74,8 @@ pub(super) fn prune_chunk(
         .execute(params![n])?;
         tx.prepare_cached("DELETE FROM threads WHERE n = ?1")?
             .execute(params![n])?;
+        tx.prepare_cached("DELETE FROM thread_owners WHERE n = ?1")?
+            .execute(params![n])?;
         tx.prepare_cached("DELETE FROM thread_labels WHERE thread = ?1")?
             .execute(params![n])?;
         Ok(gone)
@@ -68,15 +86,28 @@ pub(super) fn prune_chunk(
                   holder: &Holder,
                   limit: u64|
      -> rusqlite::Result<Vec<i64>> {
-        const FINISHED: &str = "status NOT IN ('active', 'waiting') AND last_activity < ?1";
-        const ORDER: &str = "ORDER BY last_activity, n LIMIT ?2";
+        // In activity order (`threads_activity`), each looked up in `thread_owners` by number.
+        const FINISHED: &str = "t.status NOT IN ('active', 'waiting') AND t.last_activity < ?1";
+        const ORDER: &str = "ORDER BY t.last_activity, t.n LIMIT ?2";
         let limit = limit.min(i64::MAX as u64) as i64;
         let (sql, owner) = match holder {
             Holder::Anyone => (format!("WHERE {FINISHED} {ORDER}"), None),
-            Holder::Organism => (format!("WHERE owner IS NULL AND {FINISHED} {ORDER}"), None),
-            Holder::Tenant(t) => (format!("WHERE owner = ?3 AND {FINISHED} {ORDER}"), Some(t)),
+            Holder::Organism => (
+                format!(
+                    "WHERE {FINISHED} AND NOT EXISTS \
+                     (SELECT 1 FROM thread_owners o WHERE o.n = t.n) {ORDER}"
+                ),
+                None,
+            ),
+            Holder::Tenant(who) => (
+                format!(
+                    "WHERE {FINISHED} AND EXISTS \
+                     (SELECT 1 FROM thread_owners o WHERE o.n = t.n AND o.owner = ?3) {ORDER}"
+                ),
+                Some(who),
+            ),
         };
-        let mut stmt = tx.prepare_cached(&format!("SELECT n FROM threads {sql}"))?;
+        let mut stmt = tx.prepare_cached(&format!("SELECT t.n FROM threads t {sql}"))?;
         match owner {
             Some(t) => stmt
                 .query_map(params![cutoff, limit, t], |r| r.get(0))?
@@ -110,6 +141,7 @@ pub(super) fn prune_chunk(
                 given += delete(&tx, n)?;
             }
             out.by_count += given;
+            out.given.push(given);
         }
     }
     deltas.write(&tx)?;
@@ -145,16 +177,16 @@ impl Store {
         }
         let mut deleted = 0u64;
         loop {
-            // Whose threads give, as they hold now (the last chunk committed).
+            // Whose threads give, by what they hold.
             let shares = match excess {
                 0 => Vec::new(),
                 _ => self
-                    .read(holders)?
+                    .holders()?
                     .map_or_else(|| vec![(Holder::Anyone, excess)], |h| shares(h, excess)),
             };
             let (done, wait) = mpsc::channel();
             self.send(Op::Prune {
-                shares,
+                shares: shares.clone(),
                 cutoff,
                 done,
             });
@@ -162,11 +194,43 @@ impl Store {
                 .recv()
                 .map_err(|_| err(&self.path, "the store writer has stopped"))?
                 .map_err(|e| err(&self.path, e))?;
+            self.took(&shares, &chunk.given);
             deleted += chunk.by_age + chunk.by_count;
             excess = excess.saturating_sub(chunk.by_count);
             let progress = chunk.by_age + chunk.by_count > 0;
             if !(chunk.more_by_age || (excess > 0 && progress)) {
                 return Ok(deleted);
+            }
+        }
+    }
+
+    /// What each holder has stored ([`Held`]): as last read, or read now.
+    fn holders(&self) -> Result<Option<Vec<(Holder, u64)>>, StoreError> {
+        let mut held = crate::sync::lock(&self.held);
+        let fresh =
+            |h: &Held| h.at.elapsed() < (h.cost * HELD_COST_RATIO).max(Duration::from_secs(1));
+        if let Some(h) = held.as_ref().filter(|h| fresh(h)) {
+            return Ok(h.holders.clone());
+        }
+        let at = std::time::Instant::now();
+        let holders = self.read(holders)?;
+        *held = Some(Held {
+            at,
+            cost: at.elapsed(),
+            holders: holders.clone(),
+        });
+        Ok(holders)
+    }
+
+    /// Takes what each share gave off its holder's count as last read.
+    fn took(&self, shares: &[(Holder, u64)], given: &[u64]) {
+        let mut held = crate::sync::lock(&self.held);
+        let Some(holders) = held.as_mut().and_then(|h| h.holders.as_mut()) else {
+            return;
+        };
+        for ((holder, _), gave) in shares.iter().zip(given) {
+            if let Some((_, n)) = holders.iter_mut().find(|(h, _)| h == holder) {
+                *n = n.saturating_sub(*gave);
             }
         }
     }
@@ -178,12 +242,13 @@ impl Store {
 }
 
 /// What each holder has stored: the organism's own threads and each tenant's (none when no
-/// thread is a tenant's). Tenants' sums come from `threads_owner` alone; the organism's is
-/// the rest.
+/// thread is a tenant's). Tenants' sums are of their threads' counts; the organism's is the
+/// rest.
 fn holders(tx: &rusqlite::Transaction<'_>) -> rusqlite::Result<Option<Vec<(Holder, u64)>>> {
     let tenants = tx
         .prepare_cached(
-            "SELECT owner, SUM(message_count) FROM threads WHERE owner IS NOT NULL GROUP BY owner",
+            "SELECT o.owner, SUM(t.message_count) FROM thread_owners o \
+             JOIN threads t ON t.n = o.n GROUP BY o.owner",
         )?
         .query_map([], |r| Ok((Holder::Tenant(r.get(0)?), get_u64(r, 1)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;

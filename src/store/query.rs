@@ -489,7 +489,8 @@ pub(super) const THREAD_ORDER: &str = "created_at DESC, id DESC";
 
 /// The columns of a thread's row that [`thread_of`] reads.
 pub(super) const THREAD_COLUMNS: &str =
-    "id, status, message_count, created_at, last_activity, error, n, settings, labels, owner";
+    "id, status, message_count, created_at, last_activity, error, n, settings, labels, \
+     (SELECT owner FROM thread_owners o WHERE o.n = threads.n)";
 
 /// A thread as its row ([`THREAD_COLUMNS`]) holds it, and its number (its participants are
 /// read with it: [`participants`]).

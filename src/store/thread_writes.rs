@@ -1,6 +1,6 @@
 //! A thread row's fields beyond its counters as the writer sets them (`settings`,
-//! `labels`, `rewinds`, and `owner`: the tenant it was created for), each after the thread
-//! rows its transaction holds so far (read back in `thread_fields.rs`).
+//! `labels`, `rewinds`, and its tenant in `thread_owners`), each after the thread rows its
+//! transaction holds so far (read back in `thread_fields.rs` and `query.rs`).
 
 use rusqlite::params;
 
@@ -68,9 +68,9 @@ impl Writes<'_, '_, '_> {
         if self.owned.is_empty() {
             return Ok(());
         }
-        let mut set = self
-            .tx
-            .prepare_cached("UPDATE threads SET owner = ?2 WHERE id = ?1 AND owner IS NULL")?;
+        let mut set = self.tx.prepare_cached(
+            "INSERT OR IGNORE INTO thread_owners (n, owner) SELECT n, ?2 FROM threads WHERE id = ?1",
+        )?;
         for (id, owner) in self.owned.drain(..) {
             set.execute(params![id, owner])?;
         }

@@ -135,13 +135,11 @@ fn a_store_indexed_by_an_older_version_has_its_threads_text_at_start() {
     fill(&store, 0);
     store.flush(1);
     drop(store);
-    // As schema v22 left it (each thread's words alone, no phrase; no thread's tenant),
-    // then as v21 (none).
+    // As schema v22 left it (each thread's words alone, no phrase), then as v21 (none).
     let conn = rusqlite::Connection::open(&path).unwrap();
     conn.execute_batch(
         "DROP TABLE thread_words; CREATE VIRTUAL TABLE thread_words USING fts5(text, \
-         content='', contentless_delete=1, detail=none); DROP INDEX threads_owner; \
-         ALTER TABLE threads DROP COLUMN owner; PRAGMA user_version = 22;",
+         content='', contentless_delete=1, detail=none); PRAGMA user_version = 22;",
     )
     .unwrap();
     drop(conn);
