@@ -82,6 +82,11 @@ fn finished_thread(store: &Store, t: &str, created: u64, messages: u64) {
 }
 
 fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
+    owned_thread(store, id, status, created, None);
+}
+
+/// A thread created for `owner` (a tenant; none: the organism's).
+fn owned_thread(store: &Store, id: &str, status: ThreadStatus, created: u64, owner: Option<&str>) {
     store.record(
         1,
         &EventKind::ThreadCreated {
@@ -96,7 +101,7 @@ fn thread(store: &Store, id: &str, status: ThreadStatus, created: u64) {
                 settings: None,
                 labels: None,
                 paused: false,
-                owner: None,
+                owner: owner.map(Arc::from),
             },
         },
     );

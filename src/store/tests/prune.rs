@@ -188,19 +188,7 @@ fn retention_prunes_whole_threads_oldest_first_and_never_active_or_waiting_ones(
     store.flush(1);
     // Make activity order explicit: old < mid < new; running and waiting are oldest but
     // not finished.
-    {
-        let conn = store.reader.lock().unwrap();
-        for (i, t) in ["waiting", "running", "old", "mid", "new"]
-            .iter()
-            .enumerate()
-        {
-            conn.execute(
-                "UPDATE threads SET last_activity = ? WHERE id = ?",
-                params![i as i64, t],
-            )
-            .unwrap();
-        }
-    }
+    active_in_order(&store, &["waiting", "running", "old", "mid", "new"]);
     // An LLM call in the thread pruned and in one kept.
     for t in ["old", "new"] {
         store.record(
@@ -358,24 +346,7 @@ fn retention_prunes_the_largest_holders_history_first() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("s.db")).unwrap();
     let owned = |id: &str, owner: Option<&str>, created: u64| {
-        store.record(
-            1,
-            &EventKind::ThreadCreated {
-                thread: ThreadInfo {
-                    id: id.into(),
-                    status: ThreadStatus::Active,
-                    participants: vec![],
-                    message_count: 0,
-                    created_at: Timestamp(created),
-                    last_activity: Timestamp(created),
-                    error: None,
-                    settings: None,
-                    labels: None,
-                    paused: false,
-                    owner: owner.map(Arc::from),
-                },
-            },
-        );
+        owned_thread(&store, id, ThreadStatus::Active, created, owner);
         for slot in 0..2 {
             store.record(
                 1,
@@ -407,19 +378,7 @@ fn retention_prunes_the_largest_holders_history_first() {
         owned(&format!("acme-{i:02}"), Some("acme"), 100 + i);
     }
     store.flush(1);
-    {
-        let conn = store.reader.lock().unwrap();
-        for (i, t) in ["o0", "o1", "beta-0", "beta-1", "beta-2"]
-            .iter()
-            .enumerate()
-        {
-            conn.execute(
-                "UPDATE threads SET last_activity = ? WHERE id = ?",
-                params![i as i64, t],
-            )
-            .unwrap();
-        }
-    }
+    active_in_order(&store, &["o0", "o1", "beta-0", "beta-1", "beta-2"]);
     let owner = |id: &str| store.thread(id).unwrap().unwrap().owner;
     assert_eq!(
         owner("acme-00").as_deref(),
@@ -449,4 +408,16 @@ fn retention_prunes_the_largest_holders_history_first() {
     assert_eq!(store.prune(Some(8), None).unwrap(), 14);
     assert_eq!((left("o"), left("beta"), left("acme")), (1, 1, 1));
     assert_kept_counts_match_scans(&store);
+}
+
+/// Sets the threads' last activity in the order given (the first the oldest, at 0, 1, …).
+fn active_in_order(store: &Store, threads: &[&str]) {
+    let conn = store.reader.lock().unwrap();
+    for (i, t) in threads.iter().enumerate() {
+        conn.execute(
+            "UPDATE threads SET last_activity = ? WHERE id = ?",
+            params![i as i64, t],
+        )
+        .unwrap();
+    }
 }
