@@ -167,7 +167,9 @@ impl From<InjectError> for ApiError {
         let message = e.to_string();
         let (status, code) = match &e {
             InjectError::Stopping => (StatusCode::SERVICE_UNAVAILABLE, "stopping"),
-            InjectError::Overloaded { .. } => (StatusCode::TOO_MANY_REQUESTS, "overloaded"),
+            InjectError::Overloaded { .. } | InjectError::OverloadedBytes { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "overloaded")
+            }
             InjectError::UnknownListener(_) => (StatusCode::NOT_FOUND, "unknown_listener"),
             InjectError::ForgedIdentity(_) => (StatusCode::BAD_REQUEST, "forged_identity"),
             InjectError::Malformed(XmlError::TooLarge { .. }) => {

@@ -54,7 +54,7 @@ pub fn render(state: &ApiState) -> String {
 
     organism_metrics(&mut out, organism, &info);
     handler_metrics(&mut out, organism, &agents);
-    flow_metrics(&mut out, &agents, &info);
+    flow_metrics(&mut out, organism, &agents, &info);
     store_metrics(&mut out, organism);
     reload_metrics(&mut out, organism);
     input_metrics(&mut out, organism);
@@ -209,7 +209,7 @@ fn handler_metrics(out: &mut String, organism: &Organism, agents: &[AgentInfo]) 
 }
 
 /// Work in flight: queues, pending messages, active threads, events published.
-fn flow_metrics(out: &mut String, agents: &[AgentInfo], info: &OrganismInfo) {
+fn flow_metrics(out: &mut String, organism: &Organism, agents: &[AgentInfo], info: &OrganismInfo) {
     header(
         out,
         "agentserver_queue_depth",
@@ -234,6 +234,17 @@ fn flow_metrics(out: &mut String, agents: &[AgentInfo], info: &OrganismInfo) {
         out,
         "agentserver_pending_messages {}",
         info.pending_messages
+    );
+    header(
+        out,
+        "agentserver_pending_bytes",
+        "gauge",
+        "Bytes of the payloads of the messages queued or being handled, organism-wide.",
+    );
+    let _ = writeln!(
+        out,
+        "agentserver_pending_bytes {}",
+        organism.metrics().pending_bytes()
     );
     header(
         out,

@@ -421,7 +421,7 @@ pub struct InjectResult<'a> {
               (status = 413, description = "Body or payload too large", body = ErrorResponse),
               (status = 415, description = "Not `application/json`", body = ErrorResponse),
               (status = 422, description = "Payload malformed, not accepted, or invalid (validator messages in `details`)", body = ErrorResponse),
-              (status = 429, description = "`rate_limited` (`inject_per_s`, with `Retry-After`), `overloaded` (the organism's `limits.max_pending_messages`), `store_behind`, `too_many_held`, `too_many_idempotency_keys`; a tenant's `too_many_threads`, `too_many_pending` or `budget_exhausted` (the quota named in the message)", body = ErrorResponse),
+              (status = 429, description = "`rate_limited` (`inject_per_s`, with `Retry-After`), `overloaded` (the organism's `limits.max_pending_messages` or `limits.max_pending_bytes`), `store_behind`, `too_many_held`, `too_many_idempotency_keys`; a tenant's `too_many_threads`, `too_many_pending` or `budget_exhausted` (the quota named in the message)", body = ErrorResponse),
               (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
 pub async fn inject(
     State(s): State<ApiState>,

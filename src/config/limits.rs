@@ -12,6 +12,9 @@ pub struct Limits {
     pub max_message_bytes: usize,
     pub max_depth: usize,
     pub max_pending_messages: usize,
+    /// Bytes of the payloads of those messages together: an inject past it is refused as
+    /// past `max_pending_messages`.
+    pub max_pending_bytes: usize,
     pub max_messages_per_thread: u64,
     pub max_concurrent_handlers: usize,
     /// How long `stop` lets running handlers finish, in milliseconds.
@@ -80,6 +83,7 @@ impl Default for Limits {
             max_message_bytes: 1024 * 1024,
             max_depth: 64,
             max_pending_messages: 100_000,
+            max_pending_bytes: 1024 * 1024 * 1024,
             max_messages_per_thread: 10_000,
             max_concurrent_handlers: 64,
             stop_grace_ms: 10_000,
@@ -105,7 +109,7 @@ impl Default for Limits {
 
 pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
     // Each limit, its value and the least it may be.
-    let checks: [(&str, u64, u64); 20] = [
+    let checks: [(&str, u64, u64); 21] = [
         ("limits.max_message_bytes", l.max_message_bytes as u64, 1),
         ("limits.max_depth", l.max_depth as u64, 1),
         (
@@ -113,6 +117,7 @@ pub(super) fn check_limits(l: &Limits, c: &mut Collector) {
             l.max_pending_messages as u64,
             1,
         ),
+        ("limits.max_pending_bytes", l.max_pending_bytes as u64, 1024),
         (
             "limits.max_messages_per_thread",
             l.max_messages_per_thread,

@@ -124,7 +124,7 @@ impl Shared {
             Err(record) => return Ok(Admitted::NotQueued(record)),
         };
         let id = record.id.clone();
-        self.add_pending(1);
+        self.add_pending(record.payload_xml.len());
         self.enqueue(
             listener,
             Job {

@@ -245,6 +245,7 @@ impl OrganismBuilder {
             },
             load: Load {
                 pending: AtomicUsize::new(0),
+                pending_bytes: AtomicUsize::new(0),
                 idle: Notify::new(),
                 failures: Default::default(),
                 earlier_messages: recovered.total_messages,

@@ -305,7 +305,7 @@ impl Control<'_> {
                 if failures {
                     s.count_failure(FailureKind::Killed);
                 }
-                s.release(id);
+                s.release(&job.record);
             }
             s.kick(l);
         }
@@ -347,7 +347,7 @@ impl Control<'_> {
                 for l in &s.topo().order {
                     for job in l.drop_thread(id) {
                         s.finish_message(&job.record, MessageStatus::Superseded, Some(why.clone()));
-                        s.release(id);
+                        s.release(&job.record);
                     }
                     s.kick(l);
                 }

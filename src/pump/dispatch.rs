@@ -591,7 +591,7 @@ impl Shared {
             }
         }
         drop(permit);
-        self.release(&thread);
+        self.release(&record);
         failed
     }
 }

@@ -283,6 +283,13 @@ impl super::Shared {
                 max: self.limits.max_pending_messages,
             });
         }
+        let bytes = self.load.pending_bytes.load(Ordering::Relaxed);
+        if bytes >= self.limits.max_pending_bytes {
+            return Err(InjectError::OverloadedBytes {
+                bytes,
+                max: self.limits.max_pending_bytes,
+            });
+        }
         Ok(())
     }
 

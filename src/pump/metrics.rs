@@ -25,6 +25,15 @@ impl Metrics<'_> {
         self.organism.shared.load.pending.load(Ordering::SeqCst)
     }
 
+    /// Bytes of the payloads of those messages (`limits.max_pending_bytes`).
+    pub fn pending_bytes(self) -> usize {
+        self.organism
+            .shared
+            .load
+            .pending_bytes
+            .load(Ordering::Relaxed)
+    }
+
     /// How many failures of `kind` happened.
     pub fn failure_count(self, kind: FailureKind) -> u64 {
         self.organism.shared.load.failures[kind as usize].load(Ordering::Relaxed)

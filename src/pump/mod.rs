@@ -148,6 +148,10 @@ pub enum InjectError {
     Stopping,
     #[error("over load: {pending} messages pending (limit {max})")]
     Overloaded { pending: usize, max: usize },
+    #[error(
+        "over load: {bytes} bytes of payloads pending (limit {max}: limits.max_pending_bytes)"
+    )]
+    OverloadedBytes { bytes: usize, max: usize },
     #[error("no listener named `{0}`")]
     UnknownListener(String),
     #[error("`{0}` cannot be used as an injector identity (it is empty, a listener, or `system`)")]
@@ -391,6 +395,8 @@ struct Lifecycle {
 /// API's metrics.
 struct Load {
     pending: AtomicUsize,
+    /// The bytes of the pending messages' payloads.
+    pending_bytes: AtomicUsize,
     /// Woken when `pending` reaches 0.
     idle: Notify,
     failures: [AtomicU64; FailureKind::COUNT],
@@ -451,15 +457,21 @@ impl Shared {
         self.life.paused.load(Ordering::SeqCst)
     }
 
-    fn add_pending(&self, n: usize) {
-        self.load.pending.fetch_add(n, Ordering::SeqCst);
+    /// One more message pending, its payload `bytes` long.
+    fn add_pending(&self, bytes: usize) {
+        self.load.pending_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.load.pending.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// One pending message of `thread` is done (handled, dropped or cancelled).
-    fn release(&self, thread: &str) {
-        if let Some(change) = self.threads.finish_one(thread) {
+    /// One pending message of `record`'s thread is done (handled, dropped or cancelled):
+    /// `record` is the one [`Self::add_pending`] counted.
+    fn release(&self, record: &crate::threads::MessageRecord) {
+        if let Some(change) = self.threads.finish_one(&record.thread_id) {
             self.publish_thread(change);
         }
+        self.load
+            .pending_bytes
+            .fetch_sub(record.payload_xml.len(), Ordering::Relaxed);
         if self.load.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.load.idle.notify_waiters();
         }

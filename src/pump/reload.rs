@@ -362,7 +362,7 @@ impl Shared {
             agent: Some(agent.to_string()),
             error,
         });
-        self.release(&record.thread_id);
+        self.release(&record);
     }
 }
 

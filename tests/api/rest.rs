@@ -658,6 +658,62 @@ async fn every_bad_inject_gets_its_status_and_a_clear_body() {
     }
 }
 
+/// A client cannot fill the organism's memory with large payloads under the message
+/// count: the bytes pending are bounded too (`limits.max_pending_bytes`), and given back as
+/// messages are handled or killed.
+#[tokio::test]
+async fn pending_payloads_are_bounded_by_bytes_and_given_back() {
+    let s = serve_with(
+        Organism::builder(),
+        "  max_pending_bytes: 10000",
+        CHAIN,
+        ApiOptions::default(),
+    )
+    .await;
+    let big = |i: usize| json!({"to": "a", "payload_xml": format!("<Note>{i}{}</Note>", "x".repeat(3000))});
+    let pending = |s: &Served| s.organism.metrics().pending_bytes();
+    s.organism.control().pause_listener("a").unwrap();
+    let mut threads = Vec::new();
+    for i in 0..4 {
+        let (st, r) = s.post("/api/v1/inject", big(i)).await;
+        assert_eq!(st, 202, "{r}");
+        threads.push(r["thread_id"].as_str().unwrap().to_string());
+    }
+    assert!(pending(&s) > 10_000, "{}", pending(&s));
+    let (st, e) = s.post("/api/v1/inject", big(5)).await;
+    assert_eq!(
+        (st, e["error"]["code"].as_str()),
+        (429, Some("overloaded")),
+        "{e}"
+    );
+    let said = e["error"]["message"].as_str().unwrap();
+    assert!(said.contains("limits.max_pending_bytes"), "{said}");
+    assert!(
+        s.metrics()
+            .await
+            .contains(&format!("agentserver_pending_bytes {}", pending(&s))),
+        "the gauge shows it"
+    );
+    // Killed while queued, their bytes are given back.
+    for t in &threads[..2] {
+        let (st, _) = s
+            .post(&format!("/api/v1/threads/{t}/kill"), json!({}))
+            .await;
+        assert_eq!(st, 200);
+    }
+    let (st, r) = s.post("/api/v1/inject", big(6)).await;
+    assert_eq!(st, 202, "{r}");
+    threads.push(r["thread_id"].as_str().unwrap().to_string());
+    // Handled, theirs too: nothing is pending once every thread settles.
+    s.organism.control().resume_listener("a").unwrap();
+    for t in &threads[2..] {
+        settle(&s.organism, t).await;
+    }
+    wait_until_async("no bytes pending", || async { pending(&s) == 0 }).await;
+    let t = s.inject_note("a", "small").await;
+    settle(&s.organism, &t).await;
+}
+
 #[tokio::test]
 async fn pause_resume_and_kill_are_visible_in_rest() {
     let s = chain().await;

@@ -324,7 +324,7 @@ impl Shared {
         if let (MessageStatus::Pending, Some(l)) = (status, &listener) {
             let mut record = record;
             record.status = MessageStatus::Pending;
-            self.add_pending(1);
+            self.add_pending(record.payload_xml.len());
             let valid = match held.valid {
                 Some(v) => Ok(v),
                 None => self.validate_for(l.name(), &record.payload_xml),
@@ -341,7 +341,7 @@ impl Shared {
                 Err(e) => {
                     // Restored after a restart, and its listener's schema changed since.
                     self.fail_message(&record, crate::pump::FailureKind::Invalid, e.to_string());
-                    self.release(&thread);
+                    self.release(&record);
                 }
             }
         }
