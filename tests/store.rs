@@ -25,9 +25,14 @@ fn write_organism(dir: &Path, store: &str, extra: &str) -> std::path::PathBuf {
 
 /// `n` threads through the chain, each completed before the next starts.
 async fn completed_threads(o: &Organism, n: usize) -> Vec<String> {
+    completed_threads_at(o, "a", n).await
+}
+
+/// `n` threads injected to `to`, each completed before the next starts.
+async fn completed_threads_at(o: &Organism, to: &str, n: usize) -> Vec<String> {
     let mut threads = Vec::new();
     for i in 0..n {
-        let t = inject(o, "a", &format!("<Note>n{i}</Note>"), None);
+        let t = inject(o, to, &format!("<Note>n{i}</Note>"), None);
         settle(o, &t.thread_id).await;
         threads.push(t.thread_id.to_string());
     }
@@ -938,6 +943,56 @@ async fn a_stopped_organism_whose_handles_are_gone_leaves_its_file_to_the_next()
         );
         again.stop().await;
     }
+}
+
+/// The attacker is a tenant reviving its old threads after a restart (memory holds none of
+/// them): each revived thread is the tenant's again, counted against its quota, so old
+/// threads are no way around `max_active_threads` or `max_pending_messages`.
+#[tokio::test]
+async fn a_tenants_threads_from_before_a_restart_count_against_its_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.path().join("o.yaml");
+    std::fs::write(
+        &path,
+        "organism: { name: quota, store: log.db }
+tenants:
+  acme: { max_active_threads: 2, max_pending_messages: 3 }
+listeners:
+  - {name: acme-note, description: keeps, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}
+",
+    )
+    .unwrap();
+    let o = Organism::builder().load(&path).unwrap();
+    let threads = completed_threads_at(&o, "acme-note", 3).await;
+    o.stop().await;
+    drop(o);
+    let o = Organism::builder().load(&path).unwrap();
+    let send = |t: &str| {
+        o.inject(agentserver::InjectRequest {
+            from: "api".into(),
+            to: "acme-note".into(),
+            payload_xml: "<Note>again</Note>".into(),
+            thread_id: Some(t.to_string()),
+        })
+    };
+    o.control().pause_listener("acme-note").unwrap();
+    send(&threads[0]).unwrap();
+    send(&threads[1]).unwrap();
+    let e = send(&threads[2]).unwrap_err().to_string();
+    assert!(e.contains("tenants.acme.max_active_threads"), "{e}");
+    // Its pending messages count too: one more in a revived thread is the third, the next
+    // is refused.
+    send(&threads[0]).unwrap();
+    let e = send(&threads[1]).unwrap_err().to_string();
+    assert!(e.contains("tenants.acme.max_pending_messages"), "{e}");
+    o.control().resume_listener("acme-note").unwrap();
+    for t in &threads[..2] {
+        settle(&o, t).await;
+    }
+    send(&threads[2]).unwrap();
+    settle(&o, &threads[2]).await;
+    o.stop().await;
 }
 
 /// A thread continued again and again, each time after it finished, while other threads

@@ -258,6 +258,13 @@ impl ThreadRegistry {
         };
         let mut shard = lock(self.shard(&id));
         if let Some(e) = shard.threads.get_mut(&id) {
+            // Adopted (from before a restart, or let go of here): its owner's pending counts
+            // are shared from now on, while it holds no work.
+            if let (Some(o), Some(q), None, 0) = (&e.owner, &quota, &e.pending, e.outstanding) {
+                if **o == *q.owner {
+                    e.pending = Some(self.owned(o, q));
+                }
+            }
             let incoming = quota.as_ref().map_or(0, |q| q.incoming);
             if let Some(full) = e.pending.as_ref().and_then(|p| p.full(incoming)) {
                 return Err(full);
@@ -354,13 +361,17 @@ impl ThreadRegistry {
             finished: None,
             messages: Vec::new(),
             cancel,
-            owner: None,
+            // Its tenant's again (its counts shared from the next inject that names it).
+            owner: info.owner.clone(),
             pending: None,
             settings: info.settings.clone(),
             labels: info.labels.clone(),
             paused: false,
             rewinds: Vec::new(),
         };
+        if entry.status == ThreadStatus::Active {
+            let _ = self.activate(entry.owner.as_ref(), None);
+        }
         let finished = info.status.is_finished();
         shard.threads.insert(id.clone(), entry);
         if finished {

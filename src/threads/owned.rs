@@ -153,8 +153,8 @@ impl ThreadRegistry {
         shared
     }
 
-    /// Messages pending in the threads `owner` opened (those from before a restart apart),
-    /// and the bytes of their payloads not yet handled.
+    /// Messages pending in the threads `owner` opened (and those of its threads from before a
+    /// restart, once continued), and the bytes of their payloads not yet handled.
     pub fn pending_owned(&self, owner: &str) -> (usize, usize) {
         lock(&self.pending_owned).get(owner).map_or((0, 0), |c| {
             (
