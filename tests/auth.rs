@@ -1424,6 +1424,46 @@ async fn a_tenant_holds_at_most_its_max_streams_open() {
     .await;
 }
 
+/// A tenant's reads take turns (one at a time, so its slow ones hold one of the store's
+/// connections only): many at once, beside an event stream it keeps open, are each
+/// answered, and so are another tenant's meanwhile.
+#[tokio::test]
+async fn a_tenants_reads_at_once_are_each_answered_in_turn() {
+    let g = guarded_with(TENANTS).await;
+    let config = Organism::builder().load_config(&g.path).unwrap();
+    let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
+    let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
+    let body = json!({"to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": "acme-t"});
+    let (s, _, r) = g
+        .send(reqwest::Method::POST, "/api/v1/inject", Some(&acme), Some(body))
+        .await;
+    assert_eq!(s, 202, "{r}");
+    // An event stream stays open: it holds no turn.
+    let (s, _, _) = g
+        .send(reqwest::Method::GET, "/api/v1/threads/acme-t/events", Some(&acme), None)
+        .await;
+    assert_eq!(s, 200);
+    let batch = json!({"filter": {"status": "completed"}, "action": "label", "labels": {"k": "v"}, "dry_run": true});
+    let mut asks = Vec::new();
+    for i in 0..24 {
+        let (key, path) = match i % 3 {
+            0 => (&acme, "/api/v1/threads"),
+            1 => (&acme, "/api/v1/messages?thread=acme-t"),
+            _ => (&beta, "/api/v1/threads"),
+        };
+        asks.push(g.send(reqwest::Method::GET, path, Some(key), None));
+    }
+    asks.push(g.send(
+        reqwest::Method::POST,
+        "/api/v1/threads/batch",
+        Some(&acme),
+        Some(batch),
+    ));
+    for (s, _, r) in futures_util::future::join_all(asks).await {
+        assert!(s == 200 || s == 202, "{s}: {r}");
+    }
+}
+
 fn names(list: &Value, key: &str) -> Vec<String> {
     let mut v: Vec<String> = list["items"]
         .as_array()

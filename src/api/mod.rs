@@ -67,6 +67,7 @@ pub(crate) mod stream;
 mod streams;
 mod test_vectors;
 mod thread_control;
+mod turns;
 mod usage;
 pub mod view;
 mod whole;
@@ -162,6 +163,8 @@ struct Inner {
     stream_tokens: stream::StreamTokens,
     /// Each tenant's event streams open (`tenants.<t>.max_streams`).
     streams: Arc<streams::Streams>,
+    /// A tenant's requests, one at a time (`turns.rs`).
+    turns: turns::Turns,
 }
 
 /// Each tenant's test-vector slots: the limit they were made with, and the semaphore.
@@ -407,6 +410,7 @@ fn router(
             keys,
             stream_tokens: Default::default(),
             streams: Default::default(),
+            turns: Default::default(),
         }),
     };
     let limit = state.frame_limit();

@@ -58,7 +58,10 @@ impl Store {
     /// The keys created at `since` or later, oldest first, at most `limit`: what a start
     /// knows again.
     pub fn keys_since(&self, since: Timestamp, limit: usize) -> Result<Vec<KeyRow>, StoreError> {
-        let conn = crate::sync::lock(&self.reader);
+        let mut lease = self.readers.take();
+        let Some(conn) = lease.conn() else {
+            return Err(super::err(&self.path, "no connection to read through"));
+        };
         let mut st = conn
             .prepare(
                 "SELECT tenant, principal, key, body_hash, thread_id, message_id, created \

@@ -90,6 +90,7 @@ mod maintenance;
 mod open;
 mod prune;
 mod query;
+mod readers;
 mod replay;
 mod search;
 #[cfg(test)]
@@ -211,7 +212,8 @@ pub struct Store {
     /// The writer thread, joined on drop (after the channel is closed), so everything sent
     /// is committed, and the file is free for the next writer, once a `Store` is gone.
     writer: Option<std::thread::JoinHandle<()>>,
-    reader: Mutex<Connection>,
+    /// Connections for reads, one read each at a time (`readers.rs`).
+    readers: readers::Readers,
     /// How long one read may run (`limits.max_query_ms`), in milliseconds.
     read_budget_ms: std::sync::atomic::AtomicU64,
     /// `q=` looks in payloads' text (`search.rs`).

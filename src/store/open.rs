@@ -649,9 +649,13 @@ impl Store {
             .map_err(corrupt)?
             .unwrap_or(0);
         let total_messages = stored_total(&conn).map_err(corrupt)?;
-        let mut reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
-        words.register(&mut reader, false).map_err(corrupt)?;
-        super::find::register(&reader).map_err(corrupt)?;
+        let mut readers = Vec::with_capacity(super::readers::READERS);
+        for _ in 0..super::readers::READERS {
+            let mut reader = open_connection(path, OpenFlags::SQLITE_OPEN_READ_WRITE)?;
+            words.register(&mut reader, false).map_err(corrupt)?;
+            super::find::register(&reader).map_err(corrupt)?;
+            readers.push(reader);
+        }
         let health = Arc::new(Health::default());
         let (tx, rx) = mpsc::sync_channel(QUEUE);
         let writer_health = health.clone();
@@ -664,7 +668,7 @@ impl Store {
             path: path.to_path_buf(),
             tx,
             writer: Some(writer),
-            reader: Mutex::new(reader),
+            readers: super::readers::Readers::new(readers),
             read_budget_ms: std::sync::atomic::AtomicU64::new(
                 crate::config::Limits::default().max_query_ms,
             ),

@@ -268,7 +268,10 @@ impl Store {
         /// SQLite virtual-machine steps between looks at the clock.
         const STEPS: std::ffi::c_int = 10_000;
         let (deadline, budget_ms) = self.read_deadline();
-        let mut conn = crate::sync::lock(&self.reader);
+        let mut lease = self.readers.take();
+        let Some(conn) = lease.conn() else {
+            return Err(err(&self.path, "no connection to read through"));
+        };
         let timed =
             conn.progress_handler(STEPS, Some(move || std::time::Instant::now() >= deadline));
         let run = || -> rusqlite::Result<T> {

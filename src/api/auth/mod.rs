@@ -115,6 +115,14 @@ pub fn tenant_forbidden() -> ApiError {
     )
 }
 
+/// Whether a request reads the history: every `GET`, and a batch (which finds what it acts
+/// on by a filter).
+fn reads(method: &axum::http::Method, path: &str) -> bool {
+    const BATCHES: [&str; 2] = ["/api/v1/messages/retry", "/api/v1/threads/batch"];
+    method == axum::http::Method::GET
+        || (method == axum::http::Method::POST && BATCHES.contains(&path))
+}
+
 /// The one middleware: finds the principal of every routed request and refuses what its
 /// role does not allow, before any handler runs.
 pub(super) async fn guard(
@@ -183,8 +191,13 @@ pub(super) async fn guard(
     let response = match refusal {
         Some(e) => e.into_response(),
         None => {
+            // A tenant's reads take turns (`api::turns`).
+            let tenant = p.tenant.clone().filter(|_| reads(request.method(), path));
             request.extensions_mut().insert(p);
-            next.run(request).await
+            match tenant {
+                Some(t) => state.inner.turns.take(&t, next.run(request)).await,
+                None => next.run(request).await,
+            }
         }
     };
     if let Some(entry) = entry {

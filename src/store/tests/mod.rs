@@ -156,7 +156,8 @@ fn assert_coalesced(writes: &[Write<'_>]) {
 
 /// Every row, in write order, read directly.
 fn all_rows(store: &Store) -> Vec<MessageRecord> {
-    let conn = crate::sync::lock(&store.reader);
+    let mut lease = store.readers.take();
+    let conn = lease.conn().unwrap();
     let mut stmt = conn
         .prepare(&format!(
             "SELECT {MESSAGE_COLUMNS} FROM {MESSAGES} ORDER BY m.seq"
@@ -174,7 +175,8 @@ fn all_rows(store: &Store) -> Vec<MessageRecord> {
 /// say, and every filter's pages and totals are the ones a row-by-row filter gives.
 fn assert_counts_match_rows(store: &Store, filters: &[MessageFilter], pages: &[Page]) {
     {
-        let conn = crate::sync::lock(&store.reader);
+        let mut lease = store.readers.take();
+        let conn = lease.conn().unwrap();
         let differ = |sql: &str| -> i64 { conn.query_row(sql, [], |r| r.get(0)).unwrap() };
         // The counts per block, recounted here from the rows.
         let mut want: std::collections::BTreeMap<(i64, i64, i64, String), i64> = Default::default();

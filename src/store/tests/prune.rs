@@ -120,8 +120,9 @@ fn an_age_prune_of_more_than_one_chunk_of_one_message_threads_deletes_them_all()
     // has arrived since).
     assert_eq!(store.prune(None, None).unwrap(), 0);
     store
-        .reader
-        .lock()
+        .readers
+        .take()
+        .conn()
         .unwrap()
         .execute("UPDATE threads SET last_activity = 1", [])
         .unwrap();
@@ -215,8 +216,9 @@ fn retention_prunes_whole_threads_oldest_first_and_never_active_or_waiting_ones(
     assert_eq!(store.thread_usage("g", "old").unwrap(), 0);
     assert_eq!(store.thread_usage("g", "new").unwrap(), 15);
     let day: i64 = store
-        .reader
-        .lock()
+        .readers
+        .take()
+        .conn()
         .unwrap()
         .query_row(
             "SELECT SUM(input_tokens + output_tokens) FROM usage_daily",
@@ -412,7 +414,8 @@ fn retention_prunes_the_largest_holders_history_first() {
 
 /// Sets the threads' last activity in the order given (the first the oldest, at 0, 1, …).
 fn active_in_order(store: &Store, threads: &[&str]) {
-    let conn = store.reader.lock().unwrap();
+    let mut lease = store.readers.take();
+    let conn = lease.conn().unwrap();
     for (i, t) in threads.iter().enumerate() {
         conn.execute(
             "UPDATE threads SET last_activity = ? WHERE id = ?",

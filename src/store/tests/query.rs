@@ -248,3 +248,33 @@ fn a_read_past_its_budget_is_stopped_and_says_which_limit() {
         2000
     );
 }
+
+/// A read that takes long (up to `limits.max_query_ms`) holds one connection: the others
+/// read on, and a read that finds every connection taken waits for the first given back.
+#[test]
+fn a_long_read_holds_one_connection_and_the_others_read_on() {
+    use crate::store::readers::READERS;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("s.db")).unwrap();
+    finished_thread(&store, "t", 1, 2);
+    store.flush(1);
+    let total = |store: &Store| {
+        store
+            .query_messages(&MessageFilter::default(), Page::default())
+            .unwrap()
+            .total
+    };
+    let mut held: Vec<_> = (1..READERS).map(|_| store.readers.take()).collect();
+    assert_eq!(total(&store), 2, "one connection left reads");
+    held.push(store.readers.take());
+    let (tx, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| tx.send(total(&store)).unwrap());
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "every connection taken: the read waits"
+        );
+        held.pop();
+        assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), 2);
+    });
+}
