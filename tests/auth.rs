@@ -1435,12 +1435,22 @@ async fn a_tenants_reads_at_once_are_each_answered_in_turn() {
     let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
     let body = json!({"to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": "acme-t"});
     let (s, _, r) = g
-        .send(reqwest::Method::POST, "/api/v1/inject", Some(&acme), Some(body))
+        .send(
+            reqwest::Method::POST,
+            "/api/v1/inject",
+            Some(&acme),
+            Some(body),
+        )
         .await;
     assert_eq!(s, 202, "{r}");
     // An event stream stays open: it holds no turn.
     let (s, _, _) = g
-        .send(reqwest::Method::GET, "/api/v1/threads/acme-t/events", Some(&acme), None)
+        .send(
+            reqwest::Method::GET,
+            "/api/v1/threads/acme-t/events",
+            Some(&acme),
+            None,
+        )
         .await;
     assert_eq!(s, 200);
     let batch = json!({"filter": {"status": "completed"}, "action": "label", "labels": {"k": "v"}, "dry_run": true});
