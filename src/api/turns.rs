@@ -1,9 +1,10 @@
 //! A tenant's reads take turns: one at a time among all its credentials' (every `GET`, and
-//! the batches, which find what they act on by a filter), so one tenant's slow reads (each
-//! up to `limits.max_query_ms`) hold at most one of the store's read connections
-//! (`store::readers`), and every other tenant's reads, and the organism's, go on. Its next
-//! ones wait for their turn (each on its own connection, bounded by
-//! `limits.max_connections`).
+//! the batches, which find what they act on by a filter), and all tenants' together one
+//! fewer at once than the store has read connections (`store::READERS`). So one tenant's
+//! slow reads (each up to `limits.max_query_ms`) hold at most one connection, every other
+//! tenant's reads go on, and one connection is always left for the organism's own (its
+//! credentials' reads, and the pump's look-ups on an inject). A tenant's next reads wait
+//! for their turn (each on its own connection, bounded by `limits.max_connections`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,9 +12,18 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Each tenant with a request under way or waiting: its one turn.
-#[derive(Default)]
-pub(super) struct Turns(Mutex<HashMap<Arc<str>, Arc<Semaphore>>>);
+/// Each tenant with a request under way or waiting: its one turn; and the turns all
+/// tenants may hold at once.
+pub(super) struct Turns(Mutex<HashMap<Arc<str>, Arc<Semaphore>>>, Arc<Semaphore>);
+
+/// Tenants' reads under way at once, at most: a connection left for the organism's.
+pub(super) const TENANT_READS: usize = crate::store::READERS - 1;
+
+impl Default for Turns {
+    fn default() -> Self {
+        Turns(Mutex::default(), Arc::new(Semaphore::new(TENANT_READS)))
+    }
+}
 
 /// A request's turn: let go of (and the tenant's entry with it, once no request of the
 /// tenant holds or waits for it) however the request ends, a client gone included.
@@ -21,7 +31,8 @@ struct Turn<'a> {
     turns: &'a Turns,
     tenant: Arc<str>,
     one: Arc<Semaphore>,
-    permit: Option<OwnedSemaphorePermit>,
+    /// The tenant's turn, then one of all tenants'.
+    permits: [Option<OwnedSemaphorePermit>; 2],
 }
 
 impl Turns {
@@ -43,10 +54,11 @@ impl Turns {
             turns: self,
             tenant,
             one: one.clone(),
-            permit: None,
+            permits: [None, None],
         };
         // Never closed: `Err` cannot come, and the request would then go on without a turn.
-        turn.permit = one.acquire_owned().await.ok();
+        turn.permits[0] = one.acquire_owned().await.ok();
+        turn.permits[1] = self.1.clone().acquire_owned().await.ok();
         request.await
     }
 
@@ -59,7 +71,7 @@ impl Turns {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        drop(self.permit.take());
+        self.permits = [None, None];
         let mut map = crate::sync::lock(&self.turns.0);
         // The map's and this one's: no other request holds or waits for it.
         if Arc::strong_count(&self.one) == 2 {
@@ -107,5 +119,42 @@ mod tests {
             10
         );
         assert_eq!(turns.len(), 0, "nothing kept once done");
+    }
+
+    /// Tenants' long requests hold one fewer connection than the store has: the next
+    /// tenant's waits for one of them, so one is always left for the organism's reads.
+    #[tokio::test]
+    async fn tenants_together_leave_a_connection_for_the_organism() {
+        let turns = Arc::new(Turns::default());
+        let mut releases = Vec::new();
+        let mut long = Vec::new();
+        for i in 0..TENANT_READS {
+            let (release, released) = tokio::sync::oneshot::channel::<()>();
+            releases.push(release);
+            let turns = turns.clone();
+            long.push(tokio::spawn(async move {
+                turns.take(&format!("t{i}"), released).await.is_ok()
+            }));
+        }
+        crate::testing::wait_until_async("every tenant's turn held", || async {
+            turns.1.available_permits() == 0
+        })
+        .await;
+        let next = turns.take("another", async { 1 });
+        assert!(tokio::time::timeout(Duration::from_millis(100), next)
+            .await
+            .is_err());
+        let after = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.take("another", async { 2 }).await }
+        });
+        drop(releases.pop());
+        let waited = tokio::time::timeout(crate::testing::WAIT, after).await;
+        assert_eq!(waited.unwrap().unwrap(), 2);
+        drop(releases);
+        for l in long {
+            l.await.unwrap();
+        }
+        assert_eq!(turns.1.available_permits(), TENANT_READS);
     }
 }

@@ -104,6 +104,7 @@ mod writer;
 mod writes;
 
 pub use maintenance::{Maintenance, RETENTION_INTERVAL};
+pub use readers::READERS;
 pub use replay::Replay;
 
 use coalesce::*;
