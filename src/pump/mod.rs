@@ -469,9 +469,14 @@ impl Shared {
         if let Some(change) = self.threads.finish_one(&record.thread_id) {
             self.publish_thread(change);
         }
-        self.load
+        // Never below 0: a mistake here must not wrap round to refusing every inject.
+        let bytes = record.payload_xml.len();
+        let _ = self
+            .load
             .pending_bytes
-            .fetch_sub(record.payload_xml.len(), Ordering::Relaxed);
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(bytes))
+            });
         if self.load.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.load.idle.notify_waiters();
         }
