@@ -28,6 +28,17 @@ pub const REST_IDENTITY: &str = "api";
 
 pub(super) type ApiResult<T> = Result<T, ApiError>;
 
+/// Runs `f` off the runtime's workers: a history read takes up to `limits.max_query_ms`,
+/// and may wait for a read connection (`store::READERS`), without holding up the requests
+/// and sessions those workers serve. Its answer, or 500 if it panicked.
+pub(super) async fn off_runtime<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> ApiResult<T> {
+    crate::events::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
 pub(super) fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
     match value {
         None => Ok(None),
@@ -242,7 +253,8 @@ pub async fn list_threads(
 ) -> ApiResult<Json<Paged<Thread>>> {
     let page = page(params.query.limit, params.query.offset);
     let filter = thread_filter(params, &seen.scope)?;
-    let threads = s.inner.organism.history().query_threads(&filter, page)?;
+    let o = s.inner.organism.clone();
+    let threads = off_runtime(move || o.history().query_threads(&filter, page)).await??;
     Ok(Json(Paged::map(threads, Thread::from)))
 }
 
@@ -365,12 +377,9 @@ pub async fn list_messages(
         within: seen.scope.within(),
     };
     let page = page(q.limit, q.offset);
-    let organism = &s.inner.organism;
-    Ok(messages_page(
-        organism,
-        organism.history().query_messages(&filter, page)?,
-        &[],
-    ))
+    let o = s.inner.organism.clone();
+    let found = off_runtime(move || o.history().query_messages(&filter, page)).await??;
+    Ok(messages_page(&s.inner.organism, found, &[]))
 }
 
 /// `?wait=SECONDS` on inject: answer once the thread is no longer active.

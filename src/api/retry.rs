@@ -296,11 +296,7 @@ pub async fn retry_messages(
             limit: limit as usize,
             offset: 0,
         };
-        crate::events::spawn_blocking(move || organism.history().query_messages(&filter, page))
-            .await
-            .map_err(|e| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string())
-            })??
+        super::rest::off_runtime(move || organism.history().query_messages(&filter, page)).await??
     };
     let mut out = BulkRetried {
         matched: found.total,
