@@ -469,14 +469,7 @@ impl Shared {
         if let Some(change) = self.threads.finish_one(&record.thread_id) {
             self.publish_thread(change);
         }
-        // Never below 0: a mistake here must not wrap round to refusing every inject.
-        let bytes = record.payload_xml.len();
-        let _ = self
-            .load
-            .pending_bytes
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(bytes))
-            });
+        crate::sync::take_off(&self.load.pending_bytes, record.payload_xml.len());
         if self.load.pending.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.load.idle.notify_waiters();
         }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::{MessageRecord, MessageStatus, Quota, ThreadError, ThreadRegistry};
-use crate::sync::lock;
+use crate::sync::{lock, take_off};
 
 /// What a tenant's threads share (each holds it): their pending messages and bytes, and the
 /// bounds as the latest inject of it that opened (or tried to open) a thread read them from
@@ -98,7 +98,7 @@ impl Owned {
 
     /// `n` of them are done (as many in all as [`Self::add`]ed).
     pub(super) fn done(&self, n: u64) {
-        sub(&self.count, n as usize);
+        take_off(&self.count, n as usize);
     }
 
     /// A message of `len` bytes went from `from` (`None`: it was just logged) to `to`: its
@@ -110,7 +110,7 @@ impl Owned {
         if is && !was {
             self.bytes.fetch_add(len, Ordering::Relaxed);
         } else if was && !is {
-            sub(&self.bytes, len);
+            take_off(&self.bytes, len);
         }
     }
 
@@ -122,16 +122,8 @@ impl Owned {
             .filter(|m| m.status == MessageStatus::Pending)
             .map(|m| m.payload_xml.len())
             .sum();
-        sub(&self.bytes, pending);
+        take_off(&self.bytes, pending);
     }
-}
-
-/// Takes `n` off, never below 0 (each is given back once; this only keeps a mistake from
-/// wrapping round to refusing everything).
-fn sub(a: &AtomicUsize, n: usize) {
-    let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-        Some(v.saturating_sub(n))
-    });
 }
 
 impl ThreadRegistry {
