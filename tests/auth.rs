@@ -101,6 +101,20 @@ async fn guarded_built(listeners: &str, builder: agentserver::OrganismBuilder) -
 }
 
 impl Guarded {
+    /// A Note injected to `a1` in `thread` with `key`, accepted.
+    async fn note_to_a1(&self, key: &str, thread: &str) {
+        let body = json!({"to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": thread});
+        let (s, _, r) = self
+            .send(
+                reqwest::Method::POST,
+                "/api/v1/inject",
+                Some(key),
+                Some(body),
+            )
+            .await;
+        assert_eq!(s, 202, "{r}");
+    }
+
     fn key(&self, role: Role) -> &str {
         &self.keys.iter().find(|(r, _)| *r == role).unwrap().1
     }
@@ -1366,16 +1380,7 @@ async fn a_tenant_holds_at_most_its_max_streams_open() {
     send_json(&mut fourth, json!({"cmd": "auth", "token": acme2})).await;
     assert_eq!(refused(next_frame(&mut fourth).await).0, 4429);
     // A thread's events count too.
-    let body = json!({"to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": "acme-s"});
-    let (s, _, r) = g
-        .send(
-            reqwest::Method::POST,
-            "/api/v1/inject",
-            Some(&acme),
-            Some(body),
-        )
-        .await;
-    assert_eq!(s, 202, "{r}");
+    g.note_to_a1(&acme, "acme-s").await;
     let (s, h, r) = g
         .send(
             reqwest::Method::GET,
@@ -1433,16 +1438,7 @@ async fn a_tenants_reads_at_once_are_each_answered_in_turn() {
     let config = Organism::builder().load_config(&g.path).unwrap();
     let acme = add_tenant_key(&config, "acme-op", Role::Operator, Some("acme"));
     let beta = add_tenant_key(&config, "beta-op", Role::Operator, Some("beta"));
-    let body = json!({"to": "a1", "payload_xml": "<Note>x</Note>", "thread_id": "acme-t"});
-    let (s, _, r) = g
-        .send(
-            reqwest::Method::POST,
-            "/api/v1/inject",
-            Some(&acme),
-            Some(body),
-        )
-        .await;
-    assert_eq!(s, 202, "{r}");
+    g.note_to_a1(&acme, "acme-t").await;
     // An event stream stays open: it holds no turn.
     let (s, _, _) = g
         .send(
