@@ -13,13 +13,17 @@ use agentserver::Organism;
 use common::*;
 
 fn write_organism(dir: &Path, store: &str, extra: &str) -> std::path::PathBuf {
-    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
-    let path = dir.join("o.yaml");
-    std::fs::write(
-        &path,
+    organism_file(
+        dir,
         format!("organism: {{ name: durable, store: {store}{extra} }}\nlisteners:\n{CHAIN}\n"),
     )
-    .unwrap();
+}
+
+/// `yaml` as `dir`'s organism file, beside the test schema `t.xsd`.
+fn organism_file(dir: &Path, yaml: impl AsRef<str>) -> std::path::PathBuf {
+    std::fs::write(dir.join("t.xsd"), TEST_XSD).unwrap();
+    let path = dir.join("o.yaml");
+    std::fs::write(&path, yaml.as_ref()).unwrap();
     path
 }
 
@@ -349,10 +353,8 @@ async fn retention_prunes_the_oldest_threads_and_counts_it() {
 async fn retention_never_prunes_a_thread_waiting_for_a_decision() {
     use agentserver::pump::{Decider, Verdict};
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
-    let path = dir.path().join("o.yaml");
-    std::fs::write(
-        &path,
+    let path = organism_file(
+        dir.path(),
         format!(
             "organism: {{ name: gated, store: log.db, store_retention: {{ max_messages: 2 }} }}
 listeners:
@@ -360,8 +362,7 @@ listeners:
 {CHAIN}
 "
         ),
-    )
-    .unwrap();
+    );
     let o = Organism::builder().load(&path).unwrap();
     // The oldest thread: held at `pay`'s gate, waiting.
     let waiting = inject(&o, "pay", "<Note>approve me</Note>", None).thread_id;
@@ -418,20 +419,17 @@ listeners:
 #[tokio::test]
 async fn one_tenants_volume_prunes_its_own_history_not_anothers() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
-    let path = dir.path().join("o.yaml");
     let sink = |name: &str, tenant: &str| {
         format!("  - {{name: {name}, description: keeps, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: {tenant}}}\n")
     };
-    std::fs::write(
-        &path,
+    let path = organism_file(
+        dir.path(),
         format!(
             "organism: {{ name: shared, store: log.db, store_retention: {{ max_messages: 10 }} }}\nlisteners:\n{}{}",
             sink("acme-note", "acme"),
             sink("beta-note", "beta")
         ),
-    )
-    .unwrap();
+    );
     let o = Organism::builder().load(&path).unwrap();
     let run = |to: &str, n: usize| {
         (0..n)
@@ -951,18 +949,15 @@ async fn a_stopped_organism_whose_handles_are_gone_leaves_its_file_to_the_next()
 #[tokio::test]
 async fn a_tenants_threads_from_before_a_restart_count_against_its_quotas() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
-    let path = dir.path().join("o.yaml");
-    std::fs::write(
-        &path,
+    let path = organism_file(
+        dir.path(),
         "organism: { name: quota, store: log.db }
 tenants:
   acme: { max_active_threads: 2, max_pending_messages: 3 }
 listeners:
   - {name: acme-note, description: keeps, kind: native, handler: sink, schema: t.xsd, accepts: [Note], tenant: acme}
 ",
-    )
-    .unwrap();
+    );
     let o = Organism::builder().load(&path).unwrap();
     let threads = completed_threads_at(&o, "acme-note", 3).await;
     o.stop().await;
@@ -1001,13 +996,10 @@ listeners:
 #[tokio::test]
 async fn a_thread_continued_after_each_finish_keeps_every_message() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("t.xsd"), TEST_XSD).unwrap();
-    let path = dir.path().join("o.yaml");
-    std::fs::write(
-        &path,
+    let path = organism_file(
+        dir.path(),
         format!("organism: {{ name: durable, store: data.db }}\nlimits: {{ max_retained_bytes: 1048576 }}\nlisteners:\n{CHAIN}\n"),
-    )
-    .unwrap();
+    );
     let o = Organism::builder().load(&path).unwrap();
     let pad = "x".repeat(4000);
     for i in 0..300 {
