@@ -171,33 +171,17 @@ pub async fn batch(
     };
     let organism = s.inner.organism.clone();
     let filter = batch_filter(body.filter, &seen)?;
-    let (matched, ids) = match body.ids {
-        None => {
-            let page = Page {
-                limit: limit as usize,
-                offset: 0,
-            };
-            let found = organism.history().query_threads(&filter, page)?;
-            (found.total, found.items.into_iter().map(|t| t.id).collect())
-        }
-        Some(ids) if ids.len() <= MAX_BATCH as usize => {
-            let history = organism.history();
-            let mut found: Vec<String> = Vec::new();
-            for id in ids {
-                // `within` of the filter is the credential's scope.
-                let matches = history
-                    .thread_info(&id)?
-                    .is_some_and(|t| filter.matches(&t));
-                if matches && !found.contains(&id) {
-                    found.push(id);
-                }
-            }
-            let matched = found.len() as u64;
-            found.truncate(limit as usize);
-            (matched, found)
-        }
-        Some(_) => return Err(ApiError::bad_request("at most 10,000 `ids`").at("ids")),
-    };
+    if body
+        .ids
+        .as_ref()
+        .is_some_and(|ids| ids.len() > MAX_BATCH as usize)
+    {
+        return Err(ApiError::bad_request("at most 10,000 `ids`").at("ids"));
+    }
+    // A filter's read takes up to `limits.max_query_ms`: off the runtime's workers.
+    let (o, given) = (organism.clone(), body.ids);
+    let (matched, ids) =
+        super::reads::off_runtime(move || matching(&o, &filter, given, limit)).await??;
     if let Some(expected) = body.expected_count.filter(|e| *e != matched) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -246,6 +230,41 @@ pub async fn batch(
     let mut response = Json(done).into_response();
     response.extensions_mut().insert(AuditNote(note));
     Ok(response)
+}
+
+/// The threads a batch acts on (at most `limit`, newest first) and how many match: those
+/// `filter` finds, or those of `ids` it matches.
+fn matching(
+    organism: &crate::Organism,
+    filter: &ThreadFilter,
+    ids: Option<Vec<String>>,
+    limit: u32,
+) -> Result<(u64, Vec<String>), ApiError> {
+    let history = organism.history();
+    let Some(ids) = ids else {
+        let page = Page {
+            limit: limit as usize,
+            offset: 0,
+        };
+        let found = history.query_threads(filter, page)?;
+        return Ok((found.total, found.items.into_iter().map(|t| t.id).collect()));
+    };
+    let (mut found, mut asked) = (Vec::new(), std::collections::HashSet::new());
+    for id in ids {
+        if !asked.insert(id.clone()) {
+            continue;
+        }
+        // `within` of the filter is the credential's scope.
+        if history
+            .thread_info(&id)?
+            .is_some_and(|t| filter.matches(&t))
+        {
+            found.push(id);
+        }
+    }
+    let matched = found.len() as u64;
+    found.truncate(limit as usize);
+    Ok((matched, found))
 }
 
 /// The filter of a batch's body, within the credential's scope.

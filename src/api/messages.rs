@@ -20,7 +20,9 @@ pub async fn get_message(
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    match organism.history().message(&id)? {
+    let (o, wanted) = (organism.clone(), id.clone());
+    let found = super::reads::off_runtime(move || o.history().message(&wanted)).await??;
+    match found {
         Some(m) if seen.scope.sees_message(&m.from, m.to.as_deref()) => {
             Ok(json(&Message::of(&m, &organism.schemas())))
         }

@@ -57,6 +57,7 @@ mod messages;
 mod metrics;
 mod mirror;
 mod models;
+mod reads;
 mod rest;
 mod retry;
 mod rewind;

@@ -12,6 +12,7 @@ use super::auth::{unknown_thread, Scope, Seen, VisibleAgent, VisibleThread};
 use super::error::{ApiError, ErrorResponse, JsonBody, Params};
 use super::idempotency::inject as idempotent_inject;
 use super::inject::InjectBody;
+use super::reads::{all_messages, off_runtime, thread_page};
 use super::sanitize::{listener_view, organism_view, ConfigView};
 use super::view::{
     Agent, InjectReceipt, Message, MessageStatus, Organism, Paged, ReloadReport, Thread,
@@ -27,17 +28,6 @@ use crate::time::Timestamp;
 pub const REST_IDENTITY: &str = "api";
 
 pub(super) type ApiResult<T> = Result<T, ApiError>;
-
-/// Runs `f` off the runtime's workers: a history read takes up to `limits.max_query_ms`,
-/// and may wait for a read connection (`store::READERS`), without holding up the requests
-/// and sessions those workers serve. Its answer, or 500 if it panicked.
-pub(super) async fn off_runtime<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> ApiResult<T> {
-    crate::events::spawn_blocking(f)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
-}
 
 pub(super) fn time_param(name: &str, value: Option<&str>) -> ApiResult<Option<Timestamp>> {
     match value {
@@ -285,62 +275,13 @@ pub async fn get_thread(
     Params(q): Params<super::labels::SupersededQuery>,
 ) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    let (page, rewinds) = thread_page(organism, &t.id, &t.scope, Page::ALL, q.include)?
+    let (page, rewinds) = thread_page(organism, &t.id, &t.scope, Page::ALL, q.include)
+        .await?
         .ok_or_else(|| unknown_thread(&t.id))?;
     Ok(json(&ThreadDetail {
         thread: t.info.into(),
         messages: Message::marked(&page.items, &organism.schemas(), &rewinds),
     }))
-}
-
-/// Every message of a thread that `scope` sees, in slot order (none for an unknown thread).
-fn all_messages(
-    organism: &crate::Organism,
-    id: &str,
-    scope: &Scope,
-) -> ApiResult<Vec<MessageRecord>> {
-    Ok(thread_page(organism, id, scope, Page::ALL, false)?
-        .map(|(p, _)| p.items)
-        .unwrap_or_default())
-}
-
-/// One page of a thread's messages that `scope` sees (all of them for an organism-wide
-/// principal; a tenant's, with totals to match, through the message filter), without what
-/// a rewind superseded unless `superseded`; and the thread's rewinds.
-type ThreadPage = (
-    crate::threads::Paged<MessageRecord>,
-    Vec<crate::threads::Rewind>,
-);
-fn thread_page(
-    organism: &crate::Organism,
-    id: &str,
-    scope: &Scope,
-    page: Page,
-    superseded: bool,
-) -> ApiResult<Option<ThreadPage>> {
-    let history = organism.history();
-    let rewinds = history.rewinds(id)?;
-    let hide = !superseded && !rewinds.is_empty();
-    let ask = if hide { Page::ALL } else { page };
-    let found = if scope.everything() {
-        history.thread_page(id, ask)?
-    } else {
-        let filter = MessageFilter {
-            thread: Some(id.to_string()),
-            within: scope.within(),
-            ..Default::default()
-        };
-        Some(history.query_messages(&filter, ask)?)
-    };
-    let found = match found {
-        Some(all) if hide => {
-            let shown = all.items.into_iter();
-            let shown = shown.filter(|m| !crate::threads::superseded(&rewinds, m.slot_index));
-            Some(page.cut(shown.collect()))
-        }
-        found => found,
-    };
-    Ok(found.map(|p| (p, rewinds)))
 }
 
 #[utoipa::path(get, path = "/api/v1/threads/{id}/messages", tag = "threads",
@@ -354,7 +295,8 @@ pub async fn thread_messages(
     Params(sup): Params<super::labels::SupersededQuery>,
 ) -> ApiResult<Response> {
     let organism = &s.inner.organism;
-    let (page, rewinds) = thread_page(organism, &t.id, &t.scope, q.page(), sup.include)?
+    let (page, rewinds) = thread_page(organism, &t.id, &t.scope, q.page(), sup.include)
+        .await?
         .ok_or_else(|| unknown_thread(&t.id))?;
     Ok(messages_page(organism, page, &rewinds))
 }
@@ -471,7 +413,7 @@ pub async fn inject(
         Ok(Some(status)) => status,
         _ => crate::threads::ThreadStatus::Active,
     };
-    let mut messages = all_messages(organism, &receipt.thread_id, &seen.scope)?;
+    let mut messages = all_messages(organism, &receipt.thread_id, &seen.scope).await?;
     messages.truncate(fitting(&messages));
     let answer = json(&InjectResult {
         thread_id: receipt.thread_id.to_string(),

@@ -296,7 +296,8 @@ pub async fn retry_messages(
             limit: limit as usize,
             offset: 0,
         };
-        super::rest::off_runtime(move || organism.history().query_messages(&filter, page)).await??
+        super::reads::off_runtime(move || organism.history().query_messages(&filter, page))
+            .await??
     };
     let mut out = BulkRetried {
         matched: found.total,

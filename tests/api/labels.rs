@@ -449,6 +449,22 @@ async fn a_batch_acts_on_exactly_what_its_filter_counts_and_a_tenant_on_its_own(
     )
     .await;
     assert_eq!(body["matched"], 0, "{body}");
+    // An id given twice is one thread.
+    let twice = vec![ours[0].clone(), ours[1].clone(), ours[0].clone()];
+    let by_ids = json!({"action": "label", "filter": {}, "ids": twice, "labels": {"x": "y"}, "dry_run": true});
+    let (_, body) = call(
+        &s,
+        post.clone(),
+        "/api/v1/threads/batch",
+        &k["admin"],
+        Some(by_ids),
+    )
+    .await;
+    assert_eq!(
+        (&body["matched"], &body["applied"]),
+        (&json!(2), &json!(2)),
+        "{body}"
+    );
 
     // Bad batches are refused where they are wrong.
     for (bad, at) in [
@@ -457,6 +473,10 @@ async fn a_batch_acts_on_exactly_what_its_filter_counts_and_a_tenant_on_its_own(
             "filter.label",
         ),
         (json!({"action": "kill", "filter": {}, "limit": 0}), "limit"),
+        (
+            json!({"action": "kill", "filter": {}, "ids": vec!["t"; 10_001]}),
+            "ids",
+        ),
     ] {
         let (code, body) = call(
             &s,
