@@ -7,8 +7,10 @@
 //! profile of the pump alone). `LOADGEN_OWN_SCHEMAS=1` gives each listener a schema of its
 //! own text, so that a payload a listener hands on unchanged is read again at every hop (by
 //! default the chain's three listeners share one XSD text, and a forwarded payload keeps the
-//! verdict it earned at the first). `LOADGEN_CLIENT_QUEUE=N` sets the API's `client_queue`
-//! (frames queued per WebSocket client) for `ws50`.
+//! verdict it earned at the first). `LOADGEN_CLIENT_QUEUE=N` and
+//! `LOADGEN_CLIENT_QUEUE_BYTES=N` set the API's `client_queue` and `client_queue_bytes`
+//! (frames and bytes queued per WebSocket client) for `ws50`; its output names where the
+//! least-served reader lost frames (`least_served_gaps`).
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
@@ -319,6 +321,12 @@ async fn run(
         {
             options.client_queue = n;
         }
+        if let Some(n) = std::env::var("LOADGEN_CLIENT_QUEUE_BYTES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+        {
+            options.client_queue_bytes = n;
+        }
         let s = ApiServer::bind(organism.clone(), "127.0.0.1:0", options).await?;
         let url = format!("ws://{}/ws/messages", s.local_addr());
         for _ in 0..50 {
@@ -388,6 +396,7 @@ async fn run(
             .map(|c| c.messages as f64 / logged.max(1) as f64)
             .collect();
         let min = received.iter().cloned().fold(1.0, f64::min);
+        let least = checks.iter().min_by_key(|c| c.messages);
         let mean = received.iter().sum::<f64>() / received.len() as f64;
         subscribers = Some(json!({
             "readers": checks.len(),
@@ -396,6 +405,11 @@ async fn run(
             "received_fraction_min": (min * 1000.0).round() / 1000.0,
             "received_fraction_mean": (mean * 1000.0).round() / 1000.0,
             "lagged_max": checks.iter().map(|c| c.lagged).max(),
+            // Where the least-served reader lost what it did: its gaps, the first's `seq`,
+            // and the last `seq` it received.
+            "least_served_gaps": least.map(|c| json!({
+                "gaps": c.gaps, "first_from_seq": c.first_gap, "last_seq": c.last_seq,
+            })),
             "status_frames_per_message": (checks.iter().map(|c| c.statuses).sum::<u64>() as f64
                 / checks.iter().map(|c| c.messages).sum::<u64>().max(1) as f64
                 * 1000.0)
@@ -481,6 +495,9 @@ struct OrderCheck {
     last_seq: u64,
     /// `message_status` frames: status changes a message's frame did not show.
     statuses: u64,
+    /// `dropped` frames, and the first one's `from_seq` (where a reader began to lose).
+    gaps: u64,
+    first_gap: Option<u64>,
 }
 
 impl OrderCheck {
@@ -488,6 +505,10 @@ impl OrderCheck {
         if text.starts_with(r#"{"event":"dropped""#) {
             self.dropped += number_after(text, r#""messages":"#);
             self.lagged += number_after(text, r#""lagged":"#);
+            self.gaps += 1;
+            if self.first_gap.is_none() {
+                self.first_gap = Some(number_after(text, r#""from_seq":"#));
+            }
             return;
         }
         // On `/ws/messages` only a status frame (its `/ws` frame) starts with its `seq`.

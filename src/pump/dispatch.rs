@@ -68,6 +68,11 @@ pub(crate) struct Job {
 /// Emptied per-thread queues a listener keeps for reuse, at most.
 const SPARE_QUEUES: usize = 64;
 
+/// A listener's worker that keeps finding its next job ready gives the runtime a turn
+/// (`yield_now`: sockets polled, other tasks run) after this many handler calls, so a busy
+/// pump does not starve the stream writers and requests that share its workers.
+const YIELD_EVERY: u32 = 32;
+
 #[derive(Default)]
 struct Queue {
     per_thread: SeededMap<Arc<str>, VecDeque<Job>>,
@@ -404,6 +409,7 @@ impl Shared {
     }
 
     async fn work(self: Arc<Self>, listener: Arc<Listener>) {
+        let mut calls = 0u32;
         loop {
             let (job, change) = {
                 let mut q = listener.lock();
@@ -474,6 +480,10 @@ impl Shared {
                 }
                 next.release_inherited(&thread);
                 self.kick(&next);
+            }
+            calls = calls.wrapping_add(1);
+            if calls.is_multiple_of(YIELD_EVERY) {
+                tokio::task::yield_now().await;
             }
         }
     }
