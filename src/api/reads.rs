@@ -8,9 +8,7 @@ use super::auth::Scope;
 use super::error::ApiError;
 use crate::threads::{MessageFilter, MessageRecord, Page};
 
-/// Runs `f` off the runtime's workers: a history read takes up to `limits.max_query_ms`,
-/// and may wait for a read connection (`store::READERS`), without holding up the requests
-/// and sessions those workers serve. Its answer, or 500 if it panicked.
+/// Runs `f` on the blocking pool: its answer, or 500 if it panicked.
 pub(super) async fn off_runtime<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {

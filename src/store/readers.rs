@@ -1,6 +1,6 @@
 //! The store's connections for reads: [`READERS`] of them, each taken by one read at a time
 //! and given back when it ends, so a slow read (up to `limits.max_query_ms`) holds one while
-//! the others go on. (The API lets each tenant hold one at a time: `api::reads`.)
+//! the others go on. (The API lets each tenant hold one at a time: `api::turns`.)
 
 use std::sync::{Condvar, Mutex, PoisonError};
 

@@ -23,7 +23,6 @@ use std::sync::{Arc, Mutex};
 use crate::config::approval::{Approval, Approvers, Decision, Human};
 use crate::config::Role;
 use crate::hash::SeededMap;
-use crate::recent::Recent;
 use crate::schema::ValidatedPayload;
 use crate::store::inputs::InputsTable;
 use crate::sync::lock;
@@ -32,6 +31,7 @@ use crate::time::Clock;
 
 mod ask;
 mod gate;
+mod kept;
 mod notify;
 mod restore;
 pub use ask::Answer;
@@ -39,20 +39,6 @@ pub use notify::signature as notify_signature;
 pub(crate) use restore::EXPIRY_TICK;
 
 use super::{InjectError, Organism, Shared};
-
-/// Decided inputs kept in memory (newest), for a second decider's answer and for an
-/// organism without a store: at most this many...
-const RECENT_DECIDED: usize = 4096;
-/// ...and at most this many bytes of them (payloads, prompts, reasons).
-const RECENT_DECIDED_BYTES: usize = 16 * 1024 * 1024;
-
-/// About how many bytes holding `r` costs.
-fn weight(r: &InputRow) -> usize {
-    256 + r.payload_xml.len()
-        + r.prompt.as_ref().map_or(0, String::len)
-        + r.reason.as_ref().map_or(0, String::len)
-        + r.decision.as_ref().map_or(0, String::len)
-}
 
 /// Who decides: a principal as the pump sees it (the API maps its own).
 #[derive(Debug, Clone)]
@@ -160,9 +146,9 @@ struct TenantTotals {
 /// The open inputs, the recently decided ones, and the table that keeps them.
 pub(crate) struct Inbox {
     open: Mutex<SeededMap<Arc<str>, Held>>,
-    /// The newest decided inputs by id (so a decision and a look-up are found, not searched
-    /// for), oldest first (past [`RECENT_DECIDED`] or [`RECENT_DECIDED_BYTES`] the oldest go).
-    recent: Mutex<Recent<Arc<InputRow>>>,
+    /// The newest decided inputs, each tenant's apart (`kept.rs`), by id (so a decision and
+    /// a look-up are found, not searched for).
+    recent: Mutex<kept::Kept>,
     /// Decisions since start by listener, then by decision (a listener's few are found by
     /// a look along them: nothing is allocated for a decision but its first of a kind).
     decisions: Mutex<SeededMap<Arc<str>, Vec<Decided>>>,
@@ -181,7 +167,7 @@ impl Inbox {
     pub(crate) fn new(table: Option<InputsTable>, clock: Clock) -> Self {
         Inbox {
             open: Mutex::default(),
-            recent: Mutex::new(Recent::new(RECENT_DECIDED, RECENT_DECIDED_BYTES)),
+            recent: Mutex::default(),
             decisions: Mutex::default(),
             notify_failures: Default::default(),
             held_bytes: Default::default(),
@@ -209,8 +195,7 @@ impl Inbox {
         drop(decisions);
         // In the place of the same input's decision if one is kept (the decision as first
         // known, [`Shared::take_open`], made final), else as the newest.
-        let w = weight(&row);
-        lock(&self.recent).replace(row.id.clone(), row, w);
+        lock(&self.recent).replace(row);
     }
 
     fn decided(&self, id: &str) -> Option<InputRow> {
@@ -284,7 +269,7 @@ impl Shared {
         let held = {
             let mut open = lock(&self.inbox.open);
             let held = open.remove(&*decided.id)?;
-            lock(&self.inbox.recent).replace(decided.id.clone(), decided.clone(), weight(decided));
+            lock(&self.inbox.recent).replace(decided.clone());
             held
         };
         self.inbox.count_tenant(&held.row, false);
@@ -332,8 +317,8 @@ impl<'a> Inputs<'a> {
         }
         let inbox = &s.inbox;
         let mut all: Vec<InputRow> = lock(&inbox.recent)
-            .iter()
-            .map(|(_, r)| InputRow::clone(r))
+            .of(filter.tenant.as_deref())
+            .map(|r| InputRow::clone(r))
             .collect();
         all.extend(lock(&inbox.open).values().map(|h| (*h.row).clone()));
         all.retain(|r| filter.matches(r));
