@@ -1,10 +1,11 @@
-//! A tenant's reads take turns: one at a time among all its credentials' (every `GET`, and
-//! the batches, which find what they act on by a filter), and all tenants' together one
-//! fewer at once than the store has read connections (`store::READERS`). So one tenant's
-//! slow reads (each up to `limits.max_query_ms`) hold at most one connection, every other
-//! tenant's reads go on, and one connection is always left for the organism's own (its
-//! credentials' reads, and the pump's look-ups on an inject). A tenant's next reads wait
-//! for their turn (each on its own connection, bounded by `limits.max_connections`).
+//! Reads take turns, so that no credential's slow reads (each up to `limits.max_query_ms`)
+//! hold up the others' or the pump's (every `GET`, and the batches, which find what they act
+//! on by a filter). A tenant's go one at a time among all its credentials'; all tenants'
+//! together hold at most [`TENANT_READS`] of the store's read connections
+//! (`store::READERS`), the organism's own credentials' at most [`OWN_READS`], and everyone's
+//! at most [`API_READS`]: each side always has one, and one is always left for the pump's
+//! look-ups on an inject. A read waits for its turn (on its own connection, bounded by
+//! `limits.max_connections`); none is refused.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,34 +13,53 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// Each tenant with a request under way or waiting: its one turn; and the turns all
-/// tenants may hold at once.
-pub(super) struct Turns(Mutex<HashMap<Arc<str>, Arc<Semaphore>>>, Arc<Semaphore>);
+use crate::store::READERS;
 
-/// Tenants' reads under way at once, at most: a connection left for the organism's.
-pub(super) const TENANT_READS: usize = crate::store::READERS - 1;
+/// Tenants' reads under way at once, at most.
+pub(super) const TENANT_READS: usize = READERS - 2;
+/// The organism's own credentials' reads under way at once, at most.
+pub(super) const OWN_READS: usize = READERS - 2;
+/// Every credential's reads under way at once, at most: a connection left for the pump.
+pub(super) const API_READS: usize = READERS - 1;
+
+// One connection is the pump's; neither side can take the other's last one.
+const _: () = assert!(API_READS < READERS && TENANT_READS < API_READS && OWN_READS < API_READS);
+
+/// Each tenant with a request under way or waiting: its one turn; and the turns each side,
+/// and everyone, may hold at once.
+pub(super) struct Turns {
+    tenants: Mutex<HashMap<Arc<str>, Arc<Semaphore>>>,
+    tenant_reads: Arc<Semaphore>,
+    own_reads: Arc<Semaphore>,
+    all: Arc<Semaphore>,
+}
 
 impl Default for Turns {
     fn default() -> Self {
-        Turns(Mutex::default(), Arc::new(Semaphore::new(TENANT_READS)))
+        Turns {
+            tenants: Mutex::default(),
+            tenant_reads: Arc::new(Semaphore::new(TENANT_READS)),
+            own_reads: Arc::new(Semaphore::new(OWN_READS)),
+            all: Arc::new(Semaphore::new(API_READS)),
+        }
     }
 }
 
-/// A request's turn: let go of (and the tenant's entry with it, once no request of the
+/// A request's turn: let go of (and its tenant's entry with it, once no request of the
 /// tenant holds or waits for it) however the request ends, a client gone included.
 struct Turn<'a> {
     turns: &'a Turns,
-    tenant: Arc<str>,
-    one: Arc<Semaphore>,
-    /// The tenant's turn, then one of all tenants'.
-    permits: [Option<OwnedSemaphorePermit>; 2],
+    /// The tenant and its one turn (`None`: the organism's own credential).
+    tenant: Option<(Arc<str>, Arc<Semaphore>)>,
+    /// The tenant's turn (if any), then its side's, then everyone's.
+    permits: [Option<OwnedSemaphorePermit>; 3],
 }
 
 impl Turns {
-    /// Runs `request` in `tenant`'s turn.
-    pub(super) async fn take<F: Future>(&self, tenant: &str, request: F) -> F::Output {
-        let (tenant, one) = {
-            let mut map = crate::sync::lock(&self.0);
+    /// Runs `request` in its turn: `tenant`'s, or (`None`) the organism's own.
+    pub(super) async fn take<F: Future>(&self, tenant: Option<&str>, request: F) -> F::Output {
+        let tenant = tenant.map(|tenant| {
+            let mut map = crate::sync::lock(&self.tenants);
             match map.get_key_value(tenant) {
                 Some((t, one)) => (t.clone(), one.clone()),
                 None => {
@@ -49,33 +69,42 @@ impl Turns {
                     (t, one)
                 }
             }
+        });
+        let side = match tenant {
+            Some(_) => &self.tenant_reads,
+            None => &self.own_reads,
         };
         let mut turn = Turn {
             turns: self,
             tenant,
-            one: one.clone(),
-            permits: [None, None],
+            permits: [None, None, None],
         };
         // Never closed: `Err` cannot come, and the request would then go on without a turn.
-        turn.permits[0] = one.acquire_owned().await.ok();
-        turn.permits[1] = self.1.clone().acquire_owned().await.ok();
+        if let Some((_, one)) = &turn.tenant {
+            turn.permits[0] = one.clone().acquire_owned().await.ok();
+        }
+        turn.permits[1] = side.clone().acquire_owned().await.ok();
+        turn.permits[2] = self.all.clone().acquire_owned().await.ok();
         request.await
     }
 
     /// Tenants with a request under way or waiting.
     #[cfg(test)]
     fn len(&self) -> usize {
-        crate::sync::lock(&self.0).len()
+        crate::sync::lock(&self.tenants).len()
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.permits = [None, None];
-        let mut map = crate::sync::lock(&self.turns.0);
+        self.permits = [None, None, None];
+        let Some((tenant, one)) = &self.tenant else {
+            return;
+        };
+        let mut map = crate::sync::lock(&self.turns.tenants);
         // The map's and this one's: no other request holds or waits for it.
-        if Arc::strong_count(&self.one) == 2 {
-            map.remove(&self.tenant);
+        if Arc::strong_count(one) == 2 {
+            map.remove(tenant);
         }
     }
 }
@@ -93,24 +122,28 @@ mod tests {
         let (release, released) = tokio::sync::oneshot::channel::<()>();
         let long = tokio::spawn({
             let turns = turns.clone();
-            async move { turns.take("acme", released).await.is_ok() }
+            async move { turns.take(Some("acme"), released).await.is_ok() }
         });
         let limit = crate::testing::WAIT;
         crate::testing::wait_until_async("acme's long request in its turn", || async {
             turns.len() == 1
         })
         .await;
-        assert_eq!(turns.take("beta", async { 7 }).await, 7, "beta goes on");
-        assert_eq!(turns.take("beta", async { 8 }).await, 8);
+        assert_eq!(
+            turns.take(Some("beta"), async { 7 }).await,
+            7,
+            "beta goes on"
+        );
+        assert_eq!(turns.take(Some("beta"), async { 8 }).await, 8);
         // acme's next waits for its turn (given up here: its entry stays for the long one).
-        let next = turns.take("acme", async { 9 });
+        let next = turns.take(Some("acme"), async { 9 });
         assert!(tokio::time::timeout(Duration::from_millis(100), next)
             .await
             .is_err());
         assert_eq!(turns.len(), 1);
         let after = tokio::spawn({
             let turns = turns.clone();
-            async move { turns.take("acme", async { 10 }).await }
+            async move { turns.take(Some("acme"), async { 10 }).await }
         });
         release.send(()).unwrap();
         assert!(long.await.unwrap());
@@ -133,20 +166,20 @@ mod tests {
             releases.push(release);
             let turns = turns.clone();
             long.push(tokio::spawn(async move {
-                turns.take(&format!("t{i}"), released).await.is_ok()
+                turns.take(Some(&format!("t{i}")), released).await.is_ok()
             }));
         }
         crate::testing::wait_until_async("every tenant's turn held", || async {
-            turns.1.available_permits() == 0
+            turns.tenant_reads.available_permits() == 0
         })
         .await;
-        let next = turns.take("another", async { 1 });
+        let next = turns.take(Some("another"), async { 1 });
         assert!(tokio::time::timeout(Duration::from_millis(100), next)
             .await
             .is_err());
         let after = tokio::spawn({
             let turns = turns.clone();
-            async move { turns.take("another", async { 2 }).await }
+            async move { turns.take(Some("another"), async { 2 }).await }
         });
         drop(releases.pop());
         let waited = tokio::time::timeout(crate::testing::WAIT, after).await;
@@ -155,6 +188,57 @@ mod tests {
         for l in long {
             l.await.unwrap();
         }
-        assert_eq!(turns.1.available_permits(), TENANT_READS);
+        assert_eq!(turns.tenant_reads.available_permits(), TENANT_READS);
+    }
+
+    /// The attacker is an organism-wide viewer with endless reads: it holds at most
+    /// [`OWN_READS`] connections, a tenant's read still goes (the last of [`API_READS`]),
+    /// and one is left for the pump; the organism's next read waits for one of its own.
+    #[tokio::test]
+    async fn the_organisms_own_reads_leave_a_connection_for_tenants_and_the_pump() {
+        let turns = Arc::new(Turns::default());
+        let mut releases = Vec::new();
+        let mut long = Vec::new();
+        for _ in 0..OWN_READS {
+            let (release, released) = tokio::sync::oneshot::channel::<()>();
+            releases.push(release);
+            let turns = turns.clone();
+            long.push(tokio::spawn(async move {
+                turns.take(None, released).await.is_ok()
+            }));
+        }
+        crate::testing::wait_until_async("the organism's turns held", || async {
+            turns.own_reads.available_permits() == 0
+        })
+        .await;
+        let next = turns.take(None, async { 1 });
+        assert!(tokio::time::timeout(Duration::from_millis(100), next)
+            .await
+            .is_err());
+        // A tenant's read goes on (the last of everyone's); while it is under way, nothing
+        // else gets a connection.
+        let (release, released) = tokio::sync::oneshot::channel::<()>();
+        let tenant = tokio::spawn({
+            let turns = turns.clone();
+            async move { turns.take(Some("acme"), released).await.is_ok() }
+        });
+        crate::testing::wait_until_async("acme's read under way", || async {
+            turns.all.available_permits() == 0
+        })
+        .await;
+        let beta = turns.take(Some("beta"), async { 2 });
+        assert!(tokio::time::timeout(Duration::from_millis(100), beta)
+            .await
+            .is_err());
+        release.send(()).unwrap();
+        assert!(tenant.await.unwrap());
+        let beta = turns.take(Some("beta"), async { 3 });
+        let waited = tokio::time::timeout(crate::testing::WAIT, beta).await;
+        assert_eq!(waited.unwrap(), 3);
+        drop(releases);
+        for l in long {
+            l.await.unwrap();
+        }
+        assert_eq!(turns.all.available_permits(), API_READS);
     }
 }

@@ -1,13 +1,13 @@
 //! The store's connections for reads: [`READERS`] of them, each taken by one read at a time
 //! and given back when it ends, so a slow read (up to `limits.max_query_ms`) holds one while
-//! the others go on. (The API lets each tenant hold one at a time: `api::turns`.)
+//! the others go on. (The API's reads take turns, leaving one for the pump: `api::turns`.)
 
 use std::sync::{Condvar, Mutex, PoisonError};
 
 use rusqlite::Connection;
 
 /// Connections the store reads through, at most this many reads at once.
-pub const READERS: usize = 4;
+pub const READERS: usize = 5;
 
 pub(super) struct Readers {
     idle: Mutex<Vec<Connection>>,

@@ -191,12 +191,15 @@ pub(super) async fn guard(
     let response = match refusal {
         Some(e) => e.into_response(),
         None => {
-            // A tenant's reads take turns (`api::turns`).
-            let tenant = p.tenant.clone().filter(|_| reads(request.method(), path));
+            // Reads take turns (`api::turns`): a tenant's, and the organism's own.
+            let read = reads(request.method(), path);
+            let tenant = p.tenant.clone();
             request.extensions_mut().insert(p);
-            match tenant {
-                Some(t) => state.inner.turns.take(&t, next.run(request)).await,
-                None => next.run(request).await,
+            if read {
+                let turn = state.inner.turns.take(tenant.as_deref(), next.run(request));
+                turn.await
+            } else {
+                next.run(request).await
             }
         }
     };
