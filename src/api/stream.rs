@@ -169,11 +169,40 @@ pub struct EventsQuery {
     pub st: Option<String>,
 }
 
+/// The `seq` a client's `Last-Event-ID` names (an id this stream sent: a whole number).
+fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(value) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    match value.to_str().ok().and_then(|v| v.trim().parse().ok()) {
+        Some(seq) => Ok(Some(seq)),
+        None => Err(ApiError::bad_request(
+            "`Last-Event-ID` is the `id` of an event this stream sent: a whole number",
+        )
+        .at("Last-Event-ID")),
+    }
+}
+
+/// One event of a thread's event stream (`text/event-stream`), as an SSE parser such as a
+/// browser's `EventSource` hands it over.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)] // documents what `thread_events` streams
+pub struct StreamEvent {
+    /// `thread_snapshot`, or the event's kind (`message`, `message_status`, …).
+    pub event: String,
+    /// The event, JSON text: a snapshot part, or the event as `/ws` frames it.
+    pub data: String,
+    /// Its `seq`: every live event's, and the snapshot's last part's (the `seq` it was read
+    /// at); the parts before it have none.
+    #[schema(pattern = "^[0-9]+$")]
+    pub id: Option<String>,
+}
+
 #[utoipa::path(get, path = "/api/v1/threads/{id}/events", tag = "threads",
     params(("id" = String, Path, description = "Thread id"), EventsQuery,
-           ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this `seq`")),
-    responses((status = 200, description = "`text/event-stream`: `thread_snapshot` part(s), then the thread's events, each `id: <seq>`", content_type = "text/event-stream", body = String),
-              (status = 400, description = "Bad query parameter", body = ErrorResponse),
+           ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this `seq` (not a whole number: 400)")),
+    responses((status = 200, description = "`text/event-stream`: `thread_snapshot` part(s), then the thread's events, each `id: <seq>`", content_type = "text/event-stream", body = StreamEvent),
+              (status = 400, description = "Bad query parameter, or a `Last-Event-ID` that is not a whole number", body = ErrorResponse),
               (status = 404, description = "No such thread (in this credential's scope)", body = ErrorResponse),
               (status = 429, description = "`too_many_streams`: the credential's tenant has `tenants.<t>.max_streams` event streams open; or `rate_limited`: too many wrong credentials from this address; with `Retry-After`", body = ErrorResponse,
                headers(("Retry-After" = u64, description = "Seconds to wait")))))]
@@ -184,6 +213,8 @@ pub async fn thread_events(
     Params(q): Params<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let since = last_event_id(&headers)?;
+    let since = q.since.or(since);
     let config = s.inner.organism.config();
     let slot = s
         .inner
@@ -193,12 +224,6 @@ pub async fn thread_events(
             ApiError::new(StatusCode::TOO_MANY_REQUESTS, "too_many_streams", why)
                 .retry_after(HEARTBEAT)
         })?;
-    let since = q.since.or_else(|| {
-        headers
-            .get("last-event-id")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse().ok())
-    });
     let organism = s.inner.organism.clone();
     let sub = organism.events().subscribe_since(since);
     let start = match (since, sub.resync_from) {

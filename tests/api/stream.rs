@@ -237,6 +237,18 @@ async fn a_thread_stream_gives_the_whole_history_then_every_live_event_once() {
     let e: serde_json::Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "invalid_query", "{e}");
     assert_eq!(e["error"]["where"], "since", "{e}");
+    // So is a `Last-Event-ID` that is no event's id, with `?since=` or without.
+    for url in [url.clone(), format!("{url}?since=1")] {
+        let r = http()
+            .get(&url)
+            .header("Last-Event-ID", "true")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{url}");
+        let e: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["where"], "Last-Event-ID", "{e}");
+    }
     drop((s, again, old));
     server.shutdown().await;
     o.stop().await;
