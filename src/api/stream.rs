@@ -307,7 +307,7 @@ impl Reader {
             match &mut self.phase {
                 Phase::Snapshot(from) => {
                     let from = *from;
-                    return Some(self.snapshot_part(from));
+                    return Some(self.snapshot_part(from).await);
                 }
                 Phase::Replay(events) => match events.pop_front() {
                     Some(ev) => {
@@ -384,9 +384,9 @@ impl Reader {
 
     /// The snapshot's part from slot `from` ([`snapshot_part`]); the last part carries the
     /// snapshot's `id` (so a client cut off within a snapshot asks for a fresh one).
-    fn snapshot_part(&mut self, from: u64) -> SseEvent {
+    async fn snapshot_part(&mut self, from: u64) -> SseEvent {
         let who = (&self.scope, self.tenant.as_deref());
-        let part = snapshot_part(&self.organism, who, &self.thread, from, self.as_of);
+        let part = snapshot_part(&self.organism, who, &self.thread, from, self.as_of).await;
         self.sent.extend(part.ids);
         let ev = SseEvent::default().event("thread_snapshot").data(part.json);
         if part.more {
@@ -412,8 +412,40 @@ pub(super) struct Part {
 
 /// The part of `thread`'s snapshot from slot `from`, as a principal of `scope` (and tenant)
 /// sees it: the thread and its open inputs with the first part, messages up to
-/// [`MAX_SNAPSHOT_PART_BYTES`], `as_of_seq` the `seq` its live events follow.
-pub(super) fn snapshot_part(
+/// [`MAX_SNAPSHOT_PART_BYTES`], `as_of_seq` the `seq` its live events follow. Read off the
+/// runtime's workers (`api::reads`); a read that panicked gives an empty last part.
+pub(super) async fn snapshot_part(
+    organism: &Organism,
+    (scope, tenant): (&Scope, Option<&str>),
+    thread: &str,
+    from: u64,
+    as_of: u64,
+) -> Part {
+    let (o, scope, tenant) = (organism.clone(), scope.clone(), tenant.map(str::to_string));
+    let thread_id = thread.to_string();
+    let read = move || read_snapshot_part(&o, (&scope, tenant.as_deref()), &thread_id, from, as_of);
+    let empty = SnapshotPart {
+        event: "thread_snapshot",
+        thread_id: thread,
+        thread: None,
+        messages: Vec::new(),
+        inputs: None,
+        as_of_seq: as_of,
+        part: usize::try_from(from).unwrap_or(usize::MAX),
+        more: false,
+    };
+    match super::reads::off_runtime(read).await {
+        Ok(part) => part,
+        Err(_) => Part {
+            json: serde_json::to_string(&empty).unwrap_or_default(),
+            next: from,
+            more: false,
+            ids: Vec::new(),
+        },
+    }
+}
+
+fn read_snapshot_part(
     organism: &Organism,
     (scope, tenant): (&Scope, Option<&str>),
     thread: &str,
