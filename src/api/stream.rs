@@ -188,7 +188,9 @@ fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)] // documents what `thread_events` streams
 pub struct StreamEvent {
-    /// `thread_snapshot`, or the event's kind (`message`, `message_status`, …).
+    /// `thread_snapshot`, the event's kind (`message`, `message_status`, …), or
+    /// `stream_error` (its `data` an error body: the store could not be read; the stream
+    /// ends).
     pub event: String,
     /// The event, JSON text: a snapshot part, or the event as `/ws` frames it.
     pub data: String,
@@ -261,6 +263,8 @@ enum Phase {
     /// Resuming: the retained events after the client's `seq`.
     Replay(VecDeque<Arc<Event>>),
     Live,
+    /// A read failed and was told (`stream_error`): nothing follows.
+    Ended,
 }
 
 /// One client's stream of one thread.
@@ -333,6 +337,7 @@ impl Reader {
                     }
                     Err(RecvError::Closed) => return None,
                 },
+                Phase::Ended => return None,
             }
         }
     }
@@ -386,7 +391,17 @@ impl Reader {
     /// snapshot's `id` (so a client cut off within a snapshot asks for a fresh one).
     async fn snapshot_part(&mut self, from: u64) -> SseEvent {
         let who = (&self.scope, self.tenant.as_deref());
-        let part = snapshot_part(&self.organism, who, &self.thread, from, self.as_of).await;
+        let part = match snapshot_part(&self.organism, who, &self.thread, from, self.as_of).await {
+            Ok(part) => part,
+            Err(e) => {
+                // The stream ends with why: a client never takes a failed read for history.
+                self.phase = Phase::Ended;
+                let body = serde_json::json!({ "error": e.body });
+                return SseEvent::default()
+                    .event("stream_error")
+                    .data(body.to_string());
+            }
+        };
         self.sent.extend(part.ids);
         let ev = SseEvent::default().event("thread_snapshot").data(part.json);
         if part.more {
@@ -413,36 +428,19 @@ pub(super) struct Part {
 /// The part of `thread`'s snapshot from slot `from`, as a principal of `scope` (and tenant)
 /// sees it: the thread and its open inputs with the first part, messages up to
 /// [`MAX_SNAPSHOT_PART_BYTES`], `as_of_seq` the `seq` its live events follow. Read off the
-/// runtime's workers (`api::reads`); a read that panicked gives an empty last part.
+/// runtime's workers (`api::reads`); a read that fails says why (503 `store_failed` or
+/// `query_timeout`), never an empty snapshot.
 pub(super) async fn snapshot_part(
     organism: &Organism,
     (scope, tenant): (&Scope, Option<&str>),
     thread: &str,
     from: u64,
     as_of: u64,
-) -> Part {
+) -> Result<Part, ApiError> {
     let (o, scope, tenant) = (organism.clone(), scope.clone(), tenant.map(str::to_string));
-    let thread_id = thread.to_string();
-    let read = move || read_snapshot_part(&o, (&scope, tenant.as_deref()), &thread_id, from, as_of);
-    let empty = SnapshotPart {
-        event: "thread_snapshot",
-        thread_id: thread,
-        thread: None,
-        messages: Vec::new(),
-        inputs: None,
-        as_of_seq: as_of,
-        part: usize::try_from(from).unwrap_or(usize::MAX),
-        more: false,
-    };
-    match super::reads::off_runtime(read).await {
-        Ok(part) => part,
-        Err(_) => Part {
-            json: serde_json::to_string(&empty).unwrap_or_default(),
-            next: from,
-            more: false,
-            ids: Vec::new(),
-        },
-    }
+    let thread = thread.to_string();
+    let read = move || read_snapshot_part(&o, (&scope, tenant.as_deref()), &thread, from, as_of);
+    Ok(super::reads::off_runtime(read).await??)
 }
 
 fn read_snapshot_part(
@@ -451,16 +449,16 @@ fn read_snapshot_part(
     thread: &str,
     from: u64,
     as_of: u64,
-) -> Part {
+) -> Result<Part, crate::store::StoreError> {
     let history = organism.history();
     let first = from == 0;
-    let info = first
-        .then(|| history.thread_info(thread).ok().flatten())
-        .flatten();
+    let info = if first {
+        history.thread_info(thread)?
+    } else {
+        None
+    };
     let (slice, more) = history
-        .thread_slice(thread, from, SNAPSHOT_PAGE, MAX_SNAPSHOT_PART_BYTES)
-        .ok()
-        .flatten()
+        .thread_slice(thread, from, SNAPSHOT_PAGE, MAX_SNAPSHOT_PART_BYTES)?
         .unwrap_or_default();
     let next = slice.last().map_or(from, |m| m.slot_index + 1);
     // A tenant's principal sees the messages of its listeners.
@@ -468,10 +466,14 @@ fn read_snapshot_part(
         .into_iter()
         .filter(|m| scope.sees_message(&m.from, m.to.as_deref()))
         .collect();
-    let inputs = first.then(|| open_inputs(organism, tenant, thread));
+    let inputs = if first {
+        Some(open_inputs(organism, tenant, thread)?)
+    } else {
+        None
+    };
     let schemas = organism.schemas();
     // Every message, those a rewind superseded marked so.
-    let rewinds = history.rewinds(thread).unwrap_or_default();
+    let rewinds = history.rewinds(thread)?;
     let part = SnapshotPart {
         event: "thread_snapshot",
         thread_id: thread,
@@ -482,12 +484,12 @@ fn read_snapshot_part(
         part: usize::try_from(from).unwrap_or(usize::MAX),
         more,
     };
-    Part {
+    Ok(Part {
         json: serde_json::to_string(&part).unwrap_or_default(),
         next,
         more,
         ids: records.iter().map(|m| m.id.clone()).collect(),
-    }
+    })
 }
 
 /// The thread's open inputs a principal of `tenant` sees (as `GET /inputs` lists them: a
@@ -496,7 +498,7 @@ fn open_inputs(
     organism: &Organism,
     tenant: Option<&str>,
     thread: &str,
-) -> Vec<super::inputs::Input> {
+) -> Result<Vec<super::inputs::Input>, crate::store::StoreError> {
     let filter = InputFilter {
         status: Some(InputStatus::Open),
         thread: Some(thread.to_string()),
@@ -507,9 +509,9 @@ fn open_inputs(
         limit: 1000,
         offset: 0,
     };
-    let rows = organism.inputs().list(&filter, page).map(|p| p.items);
-    rows.unwrap_or_default()
+    let rows = organism.inputs().list(&filter, page)?.items;
+    Ok(rows
         .iter()
         .map(|r| super::inputs::Input::of(r, organism))
-        .collect()
+        .collect())
 }

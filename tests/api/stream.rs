@@ -423,3 +423,39 @@ async fn stream_tokens_open_one_stream_once_and_nothing_else() {
     server.shutdown().await;
     o.stop().await;
 }
+
+/// A snapshot the store cannot read ends the stream saying why: a client never takes a
+/// failed read for a thread without history.
+#[tokio::test]
+async fn a_snapshot_the_store_cannot_read_ends_the_stream_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let (o, server, base) = served(dir.path()).await;
+    note(&base, "kept", "one").await;
+    let o2 = o.clone();
+    wait_until_async("the note is handled", move || {
+        let o = o2.clone();
+        async move { o.info().active_threads == 0 && o.info().pending_messages == 0 }
+    })
+    .await;
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    // After a restart the thread's history is the store's; the table of its inputs is then
+    // taken away under the running server.
+    let (o, server, base) = served(dir.path()).await;
+    let conn = rusqlite::Connection::open(dir.path().join("data.db")).unwrap();
+    conn.execute_batch("ALTER TABLE inputs RENAME TO gone")
+        .unwrap();
+    let url = format!("{base}/api/v1/threads/kept/events");
+    let mut s = EventStream::open(&url, None).await;
+    let f = s.next().await;
+    assert_eq!(f.event, "stream_error", "{f:?}");
+    assert_eq!(f.data["error"]["code"], "store_failed", "{f:?}");
+    // Nothing follows: the stream has ended.
+    let rest = tokio::time::timeout(WAIT, s.body.chunk()).await.unwrap();
+    assert!(matches!(rest, Ok(None)), "{rest:?}");
+    conn.execute_batch("ALTER TABLE gone RENAME TO inputs")
+        .unwrap();
+    server.shutdown().await;
+    o.stop().await;
+}

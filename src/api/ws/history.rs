@@ -61,7 +61,7 @@ impl Session<Pump> {
             loop {
                 let who = (scope, tenant.as_deref());
                 let part =
-                    crate::api::stream::snapshot_part(&organism, who, thread, from, as_of).await;
+                    crate::api::stream::snapshot_part(&organism, who, thread, from, as_of).await?;
                 self.snapshot_ids.extend(part.ids);
                 if !self.queue_waiting(Message::Text(part.json.into())).await {
                     return Err(ApiError::bad_request("the connection is gone"));
