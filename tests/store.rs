@@ -948,6 +948,17 @@ async fn a_stopped_organism_whose_handles_are_gone_leaves_its_file_to_the_next()
 /// threads are no way around `max_active_threads` or `max_pending_messages`.
 #[tokio::test]
 async fn a_tenants_threads_from_before_a_restart_count_against_its_quotas() {
+    revived_threads_count_against_quotas(false).await;
+}
+
+/// The same with threads written before the store kept their tenants (schema v25): the
+/// first start that knows the listeners' tenants gives those threads theirs.
+#[tokio::test]
+async fn a_tenants_threads_from_before_their_owners_were_kept_count_against_its_quotas() {
+    revived_threads_count_against_quotas(true).await;
+}
+
+async fn revived_threads_count_against_quotas(written_before_owners: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = organism_file(
         dir.path(),
@@ -962,6 +973,13 @@ listeners:
     let threads = completed_threads_at(&o, "acme-note", 3).await;
     o.stop().await;
     drop(o);
+    if written_before_owners {
+        let conn = rusqlite::Connection::open(dir.path().join("log.db")).unwrap();
+        conn.execute_batch(
+            "DELETE FROM thread_owners; DELETE FROM meta WHERE key = 'owners_adopted'",
+        )
+        .unwrap();
+    }
     let o = Organism::builder().load(&path).unwrap();
     let send = |t: &str| {
         o.inject(agentserver::InjectRequest {

@@ -177,6 +177,9 @@ impl OrganismBuilder {
         if let Some(s) = &store {
             s.set_read_budget(std::time::Duration::from_millis(config.limits.max_query_ms));
             s.search_payloads(config.payload_search)?;
+            // Threads from before the store kept their tenants get them (once).
+            let tenants = config.listeners.iter();
+            s.adopt_owners(tenants.filter_map(|l| Some((l.name.as_str(), l.tenant.as_deref()?))))?;
         }
         let recovered = store.as_ref().map(|s| s.recovered()).unwrap_or_default();
         let inputs_table = match &config.store {

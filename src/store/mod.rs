@@ -88,6 +88,7 @@ pub mod keys;
 mod listing;
 mod maintenance;
 mod open;
+mod owners;
 mod prune;
 mod query;
 mod readers;
