@@ -284,6 +284,7 @@ impl From<DecideError> for ApiError {
             DecideError::Stopping => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message)
             }
+            DecideError::Store(e) => ApiError::from(e),
         }
     }
 }
@@ -316,7 +317,7 @@ pub async fn list_inputs(
 fn visible(organism: &crate::Organism, seen: &Seen, id: &str) -> ApiResult<InputRow> {
     organism
         .inputs()
-        .get(id)
+        .get(id)?
         .filter(|r| seen.principal.tenant.is_none() || r.tenant == seen.principal.tenant)
         .ok_or_else(|| not_found(id))
 }
@@ -324,7 +325,8 @@ fn visible(organism: &crate::Organism, seen: &Seen, id: &str) -> ApiResult<Input
 #[utoipa::path(get, path = "/api/v1/inputs/{id}", tag = "inputs",
     params(("id" = String, Path, description = "Input id")),
     responses((status = 200, description = "The input", body = Input),
-              (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse)))]
+              (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
+              (status = 503, description = "`store_failed`: the store could not be read", body = ErrorResponse)))]
 pub async fn get_input(
     State(s): State<ApiState>,
     seen: Seen,
@@ -374,7 +376,8 @@ fn edited_xml(
               (status = 403, description = "Not one of the gate's approvers, or a decision the gate does not allow", body = ErrorResponse),
               (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
               (status = 409, description = "Already decided: `details` carries the first decision", body = ErrorResponse),
-              (status = 422, description = "The edited payload is malformed or invalid", body = ErrorResponse)))]
+              (status = 422, description = "The edited payload is malformed or invalid", body = ErrorResponse),
+              (status = 503, description = "`stopping`: the organism is stopping; `store_failed`: the store could not be read", body = ErrorResponse)))]
 pub async fn approve_input(
     State(s): State<ApiState>,
     seen: Seen,
@@ -434,7 +437,8 @@ pub(super) async fn reject(
     responses((status = 200, description = "Rejected: the message is `declined`", body = Input),
               (status = 403, description = "Not one of the gate's approvers, or a decision the gate does not allow", body = ErrorResponse),
               (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
-              (status = 409, description = "Already decided: `details` carries the first decision", body = ErrorResponse)))]
+              (status = 409, description = "Already decided: `details` carries the first decision", body = ErrorResponse),
+              (status = 503, description = "`stopping`: the organism is stopping; `store_failed`: the store could not be read", body = ErrorResponse)))]
 pub async fn reject_input(
     State(s): State<ApiState>,
     seen: Seen,
@@ -452,7 +456,8 @@ pub async fn reject_input(
               (status = 403, description = "Not one of the listener's approvers, or not a question", body = ErrorResponse),
               (status = 404, description = "No such input (in this credential's scope)", body = ErrorResponse),
               (status = 409, description = "Already answered: `details` carries the first decision", body = ErrorResponse),
-              (status = 422, description = "A payload is malformed, has no route, or is invalid: nothing was routed", body = ErrorResponse)))]
+              (status = 422, description = "A payload is malformed, has no route, or is invalid: nothing was routed", body = ErrorResponse),
+              (status = 503, description = "`stopping`: the organism is stopping; `store_failed`: the store could not be read", body = ErrorResponse)))]
 pub async fn answer_input(
     State(s): State<ApiState>,
     seen: Seen,

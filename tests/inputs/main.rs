@@ -384,6 +384,7 @@ async fn a_timeout_applies_the_gates_on_timeout_on_the_organisms_clock() {
             let done = organism
                 .inputs()
                 .get(&id)
+                .unwrap()
                 .is_some_and(|i| i.status != agentserver::threads::InputStatus::Open);
             async move { done }
         })
@@ -1062,6 +1063,7 @@ async fn an_escalation_passes_a_held_message_to_a_supervisors_approvers() {
         let done = o
             .inputs()
             .get(&first_id)
+            .unwrap()
             .is_some_and(|i| i.status == agentserver::threads::InputStatus::Escalated);
         async move { done }
     })
@@ -1107,6 +1109,7 @@ async fn an_escalation_passes_a_held_message_to_a_supervisors_approvers() {
         let done = o
             .inputs()
             .get(&held_first)
+            .unwrap()
             .is_some_and(|i| i.status == agentserver::threads::InputStatus::Escalated);
         async move { done }
     })
@@ -1360,4 +1363,30 @@ async fn the_inboxs_routes_refuse_or_bound_what_a_client_sends() {
         let (code, _) = s.get(&format!("/api/v1/inputs/{bad}")).await;
         assert_eq!(code, 404, "{bad}");
     }
+}
+
+/// An input the store cannot be asked about is 503 `store_failed`, never "no such input".
+#[tokio::test]
+async fn an_input_the_store_cannot_be_asked_about_is_not_called_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("log.db");
+    let overrides = agentserver::pump::Overrides {
+        listen: None,
+        store: Some(Some(store.clone())),
+    };
+    let s = gated_on(Organism::builder().overrides(overrides), "{}").await;
+    let conn = rusqlite::Connection::open(&store).unwrap();
+    conn.execute_batch("ALTER TABLE inputs RENAME TO gone")
+        .unwrap();
+    let (code, body) = s.get("/api/v1/inputs/no-such-input").await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_failed", "{body}");
+    let (code, body) = s
+        .post("/api/v1/inputs/no-such-input/approve", json!({}))
+        .await;
+    assert_eq!(code, 503, "{body}");
+    conn.execute_batch("ALTER TABLE gone RENAME TO inputs")
+        .unwrap();
+    let (code, body) = s.get("/api/v1/inputs/no-such-input").await;
+    assert_eq!(code, 404, "{body}");
 }

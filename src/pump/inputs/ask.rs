@@ -77,7 +77,7 @@ impl Shared {
         decided.result = None;
         let decided = Arc::new(decided);
         let Some(held) = self.take_open(&decided) else {
-            return Err(match self.inbox.decided(&decided.id) {
+            return Err(match self.inbox.decided(&decided.id)? {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),
             });

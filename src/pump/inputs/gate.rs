@@ -239,7 +239,7 @@ impl Shared {
         }
         let mut decided = Arc::new(decided);
         let Some(held) = self.take_open(&decided) else {
-            return Err(match self.inbox.decided(&decided.id) {
+            return Err(match self.inbox.decided(&decided.id)? {
                 Some(r) => DecideError::AlreadyDecided(Box::new(r)),
                 None => DecideError::NotFound(decided.id.to_string()),
             });

@@ -91,6 +91,9 @@ pub enum DecideError {
     InvalidAnswer(Vec<String>),
     #[error("the organism is stopping")]
     Stopping,
+    /// The store could not be read (whether the input was decided).
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
 }
 
 /// What an input is opened with: the status its message is logged with, its kind, its
@@ -198,11 +201,15 @@ impl Inbox {
         lock(&self.recent).replace(row);
     }
 
-    fn decided(&self, id: &str) -> Option<InputRow> {
+    /// A decided input: among the recent ones, else in the table (a read that fails says so).
+    fn decided(&self, id: &str) -> Result<Option<InputRow>, crate::store::StoreError> {
         if let Some(r) = lock(&self.recent).get(id) {
-            return Some(InputRow::clone(r));
+            return Ok(Some(InputRow::clone(r)));
         }
-        self.table.as_ref()?.get(id).ok().flatten()
+        match &self.table {
+            Some(table) => table.get(id),
+            None => Ok(None),
+        }
     }
 
     /// A tenant's open inputs, the threads they are in, and whether `thread` is one.
@@ -327,10 +334,10 @@ impl<'a> Inputs<'a> {
     }
 
     /// One input, open or decided.
-    pub fn get(self, id: &str) -> Option<InputRow> {
+    pub fn get(self, id: &str) -> Result<Option<InputRow>, crate::store::StoreError> {
         let inbox = &self.shared().inbox;
         if let Some(h) = lock(&inbox.open).get(id) {
-            return Some((*h.row).clone());
+            return Ok(Some((*h.row).clone()));
         }
         inbox.decided(id)
     }
@@ -413,7 +420,7 @@ impl<'a> Inputs<'a> {
             .get(id)
             .map(|h| (h.row.clone(), h.approval.clone(), h.human.clone()));
         let Some((row, approval, human)) = looked else {
-            return Err(match s.inbox.decided(id) {
+            return Err(match s.inbox.decided(id)? {
                 Some(r) if in_scope(&r, who) => DecideError::AlreadyDecided(Box::new(r)),
                 _ => DecideError::NotFound(id.to_string()),
             });
