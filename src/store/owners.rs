@@ -1,7 +1,7 @@
 //! The tenants of threads written before the store kept them (schema v25, `thread_owners`):
 //! a thread belongs to the tenant of the listener its first message went to, as when it is
-//! created (`pump::inject`). Looked for once, at the first start that knows the listeners'
-//! tenants (`meta.owners_adopted`), so retention's shares and a revived thread's quotas
+//! created (`pump::inject`). Looked for once, at the first start with a tenant's listener
+//! and messages in the store (`meta.owners_adopted`), so retention's shares and a revived thread's quotas
 //! count those threads as their tenant's.
 
 use rusqlite::params;
@@ -20,11 +20,17 @@ impl Store {
         listeners: impl IntoIterator<Item = (&'a str, &'a str)>,
     ) -> Result<u64, StoreError> {
         const DONE: &str = "SELECT EXISTS (SELECT 1 FROM meta WHERE key = 'owners_adopted')";
-        // Every start but the first: one read on a connection the store holds anyway.
-        if self.read(|tx| tx.query_row(DONE, [], |r| r.get::<_, bool>(0)))? {
+        const NONE_YET: &str = "SELECT NOT EXISTS (SELECT 1 FROM messages)";
+        let listeners: Vec<_> = listeners.into_iter().collect();
+        // No tenant, nothing written yet, or done before: one read, on a connection the
+        // store holds anyway (what a start costs is not paid again).
+        let nothing = |tx: &rusqlite::Transaction<'_>| -> rusqlite::Result<bool> {
+            let one = |sql| tx.query_row(sql, [], |r| r.get::<_, bool>(0));
+            Ok(one(DONE)? || one(NONE_YET)?)
+        };
+        if listeners.is_empty() || self.read(nothing)? {
             return Ok(0);
         }
-        let listeners: Vec<_> = listeners.into_iter().collect();
         let fail = |e: rusqlite::Error| err(&self.path, e);
         let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE;
         let mut conn = open_connection(&self.path, flags)?;
