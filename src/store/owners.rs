@@ -1,8 +1,8 @@
 //! The tenants of threads written before the store kept them (schema v25, `thread_owners`):
 //! a thread belongs to the tenant of the listener its first message went to, as when it is
 //! created (`pump::inject`). Looked for once, at the first start with a tenant's listener
-//! and messages in the store (`meta.owners_adopted`), so retention's shares and a revived thread's quotas
-//! count those threads as their tenant's.
+//! and messages in the store (`meta.owners_adopted`), so that retention's shares and a
+//! revived thread's quotas count those threads as their tenant's.
 
 use rusqlite::params;
 
