@@ -164,7 +164,7 @@ struct Inner {
     stream_tokens: stream::StreamTokens,
     /// Each tenant's event streams open (`tenants.<t>.max_streams`).
     streams: Arc<streams::Streams>,
-    /// A tenant's requests, one at a time (`turns.rs`).
+    /// Reads' turns: a tenant's one at a time, each side's and everyone's bounded (`turns.rs`).
     turns: turns::Turns,
 }
 

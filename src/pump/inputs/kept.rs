@@ -31,12 +31,8 @@ impl Kept {
     /// newest (past [`RECENT_DECIDED`] or [`RECENT_DECIDED_BYTES`] that tenant's oldest go).
     pub(super) fn replace(&mut self, row: Arc<InputRow>) {
         let w = weight(&row);
-        let tenant = match self.0.get_key_value(&row.tenant) {
-            Some((t, _)) => t.clone(),
-            None => row.tenant.clone(),
-        };
         self.0
-            .entry(tenant)
+            .entry(row.tenant.clone())
             .or_insert_with(|| Recent::new(RECENT_DECIDED, RECENT_DECIDED_BYTES))
             .replace(row.id.clone(), row, w);
     }
