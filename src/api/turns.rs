@@ -114,16 +114,34 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// Requests that do not end until their sender is dropped, one for each of `tenants`
+    /// (`None`: the organism's own); the senders, and whether each ran in its turn.
+    fn hold(
+        turns: &Arc<Turns>,
+        tenants: impl IntoIterator<Item = Option<String>>,
+    ) -> (
+        Vec<tokio::sync::oneshot::Sender<()>>,
+        Vec<tokio::task::JoinHandle<bool>>,
+    ) {
+        let mut releases = Vec::new();
+        let mut long = Vec::new();
+        for tenant in tenants {
+            let (release, released) = tokio::sync::oneshot::channel::<()>();
+            releases.push(release);
+            let turns = turns.clone();
+            long.push(tokio::spawn(async move {
+                turns.take(tenant.as_deref(), released).await.is_ok()
+            }));
+        }
+        (releases, long)
+    }
+
     /// The attacker is acme with a request that does not end; beta's go on, acme's next
     /// waits for it, and nothing is kept once they are done or given up.
     #[tokio::test]
     async fn one_tenants_long_request_holds_its_own_turn_only() {
         let turns = Arc::new(Turns::default());
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
-        let long = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.take(Some("acme"), released).await.is_ok() }
-        });
+        let (mut release, mut long) = hold(&turns, [Some("acme".to_string())]);
         let limit = crate::testing::WAIT;
         crate::testing::wait_until_async("acme's long request in its turn", || async {
             turns.len() == 1
@@ -145,8 +163,8 @@ mod tests {
             let turns = turns.clone();
             async move { turns.take(Some("acme"), async { 10 }).await }
         });
-        release.send(()).unwrap();
-        assert!(long.await.unwrap());
+        release.pop().unwrap().send(()).unwrap();
+        assert!(long.pop().unwrap().await.unwrap());
         assert_eq!(
             tokio::time::timeout(limit, after).await.unwrap().unwrap(),
             10
@@ -159,16 +177,7 @@ mod tests {
     #[tokio::test]
     async fn tenants_together_leave_a_connection_for_the_organism() {
         let turns = Arc::new(Turns::default());
-        let mut releases = Vec::new();
-        let mut long = Vec::new();
-        for i in 0..TENANT_READS {
-            let (release, released) = tokio::sync::oneshot::channel::<()>();
-            releases.push(release);
-            let turns = turns.clone();
-            long.push(tokio::spawn(async move {
-                turns.take(Some(&format!("t{i}")), released).await.is_ok()
-            }));
-        }
+        let (mut releases, long) = hold(&turns, (0..TENANT_READS).map(|i| Some(format!("t{i}"))));
         crate::testing::wait_until_async("every tenant's turn held", || async {
             turns.tenant_reads.available_permits() == 0
         })
@@ -197,16 +206,7 @@ mod tests {
     #[tokio::test]
     async fn the_organisms_own_reads_leave_a_connection_for_tenants_and_the_pump() {
         let turns = Arc::new(Turns::default());
-        let mut releases = Vec::new();
-        let mut long = Vec::new();
-        for _ in 0..OWN_READS {
-            let (release, released) = tokio::sync::oneshot::channel::<()>();
-            releases.push(release);
-            let turns = turns.clone();
-            long.push(tokio::spawn(async move {
-                turns.take(None, released).await.is_ok()
-            }));
-        }
+        let (releases, long) = hold(&turns, (0..OWN_READS).map(|_| None));
         crate::testing::wait_until_async("the organism's turns held", || async {
             turns.own_reads.available_permits() == 0
         })
@@ -217,11 +217,7 @@ mod tests {
             .is_err());
         // A tenant's read goes on (the last of everyone's); while it is under way, nothing
         // else gets a connection.
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
-        let tenant = tokio::spawn({
-            let turns = turns.clone();
-            async move { turns.take(Some("acme"), released).await.is_ok() }
-        });
+        let (mut release, mut tenant) = hold(&turns, [Some("acme".to_string())]);
         crate::testing::wait_until_async("acme's read under way", || async {
             turns.all.available_permits() == 0
         })
@@ -230,8 +226,8 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_millis(100), beta)
             .await
             .is_err());
-        release.send(()).unwrap();
-        assert!(tenant.await.unwrap());
+        release.pop().unwrap().send(()).unwrap();
+        assert!(tenant.pop().unwrap().await.unwrap());
         let beta = turns.take(Some("beta"), async { 3 });
         let waited = tokio::time::timeout(crate::testing::WAIT, beta).await;
         assert_eq!(waited.unwrap(), 3);
