@@ -17,6 +17,8 @@ struct Tally {
     dropped_messages: u64,
     lagged: u64,
     close: Option<CloseCode>,
+    /// The last `seq` a frame showed (a `dropped` frame's `to_seq`).
+    last_seq: u64,
 }
 
 async fn tally(mut ws: Ws) -> Tally {
@@ -28,6 +30,13 @@ async fn tally(mut ws: Ws) -> Tally {
         match frame {
             Some(Ok(Message::Text(text))) => {
                 let f: Value = serde_json::from_str(text.as_str()).unwrap();
+                // Every frame comes in `seq` order, and a gap's notice between the frames
+                // before the gap and those after it.
+                let first = f["from_seq"].as_u64().or(f["seq"].as_u64());
+                if let Some(first) = first {
+                    assert!(first > t.last_seq, "{f} after seq {}", t.last_seq);
+                    t.last_seq = f["seq"].as_u64().unwrap_or(first);
+                }
                 match f["event"].as_str() {
                     Some("message") => t.messages += 1,
                     Some("dropped") => {
@@ -51,7 +60,20 @@ async fn tally(mut ws: Ws) -> Tally {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn overloaded_readers_are_told_every_message_they_missed_up_to_the_close() {
-    let s = crate::chain_with_small_queues(32, 64 * 1024).await;
+    // Queues full by bytes: a few large frames at a time.
+    overloaded_readers(64 * 1024, &"z".repeat(16_000)).await;
+}
+
+/// Small frames overflow a queue of 32 frames in the middle of what a `/ws/messages` session
+/// held through a period and queues together: the frames that fit go, the others are
+/// announced, in `seq` order.
+#[tokio::test(flavor = "multi_thread")]
+async fn readers_overloaded_by_frame_count_are_told_what_they_missed_in_order() {
+    overloaded_readers(16 * 1024 * 1024, "z").await;
+}
+
+async fn overloaded_readers(queue_bytes: usize, text: &str) {
+    let s = crate::chain_with_small_queues(32, queue_bytes).await;
     const READERS: usize = 20;
     let mut readers = Vec::new();
     for _ in 0..READERS {
@@ -60,7 +82,7 @@ async fn overloaded_readers_are_told_every_message_they_missed_up_to_the_close()
         readers.push(ws);
     }
     // Nobody reads while the pump runs: every queue overflows.
-    let note = format!("<Note>{}</Note>", "z".repeat(16_000));
+    let note = format!("<Note>{text}</Note>");
     let threads: Vec<String> = (0..300)
         .map(|_| inject(&s.organism, "a", &note, None).thread_id.to_string())
         .collect();

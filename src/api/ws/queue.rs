@@ -2,7 +2,6 @@
 //! counted when the client's queue is full), control frames, and the notices of what was
 //! dropped or folded.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::ws::{Message, Utf8Bytes};
@@ -10,6 +9,7 @@ use serde_json::Value;
 
 use super::frames::frame_len;
 use super::session::{Session, Source};
+use super::socket::Out;
 use super::{dropped_frame, text, Dropped, Folded, Folding};
 use crate::api::frame::merged_frame;
 use crate::api::Endpoint;
@@ -28,7 +28,7 @@ impl<S: Source> Session<S> {
         // Frames held go first: an answer's `seq` is the last event offered.
         self.send_held();
         let len = frame_len(&msg);
-        let queued = self.queued.load(Ordering::Relaxed);
+        let queued = self.queued.bytes();
         if queued > 0 && queued + len > self.options.client_queue_bytes {
             self.overflow = true;
             return;
@@ -67,25 +67,34 @@ impl<S: Source> Session<S> {
         if !passes || (self.ep == Endpoint::Events && self.folding.hold(&self.filter, ev)) {
             return;
         }
+        if self.ep == Endpoint::Messages && self.merge(ev) {
+            return;
+        }
         let Some(frame) = self.source.frame(self.ep, ev) else {
             return;
         };
-        if self.ep == Endpoint::Events {
-            let message = matches!(ev.kind, EventKind::Message { .. });
-            return self.send(frame.clone(), ev.seq, message);
+        let message = matches!(ev.kind, EventKind::Message { .. });
+        match self.ep {
+            Endpoint::Events => self.send(frame.clone(), ev.seq, message),
+            Endpoint::Messages => self.hold(frame.clone(), ev.seq, message),
         }
-        match &ev.kind {
-            EventKind::MessageStatus { about: Some(a), .. } if a.message_seq > 0 => {
-                if let Some(held) = self.held.message(a.message_seq) {
-                    if let Some(merged) = merged_frame(ev, held) {
-                        *held = merged.clone();
-                        return;
-                    }
-                }
-                self.hold(frame.clone(), ev.seq, false);
+    }
+
+    /// A status change of a message whose frame this session still holds goes into that
+    /// frame (true), so its own frame is neither rendered nor sent.
+    fn merge(&mut self, ev: &Event) -> bool {
+        let EventKind::MessageStatus { about: Some(a), .. } = &ev.kind else {
+            return false;
+        };
+        let Some(held) = self.held.message(a.message_seq) else {
+            return false;
+        };
+        match merged_frame(ev, held) {
+            Some(merged) => {
+                *held = merged.clone();
+                true
             }
-            EventKind::Message { .. } => self.hold(frame.clone(), ev.seq, true),
-            _ => self.hold(frame.clone(), ev.seq, false),
+            None => false,
         }
     }
 
@@ -108,9 +117,11 @@ impl<S: Source> Session<S> {
 
     /// The end of a holding period: what was held through all of it goes out.
     pub(super) fn send_due(&mut self) {
+        let mut going = Going::default();
         while let Some(h) = self.held.next_due() {
-            self.send(h.frame, h.seq, h.message);
+            self.add(&mut going, h.frame, h.seq, h.message);
         }
+        self.queue_going(&mut going);
     }
 
     /// Queues every frame held, in order.
@@ -118,23 +129,61 @@ impl<S: Source> Session<S> {
         if self.held.is_empty() {
             return;
         }
+        let mut going = Going::default();
         while let Some(h) = self.held.next() {
-            self.send(h.frame, h.seq, h.message);
+            self.add(&mut going, h.frame, h.seq, h.message);
         }
+        self.queue_going(&mut going);
     }
 
     /// Queues the frame of event `seq`, or counts it as dropped (a message's, if `message`).
     fn send(&mut self, frame: Utf8Bytes, seq: u64, message: bool) {
-        let dropped = |s: &mut Self| s.note_dropped(1, seq, seq, u64::from(message), 0);
-        if !self.gap_told() {
-            // Even the gap's notice does not fit: this one joins the gap.
-            return dropped(self);
+        let mut going = Going::default();
+        self.add(&mut going, frame, seq, message);
+        self.queue_going(&mut going);
+    }
+
+    /// Adds the frame of event `seq` to the frames `going` out together if it fits the
+    /// client's queue with them, else counts it as dropped (a message's, if `message`). A
+    /// gap's notice goes between the frames before the gap and those after it.
+    fn add(&mut self, going: &mut Going, frame: Utf8Bytes, seq: u64, message: bool) {
+        if self.dropped.is_some() {
+            self.queue_going(going);
+            if !self.gap_told() {
+                // Even the gap's notice does not fit: this one joins the gap.
+                return self.note_dropped(1, seq, seq, u64::from(message), 0);
+            }
         }
-        let budget = self.options.client_queue_bytes;
-        if self.queued.load(Ordering::Relaxed) + frame.len() > budget
-            || !self.try_queue(Message::Text(frame))
-        {
-            dropped(self);
+        let bytes = self.queued.bytes() + going.bytes + frame.len();
+        let frames = self.queued.frames() + going.texts.len() + 1;
+        if bytes > self.options.client_queue_bytes || frames > self.options.client_queue.max(1) {
+            return self.note_dropped(1, seq, seq, u64::from(message), 0);
+        }
+        going.from_seq = going.from_seq.min(seq);
+        going.to_seq = seq;
+        going.messages += u64::from(message);
+        going.bytes += frame.len();
+        going.texts.push(frame);
+    }
+
+    /// Queues the frames `going` out together (one frame alone, several as one
+    /// [`Out::Texts`]); should the queue refuse them, they are counted as dropped.
+    fn queue_going(&mut self, going: &mut Going) {
+        let Going {
+            mut texts,
+            bytes,
+            from_seq,
+            to_seq,
+            messages,
+        } = std::mem::take(going);
+        let count = texts.len() as u64;
+        let out = match texts.len() {
+            0 => return,
+            1 => Out::One(Message::Text(texts.swap_remove(0))),
+            _ => Out::Texts { texts, bytes },
+        };
+        if !self.try_queue_out(out) {
+            self.note_dropped(count, from_seq, to_seq, messages, 0);
         }
     }
 
@@ -153,7 +202,7 @@ impl<S: Source> Session<S> {
         };
         // A full queue takes nothing: the notice is not written only to be thrown away
         // (at every frame offered while the client is behind).
-        if self.tx.capacity() == 0 || !self.try_queue(dropped_frame(d)) {
+        if !self.try_queue(dropped_frame(d)) {
             return false;
         }
         self.dropped = None;
@@ -185,27 +234,31 @@ impl<S: Source> Session<S> {
     /// Queues a frame, waiting for room (a snapshot the client asked for is not dropped);
     /// false if the connection is gone.
     pub(super) async fn queue_waiting(&self, msg: Message) -> bool {
-        let len = frame_len(&msg);
-        self.queued.fetch_add(len, Ordering::Relaxed);
-        if self.tx.send(msg).await.is_err() {
-            self.queued.fetch_sub(len, Ordering::Relaxed);
+        let Ok(permit) = self.tx.reserve().await else {
             return false;
-        }
+        };
+        let out = Out::from(msg);
+        self.queued.add(&out);
+        permit.send(out);
         true
     }
 
-    /// Queues a frame if there is room, keeping the byte count the writer pays back.
+    /// Queues a frame if there is room, keeping the counts the writer pays back.
     pub(super) fn try_queue(&self, msg: Message) -> bool {
-        // A full queue takes nothing: said before its byte count is touched.
-        if self.tx.capacity() == 0 {
+        self.try_queue_out(Out::from(msg))
+    }
+
+    /// Queues `out` if there is room for its frames, keeping the counts the writer pays
+    /// back. A full queue takes nothing: said before its counts are touched.
+    fn try_queue_out(&self, out: Out) -> bool {
+        if self.queued.frames() + out.frames() > self.options.client_queue.max(1) {
             return false;
         }
-        let len = frame_len(&msg);
-        self.queued.fetch_add(len, Ordering::Relaxed);
-        if self.tx.try_send(msg).is_err() {
-            self.queued.fetch_sub(len, Ordering::Relaxed);
+        let Ok(permit) = self.tx.try_reserve() else {
             return false;
-        }
+        };
+        self.queued.add(&out);
+        permit.send(out);
         true
     }
 
@@ -240,5 +293,27 @@ impl<S: Source> Session<S> {
         self.source.count_dropped(self.ep, count);
         let d = Dropped::add(self.dropped, count, from_seq, to_seq).of_which(messages, lagged);
         self.dropped = Some(d);
+    }
+}
+
+/// Frames that go out together, in `seq` order: what they weigh, and which events they are
+/// (should the queue refuse them, they are counted as dropped).
+struct Going {
+    texts: Vec<Utf8Bytes>,
+    bytes: usize,
+    from_seq: u64,
+    to_seq: u64,
+    messages: u64,
+}
+
+impl Default for Going {
+    fn default() -> Self {
+        Going {
+            texts: Vec::new(),
+            bytes: 0,
+            from_seq: u64::MAX,
+            to_seq: 0,
+            messages: 0,
+        }
     }
 }

@@ -13,7 +13,6 @@
 //! heartbeats is closed.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,8 +24,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::frames::frame_len;
-use super::socket::{read_frames, write_frames};
+use super::socket::{read_frames, write_frames, Out, Queued};
 use super::{dropped_frame, first_frame_auth, Dropped, Folded, Folding, Who};
 use super::{WsQuery, CLOSE_TOO_MANY_STREAMS, CLOSE_UNAUTHORIZED};
 use crate::api::auth::{Authenticator, Principal, Scope};
@@ -147,8 +145,8 @@ pub(in crate::api) struct Session<S: Source> {
     pub(super) tenant_view: Option<(S::Basis, Scope)>,
     pub(in crate::api) filter: Filter,
     pub(super) options: ApiOptions,
-    pub(super) tx: mpsc::Sender<Message>,
-    pub(super) queued: Arc<AtomicUsize>,
+    pub(super) tx: mpsc::Sender<Out>,
+    pub(super) queued: Arc<Queued>,
     /// The connection's id (`conn` of its `connected` frame and answers, and of the
     /// `origin` of events its commands cause).
     pub(in crate::api) conn: Arc<str>,
@@ -212,8 +210,8 @@ pub(in crate::api) async fn run<S: Source>(
             return;
         }
     };
-    let (tx, rx) = mpsc::channel::<Message>(options.client_queue.max(1));
-    let queued = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::channel::<Out>(options.client_queue.max(1));
+    let queued = Arc::new(Queued::default());
     let write_timeout = options.heartbeat * 2;
     let mut writer = tokio::spawn(write_frames(sink, rx, queued.clone(), write_timeout));
     let tenant_view = principal.tenant.is_some().then(|| {
@@ -297,7 +295,7 @@ impl<S: Source> Session<S> {
         stream: SplitStream<WebSocket>,
         mut live: Receiver,
         writer: &mut JoinHandle<()>,
-        reserve_tx: mpsc::Sender<Message>,
+        reserve_tx: mpsc::Sender<Out>,
     ) -> End {
         // The client's frames are read by their own task: polling the socket from the loop
         // below would try a read (and prepare a read buffer) for every event offered.
@@ -381,7 +379,7 @@ impl<S: Source> Session<S> {
     /// folded is told, then the close goes, each waiting for room in the client's queue (up
     /// to [`FINISH`] in all). So a reader's messages received and announced add up when it
     /// is closed, as at any other moment.
-    async fn finish(&mut self, live: &mut Receiver, room: &mpsc::Sender<Message>) {
+    async fn finish(&mut self, live: &mut Receiver, room: &mpsc::Sender<Out>) {
         let deadline = tokio::time::Instant::now() + FINISH;
         // At most a ring's worth: an organism still running keeps publishing.
         for _ in 0..FINISH_EVENTS {
@@ -412,9 +410,10 @@ impl<S: Source> Session<S> {
     }
 
     /// Sends `frame` in the room `permit` holds in the client's queue, counting its bytes.
-    fn send_reserved(&self, permit: mpsc::Permit<'_, Message>, frame: Message) {
-        self.queued.fetch_add(frame_len(&frame), Ordering::Relaxed);
-        permit.send(frame);
+    fn send_reserved(&self, permit: mpsc::Permit<'_, Out>, frame: Message) {
+        let out = Out::from(frame);
+        self.queued.add(&out);
+        permit.send(out);
     }
 
     /// A frame from the client (`None`: it is gone).
@@ -440,14 +439,14 @@ impl<S: Source> Session<S> {
                     let reason = "not reading: answers over the client queue";
                     let _ = self
                         .tx
-                        .try_send(close(close_code::POLICY, Utf8Bytes::from_static(reason)));
+                        .try_send(close(close_code::POLICY, Utf8Bytes::from_static(reason)).into());
                     return Some(End::Other);
                 }
                 None
             }
             // The reader's close for a protocol error: sent, then the session ends.
             Some(Some(Message::Close(Some(frame)))) if frame.code >= 1002 => {
-                let _ = self.tx.try_send(Message::Close(Some(frame)));
+                let _ = self.tx.try_send(Message::Close(Some(frame)).into());
                 Some(End::Other)
             }
             Some(Some(Message::Close(_))) | Some(None) | None => Some(End::Other),
@@ -467,7 +466,7 @@ impl<S: Source> Session<S> {
             );
             return Some(End::Other);
         }
-        let _ = self.tx.try_send(Message::Ping(Default::default()));
+        let _ = self.tx.try_send(Message::Ping(Default::default()).into());
         None
     }
 
@@ -501,7 +500,7 @@ impl<S: Source> Session<S> {
             "closing a WebSocket session: its credential was revoked or expired"
         );
         let reason = Utf8Bytes::from_static("credential revoked or expired");
-        let _ = self.tx.try_send(close(CLOSE_UNAUTHORIZED, reason));
+        let _ = self.tx.try_send(close(CLOSE_UNAUTHORIZED, reason).into());
         Some(End::Other)
     }
 
