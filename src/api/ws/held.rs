@@ -25,7 +25,10 @@ const HELD_MAX: usize = 4096;
 /// The frames a session holds, not yet queued, in `seq` order.
 #[derive(Default)]
 pub(super) struct Held {
-    frames: VecDeque<HeldFrame>,
+    frames: VecDeque<Utf8Bytes>,
+    /// Beside each frame, its event's `seq << 1`, `| 1` for a message's frame: what a search
+    /// reads, packed (a search reads a few of them, not the frames).
+    seqs: VecDeque<u64>,
     /// The first this many of `frames` have been held through a whole period.
     older: usize,
     /// The end of the current period.
@@ -49,13 +52,13 @@ impl Held {
     /// it (steps doubling), then halves the last step: a few looks, where a search from
     /// either end takes a dozen or more.
     pub(super) fn message(&mut self, seq: u64) -> Option<&mut Utf8Bytes> {
-        let len = self.frames.len();
-        let first = self.frames.front()?.seq;
-        let last = self.frames.back()?.seq;
+        let len = self.seqs.len();
+        let first = self.seqs.front()? >> 1;
+        let last = self.seqs.back()? >> 1;
         if seq < first || seq > last {
             return None;
         }
-        let at = |i: usize| self.frames[i].seq;
+        let at = |i: usize| self.seqs[i] >> 1;
         let span = (last - first).max(1);
         let guess = (seq - first)
             .checked_mul(len as u64 - 1)
@@ -92,9 +95,8 @@ impl Held {
                 hi = mid;
             }
         }
-        let i = (at(lo) == seq).then_some(lo)?;
-        let held = &mut self.frames[i];
-        held.message.then_some(&mut held.frame)
+        let i = (self.seqs[lo] == ((seq << 1) | 1)).then_some(lo)?;
+        self.frames.get_mut(i)
     }
 
     /// Holds the frame of event `seq`; true when the session holds as many as it may and must
@@ -103,11 +105,8 @@ impl Held {
         if self.until.is_none() {
             self.until = Some(Instant::now() + HOLD);
         }
-        self.frames.push_back(HeldFrame {
-            frame,
-            seq,
-            message,
-        });
+        self.frames.push_back(frame);
+        self.seqs.push_back((seq << 1) | u64::from(message));
         self.frames.len() >= HELD_MAX
     }
 
@@ -120,12 +119,22 @@ impl Held {
             return None;
         }
         self.older -= 1;
-        self.frames.pop_front()
+        self.pop()
+    }
+
+    fn pop(&mut self) -> Option<HeldFrame> {
+        let frame = self.frames.pop_front()?;
+        let seq = self.seqs.pop_front()?;
+        Some(HeldFrame {
+            frame,
+            seq: seq >> 1,
+            message: seq & 1 == 1,
+        })
     }
 
     /// The next frame held, to send now (every one goes).
     pub(super) fn next(&mut self) -> Option<HeldFrame> {
-        let next = self.frames.pop_front();
+        let next = self.pop();
         if next.is_none() {
             self.older = 0;
             self.until = None;
