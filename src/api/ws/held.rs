@@ -7,7 +7,8 @@
 //! answer to a command, a gap's notice and the server's stop send every frame held first, so
 //! `seq` never goes back and a reader's count stays exact. A status event names the `seq` of
 //! its message's event (`StatusAbout::message_seq`), and held frames are in `seq` order: the
-//! message's frame is found by a search from the newest frames back, exactly.
+//! message's frame is found exactly, by a search that starts where evenly spaced seqs would
+//! put it.
 
 use std::collections::VecDeque;
 use std::time::Duration;

@@ -13,9 +13,14 @@ use tokio::sync::mpsc;
 use super::frames::frame_len;
 use super::protocol_close;
 
-/// Frames written to a client's socket per flush, at least as many as are queued together
-/// (a session's held frames go as one [`Out::Texts`]).
+/// Frames the writer takes from the queue at once, at least (a session's held frames go as
+/// one [`Out::Texts`]).
 const WRITE_BATCH: usize = 256;
+
+/// Frames of one [`Out::Texts`] written to the socket per flush, at most: the client starts
+/// reading while the rest is copied, and each frame is copied while it is still in the
+/// cache (ws50: 2 % less CPU per hop than one flush per entry; BENCHMARKS.md).
+const FLUSH_EVERY: usize = 96;
 
 /// What a session queues for its writer: one frame, or text frames that go out together
 /// (the frames a `/ws/messages` session held through a period): one place in the queue and
@@ -83,8 +88,9 @@ impl Queued {
 }
 
 /// The writer task: drains a session's queue into its socket. Frames already queued go out
-/// together: fed one by one, flushed (written to the socket) once, so a busy client costs
-/// one write per batch, not per frame. Each batch has `write_timeout`; its frames are paid
+/// together: fed one by one, flushed (written to the socket) once per [`FLUSH_EVERY`]
+/// frames and at the end, so a busy client costs a write per many frames, not per frame.
+/// Each batch has `write_timeout`; its frames are paid
 /// back to `queued` as they are taken, its bytes once written. Ends at a close frame, a
 /// failed write or the queue's end.
 pub(super) async fn write_frames(
@@ -123,8 +129,11 @@ pub(super) async fn write_frames(
                         }
                     }
                     Out::Texts { texts, .. } => {
-                        for text in texts {
+                        for (i, text) in texts.into_iter().enumerate() {
                             sink.feed(Message::Text(text)).await?;
+                            if (i + 1) % FLUSH_EVERY == 0 {
+                                sink.flush().await?;
+                            }
                         }
                     }
                 }
