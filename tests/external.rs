@@ -108,18 +108,16 @@ async fn failed_message(s: &Served, thread: &str, id: &str) -> agentserver::thre
 }
 
 async fn served(input_url: &str, extra: &str, limits: &str) -> Served {
+    served_by(OrganismBuilder::default(), input_url, extra, limits).await
+}
+
+async fn served_by(builder: OrganismBuilder, input_url: &str, extra: &str, limits: &str) -> Served {
     set_token();
     let listeners = format!(
         "  - {{name: ext, description: an agent elsewhere, kind: external, input_url: \"{input_url}\", token_env: {TOKEN_VAR}, schema: t.xsd, accepts: [Note]{extra}}}
   - {{name: after, description: takes replies, kind: native, handler: sink, schema: t.xsd, accepts: [Pong]}}"
     );
-    serve_with(
-        OrganismBuilder::default(),
-        limits,
-        &listeners,
-        ApiOptions::default(),
-    )
-    .await
+    serve_with(builder, limits, &listeners, ApiOptions::default()).await
 }
 
 impl Served {
@@ -243,6 +241,39 @@ async fn round_trip_forward_then_callback_with_several_payloads_reaches_the_next
         (status, body["error"]["code"].as_str()),
         (409, Some("not_waiting"))
     );
+}
+
+/// A reply for a thread the pump does not hold is looked up in the store: a store that cannot
+/// be read answers 503 `store_failed`, not "no such thread", and nothing is taken.
+#[tokio::test]
+async fn a_reply_the_store_cannot_be_asked_about_is_not_called_unknown() {
+    let agent = agent(Answer::Status(200)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("log.db");
+    let overrides = agentserver::pump::Overrides {
+        listen: None,
+        store: Some(Some(store.clone())),
+    };
+    let s = served_by(
+        OrganismBuilder::default().overrides(overrides),
+        &agent.url,
+        "",
+        "",
+    )
+    .await;
+    let pong = "<Pong><n>1</n></Pong>";
+    let conn = rusqlite::Connection::open(&store).unwrap();
+    conn.execute_batch("ALTER TABLE threads RENAME TO gone")
+        .unwrap();
+    let (code, body) = s.reply("ext", "t-elsewhere", Some(TOKEN), pong).await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(body["error"]["code"], "store_failed", "{body}");
+    conn.execute_batch("ALTER TABLE gone RENAME TO threads")
+        .unwrap();
+    let (code, body) = s.reply("ext", "t-elsewhere", Some(TOKEN), pong).await;
+    assert_eq!(code, 404, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_thread", "{body}");
+    assert_eq!(s.organism.info().total_messages, 0, "nothing was taken");
 }
 
 #[tokio::test]

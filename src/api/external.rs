@@ -59,6 +59,7 @@ impl From<ReplyError> for ApiError {
             ReplyError::Stopping => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stopping", message)
             }
+            ReplyError::Store(e) => e.into(),
         }
     }
 }
@@ -88,7 +89,7 @@ pub fn callback_url(base: &str, agent: &str, thread: &str) -> String {
               (status = 409, description = "The thread was killed, or no reply is owed (never asked, answered, timed out)", body = ErrorResponse),
               (status = 413, description = "Body larger than `limits.max_message_bytes`", body = ErrorResponse),
               (status = 422, description = "No payload found, or a payload is invalid or cannot be routed (reasons in `details`); nothing was accepted", body = ErrorResponse),
-              (status = 503, description = "The organism is stopping", body = ErrorResponse)))]
+              (status = 503, description = "The organism is stopping (`stopping`), or the store could not be asked about a thread not held in memory (`store_failed`)", body = ErrorResponse)))]
 pub async fn external_reply(
     State(s): State<ApiState>,
     Path((agent, thread_id)): Path<(String, String)>,

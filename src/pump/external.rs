@@ -128,6 +128,9 @@ pub enum ReplyError {
     Invalid(Vec<String>),
     #[error("the organism is stopping")]
     Stopping,
+    /// The thread is not held in memory and the store could not be asked about it.
+    #[error(transparent)]
+    Store(crate::store::StoreError),
 }
 
 /// Constant-time equality (`subtle`), so a wrong token of the right length takes as long
@@ -290,7 +293,10 @@ impl Organism {
                 let stored = s
                     .store
                     .as_ref()
-                    .and_then(|st| st.thread(thread).ok().flatten());
+                    .map(|st| st.thread(thread))
+                    .transpose()
+                    .map_err(ReplyError::Store)?
+                    .flatten();
                 return Err(match stored {
                     Some(t) if t.status == ThreadStatus::Killed => {
                         ReplyError::Killed(thread.to_string())

@@ -168,21 +168,33 @@ impl Shared {
         let store = self.store.as_ref();
         for row in rows {
             if !self.threads.contains(&row.thread_id) {
-                let info = store
-                    .and_then(|s| s.thread(&row.thread_id).ok().flatten())
-                    .unwrap_or_else(|| ThreadInfo {
-                        id: row.thread_id.to_string(),
-                        status: ThreadStatus::Waiting,
-                        participants: vec![row.from.to_string(), row.listener.to_string()],
-                        message_count: row.slot_index + 1,
-                        created_at: row.created,
-                        last_activity: row.created,
-                        error: None,
-                        settings: None,
-                        labels: None,
-                        paused: false,
-                        owner: None,
-                    });
+                let stored = match store.map(|s| s.thread(&row.thread_id)).transpose() {
+                    Ok(stored) => stored.flatten(),
+                    Err(e) => {
+                        // Said, and the input held again with what its own row holds.
+                        self.events.publish(EventKind::Error {
+                            thread_id: Some(row.thread_id.to_string()),
+                            agent: Some(row.listener.to_string()),
+                            error: self.clip_error(format!(
+                                "the thread of an open input could not be read back: {e}"
+                            )),
+                        });
+                        None
+                    }
+                };
+                let info = stored.unwrap_or_else(|| ThreadInfo {
+                    id: row.thread_id.to_string(),
+                    status: ThreadStatus::Waiting,
+                    participants: vec![row.from.to_string(), row.listener.to_string()],
+                    message_count: row.slot_index + 1,
+                    created_at: row.created,
+                    last_activity: row.created,
+                    error: None,
+                    settings: None,
+                    labels: None,
+                    paused: false,
+                    owner: None,
+                });
                 self.threads.adopt(&info);
             }
             self.threads.open_input(&row.thread_id);
