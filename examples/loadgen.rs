@@ -338,6 +338,17 @@ async fn run(
                     .insert("authorization", format!("Bearer {k}").parse()?);
             }
             let (mut ws, _) = tokio_tungstenite::connect_async(request).await?;
+            // The session reads the hub from its `connected` frame on: the load starts
+            // after every reader has it (else a reader's first messages were published
+            // before it subscribed, and its count comes up short).
+            {
+                use futures_util::StreamExt;
+                match ws.next().await {
+                    Some(Ok(tokio_tungstenite::tungstenite::Message::Text(t)))
+                        if t.starts_with(r#"{"event":"connected""#) => {}
+                    other => return Err(format!("a reader's first frame: {other:?}").into()),
+                }
+            }
             readers.push(tokio::spawn(async move {
                 use futures_util::StreamExt;
                 let mut check = OrderCheck::default();
