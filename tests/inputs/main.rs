@@ -1365,6 +1365,61 @@ async fn the_inboxs_routes_refuse_or_bound_what_a_client_sends() {
     }
 }
 
+/// An open input whose thread's row cannot be read back at a start is held again with what
+/// its own row holds, and the failure is said in an `error` event naming the thread.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_input_whose_thread_cannot_be_read_back_is_held_again_and_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("log.db");
+    let builder = || {
+        Organism::builder().overrides(agentserver::pump::Overrides {
+            listen: None,
+            store: Some(Some(store.clone())),
+        })
+    };
+    let s = gated_on(builder(), "{}").await;
+    let thread = common::inject(&s.organism, "pay", "<Note>n1</Note>", None).thread_id;
+    let thread = thread.to_string();
+    wait_until_async("the input is open", || async {
+        s.get("/api/v1/inputs?status=open").await.1["total"] == 1
+    })
+    .await;
+    let Served {
+        server, organism, ..
+    } = s;
+    server.shutdown().await;
+    organism.stop().await;
+    drop(organism);
+    // The thread's row, written wrong behind the server's back.
+    let conn = rusqlite::Connection::open(&store).unwrap();
+    let changed = conn
+        .execute(
+            "UPDATE threads SET message_count = 'many' WHERE id = ?1",
+            [&thread],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(conn);
+
+    let s = gated_on(builder(), "{}").await;
+    // What the start published: from the hub's first event (a start numbers on past the
+    // store's last `seq`, leaving a gap).
+    let first = s.organism.events().subscribe_since(Some(0)).resync_from;
+    let said = s.organism.events().subscribe_since(first.map(|f| f - 1));
+    let error = said.replay.iter().find_map(|e| match &e.kind {
+        agentserver::events::EventKind::Error {
+            thread_id, error, ..
+        } if thread_id.as_deref() == Some(thread.as_str()) => Some(error.clone()),
+        _ => None,
+    });
+    let error = error.expect("an error event names the thread");
+    assert!(error.contains("could not be read back"), "{error}");
+    let (code, open) = s.get("/api/v1/inputs?status=open").await;
+    assert_eq!(code, 200, "{open}");
+    assert_eq!(open["total"], 1, "the input is held again: {open}");
+    assert_eq!(open["items"][0]["thread_id"], thread.as_str(), "{open}");
+}
+
 /// An input the store cannot be asked about is 503 `store_failed`, never "no such input".
 #[tokio::test]
 async fn an_input_the_store_cannot_be_asked_about_is_not_called_missing() {
