@@ -77,10 +77,8 @@ impl Shared {
         decided.result = None;
         let decided = Arc::new(decided);
         let Some(held) = self.take_open(&decided) else {
-            return Err(match self.inbox.decided(&decided.id)? {
-                Some(r) => DecideError::AlreadyDecided(Box::new(r)),
-                None => DecideError::NotFound(decided.id.to_string()),
-            });
+            // Another decider came first (the input was in scope when looked up).
+            return Err(self.inbox.not_open(&decided.id, |_| true));
         };
         let record = held.record;
         let thread = record.thread_id.clone();

@@ -212,6 +212,16 @@ impl Inbox {
         }
     }
 
+    /// Why input `id` is not open: decided already (the first decision, if `sees` it), else
+    /// not found; or the store could not say.
+    fn not_open(&self, id: &str, sees: impl FnOnce(&InputRow) -> bool) -> DecideError {
+        match self.decided(id) {
+            Ok(Some(r)) if sees(&r) => DecideError::AlreadyDecided(Box::new(r)),
+            Ok(_) => DecideError::NotFound(id.to_string()),
+            Err(e) => e.into(),
+        }
+    }
+
     /// A tenant's open inputs, the threads they are in, and whether `thread` is one.
     fn tenant_totals(&self, tenant: &str, thread: &str) -> TenantTotals {
         match lock(&self.tenants).get(tenant) {
@@ -420,10 +430,7 @@ impl<'a> Inputs<'a> {
             .get(id)
             .map(|h| (h.row.clone(), h.approval.clone(), h.human.clone()));
         let Some((row, approval, human)) = looked else {
-            return Err(match s.inbox.decided(id)? {
-                Some(r) if in_scope(&r, who) => DecideError::AlreadyDecided(Box::new(r)),
-                _ => DecideError::NotFound(id.to_string()),
-            });
+            return Err(s.inbox.not_open(id, |r| in_scope(r, who)));
         };
         if !in_scope(&row, who) {
             return Err(DecideError::NotFound(id.to_string()));
