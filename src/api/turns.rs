@@ -114,6 +114,12 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// `request` is still waiting for its turn 100 ms on.
+    async fn waits(request: impl Future) {
+        let waited = tokio::time::timeout(Duration::from_millis(100), request).await;
+        assert!(waited.is_err(), "the request went without its turn");
+    }
+
     /// Requests that do not end until their sender is dropped, one for each of `tenants`
     /// (`None`: the organism's own); the senders, and whether each ran in its turn.
     fn hold(
@@ -154,10 +160,7 @@ mod tests {
         );
         assert_eq!(turns.take(Some("beta"), async { 8 }).await, 8);
         // acme's next waits for its turn (given up here: its entry stays for the long one).
-        let next = turns.take(Some("acme"), async { 9 });
-        assert!(tokio::time::timeout(Duration::from_millis(100), next)
-            .await
-            .is_err());
+        waits(turns.take(Some("acme"), async { 9 })).await;
         assert_eq!(turns.len(), 1);
         let after = tokio::spawn({
             let turns = turns.clone();
@@ -182,10 +185,7 @@ mod tests {
             turns.tenant_reads.available_permits() == 0
         })
         .await;
-        let next = turns.take(Some("another"), async { 1 });
-        assert!(tokio::time::timeout(Duration::from_millis(100), next)
-            .await
-            .is_err());
+        waits(turns.take(Some("another"), async { 1 })).await;
         let after = tokio::spawn({
             let turns = turns.clone();
             async move { turns.take(Some("another"), async { 2 }).await }
@@ -211,10 +211,7 @@ mod tests {
             turns.own_reads.available_permits() == 0
         })
         .await;
-        let next = turns.take(None, async { 1 });
-        assert!(tokio::time::timeout(Duration::from_millis(100), next)
-            .await
-            .is_err());
+        waits(turns.take(None, async { 1 })).await;
         // A tenant's read goes on (the last of everyone's); while it is under way, nothing
         // else gets a connection.
         let (mut release, mut tenant) = hold(&turns, [Some("acme".to_string())]);
@@ -222,10 +219,7 @@ mod tests {
             turns.all.available_permits() == 0
         })
         .await;
-        let beta = turns.take(Some("beta"), async { 2 });
-        assert!(tokio::time::timeout(Duration::from_millis(100), beta)
-            .await
-            .is_err());
+        waits(turns.take(Some("beta"), async { 2 })).await;
         release.pop().unwrap().send(()).unwrap();
         assert!(tenant.pop().unwrap().await.unwrap());
         let beta = turns.take(Some("beta"), async { 3 });
