@@ -14,6 +14,9 @@
 //! a publisher never reads the cold event it replaces. A reader may take an event lent in its
 //! slot (`try_recv_with`) instead of a reference to it: the WebSocket sessions drain their
 //! backlog that way, so 50 sessions on two cores do not contend for each event's count. The
+//! hub remembers each event's kind (a message, a status change, or other) beside its `seq`
+//! longer than the ring holds it: a receiver that lagged counts the messages it lost there,
+//! and a reader of messages passes over the other events without locking their slots. The
 //! ring is bounded by bytes too (`set_byte_budget`, a quarter of `limits.max_retained_bytes`):
 //! each slot keeps its event's `weight`, one counter sums them, and a publisher that finds the
 //! sum over the budget lets go of the oldest events (one publisher at a time, `trimming`),
@@ -68,10 +71,29 @@ struct Ring {
     /// Held by the one publisher letting go of old events at a time.
     trimming: std::sync::Mutex<()>,
     /// What each of the last [`KINDS_PER_SLOT`] rings' worth of events was, kept after its
-    /// event is gone: `seq << 1 | 1` for a `message` event, `seq << 1` for any other. A
-    /// receiver that lagged counts the messages it lost here ([`Receiver::messages_among`]).
+    /// event is gone: `seq << KIND_BITS | ` its [`kind_of`]. A receiver that lagged counts
+    /// the messages it lost here ([`Receiver::messages_among`]); a reader of messages passes
+    /// over the other events without reading their slots ([`Receiver::pass_over_others`]).
     kinds: Box<[AtomicU64]>,
 }
+
+/// The low bits of a [`Ring::kinds`] entry: what kind of event it was.
+const KIND_BITS: u32 = 2;
+const KIND_MASK: u64 = (1 << KIND_BITS) - 1;
+const KIND_OTHER: u64 = 0;
+const KIND_MESSAGE: u64 = 1;
+const KIND_STATUS: u64 = 2;
+
+fn kind_of(kind: &EventKind) -> u64 {
+    match kind {
+        EventKind::Message { .. } => KIND_MESSAGE,
+        EventKind::MessageStatus { .. } => KIND_STATUS,
+        _ => KIND_OTHER,
+    }
+}
+
+/// At most this many events passed over in one call of [`Receiver::pass_over_others`].
+const PASS_OVER_MAX: u64 = 1024;
 
 /// `n` kinds, all 0 (never published), from zeroed memory: the allocator hands fresh pages
 /// over as they are, so a start neither writes nor touches the megabytes an organism's
@@ -190,13 +212,30 @@ impl Receiver {
         let (mut messages, mut unknown) = (0, 0);
         for seq in from..=to {
             let kind = kinds[(seq % kinds.len() as u64) as usize].load(Ordering::Acquire);
-            if kind >> 1 != seq {
+            if kind >> KIND_BITS != seq {
                 unknown += 1;
-            } else if kind & 1 == 1 {
+            } else if kind & KIND_MASK == KIND_MESSAGE {
                 messages += 1;
             }
         }
         (messages, unknown)
+    }
+
+    /// Passes over the next events published that are neither a `message` nor a
+    /// `message_status` (a reader of messages takes nothing from them), by what the hub
+    /// remembers of their kinds: their slots are neither locked nor read. The `seq` of the
+    /// last passed over, if any. (A lag among them goes untold: none of them is wanted.)
+    pub fn pass_over_others(&mut self) -> Option<u64> {
+        let kinds = &self.ring.kinds;
+        let start = self.next;
+        while self.next - start < PASS_OVER_MAX {
+            let kind = kinds[(self.next % kinds.len() as u64) as usize].load(Ordering::Acquire);
+            if kind >> KIND_BITS != self.next || kind & KIND_MASK != KIND_OTHER {
+                break;
+            }
+            self.next += 1;
+        }
+        (self.next > start).then(|| self.next - 1)
     }
 
     /// The next event, if it is published.
@@ -369,9 +408,9 @@ impl EventHub {
         let ring = &*self.ring;
         let seq = event.seq;
         let weight = event.weight();
-        let message = u64::from(matches!(event.kind, EventKind::Message { .. }));
         let kinds = &ring.kinds;
-        kinds[(seq % kinds.len() as u64) as usize].store(seq << 1 | message, Ordering::Release);
+        kinds[(seq % kinds.len() as u64) as usize]
+            .store(seq << KIND_BITS | kind_of(&event.kind), Ordering::Release);
         let retired = {
             let mut slot = crate::sync::write(ring.slot(seq));
             if slot.seq > seq {

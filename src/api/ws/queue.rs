@@ -13,7 +13,7 @@ use super::socket::Out;
 use super::{dropped_frame, text, Dropped, Folded, Folding};
 use crate::api::frame::merged_frame;
 use crate::api::Endpoint;
-use crate::events::{Event, EventKind, Receiver};
+use crate::events::{Event, EventKind, Receiver, TryRecvError};
 
 impl<S: Source> Session<S> {
     /// Queues a control frame (snapshot, resync, ack, error). It counts against the client's
@@ -35,6 +35,26 @@ impl<S: Source> Session<S> {
         }
         if !self.try_queue(msg) {
             self.overflow = true;
+        }
+    }
+
+    /// Offers the next event the hub has published, if any. On `/ws/messages` the events
+    /// before it that are not about messages are passed over first, unread (their slots not
+    /// locked): no filter lets them through there.
+    pub(super) fn offer_next(&mut self, live: &mut Receiver) -> Result<(), TryRecvError> {
+        if self.ep == Endpoint::Messages {
+            if let Some(seq) = live.pass_over_others() {
+                self.passed_over(seq);
+            }
+        }
+        live.try_recv_with(|ev| self.offer(ev))
+    }
+
+    /// The events up to `seq` were looked at and not offered.
+    fn passed_over(&mut self, seq: u64) {
+        self.seen = self.seen.max(seq);
+        if seq >= self.history_until {
+            self.snapshot_ids.clear();
         }
     }
 

@@ -383,7 +383,7 @@ impl<S: Source> Session<S> {
         let deadline = tokio::time::Instant::now() + FINISH;
         // At most a ring's worth: an organism still running keeps publishing.
         for _ in 0..FINISH_EVENTS {
-            match live.try_recv_with(|ev| self.offer(ev)) {
+            match self.offer_next(live) {
                 Ok(()) => {}
                 Err(TryRecvError::Lagged(n)) => self.lost(n, live),
                 Err(_) => break,
@@ -480,7 +480,7 @@ impl<S: Source> Session<S> {
         for _ in 0..OFFER_BATCH {
             // Lent, not cloned: 50 sessions taking a reference to each event on two cores
             // contend for its count.
-            match live.try_recv_with(|ev| self.offer(ev)) {
+            match self.offer_next(live) {
                 Ok(()) => {}
                 Err(TryRecvError::Lagged(n)) => self.lost(n, live),
                 Err(_) => break,

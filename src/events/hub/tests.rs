@@ -265,27 +265,10 @@ fn publishers_on_many_threads_reach_every_receiver_in_seq_order_and_the_sink_onc
 fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_remembers() {
     let hub = EventHub::new(4);
     let mut rx = hub.subscribe();
-    let message = |id: &str| EventKind::Message {
-        message: crate::threads::MessageRecord {
-            id: Arc::from(id),
-            thread_id: Arc::from("t"),
-            parent_id: None,
-            slot_index: 0,
-            from: Arc::from("a"),
-            to: Some(Arc::from("b")),
-            payload_type: Some("Note".into()),
-            payload_xml: crate::xml::SharedXml::new("<Note/>".into()),
-            status: crate::threads::MessageStatus::Pending,
-            error: None,
-            origin: crate::threads::Origin::inject(),
-            timestamp: crate::time::Timestamp(0),
-            seq: 0,
-        },
-    };
     // 1..=10: messages at 2, 3, 5 and 9; lost: 1..=6, which hold three of them.
     for seq in 1..=10u64 {
         if [2, 3, 5, 9].contains(&seq) {
-            hub.publish(message(&seq.to_string()));
+            hub.publish(message(&seq.to_string()).0);
         } else {
             organism_state(&hub);
         }
@@ -298,4 +281,70 @@ fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_rememb
     }
     assert_eq!(rx.messages_among(1, 6), (0, 6));
     assert_eq!(rx.messages_among(100, 110), (0, 0));
+}
+
+/// A `message` event's kind (message `id` of thread `t`), and its record.
+fn message(id: &str) -> (EventKind, crate::threads::MessageRecord) {
+    let record = crate::threads::MessageRecord {
+        id: Arc::from(id),
+        thread_id: Arc::from("t"),
+        parent_id: None,
+        slot_index: 0,
+        from: Arc::from("a"),
+        to: Some(Arc::from("b")),
+        payload_type: Some("Note".into()),
+        payload_xml: crate::xml::SharedXml::new("<Note/>".into()),
+        status: crate::threads::MessageStatus::Pending,
+        error: None,
+        origin: crate::threads::Origin::inject(),
+        timestamp: crate::time::Timestamp(0),
+        seq: 0,
+    };
+    let kind = EventKind::Message {
+        message: record.clone(),
+    };
+    (kind, record)
+}
+
+#[test]
+fn a_reader_of_messages_passes_over_the_other_events_unread() {
+    let hub = EventHub::new(128);
+    let mut rx = hub.subscribe();
+    assert_eq!(rx.pass_over_others(), None, "nothing published");
+    organism_state(&hub);
+    organism_state(&hub);
+    let (kind, record) = message("m");
+    let m = hub.publish(kind);
+    assert_eq!(rx.pass_over_others(), Some(2));
+    assert_eq!(rx.try_recv().unwrap().seq, m);
+    // A status change is not passed over either.
+    let status = hub.publish(EventKind::MessageStatus {
+        id: record.id.clone(),
+        thread_id: record.thread_id.clone(),
+        status: MessageStatus::Delivered,
+        error: None,
+        about: Some(StatusAbout::of(&record)),
+    });
+    assert_eq!(rx.pass_over_others(), None);
+    assert_eq!(rx.try_recv().unwrap().seq, status);
+    // At most `PASS_OVER_MAX` at a call; a lag among them goes untold (the ring of 128 has
+    // come round, the hub remembers their kinds).
+    let mut last = 0;
+    for _ in 0..1500 {
+        last = organism_state(&hub);
+    }
+    assert_eq!(rx.pass_over_others(), Some(status + PASS_OVER_MAX));
+    assert_eq!(rx.pass_over_others(), Some(last));
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    // A lag at a message is told, as is one past what the hub remembers of kinds.
+    for i in 0..200 {
+        hub.publish(message(&i.to_string()).0);
+    }
+    assert_eq!(rx.pass_over_others(), None);
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Lagged(72));
+    for _ in 0..3000 {
+        organism_state(&hub);
+    }
+    assert_eq!(rx.pass_over_others(), None);
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Lagged(_))));
 }
