@@ -42,10 +42,12 @@ impl Dropped {
                 from_seq,
                 to_seq,
             },
+            // The gap spans both, whichever came first (a queue that refuses frames it
+            // had room for, its writer gone, can hand an earlier range after a later one).
             Some(d) => Dropped {
                 count: d.count + count,
-                from_seq: d.from_seq,
-                to_seq,
+                from_seq: d.from_seq.min(from_seq),
+                to_seq: d.to_seq.max(to_seq),
                 ..d
             },
         }
@@ -262,4 +264,18 @@ pub(in crate::api) fn protocol_close(e: axum::Error) -> Option<CloseFrame> {
         code,
         reason: Utf8Bytes::from_static(reason),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Dropped;
+
+    /// A gap's notice spans every range added to it, in whatever order they came.
+    #[test]
+    fn a_gap_spans_every_range_added_to_it_in_any_order() {
+        let d = Dropped::add(None, 2, 10, 11);
+        let d = Dropped::add(Some(d), 1, 5, 5);
+        let d = Dropped::add(Some(d), 3, 12, 14);
+        assert_eq!((d.count, d.from_seq, d.to_seq), (6, 5, 14));
+    }
 }
