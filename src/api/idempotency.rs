@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use super::auth::Seen;
 use super::error::ApiError;
 use crate::config::Limits;
+use crate::events::EventKind;
 use crate::pump::{InjectReceipt, Organism};
 use crate::store::idempotency::KeyRow;
 use crate::sync::lock;
@@ -167,9 +168,22 @@ impl Keys {
                 .0
                 .saturating_sub(limits.idempotency_window_ms),
         );
-        let rows = store
-            .keys_since(since, limits.max_idempotency_keys.saturating_mul(64))
-            .unwrap_or_default();
+        let rows = match store.keys_since(since, limits.max_idempotency_keys.saturating_mul(64)) {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Said, and the server starts without them: a request retried with a key
+                // from before this start runs again.
+                let error =
+                    format!("the idempotency keys kept in the store could not be read back: {e}");
+                tracing::warn!("{error}");
+                organism.events().publish(EventKind::Error {
+                    thread_id: None,
+                    agent: None,
+                    error: crate::clip::clip(error, limits.max_error_bytes),
+                });
+                Vec::new()
+            }
+        };
         let mut table = lock(&keys.table);
         for r in rows {
             let kept = Kept {

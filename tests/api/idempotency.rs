@@ -167,6 +167,45 @@ async fn one_key_makes_one_thread_survives_a_restart_and_ends_with_its_window() 
     o.stop().await;
 }
 
+/// Keys the store cannot give back at a start are said in an `error` event (and the log),
+/// and the server starts without them: a request retried with such a key runs again.
+#[tokio::test]
+async fn keys_the_store_cannot_give_back_at_a_start_are_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::manual();
+    let (o, server, base) = served(dir.path(), clock.clone(), 3_600_000).await;
+    let body = json!({"to": "a", "payload_xml": "<Note>pay once</Note>"});
+    let (st, _, first) = keyed(&base, "order-7", &body).await;
+    assert_eq!(st, 202, "{first}");
+    server.shutdown().await;
+    o.stop().await;
+    drop(o);
+    // The key's row, written wrong behind the server's back.
+    let conn = rusqlite::Connection::open(dir.path().join("data.db")).unwrap();
+    let changed = conn
+        .execute("UPDATE idempotency SET created = 'soon'", [])
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(conn);
+
+    let (o, server, base) = served(dir.path(), clock.clone(), 3_600_000).await;
+    // What the start published: from the hub's first event (a start numbers on past the
+    // store's last `seq`, leaving a gap).
+    let first_seq = o.events().subscribe_since(Some(0)).resync_from;
+    let said = o.events().subscribe_since(first_seq.map(|f| f - 1));
+    let error = said.replay.iter().find_map(|e| match &e.kind {
+        agentserver::events::EventKind::Error { error, .. } => Some(error.clone()),
+        _ => None,
+    });
+    let error = error.expect("an error event says the keys were not read back");
+    assert!(error.contains("idempotency keys"), "{error}");
+    let (st, replayed, again) = keyed(&base, "order-7", &body).await;
+    assert_eq!((st, replayed.as_deref()), (202, Some("false")), "{again}");
+    assert_ne!(again["thread_id"], first["thread_id"]);
+    server.shutdown().await;
+    o.stop().await;
+}
+
 #[tokio::test]
 async fn keys_per_tenant_are_bounded_and_the_bound_is_named() {
     let s = serve_with(
