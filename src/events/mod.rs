@@ -5,8 +5,9 @@
 //! Publishing never blocks and never waits on an observer, and takes no lock over the whole
 //! hub: a `seq` from an atomic counter, then one slot of the ring. A receiver that falls
 //! behind the ring's capacity loses the oldest events and is told how many (`Lagged`), and the
-//! pump carries on. Each event's JSON is rendered at most once, however many observers send
-//! it.
+//! pump carries on. Each event's JSON is rendered once however many observers send it (by
+//! each observer that asks in the same moment, on another core, rather than one waiting for
+//! another: the first kept is the one they all send).
 
 mod cause;
 mod hub;
@@ -16,7 +17,9 @@ pub use hub::{EventHub, Receiver, RecvError, Sink, Subscription, TryRecvError};
 
 use std::any::Any;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
+
+use once_cell::race::OnceBox;
 
 use tokio::sync::Notify;
 
@@ -38,11 +41,13 @@ pub struct Event {
     /// The client's command that caused it, if one did ([`Cause`]).
     pub cause: Option<Arc<Cause>>,
     /// The frames an observer rendered from this event, kept so that each is rendered once
-    /// however many clients send it. Their type is the observer's: the API keeps shared
-    /// bytes (`api::frame`), so every WebSocket client sends the same buffer.
-    frame: OnceLock<Rendered>,
-    message_frame: OnceLock<Rendered>,
-    merged_frame: OnceLock<Rendered>,
+    /// however many clients send it (set without a lock: observers asking in the same
+    /// moment may each render, and all read back the first kept). Their type is the
+    /// observer's: the API keeps shared bytes (`api::frame`), so every WebSocket client
+    /// sends the same buffer.
+    frame: OnceBox<Rendered>,
+    message_frame: OnceBox<Rendered>,
+    merged_frame: OnceBox<Rendered>,
 }
 
 impl Event {
@@ -55,9 +60,9 @@ impl Event {
             timestamp: Timestamp::now(),
             kind,
             cause: Cause::current(),
-            frame: OnceLock::new(),
-            message_frame: OnceLock::new(),
-            merged_frame: OnceLock::new(),
+            frame: OnceBox::new(),
+            message_frame: OnceBox::new(),
+            merged_frame: OnceBox::new(),
         }
     }
 
@@ -76,14 +81,14 @@ impl Event {
             timestamp,
             kind,
             cause: None,
-            frame: OnceLock::new(),
-            message_frame: OnceLock::new(),
-            merged_frame: OnceLock::new(),
+            frame: OnceBox::new(),
+            message_frame: OnceBox::new(),
+            merged_frame: OnceBox::new(),
         };
         if let Some(f) = frame {
-            let _ = event.frame.set(Box::new(f));
+            let _ = event.frame.set(Box::new(Box::new(f)));
         }
-        let _ = event.message_frame.set(Box::new(message_frame));
+        let _ = event.message_frame.set(Box::new(Box::new(message_frame)));
         event
     }
 
@@ -114,10 +119,11 @@ impl Event {
 
     fn rendered<'a, T: Any + Send + Sync>(
         &'a self,
-        cell: &'a OnceLock<Rendered>,
+        cell: &'a OnceBox<Rendered>,
         render: impl FnOnce(&Event) -> T,
     ) -> Option<&'a T> {
-        cell.get_or_init(|| Box::new(render(self))).downcast_ref()
+        cell.get_or_init(|| Box::new(Box::new(render(self))))
+            .downcast_ref()
     }
 
     /// The event's type name as it appears in `event`.

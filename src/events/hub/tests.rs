@@ -46,8 +46,8 @@ fn clients_asking_for_one_frame_at_once_all_send_the_same() {
         labels: None,
     });
     let ev = rx.try_recv().unwrap();
-    // Eight threads ask at once, each with its own renderer: one renders (the others wait
-    // for it), and every one reads back the same frame.
+    // Eight threads ask at once, each with its own renderer: some may render (none waits
+    // for another), and every one reads back the same frame, the first kept.
     let start = std::sync::Barrier::new(8);
     let seen: Vec<String> = std::thread::scope(|s| {
         let renders: Vec<_> = (0..8)
