@@ -44,16 +44,17 @@ impl<S: Source> Session<S> {
     pub(super) fn offer_next(&mut self, live: &mut Receiver) -> Result<(), TryRecvError> {
         if self.ep == Endpoint::Messages {
             if let Some(seq) = live.pass_over_others() {
-                self.passed_over(seq);
+                self.looked_at(seq);
             }
         }
         live.try_recv_with(|ev| self.offer(ev))
     }
 
-    /// The events up to `seq` were looked at and not offered.
-    fn passed_over(&mut self, seq: u64) {
+    /// The events up to `seq` have been looked at: past `history_until`, no message a
+    /// `thread_snapshot` held can come again.
+    fn looked_at(&mut self, seq: u64) {
         self.seen = self.seen.max(seq);
-        if seq >= self.history_until {
+        if seq >= self.history_until && !self.snapshot_ids.is_empty() {
             self.snapshot_ids.clear();
         }
     }
@@ -65,16 +66,16 @@ impl<S: Source> Session<S> {
         if ev.seq <= self.seen {
             return;
         }
-        self.seen = ev.seq;
-        if !self.snapshot_ids.is_empty() {
-            if let crate::events::EventKind::Message { message } = &ev.kind {
-                if self.snapshot_ids.remove(&message.id) {
-                    return;
-                }
+        // A message a `thread_snapshot` held is not sent again.
+        let in_snapshot = match &ev.kind {
+            EventKind::Message { message } if !self.snapshot_ids.is_empty() => {
+                self.snapshot_ids.remove(&message.id)
             }
-            if ev.seq >= self.history_until {
-                self.snapshot_ids.clear();
-            }
+            _ => false,
+        };
+        self.looked_at(ev.seq);
+        if in_snapshot {
+            return;
         }
         if !self.sees(ev) {
             return;
