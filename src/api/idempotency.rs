@@ -15,7 +15,6 @@ use sha2::{Digest, Sha256};
 use super::auth::Seen;
 use super::error::ApiError;
 use crate::config::Limits;
-use crate::events::EventKind;
 use crate::pump::{InjectReceipt, Organism};
 use crate::store::idempotency::KeyRow;
 use crate::sync::lock;
@@ -176,11 +175,7 @@ impl Keys {
                 let error =
                     format!("the idempotency keys kept in the store could not be read back: {e}");
                 tracing::warn!("{error}");
-                organism.events().publish(EventKind::Error {
-                    thread_id: None,
-                    agent: None,
-                    error: crate::clip::clip(error, limits.max_error_bytes),
-                });
+                organism.say_error(error);
                 Vec::new()
             }
         };

@@ -19,7 +19,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::dispatch::Listener;
 use super::{FailureKind, Organism, Shared};
-use crate::events::EventKind;
 use crate::listener::Output;
 use crate::threads::{MessageRecord, ThreadStatus};
 use crate::xml::{extract_payloads, normalize_payload, XmlError};
@@ -245,11 +244,11 @@ impl Organism {
         if let Err(e) = &result {
             let s = &self.shared;
             s.count_failure(FailureKind::ReplyRefused);
-            s.events.publish(EventKind::Error {
-                thread_id: Some(reply.thread_id.to_string()),
-                agent: Some(reply.agent.to_string()),
-                error: s.clip_error(format!("reply refused: {e}")),
-            });
+            s.say_error(
+                Some(reply.thread_id),
+                Some(reply.agent),
+                format!("reply refused: {e}"),
+            );
         }
         result
     }

@@ -82,11 +82,8 @@ impl Organism {
     pub(super) fn note_refusal(&self, result: &Result<InjectReceipt, InjectError>, to: &str) {
         if let Err(e) = result {
             self.shared.count_failure(FailureKind::InjectRefused);
-            self.shared.events.publish(EventKind::Error {
-                thread_id: None,
-                agent: Some(to.to_string()).filter(|t| !t.is_empty()),
-                error: self.shared.clip_error(format!("inject refused: {e}")),
-            });
+            let agent = Some(to).filter(|t| !t.is_empty());
+            (self.shared).say_error(None, agent, format!("inject refused: {e}"));
         }
     }
 

@@ -443,6 +443,16 @@ impl Shared {
         crate::clip::clip(error, self.limits.max_error_bytes)
     }
 
+    /// Says what went wrong, in a thread or at a listener if given, as an `error` event,
+    /// its text clipped as [`Shared::clip_error`] does.
+    pub(crate) fn say_error(&self, thread_id: Option<&str>, agent: Option<&str>, error: String) {
+        self.events.publish(EventKind::Error {
+            thread_id: thread_id.map(str::to_string),
+            agent: agent.map(str::to_string),
+            error: self.clip_error(error),
+        });
+    }
+
     /// Puts `next` in service: routing reads it from the next snapshot on.
     pub(crate) fn set_topology(&self, next: Arc<Topology>) {
         *crate::sync::write(&self.topology) = next;
@@ -527,11 +537,7 @@ impl Organism {
         tracing::warn!(threads, messages, "{text}");
         self.shared.load.failures[FailureKind::Interrupted as usize]
             .fetch_add(messages, Ordering::Relaxed);
-        self.shared.events.publish(EventKind::Error {
-            thread_id: None,
-            agent: None,
-            error: text,
-        });
+        self.shared.say_error(None, None, text);
     }
 
     /// The config in service (a reload replaces it).
@@ -555,6 +561,12 @@ impl Organism {
     /// The event hub, shared: for an observer that outlives a borrow (the event mirror).
     pub fn event_hub(&self) -> Arc<EventHub> {
         self.shared.events.clone()
+    }
+
+    /// Says what went wrong as an `error` event, its text clipped to
+    /// `limits.max_error_bytes`, for a part of the server outside the pump.
+    pub fn say_error(&self, error: String) {
+        self.shared.say_error(None, None, error);
     }
 
     pub fn events(&self) -> &EventHub {

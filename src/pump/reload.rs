@@ -357,11 +357,7 @@ impl Shared {
         let error = self.clip_error(error);
         self.finish_message(&record, status, Some(error.clone()));
         self.count_failure(kind);
-        self.events.publish(EventKind::Error {
-            thread_id: Some(record.thread_id.to_string()),
-            agent: Some(agent.to_string()),
-            error,
-        });
+        self.say_error(Some(&record.thread_id), Some(agent), error);
         self.release(&record);
     }
 }

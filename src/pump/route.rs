@@ -408,11 +408,7 @@ impl Shared {
             .error
             .clone()
             .unwrap_or_else(|| kind.as_str().to_string());
-        self.events.publish(EventKind::Error {
-            thread_id: Some(record.thread_id.to_string()),
-            agent: sender.map(|s| s.name().to_string()),
-            error,
-        });
+        self.say_error(Some(&record.thread_id), sender.map(|s| s.name()), error);
         if kind != FailureKind::Killed {
             if let Some(sender) = sender {
                 self.send_huh(sender, record, kind);
@@ -500,12 +496,7 @@ impl Shared {
         let error = self.clip_error(error);
         self.finish_message(record, MessageStatus::Failed, Some(error.clone()));
         self.count_failure(kind);
-        let agent = record.to.as_ref().map(|t| t.to_string());
-        self.events.publish(EventKind::Error {
-            thread_id: Some(record.thread_id.to_string()),
-            agent,
-            error,
-        });
+        self.say_error(Some(&record.thread_id), record.to.as_deref(), error);
         if let Some(sender) = self.topo().listeners.get(&*record.from).cloned() {
             let mut failed = record.clone();
             failed.status = MessageStatus::Failed;

@@ -13,7 +13,6 @@ use hmac::{Hmac, Mac};
 
 use super::Shared;
 use crate::config::approval::Notify;
-use crate::events::EventKind;
 use crate::threads::InputRow;
 
 /// How long one attempt may take.
@@ -92,16 +91,16 @@ impl Shared {
                 let Err(why) = sent else { return };
                 shared.inbox.notify_failures.fetch_add(1, Ordering::Relaxed);
                 let last = attempt == NOTIFY_ATTEMPTS;
-                shared.events.publish(EventKind::Error {
-                    thread_id: Some(thread.to_string()),
-                    agent: Some(listener.to_string()),
-                    error: shared.clip_error(format!(
+                shared.say_error(
+                    Some(&thread),
+                    Some(&listener),
+                    format!(
                         "the notification of input {} to {} failed ({why}); attempt {attempt} of {NOTIFY_ATTEMPTS}{}",
                         input,
                         crate::config::display_url(&url),
                         if last { ", giving up" } else { "" }
-                    )),
-                });
+                    ),
+                );
                 if last || shared.life.stopped.is_cancelled() {
                     return;
                 }

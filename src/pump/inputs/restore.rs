@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use super::{Held, InputRow, InputStatus, Shared};
 use crate::config::approval::OnTimeout;
-use crate::events::EventKind;
 use crate::sync::lock;
 use crate::threads::{InputKind, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
 
@@ -157,11 +156,7 @@ impl Shared {
         let rows = match table.open_inputs() {
             Ok(rows) => rows,
             Err(e) => {
-                self.events.publish(EventKind::Error {
-                    thread_id: None,
-                    agent: None,
-                    error: self.clip_error(format!("the inbox could not be read back: {e}")),
-                });
+                self.say_error(None, None, format!("the inbox could not be read back: {e}"));
                 return;
             }
         };
@@ -172,13 +167,11 @@ impl Shared {
                     Ok(stored) => stored.flatten(),
                     Err(e) => {
                         // Said, and the input held again with what its own row holds.
-                        self.events.publish(EventKind::Error {
-                            thread_id: Some(row.thread_id.to_string()),
-                            agent: Some(row.listener.to_string()),
-                            error: self.clip_error(format!(
-                                "the thread of an open input could not be read back: {e}"
-                            )),
-                        });
+                        self.say_error(
+                            Some(&row.thread_id),
+                            Some(&row.listener),
+                            format!("the thread of an open input could not be read back: {e}"),
+                        );
                         None
                     }
                 };
