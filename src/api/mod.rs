@@ -102,7 +102,9 @@ use crate::Organism;
 pub struct ApiOptions {
     /// WebSocket ping interval; a client silent for two intervals is closed.
     pub heartbeat: Duration,
-    /// Frames queued per WebSocket client before frames are dropped for it.
+    /// Frames queued per WebSocket client before frames are dropped for it: room for about
+    /// 0.2 s of a busy organism's messages (40k a second), so a client's short pause loses
+    /// none, while `client_queue_bytes` bounds its memory.
     pub client_queue: usize,
     /// Bytes queued per WebSocket client before frames are dropped for it.
     pub client_queue_bytes: usize,
@@ -115,7 +117,7 @@ impl Default for ApiOptions {
     fn default() -> Self {
         ApiOptions {
             heartbeat: Duration::from_secs(15),
-            client_queue: 4096,
+            client_queue: 8192,
             client_queue_bytes: 16 * 1024 * 1024,
             insecure_no_auth: false,
         }
