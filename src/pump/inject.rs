@@ -83,7 +83,8 @@ impl Organism {
         if let Err(e) = result {
             self.shared.count_failure(FailureKind::InjectRefused);
             let agent = Some(to).filter(|t| !t.is_empty());
-            (self.shared).say_error(None, agent, format!("inject refused: {e}"));
+            self.shared
+                .say_error(None, agent, format!("inject refused: {e}"));
         }
     }
 
