@@ -57,15 +57,17 @@ pub fn message_frame<'e>(ev: &'e Event, organism: &Organism) -> Option<&'e Utf8B
 }
 
 /// For a `message_status` event, the `/ws/messages` frame of the message it is about
-/// (`held`, that message's frame as a client holds it) showing the event's status and error
-/// instead: rendered once, for every client that still holds the message's frame when its
-/// status changes. `None` for other events.
-pub fn merged_frame<'e>(ev: &'e Event, held: &Utf8Bytes) -> Option<&'e Utf8Bytes> {
+/// (`held` gives that message's frame, asked for by the one client that renders it) showing
+/// the event's status and error instead: rendered once, for every client that still holds
+/// the message's frame when its status changes. `None` for other events.
+pub fn merged_frame(ev: &Event, held: impl FnOnce() -> Option<Utf8Bytes>) -> Option<&Utf8Bytes> {
     let EventKind::MessageStatus { status, error, .. } = &ev.kind else {
         return None;
     };
-    ev.merged_frame(|_| with_status(held, (*status).into(), error.as_deref()))
-        .and_then(Option::as_ref)
+    ev.merged_frame(|_| {
+        held().and_then(|held| with_status(&held, (*status).into(), error.as_deref()))
+    })
+    .and_then(Option::as_ref)
 }
 
 /// `frame`, a message's `/ws/messages` frame (whose last fields are `status` and `error`),

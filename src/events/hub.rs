@@ -378,6 +378,12 @@ impl EventHub {
         self.ring.bytes.load(Ordering::Relaxed)
     }
 
+    /// Event `seq`, if the ring still holds it.
+    pub fn event(&self, seq: u64) -> Option<Arc<Event>> {
+        let slot = crate::sync::read(self.ring.slot(seq));
+        slot.event.clone().filter(|_| slot.seq == seq)
+    }
+
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
     pub fn publish(&self, kind: EventKind) -> u64 {
         let seq = self.ring.head.fetch_add(1, Ordering::AcqRel) + 1;

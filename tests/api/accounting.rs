@@ -3,6 +3,8 @@
 //! when the server stops, each one's message frames plus the messages its `dropped` frames
 //! announce equal the messages logged.
 
+use agentserver::api::ApiOptions;
+use agentserver::Organism;
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
@@ -113,4 +115,54 @@ async fn overloaded_readers(queue_bytes: usize, text: &str) {
             );
         }
     }
+}
+
+/// A `/ws/messages` session holds a message's frame as its event in the hub, taken from
+/// there when it goes out. A hub of 64 events lets go of most of a burst before the
+/// sessions' holding periods end: what they held and can no longer take is announced with
+/// what they lagged behind, and each reader's count stays exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn held_messages_the_hub_let_go_of_are_announced() {
+    let s = serve_with(
+        Organism::builder().event_capacity(64),
+        "  max_pending_messages: 100000",
+        CHAIN,
+        ApiOptions::default(),
+    )
+    .await;
+    let mut readers = Vec::new();
+    for _ in 0..5 {
+        let mut ws = ws_connect(&s.ws_url("/ws/messages")).await;
+        assert_eq!(next_json(&mut ws).await["event"], "connected");
+        readers.push(tokio::spawn(tally(ws)));
+    }
+    let threads: Vec<String> = (0..300)
+        .map(|i| {
+            inject(&s.organism, "a", &format!("<Note>{i}</Note>"), None)
+                .thread_id
+                .to_string()
+        })
+        .collect();
+    for t in &threads {
+        settle(&s.organism, t).await;
+    }
+    let logged = s.organism.info().total_messages;
+    assert_eq!(logged, 900);
+    let Served {
+        server, organism, ..
+    } = s;
+    server.shutdown().await;
+    organism.stop().await;
+    let mut missed = 0;
+    for r in readers {
+        let t = r.await.unwrap();
+        assert_eq!(t.close, Some(CloseCode::Away), "{t:?}");
+        let told = t.messages + t.dropped_messages;
+        assert!(told <= logged && logged <= told + t.lagged, "{t:?}");
+        missed += logged - t.messages;
+    }
+    assert!(
+        missed > 0,
+        "the hub let go of events the readers had not sent"
+    );
 }

@@ -455,6 +455,11 @@ impl Source for Gate {
         }
     }
 
+    fn event(&self, seq: u64) -> Option<Arc<Event>> {
+        let fed = self.hub.borrow();
+        fed.as_ref().and_then(|(hub, _)| hub.event(seq))
+    }
+
     fn limits(&self) -> Limits {
         self.limits
     }

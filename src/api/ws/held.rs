@@ -8,7 +8,9 @@
 //! `seq` never goes back and a reader's count stays exact. A status event names the `seq` of
 //! its message's event (`StatusAbout::message_seq`), and held frames are in `seq` order: the
 //! message's frame is found exactly, by a search that starts where evenly spaced seqs would
-//! put it.
+//! put it. A message's frame is held as its event in the hub (`None`), and only taken from
+//! there when a status change merges into it or it goes out: most are merged, so most
+//! sessions never take a reference to the message's own frame.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -26,7 +28,9 @@ const HELD_MAX: usize = 4096;
 /// The frames a session holds, not yet queued, in `seq` order.
 #[derive(Default)]
 pub(super) struct Held {
-    frames: VecDeque<Utf8Bytes>,
+    /// A message's frame is `None` until a status change merges into it, or until it goes
+    /// out: it is the hub's (its event's frame), taken from there only then.
+    frames: VecDeque<Option<Utf8Bytes>>,
     /// Beside each frame, its event's `seq << 1`, `| 1` for a message's frame: what a search
     /// reads, packed (a search reads a few of them, not the frames).
     seqs: VecDeque<u64>,
@@ -37,7 +41,8 @@ pub(super) struct Held {
 }
 
 pub(super) struct HeldFrame {
-    pub(super) frame: Utf8Bytes,
+    /// `None`: the frame of the message event `seq`, as the hub holds it.
+    pub(super) frame: Option<Utf8Bytes>,
     pub(super) seq: u64,
     /// A message's frame (which a status change may go into).
     pub(super) message: bool,
@@ -52,7 +57,7 @@ impl Held {
     /// steps, so the search starts where `seq` would be if they were even, gallops towards
     /// it (steps doubling), then halves the last step: a few looks, where a search from
     /// either end takes a dozen or more.
-    pub(super) fn message(&mut self, seq: u64) -> Option<&mut Utf8Bytes> {
+    pub(super) fn message(&self, seq: u64) -> Option<usize> {
         let len = self.seqs.len();
         let first = self.seqs.front()? >> 1;
         let last = self.seqs.back()? >> 1;
@@ -96,13 +101,24 @@ impl Held {
                 hi = mid;
             }
         }
-        let i = (self.seqs[lo] == ((seq << 1) | 1)).then_some(lo)?;
-        self.frames.get_mut(i)
+        (self.seqs[lo] == ((seq << 1) | 1)).then_some(lo)
+    }
+
+    /// The frame held at `i` (`None`: its message's frame, still the hub's).
+    pub(super) fn frame(&self, i: usize) -> Option<&Utf8Bytes> {
+        self.frames.get(i).and_then(Option::as_ref)
+    }
+
+    /// Holds `frame` at `i` instead of what was there.
+    pub(super) fn replace(&mut self, i: usize, frame: Utf8Bytes) {
+        if let Some(f) = self.frames.get_mut(i) {
+            *f = Some(frame);
+        }
     }
 
     /// Holds the frame of event `seq`; true when the session holds as many as it may and must
     /// send them.
-    pub(super) fn push(&mut self, frame: Utf8Bytes, seq: u64, message: bool) -> bool {
+    pub(super) fn push(&mut self, frame: Option<Utf8Bytes>, seq: u64, message: bool) -> bool {
         if self.until.is_none() {
             self.until = Some(Instant::now() + HOLD);
         }
@@ -161,7 +177,7 @@ mod tests {
                 .map(|s| if s > len / 2 { s * s } else { s })
                 .collect();
             for (i, &s) in seqs.iter().enumerate() {
-                held.push(s.to_string().into(), s, i % 4 != 3);
+                held.push(Some(s.to_string().into()), s, i % 4 != 3);
             }
             for seq in 0..=(len * 3 / 2).pow(2) + 1 {
                 let expected = seqs
@@ -169,7 +185,10 @@ mod tests {
                     .position(|&s| s == seq)
                     .filter(|i| i % 4 != 3)
                     .map(|_| seq.to_string());
-                let found = held.message(seq).map(|f| f.as_str().to_string());
+                let found = held
+                    .message(seq)
+                    .and_then(|i| held.frame(i))
+                    .map(|f| f.as_str().to_string());
                 assert_eq!(found, expected, "{len} frames, seq {seq}");
             }
         }

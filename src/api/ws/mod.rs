@@ -151,6 +151,10 @@ impl Source for Pump {
         }
     }
 
+    fn event(&self, seq: u64) -> Option<Arc<Event>> {
+        self.0.inner.organism.events().event(seq)
+    }
+
     fn limits(&self) -> crate::config::Limits {
         self.0.inner.organism.config().limits
     }

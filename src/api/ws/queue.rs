@@ -59,10 +59,16 @@ impl<S: Source> Session<S> {
         }
     }
 
-    /// Offers one event: filtered, then queued or counted as dropped. On `/ws/messages` a
-    /// frame is held a while before it is queued (`held.rs`): a status change that comes
-    /// meanwhile goes in its message's frame instead of a frame of its own.
+    /// Offers one event of the hub's: filtered, then queued or counted as dropped. On
+    /// `/ws/messages` a frame is held a while before it is queued (`held.rs`): a status
+    /// change that comes meanwhile goes in its message's frame instead of a frame of its own.
     pub(super) fn offer(&mut self, ev: &Event) {
+        self.offer_from(ev, true);
+    }
+
+    /// [`Session::offer`] for an event the hub holds (`in_hub`: a message's frame is taken
+    /// from there when it goes out) or one read back from the store (its frame held now).
+    pub(super) fn offer_from(&mut self, ev: &Event, in_hub: bool) {
         if ev.seq <= self.seen {
             return;
         }
@@ -88,17 +94,29 @@ impl<S: Source> Session<S> {
         if !passes || (self.ep == Endpoint::Events && self.folding.hold(&self.filter, ev)) {
             return;
         }
-        if self.ep == Endpoint::Messages && self.merge(ev) {
-            return;
+        let message = matches!(ev.kind, EventKind::Message { .. });
+        if self.ep == Endpoint::Messages {
+            if message && in_hub {
+                // Its frame stays the hub's until it goes out (or a status merges into it).
+                return self.hold(None, ev.seq, true);
+            }
+            if self.merge(ev) {
+                return;
+            }
         }
         let Some(frame) = self.source.frame(self.ep, ev) else {
             return;
         };
-        let message = matches!(ev.kind, EventKind::Message { .. });
         match self.ep {
             Endpoint::Events => self.send(frame.clone(), ev.seq, message),
-            Endpoint::Messages => self.hold(frame.clone(), ev.seq, message),
+            Endpoint::Messages => self.hold(Some(frame.clone()), ev.seq, message),
         }
+    }
+
+    /// The `/ws/messages` frame of the message event `seq`, while the hub holds it.
+    fn message_frame(&self, seq: u64) -> Option<Utf8Bytes> {
+        let ev = self.source.event(seq)?;
+        self.source.frame(Endpoint::Messages, &ev).cloned()
     }
 
     /// A status change of a message whose frame this session still holds goes into that
@@ -107,12 +125,13 @@ impl<S: Source> Session<S> {
         let EventKind::MessageStatus { about: Some(a), .. } = &ev.kind else {
             return false;
         };
-        let Some(held) = self.held.message(a.message_seq) else {
+        let Some(i) = self.held.message(a.message_seq) else {
             return false;
         };
+        let held = || (self.held.frame(i).cloned()).or_else(|| self.message_frame(a.message_seq));
         match merged_frame(ev, held) {
             Some(merged) => {
-                *held = merged.clone();
+                self.held.replace(i, merged.clone());
                 true
             }
             None => false,
@@ -130,7 +149,7 @@ impl<S: Source> Session<S> {
         tests.iter().all(|t| t.holds(labels.as_deref()))
     }
 
-    fn hold(&mut self, frame: Utf8Bytes, seq: u64, message: bool) {
+    fn hold(&mut self, frame: Option<Utf8Bytes>, seq: u64, message: bool) {
         if self.held.push(frame, seq, message) {
             self.send_held();
         }
@@ -140,7 +159,7 @@ impl<S: Source> Session<S> {
     pub(super) fn send_due(&mut self) {
         let mut going = Going::default();
         while let Some(h) = self.held.next_due() {
-            self.add(&mut going, h.frame, h.seq, h.message);
+            self.add_held(&mut going, h);
         }
         self.queue_going(&mut going);
     }
@@ -152,9 +171,18 @@ impl<S: Source> Session<S> {
         }
         let mut going = Going::default();
         while let Some(h) = self.held.next() {
-            self.add(&mut going, h.frame, h.seq, h.message);
+            self.add_held(&mut going, h);
         }
         self.queue_going(&mut going);
+    }
+
+    /// [`Session::add`] for a frame held; a message's frame the hub no longer holds is
+    /// counted as dropped.
+    fn add_held(&mut self, going: &mut Going, h: super::held::HeldFrame) {
+        match h.frame.or_else(|| self.message_frame(h.seq)) {
+            Some(frame) => self.add(going, frame, h.seq, h.message),
+            None => self.note_dropped(1, h.seq, h.seq, u64::from(h.message), 0),
+        }
     }
 
     /// Queues the frame of event `seq`, or counts it as dropped (a message's, if `message`).

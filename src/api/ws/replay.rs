@@ -52,7 +52,7 @@ pub(super) async fn from_store(
         return None;
     }
     for (seq, message) in rows {
-        s.offer(&Event::new(seq, EventKind::Message { message }));
+        s.offer_from(&Event::new(seq, EventKind::Message { message }), false);
     }
     Some((sub, until))
 }

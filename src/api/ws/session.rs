@@ -67,6 +67,9 @@ pub(in crate::api) trait Source: Sized + Send + Sync + 'static {
     /// The frame `ev` goes out as on `ep` (`None`: not one of that stream's).
     fn frame<'e>(&self, ep: Endpoint, ev: &'e Event) -> Option<&'e Utf8Bytes>;
 
+    /// Event `seq`, if the hub still holds it.
+    fn event(&self, seq: u64) -> Option<Arc<Event>>;
+
     /// The limits a `subscribe` filter is checked against.
     fn limits(&self) -> Limits;
     fn auth(&self) -> Option<Arc<Authenticator>>;
