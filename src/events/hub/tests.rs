@@ -348,3 +348,16 @@ fn a_reader_of_messages_passes_over_the_other_events_unread() {
     assert_eq!(rx.pass_over_others(), None);
     assert!(matches!(rx.try_recv(), Err(TryRecvError::Lagged(_))));
 }
+
+/// An event is found by its `seq` while the ring holds it, and not once the ring has come
+/// round past it, nor before it is published.
+#[test]
+fn an_event_is_found_by_its_seq_while_the_ring_holds_it() {
+    let hub = EventHub::new(4);
+    let first = log(&hub, 1);
+    assert_eq!(hub.event(first).map(|e| e.seq), Some(first));
+    assert!(hub.event(first + 1).is_none(), "not published yet");
+    let last = (0..4).map(|_| log(&hub, 1)).max().unwrap_or(first);
+    assert!(hub.event(first).is_none(), "the ring came round past it");
+    assert_eq!(hub.event(last).map(|e| e.seq), Some(last));
+}
