@@ -76,23 +76,9 @@ async fn readers_overloaded_by_frame_count_are_told_what_they_missed_in_order() 
 
 async fn overloaded_readers(queue_bytes: usize, text: &str) {
     let s = crate::chain_with_small_queues(32, queue_bytes).await;
-    const READERS: usize = 20;
-    let mut readers = Vec::new();
-    for _ in 0..READERS {
-        let mut ws = ws_connect(&s.ws_url("/ws/messages")).await;
-        assert_eq!(next_json(&mut ws).await["event"], "connected");
-        readers.push(ws);
-    }
+    let readers = connect(&s, 20).await;
     // Nobody reads while the pump runs: every queue overflows.
-    let note = format!("<Note>{text}</Note>");
-    let threads: Vec<String> = (0..300)
-        .map(|_| inject(&s.organism, "a", &note, None).thread_id.to_string())
-        .collect();
-    for t in &threads {
-        settle(&s.organism, t).await;
-    }
-    let logged = s.organism.info().total_messages;
-    assert_eq!(logged, 900);
+    let logged = burst(&s, |_| format!("<Note>{text}</Note>")).await;
 
     // The server stops while its readers are far behind; then they read.
     let Served {
@@ -104,16 +90,47 @@ async fn overloaded_readers(queue_bytes: usize, text: &str) {
     organism.stop().await;
     for t in &tallies {
         assert!(t.dropped_messages > 0, "the overload happened: {t:?}");
-        assert_eq!(t.close, Some(CloseCode::Away), "{t:?}");
-        if t.lagged == 0 {
-            assert_eq!(t.messages + t.dropped_messages, logged, "{t:?}");
-        } else {
-            assert!(
-                t.messages + t.dropped_messages <= logged
-                    && logged <= t.messages + t.dropped_messages + t.lagged,
-                "{t:?}"
-            );
-        }
+        exact(t, logged);
+    }
+}
+
+/// `n` readers of `/ws/messages`, each past its `connected` frame.
+async fn connect(s: &Served, n: usize) -> Vec<Ws> {
+    let mut readers = Vec::new();
+    for _ in 0..n {
+        let mut ws = ws_connect(&s.ws_url("/ws/messages")).await;
+        assert_eq!(next_json(&mut ws).await["event"], "connected");
+        readers.push(ws);
+    }
+    readers
+}
+
+/// Injects 300 threads at once (payload `note(i)`) and waits for them: the messages logged.
+async fn burst(s: &Served, note: impl Fn(usize) -> String) -> u64 {
+    let threads: Vec<String> = (0..300)
+        .map(|i| {
+            inject(&s.organism, "a", &note(i), None)
+                .thread_id
+                .to_string()
+        })
+        .collect();
+    for t in &threads {
+        settle(&s.organism, t).await;
+    }
+    let logged = s.organism.info().total_messages;
+    assert_eq!(logged, 900);
+    logged
+}
+
+/// A reader closed at the server's stop, told every message it missed: exactly, or within
+/// what it lagged behind the hub (events of kinds it cannot know).
+fn exact(t: &Tally, logged: u64) {
+    assert_eq!(t.close, Some(CloseCode::Away), "{t:?}");
+    let told = t.messages + t.dropped_messages;
+    if t.lagged == 0 {
+        assert_eq!(told, logged, "{t:?}");
+    } else {
+        assert!(told <= logged && logged <= told + t.lagged, "{t:?}");
     }
 }
 
@@ -130,24 +147,10 @@ async fn held_messages_the_hub_let_go_of_are_announced() {
         ApiOptions::default(),
     )
     .await;
-    let mut readers = Vec::new();
-    for _ in 0..5 {
-        let mut ws = ws_connect(&s.ws_url("/ws/messages")).await;
-        assert_eq!(next_json(&mut ws).await["event"], "connected");
-        readers.push(tokio::spawn(tally(ws)));
-    }
-    let threads: Vec<String> = (0..300)
-        .map(|i| {
-            inject(&s.organism, "a", &format!("<Note>{i}</Note>"), None)
-                .thread_id
-                .to_string()
-        })
+    let readers: Vec<_> = (connect(&s, 5).await.into_iter())
+        .map(|ws| tokio::spawn(tally(ws)))
         .collect();
-    for t in &threads {
-        settle(&s.organism, t).await;
-    }
-    let logged = s.organism.info().total_messages;
-    assert_eq!(logged, 900);
+    let logged = burst(&s, |i| format!("<Note>{i}</Note>")).await;
     let Served {
         server, organism, ..
     } = s;
@@ -156,9 +159,7 @@ async fn held_messages_the_hub_let_go_of_are_announced() {
     let mut missed = 0;
     for r in readers {
         let t = r.await.unwrap();
-        assert_eq!(t.close, Some(CloseCode::Away), "{t:?}");
-        let told = t.messages + t.dropped_messages;
-        assert!(told <= logged && logged <= told + t.lagged, "{t:?}");
+        exact(&t, logged);
         missed += logged - t.messages;
     }
     assert!(
