@@ -380,8 +380,7 @@ impl EventHub {
 
     /// Event `seq`, if the ring still holds it.
     pub fn event(&self, seq: u64) -> Option<Arc<Event>> {
-        let slot = crate::sync::read(self.ring.slot(seq));
-        (slot.seq == seq).then(|| slot.event.clone()).flatten()
+        take(&self.ring, &mut { seq }).ok()
     }
 
     /// Numbers and publishes an event; returns its `seq`. Never blocks on observers.
