@@ -10,7 +10,8 @@
 //! verdict it earned at the first). `LOADGEN_CLIENT_QUEUE=N` and
 //! `LOADGEN_CLIENT_QUEUE_BYTES=N` set the API's `client_queue` and `client_queue_bytes`
 //! (frames and bytes queued per WebSocket client) for `ws50`; its output names where the
-//! least-served reader lost frames (`least_served_gaps`).
+//! least-served reader lost frames (`least_served_gaps`). `LOADGEN_STALL_MS=N` holds one
+//! runtime worker up for N ms every 3 s of the measured run (a vCPU the host takes away).
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
@@ -366,7 +367,11 @@ async fn run(
     // Warm up, then measure.
     drive(&organism, threads / 10 + 1, hops, pace).await?;
     let cpu_before = process_cpu_secs();
+    let stalls = stall_a_worker();
     let (rate, mut lat) = drive(&organism, threads, hops, pace).await?;
+    if let Some(s) = &stalls {
+        s.abort();
+    }
     let cpu = process_cpu_secs()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
@@ -440,10 +445,35 @@ async fn run(
         "ceiling_libxml2_per_s": ceiling.libxml2.round(),
         "ratio_to_libxml2_ceiling": (rate / ceiling.libxml2 * 1000.0).round() / 1000.0,
         "subscribers": subscribers,
+        "worker_stalls_ms": stalls.is_some().then(stall_ms),
         "cpu_us_per_hop": cpu.map(|s| (s * 1e7 / (threads * hops) as f64).round() / 10.0),
         "store_writer_cpu_us_per_message": writer_cpu
             .map(|s| (s * 1e7 / logged.max(1) as f64).round() / 10.0),
     }))
+}
+
+/// `LOADGEN_STALL_MS=N`: how long one runtime worker is held up, every 3 s of the measured
+/// run (0: never).
+fn stall_ms() -> u64 {
+    std::env::var("LOADGEN_STALL_MS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// With `LOADGEN_STALL_MS`, a task that every 3 s blocks the worker it runs on for that long,
+/// as when the host takes one vCPU away: the tasks queued on that worker wait while the other
+/// worker (busy with the pump, so it steals nothing) goes on.
+fn stall_a_worker() -> Option<tokio::task::JoinHandle<()>> {
+    let ms = stall_ms();
+    (ms > 0).then(|| {
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                std::thread::sleep(Duration::from_millis(ms));
+            }
+        })
+    })
 }
 
 /// CPU seconds (user + system) used so far by this process's threads named `name`, from
