@@ -11,7 +11,8 @@
 //! `LOADGEN_CLIENT_QUEUE_BYTES=N` set the API's `client_queue` and `client_queue_bytes`
 //! (frames and bytes queued per WebSocket client) for `ws50`; its output names where the
 //! least-served reader lost frames (`least_served_gaps`). `LOADGEN_STALL_MS=N` holds one
-//! runtime worker up for N ms every 3 s of the measured run (a vCPU the host takes away).
+//! runtime worker up for N ms every 3 s of the measured run (a vCPU the host takes away);
+//! `LOADGEN_EVENT_CAPACITY=N` sets the event hub's ring (`OrganismBuilder::event_capacity`).
 //!
 //! Run: `cargo run --release --example loadgen -- WORKLOAD [THREADS] [--pace N]`, or against
 //! a running server: `… -- remote [THREADS] --url http://HOST:PORT [--to NAME] [--payload XML]
@@ -156,7 +157,14 @@ fn start(yaml: &str) -> Result<(tempfile::TempDir, Organism), Box<dyn std::error
     }
     let path = dir.path().join("o.yaml");
     std::fs::write(&path, &yaml)?;
-    let organism = Organism::builder().load(&path)?;
+    let mut builder = Organism::builder();
+    if let Some(n) = std::env::var("LOADGEN_EVENT_CAPACITY")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        builder = builder.event_capacity(n);
+    }
+    let organism = builder.load(&path)?;
     Ok((dir, organism))
 }
 
