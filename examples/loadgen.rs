@@ -158,10 +158,7 @@ fn start(yaml: &str) -> Result<(tempfile::TempDir, Organism), Box<dyn std::error
     let path = dir.path().join("o.yaml");
     std::fs::write(&path, &yaml)?;
     let mut builder = Organism::builder();
-    if let Some(n) = std::env::var("LOADGEN_EVENT_CAPACITY")
-        .ok()
-        .and_then(|n| n.parse().ok())
-    {
+    if let Some(n) = env_number("LOADGEN_EVENT_CAPACITY") {
         builder = builder.event_capacity(n);
     }
     let organism = builder.load(&path)?;
@@ -324,16 +321,10 @@ async fn run(
             None
         };
         let mut options = ApiOptions::default();
-        if let Some(n) = std::env::var("LOADGEN_CLIENT_QUEUE")
-            .ok()
-            .and_then(|n| n.parse().ok())
-        {
+        if let Some(n) = env_number("LOADGEN_CLIENT_QUEUE") {
             options.client_queue = n;
         }
-        if let Some(n) = std::env::var("LOADGEN_CLIENT_QUEUE_BYTES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-        {
+        if let Some(n) = env_number("LOADGEN_CLIENT_QUEUE_BYTES") {
             options.client_queue_bytes = n;
         }
         let s = ApiServer::bind(organism.clone(), "127.0.0.1:0", options).await?;
@@ -460,13 +451,15 @@ async fn run(
     }))
 }
 
+/// The number the environment variable `name` holds, if it holds one.
+fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    std::env::var(name).ok().and_then(|n| n.parse().ok())
+}
+
 /// `LOADGEN_STALL_MS=N`: how long one runtime worker is held up, every 3 s of the measured
 /// run (0: never).
 fn stall_ms() -> u64 {
-    std::env::var("LOADGEN_STALL_MS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    env_number("LOADGEN_STALL_MS").unwrap_or(0)
 }
 
 /// With `LOADGEN_STALL_MS`, a task that every 3 s blocks the worker it runs on for that long,
