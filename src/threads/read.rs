@@ -9,12 +9,14 @@ use tokio_util::sync::CancellationToken;
 use super::{lock, MessageRecord, MessageStatus, ThreadInfo, ThreadRegistry, ThreadStatus};
 
 impl ThreadRegistry {
-    /// Whether `thread` was killed or aborted (its token cancelled), or is not held.
+    /// Whether `thread` was killed (its token cancelled for good), or is not held. Read from
+    /// its status, which says so under the shard's lock alone: the token's own state sits
+    /// behind a lock of its own (an abort cancels the token and gives the thread a new one).
     pub fn is_cancelled(&self, thread: &str) -> bool {
         lock(self.shard(thread))
             .threads
             .get(thread)
-            .is_none_or(|e| e.cancel.is_cancelled())
+            .is_none_or(|e| e.status == ThreadStatus::Killed)
     }
 
     /// The thread's cancellation token (cancelled by a kill).

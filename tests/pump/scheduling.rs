@@ -161,6 +161,42 @@ async fn a_tenant_with_many_threads_does_not_starve_another_tenant() {
     assert_eq!(order.iter().position(|t| t == "beta"), Some(2), "{order:?}");
 }
 
+/// A job taken from its queue and waiting for the one organism-wide handler slot when its
+/// thread is killed never reaches its handler: it is recorded as killed once it gets the
+/// slot.
+#[tokio::test]
+async fn a_job_waiting_for_a_slot_when_its_thread_is_killed_does_not_run() {
+    let valve = Valve::closed();
+    let log = Log::default();
+    let (o, _d) = organism_with(
+        Organism::builder()
+            .handler("valve", valve.clone())
+            .handler("log", log.handler()),
+        "  max_concurrent_handlers: 1",
+        "breadth-first",
+        r#"
+  - { name: hold, description: holds the slot, kind: native, handler: valve, schema: t.xsd, accepts: [Ping] }
+  - { name: x, description: logs, kind: native, handler: log, schema: t.xsd, accepts: [Note] }
+"#,
+    );
+    inject(&o, "hold", &ping(0), Some("busy"));
+    until(&o, || agent_state(&o, "hold").0 == AgentState::Processing).await;
+    inject(&o, "x", "<Note>late</Note>", Some("doomed"));
+    // Taken from x's queue: waiting for the slot.
+    until(&o, || agent_state(&o, "x") == (AgentState::Processing, 0)).await;
+    o.control().kill_thread("doomed").unwrap();
+    valve.open(1);
+    settle(&o, "busy").await;
+    until(&o, || {
+        messages(&o, "doomed")
+            .iter()
+            .all(|m| m.status == MessageStatus::Killed)
+    })
+    .await;
+    assert!(log.entries().is_empty(), "{:?}", log.entries());
+    assert_eq!(o.threads().status("doomed"), Some(ThreadStatus::Killed));
+}
+
 #[tokio::test]
 async fn kill_drops_queued_work_and_cancels_the_running_handler() {
     let valve = Valve::closed();
