@@ -38,7 +38,7 @@ fn envelope() -> String {
 }
 
 fn record(i: u64) -> MessageRecord {
-    MessageRecord {
+    MessageRecord::from(agentserver::threads::MessageFields {
         id: Arc::from(format!("m-{i:09}")),
         thread_id: Arc::from(format!("t-{:08}", i / 4)),
         parent_id: None,
@@ -52,7 +52,7 @@ fn record(i: u64) -> MessageRecord {
         origin: agentserver::threads::Origin::inject(),
         timestamp: Timestamp(1_700_000_000_000 + i),
         seq: 0,
-    }
+    })
 }
 
 fn bench(c: &mut Criterion) {

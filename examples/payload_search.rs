@@ -55,7 +55,7 @@ fn fill(store: &Store, first: usize, n: usize, mut seq: u64) -> u64 {
             t % 100
         );
         seq += 1;
-        let message = MessageRecord {
+        let message = MessageRecord::from(agentserver::threads::MessageFields {
             id: Arc::from(format!("m-{i}")),
             thread_id: Arc::from(thread.as_str()),
             parent_id: None,
@@ -69,7 +69,7 @@ fn fill(store: &Store, first: usize, n: usize, mut seq: u64) -> u64 {
             origin: Origin::inject(),
             timestamp: Timestamp(1_700_000_000_000 + i as u64),
             seq: 0,
-        };
+        });
         store.record(seq, &EventKind::Message { message });
     }
     store.flush(seq);

@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let slot = (i % per_thread) as u64;
         let from = AGENTS[i % AGENTS.len()];
         let to = AGENTS[(i + 1) % AGENTS.len()];
-        let record = MessageRecord {
+        let record = MessageRecord::from(agentserver::threads::MessageFields {
             id: Arc::from(format!("m-{i:09}")),
             thread_id: Arc::from(thread.as_str()),
             parent_id: None,
@@ -52,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             origin: agentserver::threads::Origin::inject(),
             timestamp: Timestamp(1_700_000_000_000 + i as u64),
             seq: 0,
-        };
+        });
         store.record(i as u64 + 1, &EventKind::Message { message: record });
     }
     store.flush(n as u64);

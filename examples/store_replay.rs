@@ -99,7 +99,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
             labels: None,
         },
         p if p % 2 == 1 => EventKind::Message {
-            message: MessageRecord {
+            message: MessageRecord::from(agentserver::threads::MessageFields {
                 id: Arc::from(format!("{t}-{hop}")),
                 thread_id: Arc::from(t),
                 parent_id: None,
@@ -113,7 +113,7 @@ fn chain_event(t: &str, phase: u64) -> EventKind {
                 origin: agentserver::threads::Origin::inject(),
                 timestamp: Timestamp::now(),
                 seq: 0,
-            },
+            }),
         },
         _ => EventKind::MessageStatus {
             id: format!("{t}-{hop}").into(),

@@ -389,7 +389,7 @@ listeners:
             .unwrap()
             .items
             .into_iter()
-            .map(|m| format!("{}>{}", m.from, m.to.unwrap_or_default()))
+            .map(|m| format!("{}>{}", m.from, m.to.clone().unwrap_or_default()))
             .collect::<Vec<_>>()
     };
     assert_eq!(messages(&o), ["api>pay"], "the waiting thread kept");

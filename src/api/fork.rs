@@ -185,7 +185,7 @@ pub(super) fn edited(
             .history()
             .message(at)?
             .filter(|m| &*m.thread_id == thread)
-            .and_then(|m| m.to)
+            .and_then(|m| m.to.clone())
             .map(|to| to.to_string())
             .ok_or_else(|| unknown_message(thread, at))?,
     };

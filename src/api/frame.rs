@@ -519,7 +519,7 @@ mod tests {
     }
 
     fn record(to: &str) -> MessageRecord {
-        MessageRecord {
+        MessageRecord::from(crate::threads::MessageFields {
             id: Arc::from("m"),
             thread_id: Arc::from("t"),
             parent_id: None,
@@ -533,7 +533,7 @@ mod tests {
             origin: crate::threads::Origin::inject(),
             timestamp: crate::time::Timestamp::now(),
             seq: 0,
-        }
+        })
     }
 
     #[tokio::test]

@@ -23,7 +23,7 @@ use once_cell::race::OnceBox;
 
 use tokio::sync::Notify;
 
-use crate::threads::{MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+use crate::threads::{MessageCore, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
 use crate::time::Timestamp;
 
 /// Events kept for subscribers that are behind, and retained for resumption (`?since=`).
@@ -51,13 +51,17 @@ pub struct Event {
 }
 
 impl Event {
-    /// Event `seq`, stamped now, caused by the command running now ([`Cause::current`]).
-    /// (The hub numbers what it publishes; this is for feeding a [`crate::store::Store`]
-    /// directly.)
+    /// Event `seq`, stamped now (a message's, with the time it was logged, a moment ago),
+    /// caused by the command running now ([`Cause::current`]). (The hub numbers what it
+    /// publishes; this is for feeding a [`crate::store::Store`] directly.)
     pub fn new(seq: u64, kind: EventKind) -> Self {
+        let timestamp = match &kind {
+            EventKind::Message { message } => message.timestamp,
+            _ => Timestamp::now(),
+        };
         Event {
             seq,
-            timestamp: Timestamp::now(),
+            timestamp,
             kind,
             cause: Cause::current(),
             frame: OnceBox::new(),
@@ -139,11 +143,12 @@ impl Event {
         match &self.kind {
             // The record, and its two frames (`/ws`, `/ws/messages`) holding the payload.
             EventKind::Message { message } => message.weight() + 2 * message.payload_xml.len(),
-            // With the message's frame showing this status (`merged_frame`), when rendered.
+            // The message's payload, which it keeps (`StatusAbout` shares the message's
+            // core), and the message's frame showing this status (`merged_frame`).
             EventKind::MessageStatus { error, about, .. } => {
                 let merged = about
                     .as_ref()
-                    .map_or(0, |a| a.message_bytes.saturating_mul(2));
+                    .map_or(0, |a| a.message_bytes.saturating_mul(3));
                 OVERHEAD + text(error.as_ref()) + merged
             }
             EventKind::Error { error, .. } => OVERHEAD + text(Some(error)),
@@ -157,26 +162,43 @@ impl Event {
     }
 }
 
-/// The message a `message_status` event is about.
-#[derive(Debug, Clone)]
+/// The message a `message_status` event is about: its record's shared core (sender,
+/// receiver, type and slot, read through `Deref`), not copies of its names.
+#[derive(Clone)]
 pub struct StatusAbout {
-    pub from: Arc<str>,
-    pub to: Option<Arc<str>>,
-    pub payload_type: Option<Arc<str>>,
-    pub slot_index: u64,
+    pub message: Arc<MessageCore>,
     /// The `seq` of the `message` event that published it (0 if not known).
     pub message_seq: u64,
     /// Its payload's length: what the message's frame showing this status weighs.
     pub message_bytes: usize,
 }
 
+/// What it says of the message (not the core's other parts).
+impl std::fmt::Debug for StatusAbout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusAbout")
+            .field("from", &self.from)
+            .field("to", &self.to)
+            .field("payload_type", &self.payload_type)
+            .field("slot_index", &self.slot_index)
+            .field("message_seq", &self.message_seq)
+            .field("message_bytes", &self.message_bytes)
+            .finish()
+    }
+}
+
+impl std::ops::Deref for StatusAbout {
+    type Target = MessageCore;
+
+    fn deref(&self) -> &MessageCore {
+        &self.message
+    }
+}
+
 impl StatusAbout {
     pub fn of(m: &MessageRecord) -> Self {
         StatusAbout {
-            from: m.from.clone(),
-            to: m.to.clone(),
-            payload_type: m.payload_type.clone(),
-            slot_index: m.slot_index,
+            message: m.core().clone(),
             message_seq: m.seq,
             message_bytes: m.payload_xml.len(),
         }

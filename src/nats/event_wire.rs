@@ -19,7 +19,7 @@ pub(super) use super::event_wire_usage::{WireDelta, WireUsage};
 use crate::config::diff::{ReloadProblem, ReloadReport};
 use crate::events::{AgentState, EventKind, OrganismStatus, StatusAbout};
 use crate::threads::{
-    MessageRecord, MessageStatus, Origin, OriginKind, ThreadSettings, ThreadStatus,
+    MessageFields, MessageRecord, MessageStatus, Origin, OriginKind, ThreadSettings, ThreadStatus,
 };
 use crate::time::Timestamp;
 
@@ -147,17 +147,33 @@ impl From<&StatusAbout> for WireAbout {
     }
 }
 
-impl From<WireAbout> for StatusAbout {
-    fn from(a: WireAbout) -> Self {
+impl WireAbout {
+    /// The message as another process named it: a core holding its names, without the
+    /// payload, time and origin a status event does not carry.
+    fn about(self, id: &Arc<str>, thread_id: &Arc<str>, status: MessageStatus) -> StatusAbout {
+        let named = MessageRecord::from(MessageFields {
+            id: id.clone(),
+            thread_id: thread_id.clone(),
+            parent_id: None,
+            slot_index: self.slot_index,
+            from: self.from,
+            to: self.to,
+            payload_type: self.payload_type,
+            payload_xml: crate::xml::SharedXml::default(),
+            status,
+            error: None,
+            timestamp: Timestamp(0),
+            seq: self.message_seq,
+            origin: Origin::inject(),
+        });
         StatusAbout {
-            from: a.from,
-            to: a.to,
-            payload_type: a.payload_type,
-            slot_index: a.slot_index,
-            message_seq: a.message_seq,
+            message: named.core().clone(),
+            message_seq: self.message_seq,
             // Read back, it only weighs the event in a gateway's hub: a figure past a
             // gigabyte is not believed (it would empty the hub).
-            message_bytes: usize::try_from(a.message_bytes).unwrap_or(0).min(1 << 30),
+            message_bytes: usize::try_from(self.message_bytes)
+                .unwrap_or(0)
+                .min(1 << 30),
         }
     }
 }
@@ -242,7 +258,7 @@ impl From<WireMessage> for MessageRecord {
             },
             None => Origin::implied(m.parent_id.as_ref(), &m.from),
         };
-        MessageRecord {
+        MessageRecord::from(MessageFields {
             origin,
             id: m.id,
             thread_id: m.thread_id,
@@ -256,7 +272,7 @@ impl From<WireMessage> for MessageRecord {
             error: m.error,
             timestamp: m.timestamp,
             seq: 0,
-        }
+        })
     }
 }
 
@@ -522,11 +538,11 @@ impl From<WireKind> for EventKind {
                 error,
                 about,
             } => EventKind::MessageStatus {
+                about: about.map(|a| a.about(&id, &thread_id, status)),
                 id,
                 thread_id,
                 status,
                 error,
-                about: about.map(StatusAbout::from),
             },
             WireKind::ThreadCreated { thread } => EventKind::ThreadCreated {
                 thread: thread.into(),

@@ -11,6 +11,31 @@ use crate::time::Timestamp;
 
 const FIXTURE: &str = "tests/fixtures/mirrored_events_v1.jsonl";
 
+/// A status change of message `m1` in slot 2 of `t1`, from `greeter`, published as event
+/// `message_seq`, its frame weighing `message_bytes`.
+fn greeters(message_seq: u64, message_bytes: usize) -> StatusAbout {
+    let m = MessageRecord::from(crate::threads::MessageFields {
+        id: "m1".into(),
+        thread_id: "t1".into(),
+        parent_id: None,
+        slot_index: 2,
+        from: Arc::from("greeter"),
+        to: None,
+        payload_type: None,
+        payload_xml: crate::xml::SharedXml::default(),
+        status: MessageStatus::Failed,
+        error: None,
+        timestamp: Timestamp(1),
+        seq: message_seq,
+        origin: crate::threads::Origin::inject(),
+    });
+    StatusAbout {
+        message: m.core().clone(),
+        message_seq,
+        message_bytes,
+    }
+}
+
 /// One event of each kind with every optional part given, as today's pump writes them.
 /// An input opened and decided (an edit), as the mirror carries them.
 fn input_events(t: Timestamp) -> Vec<EventKind> {
@@ -57,7 +82,7 @@ fn input_events(t: Timestamp) -> Vec<EventKind> {
 
 fn events() -> Vec<Event> {
     let t = Timestamp(1_764_000_000_123);
-    let message = MessageRecord {
+    let message = MessageRecord::from(crate::threads::MessageFields {
         id: Arc::from("m1"),
         thread_id: Arc::from("t1"),
         parent_id: Some(Arc::from("m0")),
@@ -71,7 +96,7 @@ fn events() -> Vec<Event> {
         origin: crate::threads::Origin::implied(Some(&Arc::from("m0")), "greeter"),
         timestamp: t,
         seq: 0,
-    };
+    });
     let kinds = vec![
         EventKind::AgentState {
             agent: "greeter".into(),
@@ -84,14 +109,7 @@ fn events() -> Vec<Event> {
             thread_id: "t1".into(),
             status: MessageStatus::Failed,
             error: Some("boom".into()),
-            about: Some(StatusAbout {
-                from: Arc::from("greeter"),
-                to: None,
-                payload_type: None,
-                slot_index: 2,
-                message_seq: 0,
-                message_bytes: 0,
-            }),
+            about: Some(greeters(0, 0)),
         },
         EventKind::ThreadCreated {
             thread: ThreadInfo {
@@ -280,14 +298,7 @@ fn version_one_and_older_events_read_back_and_a_newer_format_is_refused() {
 /// A status event's `message_seq` (added to version 1, absent when 0) reads back as written.
 #[test]
 fn a_status_events_message_seq_reads_back() {
-    let about = StatusAbout {
-        from: Arc::from("greeter"),
-        to: None,
-        payload_type: None,
-        slot_index: 2,
-        message_seq: 41,
-        message_bytes: 300,
-    };
+    let about = greeters(41, 300);
     let kind = EventKind::MessageStatus {
         id: "m1".into(),
         thread_id: "t1".into(),
@@ -321,10 +332,10 @@ fn a_messages_origin_reads_back() {
         EventKind::Message { message } => message,
         other => panic!("{other:?}"),
     };
-    let edit = MessageRecord {
+    let edit = MessageRecord::from(crate::threads::MessageFields {
         origin: Origin::edit(Arc::from("m9")),
-        ..reply.clone()
-    };
+        ..reply.to_fields()
+    });
     for (m, carried) in [(reply, false), (edit, true)] {
         let origin = m.origin.clone();
         let kind = EventKind::Message { message: m };

@@ -12,7 +12,7 @@ use crate::events::EventKind;
 use crate::events::StatusAbout;
 use crate::listener::Output;
 use crate::schema::ValidatedPayload;
-use crate::threads::{MessageRecord, MessageStatus, NewMessage, Origin};
+use crate::threads::{MessageFields, MessageRecord, MessageStatus, NewMessage, Origin};
 use crate::xml::{
     escape_text, normalize_payload, NormalizedPayload, PayloadType, SharedXml, SYSTEM_NS,
 };
@@ -370,8 +370,8 @@ impl Shared {
             status,
             error: Some(error.clone()),
         };
-        self.append(&parent.thread_id, m)
-            .unwrap_or_else(|| MessageRecord {
+        self.append(&parent.thread_id, m).unwrap_or_else(|| {
+            MessageRecord::from(MessageFields {
                 id: crate::threads::new_id(),
                 thread_id: parent.thread_id.clone(),
                 parent_id: Some(parent.id.clone()),
@@ -386,6 +386,7 @@ impl Shared {
                 seq: 0,
                 origin: Origin::implied(Some(&parent.id), SYSTEM_IDENTITY),
             })
+        })
     }
 
     fn append(&self, thread: &str, m: NewMessage) -> Option<MessageRecord> {

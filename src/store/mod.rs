@@ -128,8 +128,8 @@ use crate::events::{Event, EventKind};
 // thread and pending-message caches) hash with a seed drawn per map.
 use crate::hash::SeededMap;
 use crate::threads::{
-    MessageFilter, MessageRecord, MessageStatus, Origin, OriginKind, Page, Paged, ThreadFilter,
-    ThreadInfo, ThreadStatus,
+    MessageFields, MessageFilter, MessageRecord, MessageStatus, Origin, OriginKind, Page, Paged,
+    ThreadFilter, ThreadInfo, ThreadStatus,
 };
 use crate::time::Timestamp;
 

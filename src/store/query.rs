@@ -224,7 +224,7 @@ pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageR
         },
         None => Origin::implied(parent_id.as_ref(), &from),
     };
-    Ok(MessageRecord {
+    Ok(MessageRecord::from(MessageFields {
         origin,
         id: Arc::from(r.get::<_, String>(0)?),
         thread_id: Arc::from(r.get::<_, String>(1)?),
@@ -238,7 +238,7 @@ pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageR
         error: r.get(9)?,
         timestamp: Timestamp(get_u64(r, 10)?),
         seq: 0,
-    })
+    }))
 }
 
 impl Store {

@@ -35,9 +35,9 @@ pub use query::{glob_match, LabelTest, MessageFilter, Page, Paged, ThreadFilter,
 pub use settings::ThreadSettings;
 
 pub use record::{
-    new_id, valid_thread_id, MessageRecord, MessageStatus, NewMessage, Opened, Origin, OriginKind,
-    Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus, ID_RULE, RESERVED_IDS,
-    SYSTEM_SENDER,
+    new_id, valid_thread_id, MessageCore, MessageFields, MessageRecord, MessageStatus, NewMessage,
+    Opened, Origin, OriginKind, Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus,
+    ID_RULE, RESERVED_IDS, SYSTEM_SENDER,
 };
 
 const SHARDS: usize = 16;
@@ -64,7 +64,10 @@ struct Entry {
     /// its messages weighed then.
     finished: Option<(u64, usize)>,
     messages: Vec<MessageRecord>,
-    cancel: CancellationToken,
+    /// The token its waiting handlers race against, made by the first that asks
+    /// ([`ThreadRegistry::cancel_token`]): most threads' handlers answer at once and never
+    /// need one. A stop cancels it and lets go of it.
+    cancel: Option<CancellationToken>,
     /// Whose active threads it counts among ([`Quota`]), while active.
     owner: Option<Arc<str>>,
     /// What its owner's threads hold pending together (`owned.rs`): its `outstanding` and
@@ -315,7 +318,7 @@ impl ThreadRegistry {
             slot_base: 0,
             finished: None,
             messages: Vec::new(),
-            cancel: CancellationToken::new(),
+            cancel: None,
             settings: None,
             labels: None,
             paused: false,
@@ -339,10 +342,6 @@ impl ThreadRegistry {
         if shard.threads.contains_key(&id) {
             return;
         }
-        let cancel = CancellationToken::new();
-        if info.status == ThreadStatus::Killed {
-            cancel.cancel();
-        }
         let entry = Entry {
             id: id.clone(),
             status: info.status,
@@ -360,7 +359,7 @@ impl ThreadRegistry {
             slot_base: info.message_count,
             finished: None,
             messages: Vec::new(),
-            cancel,
+            cancel: None,
             // Its tenant's again (its counts shared from the next inject that names it).
             owner: info.owner.clone(),
             pending: None,
@@ -442,7 +441,7 @@ impl ThreadRegistry {
             }
         }
         e.last_activity = now;
-        let record = MessageRecord {
+        let record = MessageRecord::from(MessageFields {
             id: m.id,
             thread_id: key,
             parent_id: m.parent_id,
@@ -456,7 +455,7 @@ impl ThreadRegistry {
             timestamp: now,
             seq: 0,
             origin: m.origin,
-        };
+        });
         e.messages.push(record.clone());
         shard.appended += 1;
         shard.count_final(record.to.as_ref(), record.status);
@@ -660,9 +659,9 @@ impl ThreadRegistry {
         self.stop(thread, ThreadStatus::Killed)
     }
 
-    /// Stops a thread, `to` killed (final: its token stays cancelled) or aborted (its
-    /// token is cancelled and replaced for what comes next, and its abort mark set):
-    /// running handlers are cancelled. Stopping it as it already is changes nothing; a
+    /// Stops a thread, `to` killed (final: every token it gives is cancelled) or aborted
+    /// (its abort mark set; the next token it gives is fresh): running handlers' token is
+    /// cancelled. Stopping it as it already is changes nothing; a
     /// killed thread cannot be aborted.
     fn stop(&self, thread: &str, to: ThreadStatus) -> Result<Option<StatusChange>, ThreadError> {
         let mut shard = lock(self.shard(thread));
@@ -680,9 +679,11 @@ impl ThreadRegistry {
         e.status = to;
         if to == ThreadStatus::Aborted {
             e.abort_mark = e.count();
-            std::mem::take(&mut e.cancel).cancel();
-        } else {
-            e.cancel.cancel();
+        }
+        // The handlers waiting now are cancelled; those that ask later get a fresh token
+        // (an aborted thread goes on), or a cancelled one (a killed thread does not).
+        if let Some(token) = e.cancel.take() {
+            token.cancel();
         }
         let change = e.change();
         self.note_finished(shard, thread);

@@ -9,9 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::{lock, MessageRecord, MessageStatus, ThreadInfo, ThreadRegistry, ThreadStatus};
 
 impl ThreadRegistry {
-    /// Whether `thread` was killed (its token cancelled for good), or is not held. Read from
-    /// its status, which says so under the shard's lock alone: the token's own state sits
-    /// behind a lock of its own (an abort cancels the token and gives the thread a new one).
+    /// Whether `thread` was killed, or is not held.
     pub fn is_cancelled(&self, thread: &str) -> bool {
         lock(self.shard(thread))
             .threads
@@ -19,12 +17,17 @@ impl ThreadRegistry {
             .is_none_or(|e| e.status == ThreadStatus::Killed)
     }
 
-    /// The thread's cancellation token (cancelled by a kill).
+    /// The thread's cancellation token, cancelled by its next stop (already cancelled for a
+    /// killed thread).
     pub fn cancel_token(&self, thread: &str) -> Option<CancellationToken> {
-        lock(self.shard(thread))
-            .threads
-            .get(thread)
-            .map(|e| e.cancel.clone())
+        let mut shard = lock(self.shard(thread));
+        let e = shard.threads.get_mut(thread)?;
+        if e.status == ThreadStatus::Killed {
+            let token = CancellationToken::new();
+            token.cancel();
+            return Some(token);
+        }
+        Some(e.cancel.get_or_insert_with(CancellationToken::new).clone())
     }
 
     pub fn status(&self, thread: &str) -> Option<ThreadStatus> {

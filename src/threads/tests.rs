@@ -314,3 +314,24 @@ fn the_id_clock_moves_forward_when_the_wall_clock_goes_back_and_past_a_full_mill
     let last = AtomicU64::new(2_000 << 22 | ((1 << 22) - 1));
     assert_eq!(next_tick(&last, 2_000, 7), (2_001, 7));
 }
+
+#[test]
+fn a_stop_cancels_the_token_handlers_hold_and_an_aborted_thread_gives_a_fresh_one() {
+    let r = ThreadRegistry::new(10, 100, usize::MAX);
+    let t = r.open(None, None).unwrap().id;
+    let waiting = r.cancel_token(&t).unwrap();
+    let also = r.cancel_token(&t).unwrap();
+    r.abort(&t).unwrap();
+    assert!(waiting.is_cancelled() && also.is_cancelled());
+    let next = r.cancel_token(&t).unwrap();
+    assert!(!next.is_cancelled(), "an aborted thread goes on");
+
+    r.kill(&t).unwrap();
+    assert!(next.is_cancelled());
+    assert!(
+        r.cancel_token(&t).unwrap().is_cancelled(),
+        "a killed thread stays so"
+    );
+    assert!(r.is_cancelled(&t));
+    assert!(r.cancel_token("gone").is_none() && r.is_cancelled("gone"));
+}

@@ -285,7 +285,7 @@ fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_rememb
 
 /// A `message` event's kind (message `id` of thread `t`), and its record.
 fn message(id: &str) -> (EventKind, crate::threads::MessageRecord) {
-    let record = crate::threads::MessageRecord {
+    let record = crate::threads::MessageRecord::from(crate::threads::MessageFields {
         id: Arc::from(id),
         thread_id: Arc::from("t"),
         parent_id: None,
@@ -299,7 +299,7 @@ fn message(id: &str) -> (EventKind, crate::threads::MessageRecord) {
         origin: crate::threads::Origin::inject(),
         timestamp: crate::time::Timestamp(0),
         seq: 0,
-    };
+    });
     let kind = EventKind::Message {
         message: record.clone(),
     };

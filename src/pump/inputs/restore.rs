@@ -7,7 +7,9 @@ use std::sync::Arc;
 use super::{Held, InputRow, InputStatus, Shared};
 use crate::config::approval::OnTimeout;
 use crate::sync::lock;
-use crate::threads::{InputKind, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus};
+use crate::threads::{
+    InputKind, MessageFields, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus,
+};
 
 impl Shared {
     /// Applies `on_timeout` to the open inputs whose time has passed. Returns how many.
@@ -191,7 +193,7 @@ impl Shared {
                 self.threads.adopt(&info);
             }
             self.threads.open_input(&row.thread_id);
-            let record = MessageRecord {
+            let record = MessageRecord::from(MessageFields {
                 id: row.message_id.clone(),
                 thread_id: row.thread_id.clone(),
                 parent_id: row.parent_id.clone(),
@@ -212,7 +214,7 @@ impl Shared {
                     row.parent_id.as_deref().map(Arc::from).as_ref(),
                     &row.from,
                 ),
-            };
+            });
             let topo = self.topo();
             let listener = topo.listeners.get(&*row.listener);
             let approval = listener.and_then(|l| l.config.approval.clone());

@@ -10,7 +10,7 @@ use super::open::MIGRATIONS;
 use super::*;
 
 fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord {
-    MessageRecord {
+    MessageRecord::from(MessageFields {
         id: Arc::from(format!("{thread}-{slot}")),
         thread_id: Arc::from(thread),
         parent_id: None,
@@ -24,7 +24,7 @@ fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord 
         origin: crate::threads::Origin::inject(),
         timestamp: Timestamp(ts),
         seq: 0,
-    }
+    })
 }
 
 /// An input as the gate opens it for `thread`'s message in slot 0.

@@ -96,7 +96,7 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
                 1 => Some(from),
                 _ => Some(agents[((t + slot + 1) % 5) as usize]),
             };
-            let m = MessageRecord {
+            let m = MessageRecord::from(MessageFields {
                 to: to.map(Arc::from),
                 payload_type: types[(i % 4) as usize].map(Arc::from),
                 status: if i % 37 == 5 {
@@ -105,8 +105,8 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
                     MessageStatus::Pending
                 },
                 // Times not quite in write order, as under concurrent writers.
-                ..msg(&id, slot, from, "x", 1000 + i - (i % 7) * 3)
-            };
+                ..msg(&id, slot, from, "x", 1000 + i - (i % 7) * 3).to_fields()
+            });
             store.record(i, &EventKind::Message { message: m });
             i += 1;
         }

@@ -10,10 +10,10 @@ fn note(store: &Store, thread: &str, slot: u64, text: &str) {
     store.record(
         1,
         &EventKind::Message {
-            message: MessageRecord {
+            message: MessageRecord::from(MessageFields {
                 payload_xml: crate::xml::SharedXml::new(format!("<Note>{text}</Note>")),
-                ..msg(thread, slot, "api", "g", slot)
-            },
+                ..msg(thread, slot, "api", "g", slot).to_fields()
+            }),
         },
     );
 }
@@ -416,10 +416,10 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
     store.record(
         1,
         &EventKind::Message {
-            message: MessageRecord {
+            message: MessageRecord::from(MessageFields {
                 payload_xml: crate::xml::SharedXml::new(format!("q{dash}r")),
-                ..msg("run", 0, "api", "g", 0)
-            },
+                ..msg("run", 0, "api", "g", 0).to_fields()
+            }),
         },
     );
     store.flush(1);
