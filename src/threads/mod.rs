@@ -390,14 +390,12 @@ impl ThreadRegistry {
     pub fn append(&self, thread: &str, mut m: NewMessage) -> Result<MessageRecord, ThreadError> {
         let mut shard = lock(self.shard(thread));
         let shard = &mut *shard;
-        // The stored key is the shared id every record of the thread points at.
-        let key = match shard.threads.get_key_value(thread) {
-            Some((k, _)) => k.clone(),
-            None => return Err(ThreadError::NotFound(thread.to_string())),
-        };
         let Some(e) = shard.threads.get_mut(thread) else {
             return Err(ThreadError::NotFound(thread.to_string()));
         };
+        // The stored key (the entry's `id`) is the shared id every record of the thread
+        // points at.
+        let key = e.id.clone();
         if e.status == ThreadStatus::Killed {
             m.status = MessageStatus::Killed;
             m.error = Some("thread killed".into());
@@ -605,17 +603,11 @@ impl ThreadRegistry {
     fn note_finished(&self, shard: &mut Shard, thread: &str) {
         shard.finishes += 1;
         let number = shard.finishes;
-        // The map's own id, shared (not copied) into the list of finished threads.
-        let Some(id) = shard
-            .threads
-            .get_key_value(thread)
-            .map(|(id, _)| id.clone())
-        else {
-            return;
-        };
         let Some(e) = shard.threads.get_mut(thread) else {
             return;
         };
+        // The map's own id, shared (not copied) into the list of finished threads.
+        let id = e.id.clone();
         let weight = e.messages.iter().map(MessageRecord::weight).sum();
         // A thread that finishes again counts once, with what it weighs now.
         if let Some((_, before)) = e.finished.replace((number, weight)) {
@@ -635,9 +627,11 @@ impl ThreadRegistry {
             let Some((old, number)) = shard.finished.pop_front() else {
                 break;
             };
-            let Some(e) = shard.threads.get_mut(&old) else {
+            let std::collections::hash_map::Entry::Occupied(mut o) = shard.threads.entry(old)
+            else {
                 continue;
             };
+            let e = o.get_mut();
             // Stale: it finished again later (a later entry counts it).
             let Some((_, weight)) = e.finished.filter(|(n, _)| *n == number) else {
                 continue;
@@ -648,7 +642,7 @@ impl ThreadRegistry {
             // A thread revived since is kept (it counts again when it finishes).
             if e.status.is_finished() {
                 self.forget_pause(e.paused);
-                shard.threads.remove(&old);
+                o.remove();
             }
         }
     }
