@@ -38,21 +38,22 @@ fn envelope() -> String {
 }
 
 fn record(i: u64) -> MessageRecord {
-    MessageRecord::from(agentserver::threads::MessageFields {
-        id: Arc::from(format!("m-{i:09}")),
-        thread_id: Arc::from(format!("t-{:08}", i / 4)),
-        parent_id: None,
-        slot_index: i % 4,
-        from: Arc::from("api"),
-        to: Some(Arc::from("orders")),
-        payload_type: Some("Order".into()),
-        payload_xml: Arc::new(ORDER.to_string()),
-        status: MessageStatus::Delivered,
-        error: None,
-        origin: agentserver::threads::Origin::inject(),
-        timestamp: Timestamp(1_700_000_000_000 + i),
-        seq: 0,
-    })
+    MessageRecord::new(
+        agentserver::threads::MessageCore {
+            id: Arc::from(format!("m-{i:09}")),
+            thread_id: Arc::from(format!("t-{:08}", i / 4)),
+            parent_id: None,
+            slot_index: i % 4,
+            from: Arc::from("api"),
+            to: Some(Arc::from("orders")),
+            payload_type: Some("Order".into()),
+            payload_xml: Arc::new(ORDER.to_string()),
+            origin: agentserver::threads::Origin::inject(),
+            timestamp: Timestamp(1_700_000_000_000 + i),
+        },
+        MessageStatus::Delivered,
+        None,
+    )
 }
 
 fn bench(c: &mut Criterion) {

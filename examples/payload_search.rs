@@ -55,21 +55,22 @@ fn fill(store: &Store, first: usize, n: usize, mut seq: u64) -> u64 {
             t % 100
         );
         seq += 1;
-        let message = MessageRecord::from(agentserver::threads::MessageFields {
-            id: Arc::from(format!("m-{i}")),
-            thread_id: Arc::from(thread.as_str()),
-            parent_id: None,
-            slot_index: hop as u64,
-            from: Arc::from("a"),
-            to: Some(Arc::from("b")),
-            payload_type: Some("Note".into()),
-            payload_xml: Arc::new(xml),
-            status: MessageStatus::Delivered,
-            error: None,
-            origin: Origin::inject(),
-            timestamp: Timestamp(1_700_000_000_000 + i as u64),
-            seq: 0,
-        });
+        let message = MessageRecord::new(
+            agentserver::threads::MessageCore {
+                id: Arc::from(format!("m-{i}")),
+                thread_id: Arc::from(thread.as_str()),
+                parent_id: None,
+                slot_index: hop as u64,
+                from: Arc::from("a"),
+                to: Some(Arc::from("b")),
+                payload_type: Some("Note".into()),
+                payload_xml: Arc::new(xml),
+                origin: Origin::inject(),
+                timestamp: Timestamp(1_700_000_000_000 + i as u64),
+            },
+            MessageStatus::Delivered,
+            None,
+        );
         store.record(seq, &EventKind::Message { message });
     }
     store.flush(seq);

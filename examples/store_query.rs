@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let slot = (i % per_thread) as u64;
         let from = AGENTS[i % AGENTS.len()];
         let to = AGENTS[(i + 1) % AGENTS.len()];
-        let record = MessageRecord::from(agentserver::threads::MessageFields {
+        let core = agentserver::threads::MessageCore {
             id: Arc::from(format!("m-{i:09}")),
             thread_id: Arc::from(thread.as_str()),
             parent_id: None,
@@ -42,17 +42,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             to: Some(Arc::from(to)),
             payload_type: Some(Arc::from(if i % 3 == 0 { "Shouted" } else { "Greeting" })),
             payload_xml: Arc::new(format!("<Greeting><name>n{i}</name></Greeting>")),
-            // One in a thousand failed: a rare status, as dashboards filter for.
-            status: if i % 1000 == 7 {
-                MessageStatus::Failed
-            } else {
-                MessageStatus::Delivered
-            },
-            error: None,
             origin: agentserver::threads::Origin::inject(),
             timestamp: Timestamp(1_700_000_000_000 + i as u64),
-            seq: 0,
-        });
+        };
+        // One in a thousand failed: a rare status, as dashboards filter for.
+        let status = if i % 1000 == 7 {
+            MessageStatus::Failed
+        } else {
+            MessageStatus::Delivered
+        };
+        let record = MessageRecord::new(core, status, None);
         store.record(i as u64 + 1, &EventKind::Message { message: record });
     }
     store.flush(n as u64);

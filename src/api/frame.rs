@@ -519,21 +519,22 @@ mod tests {
     }
 
     fn record(to: &str) -> MessageRecord {
-        MessageRecord::from(crate::threads::MessageFields {
-            id: Arc::from("m"),
-            thread_id: Arc::from("t"),
-            parent_id: None,
-            slot_index: 0,
-            from: Arc::from("api"),
-            to: Some(Arc::from(to)),
-            payload_type: Some("Ping".into()),
-            payload_xml: crate::xml::SharedXml::new("<Ping><n>7</n></Ping>".into()),
-            status: crate::threads::MessageStatus::Pending,
-            error: None,
-            origin: crate::threads::Origin::inject(),
-            timestamp: crate::time::Timestamp::now(),
-            seq: 0,
-        })
+        MessageRecord::new(
+            crate::threads::MessageCore {
+                id: Arc::from("m"),
+                thread_id: Arc::from("t"),
+                parent_id: None,
+                slot_index: 0,
+                from: Arc::from("api"),
+                to: Some(Arc::from(to)),
+                payload_type: Some("Ping".into()),
+                payload_xml: crate::xml::SharedXml::new("<Ping><n>7</n></Ping>".into()),
+                origin: crate::threads::Origin::inject(),
+                timestamp: crate::time::Timestamp::now(),
+            },
+            crate::threads::MessageStatus::Pending,
+            None,
+        )
     }
 
     #[tokio::test]

@@ -19,7 +19,7 @@ pub(super) use super::event_wire_usage::{WireDelta, WireUsage};
 use crate::config::diff::{ReloadProblem, ReloadReport};
 use crate::events::{AgentState, EventKind, OrganismStatus, StatusAbout};
 use crate::threads::{
-    MessageFields, MessageRecord, MessageStatus, Origin, OriginKind, ThreadSettings, ThreadStatus,
+    MessageCore, MessageRecord, MessageStatus, Origin, OriginKind, ThreadSettings, ThreadStatus,
 };
 use crate::time::Timestamp;
 
@@ -150,8 +150,8 @@ impl From<&StatusAbout> for WireAbout {
 impl WireAbout {
     /// The message as another process named it: a core holding its names, without the
     /// payload, time and origin a status event does not carry.
-    fn about(self, id: &Arc<str>, thread_id: &Arc<str>, status: MessageStatus) -> StatusAbout {
-        let named = MessageRecord::from(MessageFields {
+    fn about(self, id: &Arc<str>, thread_id: &Arc<str>) -> StatusAbout {
+        let named = MessageCore {
             id: id.clone(),
             thread_id: thread_id.clone(),
             parent_id: None,
@@ -160,14 +160,11 @@ impl WireAbout {
             to: self.to,
             payload_type: self.payload_type,
             payload_xml: crate::xml::SharedXml::default(),
-            status,
-            error: None,
             timestamp: Timestamp(0),
-            seq: self.message_seq,
             origin: Origin::inject(),
-        });
+        };
         StatusAbout {
-            message: named.core().clone(),
+            message: Arc::new(named),
             message_seq: self.message_seq,
             // Read back, it only weighs the event in a gateway's hub: a figure past a
             // gigabyte is not believed (it would empty the hub).
@@ -258,21 +255,22 @@ impl From<WireMessage> for MessageRecord {
             },
             None => Origin::implied(m.parent_id.as_ref(), &m.from),
         };
-        MessageRecord::from(MessageFields {
-            origin,
-            id: m.id,
-            thread_id: m.thread_id,
-            parent_id: m.parent_id,
-            slot_index: m.slot_index,
-            from: m.from,
-            to: m.to,
-            payload_type: m.payload_type,
-            payload_xml: m.payload_xml,
-            status: m.status,
-            error: m.error,
-            timestamp: m.timestamp,
-            seq: 0,
-        })
+        MessageRecord::new(
+            MessageCore {
+                origin,
+                id: m.id,
+                thread_id: m.thread_id,
+                parent_id: m.parent_id,
+                slot_index: m.slot_index,
+                from: m.from,
+                to: m.to,
+                payload_type: m.payload_type,
+                payload_xml: m.payload_xml,
+                timestamp: m.timestamp,
+            },
+            m.status,
+            m.error,
+        )
     }
 }
 
@@ -538,7 +536,7 @@ impl From<WireKind> for EventKind {
                 error,
                 about,
             } => EventKind::MessageStatus {
-                about: about.map(|a| a.about(&id, &thread_id, status)),
+                about: about.map(|a| a.about(&id, &thread_id)),
                 id,
                 thread_id,
                 status,

@@ -14,7 +14,7 @@ const FIXTURE: &str = "tests/fixtures/mirrored_events_v1.jsonl";
 /// A status change of message `m1` in slot 2 of `t1`, from `greeter`, published as event
 /// `message_seq`, its frame weighing `message_bytes`.
 fn greeters(message_seq: u64, message_bytes: usize) -> StatusAbout {
-    let m = MessageRecord::from(crate::threads::MessageFields {
+    let core = crate::threads::MessageCore {
         id: "m1".into(),
         thread_id: "t1".into(),
         parent_id: None,
@@ -23,14 +23,11 @@ fn greeters(message_seq: u64, message_bytes: usize) -> StatusAbout {
         to: None,
         payload_type: None,
         payload_xml: crate::xml::SharedXml::default(),
-        status: MessageStatus::Failed,
-        error: None,
         timestamp: Timestamp(1),
-        seq: message_seq,
         origin: crate::threads::Origin::inject(),
-    });
+    };
     StatusAbout {
-        message: m.core().clone(),
+        message: Arc::new(core),
         message_seq,
         message_bytes,
     }
@@ -82,21 +79,22 @@ fn input_events(t: Timestamp) -> Vec<EventKind> {
 
 fn events() -> Vec<Event> {
     let t = Timestamp(1_764_000_000_123);
-    let message = MessageRecord::from(crate::threads::MessageFields {
-        id: Arc::from("m1"),
-        thread_id: Arc::from("t1"),
-        parent_id: Some(Arc::from("m0")),
-        slot_index: 2,
-        from: Arc::from("greeter"),
-        to: Some(Arc::from("shouter")),
-        payload_type: Some("{urn:x}Greeting".into()),
-        payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
-        status: MessageStatus::Delivered,
-        error: None,
-        origin: crate::threads::Origin::implied(Some(&Arc::from("m0")), "greeter"),
-        timestamp: t,
-        seq: 0,
-    });
+    let message = MessageRecord::new(
+        crate::threads::MessageCore {
+            id: Arc::from("m1"),
+            thread_id: Arc::from("t1"),
+            parent_id: Some(Arc::from("m0")),
+            slot_index: 2,
+            from: Arc::from("greeter"),
+            to: Some(Arc::from("shouter")),
+            payload_type: Some("{urn:x}Greeting".into()),
+            payload_xml: Arc::new("<Greeting xmlns=\"urn:x\"><name>Dan</name></Greeting>".into()),
+            origin: crate::threads::Origin::implied(Some(&Arc::from("m0")), "greeter"),
+            timestamp: t,
+        },
+        MessageStatus::Delivered,
+        None,
+    );
     let kinds = vec![
         EventKind::AgentState {
             agent: "greeter".into(),
@@ -332,10 +330,14 @@ fn a_messages_origin_reads_back() {
         EventKind::Message { message } => message,
         other => panic!("{other:?}"),
     };
-    let edit = MessageRecord::from(crate::threads::MessageFields {
-        origin: Origin::edit(Arc::from("m9")),
-        ..reply.to_fields()
-    });
+    let edit = MessageRecord::new(
+        crate::threads::MessageCore {
+            origin: Origin::edit(Arc::from("m9")),
+            ..(**reply.core()).clone()
+        },
+        reply.status,
+        reply.error.clone(),
+    );
     for (m, carried) in [(reply, false), (edit, true)] {
         let origin = m.origin.clone();
         let kind = EventKind::Message { message: m };

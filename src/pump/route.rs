@@ -12,7 +12,7 @@ use crate::events::EventKind;
 use crate::events::StatusAbout;
 use crate::listener::Output;
 use crate::schema::ValidatedPayload;
-use crate::threads::{MessageFields, MessageRecord, MessageStatus, NewMessage, Origin};
+use crate::threads::{MessageCore, MessageRecord, MessageStatus, NewMessage, Origin};
 use crate::xml::{
     escape_text, normalize_payload, NormalizedPayload, PayloadType, SharedXml, SYSTEM_NS,
 };
@@ -371,21 +371,22 @@ impl Shared {
             error: Some(error.clone()),
         };
         self.append(&parent.thread_id, m).unwrap_or_else(|| {
-            MessageRecord::from(MessageFields {
-                id: crate::threads::new_id(),
-                thread_id: parent.thread_id.clone(),
-                parent_id: Some(parent.id.clone()),
-                slot_index: 0,
-                from: Arc::from(SYSTEM_IDENTITY),
-                to: None,
-                payload_type: None,
-                payload_xml: SharedXml::default(),
+            MessageRecord::new(
+                MessageCore {
+                    id: crate::threads::new_id(),
+                    thread_id: parent.thread_id.clone(),
+                    parent_id: Some(parent.id.clone()),
+                    slot_index: 0,
+                    from: Arc::from(SYSTEM_IDENTITY),
+                    to: None,
+                    payload_type: None,
+                    payload_xml: SharedXml::default(),
+                    timestamp: crate::time::Timestamp::now(),
+                    origin: Origin::implied(Some(&parent.id), SYSTEM_IDENTITY),
+                },
                 status,
-                error: Some(error),
-                timestamp: crate::time::Timestamp::now(),
-                seq: 0,
-                origin: Origin::implied(Some(&parent.id), SYSTEM_IDENTITY),
-            })
+                Some(error),
+            )
         })
     }
 

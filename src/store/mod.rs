@@ -128,7 +128,7 @@ use crate::events::{Event, EventKind};
 // thread and pending-message caches) hash with a seed drawn per map.
 use crate::hash::SeededMap;
 use crate::threads::{
-    MessageFields, MessageFilter, MessageRecord, MessageStatus, Origin, OriginKind, Page, Paged,
+    MessageCore, MessageFilter, MessageRecord, MessageStatus, Origin, OriginKind, Page, Paged,
     ThreadFilter, ThreadInfo, ThreadStatus,
 };
 use crate::time::Timestamp;

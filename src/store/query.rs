@@ -224,21 +224,22 @@ pub(super) fn row_to_message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageR
         },
         None => Origin::implied(parent_id.as_ref(), &from),
     };
-    Ok(MessageRecord::from(MessageFields {
-        origin,
-        id: Arc::from(r.get::<_, String>(0)?),
-        thread_id: Arc::from(r.get::<_, String>(1)?),
-        parent_id,
-        slot_index: get_u64(r, 3)?,
-        from,
-        to: r.get::<_, Option<String>>(5)?.map(Arc::from),
-        payload_type: r.get(6)?,
-        payload_xml: crate::xml::SharedXml::new(r.get::<_, String>(7)?),
-        status: parse_status(&status).unwrap_or(MessageStatus::Failed),
-        error: r.get(9)?,
-        timestamp: Timestamp(get_u64(r, 10)?),
-        seq: 0,
-    }))
+    Ok(MessageRecord::new(
+        MessageCore {
+            origin,
+            id: Arc::from(r.get::<_, String>(0)?),
+            thread_id: Arc::from(r.get::<_, String>(1)?),
+            parent_id,
+            slot_index: get_u64(r, 3)?,
+            from,
+            to: r.get::<_, Option<String>>(5)?.map(Arc::from),
+            payload_type: r.get(6)?,
+            payload_xml: crate::xml::SharedXml::new(r.get::<_, String>(7)?),
+            timestamp: Timestamp(get_u64(r, 10)?),
+        },
+        parse_status(&status).unwrap_or(MessageStatus::Failed),
+        r.get(9)?,
+    ))
 }
 
 impl Store {

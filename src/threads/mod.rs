@@ -35,9 +35,9 @@ pub use query::{glob_match, LabelTest, MessageFilter, Page, Paged, ThreadFilter,
 pub use settings::ThreadSettings;
 
 pub use record::{
-    new_id, valid_thread_id, MessageCore, MessageFields, MessageRecord, MessageStatus, NewMessage,
-    Opened, Origin, OriginKind, Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus,
-    ID_RULE, RESERVED_IDS, SYSTEM_SENDER,
+    new_id, valid_thread_id, MessageCore, MessageRecord, MessageStatus, NewMessage, Opened, Origin,
+    OriginKind, Quota, StatusChange, ThreadError, ThreadInfo, ThreadStatus, ID_RULE, RESERVED_IDS,
+    SYSTEM_SENDER,
 };
 
 const SHARDS: usize = 16;
@@ -439,21 +439,22 @@ impl ThreadRegistry {
             }
         }
         e.last_activity = now;
-        let record = MessageRecord::from(MessageFields {
-            id: m.id,
-            thread_id: key,
-            parent_id: m.parent_id,
-            slot_index: e.count(),
-            from: m.from,
-            to: m.to,
-            payload_type: m.payload_type,
-            payload_xml: m.payload_xml,
-            status: m.status,
-            error: m.error,
-            timestamp: now,
-            seq: 0,
-            origin: m.origin,
-        });
+        let record = MessageRecord::new(
+            MessageCore {
+                id: m.id,
+                thread_id: key,
+                parent_id: m.parent_id,
+                slot_index: e.count(),
+                from: m.from,
+                to: m.to,
+                payload_type: m.payload_type,
+                payload_xml: m.payload_xml,
+                timestamp: now,
+                origin: m.origin,
+            },
+            m.status,
+            m.error,
+        );
         e.messages.push(record.clone());
         shard.appended += 1;
         shard.count_final(record.to.as_ref(), record.status);

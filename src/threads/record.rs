@@ -66,7 +66,7 @@ impl MessageStatus {
 /// One message in the log (SPEC §9 message object): what it is ([`MessageCore`], fixed when
 /// it was logged and shared by every copy of the record: the registry's, its event's, the
 /// queued job's) and its status, which changes. Reads of the core's fields go through
-/// `Deref`; a record is built from [`MessageFields`].
+/// `Deref`.
 #[derive(Debug, Clone)]
 pub struct MessageRecord {
     core: Arc<MessageCore>,
@@ -80,7 +80,7 @@ pub struct MessageRecord {
 /// What a message is, fixed when it is logged. One allocation shared by every copy of its
 /// record, so copying a record costs one count on the message's own line, not one on each
 /// name its listeners share with every other message.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct MessageCore {
     pub id: Arc<str>,
     pub thread_id: Arc<str>,
@@ -95,55 +95,17 @@ pub struct MessageCore {
     pub origin: Origin,
 }
 
-/// A record's parts, each by name: what a [`MessageRecord`] is built from.
-#[derive(Debug, Clone)]
-pub struct MessageFields {
-    pub id: Arc<str>,
-    pub thread_id: Arc<str>,
-    pub parent_id: Option<Arc<str>>,
-    pub slot_index: u64,
-    pub from: Arc<str>,
-    pub to: Option<Arc<str>>,
-    pub payload_type: Option<Arc<str>>,
-    pub payload_xml: SharedXml,
-    pub status: MessageStatus,
-    pub error: Option<String>,
-    pub timestamp: Timestamp,
-    pub seq: u64,
-    pub origin: Origin,
-}
-
-impl From<MessageFields> for MessageRecord {
-    fn from(f: MessageFields) -> Self {
+impl MessageRecord {
+    /// The record of a message `core` with `status` (and `error`), not yet published.
+    pub fn new(core: MessageCore, status: MessageStatus, error: Option<String>) -> Self {
         MessageRecord {
-            core: Arc::new(MessageCore {
-                id: f.id,
-                thread_id: f.thread_id,
-                parent_id: f.parent_id,
-                slot_index: f.slot_index,
-                from: f.from,
-                to: f.to,
-                payload_type: f.payload_type,
-                payload_xml: f.payload_xml,
-                timestamp: f.timestamp,
-                origin: f.origin,
-            }),
-            status: f.status,
-            error: f.error,
-            seq: f.seq,
+            core: Arc::new(core),
+            status,
+            error,
+            seq: 0,
         }
     }
-}
 
-impl std::ops::Deref for MessageRecord {
-    type Target = MessageCore;
-
-    fn deref(&self) -> &MessageCore {
-        &self.core
-    }
-}
-
-impl MessageRecord {
     /// About how many bytes holding this record costs.
     pub fn weight(&self) -> usize {
         256 + self.payload_xml.len() + self.error.as_ref().map_or(0, String::len)
@@ -153,25 +115,13 @@ impl MessageRecord {
     pub fn core(&self) -> &Arc<MessageCore> {
         &self.core
     }
+}
 
-    /// Its parts, to build a record that differs in some.
-    pub fn to_fields(&self) -> MessageFields {
-        let c = &*self.core;
-        MessageFields {
-            id: c.id.clone(),
-            thread_id: c.thread_id.clone(),
-            parent_id: c.parent_id.clone(),
-            slot_index: c.slot_index,
-            from: c.from.clone(),
-            to: c.to.clone(),
-            payload_type: c.payload_type.clone(),
-            payload_xml: c.payload_xml.clone(),
-            status: self.status,
-            error: self.error.clone(),
-            timestamp: c.timestamp,
-            seq: self.seq,
-            origin: c.origin.clone(),
-        }
+impl std::ops::Deref for MessageRecord {
+    type Target = MessageCore;
+
+    fn deref(&self) -> &MessageCore {
+        &self.core
     }
 }
 

@@ -285,21 +285,22 @@ fn a_receiver_that_lagged_is_told_how_many_messages_it_lost_while_the_hub_rememb
 
 /// A `message` event's kind (message `id` of thread `t`), and its record.
 fn message(id: &str) -> (EventKind, crate::threads::MessageRecord) {
-    let record = crate::threads::MessageRecord::from(crate::threads::MessageFields {
-        id: Arc::from(id),
-        thread_id: Arc::from("t"),
-        parent_id: None,
-        slot_index: 0,
-        from: Arc::from("a"),
-        to: Some(Arc::from("b")),
-        payload_type: Some("Note".into()),
-        payload_xml: crate::xml::SharedXml::new("<Note/>".into()),
-        status: crate::threads::MessageStatus::Pending,
-        error: None,
-        origin: crate::threads::Origin::inject(),
-        timestamp: crate::time::Timestamp(0),
-        seq: 0,
-    });
+    let record = crate::threads::MessageRecord::new(
+        crate::threads::MessageCore {
+            id: Arc::from(id),
+            thread_id: Arc::from("t"),
+            parent_id: None,
+            slot_index: 0,
+            from: Arc::from("a"),
+            to: Some(Arc::from("b")),
+            payload_type: Some("Note".into()),
+            payload_xml: crate::xml::SharedXml::new("<Note/>".into()),
+            origin: crate::threads::Origin::inject(),
+            timestamp: crate::time::Timestamp(0),
+        },
+        crate::threads::MessageStatus::Pending,
+        None,
+    );
     let kind = EventKind::Message {
         message: record.clone(),
     };

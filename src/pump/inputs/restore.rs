@@ -8,7 +8,7 @@ use super::{Held, InputRow, InputStatus, Shared};
 use crate::config::approval::OnTimeout;
 use crate::sync::lock;
 use crate::threads::{
-    InputKind, MessageFields, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus,
+    InputKind, MessageCore, MessageRecord, MessageStatus, ThreadInfo, ThreadStatus,
 };
 
 impl Shared {
@@ -193,28 +193,29 @@ impl Shared {
                 self.threads.adopt(&info);
             }
             self.threads.open_input(&row.thread_id);
-            let record = MessageRecord::from(MessageFields {
-                id: row.message_id.clone(),
-                thread_id: row.thread_id.clone(),
-                parent_id: row.parent_id.clone(),
-                slot_index: row.slot_index,
-                from: row.from.clone(),
-                to: Some(row.listener.clone()),
-                payload_type: Some(row.payload_type.clone()),
-                payload_xml: row.payload_xml.clone(),
-                status: match row.kind {
+            let record = MessageRecord::new(
+                MessageCore {
+                    id: row.message_id.clone(),
+                    thread_id: row.thread_id.clone(),
+                    parent_id: row.parent_id.clone(),
+                    slot_index: row.slot_index,
+                    from: row.from.clone(),
+                    to: Some(row.listener.clone()),
+                    payload_type: Some(row.payload_type.clone()),
+                    payload_xml: row.payload_xml.clone(),
+                    timestamp: row.created,
+                    // A held message is never an edit (an edit is let through at once).
+                    origin: crate::threads::Origin::implied(
+                        row.parent_id.as_deref().map(Arc::from).as_ref(),
+                        &row.from,
+                    ),
+                },
+                match row.kind {
                     InputKind::Approval => MessageStatus::Held,
                     InputKind::Question => MessageStatus::Delivered,
                 },
-                error: None,
-                timestamp: row.created,
-                seq: 0,
-                // A held message is never an edit (an edit is let through at once).
-                origin: crate::threads::Origin::implied(
-                    row.parent_id.as_deref().map(Arc::from).as_ref(),
-                    &row.from,
-                ),
-            });
+                None,
+            );
             let topo = self.topo();
             let listener = topo.listeners.get(&*row.listener);
             let approval = listener.and_then(|l| l.config.approval.clone());

@@ -10,21 +10,35 @@ use super::open::MIGRATIONS;
 use super::*;
 
 fn msg(thread: &str, slot: u64, from: &str, to: &str, ts: u64) -> MessageRecord {
-    MessageRecord::from(MessageFields {
-        id: Arc::from(format!("{thread}-{slot}")),
-        thread_id: Arc::from(thread),
-        parent_id: None,
-        slot_index: slot,
-        from: Arc::from(from),
-        to: Some(Arc::from(to)),
-        payload_type: Some("{urn:x}Note".into()),
-        payload_xml: crate::xml::SharedXml::new("<Note xmlns=\"urn:x\">hi</Note>".into()),
-        status: MessageStatus::Pending,
-        error: None,
-        origin: crate::threads::Origin::inject(),
-        timestamp: Timestamp(ts),
-        seq: 0,
-    })
+    MessageRecord::new(
+        MessageCore {
+            id: Arc::from(format!("{thread}-{slot}")),
+            thread_id: Arc::from(thread),
+            parent_id: None,
+            slot_index: slot,
+            from: Arc::from(from),
+            to: Some(Arc::from(to)),
+            payload_type: Some("{urn:x}Note".into()),
+            payload_xml: crate::xml::SharedXml::new("<Note xmlns=\"urn:x\">hi</Note>".into()),
+            origin: crate::threads::Origin::inject(),
+            timestamp: Timestamp(ts),
+        },
+        MessageStatus::Pending,
+        None,
+    )
+}
+
+/// `m` with `status`.
+fn with_status(mut m: MessageRecord, status: MessageStatus) -> MessageRecord {
+    m.status = status;
+    m
+}
+
+/// `m` with its fixed part changed by `change`.
+fn with_core(m: MessageRecord, change: impl FnOnce(&mut MessageCore)) -> MessageRecord {
+    let mut core = (**m.core()).clone();
+    change(&mut core);
+    MessageRecord::new(core, m.status, m.error)
 }
 
 /// An input as the gate opens it for `thread`'s message in slot 0.

@@ -19,10 +19,7 @@ fn reopening_keeps_history_marks_active_threads_interrupted_and_continues_seq() 
         store.record(
             6,
             &EventKind::Message {
-                message: MessageRecord::from(MessageFields {
-                    status: MessageStatus::Delivered,
-                    ..msg("done", 0, "api", "h", 4).to_fields()
-                }),
+                message: with_status(msg("done", 0, "api", "h", 4), MessageStatus::Delivered),
             },
         );
         store.flush(777);
@@ -150,13 +147,13 @@ fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_free
     // Rows of about 3 kB: one a page, away from SQLite's overflow threshold (near it, what
     // pruning frees and what the held writes need are laid out differently).
     let big = |t: &str, slot: u64| {
-        MessageRecord::from(MessageFields {
-            payload_xml: crate::xml::SharedXml::new(format!(
+        // The new thread's receiver is an agent first named by writes that fail.
+        let m = msg(t, slot, "api", if t == "new" { "h" } else { "g" }, slot);
+        with_core(m, |c| {
+            c.payload_xml = crate::xml::SharedXml::new(format!(
                 "<Note xmlns=\"urn:x\">{}</Note>",
                 "x".repeat(3000)
-            )),
-            // The new thread's receiver is an agent first named by writes that fail.
-            ..msg(t, slot, "api", if t == "new" { "h" } else { "g" }, slot).to_fields()
+            ))
         })
     };
     thread(&store, "old", ThreadStatus::Completed, 1);
@@ -326,12 +323,7 @@ fn a_file_in_use_by_another_store_is_refused_until_that_one_is_gone() {
 fn the_writer_keeps_inputs_and_a_held_message_without_its_input_is_interrupted() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
-    let held = |t: &str| {
-        MessageRecord::from(MessageFields {
-            status: MessageStatus::Held,
-            ..msg(t, 0, "api", "g", 3).to_fields()
-        })
-    };
+    let held = |t: &str| with_status(msg(t, 0, "api", "g", 3), MessageStatus::Held);
     {
         let store = Store::open(&path).unwrap();
         // `kept` and `decided`: held messages whose inputs the writer recorded; `lost`: the

@@ -96,17 +96,16 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
                 1 => Some(from),
                 _ => Some(agents[((t + slot + 1) % 5) as usize]),
             };
-            let m = MessageRecord::from(MessageFields {
-                to: to.map(Arc::from),
-                payload_type: types[(i % 4) as usize].map(Arc::from),
-                status: if i % 37 == 5 {
-                    MessageStatus::Failed
-                } else {
-                    MessageStatus::Pending
-                },
-                // Times not quite in write order, as under concurrent writers.
-                ..msg(&id, slot, from, "x", 1000 + i - (i % 7) * 3).to_fields()
+            // Times not quite in write order, as under concurrent writers.
+            let m = with_core(msg(&id, slot, from, "x", 1000 + i - (i % 7) * 3), |c| {
+                c.to = to.map(Arc::from);
+                c.payload_type = types[(i % 4) as usize].map(Arc::from);
             });
+            let m = if i % 37 == 5 {
+                with_status(m, MessageStatus::Failed)
+            } else {
+                m
+            };
             store.record(i, &EventKind::Message { message: m });
             i += 1;
         }

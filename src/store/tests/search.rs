@@ -10,9 +10,8 @@ fn note(store: &Store, thread: &str, slot: u64, text: &str) {
     store.record(
         1,
         &EventKind::Message {
-            message: MessageRecord::from(MessageFields {
-                payload_xml: crate::xml::SharedXml::new(format!("<Note>{text}</Note>")),
-                ..msg(thread, slot, "api", "g", slot).to_fields()
+            message: with_core(msg(thread, slot, "api", "g", slot), |c| {
+                c.payload_xml = crate::xml::SharedXml::new(format!("<Note>{text}</Note>"))
             }),
         },
     );
@@ -416,9 +415,8 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
     store.record(
         1,
         &EventKind::Message {
-            message: MessageRecord::from(MessageFields {
-                payload_xml: crate::xml::SharedXml::new(format!("q{dash}r")),
-                ..msg("run", 0, "api", "g", 0).to_fields()
+            message: with_core(msg("run", 0, "api", "g", 0), |c| {
+                c.payload_xml = crate::xml::SharedXml::new(format!("q{dash}r"))
             }),
         },
     );

@@ -164,10 +164,7 @@ fn a_status_change_coalesces_into_the_last_write_of_a_message_written_twice() {
         }));
     }
     batch.push(event_op(EventKind::Message {
-        message: MessageRecord::from(MessageFields {
-            status: MessageStatus::Delivered,
-            ..msg("t", 7, "api", "a", 1).to_fields()
-        }),
+        message: with_status(msg("t", 7, "api", "a", 1), MessageStatus::Delivered),
     }));
     batch.push(event_op(EventKind::MessageStatus {
         id: "t-7".into(),
@@ -203,10 +200,7 @@ fn a_message_written_twice_is_stored_once_with_its_last_status() {
         store.record(
             1,
             &EventKind::Message {
-                message: MessageRecord::from(MessageFields {
-                    status,
-                    ..msg("t", slot, "api", "g", slot).to_fields()
-                }),
+                message: with_status(msg("t", slot, "api", "g", slot), status),
             },
         )
     };
@@ -362,20 +356,17 @@ fn a_message_keeps_its_origin_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     let first = msg("t", 0, "api", "a", 1);
-    let reply = MessageRecord::from(MessageFields {
-        parent_id: Some(first.id.clone()),
-        origin: Origin::implied(Some(&first.id), "a"),
-        ..msg("t", 1, "a", "b", 2).to_fields()
+    let reply = with_core(msg("t", 1, "a", "b", 2), |c| {
+        c.parent_id = Some(first.id.clone());
+        c.origin = Origin::implied(Some(&first.id), "a");
     });
     // An edit of an injected message: no parent, yet not an inject.
-    let edit = MessageRecord::from(MessageFields {
-        origin: Origin::edit(first.id.clone()),
-        ..msg("t", 2, "api", "a", 3).to_fields()
+    let edit = with_core(msg("t", 2, "api", "a", 3), |c| {
+        c.origin = Origin::edit(first.id.clone())
     });
-    let notice = MessageRecord::from(MessageFields {
-        parent_id: Some(reply.id.clone()),
-        origin: Origin::implied(Some(&reply.id), "system"),
-        ..msg("t", 3, "system", "a", 4).to_fields()
+    let notice = with_core(msg("t", 3, "system", "a", 4), |c| {
+        c.parent_id = Some(reply.id.clone());
+        c.origin = Origin::implied(Some(&reply.id), "system");
     });
     {
         let store = Store::open(&path).unwrap();
