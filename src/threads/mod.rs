@@ -656,8 +656,8 @@ impl ThreadRegistry {
 
     /// Stops a thread, `to` killed (final: every token it gives is cancelled) or aborted
     /// (its abort mark set; the next token it gives is fresh): running handlers' token is
-    /// cancelled. Stopping it as it already is changes nothing; a
-    /// killed thread cannot be aborted.
+    /// cancelled. Stopping it as it already is changes nothing; a killed thread cannot be
+    /// aborted.
     fn stop(&self, thread: &str, to: ThreadStatus) -> Result<Option<StatusChange>, ThreadError> {
         let mut shard = lock(self.shard(thread));
         let shard = &mut *shard;
