@@ -330,14 +330,9 @@ fn a_messages_origin_reads_back() {
         EventKind::Message { message } => message,
         other => panic!("{other:?}"),
     };
-    let edit = MessageRecord::new(
-        crate::threads::MessageCore {
-            origin: Origin::edit(Arc::from("m9")),
-            ..(**reply.core()).clone()
-        },
-        reply.status,
-        reply.error.clone(),
-    );
+    let edit = reply
+        .clone()
+        .with_core(|c| c.origin = Origin::edit(Arc::from("m9")));
     for (m, carried) in [(reply, false), (edit, true)] {
         let origin = m.origin.clone();
         let kind = EventKind::Message { message: m };

@@ -115,6 +115,14 @@ impl MessageRecord {
     pub fn core(&self) -> &Arc<MessageCore> {
         &self.core
     }
+
+    /// This record with its fixed part changed by `change` (a new core, for tests).
+    #[cfg(test)]
+    pub(crate) fn with_core(self, change: impl FnOnce(&mut MessageCore)) -> Self {
+        let mut core = (*self.core).clone();
+        change(&mut core);
+        MessageRecord::new(core, self.status, self.error)
+    }
 }
 
 impl std::ops::Deref for MessageRecord {

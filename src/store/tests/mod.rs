@@ -34,13 +34,6 @@ fn with_status(mut m: MessageRecord, status: MessageStatus) -> MessageRecord {
     m
 }
 
-/// `m` with its fixed part changed by `change`.
-fn with_core(m: MessageRecord, change: impl FnOnce(&mut MessageCore)) -> MessageRecord {
-    let mut core = (**m.core()).clone();
-    change(&mut core);
-    MessageRecord::new(core, m.status, m.error)
-}
-
 /// An input as the gate opens it for `thread`'s message in slot 0.
 fn input(thread: &str) -> crate::threads::InputRow {
     crate::threads::InputRow {

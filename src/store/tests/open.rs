@@ -149,7 +149,7 @@ fn a_full_disk_fails_loudly_keeps_the_writes_and_commits_them_once_space_is_free
     let big = |t: &str, slot: u64| {
         // The new thread's receiver is an agent first named by writes that fail.
         let m = msg(t, slot, "api", if t == "new" { "h" } else { "g" }, slot);
-        with_core(m, |c| {
+        m.with_core(|c| {
             c.payload_xml = crate::xml::SharedXml::new(format!(
                 "<Note xmlns=\"urn:x\">{}</Note>",
                 "x".repeat(3000)

@@ -97,7 +97,7 @@ fn filtered_pages_and_totals_across_many_blocks_match_a_row_by_row_filter() {
                 _ => Some(agents[((t + slot + 1) % 5) as usize]),
             };
             // Times not quite in write order, as under concurrent writers.
-            let m = with_core(msg(&id, slot, from, "x", 1000 + i - (i % 7) * 3), |c| {
+            let m = msg(&id, slot, from, "x", 1000 + i - (i % 7) * 3).with_core(|c| {
                 c.to = to.map(Arc::from);
                 c.payload_type = types[(i % 4) as usize].map(Arc::from);
             });

@@ -10,7 +10,7 @@ fn note(store: &Store, thread: &str, slot: u64, text: &str) {
     store.record(
         1,
         &EventKind::Message {
-            message: with_core(msg(thread, slot, "api", "g", slot), |c| {
+            message: msg(thread, slot, "api", "g", slot).with_core(|c| {
                 c.payload_xml = crate::xml::SharedXml::new(format!("<Note>{text}</Note>"))
             }),
         },
@@ -415,9 +415,8 @@ fn a_phrase_whose_pieces_a_thread_had_apart_is_found() {
     store.record(
         1,
         &EventKind::Message {
-            message: with_core(msg("run", 0, "api", "g", 0), |c| {
-                c.payload_xml = crate::xml::SharedXml::new(format!("q{dash}r"))
-            }),
+            message: msg("run", 0, "api", "g", 0)
+                .with_core(|c| c.payload_xml = crate::xml::SharedXml::new(format!("q{dash}r"))),
         },
     );
     store.flush(1);

@@ -356,15 +356,13 @@ fn a_message_keeps_its_origin_across_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.db");
     let first = msg("t", 0, "api", "a", 1);
-    let reply = with_core(msg("t", 1, "a", "b", 2), |c| {
+    let reply = msg("t", 1, "a", "b", 2).with_core(|c| {
         c.parent_id = Some(first.id.clone());
         c.origin = Origin::implied(Some(&first.id), "a");
     });
     // An edit of an injected message: no parent, yet not an inject.
-    let edit = with_core(msg("t", 2, "api", "a", 3), |c| {
-        c.origin = Origin::edit(first.id.clone())
-    });
-    let notice = with_core(msg("t", 3, "system", "a", 4), |c| {
+    let edit = msg("t", 2, "api", "a", 3).with_core(|c| c.origin = Origin::edit(first.id.clone()));
+    let notice = msg("t", 3, "system", "a", 4).with_core(|c| {
         c.parent_id = Some(reply.id.clone());
         c.origin = Origin::implied(Some(&reply.id), "system");
     });
