@@ -366,7 +366,8 @@ async fn run(
     // Warm up, then measure.
     drive(&organism, threads / 10 + 1, hops, pace).await?;
     let cpu_before = process_cpu_secs();
-    let stalls = stall_a_worker();
+    let stall_ms: u64 = env_number("LOADGEN_STALL_MS").unwrap_or(0);
+    let stalls = stall_a_worker(stall_ms);
     let (rate, mut lat) = drive(&organism, threads, hops, pace).await?;
     if let Some(s) = &stalls {
         s.abort();
@@ -444,7 +445,7 @@ async fn run(
         "ceiling_libxml2_per_s": ceiling.libxml2.round(),
         "ratio_to_libxml2_ceiling": (rate / ceiling.libxml2 * 1000.0).round() / 1000.0,
         "subscribers": subscribers,
-        "worker_stalls_ms": stalls.is_some().then(stall_ms),
+        "worker_stalls_ms": stalls.is_some().then_some(stall_ms),
         "cpu_us_per_hop": cpu.map(|s| (s * 1e7 / (threads * hops) as f64).round() / 10.0),
         "store_writer_cpu_us_per_message": writer_cpu
             .map(|s| (s * 1e7 / logged.max(1) as f64).round() / 10.0),
@@ -456,17 +457,10 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Option<T> {
     std::env::var(name).ok().and_then(|n| n.parse().ok())
 }
 
-/// `LOADGEN_STALL_MS=N`: how long one runtime worker is held up, every 3 s of the measured
-/// run (0: never).
-fn stall_ms() -> u64 {
-    env_number("LOADGEN_STALL_MS").unwrap_or(0)
-}
-
-/// With `LOADGEN_STALL_MS`, a task that every 3 s blocks the worker it runs on for that long,
-/// as when the host takes one vCPU away: the tasks queued on that worker wait while the other
-/// worker (busy with the pump, so it steals nothing) goes on.
-fn stall_a_worker() -> Option<tokio::task::JoinHandle<()>> {
-    let ms = stall_ms();
+/// With `ms` > 0 (`LOADGEN_STALL_MS`), a task that every 3 s of the measured run blocks the
+/// worker it runs on for `ms`, as when the host takes one vCPU away: the tasks queued on
+/// that worker wait while the other worker (busy with the pump, so it steals nothing) goes on.
+fn stall_a_worker(ms: u64) -> Option<tokio::task::JoinHandle<()>> {
     (ms > 0).then(|| {
         tokio::spawn(async move {
             loop {
